@@ -1,0 +1,507 @@
+"""The Compressive Transformer in one file.
+
+Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for Long-Range Sequence
+Modelling", arXiv:1911.05507.  The file reads in the order of the paper's Algorithm 1:
+
+    1. configuration and the memory state carried between segments
+    2. Transformer-XL relative attention over [compressed memory; memory; segment]
+    3. the compression functions f_c (conv, max/mean pooling, dilated conv, most-used)
+    4. the reconstruction losses that train f_c (attention reconstruction, auto-encoding)
+    5. one layer: attend, update the two FIFOs, feed forward
+    6. the language model, with generation
+
+Symbols used throughout (the paper's):
+    n_s   segment length (tokens per forward during training; any T >= 1 is accepted)
+    n_m   memory length: the most recent layer inputs h^(i), kept without gradient
+    n_cm  compressed-memory length
+    c     compression rate: c evicted memories become one compressed memory
+    f_c   the compression function, one per layer (``model.layers[i].compress``)
+
+Tensors are batch first: [batch, time, d_model]. Memories are stored oldest first.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import List, NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+COMPRESSIONS = ("conv", "max_pool", "mean_pool", "dilated_conv", "most_used")
+RECONSTRUCTIONS = ("attention", "autoencoding")
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Configuration and memory state
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class CompressiveConfig:
+    vocab_size: int = 65
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4
+    d_ff: int = 512
+    dropout: float = 0.0
+    seq_len: int = 64            # n_s: training segment length
+    mem_len: int = 64            # n_m: 0 -> no memory at all (relative-attention transformer)
+    c_mem_len: int = 64          # n_cm: 0 -> Transformer-XL (evicted memories are dropped)
+    compression_rate: int = 4    # c
+    compression: str = "conv"    # f_c: conv | max_pool | mean_pool | dilated_conv | most_used
+    reconstruction: str = "attention"  # loss that trains f_c: attention | autoencoding
+    pre_norm: bool = True        # False -> post-LN, as in the paper and Transformer-XL
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len",
+                     "mem_len", "c_mem_len", "compression_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("mem_len", "c_mem_len"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.compression_rate < 1:
+            raise ValueError(f"compression_rate must be >= 1, got {self.compression_rate}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {self.compression!r}; choose one of {COMPRESSIONS}")
+        if self.reconstruction not in RECONSTRUCTIONS:
+            raise ValueError(f"unknown reconstruction {self.reconstruction!r}; "
+                             f"choose one of {RECONSTRUCTIONS}")
+        if 0 < self.mem_len < self.compression_rate and self.c_mem_len > 0:
+            # Eviction happens in whole blocks of c, so the memory must be able to hold a block.
+            raise ValueError(f"mem_len ({self.mem_len}) must be >= compression_rate "
+                             f"({self.compression_rate}) when c_mem_len > 0")
+
+
+class Memory(NamedTuple):
+    """What one forward hands to the next, per layer i (oldest first, never requiring grad).
+
+    mem[i]:   [batch, <= n_m, d_model]  inputs h^(i) of layer i for the most recent tokens
+    c_mem[i]: [batch, <= n_cm, d_model] compressed memories, f_c of what fell out of mem[i]
+    usage[i]: [batch, <= n_m] attention each memory slot received while in memory; only kept
+              for the most_used f_c, which keeps the most attended memories (else None)
+    """
+    mem: List[torch.Tensor]
+    c_mem: List[torch.Tensor]
+    usage: Optional[List[torch.Tensor]] = None
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Transformer-XL relative attention
+# ----------------------------------------------------------------------------------------------
+# With M = len(c_mem) + len(mem) memories and T segment tokens, the keys are the K = M + T
+# positions of [c_mem; mem; x]. Query i sits at position M + i and key j at position j, so their
+# relative distance is M + i - j; keys with a negative distance lie in the future and are masked.
+# The score is (Transformer-XL eq. in Dai et al. 2019, terms (a)+(c) and (b)+(d)):
+#     A_ij = (q_i + u) . k_j  +  (q_i + v) . W_r R_{M+i-j}
+# with sinusoidal R, learned projection W_r and learned biases u, v.
+
+def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Tensor:
+    """R for the distances n_positions-1, ..., 1, 0 (descending): [n_positions, d_model]."""
+    distance = torch.arange(n_positions - 1, -1, -1.0, device=device)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d_model, 2.0, device=device) / d_model))
+    angles = distance[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)[:, :d_model]
+
+
+def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
+    """Turn scores per (query, distance) into scores per (query, key) without copying.
+
+    position_scores: [..., T, K+1], column p holds distance K - p (so column 0 is distance K,
+    one more than any key needs, and the last column is distance 0).
+    Returns [..., T, K] with out[i, j] = position_scores[i, T + j - i] = score at distance M + i - j.
+
+    Read row-major, entry (i, j) of the result sits at flat offset T + i*K + j of the input, i.e.
+    the input viewed with rows one element shorter, starting T elements in. Transformer-XL gets the
+    same effect by padding a zero column and re-viewing; the spare distance-K column plays the
+    pad's role here, so the shift is a pure view. Entries with j > M + i (the future, which the
+    causal mask removes anyway) wrap into the next row and hold unrelated numbers.
+    """
+    *batch, T, K_plus_1 = position_scores.shape
+    K = K_plus_1 - 1
+    flat = position_scores.reshape(*batch, T * K_plus_1)
+    return flat[..., T:T + T * K].view(*batch, T, K)
+
+
+class RelativeMultiHeadAttention(nn.Module):
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
+        # W_q, W_k, W_v in one matrix: the segment needs all three, memories only keys and values
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.position = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_r
+        self.u = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # content bias
+        self.v = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # position bias
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d] -> [B, H, T, d_head]
+        return x.view(x.size(0), x.size(1), self.n_heads, self.d_head).transpose(1, 2)
+
+    def forward(self, h, memories, positions, future_mask):
+        """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
+        positions: R for distances K..0, [K+1, d]; future_mask: [T, K], True where j > M + i.
+        Returns the output [B, T, d] and the attention weights [B, H, T, K], K = M + T."""
+        B, T, d = h.shape
+        scale = self.d_head ** -0.5
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        # Memories hold no gradient, so projecting them apart from h saves their input-gradient.
+        k_mem, v_mem = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)
+        q = self.split_heads(q) * scale                           # scale folded into q (and u, v)
+        k = self.split_heads(torch.cat([k_mem, k], dim=1))        # keys of [c_mem; mem; h]
+        v = self.split_heads(torch.cat([v_mem, v], dim=1))
+        r = self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H,K+1,dh]
+
+        content = torch.matmul(q + self.u * scale, k.transpose(-1, -2))               # (a) + (c)
+        position = relative_shift(torch.matmul(q + self.v * scale, r.transpose(-1, -2)))  # (b) + (d)
+        scores = (content + position).masked_fill_(future_mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, self.dropout)
+        attended = torch.matmul(weights, v)
+        return self.out(attended.transpose(1, 2).reshape(B, T, d)), weights
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Compression functions f_c: [batch, k*c, d] -> [batch, k, d]
+# ----------------------------------------------------------------------------------------------
+
+class ConvCompress(nn.Module):
+    """1-D convolution with kernel = stride = c: the paper's best f_c."""
+
+    def __init__(self, d_model: int, rate: int):
+        super().__init__()
+        self.conv = nn.Conv1d(d_model, d_model, kernel_size=rate, stride=rate)
+        # Start as mean pooling (plus noise) so compressed memories carry meaning from step one;
+        # the reconstruction loss then moves it wherever helps attention most.
+        with torch.no_grad():
+            self.conv.weight.normal_(0.0, 0.02 / rate)
+            self.conv.weight += torch.eye(d_model).unsqueeze(-1) / rate
+            self.conv.bias.zero_()
+
+    def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
+        return self.conv(old_mem.transpose(1, 2)).transpose(1, 2)
+
+
+class DilatedConvCompress(nn.Module):
+    """A small stack of dilated convolutions (dilation 1, 2; residual, length kept) that mixes
+    neighbouring memories, ending in a kernel = stride = c convolution that sets the rate."""
+
+    def __init__(self, d_model: int, rate: int):
+        super().__init__()
+        self.dilated = nn.ModuleList(
+            nn.Conv1d(d_model, d_model, kernel_size=3, dilation=dilation, padding=dilation)
+            for dilation in (1, 2))
+        for conv in self.dilated:  # start as identity: the residual branch begins near zero
+            nn.init.normal_(conv.weight, 0.0, 0.02 / math.sqrt(3 * d_model))
+            nn.init.zeros_(conv.bias)
+        self.reduce = ConvCompress(d_model, rate)
+
+    def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
+        x = old_mem.transpose(1, 2)
+        for conv in self.dilated:
+            x = x + F.gelu(conv(x))
+        return self.reduce.conv(x).transpose(1, 2)
+
+
+class PoolCompress(nn.Module):
+    """Max or mean pooling with kernel = stride = c (no parameters)."""
+
+    def __init__(self, rate: int, kind: str):
+        super().__init__()
+        self.rate = rate
+        self.pool = F.max_pool1d if kind == "max_pool" else F.avg_pool1d
+
+    def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
+        return self.pool(old_mem.transpose(1, 2), self.rate, self.rate).transpose(1, 2)
+
+
+class MostUsedCompress(nn.Module):
+    """Keep the k of the k*c evicted memories that received the most attention while in memory,
+    in their original temporal order (no parameters)."""
+
+    def __init__(self, rate: int):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, old_mem: torch.Tensor, usage: torch.Tensor) -> torch.Tensor:
+        keep = old_mem.size(1) // self.rate
+        index = usage.topk(keep, dim=1).indices.sort(dim=1).values          # [B, k], in time order
+        return old_mem.gather(1, index.unsqueeze(-1).expand(-1, -1, old_mem.size(-1)))
+
+
+def make_compression(cfg: CompressiveConfig) -> nn.Module:
+    c = cfg.compression_rate
+    if cfg.compression == "conv":
+        return ConvCompress(cfg.d_model, c)
+    if cfg.compression == "dilated_conv":
+        return DilatedConvCompress(cfg.d_model, c)
+    if cfg.compression == "most_used":
+        return MostUsedCompress(c)
+    return PoolCompress(c, cfg.compression)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Reconstruction losses: the only signal that trains f_c
+# ----------------------------------------------------------------------------------------------
+# Compressed memories are stored without gradient, so the language-model loss never reaches f_c.
+# Instead f_c learns from an auxiliary loss on the memories it just compressed. Every input and
+# every parameter other than f_c's (and the auto-encoder's decoder) is detached, so this loss
+# cannot change what the rest of the network does.
+
+def content_attention(attn: RelativeMultiHeadAttention, queries, memories):
+    """The layer's content-based attention (term (a)+(c), no positions) of queries over memories,
+    with its parameters frozen. Returns the per-head outputs [B, H, T, d_head]."""
+    w_q, w_k, w_v = attn.qkv.weight.detach().chunk(3, dim=0)
+    q = attn.split_heads(F.linear(queries, w_q)) + attn.u.detach()
+    k, v = F.linear(memories, w_k), F.linear(memories, w_v)
+    return F.scaled_dot_product_attention(q, attn.split_heads(k), attn.split_heads(v))
+
+
+def attention_reconstruction_loss(layer: "CompressiveLayer", h, old_mem, compressed):
+    """Paper, Algorithm 2: || attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 (mean over elements).
+    h: [B, T, d] current layer inputs, old_mem: [B, k*c, d], compressed = f_c(old_mem): [B, k, d]."""
+    if layer.pre_norm:  # attention sees normalised inputs; use the layer's norm, frozen
+        norm = layer.attn_norm
+        normalise = lambda x: F.layer_norm(x, norm.normalized_shape, norm.weight.detach(),
+                                           norm.bias.detach(), norm.eps)
+        h, old_mem, compressed = normalise(h), normalise(old_mem), normalise(compressed)
+    with torch.no_grad():
+        target = content_attention(layer.attn, h, old_mem)
+    return F.mse_loss(content_attention(layer.attn, h, compressed), target)
+
+
+def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
+    """Paper's alternative: reconstruct the old memories from their compression."""
+    decoded = decoder(compressed.transpose(1, 2)).transpose(1, 2)
+    return F.mse_loss(decoded, old_mem)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. One layer: attention over [c_mem; mem; h], the memory update, the feed-forward
+# ----------------------------------------------------------------------------------------------
+
+class CompressiveLayer(nn.Module):
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        self.cfg, self.pre_norm = cfg, cfg.pre_norm
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.attn = RelativeMultiHeadAttention(cfg)
+        self.ff_norm = nn.LayerNorm(cfg.d_model)
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
+                                nn.Linear(cfg.d_ff, cfg.d_model))
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.compress = make_compression(cfg)  # f_c
+        trainable_fc = any(p.requires_grad for p in self.compress.parameters())
+        self.decoder = None
+        if cfg.reconstruction == "autoencoding" and trainable_fc:
+            c = cfg.compression_rate
+            self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
+        self.reconstructs = trainable_fc
+
+    def forward(self, h, mem, c_mem, usage, positions, future_mask):
+        """h: [B, T, d] layer input h^(i). Returns the layer output and the updated
+        (mem, c_mem, usage, reconstruction loss, attention weights)."""
+        memories = torch.cat([c_mem, mem], dim=1)               # [c_mem; mem], oldest first
+        if self.pre_norm:
+            attended, weights = self.attn(self.attn_norm(h), self.attn_norm(memories), positions,
+                                          future_mask)
+            a = h + self.dropout(attended)
+            out = a + self.dropout(self.ff(self.ff_norm(a)))
+        else:  # post-LN, as in the paper: a = LN(attn + h); out = LN(mlp(a) + a)
+            attended, weights = self.attn(h, memories, positions, future_mask)
+            a = self.attn_norm(h + self.dropout(attended))
+            out = self.ff_norm(a + self.dropout(self.ff(a)))
+        if usage is not None:  # most_used f_c: count the attention each memory slot receives
+            start = c_mem.size(1)
+            usage = usage + weights[..., start:start + mem.size(1)].detach().sum(dim=(1, 2))
+        return (out, *self.update_memory(h, mem, c_mem, usage), weights)
+
+    def update_memory(self, h, mem, c_mem, usage):
+        """The two FIFOs (paper, Algorithm 1). Append the layer inputs of the new tokens to mem;
+        what overflows n_m is evicted in whole blocks of c, compressed by f_c and appended to
+        c_mem, which keeps its newest n_cm entries."""
+        cfg, c = self.cfg, self.cfg.compression_rate
+        zero = h.new_zeros(())
+        if cfg.mem_len == 0:  # no memory at all
+            return mem, c_mem, usage, zero
+        mem = torch.cat([mem, h.detach()], dim=1)
+        if usage is not None:
+            usage = torch.cat([usage, usage.new_zeros(h.size(0), h.size(1))], dim=1)
+        overflow = mem.size(1) - cfg.mem_len
+        if overflow <= 0:
+            return mem, c_mem, usage, zero
+        if cfg.c_mem_len == 0:  # Transformer-XL: forget the oldest states
+            mem = mem[:, overflow:]
+            return mem, c_mem, (usage[:, overflow:] if usage is not None else None), zero
+
+        # Evict a multiple of c so every compressed slot summarises exactly c consecutive states;
+        # the memory may then hold up to c-1 fewer than n_m until the next call.
+        n_evict = math.ceil(overflow / c) * c
+        old_mem, mem = mem[:, :n_evict], mem[:, n_evict:]
+        if usage is not None:
+            compressed = self.compress(old_mem, usage[:, :n_evict])
+            usage = usage[:, n_evict:]
+        else:
+            compressed = self.compress(old_mem)
+        recon = zero
+        if self.reconstructs:
+            if self.decoder is not None:
+                recon = autoencoding_loss(self.decoder, old_mem, compressed)
+            else:
+                recon = attention_reconstruction_loss(self, h.detach(), old_mem, compressed)
+        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -cfg.c_mem_len:]
+        return mem, c_mem, usage, recon
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. The language model
+# ----------------------------------------------------------------------------------------------
+
+class CompressiveTransformer(nn.Module):
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        if not isinstance(cfg, CompressiveConfig):
+            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
+        self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # tied input and output embeddings
+        self.apply(self._init_weights)
+        for layer in self.layers:  # GPT-2: shrink residual branches by depth
+            for w in (layer.attn.out.weight, layer.ff[2].weight):
+                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
+        empty = lambda: self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
+                                                    dtype=dtype)
+        usage = None
+        if self.cfg.compression == "most_used":
+            usage = [self.embed.weight.new_zeros(batch_size, 0, device=device)
+                     for _ in self.layers]
+        return Memory([empty() for _ in self.layers], [empty() for _ in self.layers], usage)
+
+    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None,
+                return_details: bool = False):
+        """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
+        Returns (logits [batch, T, vocab], new Memory, reconstruction loss (0-dim)). For analysis,
+        return_details=True adds a dict with, per layer, "attention": the attention weights
+        [batch, H, T, K] (keys ordered [c_mem; mem; segment]) and "recon": the reconstruction loss."""
+        self._check_tokens(tokens)
+        B, T = tokens.shape
+        h = self.dropout(self.embed(tokens))                                  # h^(1)
+        if memory is None:
+            memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
+        self._check_memory(memory, B, h.device)
+        usage = memory.usage
+        if self.cfg.compression == "most_used" and usage is None:
+            usage = [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
+
+        # All layers hold the same number of memories, so positions and mask are shared.
+        M = memory.c_mem[0].size(1) + memory.mem[0].size(1)
+        K = M + T
+        positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
+        future_mask = torch.ones(T, K, dtype=torch.bool, device=h.device).triu_(M + 1)
+
+        new_mem, new_c_mem, new_usage = [], [], []
+        details = {"attention": [], "recon": []}
+        recon_loss = h.new_zeros(())
+        for i, layer in enumerate(self.layers):
+            h, mem, c_mem, layer_usage, recon, weights = layer(
+                h, memory.mem[i], memory.c_mem[i], usage[i] if usage else None,
+                positions, future_mask)
+            new_mem.append(mem)
+            new_c_mem.append(c_mem)
+            new_usage.append(layer_usage)
+            recon_loss = recon_loss + recon
+            if return_details:
+                details["attention"].append(weights.detach())
+                details["recon"].append(recon.detach())
+        logits = self.head(self.out_norm(h))
+        memory = Memory(new_mem, new_c_mem, new_usage if usage else None)
+        if return_details:
+            return logits, memory, recon_loss, details
+        return logits, memory, recon_loss
+
+    def _check_tokens(self, tokens):
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be 2-D [batch, time], got shape {tuple(tokens.shape)}")
+        if tokens.size(0) == 0 or tokens.size(1) == 0:
+            raise ValueError(f"tokens must hold at least one token per row, got shape "
+                             f"{tuple(tokens.shape)}")
+        if bool(((tokens < 0) | (tokens >= self.cfg.vocab_size)).any()):
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+
+    def _check_memory(self, memory, batch_size, device):
+        if not isinstance(memory, Memory):
+            raise TypeError(f"memory must be a Memory returned by the model or None, "
+                            f"got {type(memory).__name__}")
+        n = self.cfg.n_layers
+        if len(memory.mem) != n or len(memory.c_mem) != n:
+            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
+                             f"entries but the model has {n} layers")
+        limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
+        for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
+            for i, t in enumerate(tensors):
+                if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != self.cfg.d_model:
+                    raise ValueError(f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
+                                     f"[{batch_size}, <= {limits[name]}, {self.cfg.d_model}] "
+                                     f"(batch size and d_model must match the tokens and model)")
+                if t.size(1) != tensors[0].size(1) or t.size(1) > limits[name]:
+                    raise ValueError(f"memory.{name}[{i}] holds {t.size(1)} entries; all layers "
+                                     f"must hold the same number, at most {limits[name]}")
+                if t.device != device:
+                    raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None) -> torch.Tensor:
+        """Feed the prompt in segments of n_s, then sample one token at a time through the
+        memory, so each new token costs O(n_m + n_cm) however long the text grows.
+        Returns [batch, T0 + max_new_tokens]."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+        self._check_tokens(prompt)
+        was_training = self.training
+        self.eval()
+        memory, out = None, [prompt]
+        for segment in prompt.split(self.cfg.seq_len, dim=1):
+            logits, memory, _ = self(segment, memory)
+        for step in range(max_new_tokens):
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+            out.append(token)
+            if step + 1 < max_new_tokens:  # the last sampled token needs no forward
+                logits, memory, _ = self(token, memory)
+        self.train(was_training)
+        return torch.cat(out, dim=1)
