@@ -384,3 +384,121 @@ def test_tiny_training_run_lowers_the_loss():
             opt.step()
             losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
+
+
+# ================================================================ train_shakespeare.py ===========
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import hashlib  # noqa: E402
+
+import train_shakespeare as ts  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAKESPEARE = os.path.join(HERE, "..", "shared", "data", "tinyshakespeare.txt")
+
+
+@pytest.fixture
+def small_text(tmp_path):
+    """A few thousand characters: real Shakespeare when the file is at hand, else a stand-in."""
+    if os.path.exists(SHAKESPEARE):
+        with open(SHAKESPEARE, encoding="utf-8") as f:
+            text = f.read()[:6000]
+    else:
+        text = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n"
+                "Speak, speak.\n\n") * 80
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+TINY_FLAGS = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64",
+              "--seq-len", "16", "--mem-len", "16", "--c-mem-len", "8", "--compression-rate", "2",
+              "--batch-size", "4", "--lr", "3e-3", "--warmup", "5", "--device", "cpu"]
+
+
+def test_streams_stay_contiguous_across_steps():
+    data = torch.arange(1001)
+    streams = ts.make_streams(data, 4)
+    assert streams.shape == (4, 251)
+    assert streams[1, 0] == streams[0, -1]  # strand b ends where strand b+1 begins
+    x0, y0, wrapped0 = ts.segment_at(streams, 0, 16)
+    x1, y1, wrapped1 = ts.segment_at(streams, 1, 16)
+    assert wrapped0 and not wrapped1
+    assert (x1[:, 0] == x0[:, -1] + 1).all() and (y0 == x0 + 1).all()  # row b continues row b
+    n_segments = 250 // 16
+    assert ts.segment_at(streams, n_segments, 16)[2]  # wraps to the start after the last segment
+
+
+def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
+    out = str(tmp_path / "run")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "60", "--eval-every", "60",
+                    *TINY_FLAGS]) == 0
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["step"] == 60 and metrics["tokens_seen"] == 60 * 4 * 16
+    assert metrics["val_loss"] < math.log(len(set(open(small_text).read()))) - 0.5
+    assert abs(metrics["val_bpc"] - metrics["val_loss"] / math.log(2)) < 1e-9
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    for key in ("config", "model", "optimizer", "step", "data_position", "rng", "vocab", "memory"):
+        assert key in ckpt
+
+
+def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    common = ["--data", small_text, "--steps", "24", "--eval-every", "100", *TINY_FLAGS]
+    assert ts.main([*common, "--out", whole]) == 0
+    assert ts.main([*common, "--out", split, "--stop-after", "12"]) == 0
+    assert torch.load(os.path.join(split, "ckpt.pt"), weights_only=False)["step"] == 12
+    assert ts.main([*common, "--out", split, "--resume"]) == 0
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=False)
+    b = torch.load(os.path.join(split, "ckpt.pt"), weights_only=False)
+    assert a["step"] == b["step"] == 24
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "5", *TINY_FLAGS]) == 0
+    capsys.readouterr()
+    assert ts.main(["--out", out, "--sample", "40", "--prompt", "First", "--top-k", "5",
+                    "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
+    assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu"]) == 0
+    assert "val loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--seq-len", "0"], "--seq-len must be positive"),
+    (["--mem-len", "-3"], "--mem-len must be >= 0"),
+    (["--compression", "zip"], "invalid choice"),
+    (["--d-model", "30", "--n-heads", "4"], "divisible"),
+    (["--data", "/nonexistent/file.txt"], "data file not found"),
+    (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
+])
+def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text):
+    if "--data" not in flags:  # never reach for the network
+        flags = [*flags, "--data", small_text]
+    result = subprocess.run([sys.executable, os.path.join(HERE, "train_shakespeare.py"), *flags],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
+    source = tmp_path / "source.txt"
+    source.write_bytes(b"hello shakespeare\n" * 100)
+    good = hashlib.sha256(source.read_bytes()).hexdigest()
+    target = tmp_path / "data" / "tiny.txt"
+    ts.download(str(target), source.as_uri(), good)
+    assert target.read_bytes() == source.read_bytes()
+
+    bad_target = tmp_path / "data" / "bad.txt"
+    with pytest.raises(ts.UserError, match="checksum mismatch.*--data"):
+        ts.download(str(bad_target), source.as_uri(), "0" * 64)
+    with pytest.raises(ts.UserError, match="could not download.*--data"):
+        ts.download(str(bad_target), (tmp_path / "missing.txt").as_uri(), good)
+    assert sorted(os.listdir(tmp_path / "data")) == ["tiny.txt"]  # nothing half-written
