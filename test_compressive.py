@@ -469,6 +469,10 @@ def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
     assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu"]) == 0
     assert "val loss" in capsys.readouterr().out
+    assert ts.main(["--out", out, "--analyze", "--data", small_text, "--device", "cpu",
+                    "--batch-size", "2"]) == 0
+    report = capsys.readouterr().out
+    assert "c_mem 1/4" in report and "segment 4/4" in report and "reconstruction loss" in report
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -502,3 +506,67 @@ def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
     with pytest.raises(ts.UserError, match="could not download.*--data"):
         ts.download(str(bad_target), (tmp_path / "missing.txt").as_uri(), good)
     assert sorted(os.listdir(tmp_path / "data")) == ["tiny.txt"]  # nothing half-written
+
+
+# ---------------------------------------------------------------- attention analysis -------------
+
+def full_memory_model(pre_norm=True):
+    model = make(pre_norm=pre_norm).eval()
+    memory = None
+    with torch.no_grad():
+        for n in range(5):
+            _, memory, _ = model(tokens(2, 6, seed=n), memory)
+    assert memory.mem[0].size(1) == 8 - 2 and memory.c_mem[0].size(1) == 4
+    return model, memory
+
+
+def test_attention_buckets_sum_to_one_for_every_query():
+    model, memory = full_memory_model()
+    with torch.no_grad():
+        _, _, _, details = model(tokens(2, 6, seed=9), memory, return_details=True)
+    for weights in details["attention"]:
+        buckets = ts.attention_buckets(weights, 4, 6)
+        assert buckets.shape == (2, 2, 6, 3 * ts.BUCKETS_PER_REGION)
+        torch.testing.assert_close(buckets.sum(-1), torch.ones(2, 2, 6))
+
+
+def test_attention_buckets_line_up_with_the_memory_layout():
+    model, memory = full_memory_model()
+    with torch.no_grad():  # no content or position signal: each query spreads evenly over what it sees
+        for layer in model.layers:
+            layer.attn.qkv.weight.zero_()
+            layer.attn.position.weight.zero_()
+        _, _, _, details = model(tokens(2, 6, seed=9), memory, return_details=True)
+    buckets = ts.attention_buckets(details["attention"][0], 4, 6)[0, 0]  # [T, buckets]
+    n = ts.BUCKETS_PER_REGION
+    for i in range(6):
+        visible = 4 + 6 + i + 1
+        assert math.isclose(buckets[i, :n].sum().item(), 4 / visible, rel_tol=1e-5)
+        assert math.isclose(buckets[i, n:2 * n].sum().item(), 6 / visible, rel_tol=1e-5)
+        assert math.isclose(buckets[i, 2 * n:].sum().item(), (i + 1) / visible, rel_tol=1e-5)
+    assert buckets[0, 2 * n + 1:].sum() == 0  # the first query sees only the first segment bucket
+
+
+def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
+    model = make(pre_norm=False).eval()  # post-LN: layer 0 attends over raw embeddings and memory
+    d, dh = 16, 8
+    with torch.no_grad():
+        model.embed.weight[:, 0] = 0.0
+        for layer in model.layers:
+            attn = layer.attn
+            attn.qkv.weight.zero_()
+            attn.position.weight.zero_()
+            attn.u.zero_()
+            attn.u[:, 0, 0] = 40.0                  # every head's content bias looks along key dim 0
+            for h in range(2):
+                attn.qkv.weight[d + h * dh, 0] = 1.0  # key dim 0 of each head reads feature 0
+        mem = torch.randn(2, 8, d)
+        mem[..., 0] = 1.0                           # only memories carry feature 0
+        c_mem = torch.randn(2, 4, d)
+        c_mem[..., 0] = 0.0
+        memory = Memory([mem, mem], [c_mem, c_mem])
+        _, _, _, details = model(tokens(2, 6), memory, return_details=True)
+    buckets = ts.attention_buckets(details["attention"][0], 4, 8).mean(dim=(0, 1, 2))
+    n = ts.BUCKETS_PER_REGION
+    assert buckets[n:2 * n].sum() > 0.99
+    assert buckets[:n].sum() < 0.01 and buckets[2 * n:].sum() < 0.01

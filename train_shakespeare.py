@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
     d.add_argument("--top-k", type=int, default=None, help="sample from the k most likely characters")
     d.add_argument("--eval-only", action="store_true", help="evaluate OUT/ckpt.pt on validation")
+    d.add_argument("--analyze", action="store_true",
+                   help="load OUT/ckpt.pt and report attention by distance and reconstruction loss "
+                        "per layer over the validation split (OUT/attention.png with matplotlib)")
     d.add_argument("--bench", action="store_true", help="time training steps on random tokens")
     d.add_argument("--bench-steps", type=int, default=10, help="timed steps for --bench")
     return p
@@ -494,6 +497,99 @@ def eval_only(args) -> None:
     print(f"val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc (step {ckpt['step']})")
 
 
+BUCKETS_PER_REGION = 4
+
+
+def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.Tensor:
+    """Sum attention weights [..., K] over key buckets: the compressed memory, the memory and the
+    segment, each cut into BUCKETS_PER_REGION equal spans (oldest first). Returns [..., 3 * n]; for
+    every query the buckets add up to 1."""
+    K = weights.size(-1)
+    edges = []
+    for start, length in ((0, n_c_mem), (n_c_mem, n_mem), (n_c_mem + n_mem, K - n_c_mem - n_mem)):
+        cuts = torch.linspace(0, length, BUCKETS_PER_REGION + 1).round().long() + start
+        edges.append(cuts[:-1])
+    starts = torch.cat(edges).tolist()
+    ends = starts[1:] + [K]
+    return torch.stack([weights[..., a:b].sum(-1) for a, b in zip(starts, ends)], dim=-1)
+
+
+def bucket_names():
+    return [f"{region} {i + 1}/{BUCKETS_PER_REGION}" for region in ("c_mem", "mem", "segment")
+            for i in range(BUCKETS_PER_REGION)]
+
+
+@torch.no_grad()
+def analyze(args) -> None:
+    """The paper's attention experiment: how much attention goes to the compressed memory, the
+    memory and the segment, measured with full memories over the validation split."""
+    device = pick_device(args.device)
+    model, ckpt = load_checkpoint(args, device)
+    cfg = model.cfg
+    text = load_text(args.data)
+    lookup = {ch: i for i, ch in enumerate(ckpt["vocab"])}
+    data = torch.tensor([lookup[ch] for ch in text if ch in lookup], dtype=torch.long)
+    streams = make_streams(data[int(0.9 * len(data)):], args.batch_size).to(device)
+    n_segments = (streams.size(1) - 1) // cfg.seq_len
+    totals = torch.zeros(cfg.n_layers, 3 * BUCKETS_PER_REGION, dtype=torch.float64)
+    recon = torch.zeros(cfg.n_layers, dtype=torch.float64)
+    counted = recon_count = 0
+    memory = None
+    for n in range(n_segments):
+        x = streams[:, n * cfg.seq_len:(n + 1) * cfg.seq_len]
+        full = memory is not None and memory.mem[0].size(1) == cfg.mem_len and \
+            memory.c_mem[0].size(1) == cfg.c_mem_len
+        _, new_memory, _, details = model(x, memory, return_details=True)
+        if full:  # bucket edges are only comparable once both memories are full
+            for i, weights in enumerate(details["attention"]):
+                buckets = attention_buckets(weights.double(), cfg.c_mem_len, cfg.mem_len)
+                totals[i] += buckets.mean(dim=(0, 1, 2)).cpu()
+            counted += 1
+        if any(r > 0 for r in details["recon"]):
+            recon += torch.stack(details["recon"]).double().cpu()
+            recon_count += 1
+        memory = new_memory
+    if counted == 0:
+        raise UserError("the validation split is too short to fill the memories; lower --batch-size")
+    per_layer = totals / counted
+    overall = per_layer.mean(dim=0)
+    print(f"attention by key bucket, {counted} segments x {args.batch_size} streams, "
+          f"n_cm={cfg.c_mem_len} n_m={cfg.mem_len} n_s={cfg.seq_len} (step {ckpt['step']})")
+    header = f"{'bucket':<14}{'all':>8}" + "".join(f"{'layer ' + str(i):>9}" for i in range(cfg.n_layers))
+    print(header)
+    for b, name in enumerate(bucket_names()):
+        print(f"{name:<14}{overall[b]:>8.4f}" + "".join(f"{per_layer[i, b]:>9.4f}"
+                                                        for i in range(cfg.n_layers)))
+    if recon_count:
+        print("mean reconstruction loss per layer: " +
+              "  ".join(f"{i}: {v:.5f}" for i, v in enumerate((recon / recon_count).tolist())))
+    else:
+        print("no reconstruction loss: f_c has no parameters or nothing was compressed")
+    plot_attention(overall.tolist(), per_layer.tolist(), os.path.join(args.out, "attention.png"))
+
+
+def plot_attention(overall, per_layer, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = bucket_names()
+    plt.figure(figsize=(9, 4))
+    plt.bar(range(len(names)), overall, color="lightgray", label="all layers")
+    for i, row in enumerate(per_layer):
+        plt.plot(range(len(names)), row, marker="o", label=f"layer {i}")
+    plt.xticks(range(len(names)), names, rotation=45, ha="right")
+    plt.ylabel("mean attention weight")
+    plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
+    plt.legend()
+    plt.tight_layout()
+    plt.savefig(path)
+    plt.close()
+    print(f"wrote {path}")
+
+
 def train_flops_per_step(cfg: CompressiveConfig, batch: int) -> float:
     """Matmul FLOPs of one training step (forward x 3) with full memories: the model's own work,
     not counting f_c and its reconstruction loss."""
@@ -600,6 +696,8 @@ def main(argv=None) -> int:
             sample(args)
         elif args.eval_only:
             eval_only(args)
+        elif args.analyze:
+            analyze(args)
         else:
             dist_info = init_distributed()
             try:
