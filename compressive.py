@@ -153,7 +153,7 @@ class RelativeMultiHeadAttention(nn.Module):
         B, T, d = h.shape
         scale = self.d_head ** -0.5
         q, k, v = self.qkv(h).chunk(3, dim=-1)
-        # Memories hold no gradient, so projecting them apart from h saves their input-gradient.
+        # memories need only keys and values: project them with the W_k, W_v rows of the matrix
         k_mem, v_mem = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)
         q = self.split_heads(q) * scale                           # scale folded into q (and u, v)
         k = self.split_heads(torch.cat([k_mem, k], dim=1))        # keys of [c_mem; mem; h]
@@ -411,9 +411,9 @@ class CompressiveTransformer(nn.Module):
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
         self._check_memory(memory, B, h.device)
-        usage = memory.usage
-        if self.cfg.compression == "most_used" and usage is None:
-            usage = [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
+        usage = None  # attention received per memory slot, tracked only for the most_used f_c
+        if self.cfg.compression == "most_used":
+            usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
         # All layers hold the same number of memories, so positions and mask are shared.
         M = memory.c_mem[0].size(1) + memory.mem[0].size(1)

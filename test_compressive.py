@@ -570,3 +570,18 @@ def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
     n = ts.BUCKETS_PER_REGION
     assert buckets[n:2 * n].sum() > 0.99
     assert buckets[:n].sum() < 0.01 and buckets[2 * n:].sum() < 0.01
+
+
+def test_torchrun_two_cpu_processes_train_with_ddp(small_text, tmp_path):
+    out = str(tmp_path / "ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(HERE, "train_shakespeare.py"), "--data", small_text, "--out", out,
+           "--steps", "6", "--eval-every", "6", *TINY_FLAGS]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("done: 6 steps") == 1  # only rank 0 prints
+    assert "2 process(es)" in result.stdout
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["tokens_seen"] == 6 * 2 * 4 * 16
+    assert len(torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["memory"]) == 2

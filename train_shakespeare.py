@@ -11,6 +11,7 @@ contiguous stream through the text, so the memory of row b always holds the text
 the way Transformer-XL and the Compressive Transformer are trained and evaluated.
 """
 import argparse
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("training")
     t.add_argument("--batch-size", type=int, default=12, help="parallel text streams per process")
     t.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    t.add_argument("--lr", type=float, default=4e-3, help="peak learning rate")
     t.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the end of the decay")
     t.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices)")
@@ -676,6 +677,19 @@ def bench(args) -> None:
 
 # ----------------------------------------------------------------------------------------------
 
+def keep_freed_memory() -> None:
+    """On Linux, glibc returns large freed blocks to the OS at once and page-faults them back in
+    on the next step. A training step allocates the same big attention tensors every time, so on
+    CPU this costs a sizeable part of the step (see README, Performance). Ask glibc to keep them."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to tune
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    libc.mallopt(M_MMAP_THRESHOLD, 32 * 2 ** 20)  # blocks up to 32 MiB (glibc's maximum) from the heap
+    libc.mallopt(M_TRIM_THRESHOLD, 2 ** 30)       # and keep up to 1 GiB of freed heap
+
+
 def init_distributed():
     """torchrun sets WORLD_SIZE, RANK and LOCAL_RANK; without it this is one process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -688,6 +702,7 @@ def init_distributed():
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     try:
         check_args(args)
         if args.bench:
