@@ -393,11 +393,7 @@ class CompressiveTransformer(nn.Module):
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
         empty = lambda: self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
                                                     dtype=dtype)
-        usage = None
-        if self.cfg.compression == "most_used":
-            usage = [self.embed.weight.new_zeros(batch_size, 0, device=device)
-                     for _ in self.layers]
-        return Memory([empty() for _ in self.layers], [empty() for _ in self.layers], usage)
+        return Memory([empty() for _ in self.layers], [empty() for _ in self.layers])
 
     def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None,
                 return_details: bool = False):
