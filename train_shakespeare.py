@@ -239,7 +239,7 @@ def lr_at(step: int, args) -> float:
 
 
 def make_optimizer(model, args, device):
-    # Decay matrices only (not biases, norms, u/v biases or embeddings' scale-free parts).
+    # As nanoGPT: decay tensors of 2+ dims (weights, embedding, u and v), not biases or norm gains.
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay},
