@@ -238,7 +238,7 @@ def lr_at(step: int, args) -> float:
     return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_optimizer(model, args, device):
+def make_optimizer(model, args):
     # As nanoGPT: decay tensors of 2+ dims (weights, embedding, u and v), not biases or norm gains.
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -308,7 +308,7 @@ def train(args, dist_info) -> None:
     cfg = model_config(args, len(vocab))
     torch.manual_seed(args.seed + rank)
     model = CompressiveTransformer(cfg).to(device)
-    optimizer = make_optimizer(model, args, device)
+    optimizer = make_optimizer(model, args)
     os.makedirs(args.out, exist_ok=True)
     ckpt_path = os.path.join(args.out, "ckpt.pt")
     step, memory, history = 0, None, []
@@ -631,7 +631,7 @@ def bench(args) -> None:
     cfg = model_config(args, 65)
     torch.manual_seed(args.seed)
     model = CompressiveTransformer(cfg).to(device)
-    optimizer = make_optimizer(model, args, device)
+    optimizer = make_optimizer(model, args)
     step_model = torch.compile(model) if args.compile else model
     autocast = autocast_for(device, args.dtype)
     g = torch.Generator(device="cpu").manual_seed(args.seed)
