@@ -585,3 +585,15 @@ def test_torchrun_two_cpu_processes_train_with_ddp(small_text, tmp_path):
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["tokens_seen"] == 6 * 2 * 4 * 16
     assert len(torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["memory"]) == 2
+
+
+def test_bench_prints_its_summary_as_the_last_line(capsys):
+    assert ts.main(["--bench", "--bench-steps", "2", *TINY_FLAGS]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    import re
+    match = re.fullmatch(r"bench tokens_per_s=([\d.]+) ms_per_step=([\d.]+) peak_mem_mb=([\d.]+) "
+                         r"mfu=([\d.]+)", last)
+    assert match, last
+    tokens_per_s, ms_per_step = float(match[1]), float(match[2])
+    assert math.isclose(tokens_per_s, 4 * 16 / (ms_per_step / 1000), rel_tol=1e-3)
+    assert float(match[3]) > 0 and 0 < float(match[4]) < 10
