@@ -175,6 +175,17 @@ def load_text(path) -> str:
     return text
 
 
+def split_data(text: str, vocab):
+    """Encode text with vocab and split it as nanoGPT does: first 90% train, last 10% validation."""
+    lookup = {ch: i for i, ch in enumerate(vocab)}
+    unknown = sorted(set(text) - lookup.keys())
+    if unknown:
+        raise UserError(f"the data has characters outside the vocabulary: {unknown[:10]!r}")
+    data = torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
+    split = int(0.9 * len(data))
+    return data[:split], data[split:]
+
+
 def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
     """Cut data into n_streams equal contiguous strands, [n_streams, L + 1] (the +1 is the target
     of each strand's last input; strand b ends where strand b+1 begins)."""
@@ -295,10 +306,7 @@ def train(args, dist_info) -> None:
 
     text = load_text(args.data)
     vocab = sorted(set(text))
-    lookup = {ch: i for i, ch in enumerate(vocab)}
-    data = torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
-    split = int(0.9 * len(data))
-    train_data, val_data = data[:split], data[split:]
+    train_data, val_data = split_data(text, vocab)
     # every rank owns its own streams: rank r takes streams [r*B, (r+1)*B)
     all_streams = make_streams(train_data, args.batch_size * world)
     streams = all_streams[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
@@ -491,9 +499,8 @@ def eval_only(args) -> None:
     device = pick_device(args.device)
     model, ckpt = load_checkpoint(args, device)
     text = load_text(args.data)
-    lookup = {ch: i for i, ch in enumerate(ckpt["vocab"])}
-    data = torch.tensor([lookup[ch] for ch in text if ch in lookup], dtype=torch.long)
-    val = evaluate(model, data[int(0.9 * len(data)):].to(device), args.batch_size,
+    _, val_data = split_data(text, ckpt["vocab"])
+    val = evaluate(model, val_data.to(device), args.batch_size,
                    model.cfg.seq_len, autocast_for(device, args.dtype))
     print(f"val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc (step {ckpt['step']})")
 
@@ -528,9 +535,8 @@ def analyze(args) -> None:
     model, ckpt = load_checkpoint(args, device)
     cfg = model.cfg
     text = load_text(args.data)
-    lookup = {ch: i for i, ch in enumerate(ckpt["vocab"])}
-    data = torch.tensor([lookup[ch] for ch in text if ch in lookup], dtype=torch.long)
-    streams = make_streams(data[int(0.9 * len(data)):], args.batch_size).to(device)
+    _, val_data = split_data(text, ckpt["vocab"])
+    streams = make_streams(val_data, args.batch_size).to(device)
     n_segments = (streams.size(1) - 1) // cfg.seq_len
     totals = torch.zeros(cfg.n_layers, 3 * BUCKETS_PER_REGION, dtype=torch.float64)
     recon = torch.zeros(cfg.n_layers, dtype=torch.float64)
