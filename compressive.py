@@ -206,10 +206,10 @@ class DilatedConvCompress(nn.Module):
         self.reduce = ConvCompress(d_model, rate)
 
     def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
-        x = old_mem.transpose(1, 2)
+        x = old_mem.transpose(1, 2)                              # Conv1d wants [B, d, time]
         for conv in self.dilated:
             x = x + F.gelu(conv(x))
-        return self.reduce.conv(x).transpose(1, 2)
+        return self.reduce(x.transpose(1, 2))
 
 
 class PoolCompress(nn.Module):
