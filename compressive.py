@@ -149,7 +149,9 @@ class RelativeMultiHeadAttention(nn.Module):
     def forward(self, h, memories, positions, future_mask):
         """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
         positions: R for distances K..0, [K+1, d]; future_mask: [T, K], True where j > M + i.
-        Returns the output [B, T, d] and the attention weights [B, H, T, K], K = M + T."""
+        Returns the output [B, T, d], the attention weights [B, H, T, K] (K = M + T), and, for
+        the reconstruction loss, the content queries (q + u) * scale [B, H, T, d_head] and the
+        keys and values of [c_mem; mem; h] [B, H, K, d_head], all three detached."""
         B, T, d = h.shape
         scale = self.d_head ** -0.5
         q, k, v = self.qkv(h).chunk(3, dim=-1)
@@ -160,14 +162,16 @@ class RelativeMultiHeadAttention(nn.Module):
         v = self.split_heads(torch.cat([v_mem, v], dim=1))
         r = self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H,K+1,dh]
 
-        content = torch.matmul(q + self.u * scale, k.transpose(-1, -2))               # (a) + (c)
+        content_q = q + self.u * scale
+        content = torch.matmul(content_q, k.transpose(-1, -2))                       # (a) + (c)
         position = relative_shift(torch.matmul(q + self.v * scale, r.transpose(-1, -2)))  # (b) + (d)
         scores = (content + position).masked_fill_(future_mask, float("-inf"))
         weights = scores.softmax(dim=-1)
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
         attended = torch.matmul(weights, v)
-        return self.out(attended.transpose(1, 2).reshape(B, T, d)), weights
+        out = self.out(attended.transpose(1, 2).reshape(B, T, d))
+        return out, weights, (content_q.detach(), k.detach(), v.detach())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,20 +179,25 @@ class RelativeMultiHeadAttention(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 class ConvCompress(nn.Module):
-    """1-D convolution with kernel = stride = c: the paper's best f_c."""
+    """1-D convolution with kernel = stride = c: the paper's best f_c.
+
+    The windows do not overlap, so the convolution is one linear map [c*d] -> [d] applied to each
+    block of c consecutive memories laid side by side. Written that way it is a single matmul on
+    a free reshape (a Conv1d does the same arithmetic several times slower on CPU)."""
 
     def __init__(self, d_model: int, rate: int):
         super().__init__()
-        self.conv = nn.Conv1d(d_model, d_model, kernel_size=rate, stride=rate)
+        self.rate = rate
         # Start as mean pooling (plus noise) so compressed memories carry meaning from step one;
         # the reconstruction loss then moves it wherever helps attention most.
-        with torch.no_grad():
-            self.conv.weight.normal_(0.0, 0.02 / rate)
-            self.conv.weight += torch.eye(d_model).unsqueeze(-1) / rate
-            self.conv.bias.zero_()
+        mean_pool = torch.eye(d_model).repeat(1, rate) / rate                  # [d, c*d]
+        self.weight = nn.Parameter(mean_pool + torch.randn(d_model, rate * d_model) * 0.02 / rate)
+        self.bias = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
-        return self.conv(old_mem.transpose(1, 2)).transpose(1, 2)
+        B, length, d = old_mem.shape                      # length = k*c, oldest first
+        blocks = old_mem.reshape(B, length // self.rate, self.rate * d)
+        return F.linear(blocks, self.weight, self.bias)
 
 
 class DilatedConvCompress(nn.Module):
@@ -257,26 +266,33 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
 # every parameter other than f_c's (and the auto-encoder's decoder) is detached, so this loss
 # cannot change what the rest of the network does.
 
-def content_attention(attn: RelativeMultiHeadAttention, queries, memories):
-    """The layer's content-based attention (term (a)+(c), no positions) of queries over memories,
-    with its parameters frozen. Returns the per-head outputs [B, H, T, d_head]."""
-    w_q, w_k, w_v = attn.qkv.weight.detach().chunk(3, dim=0)
-    q = attn.split_heads(F.linear(queries, w_q)) + attn.u.detach()
-    k, v = F.linear(memories, w_k), F.linear(memories, w_v)
-    return F.scaled_dot_product_attention(q, attn.split_heads(k), attn.split_heads(v))
+def content_attention(queries, keys, values):
+    """Attention without positions (term (a)+(c) only): [B, H, T, d_head] over [B, H, M, d_head].
+    The queries arrive already scaled by 1/sqrt(d_head)."""
+    return torch.matmul(torch.matmul(queries, keys.transpose(-1, -2)).softmax(dim=-1), values)
 
 
-def attention_reconstruction_loss(layer: "CompressiveLayer", h, old_mem, compressed):
-    """Paper, Algorithm 2: || attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 (mean over elements).
-    h: [B, T, d] current layer inputs, old_mem: [B, k*c, d], compressed = f_c(old_mem): [B, k, d]."""
-    if layer.pre_norm:  # attention sees normalised inputs; use the layer's norm, frozen
+def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, old_values,
+                                  compressed):
+    """Paper, Algorithm 2: || attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 (mean over elements),
+    with the layer's own content attention, frozen.
+
+    The layer's forward has just computed everything on the old_mem side: its content queries
+    of the current inputs h (queries, [B, H, T, d_head]) and the keys and values of the memories
+    it is now evicting (old_keys, old_values, [B, H, k*c, d_head]), all detached. Only the
+    compressed memories [B, k, d] are new; they are projected with detached weights, so the
+    gradient of this loss reaches f_c alone."""
+    attn = layer.attn
+    if layer.pre_norm:  # attention sees normalised memories: use the layer's norm, frozen
         norm = layer.attn_norm
-        normalise = lambda x: F.layer_norm(x, norm.normalized_shape, norm.weight.detach(),
-                                           norm.bias.detach(), norm.eps)
-        h, old_mem, compressed = normalise(h), normalise(old_mem), normalise(compressed)
+        compressed = F.layer_norm(compressed, norm.normalized_shape, norm.weight.detach(),
+                                  norm.bias.detach(), norm.eps)
+    d = compressed.size(-1)
+    k, v = F.linear(compressed, attn.qkv.weight[d:].detach()).chunk(2, dim=-1)
     with torch.no_grad():
-        target = content_attention(layer.attn, h, old_mem)
-    return F.mse_loss(content_attention(layer.attn, h, compressed), target)
+        target = content_attention(queries, old_keys, old_values)
+    prediction = content_attention(queries, attn.split_heads(k), attn.split_heads(v))
+    return F.mse_loss(prediction, target)
 
 
 def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
@@ -312,23 +328,24 @@ class CompressiveLayer(nn.Module):
         (mem, c_mem, usage, reconstruction loss, attention weights)."""
         memories = torch.cat([c_mem, mem], dim=1)               # [c_mem; mem], oldest first
         if self.pre_norm:
-            attended, weights = self.attn(self.attn_norm(h), self.attn_norm(memories), positions,
-                                          future_mask)
+            attended, weights, projections = self.attn(self.attn_norm(h), self.attn_norm(memories),
+                                                       positions, future_mask)
             a = h + self.dropout(attended)
             out = a + self.dropout(self.ff(self.ff_norm(a)))
         else:  # post-LN, as in the paper: a = LN(attn + h); out = LN(mlp(a) + a)
-            attended, weights = self.attn(h, memories, positions, future_mask)
+            attended, weights, projections = self.attn(h, memories, positions, future_mask)
             a = self.attn_norm(h + self.dropout(attended))
             out = self.ff_norm(a + self.dropout(self.ff(a)))
         if usage is not None:  # most_used f_c: count the attention each memory slot receives
             start = c_mem.size(1)
             usage = usage + weights[..., start:start + mem.size(1)].detach().sum(dim=(1, 2))
-        return (out, *self.update_memory(h, mem, c_mem, usage), weights)
+        return (out, *self.update_memory(h, mem, c_mem, usage, projections), weights)
 
-    def update_memory(self, h, mem, c_mem, usage):
+    def update_memory(self, h, mem, c_mem, usage, projections):
         """The two FIFOs (paper, Algorithm 1). Append the layer inputs of the new tokens to mem;
         what overflows n_m is evicted in whole blocks of c, compressed by f_c and appended to
-        c_mem, which keeps its newest n_cm entries."""
+        c_mem, which keeps its newest n_cm entries. projections = (content queries, keys, values)
+        from this layer's attention, for the reconstruction loss."""
         cfg, c = self.cfg, self.cfg.compression_rate
         zero = h.new_zeros(())
         if cfg.mem_len == 0:  # no memory at all
@@ -357,7 +374,11 @@ class CompressiveLayer(nn.Module):
             if self.decoder is not None:
                 recon = autoencoding_loss(self.decoder, old_mem, compressed)
             else:
-                recon = attention_reconstruction_loss(self, h.detach(), old_mem, compressed)
+                # the evicted memories are the first n_evict keys after the c_mem ones
+                queries, keys, values = projections
+                old = slice(c_mem.size(1), c_mem.size(1) + n_evict)
+                recon = attention_reconstruction_loss(self, queries, keys[:, :, old],
+                                                      values[:, :, old], compressed)
         c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -cfg.c_mem_len:]
         return mem, c_mem, usage, recon
 

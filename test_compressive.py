@@ -65,6 +65,18 @@ def test_parameter_free_compression_gives_zero_recon_and_conv_does_not():
         assert (total == 0.0) == zero, compression
 
 
+def test_conv_f_c_is_a_kernel_equals_stride_c_convolution_started_as_mean_pooling():
+    f_c = make(compression="conv").layers[0].compress
+    c, d = 3, 16
+    old = torch.randn(2, 4 * c, d)
+    # the same weights as a Conv1d kernel [d_out, d_in, c]: block position p uses columns p*d..p*d+d
+    kernel = f_c.weight.view(d, c, d).permute(0, 2, 1)
+    expected = F.conv1d(old.transpose(1, 2), kernel, f_c.bias, stride=c).transpose(1, 2)
+    torch.testing.assert_close(f_c(old), expected)
+    mean = old.view(2, 4, c, d).mean(dim=2)
+    assert (f_c(old) - mean).abs().max() < 0.2 < (f_c(old) - old[:, ::c]).abs().max()
+
+
 # ---------------------------------------------------------------- memory rules -------------------
 
 def reference_fifo(inputs, n_m, n_cm, c, compress):
