@@ -728,6 +728,8 @@ def main(argv=None) -> int:
             dist_info = init_distributed()
             try:
                 train(args, dist_info)
+                if dist_info[1] > 1:  # leave together: gloo can abort a rank whose peer is gone
+                    torch.distributed.barrier()
             finally:
                 if dist_info[1] > 1:
                     torch.distributed.destroy_process_group()
