@@ -146,9 +146,9 @@ class RelativeMultiHeadAttention(nn.Module):
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d] -> [B, H, T, d_head]
         return x.view(x.size(0), x.size(1), self.n_heads, self.d_head).transpose(1, 2)
 
-    def forward(self, h, memories, positions, future_mask):
+    def forward(self, h, memories, positions, causal_bias):
         """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
-        positions: R for distances K..0, [K+1, d]; future_mask: [T, K], True where j > M + i.
+        positions: R for distances K..0, [K+1, d]; causal_bias: [T, K], -inf where j > M + i, else 0.
         Returns the output [B, T, d], the attention weights [B, H, T, K] (K = M + T), and, for
         the reconstruction loss, the content queries (q + u) * scale [B, H, T, d_head] and the
         keys and values of [c_mem; mem; h] [B, H, K, d_head], all three detached."""
@@ -165,7 +165,9 @@ class RelativeMultiHeadAttention(nn.Module):
         content_q = q + self.u * scale
         content = torch.matmul(content_q, k.transpose(-1, -2))                       # (a) + (c)
         position = relative_shift(torch.matmul(q + self.v * scale, r.transpose(-1, -2)))  # (b) + (d)
-        scores = (content + position).masked_fill_(future_mask, float("-inf"))
+        # adding a -inf bias hides the future (and the shift's wrapped entries); it is cheaper
+        # than masked_fill, forwards and backwards
+        scores = content.add_(position).add_(causal_bias)
         weights = scores.softmax(dim=-1)
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
@@ -323,17 +325,17 @@ class CompressiveLayer(nn.Module):
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
         self.reconstructs = trainable_fc
 
-    def forward(self, h, mem, c_mem, usage, positions, future_mask):
+    def forward(self, h, mem, c_mem, usage, positions, causal_bias):
         """h: [B, T, d] layer input h^(i). Returns the layer output and the updated
         (mem, c_mem, usage, reconstruction loss, attention weights)."""
         memories = torch.cat([c_mem, mem], dim=1)               # [c_mem; mem], oldest first
         if self.pre_norm:
             attended, weights, projections = self.attn(self.attn_norm(h), self.attn_norm(memories),
-                                                       positions, future_mask)
+                                                       positions, causal_bias)
             a = h + self.dropout(attended)
             out = a + self.dropout(self.ff(self.ff_norm(a)))
         else:  # post-LN, as in the paper: a = LN(attn + h); out = LN(mlp(a) + a)
-            attended, weights, projections = self.attn(h, memories, positions, future_mask)
+            attended, weights, projections = self.attn(h, memories, positions, causal_bias)
             a = self.attn_norm(h + self.dropout(attended))
             out = self.ff_norm(a + self.dropout(self.ff(a)))
         if usage is not None:  # most_used f_c: count the attention each memory slot receives
@@ -432,11 +434,11 @@ class CompressiveTransformer(nn.Module):
         if self.cfg.compression == "most_used":
             usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
-        # All layers hold the same number of memories, so positions and mask are shared.
+        # All layers hold the same number of memories, so positions and the causal bias are shared.
         M = memory.c_mem[0].size(1) + memory.mem[0].size(1)
         K = M + T
         positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
-        future_mask = torch.ones(T, K, dtype=torch.bool, device=h.device).triu_(M + 1)
+        causal_bias = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
 
         new_mem, new_c_mem, new_usage = [], [], []
         details = {"attention": [], "recon": []}
@@ -444,7 +446,7 @@ class CompressiveTransformer(nn.Module):
         for i, layer in enumerate(self.layers):
             h, mem, c_mem, layer_usage, recon, weights = layer(
                 h, memory.mem[i], memory.c_mem[i], usage[i] if usage else None,
-                positions, future_mask)
+                positions, causal_bias)
             new_mem.append(mem)
             new_c_mem.append(c_mem)
             new_usage.append(layer_usage)
