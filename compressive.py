@@ -50,7 +50,7 @@ class CompressiveConfig:
     compression_rate: int = 4    # c
     compression: str = "conv"    # f_c: conv | max_pool | mean_pool | dilated_conv | most_used
     reconstruction: str = "attention"  # loss that trains f_c: attention | autoencoding
-    pre_norm: bool = True        # False -> post-LN, as in the paper and Transformer-XL
+    pre_norm: bool = False       # post-LN, as in the paper and Transformer-XL; True -> pre-LN
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len",
@@ -399,8 +399,11 @@ class CompressiveTransformer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        # Untied output head. The embedding keeps PyTorch's N(0, 1) start, the scale of every other
+        # layer input (a post-LN output, or the residual stream pre-LN normalises), so layer 0's
+        # memories look like the others'. Measured on Tiny Shakespeare (README): 0.02-0.03 nats
+        # better than a tied N(0, 0.02) embedding, for both norm placements.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.head.weight = self.embed.weight  # tied input and output embeddings
         self.apply(self._init_weights)
         for layer in self.layers:  # GPT-2: shrink residual branches by depth
             for w in (layer.attn.out.weight, layer.ff[2].weight):
@@ -408,7 +411,7 @@ class CompressiveTransformer(nn.Module):
 
     @staticmethod
     def _init_weights(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, 0.0, 0.02)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)

@@ -187,12 +187,11 @@ def belongs_to_f_c(name):  # layers.<i>.compress.* and layers.<i>.decoder.*
     return parts[0] == "layers" and parts[2] in ("compress", "decoder")
 
 
-@pytest.mark.parametrize("compression,reconstruction", [("conv", "attention"),
-                                                         ("dilated_conv", "attention"),
-                                                         ("conv", "autoencoding"),
-                                                         ("dilated_conv", "autoencoding")])
-def test_gradient_isolation_both_directions(compression, reconstruction):
-    model = make(compression=compression, reconstruction=reconstruction)
+@pytest.mark.parametrize("compression,reconstruction,pre_norm", [
+    ("conv", "attention", False), ("conv", "attention", True), ("dilated_conv", "attention", False),
+    ("conv", "autoencoding", False), ("dilated_conv", "autoencoding", True)])
+def test_gradient_isolation_both_directions(compression, reconstruction, pre_norm):
+    model = make(compression=compression, reconstruction=reconstruction, pre_norm=pre_norm)
     memory = None
     for seed in range(3):  # fill memory so that c_mem is attended and compression happens
         _, memory, _ = lm_loss(model, memory, seed)
@@ -522,7 +521,7 @@ def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
 
 # ---------------------------------------------------------------- attention analysis -------------
 
-def full_memory_model(pre_norm=True):
+def full_memory_model(pre_norm=False):
     model = make(pre_norm=pre_norm).eval()
     memory = None
     with torch.no_grad():

@@ -60,11 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--compression", choices=COMPRESSIONS, default="conv", help="f_c")
     m.add_argument("--reconstruction", choices=RECONSTRUCTIONS, default="attention",
                    help="auxiliary loss that trains f_c")
-    m.add_argument("--post-norm", action="store_true", help="post-LN (the paper's) instead of pre-LN")
+    m.add_argument("--post-norm", action=argparse.BooleanOptionalAction, default=True,
+                   help="post-LN, as in the paper; --no-post-norm for pre-LN")
     t = p.add_argument_group("training")
     t.add_argument("--batch-size", type=int, default=12, help="parallel text streams per process")
     t.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    t.add_argument("--lr", type=float, default=4e-3, help="peak learning rate")
+    t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     t.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the end of the decay")
     t.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices)")
