@@ -399,10 +399,10 @@ class CompressiveTransformer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
-        # Untied output head. The embedding keeps PyTorch's N(0, 1) start, the scale of every other
-        # layer input (a post-LN output, or the residual stream pre-LN normalises), so layer 0's
-        # memories look like the others'. Measured on Tiny Shakespeare (README): 0.02-0.03 nats
-        # better than a tied N(0, 0.02) embedding, for both norm placements.
+        # Untied output head; the embedding keeps PyTorch's N(0, 1) start. Post-LN, every other
+        # layer input is a LayerNorm output of unit scale, so layer 0's inputs and memories then
+        # look like the rest. Measured on Tiny Shakespeare (README): 0.02-0.03 nats/char better
+        # than a tied N(0, 0.02) embedding, with either norm placement.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         for layer in self.layers:  # GPT-2: shrink residual branches by depth
