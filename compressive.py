@@ -405,14 +405,16 @@ class CompressiveTransformer(nn.Module):
         # than a tied N(0, 0.02) embedding, with either norm placement.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
-        for layer in self.layers:  # GPT-2: shrink residual branches by depth
-            for w in (layer.attn.out.weight, layer.ff[2].weight):
-                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * cfg.n_layers))
 
     @staticmethod
     def _init_weights(module):
+        # Glorot & Bengio's (Xavier) scale, std = sqrt(2 / (fan_in + fan_out)): 0.06-0.09 here,
+        # not GPT-2's N(0, 0.02) with the residual projections shrunk by depth. Post-LN
+        # renormalises after every residual sum, so branches that start that small barely move
+        # the stream at first. Measured on Tiny Shakespeare (README): 1.62 -> 1.57 nats/char
+        # post-LN, 1.68 -> 1.59 pre-LN.
         if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, 0.0, 0.02)
+            nn.init.xavier_normal_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
