@@ -76,6 +76,19 @@ def test_conv_f_c_is_a_kernel_equals_stride_c_convolution_started_as_mean_poolin
     mean = old.view(2, 4, c, d).mean(dim=2)
     assert (f_c(old) - mean).abs().max() < 0.2 < (f_c(old) - old[:, ::c]).abs().max()
 
+def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
+    torch.manual_seed(0)
+    model = CompressiveTransformer(CompressiveConfig())  # the default size: stds are well estimated
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 1 + 5 * model.cfg.n_layers  # head; qkv, W_r, out, two feed-forward
+    for linear in linears:
+        fan_out, fan_in = linear.weight.shape
+        assert linear.weight.std().item() == pytest.approx(math.sqrt(2 / (fan_in + fan_out)),
+                                                           rel=0.1)
+        assert linear.bias is None or not linear.bias.any()
+    assert model.embed.weight.std().item() == pytest.approx(1.0, rel=0.1)
+
+
 
 # ---------------------------------------------------------------- memory rules -------------------
 
