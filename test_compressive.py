@@ -76,6 +76,7 @@ def test_conv_f_c_is_a_kernel_equals_stride_c_convolution_started_as_mean_poolin
     mean = old.view(2, 4, c, d).mean(dim=2)
     assert (f_c(old) - mean).abs().max() < 0.2 < (f_c(old) - old[:, ::c]).abs().max()
 
+
 def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
     torch.manual_seed(0)
     model = CompressiveTransformer(CompressiveConfig())  # the default size: stds are well estimated
@@ -87,7 +88,6 @@ def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
                                                            rel=0.1)
         assert linear.bias is None or not linear.bias.any()
     assert model.embed.weight.std().item() == pytest.approx(1.0, rel=0.1)
-
 
 
 # ---------------------------------------------------------------- memory rules -------------------
@@ -414,6 +414,7 @@ def test_tiny_training_run_lowers_the_loss():
 
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import hashlib  # noqa: E402
@@ -614,7 +615,6 @@ def test_torchrun_two_cpu_processes_train_with_ddp(small_text, tmp_path):
 def test_bench_prints_its_summary_as_the_last_line(capsys):
     assert ts.main(["--bench", "--bench-steps", "2", *TINY_FLAGS]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    import re
     match = re.fullmatch(r"bench tokens_per_s=([\d.]+) ms_per_step=([\d.]+) peak_mem_mb=([\d.]+) "
                          r"mfu=([\d.]+)", last)
     assert match, last
