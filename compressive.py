@@ -131,12 +131,14 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     return flat[..., T:T + T * K].view(*batch, T, K)
 
 
-class RelativeMultiHeadAttention(nn.Module):
+class RelativeAttention(nn.Module):
+    """The attention itself, given queries, keys and values: scores with the relative-position
+    terms, the softmax and the output projection. Owns W_r, u, v and W_o; the projections that
+    make q, k and v belong to whoever calls it (below, and the Feedback Transformer in section 7)."""
+
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
-        # W_q, W_k, W_v in one matrix: the segment needs all three, memories only keys and values
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.position = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_r
         self.u = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # content bias
         self.v = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # position bias
@@ -146,36 +148,61 @@ class RelativeMultiHeadAttention(nn.Module):
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d] -> [B, H, T, d_head]
         return x.view(x.size(0), x.size(1), self.n_heads, self.d_head).transpose(1, 2)
 
+    def project_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """W_r R: [n, d] -> [H, n, d_head]."""
+        return self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)
+
+    def attend(self, q, k, v, r, causal_bias):
+        """q: [B, H, T, d_head] queries, already scaled by 1/sqrt(d_head); k, v: [B, H, K, d_head];
+        r: W_r R for the distances K..0, [H, K+1, d_head]; causal_bias: [T, K], -inf where a key
+        lies in the query's future, else 0 (None: every key is visible). Returns the output [B, T, d], the attention weights
+        [B, H, T, K] and the content queries q + u [B, H, T, d_head]."""
+        B, H, T, d_head = q.shape
+        scale = d_head ** -0.5
+        content_q = q + self.u * scale
+        content = torch.matmul(content_q, k.transpose(-1, -2))                       # (a) + (c)
+        # (b) + (d). W_r R is the same for every row of the batch, so fold the batch into the rows
+        # of one product per head ([H, B*T, d_head] x [H, d_head, K+1]); broadcasting it instead
+        # would copy W_r R once per row, which costs as much as the product when T is 1.
+        position_q = (q + self.v * scale).transpose(0, 1).reshape(H, B * T, d_head)
+        position = relative_shift(torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1))
+        # adding a -inf bias hides the future (and the shift's wrapped entries); it is cheaper
+        # than masked_fill, forwards and backwards
+        scores = content.add_(position.transpose(0, 1))
+        if causal_bias is not None:
+            scores.add_(causal_bias)
+        weights = scores.softmax(dim=-1)
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, self.dropout)
+        attended = torch.matmul(weights, v)
+        return self.out(attended.transpose(1, 2).reshape(B, T, H * self.d_head)), weights, content_q
+
+
+class RelativeMultiHeadAttention(RelativeAttention):
+    """Attention of the segment h over [c_mem; mem; h], with a W_q, W_k, W_v of its own."""
+
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__(cfg)
+        # W_q, W_k, W_v in one matrix: the segment needs all three, memories only keys and values
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+
     def forward(self, h, memories, positions, causal_bias):
         """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
         positions: R for distances K..0, [K+1, d]; causal_bias: [T, K], -inf where j > M + i, else 0.
         Returns the output [B, T, d], the attention weights [B, H, T, K] (K = M + T), and, for
         the reconstruction loss, the content queries (q + u) * scale [B, H, T, d_head] and the
         keys and values of [c_mem; mem; h] [B, H, K, d_head], all three detached."""
-        B, T, d = h.shape
-        scale = self.d_head ** -0.5
+        d = h.size(-1)
         q, k, v = self.qkv(h).chunk(3, dim=-1)
         # memories need only keys and values: project them with the W_k, W_v rows of the matrix
         k_mem, v_mem = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)
-        # The batched matmuls below run fastest on head-major, contiguous [B, H, time, d_head]
-        # operands: split the heads before concatenating, so the cat writes keys and values in
-        # that layout, and copy q into it once (2-3% of a step at the README's reference size).
-        q = self.split_heads(q * scale).contiguous()              # scale folded into q (and u, v)
+        # The batched matmuls run fastest on head-major, contiguous [B, H, time, d_head] operands:
+        # split the heads before concatenating, so the cat writes keys and values in that layout,
+        # and copy q into it once (2-3% of a step at the README's reference size).
+        q = self.split_heads(q * self.d_head ** -0.5).contiguous()  # scale folded into q (and u, v)
         k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # of [c_mem; mem; h]
         v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
-        r = self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)  # [H,K+1,dh]
-
-        content_q = q + self.u * scale
-        content = torch.matmul(content_q, k.transpose(-1, -2))                       # (a) + (c)
-        position = relative_shift(torch.matmul(q + self.v * scale, r.transpose(-1, -2)))  # (b) + (d)
-        # adding a -inf bias hides the future (and the shift's wrapped entries); it is cheaper
-        # than masked_fill, forwards and backwards
-        scores = content.add_(position).add_(causal_bias)
-        weights = scores.softmax(dim=-1)
-        if self.training and self.dropout > 0:
-            weights = F.dropout(weights, self.dropout)
-        attended = torch.matmul(weights, v)
-        out = self.out(attended.transpose(1, 2).reshape(B, T, d))
+        out, weights, content_q = self.attend(q, k, v, self.project_positions(positions), causal_bias)
         return out, weights, (content_q.detach(), k.detach(), v.detach())
 
 
@@ -320,13 +347,15 @@ class CompressiveLayer(nn.Module):
         self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
                                 nn.Linear(cfg.d_ff, cfg.d_model))
         self.dropout = nn.Dropout(cfg.dropout)
-        self.compress = make_compression(cfg)  # f_c
-        trainable_fc = any(p.requires_grad for p in self.compress.parameters())
+        # f_c, only where something is ever compressed (not for Transformer-XL, n_cm = 0, nor
+        # without memory), so those models carry no idle weights
+        compresses = cfg.mem_len > 0 and cfg.c_mem_len > 0
+        self.compress = make_compression(cfg) if compresses else None
+        self.reconstructs = compresses and any(p.requires_grad for p in self.compress.parameters())
         self.decoder = None
-        if cfg.reconstruction == "autoencoding" and trainable_fc:
+        if cfg.reconstruction == "autoencoding" and self.reconstructs:
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
-        self.reconstructs = trainable_fc
 
     def forward(self, h, mem, c_mem, usage, positions, causal_bias):
         """h: [B, T, d] layer input h^(i). Returns the layer output and the updated
@@ -392,7 +421,69 @@ class CompressiveLayer(nn.Module):
 # 6. The language model
 # ----------------------------------------------------------------------------------------------
 
-class CompressiveTransformer(nn.Module):
+class LanguageModel(nn.Module):
+    """What a language model of this file needs beyond its layers: the weight initialisation, the
+    checks of the tokens, and generation through the memory. A model defines
+    forward(tokens, memory) -> (logits, memory, auxiliary loss) and cfg.seq_len."""
+
+    @staticmethod
+    def _init_weights(module):
+        # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), 0.056-0.10 at the
+        # default size, rather than GPT-2's N(0, 0.02) with residual projections shrunk by depth.
+        # Measured on Tiny Shakespeare (README): 1.63 -> 1.58 nats/char post-LN, 1.69 -> 1.59
+        # pre-LN. One visible difference: at d_model 128, N(0, 0.02) puts the initial attention
+        # scores at a std of about 0.05, so every head starts out averaging uniformly.
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_normal_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def _check_tokens(self, tokens):
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be 2-D [batch, time], got shape {tuple(tokens.shape)}")
+        if tokens.size(0) == 0 or tokens.size(1) == 0:
+            raise ValueError(f"tokens must hold at least one token per row, got shape "
+                             f"{tuple(tokens.shape)}")
+        if bool(((tokens < 0) | (tokens >= self.cfg.vocab_size)).any()):
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
+                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: Optional[int] = None) -> torch.Tensor:
+        """Feed the prompt in segments of n_s, then sample one token at a time through the
+        memory, so each new token costs the same however long the text grows.
+        Returns [batch, T0 + max_new_tokens]."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+        self._check_tokens(prompt)
+        was_training = self.training
+        self.eval()
+        memory, out = None, [prompt]
+        for segment in prompt.split(self.cfg.seq_len, dim=1):
+            logits, memory, _ = self(segment, memory)
+        for step in range(max_new_tokens):
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+            out.append(token)
+            if step + 1 < max_new_tokens:  # the last sampled token needs no forward
+                logits, memory, _ = self(token, memory)
+        self.train(was_training)
+        return torch.cat(out, dim=1)
+
+
+class CompressiveTransformer(LanguageModel):
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         if not isinstance(cfg, CompressiveConfig):
@@ -408,18 +499,6 @@ class CompressiveTransformer(nn.Module):
         # than a tied N(0, 0.02) embedding, with either norm placement.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(module):
-        # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), 0.056-0.10 at the
-        # default size, rather than GPT-2's N(0, 0.02) with residual projections shrunk by depth.
-        # Measured on Tiny Shakespeare (README): 1.63 -> 1.58 nats/char post-LN, 1.69 -> 1.59
-        # pre-LN. One visible difference: at d_model 128, N(0, 0.02) puts the initial attention
-        # scores at a std of about 0.05, so every head starts out averaging uniformly.
-        if isinstance(module, nn.Linear):
-            nn.init.xavier_normal_(module.weight)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
         empty = lambda: self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
@@ -468,20 +547,6 @@ class CompressiveTransformer(nn.Module):
             return logits, memory, recon_loss, details
         return logits, memory, recon_loss
 
-    def _check_tokens(self, tokens):
-        if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be 2-D [batch, time], got shape {tuple(tokens.shape)}")
-        if tokens.size(0) == 0 or tokens.size(1) == 0:
-            raise ValueError(f"tokens must hold at least one token per row, got shape "
-                             f"{tuple(tokens.shape)}")
-        if bool(((tokens < 0) | (tokens >= self.cfg.vocab_size)).any()):
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
-
     def _check_memory(self, memory, batch_size, device):
         if not isinstance(memory, Memory):
             raise TypeError(f"memory must be a Memory returned by the model or None, "
@@ -502,33 +567,3 @@ class CompressiveTransformer(nn.Module):
                                      f"must hold the same number, at most {limits[name]}")
                 if t.device != device:
                     raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
-
-    @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None) -> torch.Tensor:
-        """Feed the prompt in segments of n_s, then sample one token at a time through the
-        memory, so each new token costs O(n_m + n_cm) however long the text grows.
-        Returns [batch, T0 + max_new_tokens]."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-        self._check_tokens(prompt)
-        was_training = self.training
-        self.eval()
-        memory, out = None, [prompt]
-        for segment in prompt.split(self.cfg.seq_len, dim=1):
-            logits, memory, _ = self(segment, memory)
-        for step in range(max_new_tokens):
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
-            out.append(token)
-            if step + 1 < max_new_tokens:  # the last sampled token needs no forward
-                logits, memory, _ = self(token, memory)
-        self.train(was_training)
-        return torch.cat(out, dim=1)
