@@ -422,9 +422,9 @@ class CompressiveLayer(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 class LanguageModel(nn.Module):
-    """What a language model of this file needs beyond its layers: the weight initialisation, the
-    checks of the tokens, and generation through the memory. A model defines
-    forward(tokens, memory) -> (logits, memory, auxiliary loss) and cfg.seq_len."""
+    """What the two language models of this file share (this section's and section 7's): the
+    weight initialisation, the checks of the tokens, and generation through the memory. A model
+    defines forward(tokens, memory) -> (logits, memory, auxiliary loss) and cfg.seq_len."""
 
     @staticmethod
     def _init_weights(module):
@@ -567,3 +567,117 @@ class CompressiveTransformer(LanguageModel):
                                      f"must hold the same number, at most {limits[name]}")
                 if t.device != device:
                     raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. A relative for comparison: the Feedback Transformer
+# ----------------------------------------------------------------------------------------------
+# Fan, Lavril, Grave, Joulin, Sukhbaatar (2020), "Addressing Some Limitations of Transformers with
+# Feedback Memory", arXiv:2002.09402. Above, every layer remembers its own past inputs, so layer i
+# never sees how a higher layer understood the past. Here one memory serves all layers: the memory
+# vector of step t mixes the embedding and every layer's output at step t,
+#     m_t = sum_l softmax(w)_l x_t^l        (l = 0 is the embedding, l = L the last layer),
+# and at step t every layer attends over [m_(t-n_m), ..., m_(t-1); its own input x_t^(l-1)] with
+# the relative attention of section 2. The price is recurrence: m_(t-1) needs every layer at step
+# t-1, so a segment's tokens go through one at a time, the one loop over time in this file. W_k and
+# W_v are shared by all layers (the paper's faster variant), so each memory vector is projected
+# once, when it is made. The memory is a Memory holding one tensor, mem = [the last n_m memory
+# vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
+
+class FeedbackLayer(nn.Module):
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        self.pre_norm = cfg.pre_norm
+        self.query = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_q; W_k, W_v are shared
+        self.attn = RelativeAttention(cfg)
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.ff_norm = nn.LayerNorm(cfg.d_model)
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
+                                nn.Linear(cfg.d_ff, cfg.d_model))
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, keys, values, r, shared_kv: nn.Linear):
+        """One step of one layer. x: [B, 1, d] its input x_t^(l-1); keys, values: [B, H, W, d_head]
+        of the last W memory vectors; r: W_r R for the distances W+1..0 (section 2)."""
+        attn = self.attn
+        k, v = shared_kv(x).chunk(2, dim=-1)  # the current input is a key too, with the shared W_k, W_v
+        keys = torch.cat([keys, attn.split_heads(k)], dim=2)
+        values = torch.cat([values, attn.split_heads(v)], dim=2)
+        z = self.attn_norm(x) if self.pre_norm else x
+        q = attn.split_heads(self.query(z) * attn.d_head ** -0.5)
+        attended, _, _ = attn.attend(q, keys, values, r, None)  # the past and x itself: no mask
+        if self.pre_norm:
+            a = x + self.dropout(attended)
+            return a + self.dropout(self.ff(self.ff_norm(a)))
+        a = self.attn_norm(x + self.dropout(attended))
+        return self.ff_norm(a + self.dropout(self.ff(a)))
+
+
+class FeedbackTransformer(LanguageModel):
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        if not isinstance(cfg, CompressiveConfig):
+            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        if cfg.mem_len < 1:
+            raise ValueError("the Feedback Transformer needs mem_len >= 1: its memory is its past")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=False)  # W_k, W_v of every layer
+        self.layers = nn.ModuleList(FeedbackLayer(cfg) for _ in range(cfg.n_layers))
+        self.mix = nn.Parameter(torch.zeros(cfg.n_layers + 1))  # w; softmax(0) starts as the mean
+        self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+
+    def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
+        empty = self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
+        return Memory([empty], [])
+
+    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
+        """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
+        Returns (logits [batch, T, vocab], new Memory, a zero: there is no auxiliary loss).
+        Gradients flow through the memory vectors made inside the segment, not into the memory."""
+        self._check_tokens(tokens)
+        B, T = tokens.shape
+        embedded = self.dropout(self.embed(tokens))              # x^0 of every step, at once
+        if memory is None:
+            memory = self.empty_memory(B, device=embedded.device, dtype=embedded.dtype)
+        self._check_memory(memory, B, embedded.device)
+        n_m, split = self.cfg.mem_len, self.layers[0].attn.split_heads
+        keys, values = (split(t) for t in self.kv(memory.mem[0]).chunk(2, dim=-1))
+        # R and every layer's W_r R once per segment: step t slices the distances it needs
+        R = sinusoid_positions(n_m + 2, self.cfg.d_model, embedded.device).to(embedded.dtype)
+        r = [layer.attn.project_positions(R) for layer in self.layers]
+        mix = self.mix.softmax(dim=0)
+        outputs, vectors = [], []
+        for t in range(T):
+            x = embedded[:, t:t + 1]
+            m = mix[0] * x
+            n_keys = keys.size(2) + 1                            # the memory and x itself
+            for i, layer in enumerate(self.layers):
+                x = layer(x, keys, values, r[i][:, -(n_keys + 1):], self.kv)
+                m = m + mix[i + 1] * x                           # m_t, built as the layers run
+            k, v = self.kv(m).chunk(2, dim=-1)                   # once per step, for every layer
+            keys = torch.cat([keys, split(k)], dim=2)[:, :, -n_m:]
+            values = torch.cat([values, split(v)], dim=2)[:, :, -n_m:]
+            outputs.append(x)
+            vectors.append(m)
+        logits = self.head(self.out_norm(torch.cat(outputs, dim=1)))
+        new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
+        return logits, Memory([new_memory], []), logits.new_zeros(())
+
+    def _check_memory(self, memory, batch_size, device):
+        if not isinstance(memory, Memory):
+            raise TypeError(f"memory must be a Memory returned by the model or None, "
+                            f"got {type(memory).__name__}")
+        if len(memory.mem) != 1 or len(memory.c_mem) != 0:
+            raise ValueError(f"a Feedback Transformer memory holds one mem tensor and no c_mem, "
+                             f"got {len(memory.mem)} and {len(memory.c_mem)}")
+        m = memory.mem[0]
+        if m.dim() != 3 or m.size(0) != batch_size or m.size(1) > self.cfg.mem_len \
+                or m.size(2) != self.cfg.d_model:
+            raise ValueError(f"memory.mem[0] has shape {tuple(m.shape)}, expected "
+                             f"[{batch_size}, <= {self.cfg.mem_len}, {self.cfg.d_model}]")
+        if m.device != device:
+            raise ValueError(f"memory.mem[0] is on {m.device}, the model on {device}")
