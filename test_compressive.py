@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compressive import (COMPRESSIONS, CompressiveConfig, CompressiveTransformer, Memory,
-                         MostUsedCompress, relative_shift)
+from compressive import (COMPRESSIONS, CompressiveConfig, CompressiveTransformer, FeedbackTransformer,
+                         Memory, MostUsedCompress, PoolCompress, attention_reconstruction_loss,
+                         relative_shift)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -75,6 +76,31 @@ def test_conv_f_c_is_a_kernel_equals_stride_c_convolution_started_as_mean_poolin
     torch.testing.assert_close(f_c(old), expected)
     mean = old.view(2, 4, c, d).mean(dim=2)
     assert (f_c(old) - mean).abs().max() < 0.2 < (f_c(old) - old[:, ::c]).abs().max()
+
+
+@pytest.mark.parametrize("kind", ["max_pool", "mean_pool"])
+def test_pooling_f_c_takes_the_max_or_the_mean_of_each_block_of_c(kind):
+    old = torch.randn(2, 6, 4)
+    blocks = old.view(2, 2, 3, 4)  # 2 blocks of c = 3 memories
+    expected = blocks.amax(dim=2) if kind == "max_pool" else blocks.mean(dim=2)
+    torch.testing.assert_close(PoolCompress(3, kind)(old), expected)
+
+
+def test_attention_reconstruction_loss_is_the_papers_content_attention_mse():
+    """|| attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 with the layer's own W_q, W_k, W_v and u
+    (content only, no positions), averaged over the elements."""
+    layer = make(compression="conv").layers[0]
+    attn, d, H, dh = layer.attn, 16, 2, 8
+    h, old = torch.randn(2, 5, d), torch.randn(2, 6, d)
+    compressed = layer.compress(old)
+    heads = lambda x: x.view(2, -1, H, dh).transpose(1, 2)
+    W_q, W_k, W_v = attn.qkv.weight.split(d)
+    queries = (heads(h @ W_q.T) + attn.u) / math.sqrt(dh)
+    attend = lambda mem: (queries @ heads(mem @ W_k.T).transpose(-1, -2)).softmax(-1) @ heads(mem @ W_v.T)
+    expected = ((attend(old) - attend(compressed)) ** 2).mean()
+    got = attention_reconstruction_loss(layer, queries, heads(old @ W_k.T), heads(old @ W_v.T),
+                                        compressed)
+    torch.testing.assert_close(got, expected)
 
 
 def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
@@ -410,6 +436,112 @@ def test_tiny_training_run_lowers_the_loss():
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
 
 
+# ---------------------------------------------------------------- the Feedback Transformer -------
+
+def feedback(seed=0, **overrides) -> FeedbackTransformer:
+    torch.manual_seed(seed)
+    return FeedbackTransformer(tiny(**{"c_mem_len": 0, **overrides}))
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+def test_feedback_causality_future_tokens_never_change_past_logits(pre_norm):
+    model = feedback(pre_norm=pre_norm).eval()
+    _, memory, _ = model(tokens(2, 6))
+    a = tokens(2, 6, seed=5)
+    b = a.clone()
+    b[:, 4:] = (b[:, 4:] + 1) % 13
+    la, _, _ = model(a, memory)
+    lb, _, _ = model(b, memory)
+    torch.testing.assert_close(la[:, :4], lb[:, :4])
+    assert not torch.allclose(la[:, 4:], lb[:, 4:])
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+def test_feedback_segment_equals_one_token_at_a_time_through_the_memory(pre_norm):
+    model = feedback(pre_norm=pre_norm).eval()
+    seq = tokens(2, 20)
+    with torch.no_grad():
+        parts, memory = [], None
+        for segment in seq.split(7, dim=1):
+            logits, memory, aux = model(segment, memory)
+            parts.append(logits)
+            assert aux.dim() == 0 and aux.item() == 0.0
+        steps, step_memory = [], None
+        for t in range(20):
+            logits, step_memory, _ = model(seq[:, t:t + 1], step_memory)
+            steps.append(logits)
+    torch.testing.assert_close(torch.cat(parts, dim=1), torch.cat(steps, dim=1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(memory.mem[0], step_memory.mem[0], rtol=1e-5, atol=1e-5)
+
+
+def test_feedback_memory_vector_is_the_softmax_weighted_sum_of_every_layer_output():
+    model = feedback().eval()
+    with torch.no_grad():
+        model.mix.copy_(torch.tensor([0.3, -1.0, 2.0]))  # embedding, layer 0, layer 1
+    outputs = {}
+    model.embed.register_forward_hook(lambda m, a, out: outputs.setdefault("x0", out))
+    for i, layer in enumerate(model.layers):
+        layer.register_forward_hook(lambda m, a, out, i=i: outputs.setdefault(i, []).append(out))
+    seq = tokens(2, 5)
+    with torch.no_grad():
+        _, memory, _ = model(seq)
+    w = torch.tensor([0.3, -1.0, 2.0]).softmax(0)
+    expected = w[0] * outputs["x0"] + w[1] * torch.cat(outputs[0], 1) + w[2] * torch.cat(outputs[1], 1)
+    torch.testing.assert_close(memory.mem[0], expected)
+
+
+def test_feedback_memory_is_bounded_without_grad_and_gradients_flow_within_a_segment():
+    model = feedback(mem_len=5)
+    memory = None
+    for n in range(4):
+        logits, memory, _ = model(tokens(2, 6, seed=n), memory)
+        assert memory.mem[0].shape == (2, 5, 16) and memory.c_mem == []
+        assert not memory.mem[0].requires_grad and memory.mem[0].grad_fn is None
+    # the last position's loss reaches the first token's embedding only through the recurrence
+    model.zero_grad()
+    seq = torch.tensor([[3, 5, 5, 5, 5, 5]])
+    logits, _, _ = model(seq)
+    logits[0, -1].logsumexp(0).backward()
+    assert model.embed.weight.grad[3].abs().sum() > 0
+
+
+def test_feedback_projects_each_memory_vector_once_for_every_layer():
+    model = feedback(n_layers=3).eval()
+    inputs = []
+    model.kv.register_forward_hook(lambda m, args, out: inputs.append(args[0]))
+    with torch.no_grad():
+        _, memory, _ = model(tokens(2, 4))
+        inputs.clear()
+        _, memory, _ = model(tokens(2, 4, seed=2), memory)
+    # memory.mem[0] holds the 4 old vectors and the 4 new ones; the old ones were projected once
+    # together at the start, each new one once when made; the rest are the layers' own inputs
+    old, new = memory.mem[0][:, :4], memory.mem[0][:, 4:]
+    assert inputs[0].equal(old)
+    made = [x for x in inputs[1:] if any(x.equal(new[:, t:t + 1]) for t in range(4))]
+    assert len(made) == 4
+    assert len(inputs) == 1 + 4 + 4 * 3  # + one input per layer per step
+
+
+def test_feedback_generate_and_bad_inputs():
+    model = feedback()
+    out = model.generate(tokens(1, 9), 12, top_k=1)
+    assert out.shape == (1, 21) and model.training
+    _, memory, _ = model(tokens(2, 6))
+    compressive_memory = make()(tokens(2, 6))[1]
+    cases = [
+        (lambda: model(tokens(2, 6).float()), TypeError, "integer"),
+        (lambda: model(torch.tensor([[1, 13]])), ValueError, r"\[0, 13\)"),
+        (lambda: model(tokens(3, 6), memory), ValueError, "expected"),
+        (lambda: model(tokens(2, 6), compressive_memory), ValueError, "one mem tensor"),
+        (lambda: model(tokens(2, 6), memory.mem), TypeError, "Memory"),
+        (lambda: FeedbackTransformer(tiny(mem_len=0, c_mem_len=0)), ValueError, "mem_len >= 1"),
+        (lambda: FeedbackTransformer({"d_model": 16}), TypeError, "CompressiveConfig"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
 # ================================================================ train_shakespeare.py ===========
 
 import json  # noqa: E402
@@ -418,6 +550,7 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import hashlib  # noqa: E402
+import time  # noqa: E402
 
 import train_shakespeare as ts  # noqa: E402
 
@@ -465,8 +598,8 @@ def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
     assert metrics["step"] == 60 and metrics["tokens_seen"] == 60 * 4 * 16
     assert metrics["val_loss"] < math.log(len(set(open(small_text).read()))) - 0.5
     assert abs(metrics["val_bpc"] - metrics["val_loss"] / math.log(2)) < 1e-9
-    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
-    for key in ("config", "model", "optimizer", "step", "data_position", "rng", "vocab", "memory"):
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    for key in ("config", "model", "optimizer", "step", "rng", "vocab", "memory", "args"):
         assert key in ckpt
 
 
@@ -475,10 +608,10 @@ def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
     common = ["--data", small_text, "--steps", "24", "--eval-every", "100", *TINY_FLAGS]
     assert ts.main([*common, "--out", whole]) == 0
     assert ts.main([*common, "--out", split, "--stop-after", "12"]) == 0
-    assert torch.load(os.path.join(split, "ckpt.pt"), weights_only=False)["step"] == 12
+    assert torch.load(os.path.join(split, "ckpt.pt"), weights_only=True)["step"] == 12
     assert ts.main([*common, "--out", split, "--resume"]) == 0
-    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=False)
-    b = torch.load(os.path.join(split, "ckpt.pt"), weights_only=False)
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
+    b = torch.load(os.path.join(split, "ckpt.pt"), weights_only=True)
     assert a["step"] == b["step"] == 24
     for name, tensor in a["model"].items():
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
@@ -500,21 +633,196 @@ def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
     assert "c_mem 1/4" in report and "segment 4/4" in report and "reconstruction loss" in report
 
 
+def error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--seq-len", "0"], "--seq-len must be positive"),
     (["--mem-len", "-3"], "--mem-len must be >= 0"),
-    (["--compression", "zip"], "invalid choice"),
     (["--d-model", "30", "--n-heads", "4"], "divisible"),
     (["--data", "/nonexistent/file.txt"], "data file not found"),
     (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
+    (["--batch-size", "100000"], "cannot feed"),
 ])
-def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text):
+def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tmp_path, capsys):
     if "--data" not in flags:  # never reach for the network
         flags = [*flags, "--data", small_text]
-    result = subprocess.run([sys.executable, os.path.join(HERE, "train_shakespeare.py"), *flags],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    assert message in result.stderr and "Traceback" not in result.stderr
+    if "--out" not in flags:
+        flags = [*flags, "--out", str(tmp_path / "run")]
+    assert ts.main(flags) == 2
+    assert message in error_line(capsys)
+
+
+def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
+    script = os.path.join(HERE, "train_shakespeare.py")
+    for flags, message in ((["--compression", "zip"], "invalid choice"),
+                           (["--data", str(tmp_path / "missing.txt")], "data file not found")):
+        result = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2 and message in result.stderr
+        assert "Traceback" not in result.stderr and "Warning" not in result.stderr
+
+
+# ---------------------------------------------------------------- hostile files, bad flags ---------
+
+@pytest.fixture
+def trained(small_text, tmp_path):
+    """A folder with a real checkpoint after 2 steps (and its metrics)."""
+    out = str(tmp_path / "trained")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "2", "--eval-every", "2",
+                    *TINY_FLAGS]) == 0
+    return out
+
+
+class CreatesAFile:
+    """Unpickling this calls open(path, "w"): what a crafted checkpoint could do with any call."""
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+MODES = {"sample": ["--sample", "5"], "eval-only": ["--eval-only"], "analyze": ["--analyze"],
+         "resume": ["--resume", "--steps", "4"]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_checkpoint_is_data_and_cannot_run_code(mode, trained, small_text, tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    ckpt = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
+    ckpt["history"] = [CreatesAFile(str(marker))]
+    torch.save(ckpt, os.path.join(trained, "ckpt.pt"))
+    capsys.readouterr()
+    assert ts.main(["--out", trained, "--data", small_text, *MODES[mode], *TINY_FLAGS]) == 2
+    assert not marker.exists()
+    assert "is not a readable checkpoint" in error_line(capsys)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "not a dict", "no weights"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_damaged_checkpoint_gives_one_error_line(mode, damage, trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    if damage == "not a dict":
+        torch.save([1, 2, 3], path)
+    elif damage == "no weights":
+        ckpt = torch.load(path, weights_only=True)
+        del ckpt["model"]
+        torch.save(ckpt, path)
+    else:
+        payload = {"truncated": good[:len(good) // 2], "garbage": os.urandom(4096), "empty": b""}
+        open(path, "wb").write(payload[damage])
+    damaged = open(path, "rb").read()
+    capsys.readouterr()
+    assert ts.main(["--out", trained, "--data", small_text, *MODES[mode], *TINY_FLAGS]) == 2
+    assert "checkpoint" in error_line(capsys)
+    assert open(path, "rb").read() == damaged  # nothing overwritten
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_gives_one_error_line(trained, small_text,
+                                                                               capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model"]["head.weight"] = ckpt["model"]["head.weight"][:, :3]
+    torch.save(ckpt, path)
+    capsys.readouterr()
+    assert ts.main(["--out", trained, "--sample", "5", "--device", "cpu"]) == 2
+    assert "do not fit" in error_line(capsys)
+
+
+def test_data_that_is_not_utf8_text_gives_one_error_line(tmp_path, capsys):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Caf\xe9 au lait\n".encode("latin-1") * 200)
+    assert ts.main(["--data", str(path), "--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
+    assert "is not UTF-8 text" in error_line(capsys)
+
+
+@pytest.mark.parametrize("mode", [[], ["--sample", "5"], ["--eval-only"]])
+def test_out_naming_a_file_gives_one_error_line(mode, small_text, tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("keep me")
+    assert ts.main(["--data", small_text, "--out", str(path), *mode, *TINY_FLAGS]) == 2
+    assert "exists and is not a folder" in error_line(capsys)
+    assert path.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--min-lr", "--weight-decay", "--grad-clip", "--dropout",
+                                  "--temperature"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_non_finite_hyper_parameters_are_rejected_up_front(flag, value, small_text, tmp_path,
+                                                           capsys):
+    out = tmp_path / "run"
+    assert ts.main(["--data", small_text, "--out", str(out), *TINY_FLAGS, f"{flag}={value}"]) == 2
+    assert f"{flag} must be a finite number" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_a_diverging_run_stops_and_writes_nothing_when_it_has_no_checkpoint(small_text, tmp_path,
+                                                                          capsys):
+    out = tmp_path / "run"
+    # lr 1e30 is finite, so it passes the flag checks; one AdamW step then makes the weights huge
+    assert ts.main(["--data", small_text, "--out", str(out), "--steps", "1", *TINY_FLAGS,
+                    "--lr", "1e30"]) == 2
+    line = error_line(capsys)
+    assert "validation loss is not finite" in line and "no checkpoint was written" in line
+    assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("steps,what", [(3, "validation loss"), (4, "training loss")])
+def test_a_diverging_run_keeps_the_last_good_checkpoint(steps, what, trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    metrics = open(os.path.join(trained, "metrics.json")).read()
+    capsys.readouterr()
+    # resumed at step 2: step 3 blows the weights up; --steps 3 validates right after it (the
+    # training loss it saw was still finite), --steps 4 first sees a non-finite training loss
+    assert ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", str(steps),
+                    *TINY_FLAGS, "--lr", "1e30"]) == 2
+    line = error_line(capsys)
+    assert f"{what} is not finite" in line
+    assert f"the last good checkpoint is kept at {path} (step 2)" in line
+    assert open(path, "rb").read() == good
+    assert open(os.path.join(trained, "metrics.json")).read() == metrics
+
+
+def test_checkpoints_reach_the_disk_before_they_replace_the_old_one(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(
+        f"/proc/self/fd/{fd}"))), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", b)),
+                                                     real_replace(a, b))[1])
+    path = str(tmp_path / "ckpt.pt")
+    ts.write_atomically(path, lambda f: torch.save({"x": torch.ones(3)}, f))
+    assert events == [("fsync", path + ".tmp"), ("replace", path), ("fsync", str(tmp_path))]
+    assert torch.load(path, weights_only=True)["x"].sum() == 3
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(small_text, tmp_path):
+    common = ["--data", small_text, "--steps", "20", "--eval-every", "2", *TINY_FLAGS]
+    whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+    threads = str(torch.get_num_threads())  # as in this process, so the arithmetic is the same
+    run = subprocess.Popen([sys.executable, os.path.join(HERE, "train_shakespeare.py"), *common,
+                            "--out", killed], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=dict(os.environ, OMP_NUM_THREADS=threads))
+    ckpt = os.path.join(killed, "ckpt.pt")
+    while not os.path.exists(ckpt) and run.poll() is None:
+        time.sleep(0.005)
+    run.kill()  # SIGKILL: no handler runs, whatever the process was doing
+    run.wait()
+    assert torch.load(ckpt, weights_only=True)["step"] < 20  # it died mid-run
+    assert ts.main([*common, "--out", killed, "--resume"]) == 0
+    assert ts.main([*common, "--out", whole]) == 0
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
+    b = torch.load(ckpt, weights_only=True)
+    assert a["step"] == b["step"] == 20
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
 def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
@@ -531,6 +839,93 @@ def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
     with pytest.raises(ts.UserError, match="could not download.*--data"):
         ts.download(str(bad_target), (tmp_path / "missing.txt").as_uri(), good)
     assert sorted(os.listdir(tmp_path / "data")) == ["tiny.txt"]  # nothing half-written
+
+
+# ---------------------------------------------------------------- the recall task -----------------
+
+@pytest.mark.parametrize("live_facts", [1, 3])
+def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_before_it(live_facts):
+    make = lambda seed: ts.make_recall_text(20000, ts.TRAINING_KEYS, 8, 300, 20, live_facts, seed)
+    a, b, c = make("s"), make("s"), make("t")
+    assert a.text == b.text and a.answers.equal(b.answers) and a.text != c.text
+    text, answers = a.text, a.answers.tolist()
+    assert len(answers) > 50 and set(text) <= set(ts.RECALL_VOCAB)
+    pending = 0
+    for position, distance in answers:
+        assert 8 <= distance <= 300
+        key = text[position - 3:position - 1]
+        assert text[position - 4] == " " and text[position - 1] == "?" and key in ts.TRAINING_KEYS
+        # the latest statement of this key before the query is the fact, and its digit the answer
+        fact = text.rfind(f" {key}=", 0, position - 4)
+        assert fact + 4 == position - distance and text[fact + 4] == text[position]
+    # never more facts waiting for their query than asked for
+    events = sorted([(p - d, 1) for p, d in answers] + [(p, -1) for p, d in answers])
+    for _, change in events:
+        pending += change
+        assert pending <= live_facts
+
+
+def test_recall_validation_shares_no_fact_with_training():
+    assert set(ts.VALIDATION_KEYS).isdisjoint(ts.TRAINING_KEYS)
+    assert len(ts.VALIDATION_KEYS) + len(ts.TRAINING_KEYS) == 26 * 26
+    val = ts.make_recall_text(20000, ts.VALIDATION_KEYS, 8, 300, 20, 2, "validation")
+    train = ts.make_recall_text(20000, ts.TRAINING_KEYS, 8, 300, 20, 2, "train")
+    facts = lambda text: {text[i + 1:i + 5] for i in range(len(text) - 4) if text[i + 3] == "="}
+    assert facts(val.text) and facts(train.text) and not facts(val.text) & facts(train.text)
+
+
+def test_recall_curriculum_widens_the_distances_along_the_text():
+    r = ts.make_recall_text(40000, ts.TRAINING_KEYS, 8, 400, 10, 1, "c", widen_over=20000)
+    position, distance = r.answers.unbind(1)
+    early = distance[position - distance < 5000]
+    assert early.max() <= 8 + (400 - 8) * 5000 / 20000 and distance.max() > 300
+
+
+def test_recall_accuracy_by_distance_on_a_hand_made_case():
+    # 2 streams of 100 characters (data has 201); answers at known places, predictions hand-set
+    data = torch.zeros(201, dtype=torch.long)
+    answers = torch.tensor([[40, 10], [60, 30], [90, 70], [110, 20], [120, 15], [150, 45]])
+    data[answers[:, 0]] = 7
+    predictions = torch.zeros(201, dtype=torch.long)
+    predictions[[40, 90, 120, 150]] = 7  # right at distances 10, 70, 15 and 45; wrong at 30
+    distance, correct = ts.recall_results(predictions, data, answers, n_streams=2)
+    # the query at 110 (stream 1 starts at 100) asks about 90, in stream 0: not scored
+    assert distance.tolist() == [10, 30, 70, 15, 45] and correct.tolist() == [True, False, True, True, True]
+    cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # reach 16, 32, 48
+    rows = ts.recall_table(distance, correct, cfg, min_distance=10, max_distance=70)
+    got = [(r["from"], r["to"], r["region"], r["queries"], r["accuracy"]) for r in rows]
+    assert got == [(10, 15, "segment", 2, 1.0), (16, 31, "mem", 1, 0.0), (32, 47, "c_mem", 1, 1.0),
+                   (64, 70, "beyond", 1, 1.0)]
+
+
+def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
+    out = str(tmp_path / "recall")
+    flags = ["--task", "recall", "--out", out, "--steps", "30", "--eval-every", "30",
+             "--val-chars", "4000", "--max-distance", "120", *TINY_FLAGS]
+    assert ts.main(flags) == 0
+    printed = capsys.readouterr().out
+    assert "recall accuracy by distance" in printed and "recall accuracy:" in printed
+    table = printed[printed.index("recall accuracy by distance"):].splitlines()
+    assert "segment < 16, mem < 32, c_mem < 48" in table[0]
+    assert table[2].split()[:2] == ["8-15", "segment"] and "c_mem" in printed and "beyond" in printed
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert sum(row["queries"] for row in metrics["recall"]) > 20
+    assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"])
+    # --eval-only takes the task from the checkpoint; the distance flags may widen it
+    assert ts.main(["--out", out, "--eval-only", "--device", "cpu", "--batch-size", "4",
+                    "--val-chars", "4000", "--max-distance", "200"]) == 0
+    report = capsys.readouterr().out.splitlines()
+    last_row = report[-1].split()[0]  # "from-to" of the farthest bucket
+    assert any(line.startswith("recall accuracy by distance") for line in report)
+    assert int(last_row.split("-")[1]) > 120  # beyond what training asked
+
+
+def test_recall_flags_need_the_recall_task(small_text, tmp_path, capsys):
+    assert ts.main(["--data", small_text, "--out", str(tmp_path / "x"), "--max-distance", "50",
+                    *TINY_FLAGS]) == 2
+    assert "for --task recall only" in error_line(capsys)
+    assert ts.main(["--task", "recall", "--data", small_text, *TINY_FLAGS]) == 2
+    assert "--data is for --task shakespeare" in error_line(capsys)
 
 
 # ---------------------------------------------------------------- attention analysis -------------
@@ -597,19 +992,35 @@ def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
     assert buckets[:n].sum() < 0.01 and buckets[2 * n:].sum() < 0.01
 
 
-def test_torchrun_two_cpu_processes_train_with_ddp(small_text, tmp_path):
-    out = str(tmp_path / "ddp")
+def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_text, tmp_path):
+    """2 ranks x 4 streams against 1 process x 8 streams: each rank's memory is its rows of the
+    single run's, the gradients agree (AdamW's first moment, a weighted sum of the gradients of
+    every step, f_c's included), and DDP has nothing to warn about."""
+    ddp, single = str(tmp_path / "ddp"), str(tmp_path / "single")
+    common = ["--data", small_text, "--steps", "4", "--eval-every", "4", *TINY_FLAGS]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(HERE, "train_shakespeare.py"), "--data", small_text, "--out", out,
-           "--steps", "6", "--eval-every", "6", *TINY_FLAGS]
+           os.path.join(HERE, "train_shakespeare.py"), *common, "--out", ddp]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count("done: 6 steps") == 1  # only rank 0 prints
-    assert "2 process(es)" in result.stdout
-    metrics = json.load(open(os.path.join(out, "metrics.json")))
-    assert metrics["tokens_seen"] == 6 * 2 * 4 * 16
-    assert len(torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["memory"]) == 2
+    assert result.stdout.count("done: 4 steps") == 1 and "2 process(es)" in result.stdout
+    assert "find_unused_parameters" not in result.stderr and "Traceback" not in result.stderr
+    assert json.load(open(os.path.join(ddp, "metrics.json")))["tokens_seen"] == 4 * 2 * 4 * 16
+    assert ts.main([*common, "--batch-size", "8", "--out", single]) == 0
+    a = torch.load(os.path.join(ddp, "ckpt.pt"), weights_only=True)
+    b = torch.load(os.path.join(single, "ckpt.pt"), weights_only=True)
+    assert len(a["memory"]) == 2 and len(b["memory"]) == 1
+    for part in (0, 1):  # mem, c_mem of every layer
+        for rows, whole in zip(zip(a["memory"][0][part], a["memory"][1][part]), b["memory"][0][part]):
+            torch.testing.assert_close(torch.cat(rows), whole, rtol=1e-4, atol=1e-5)
+    # AdamW's state follows make_optimizer's order: matrices (decayed) first, then the rest
+    names = sorted(b["model"], key=lambda name: b["model"][name].dim() < 2)
+    for i, (sa, sb) in enumerate(zip(a["optimizer"]["state"].values(),
+                                     b["optimizer"]["state"].values())):
+        scale = sb["exp_avg"].abs().max().item()
+        assert scale > 0, names[i]  # every parameter was trained, f_c's by its own loss
+        torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], rtol=1e-3, atol=1e-4 * scale,
+                                   msg=names[i])
 
 
 def test_bench_prints_its_summary_as_the_last_line(capsys):

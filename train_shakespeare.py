@@ -14,20 +14,29 @@ import argparse
 import ctypes
 import dataclasses
 import hashlib
+import heapq
 import json
 import math
 import os
+import pickle
+import random
+import re
 import resource
+import string
 import sys
-import tempfile
 import time
 import urllib.request
+import warnings
 from contextlib import nullcontext
+from typing import NamedTuple
 
-import torch
-import torch.nn.functional as F
+# Without numpy (which this script does not need) torch warns on import; say nothing of it.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from compressive import COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig, CompressiveTransformer, Memory
+from compressive import (COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig,  # noqa: E402
+                         CompressiveTransformer, FeedbackTransformer, Memory)
 
 DATA_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -42,12 +51,19 @@ class UserError(Exception):
 # Command line
 # ----------------------------------------------------------------------------------------------
 
+MODELS = ("compressive", "xl", "vanilla", "feedback")
+RECALL_MAX_TRAIN_CHARS = 32_000_000
+RECALL_DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 30, "live_facts": 1,
+                   "curriculum": 0.0, "val_chars": 100_000}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     m = p.add_argument_group("model")
-    m.add_argument("--model", choices=["compressive", "xl", "vanilla"], default="compressive",
-                   help="xl sets c-mem-len to 0; vanilla sets mem-len and c-mem-len to 0")
+    m.add_argument("--model", choices=MODELS, default="compressive",
+                   help="xl sets c-mem-len to 0; vanilla sets mem-len and c-mem-len to 0; "
+                        "feedback: the Feedback Transformer with mem-len memory vectors")
     m.add_argument("--d-model", type=int, default=128, help="width of the residual stream")
     m.add_argument("--n-layers", type=int, default=4, help="number of layers")
     m.add_argument("--n-heads", type=int, default=4, help="attention heads per layer")
@@ -75,8 +91,27 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stop-after", type=int, default=None, metavar="N",
                    help="checkpoint and stop after N steps in this run, keeping the schedule of "
                         "--steps (split a long run across jobs, then --resume)")
+    k = p.add_argument_group("data")
+    k.add_argument("--task", choices=["shakespeare", "recall"], default="shakespeare",
+                   help="shakespeare: Tiny Shakespeare (or --data); recall: a generated long-range "
+                        "recall stream, scored by distance (README, What the memory buys)")
+    k.add_argument("--data", default=None, help=f"text file (default: {DEFAULT_DATA}, downloaded once)")
+    k.add_argument("--min-distance", type=int, default=None,
+                   help=f"recall: shortest fact-to-query distance D (default {RECALL_DEFAULTS['min_distance']}; "
+                        "evaluation modes default to the checkpoint's)")
+    k.add_argument("--max-distance", type=int, default=None,
+                   help=f"recall: longest D, drawn log-uniform in between (default {RECALL_DEFAULTS['max_distance']})")
+    k.add_argument("--fact-gap", type=int, default=None,
+                   help=f"recall: mean filler characters between facts (default {RECALL_DEFAULTS['fact_gap']})")
+    k.add_argument("--live-facts", type=int, default=None,
+                   help="recall: most facts waiting for their query at once; with more than one, "
+                        f"a query must be matched to its key (default {RECALL_DEFAULTS['live_facts']})")
+    k.add_argument("--curriculum", type=float, default=None,
+                   help="recall: the longest D grows from --min-distance to --max-distance over "
+                        f"this fraction of training (default {RECALL_DEFAULTS['curriculum']})")
+    k.add_argument("--val-chars", type=int, default=None,
+                   help=f"recall: length of the validation text (default {RECALL_DEFAULTS['val_chars']})")
     r = p.add_argument_group("runtime")
-    r.add_argument("--data", default=None, help=f"text file (default: {DEFAULT_DATA}, downloaded once)")
     r.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     r.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="autocast dtype for the forward pass")
@@ -99,14 +134,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
+    flag = lambda name: "--" + name.replace("_", "-")
+    for name in ["lr", "min_lr", "weight_decay", "grad_clip", "dropout", "temperature"]:
+        if not math.isfinite(getattr(args, name)):  # inf and nan would train garbage
+            raise UserError(f"{flag(name)} must be a finite number, got {getattr(args, name)}")
     positive = ["d_model", "n_layers", "n_heads", "d_ff", "seq_len", "compression_rate",
-                "batch_size", "steps", "eval_every", "bench_steps", "stop_after"]
+                "batch_size", "steps", "eval_every", "bench_steps", "stop_after", "val_chars",
+                "live_facts"]
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ["mem_len", "c_mem_len", "warmup", "weight_decay", "grad_clip", "min_lr"]:
-        if getattr(args, name) < 0:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+            raise UserError(f"{flag(name)} must be positive, got {getattr(args, name)}")
+    for name in ["mem_len", "c_mem_len", "warmup", "weight_decay", "grad_clip", "min_lr", "fact_gap"]:
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
+    if args.task == "recall" and args.data is not None:
+        raise UserError("--data is for --task shakespeare; the recall task generates its text")
+    training = not (args.bench or args.sample is not None or args.eval_only or args.analyze)
+    given = [flag(name) for name in RECALL_DEFAULTS if getattr(args, name) is not None]
+    if training and args.task == "shakespeare" and given:
+        raise UserError(f"{', '.join(given)}: for --task recall only")
+    if args.curriculum is not None and not 0.0 <= args.curriculum <= 1.0:
+        raise UserError(f"--curriculum must be a fraction in [0, 1], got {args.curriculum}")
+    if args.val_chars is not None and args.val_chars < 1000:
+        raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
+    if args.min_distance is not None and args.min_distance < 5:
+        raise UserError(f"--min-distance must be >= 5 (a fact is 5 characters), got {args.min_distance}")
+    distances = recall_settings(args)
+    if args.min_distance is not None and distances["max_distance"] < args.min_distance or \
+            args.max_distance is not None and args.max_distance < distances["min_distance"]:
+        raise UserError(f"--max-distance must be >= --min-distance, got {distances['min_distance']} "
+                        f"and {distances['max_distance']}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UserError(f"--out {args.out} exists and is not a folder")
     if not args.lr > 0:
         raise UserError(f"--lr must be positive, got {args.lr}")
     if args.sample is not None and args.sample < 0:
@@ -122,7 +181,7 @@ def check_args(args) -> None:
 
 def model_config(args, vocab_size: int) -> CompressiveConfig:
     mem_len = 0 if args.model == "vanilla" else args.mem_len
-    c_mem_len = 0 if args.model in ("xl", "vanilla") else args.c_mem_len
+    c_mem_len = args.c_mem_len if args.model == "compressive" else 0
     try:
         return CompressiveConfig(
             vocab_size=vocab_size, d_model=args.d_model, n_heads=args.n_heads,
@@ -151,14 +210,7 @@ def download(path: str, url: str = DATA_URL, sha256: str = DATA_SHA256) -> None:
         raise UserError(f"checksum mismatch for {url}: got sha256 {digest[:16]}..., expected "
                         f"{sha256[:16]}...; {hint}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_atomically(path, lambda f: f.write(payload))
 
 
 def load_text(path) -> str:
@@ -169,22 +221,134 @@ def load_text(path) -> str:
             download(path)
     if not os.path.isfile(path):
         raise UserError(f"data file not found: {path} (pass --data PATH to a text file)")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"data file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise UserError(f"cannot read data file {path} ({one_line(e)})") from None
     if len(text) < 1000:
         raise UserError(f"data file {path} is too short ({len(text)} characters)")
     return text
 
 
-def split_data(text: str, vocab):
-    """Encode text with vocab and split it as nanoGPT does: first 90% train, last 10% validation."""
+def encode(text: str, vocab) -> torch.Tensor:
     lookup = {ch: i for i, ch in enumerate(vocab)}
     unknown = sorted(set(text) - lookup.keys())
     if unknown:
         raise UserError(f"the data has characters outside the vocabulary: {unknown[:10]!r}")
-    data = torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
+    return torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
+
+
+def split_data(text: str, vocab):
+    """Encode text with vocab and split it as nanoGPT does: first 90% train, last 10% validation."""
+    data = encode(text, vocab)
     split = int(0.9 * len(data))
     return data[:split], data[split:]
+
+
+# ----------------------------------------------------------------------------------------------
+# The long-range recall task (--task recall): what a longer reach is for
+# ----------------------------------------------------------------------------------------------
+# A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
+# and asked for D characters later, " KK?d". Nothing but the fact predicts the digit after '?', so
+# the accuracy there, by D, measures how far back a model can reach. Shakespeare cannot show this:
+# little of its next character depends on text more than a few dozen characters back.
+
+RECALL_VOCAB = sorted(". =?" + string.ascii_uppercase + string.digits)
+RECALL_KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
+VALIDATION_KEYS = RECALL_KEYS[::8]  # held out of training, so no validation fact is ever trained on
+TRAINING_KEYS = [key for key in RECALL_KEYS if key not in VALIDATION_KEYS]
+
+
+class RecallText(NamedTuple):
+    text: str
+    answers: torch.Tensor  # [n_queries, 2]: position of each answer digit, and its distance D
+
+
+def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, gap: int,
+                     live_facts: int, seed: str, widen_over: int = 0) -> RecallText:
+    """Facts at random places, about gap filler characters apart on average, each asked for once
+    D characters later (D log-uniform in [min_distance, max_distance], from the fact's digit to the
+    answer's), with at most live_facts facts waiting for their query at any time. A key is not
+    stated again until its query has passed, so every answer is the digit of the latest fact with
+    that key. With widen_over > 0, the longest D grows linearly from
+    min_distance to max_distance over the first widen_over characters (a curriculum)."""
+    rng = random.Random(seed)
+    chars, taken = ["."] * n_chars, bytearray(n_chars)
+    free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)
+    answers, pos = [], 0
+    log_min, log_max = math.log(min_distance), math.log(max_distance + 1)
+    while True:
+        if len(busy_keys) >= live_facts:  # wait until the next query has passed
+            pos = max(pos, busy_keys[0][0])
+        pos += rng.randint(0, 2 * gap)
+        if pos + 5 > n_chars:
+            break
+        while busy_keys and busy_keys[0][0] <= pos:
+            free_keys.append(heapq.heappop(busy_keys)[1])
+        if widen_over:
+            longest = min_distance + (max_distance - min_distance) * min(1.0, pos / widen_over)
+            log_max = math.log(longest + 1)
+        distance = min(max_distance, int(math.exp(rng.uniform(log_min, log_max))))
+        query = pos + distance
+        if any(taken[pos:pos + 5]) or query + 5 > n_chars or any(taken[query:query + 5]) \
+                or not free_keys:
+            pos += 1
+            continue
+        key = free_keys.pop(rng.randrange(len(free_keys)))
+        digit = rng.choice(string.digits)
+        chars[pos:pos + 5] = f" {key}={digit}"
+        chars[query:query + 5] = f" {key}?{digit}"
+        taken[pos:pos + 5] = taken[query:query + 5] = b"\x01" * 5
+        heapq.heappush(busy_keys, (query + 5, key))
+        answers.append((query + 4, distance))
+        pos += 5
+    return RecallText("".join(chars), torch.tensor(sorted(answers), dtype=torch.long).view(-1, 2))
+
+
+def recall_settings(args, saved_args=None) -> dict:
+    """The recall flags as given, else as the checkpoint was trained (saved_args), else defaults."""
+    saved_args = saved_args or {}
+    settings = {}
+    for name, default in RECALL_DEFAULTS.items():
+        for value in (getattr(args, name), saved_args.get(name), default):
+            if value is not None:
+                settings[name] = value
+                break
+    return settings
+
+
+class TaskData(NamedTuple):
+    vocab: list
+    train: torch.Tensor       # encoded training text (None where only validation is needed)
+    val: torch.Tensor         # encoded validation text
+    answers: torch.Tensor     # recall: [n_queries, 2] answer positions and distances in val; else None
+
+
+def load_task(args, task: str, n_train_streams: int = 1, vocab=None, saved_args=None,
+              need_train: bool = True) -> TaskData:
+    """The data of a task. Shakespeare: the text file, split 90/10 (vocab: the checkpoint's, when
+    evaluating one). Recall: generated from --seed, as much training text as --steps consume once,
+    and a validation text with held-out keys that is the same for every run."""
+    if task == "shakespeare":
+        text = load_text(args.data)
+        vocab = vocab or sorted(set(text))
+        train_data, val_data = split_data(text, vocab)
+        return TaskData(vocab, train_data, val_data, None)
+    s = recall_settings(args, saved_args)
+    task_args = (s["min_distance"], s["max_distance"], s["fact_gap"], s["live_facts"])
+    train_data = None
+    if need_train:  # one text per stream, as long as --steps consume, so a curriculum can widen
+        # along each stream as training goes on (capped: a longer run wraps, as on Shakespeare)
+        length = min(args.steps * args.seq_len, RECALL_MAX_TRAIN_CHARS // n_train_streams)
+        strands = [make_recall_text(length, TRAINING_KEYS, *task_args, seed=f"train {args.seed} {b}",
+                                    widen_over=int(s["curriculum"] * length)).text
+                   for b in range(n_train_streams)]
+        train_data = encode("".join(strands) + ".", RECALL_VOCAB)
+    val = make_recall_text(s["val_chars"], VALIDATION_KEYS, *task_args, seed="validation")
+    return TaskData(RECALL_VOCAB, train_data, encode(val.text, RECALL_VOCAB), val.answers)
 
 
 def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -212,13 +376,17 @@ def slice_memory(memory: Memory, rows: slice) -> Memory:
 
 
 @torch.no_grad()
-def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast) -> float:
-    """Mean loss (nats/char) over every character of data after the first, carrying memory.
-    The streams cover all but the last few characters; those continue the last stream."""
+def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast):
+    """Mean loss (nats/char) over every character of data after the first, carrying memory, and
+    the model's guess for each of them: predictions[p] is its most likely character after data[:p]
+    (predictions[0] is unused). The streams cover all but the last few characters; those continue
+    the last stream."""
     was_training = model.training
     model.eval()
     streams = make_streams(data, n_streams)
     length = streams.size(1) - 1
+    predictions = torch.zeros_like(data)
+    by_stream = predictions[1:1 + n_streams * length].view(n_streams, length)
     total, count, memory = 0.0, 0, None
     for start in range(0, length, seq_len):
         end = min(start + seq_len, length)
@@ -227,6 +395,7 @@ def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast) 
             logits, memory, _ = model(x, memory)
         total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
         count += y.numel()
+        by_stream[:, start:end] = logits.argmax(dim=-1)
     tail = data[n_streams * length:]  # continues the last stream exactly
     if len(tail) > 1:
         memory = slice_memory(memory, slice(n_streams - 1, n_streams))
@@ -234,8 +403,106 @@ def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast) 
             logits, _, _ = model(tail[None, :-1], memory)
         total += F.cross_entropy(logits.float()[0], tail[1:], reduction="sum").item()
         count += len(tail) - 1
+        predictions[n_streams * length + 1:] = logits[0].argmax(dim=-1)
     model.train(was_training)
-    return total / count
+    return total / count, predictions
+
+
+def recall_results(predictions, data, answers, n_streams: int):
+    """(distance, correct) of every query that evaluate() could answer: those whose fact lies in
+    the same stream as the query (a query early in a stream may ask about the previous one)."""
+    length = (len(data) - 1) // n_streams
+    position, distance = answers.unbind(dim=1)
+    stream = ((position - 1) // length).clamp(max=n_streams - 1)
+    in_stream = position - distance - 4 >= stream * length  # the whole fact " KK=d"
+    correct = predictions[position] == data[position]
+    return distance[in_stream], correct[in_stream]
+
+
+def reach_edges(cfg: CompressiveConfig):
+    """Distances at which a query starts to need the memory, then the compressed memory, and
+    beyond which this model cannot see a fact at all: n_s, n_m + n_s, n_m + c*n_cm + n_s."""
+    edges = [("segment", cfg.seq_len)]
+    if cfg.mem_len:
+        edges.append(("mem", cfg.mem_len + cfg.seq_len))
+    if cfg.mem_len and cfg.c_mem_len:
+        edges.append(("c_mem", cfg.mem_len + cfg.compression_rate * cfg.c_mem_len + cfg.seq_len))
+    return edges
+
+
+def recall_table(distance, correct, cfg: CompressiveConfig, min_distance: int, max_distance: int):
+    """Accuracy per distance bucket: buckets n_s wide, cut at the model's reach edges too, each
+    labelled with the farthest region of the model's context it can need."""
+    edges = reach_edges(cfg)
+    cuts = set(range(0, max_distance + 1, cfg.seq_len)) | {e for _, e in edges if e <= max_distance}
+    cuts = sorted({c for c in cuts if c > min_distance} | {min_distance, max_distance + 1})
+    rows = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        inside = (distance >= lo) & (distance < hi)
+        if inside.any():
+            region = next((name for name, edge in edges if hi <= edge), "beyond")
+            rows.append({"from": lo, "to": hi - 1, "region": region, "queries": int(inside.sum()),
+                         "accuracy": correct[inside].float().mean().item()})
+    return rows
+
+
+def report_recall(predictions, data, answers, n_streams: int, cfg: CompressiveConfig, out: str):
+    """Print the accuracy-by-distance table, plot it to OUT/recall.png, return its rows."""
+    distance, correct = recall_results(predictions, data, answers, n_streams)
+    if len(distance) == 0:
+        print("recall accuracy by distance: no query in the validation text could be scored "
+              "(raise --val-chars or lower --max-distance)")
+        return []
+    rows = recall_table(distance, correct, cfg, int(distance.min()), int(distance.max()))
+    print_recall_table(rows, cfg)
+    plot_recall(rows, cfg, os.path.join(out, "recall.png"))
+    return rows
+
+
+def recall_by_region(predictions, data, answers, n_streams: int, cfg: CompressiveConfig) -> dict:
+    """Accuracy over all the queries whose distance falls in each region of the model's reach."""
+    distance, correct = recall_results(predictions, data, answers, n_streams)
+    out, lo = {}, 0
+    for name, edge in reach_edges(cfg) + [("beyond", float("inf"))]:
+        inside = (distance >= lo) & (distance < edge)
+        if inside.any():
+            out[name] = correct[inside].float().mean().item()
+        lo = edge
+    return out
+
+
+def print_recall_table(rows, cfg: CompressiveConfig) -> None:
+    reach = ", ".join(f"{name} < {edge}" for name, edge in reach_edges(cfg))
+    print(f"recall accuracy by distance (chance 0.10; n_s={cfg.seq_len} n_m={cfg.mem_len} "
+          f"n_cm={cfg.c_mem_len} c={cfg.compression_rate}: {reach})")
+    print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
+    for row in rows:
+        span = f"{row['from']}-{row['to']}"
+        print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
+
+
+def plot_recall(rows, cfg: CompressiveConfig, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    plt.figure(figsize=(7, 4))
+    middle = [(row["from"] + row["to"]) / 2 for row in rows]
+    plt.plot(middle, [row["accuracy"] for row in rows], marker="o")
+    for name, edge in reach_edges(cfg):
+        plt.axvline(edge, color="gray", linestyle=":")
+        plt.text(edge, 1.02, f"{name} reach", rotation=90, va="bottom", ha="right", fontsize=8)
+    plt.axhline(0.1, color="red", linestyle="--", label="chance")
+    plt.ylim(0, 1.0)
+    plt.xlabel("distance from fact to query (characters)")
+    plt.ylabel("recall accuracy")
+    plt.legend()
+    plt.tight_layout()
+    plt.savefig(path)
+    plt.close()
+    print(f"wrote {path}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,12 +526,27 @@ def make_optimizer(model, args):
     return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99), fused=True)
 
 
-def split_f_c_parameters(model):
-    """[language-model parameters, f_c (and decoder) parameters]: two losses, two gradients."""
-    f_c = {id(p) for layer in model.layers for part in (layer.compress, layer.decoder)
-           if part is not None for p in part.parameters()}
-    lm = [p for p in model.parameters() if id(p) not in f_c]
-    return [group for group in (lm, [p for p in model.parameters() if id(p) in f_c]) if group]
+def f_c_parameters(model):
+    """The parameters of f_c (and of the auto-encoder's decoder), which only the reconstruction
+    loss trains; the language-model loss trains all the others."""
+    return [p for layer in model.layers for part in (getattr(layer, "compress", None),
+                                                     getattr(layer, "decoder", None))
+            if part is not None for p in part.parameters()]
+
+
+def make_model(name: str, cfg: CompressiveConfig):
+    if name not in MODELS:
+        raise UserError(f"unknown model {name!r}")
+    return FeedbackTransformer(cfg) if name == "feedback" else CompressiveTransformer(cfg)
+
+
+def make_out_folder(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"--out {path} exists and is not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {path} ({one_line(e)})") from None
 
 
 def pick_device(name: str) -> torch.device:
@@ -279,10 +561,25 @@ def autocast_for(device, dtype_name):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def atomic_save(obj, path: str) -> None:
+def write_atomically(path: str, write) -> None:
+    """Write a file so that a crash or a power loss leaves either the old file or the whole new
+    one, never a part: write(f) fills a temporary file beside it, which is flushed to the disk
+    before it is renamed over path; then the folder is flushed, so the rename is on disk too."""
     tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def lm_step(model, x, y, memory, autocast):
@@ -296,6 +593,81 @@ def format_seconds(s: float) -> str:
     return f"{int(s // 60)}m{int(s % 60):02d}s"
 
 
+def all_ranks_agree(flag: bool, world: int, device) -> bool:
+    """True only if flag is true on every rank (a collective: every rank must call it)."""
+    if world == 1:
+        return flag
+    t = torch.tensor([float(flag)], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def gather_tensors(tensors, world: int, device):
+    """Every rank's copy of tensors (the same shapes on every rank), in rank order, on the CPU."""
+    if world == 1:
+        return [[t.cpu() for t in tensors]]
+    per_rank = [[] for _ in range(world)]
+    for t in tensors:
+        parts = [torch.empty_like(t, device=device) for _ in range(world)]
+        torch.distributed.all_gather(parts, t.to(device).contiguous())
+        for rank, part in enumerate(parts):
+            per_rank[rank].append(part.cpu())
+    return per_rank
+
+
+def gather_memories(memory, world: int, device):
+    """Each rank's Memory as [mem, c_mem, usage] lists of CPU tensors, or None before the first
+    segment and after the streams wrap (the same on every rank: they step in lockstep)."""
+    if memory is None:
+        return [None] * world
+    parts = [memory.mem, memory.c_mem, memory.usage or []]
+    lengths = [len(part) for part in parts]
+    out = []
+    for tensors in gather_tensors([t for part in parts for t in part], world, device):
+        mem, c_mem, usage = (tensors[sum(lengths[:i]):sum(lengths[:i + 1])] for i in range(3))
+        out.append([mem, c_mem, usage if memory.usage is not None else None])
+    return out
+
+
+def average_gradients(params, world: int) -> None:
+    """Mean of every rank's gradients, as DDP computes for the parameters it manages. The ranks
+    step in lockstep, so each has gradients for the same parameters."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if world == 1 or not grads:
+        return
+    flat = torch.cat([g.flatten() for g in grads])
+    torch.distributed.all_reduce(flat)
+    flat /= world
+    for g, chunk in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(chunk.view_as(g))
+
+
+def restore(ckpt, path, model, optimizer, rank: int, world: int, batch_size: int, device):
+    """Load weights, optimizer state, this rank's memory and RNG state for --resume; returns the
+    memory. A checkpoint that does not fit this run is a UserError."""
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        for p in model.parameters():  # a crafted file could hold moments of the wrong shape
+            for value in optimizer.state.get(p, {}).values():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
+                    raise ValueError(f"optimizer state of shape {tuple(value.shape)} for a "
+                                     f"parameter of shape {tuple(p.shape)}")
+        memory = None
+        if len(ckpt["memory"]) == world and ckpt["memory"][rank] is not None:
+            mem, c_mem, usage = ckpt["memory"][rank]
+            memory = Memory([t.to(device) for t in mem], [t.to(device) for t in c_mem],
+                            None if usage is None else [t.to(device) for t in usage])
+            model._check_memory(memory, batch_size, device)  # the checks forward() would make
+        if len(ckpt["rng"]) == world:
+            torch.set_rng_state(ckpt["rng"][rank]["cpu"])
+            if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
+                torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"], device)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
+        raise UserError(f"--resume: {path} does not fit this run ({one_line(e)})") from None
+    return memory
+
+
 def train(args, dist_info) -> None:
     rank, world, local_rank = dist_info
     device = pick_device(args.device)
@@ -305,9 +677,7 @@ def train(args, dist_info) -> None:
     is_main = rank == 0
     say = print if is_main else (lambda *a, **k: None)
 
-    text = load_text(args.data)
-    vocab = sorted(set(text))
-    train_data, val_data = split_data(text, vocab)
+    vocab, train_data, val_data, answers = load_task(args, args.task, args.batch_size * world)
     # every rank owns its own streams: rank r takes streams [r*B, (r+1)*B)
     all_streams = make_streams(train_data, args.batch_size * world)
     streams = all_streams[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
@@ -315,69 +685,86 @@ def train(args, dist_info) -> None:
         raise UserError("--seq-len is longer than each training stream; lower --batch-size or --seq-len")
 
     cfg = model_config(args, len(vocab))
-    torch.manual_seed(args.seed + rank)
-    model = CompressiveTransformer(cfg).to(device)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    model = make_model(args.model, cfg).to(device)
+    torch.manual_seed(args.seed + rank)  # but each rank its own dropout
     optimizer = make_optimizer(model, args)
-    os.makedirs(args.out, exist_ok=True)
+    make_out_folder(args.out)
     ckpt_path = os.path.join(args.out, "ckpt.pt")
-    step, memory, history = 0, None, []
+    step, memory, history, saved_step = 0, None, [], None
     seconds_before = 0.0
     if args.resume:
-        if not os.path.exists(ckpt_path):
-            raise UserError(f"--resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-        if ckpt["config"] != dataclasses.asdict(cfg):
+        ckpt = read_checkpoint(ckpt_path, device)
+        if ckpt["args"].get("task", "shakespeare") != args.task:
+            raise UserError(f"--resume: the checkpoint was trained on --task "
+                            f"{ckpt['args'].get('task', 'shakespeare')}")
+        if ckpt["config"] != dataclasses.asdict(cfg) or ckpt["args"].get("model", "compressive") != args.model:
             raise UserError("--resume: the model flags differ from the checkpoint's configuration")
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        memory = restore(ckpt, ckpt_path, model, optimizer, rank, world, args.batch_size, device)
         step, history, seconds_before = ckpt["step"], ckpt["history"], ckpt["seconds"]
-        memory = ckpt["memory"][rank] if ckpt.get("memory") and len(ckpt["memory"]) == world else None
-        if memory is not None:
-            memory = Memory(*[None if part is None else [t.to(device) for t in part] for part in memory])
-        torch.set_rng_state(ckpt["rng"][rank]["cpu"])
-        if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"], device)
+        saved_step = step
         say(f"resuming from {ckpt_path} at step {step}/{args.steps}")
 
     raw_model = model
+    f_c_params = f_c_parameters(raw_model)
+    if world > 1:
+        # f_c trains only on its reconstruction loss and gets no gradient until the first eviction,
+        # so DDP would have to search every step for unused parameters (and warn when there are
+        # none). It manages the language model's parameters; f_c's are averaged by hand.
+        f_c_ids = {id(p) for p in f_c_params}
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            raw_model, [name for name, p in raw_model.named_parameters() if id(p) in f_c_ids])
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
     if args.compile:
         model = torch.compile(model)
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=True)  # f_c gets no gradient until something is compressed
     autocast = autocast_for(device, args.dtype)
-    clip_groups = split_f_c_parameters(raw_model)
+    lm_params = [p for p in raw_model.parameters() if id(p) not in {id(q) for q in f_c_params}]
     n_params = sum(p.numel() for p in raw_model.parameters())
-    say(f"model: {args.model}, {n_params / 1e6:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
-        f"n_cm={cfg.c_mem_len} c={cfg.compression_rate} f_c={cfg.compression}; device {device}, "
+    memory_text = f"n_s={cfg.seq_len} n_m={cfg.mem_len}" + (
+        f" n_cm={cfg.c_mem_len} c={cfg.compression_rate} f_c={cfg.compression}" if cfg.c_mem_len else "")
+    say(f"model: {args.model}, {n_params / 1e6:.2f}M parameters, {memory_text}; device {device}, "
         f"{world} process(es) x {args.batch_size} streams; {len(train_data):,} train / "
-        f"{len(val_data):,} val characters")
+        f"{len(val_data):,} val characters ({args.task})")
 
-    def checkpoint(final_metrics=None):
-        memories = gather([list(memory) if memory is not None else None], world)
-        rngs = gather([{"cpu": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}],
-                      world)
+    def checkpoint():
+        nonlocal saved_step
+        memories = gather_memories(memory, world, device)
+        states = [torch.get_rng_state()]
+        if device.type == "cuda":
+            states.append(torch.cuda.get_rng_state(device))
+        rngs = gather_tensors(states, world, device)
         if is_main:
-            atomic_save({"config": dataclasses.asdict(cfg), "model": raw_model.state_dict(),
-                         "optimizer": optimizer.state_dict(), "step": step, "history": history,
-                         "seconds": seconds_before + time.time() - t0, "vocab": vocab,
-                         "data_position": (step % ((streams.size(1) - 1) // args.seq_len)) * args.seq_len,
-                         "memory": [to_cpu(m) for m in memories], "rng": rngs, "args": vars(args)},
-                        ckpt_path)
+            state = {"config": dataclasses.asdict(cfg), "model": raw_model.state_dict(),
+                     "optimizer": optimizer.state_dict(), "step": step, "history": history,
+                     "seconds": seconds_before + time.time() - t0, "vocab": vocab,
+                     "memory": memories, "args": vars(args),
+                     "rng": [{"cpu": r[0], "cuda": r[1] if len(r) > 1 else None} for r in rngs]}
+            write_atomically(ckpt_path, lambda f: torch.save(state, f))
+        saved_step = step
+
+    def stop(what: str, value: float):
+        kept = (f"the last good checkpoint is kept at {ckpt_path} (step {saved_step})"
+                if saved_step is not None else "no checkpoint was written")
+        raise UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
     def validate():
+        """Full validation on rank 0; every rank learns the loss, so all can stop together."""
+        val = predictions = None
         if is_main:
-            val = evaluate(raw_model, val_data.to(device), args.batch_size, args.seq_len, autocast)
+            val, predictions = evaluate(raw_model, val_data.to(device), args.batch_size,
+                                        args.seq_len, autocast)
         if world > 1:
-            torch.distributed.barrier()
-        return val if is_main else None
+            shared = torch.tensor([val if is_main else 0.0], device=device)
+            torch.distributed.broadcast(shared, src=0)
+            val = shared.item()
+        return val, predictions
 
     t0 = time.time()
     last_print, tokens_per_step = t0, args.batch_size * args.seq_len * world
     window_tokens, window_start = 0, time.time()
     train_loss = recon_value = float("nan")
+    predictions = None
     model.train()
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
     while step < last_step:
@@ -388,15 +775,15 @@ def train(args, dist_info) -> None:
             group["lr"] = lr_at(step, args)
         loss, recon, memory = lm_step(model, x, y, memory, autocast)
         train_loss, recon_value = loss.item(), recon.item()
-        if not (math.isfinite(train_loss) and math.isfinite(recon_value)):
-            say(f"step {step}: non-finite loss ({train_loss}, recon {recon_value}); stopping. "
-                f"The last good checkpoint is kept at {ckpt_path}.")
-            sys.exit(1)
+        if not all_ranks_agree(math.isfinite(train_loss + recon_value), world, device):
+            stop("the training loss", train_loss if not math.isfinite(train_loss) else recon_value)
         optimizer.zero_grad(set_to_none=True)
         (loss + recon).backward()
+        average_gradients(f_c_params, world)
         if args.grad_clip > 0:  # clip apart, so large f_c gradients cannot shrink the LM's
-            for group in clip_groups:
-                torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
+            for group in (lm_params, f_c_params):
+                if group:
+                    torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
         optimizer.step()
         step += 1
         window_tokens += tokens_per_step
@@ -409,11 +796,19 @@ def train(args, dist_info) -> None:
                 flush=True)
             last_print, window_tokens, window_start = now, 0, now
         if step % args.eval_every == 0 or step == args.steps:
-            val = validate()
+            val, predictions = validate()
+            if not math.isfinite(val):
+                stop("the validation loss", val)
             if is_main:
                 history.append({"step": step, "train_loss": train_loss, "val_loss": val,
                                 "seconds": seconds_before + time.time() - t0})
                 say(f"eval step {step}: val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc")
+                if answers is not None:
+                    by_region = recall_by_region(predictions.cpu(), val_data, answers,
+                                                 args.batch_size, cfg)
+                    history[-1]["recall"] = by_region
+                    say("recall accuracy: " + ", ".join(f"{name} {acc:.3f}"
+                                                        for name, acc in by_region.items()))
             checkpoint()
     if step < args.steps:
         checkpoint()
@@ -424,26 +819,14 @@ def train(args, dist_info) -> None:
         metrics = {"val_loss": val, "val_bpc": val / math.log(2), "train_loss": train_loss,
                    "step": step, "tokens_seen": step * tokens_per_step,
                    "seconds": seconds_before + time.time() - t0, "history": history}
-        with open(os.path.join(args.out, "metrics.json"), "w") as f:
-            json.dump(metrics, f, indent=1)
+        if answers is not None and predictions is not None:
+            metrics["recall"] = report_recall(predictions.cpu(), val_data, answers, args.batch_size,
+                                              cfg, args.out)
+        write_atomically(os.path.join(args.out, "metrics.json"),
+                         lambda f: f.write(json.dumps(metrics, indent=1).encode()))
         say(f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val:.4f} nats/char "
             f"({metrics['val_bpc']:.4f} bpc); checkpoint {ckpt_path}")
         plot_history(history, os.path.join(args.out, "loss.png"))
-
-
-def to_cpu(memory_parts):
-    if memory_parts is None:
-        return None
-    return [None if part is None else [t.cpu() for t in part] for part in memory_parts]
-
-
-def gather(obj_list, world):
-    """Collect one picklable object per rank (in rank order); a list of one without torchrun."""
-    if world == 1:
-        return obj_list
-    out = [None] * world
-    torch.distributed.all_gather_object(out, obj_list[0])
-    return out
 
 
 def plot_history(history, path):
@@ -471,14 +854,57 @@ def plot_history(history, path):
 # Sampling, evaluation of a checkpoint, benchmark
 # ----------------------------------------------------------------------------------------------
 
-def load_checkpoint(args, device):
-    path = os.path.join(args.out, "ckpt.pt")
-    if not os.path.exists(path):
+CHECKPOINT_FIELDS = {"config": dict, "model": dict, "optimizer": dict, "step": int,
+                     "history": list, "seconds": float, "vocab": list, "memory": list,
+                     "rng": list, "args": dict}
+
+
+def one_line(error: Exception, limit: int = 300) -> str:
+    return " ".join(str(error).split())[:limit] or type(error).__name__
+
+
+def read_checkpoint(path: str, device) -> dict:
+    """A checkpoint as plain data. weights_only=True builds tensors, dicts, lists, numbers and
+    strings and nothing else, so a crafted file cannot run code; whatever is not a checkpoint of
+    this script is reported as one line."""
+    if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}; train first (or pass --out DIR)")
-    ckpt = torch.load(path, map_location=device, weights_only=False)
-    model = CompressiveTransformer(CompressiveConfig(**ckpt["config"])).to(device)
-    model.load_state_dict(ckpt["model"])
-    return model.eval(), ckpt
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:  # holds (or claims to hold) more than plain data
+        found = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\. |\s+Check the documentation|$)",
+                          one_line(e, 2000))
+        raise UserError(f"{path} is not a readable checkpoint: it is not made of tensors and plain "
+                        f"data alone ({found[1] if found else 'unpickling failed'}); it was not "
+                        f"run") from None
+    except Exception as e:  # truncated or corrupt: torch's first sentence says how
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt: "
+                        f"{one_line(e).split('. ')[0]})") from None
+    if not isinstance(ckpt, dict):
+        raise UserError(f"{path} is not a checkpoint of this script (it holds a "
+                        f"{type(ckpt).__name__})")
+    wrong = [name for name, kind in CHECKPOINT_FIELDS.items() if not isinstance(ckpt.get(name), kind)]
+    if wrong:
+        raise UserError(f"{path} is not a checkpoint of this script (missing or malformed: "
+                        f"{', '.join(wrong)})")
+    vocab = ckpt["vocab"]
+    if not all(isinstance(ch, str) and len(ch) == 1 for ch in vocab) or len(set(vocab)) != len(vocab) \
+            or len(vocab) != ckpt["config"].get("vocab_size"):
+        raise UserError(f"{path} is not a checkpoint of this script (its vocabulary is malformed)")
+    return ckpt
+
+
+def load_checkpoint(args, device):
+    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint."""
+    path = os.path.join(args.out, "ckpt.pt")
+    ckpt = read_checkpoint(path, device)
+    try:
+        model = make_model(ckpt["args"].get("model", "compressive"), CompressiveConfig(**ckpt["config"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError, KeyError) as e:
+        raise UserError(f"{path}: the weights do not fit the checkpoint's configuration "
+                        f"({one_line(e)})") from None
+    return model.to(device).eval(), ckpt
 
 
 def sample(args) -> None:
@@ -496,14 +922,25 @@ def sample(args) -> None:
     print("".join(vocab[i] for i in out[0].tolist()))
 
 
+def checkpoint_task_data(args, ckpt) -> TaskData:
+    """The validation data of the task the checkpoint was trained on."""
+    task = ckpt["args"].get("task", "shakespeare")
+    given = ["--" + name.replace("_", "-") for name in RECALL_DEFAULTS if getattr(args, name) is not None]
+    if task == "shakespeare" and given:
+        raise UserError(f"{', '.join(given)}: for --task recall only, and this checkpoint was "
+                        f"trained on Shakespeare")
+    return load_task(args, task, vocab=ckpt["vocab"], saved_args=ckpt["args"], need_train=False)
+
+
 def eval_only(args) -> None:
     device = pick_device(args.device)
     model, ckpt = load_checkpoint(args, device)
-    text = load_text(args.data)
-    _, val_data = split_data(text, ckpt["vocab"])
-    val = evaluate(model, val_data.to(device), args.batch_size,
-                   model.cfg.seq_len, autocast_for(device, args.dtype))
+    data = checkpoint_task_data(args, ckpt)
+    val, predictions = evaluate(model, data.val.to(device), args.batch_size, model.cfg.seq_len,
+                                autocast_for(device, args.dtype))
     print(f"val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc (step {ckpt['step']})")
+    if data.answers is not None:
+        report_recall(predictions.cpu(), data.val, data.answers, args.batch_size, model.cfg, args.out)
 
 
 BUCKETS_PER_REGION = 4
@@ -534,10 +971,11 @@ def analyze(args) -> None:
     memory and the segment, measured with full memories over the validation split."""
     device = pick_device(args.device)
     model, ckpt = load_checkpoint(args, device)
+    if not isinstance(model, CompressiveTransformer):
+        raise UserError("--analyze reads the attention over [c_mem; mem; segment] of the compressive, "
+                        "xl and vanilla models; this checkpoint holds a Feedback Transformer")
     cfg = model.cfg
-    text = load_text(args.data)
-    _, val_data = split_data(text, ckpt["vocab"])
-    streams = make_streams(val_data, args.batch_size).to(device)
+    streams = make_streams(checkpoint_task_data(args, ckpt).val, args.batch_size).to(device)
     n_segments = (streams.size(1) - 1) // cfg.seq_len
     totals = torch.zeros(cfg.n_layers, 3 * BUCKETS_PER_REGION, dtype=torch.float64)
     recon = torch.zeros(cfg.n_layers, dtype=torch.float64)
@@ -598,10 +1036,18 @@ def plot_attention(overall, per_layer, path):
     print(f"wrote {path}")
 
 
-def train_flops_per_step(cfg: CompressiveConfig, batch: int) -> float:
+def train_flops_per_step(cfg: CompressiveConfig, batch: int, feedback: bool = False) -> float:
     """Matmul FLOPs of one training step (forward x 3) with full memories: the model's own work,
     not counting f_c and its reconstruction loss."""
     d, T = cfg.d_model, cfg.seq_len
+    head = batch * 2 * d * cfg.vocab_size * T
+    if feedback:  # per step and layer: q, the input's k and v, output, feed-forward, attention
+        K = cfg.mem_len + 1  # the memory vectors and the step's own input
+        per_step = cfg.n_layers * (2 * 4 * d * d + 2 * 2 * d * cfg.d_ff + 3 * 2 * K * d) \
+            + 2 * 2 * d * d  # the memory vector's k and v, once for every layer
+        per_row = T * per_step + 2 * 2 * d * d * cfg.mem_len  # the carried memory's k and v
+        positions = cfg.n_layers * 2 * d * d * (cfg.mem_len + 2)  # W_r R, shared by the batch
+        return 3.0 * (batch * per_row + positions + head)
     M = cfg.mem_len + cfg.c_mem_len
     K = M + T
     per_row = (2 * 3 * d * d * T          # q, k, v of the segment
@@ -610,7 +1056,7 @@ def train_flops_per_step(cfg: CompressiveConfig, batch: int) -> float:
                + 2 * 2 * d * cfg.d_ff * T  # feed-forward
                + 3 * 2 * T * K * d)       # content scores, position scores, weighted values
     per_layer = batch * per_row + 2 * d * d * (K + 1)  # W_r R is shared by the batch
-    return 3.0 * (cfg.n_layers * per_layer + batch * 2 * d * cfg.vocab_size * T)
+    return 3.0 * (cfg.n_layers * per_layer + head)
 
 
 def matmul_peak_flops(device, dtype) -> float:
@@ -642,7 +1088,7 @@ def bench(args) -> None:
     device = pick_device(args.device)
     cfg = model_config(args, 65)
     torch.manual_seed(args.seed)
-    model = CompressiveTransformer(cfg).to(device)
+    model = make_model(args.model, cfg).to(device)
     optimizer = make_optimizer(model, args)
     step_model = torch.compile(model) if args.compile else model
     autocast = autocast_for(device, args.dtype)
@@ -677,7 +1123,7 @@ def bench(args) -> None:
         peak_mem = torch.cuda.max_memory_allocated(device) / 2 ** 20
     else:
         peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    flops = train_flops_per_step(cfg, args.batch_size)
+    flops = train_flops_per_step(cfg, args.batch_size, feedback=args.model == "feedback")
     print(f"config: {cfg}")
     print(f"device {device}, dtype {args.dtype}, compile {args.compile}, threads "
           f"{torch.get_num_threads()}, matmul peak {peak / 1e9:.1f} GFLOP/s, "
@@ -737,6 +1183,9 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted (checkpoints are only ever replaced whole)", file=sys.stderr)
+        return 130
     return 0
 
 
