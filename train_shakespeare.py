@@ -1,14 +1,18 @@
-"""Train, evaluate, sample and benchmark the Compressive Transformer on Tiny Shakespeare.
+"""Train, evaluate, sample, analyse and benchmark the models of compressive.py.
 
     python train_shakespeare.py --data ../shared/data/tinyshakespeare.txt      # train (CPU: minutes)
+    python train_shakespeare.py --task recall --no-post-norm --seq-len 32 ...   # the reach benchmark
     python train_shakespeare.py --sample 500 --prompt "ROMEO:"                  # sample from out/ckpt.pt
     python train_shakespeare.py --eval-only                                     # evaluate out/ckpt.pt
+    python train_shakespeare.py --analyze                                       # attention by distance
     python train_shakespeare.py --bench --device cpu                            # tokens/s and mfu
     torchrun --nproc_per_node=2 train_shakespeare.py ...                        # data parallel
 
-Character level, nanoGPT's split (first 90% train, last 10% validation). Each batch row is its own
-contiguous stream through the text, so the memory of row b always holds the text just before it:
-the way Transformer-XL and the Compressive Transformer are trained and evaluated.
+--model compressive | xl (n_cm = 0) | vanilla (no memory) | feedback (the Feedback Transformer).
+Character level. Tiny Shakespeare uses nanoGPT's split (first 90% train, last 10% validation);
+--task recall generates its text (see the README). Each batch row is its own contiguous stream
+through the text, so the memory of row b always holds the text just before it: the way
+Transformer-XL and the Compressive Transformer are trained and evaluated.
 """
 import argparse
 import ctypes
@@ -53,8 +57,8 @@ class UserError(Exception):
 
 MODELS = ("compressive", "xl", "vanilla", "feedback")
 RECALL_MAX_TRAIN_CHARS = 32_000_000
-RECALL_DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 30, "live_facts": 1,
-                   "curriculum": 0.0, "val_chars": 100_000}
+RECALL_DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 5, "live_facts": 1,
+                   "curriculum": 0.5, "val_chars": 300_000}
 
 
 def build_parser() -> argparse.ArgumentParser:
