@@ -596,13 +596,13 @@ class FeedbackLayer(nn.Module):
                                 nn.Linear(cfg.d_ff, cfg.d_model))
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, keys, values, r, shared_kv: nn.Linear):
+    def forward(self, x, keys, values, r, shared_kv):
         """One step of one layer. x: [B, 1, d] its input x_t^(l-1); keys, values: [B, H, W, d_head]
-        of the last W memory vectors; r: W_r R for the distances W+1..0 (section 2)."""
+        of the last W memory vectors; r: W_r R for the distances W+1..0 (section 2); shared_kv:
+        the model's W_k, W_v, for the current input, which is a key too."""
         attn = self.attn
-        k, v = shared_kv(x).chunk(2, dim=-1)  # the current input is a key too, with the shared W_k, W_v
-        keys = torch.cat([keys, attn.split_heads(k)], dim=2)
-        values = torch.cat([values, attn.split_heads(v)], dim=2)
+        k, v = shared_kv(x)
+        keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
         z = self.attn_norm(x) if self.pre_norm else x
         q = attn.split_heads(self.query(z) * attn.d_head ** -0.5)
         attended, _, _ = attn.attend(q, keys, values, r, None)  # the past and x itself: no mask
@@ -624,6 +624,10 @@ class FeedbackTransformer(LanguageModel):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=False)  # W_k, W_v of every layer
+        # Pre-LN, the residual stream is not normalised, and here it would feed itself: m_t mixes
+        # it, its values join the next step's stream, and so on (the loss turned NaN within 130
+        # steps). So keys and values are made from normalised vectors, as in section 5's layers.
+        self.kv_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.layers = nn.ModuleList(FeedbackLayer(cfg) for _ in range(cfg.n_layers))
         self.mix = nn.Parameter(torch.zeros(cfg.n_layers + 1))  # w; softmax(0) starts as the mean
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
@@ -633,6 +637,11 @@ class FeedbackTransformer(LanguageModel):
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
         empty = self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
         return Memory([empty], [])
+
+    def shared_kv(self, x):
+        """Keys and values of x [B, T, d] with the W_k, W_v that every layer shares: [B, H, T, d_head]."""
+        split = self.layers[0].attn.split_heads
+        return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
     def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
         """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
@@ -644,8 +653,8 @@ class FeedbackTransformer(LanguageModel):
         if memory is None:
             memory = self.empty_memory(B, device=embedded.device, dtype=embedded.dtype)
         self._check_memory(memory, B, embedded.device)
-        n_m, split = self.cfg.mem_len, self.layers[0].attn.split_heads
-        keys, values = (split(t) for t in self.kv(memory.mem[0]).chunk(2, dim=-1))
+        n_m = self.cfg.mem_len
+        keys, values = self.shared_kv(memory.mem[0])
         # R and every layer's W_r R once per segment: step t slices the distances it needs
         R = sinusoid_positions(n_m + 2, self.cfg.d_model, embedded.device).to(embedded.dtype)
         r = [layer.attn.project_positions(R) for layer in self.layers]
@@ -656,11 +665,11 @@ class FeedbackTransformer(LanguageModel):
             m = mix[0] * x
             n_keys = keys.size(2) + 1                            # the memory and x itself
             for i, layer in enumerate(self.layers):
-                x = layer(x, keys, values, r[i][:, -(n_keys + 1):], self.kv)
+                x = layer(x, keys, values, r[i][:, -(n_keys + 1):], self.shared_kv)
                 m = m + mix[i + 1] * x                           # m_t, built as the layers run
-            k, v = self.kv(m).chunk(2, dim=-1)                   # once per step, for every layer
-            keys = torch.cat([keys, split(k)], dim=2)[:, :, -n_m:]
-            values = torch.cat([values, split(v)], dim=2)[:, :, -n_m:]
+            k, v = self.shared_kv(m)                             # once per step, for every layer
+            keys = torch.cat([keys, k], dim=2)[:, :, -n_m:]
+            values = torch.cat([values, v], dim=2)[:, :, -n_m:]
             outputs.append(x)
             vectors.append(m)
         logits = self.head(self.out_norm(torch.cat(outputs, dim=1)))
