@@ -9,6 +9,8 @@ Modelling", arXiv:1911.05507.  The file reads in the order of the paper's Algori
     4. the reconstruction losses that train f_c (attention reconstruction, auto-encoding)
     5. one layer: attend, update the two FIFOs, feed forward
     6. the language model, with generation
+    7. a relative for comparison: the Feedback Transformer (Fan et al. 2020), one memory shared
+       by all layers instead of one per layer
 
 Symbols used throughout (the paper's):
     n_s   segment length (tokens per forward during training; any T >= 1 is accepted)
@@ -134,7 +136,7 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
 class RelativeAttention(nn.Module):
     """The attention itself, given queries, keys and values: scores with the relative-position
     terms, the softmax and the output projection. Owns W_r, u, v and W_o; the projections that
-    make q, k and v belong to whoever calls it (below, and the Feedback Transformer in section 7)."""
+    make q, k and v belong to the caller (below, and the Feedback Transformer of section 7)."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
@@ -155,8 +157,8 @@ class RelativeAttention(nn.Module):
     def attend(self, q, k, v, r, causal_bias):
         """q: [B, H, T, d_head] queries, already scaled by 1/sqrt(d_head); k, v: [B, H, K, d_head];
         r: W_r R for the distances K..0, [H, K+1, d_head]; causal_bias: [T, K], -inf where a key
-        lies in the query's future, else 0 (None: every key is visible). Returns the output [B, T, d], the attention weights
-        [B, H, T, K] and the content queries q + u [B, H, T, d_head]."""
+        lies in the query's future, else 0 (None: every key is visible). Returns the output
+        [B, T, d], the attention weights [B, H, T, K] and the content queries q + u."""
         B, H, T, d_head = q.shape
         scale = d_head ** -0.5
         content_q = q + self.u * scale
@@ -166,11 +168,9 @@ class RelativeAttention(nn.Module):
         # would copy W_r R once per row, which costs as much as the product when T is 1.
         position_q = (q + self.v * scale).transpose(0, 1).reshape(H, B * T, d_head)
         position = relative_shift(torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1))
-        # adding a -inf bias hides the future (and the shift's wrapped entries); it is cheaper
-        # than masked_fill, forwards and backwards
         scores = content.add_(position.transpose(0, 1))
-        if causal_bias is not None:
-            scores.add_(causal_bias)
+        if causal_bias is not None:  # a -inf bias hides the future (and the shift's wrapped
+            scores.add_(causal_bias)  # entries); cheaper than masked_fill, forwards and backwards
         weights = scores.softmax(dim=-1)
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
@@ -202,7 +202,8 @@ class RelativeMultiHeadAttention(RelativeAttention):
         q = self.split_heads(q * self.d_head ** -0.5).contiguous()  # scale folded into q (and u, v)
         k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # of [c_mem; mem; h]
         v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
-        out, weights, content_q = self.attend(q, k, v, self.project_positions(positions), causal_bias)
+        r = self.project_positions(positions)
+        out, weights, content_q = self.attend(q, k, v, r, causal_bias)
         return out, weights, (content_q.detach(), k.detach(), v.detach())
 
 
@@ -635,11 +636,12 @@ class FeedbackTransformer(LanguageModel):
         self.apply(self._init_weights)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
-        empty = self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
+        empty = self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
+                                            dtype=dtype)
         return Memory([empty], [])
 
     def shared_kv(self, x):
-        """Keys and values of x [B, T, d] with the W_k, W_v that every layer shares: [B, H, T, d_head]."""
+        """Keys and values [B, H, T, d_head] of x [B, T, d], with the W_k, W_v all layers share."""
         split = self.layers[0].attn.split_heads
         return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
