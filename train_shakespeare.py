@@ -334,8 +334,8 @@ class TaskData(NamedTuple):
 def load_task(args, task: str, n_train_streams: int = 1, vocab=None, saved_args=None,
               need_train: bool = True) -> TaskData:
     """The data of a task. Shakespeare: the text file, split 90/10 (vocab: the checkpoint's, when
-    evaluating one). Recall: generated from --seed, as much training text as --steps consume once,
-    and a validation text with held-out keys that is the same for every run."""
+    evaluating one). Recall: as much training text as --steps consume once, generated from --seed,
+    and a validation text of held-out keys that depends only on the task flags."""
     if task == "shakespeare":
         text = load_text(args.data)
         vocab = vocab or sorted(set(text))
@@ -711,11 +711,12 @@ def train(args, dist_info) -> None:
 
     raw_model = model
     f_c_params = f_c_parameters(raw_model)
+    f_c_ids = {id(p) for p in f_c_params}
+    lm_params = [p for p in raw_model.parameters() if id(p) not in f_c_ids]
     if world > 1:
         # f_c trains only on its reconstruction loss and gets no gradient until the first eviction,
         # so DDP would have to search every step for unused parameters (and warn when there are
         # none). It manages the language model's parameters; f_c's are averaged by hand.
-        f_c_ids = {id(p) for p in f_c_params}
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             raw_model, [name for name, p in raw_model.named_parameters() if id(p) in f_c_ids])
         model = torch.nn.parallel.DistributedDataParallel(
@@ -723,7 +724,6 @@ def train(args, dist_info) -> None:
     if args.compile:
         model = torch.compile(model)
     autocast = autocast_for(device, args.dtype)
-    lm_params = [p for p in raw_model.parameters() if id(p) not in {id(q) for q in f_c_params}]
     n_params = sum(p.numel() for p in raw_model.parameters())
     memory_text = f"n_s={cfg.seq_len} n_m={cfg.mem_len}" + (
         f" n_cm={cfg.c_mem_len} c={cfg.compression_rate} f_c={cfg.compression}" if cfg.c_mem_len else "")
