@@ -497,9 +497,11 @@ def plot_recall(rows, cfg: CompressiveConfig, path: str) -> None:
     plt.plot(middle, [row["accuracy"] for row in rows], marker="o")
     for name, edge in reach_edges(cfg):
         plt.axvline(edge, color="gray", linestyle=":")
-        plt.text(edge, 1.02, f"{name} reach", rotation=90, va="bottom", ha="right", fontsize=8)
+        plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
     plt.axhline(0.1, color="red", linestyle="--", label="chance")
-    plt.ylim(0, 1.0)
+    plt.ylim(0, 1.05)
+    plt.title(f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}",
+              fontsize=9, loc="left")
     plt.xlabel("distance from fact to query (characters)")
     plt.ylabel("recall accuracy")
     plt.legend()
