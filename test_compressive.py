@@ -631,6 +631,8 @@ def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
                     "--batch-size", "2"]) == 0
     report = capsys.readouterr().out
     assert "c_mem 1/4" in report and "segment 4/4" in report and "reconstruction loss" in report
+    assert ts.main(["--out", out, "--eval-only", "--task", "recall", "--device", "cpu"]) == 2
+    assert "trained on Shakespeare" in error_line(capsys)  # not a download attempt
 
 
 def error_line(capsys):
@@ -646,6 +648,7 @@ def error_line(capsys):
     (["--data", "/nonexistent/file.txt"], "data file not found"),
     (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
     (["--batch-size", "100000"], "cannot feed"),
+    (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
 ])
 def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tmp_path, capsys):
     if "--data" not in flags:  # never reach for the network

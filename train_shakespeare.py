@@ -178,7 +178,8 @@ def check_args(args) -> None:
         raise UserError(f"--temperature must be positive, got {args.temperature}")
     if args.top_k is not None and args.top_k <= 0:
         raise UserError(f"--top-k must be positive, got {args.top_k}")
-    model_config(args, vocab_size=65)  # the model flags together, before any data is loaded
+    with torch.device("meta"):  # the model flags together, before any data is loaded (no memory used)
+        make_model(args.model, model_config(args, vocab_size=65))
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for but CUDA is not available")
 
@@ -543,7 +544,10 @@ def f_c_parameters(model):
 def make_model(name: str, cfg: CompressiveConfig):
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}")
-    return FeedbackTransformer(cfg) if name == "feedback" else CompressiveTransformer(cfg)
+    try:
+        return FeedbackTransformer(cfg) if name == "feedback" else CompressiveTransformer(cfg)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"invalid model configuration: {e}") from None
 
 
 def make_out_folder(path: str) -> None:
@@ -932,6 +936,8 @@ def checkpoint_task_data(args, ckpt) -> TaskData:
     """The validation data of the task the checkpoint was trained on."""
     task = ckpt["args"].get("task", "shakespeare")
     given = ["--" + name.replace("_", "-") for name in RECALL_DEFAULTS if getattr(args, name) is not None]
+    if task == "shakespeare" and args.task == "recall":
+        raise UserError("--task recall: this checkpoint was trained on Shakespeare")
     if task == "shakespeare" and given:
         raise UserError(f"{', '.join(given)}: for --task recall only, and this checkpoint was "
                         f"trained on Shakespeare")
