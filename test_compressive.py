@@ -914,6 +914,9 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert sum(row["queries"] for row in metrics["recall"]) > 20
     assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"])
+    # --sample starts from the recall text's filler by default: it has no newline
+    assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
+    assert set(capsys.readouterr().out.strip()) <= set(ts.RECALL_VOCAB)
     # --eval-only takes the task from the checkpoint; the distance flags may widen it
     assert ts.main(["--out", out, "--eval-only", "--device", "cpu", "--batch-size", "4",
                     "--val-chars", "4000", "--max-distance", "200"]) == 0

@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = p.add_argument_group("modes")
     d.add_argument("--sample", type=int, default=None, metavar="N",
                    help="load OUT/ckpt.pt and print N generated characters")
-    d.add_argument("--prompt", default="\n", help="text that starts the sample")
+    d.add_argument("--prompt", default=None,
+                   help="text that starts the sample (default: a newline, or '.' for --task recall)")
     d.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
     d.add_argument("--top-k", type=int, default=None, help="sample from the k most likely characters")
     d.add_argument("--eval-only", action="store_true", help="evaluate OUT/ckpt.pt on validation")
@@ -921,6 +922,8 @@ def sample(args) -> None:
     device = pick_device(args.device)
     model, ckpt = load_checkpoint(args, device)
     vocab = ckpt["vocab"]
+    if args.prompt is None:
+        args.prompt = "\n" if "\n" in vocab else "."  # the recall text has no newlines
     unknown = sorted(set(args.prompt) - set(vocab))
     if unknown:
         raise UserError(f"--prompt has characters not in the vocabulary: {unknown!r}")
