@@ -899,6 +899,10 @@ def test_recall_accuracy_by_distance_on_a_hand_made_case():
     got = [(r["from"], r["to"], r["region"], r["queries"], r["accuracy"]) for r in rows]
     assert got == [(10, 15, "segment", 2, 1.0), (16, 31, "mem", 1, 0.0), (32, 47, "c_mem", 1, 1.0),
                    (64, 70, "beyond", 1, 1.0)]
+    # a Feedback token sees the last n_m memory vectors wherever it sits: one edge, at n_m
+    rows = ts.recall_table(distance, correct, cfg, min_distance=10, max_distance=70, feedback=True)
+    got = [(r["from"], r["to"], r["region"], r["queries"]) for r in rows]
+    assert got == [(10, 15, "mem", 2), (16, 31, "beyond", 1), (32, 47, "beyond", 1), (64, 70, "beyond", 1)]
 
 
 def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):

@@ -425,9 +425,12 @@ def recall_results(predictions, data, answers, n_streams: int):
     return distance[in_stream], correct[in_stream]
 
 
-def reach_edges(cfg: CompressiveConfig):
+def reach_edges(cfg: CompressiveConfig, feedback: bool = False):
     """Distances at which a query starts to need the memory, then the compressed memory, and
-    beyond which this model cannot see a fact at all: n_s, n_m + n_s, n_m + c*n_cm + n_s."""
+    beyond which this model cannot see a fact at all: n_s, n_m + n_s, n_m + c*n_cm + n_s. A Feedback
+    Transformer's token sees the last n_m memory vectors wherever it sits in its segment."""
+    if feedback:
+        return [("mem", cfg.mem_len)]
     edges = [("segment", cfg.seq_len)]
     if cfg.mem_len:
         edges.append(("mem", cfg.mem_len + cfg.seq_len))
@@ -436,10 +439,11 @@ def reach_edges(cfg: CompressiveConfig):
     return edges
 
 
-def recall_table(distance, correct, cfg: CompressiveConfig, min_distance: int, max_distance: int):
+def recall_table(distance, correct, cfg: CompressiveConfig, min_distance: int, max_distance: int,
+                 feedback: bool = False):
     """Accuracy per distance bucket: buckets n_s wide, cut at the model's reach edges too, each
     labelled with the farthest region of the model's context it can need."""
-    edges = reach_edges(cfg)
+    edges = reach_edges(cfg, feedback)
     cuts = set(range(0, max_distance + 1, cfg.seq_len)) | {e for _, e in edges if e <= max_distance}
     cuts = sorted({c for c in cuts if c > min_distance} | {min_distance, max_distance + 1})
     rows = []
@@ -452,24 +456,26 @@ def recall_table(distance, correct, cfg: CompressiveConfig, min_distance: int, m
     return rows
 
 
-def report_recall(predictions, data, answers, n_streams: int, cfg: CompressiveConfig, out: str):
+def report_recall(predictions, data, answers, n_streams: int, cfg: CompressiveConfig, out: str,
+                  feedback: bool = False):
     """Print the accuracy-by-distance table, plot it to OUT/recall.png, return its rows."""
     distance, correct = recall_results(predictions, data, answers, n_streams)
     if len(distance) == 0:
         print("recall accuracy by distance: no query in the validation text could be scored "
               "(raise --val-chars or lower --max-distance)")
         return []
-    rows = recall_table(distance, correct, cfg, int(distance.min()), int(distance.max()))
-    print_recall_table(rows, cfg)
-    plot_recall(rows, cfg, os.path.join(out, "recall.png"))
+    rows = recall_table(distance, correct, cfg, int(distance.min()), int(distance.max()), feedback)
+    print_recall_table(rows, cfg, feedback)
+    plot_recall(rows, cfg, os.path.join(out, "recall.png"), feedback)
     return rows
 
 
-def recall_by_region(predictions, data, answers, n_streams: int, cfg: CompressiveConfig) -> dict:
+def recall_by_region(predictions, data, answers, n_streams: int, cfg: CompressiveConfig,
+                     feedback: bool = False) -> dict:
     """Accuracy over all the queries whose distance falls in each region of the model's reach."""
     distance, correct = recall_results(predictions, data, answers, n_streams)
     out, lo = {}, 0
-    for name, edge in reach_edges(cfg) + [("beyond", float("inf"))]:
+    for name, edge in reach_edges(cfg, feedback) + [("beyond", float("inf"))]:
         inside = (distance >= lo) & (distance < edge)
         if inside.any():
             out[name] = correct[inside].float().mean().item()
@@ -477,8 +483,8 @@ def recall_by_region(predictions, data, answers, n_streams: int, cfg: Compressiv
     return out
 
 
-def print_recall_table(rows, cfg: CompressiveConfig) -> None:
-    reach = ", ".join(f"{name} < {edge}" for name, edge in reach_edges(cfg))
+def print_recall_table(rows, cfg: CompressiveConfig, feedback: bool = False) -> None:
+    reach = ", ".join(f"{name} < {edge}" for name, edge in reach_edges(cfg, feedback))
     print(f"recall accuracy by distance (chance 0.10; n_s={cfg.seq_len} n_m={cfg.mem_len} "
           f"n_cm={cfg.c_mem_len} c={cfg.compression_rate}: {reach})")
     print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
@@ -487,7 +493,7 @@ def print_recall_table(rows, cfg: CompressiveConfig) -> None:
         print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
 
 
-def plot_recall(rows, cfg: CompressiveConfig, path: str) -> None:
+def plot_recall(rows, cfg: CompressiveConfig, path: str, feedback: bool = False) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -497,7 +503,7 @@ def plot_recall(rows, cfg: CompressiveConfig, path: str) -> None:
     plt.figure(figsize=(7, 4))
     middle = [(row["from"] + row["to"]) / 2 for row in rows]
     plt.plot(middle, [row["accuracy"] for row in rows], marker="o")
-    for name, edge in reach_edges(cfg):
+    for name, edge in reach_edges(cfg, feedback):
         plt.axvline(edge, color="gray", linestyle=":")
         plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
     plt.axhline(0.1, color="red", linestyle="--", label="chance")
@@ -816,7 +822,7 @@ def train(args, dist_info) -> None:
                 say(f"eval step {step}: val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc")
                 if answers is not None:
                     by_region = recall_by_region(predictions.cpu(), val_data, answers,
-                                                 args.batch_size, cfg)
+                                                 args.batch_size, cfg, args.model == "feedback")
                     history[-1]["recall"] = by_region
                     say("recall accuracy: " + ", ".join(f"{name} {acc:.3f}"
                                                         for name, acc in by_region.items()))
@@ -832,7 +838,7 @@ def train(args, dist_info) -> None:
                    "seconds": seconds_before + time.time() - t0, "history": history}
         if answers is not None and predictions is not None:
             metrics["recall"] = report_recall(predictions.cpu(), val_data, answers, args.batch_size,
-                                              cfg, args.out)
+                                              cfg, args.out, args.model == "feedback")
         write_atomically(os.path.join(args.out, "metrics.json"),
                          lambda f: f.write(json.dumps(metrics, indent=1).encode()))
         say(f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val:.4f} nats/char "
@@ -955,7 +961,8 @@ def eval_only(args) -> None:
                                 autocast_for(device, args.dtype))
     print(f"val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc (step {ckpt['step']})")
     if data.answers is not None:
-        report_recall(predictions.cpu(), data.val, data.answers, args.batch_size, model.cfg, args.out)
+        report_recall(predictions.cpu(), data.val, data.answers, args.batch_size, model.cfg, args.out,
+                      isinstance(model, FeedbackTransformer))
 
 
 BUCKETS_PER_REGION = 4
