@@ -431,7 +431,7 @@ class LanguageModel(nn.Module):
     def _init_weights(module):
         # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), 0.056-0.10 at the
         # default size, rather than GPT-2's N(0, 0.02) with residual projections shrunk by depth.
-        # Measured on Tiny Shakespeare (README): 1.63 -> 1.58 nats/char post-LN, 1.69 -> 1.59
+        # Measured on Tiny Shakespeare (git history): 1.63 -> 1.58 nats/char post-LN, 1.69 -> 1.59
         # pre-LN. One visible difference: at d_model 128, N(0, 0.02) puts the initial attention
         # scores at a std of about 0.05, so every head starts out averaging uniformly.
         if isinstance(module, nn.Linear):
@@ -496,7 +496,7 @@ class CompressiveTransformer(LanguageModel):
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         # Untied output head; the embedding keeps PyTorch's N(0, 1) start. Post-LN, every other
         # layer input is a LayerNorm output of unit scale, so layer 0's inputs and memories then
-        # look like the rest. Measured on Tiny Shakespeare (README): 0.02-0.03 nats/char better
+        # look like the rest. Measured on Tiny Shakespeare (git history): 0.02-0.03 nats/char better
         # than a tied N(0, 0.02) embedding, with either norm placement.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)

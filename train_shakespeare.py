@@ -557,9 +557,7 @@ def make_model(name: str, cfg: CompressiveConfig):
         raise UserError(f"invalid model configuration: {e}") from None
 
 
-def make_out_folder(path: str) -> None:
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UserError(f"--out {path} exists and is not a folder")
+def make_out_folder(path: str) -> None:  # check_args has already refused a file at path
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
@@ -1160,7 +1158,8 @@ def bench(args) -> None:
 def keep_freed_memory() -> None:
     """On Linux, glibc returns large freed blocks to the OS at once and page-faults them back in
     on the next step. A training step allocates the same big attention tensors every time, so on
-    CPU this costs a sizeable part of the step (see README, Performance). Ask glibc to keep them."""
+    CPU this costs a sizeable part of the step (measured in the git history). Ask glibc to keep
+    them."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc: nothing to tune
