@@ -902,6 +902,21 @@ def test_recall_accuracy_by_distance_on_a_hand_made_case():
     assert got == [(10, 15, "mem", 2), (16, 31, "beyond", 1), (32, 47, "beyond", 1), (64, 70, "beyond", 1)]
 
 
+def recall_table_rows(printed: str):
+    """The rows of the last "recall accuracy by distance" table in printed output, wherever it
+    stands among other lines (a plot's "wrote ..." line may follow it)."""
+    lines = printed.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("recall accuracy by distance"))
+    rows = []
+    for line in lines[start + 2:]:  # after the title and the column names
+        match = re.fullmatch(r"\s*(\d+)-(\d+)\s+(\w+)\s+(\d+)\s+([\d.]+)", line)
+        if not match:
+            break
+        rows.append({"from": int(match[1]), "to": int(match[2]), "region": match[3],
+                     "queries": int(match[4]), "accuracy": float(match[5])})
+    return rows
+
+
 def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     out = str(tmp_path / "recall")
     flags = ["--task", "recall", "--out", out, "--steps", "30", "--eval-every", "30",
@@ -911,7 +926,9 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     assert "recall accuracy by distance" in printed and "recall accuracy:" in printed
     table = printed[printed.index("recall accuracy by distance"):].splitlines()
     assert "segment < 16, mem < 32, c_mem < 48" in table[0]
-    assert table[2].split()[:2] == ["8-15", "segment"] and "c_mem" in printed and "beyond" in printed
+    rows = recall_table_rows(printed)
+    assert (rows[0]["from"], rows[0]["to"], rows[0]["region"]) == (8, 15, "segment")
+    assert {"c_mem", "beyond"} <= {row["region"] for row in rows}
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert sum(row["queries"] for row in metrics["recall"]) > 20
     assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"])
@@ -921,10 +938,58 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     # --eval-only takes the task from the checkpoint; the distance flags may widen it
     assert ts.main(["--out", out, "--eval-only", "--device", "cpu", "--batch-size", "4",
                     "--val-chars", "4000", "--max-distance", "200"]) == 0
-    report = capsys.readouterr().out.splitlines()
-    last_row = report[-1].split()[0]  # "from-to" of the farthest bucket
-    assert any(line.startswith("recall accuracy by distance") for line in report)
-    assert int(last_row.split("-")[1]) > 120  # beyond what training asked
+    rows = recall_table_rows(capsys.readouterr().out)
+    assert rows and rows[-1]["to"] > 120  # the farthest bucket lies beyond what training asked
+
+
+# ---------------------------------------------------------------- plots (optional) -----------------
+
+PLOTS = ("loss.png", "recall.png", "attention.png")
+
+
+@pytest.fixture
+def fresh_pyplot():
+    """pyplot() remembers whether matplotlib imports; forget it around a test that changes that."""
+    ts.pyplot.cache_clear()
+    yield
+    ts.pyplot.cache_clear()
+
+
+def draw_every_plot(out, capsys):
+    """A few recall steps (loss.png, recall.png), then --analyze (attention.png): what each of the
+    two runs printed."""
+    assert ts.main(["--task", "recall", "--out", out, "--steps", "4", "--eval-every", "4",
+                    "--val-chars", "4000", "--max-distance", "60", *TINY_FLAGS]) == 0
+    trained = capsys.readouterr().out
+    ts.pyplot.cache_clear()  # a second run in this process
+    assert ts.main(["--out", out, "--analyze", "--device", "cpu", "--batch-size", "2"]) == 0
+    return trained, capsys.readouterr().out
+
+
+def test_every_plot_the_readme_promises_is_a_valid_png(fresh_pyplot, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+    out = str(tmp_path / "plots")
+    printed = "".join(draw_every_plot(out, capsys))
+    for name in PLOTS:
+        path = os.path.join(out, name)
+        assert f"wrote {path}" in printed
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        image = imread(path)  # decodes the whole file
+        assert image.ndim == 3 and min(image.shape[:2]) >= 200
+        assert image.std() > 0.01, f"{name} is blank"
+    assert "matplotlib is not installed" not in printed
+
+
+def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(fresh_pyplot, tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # "import matplotlib" raises ImportError
+    out = str(tmp_path / "plots")
+    for printed in draw_every_plot(out, capsys):
+        assert printed.count("matplotlib is not installed, so no plots are drawn") == 1
+        assert "wrote" not in printed
+    assert not set(PLOTS) & set(os.listdir(out))
 
 
 def test_recall_flags_need_the_recall_task(small_text, tmp_path, capsys):

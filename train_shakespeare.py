@@ -17,6 +17,7 @@ Transformer-XL and the Compressive Transformer are trained and evaluated.
 import argparse
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import heapq
 import json
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="autocast dtype for the forward pass")
     r.add_argument("--compile", action="store_true", help="torch.compile the model")
-    r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json, loss.png")
+    r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and the plots (loss.png; recall.png, attention.png), drawn when matplotlib is installed")
     r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     d = p.add_argument_group("modes")
     d.add_argument("--sample", type=int, default=None, metavar="N",
@@ -493,12 +494,23 @@ def print_recall_table(rows, cfg: CompressiveConfig, feedback: bool = False) -> 
         print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
 
 
-def plot_recall(rows, cfg: CompressiveConfig, path: str, feedback: bool = False) -> None:
+@functools.lru_cache(maxsize=None)
+def pyplot():
+    """matplotlib.pyplot drawing to files only, or None when matplotlib is not installed: plots are
+    optional, and their absence is said once per run, not once per plot."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print("note: matplotlib is not installed, so no plots are drawn (pip install matplotlib)")
+        return None
+    return plt
+
+
+def plot_recall(rows, cfg: CompressiveConfig, path: str, feedback: bool = False) -> None:
+    plt = pyplot()
+    if plt is None:
         return
     plt.figure(figsize=(7, 4))
     middle = [(row["from"] + row["to"]) / 2 for row in rows]
@@ -845,13 +857,8 @@ def train(args, dist_info) -> None:
 
 
 def plot_history(history, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    if not history:
+    plt = pyplot()
+    if plt is None or not history:
         return
     steps = [h["step"] for h in history]
     plt.figure(figsize=(6, 4))
@@ -863,6 +870,7 @@ def plot_history(history, path):
     plt.tight_layout()
     plt.savefig(path)
     plt.close()
+    print(f"wrote {path}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1035,11 +1043,8 @@ def analyze(args) -> None:
 
 
 def plot_attention(overall, per_layer, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     names = bucket_names()
     plt.figure(figsize=(9, 4))
