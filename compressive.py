@@ -7,7 +7,7 @@ Modelling", arXiv:1911.05507.  The file reads in the order of the paper's Algori
     2. Transformer-XL relative attention over [compressed memory; memory; segment]
     3. the compression functions f_c (conv, max/mean pooling, dilated conv, most-used)
     4. the reconstruction losses that train f_c (attention reconstruction, auto-encoding)
-    5. one layer: attend, update the two FIFOs, feed forward
+    5. one layer: attend and feed forward, then update the two FIFOs
     6. the language model, with generation
     7. a relative for comparison: the Feedback Transformer (Fan et al. 2020), one memory shared
        by all layers instead of one per layer
@@ -133,6 +133,16 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     return flat[..., T:T + T * K].view(*batch, T, K)
 
 
+class Attended(NamedTuple):
+    """What one attention call computed. f_c's reconstruction loss reuses the content queries, keys
+    and values (detached there), and --analyze reads the weights (through a forward hook)."""
+    out: torch.Tensor               # [B, T, d] the attention's output, after W_o
+    weights: torch.Tensor           # [B, H, T, K] softmax over the keys [c_mem; mem; segment]
+    content_queries: torch.Tensor   # [B, H, T, d_head] (q + u) / sqrt(d_head)
+    keys: torch.Tensor              # [B, H, K, d_head]
+    values: torch.Tensor            # [B, H, K, d_head]
+
+
 class RelativeAttention(nn.Module):
     """The attention itself, given queries, keys and values: scores with the relative-position
     terms, the softmax and the output projection. Owns W_r, u, v and W_o; the projections that
@@ -142,8 +152,8 @@ class RelativeAttention(nn.Module):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
         self.position = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_r
-        self.u = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # content bias
-        self.v = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # position bias
+        self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))   # u
+        self.position_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # v
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
@@ -154,19 +164,18 @@ class RelativeAttention(nn.Module):
         """W_r R: [n, d] -> [H, n, d_head]."""
         return self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)
 
-    def attend(self, q, k, v, r, causal_bias):
-        """q: [B, H, T, d_head] queries, already scaled by 1/sqrt(d_head); k, v: [B, H, K, d_head];
-        r: W_r R for the distances K..0, [H, K+1, d_head]; causal_bias: [T, K], -inf where a key
-        lies in the query's future, else 0 (None: every key is visible). Returns the output
-        [B, T, d], the attention weights [B, H, T, K] and the content queries q + u."""
+    def attend(self, q, keys, values, r, causal_bias) -> Attended:
+        """q: [B, H, T, d_head] queries, already scaled by 1/sqrt(d_head); keys, values:
+        [B, H, K, d_head]; r: W_r R for the distances K..0, [H, K+1, d_head]; causal_bias: [T, K],
+        -inf where a key lies in the query's future, else 0 (None: every key is visible)."""
         B, H, T, d_head = q.shape
         scale = d_head ** -0.5
-        content_q = q + self.u * scale
-        content = torch.matmul(content_q, k.transpose(-1, -2))                       # (a) + (c)
+        content_q = q + self.content_bias * scale
+        content = torch.matmul(content_q, keys.transpose(-1, -2))                    # (a) + (c)
         # (b) + (d). W_r R is the same for every row of the batch, so fold the batch into the rows
         # of one product per head ([H, B*T, d_head] x [H, d_head, K+1]); broadcasting it instead
         # would copy W_r R once per row, which costs as much as the product when T is 1.
-        position_q = (q + self.v * scale).transpose(0, 1).reshape(H, B * T, d_head)
+        position_q = (q + self.position_bias * scale).transpose(0, 1).reshape(H, B * T, d_head)
         position = relative_shift(torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1))
         scores = content.add_(position.transpose(0, 1))
         if causal_bias is not None:  # a -inf bias hides the future (and the shift's wrapped
@@ -174,8 +183,8 @@ class RelativeAttention(nn.Module):
         weights = scores.softmax(dim=-1)
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
-        attended = torch.matmul(weights, v)
-        return self.out(attended.transpose(1, 2).reshape(B, T, H * self.d_head)), weights, content_q
+        out = self.out(torch.matmul(weights, values).transpose(1, 2).reshape(B, T, H * self.d_head))
+        return Attended(out, weights, content_q, keys, values)
 
 
 class RelativeMultiHeadAttention(RelativeAttention):
@@ -186,12 +195,10 @@ class RelativeMultiHeadAttention(RelativeAttention):
         # W_q, W_k, W_v in one matrix: the segment needs all three, memories only keys and values
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
 
-    def forward(self, h, memories, positions, causal_bias):
+    def forward(self, h, memories, positions, causal_bias) -> Attended:
         """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
         positions: R for distances K..0, [K+1, d]; causal_bias: [T, K], -inf where j > M + i, else 0.
-        Returns the output [B, T, d], the attention weights [B, H, T, K] (K = M + T), and, for
-        the reconstruction loss, the content queries (q + u) * scale [B, H, T, d_head] and the
-        keys and values of [c_mem; mem; h] [B, H, K, d_head], all three detached."""
+        The keys and values are those of [c_mem; mem; h], K = M + T of them."""
         d = h.size(-1)
         q, k, v = self.qkv(h).chunk(3, dim=-1)
         # memories need only keys and values: project them with the W_k, W_v rows of the matrix
@@ -202,9 +209,7 @@ class RelativeMultiHeadAttention(RelativeAttention):
         q = self.split_heads(q * self.d_head ** -0.5).contiguous()  # scale folded into q (and u, v)
         k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # of [c_mem; mem; h]
         v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
-        r = self.project_positions(positions)
-        out, weights, content_q = self.attend(q, k, v, r, causal_bias)
-        return out, weights, (content_q.detach(), k.detach(), v.detach())
+        return self.attend(q, k, v, self.project_positions(positions), causal_bias)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,7 +340,7 @@ def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
 
 
 # ----------------------------------------------------------------------------------------------
-# 5. One layer: attention over [c_mem; mem; h], the memory update, the feed-forward
+# 5. One layer: attention over [c_mem; mem; h] and the feed-forward, then the memory update
 # ----------------------------------------------------------------------------------------------
 
 class CompressiveLayer(nn.Module):
@@ -358,36 +363,34 @@ class CompressiveLayer(nn.Module):
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
 
-    def forward(self, h, mem, c_mem, usage, positions, causal_bias):
-        """h: [B, T, d] layer input h^(i). Returns the layer output and the updated
-        (mem, c_mem, usage, reconstruction loss, attention weights)."""
-        memories = torch.cat([c_mem, mem], dim=1)               # [c_mem; mem], oldest first
+    def forward(self, h, memories, positions, causal_bias):
+        """h: [B, T, d] the layer input h^(i); memories: [B, M, d] = [c_mem; mem] of this layer.
+        Returns the layer output [B, T, d] and the Attended of its attention (section 2)."""
         if self.pre_norm:
-            attended, weights, projections = self.attn(self.attn_norm(h), self.attn_norm(memories),
-                                                       positions, causal_bias)
-            a = h + self.dropout(attended)
-            out = a + self.dropout(self.ff(self.ff_norm(a)))
-        else:  # post-LN, as in the paper: a = LN(attn + h); out = LN(mlp(a) + a)
-            attended, weights, projections = self.attn(h, memories, positions, causal_bias)
-            a = self.attn_norm(h + self.dropout(attended))
-            out = self.ff_norm(a + self.dropout(self.ff(a)))
-        if usage is not None:  # most_used f_c: count the attention each memory slot receives
-            start = c_mem.size(1)
-            usage = usage + weights[..., start:start + mem.size(1)].detach().sum(dim=(1, 2))
-        return (out, *self.update_memory(h, mem, c_mem, usage, projections), weights)
+            attended = self.attn(self.attn_norm(h), self.attn_norm(memories), positions, causal_bias)
+            a = h + self.dropout(attended.out)
+            return a + self.dropout(self.ff(self.ff_norm(a))), attended
+        # post-LN, as in the paper: a = LN(attn + h); out = LN(mlp(a) + a)
+        attended = self.attn(h, memories, positions, causal_bias)
+        a = self.attn_norm(h + self.dropout(attended.out))
+        return self.ff_norm(a + self.dropout(self.ff(a))), attended
 
-    def update_memory(self, h, mem, c_mem, usage, projections):
-        """The two FIFOs (paper, Algorithm 1). Append the layer inputs of the new tokens to mem;
+    def update_memory(self, h, mem, c_mem, usage, attended: Attended):
+        """The two FIFOs (paper, Algorithm 1). Append the layer inputs h of the new tokens to mem;
         what overflows n_m is evicted in whole blocks of c, compressed by f_c and appended to
-        c_mem, which keeps its newest n_cm entries. projections = (content queries, keys, values)
-        from this layer's attention, for the reconstruction loss."""
+        c_mem, which keeps its newest n_cm entries. attended: this layer's attention over
+        [c_mem; mem; h], whose keys and values of the evicted memories the reconstruction loss
+        reuses. usage: attention received per memory slot (most_used f_c only, else None).
+        Returns the new (mem, c_mem, usage) and the reconstruction loss of f_c (0-dim)."""
         cfg, c = self.cfg, self.cfg.compression_rate
         zero = h.new_zeros(())
         if cfg.mem_len == 0:  # no memory at all
             return mem, c_mem, usage, zero
+        if usage is not None:  # most_used: add the attention each slot received, then new slots
+            received = attended.weights[..., c_mem.size(1):c_mem.size(1) + mem.size(1)]
+            usage = torch.cat([usage + received.detach().sum(dim=(1, 2)),
+                               usage.new_zeros(h.size(0), h.size(1))], dim=1)
         mem = torch.cat([mem, h.detach()], dim=1)
-        if usage is not None:
-            usage = torch.cat([usage, usage.new_zeros(h.size(0), h.size(1))], dim=1)
         overflow = mem.size(1) - cfg.mem_len
         if overflow <= 0:
             return mem, c_mem, usage, zero
@@ -405,15 +408,13 @@ class CompressiveLayer(nn.Module):
         else:
             compressed = self.compress(old_mem)
         recon = zero
-        if self.reconstructs:
-            if self.decoder is not None:
-                recon = autoencoding_loss(self.decoder, old_mem, compressed)
-            else:
-                # the evicted memories are the first n_evict keys after the c_mem ones
-                queries, keys, values = projections
-                old = slice(c_mem.size(1), c_mem.size(1) + n_evict)
-                recon = attention_reconstruction_loss(self, queries, keys[:, :, old],
-                                                      values[:, :, old], compressed)
+        if self.decoder is not None:
+            recon = autoencoding_loss(self.decoder, old_mem, compressed)
+        elif self.reconstructs:  # the evicted memories are the first n_evict keys after c_mem's
+            old = slice(c_mem.size(1), c_mem.size(1) + n_evict)
+            recon = attention_reconstruction_loss(
+                self, attended.content_queries.detach(), attended.keys[:, :, old].detach(),
+                attended.values[:, :, old].detach(), compressed)
         c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -cfg.c_mem_len:]
         return mem, c_mem, usage, recon
 
@@ -423,9 +424,19 @@ class CompressiveLayer(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 class LanguageModel(nn.Module):
-    """What the two language models of this file share (this section's and section 7's): the
-    weight initialisation, the checks of the tokens, and generation through the memory. A model
-    defines forward(tokens, memory) -> (logits, memory, auxiliary loss) and cfg.seq_len."""
+    """The contract of the two language models of this file (this section's and section 7's):
+
+        logits, memory, aux_loss = model(tokens, memory)
+            tokens [batch, T] integer ids; memory: what the previous call returned, or None to
+            start a text; logits [batch, T, vocab]; aux_loss: a 0-dim loss to add to the LM loss
+            (f_c's reconstruction loss; 0 where there is none).
+        model.reach() -> [(region, distance), ...]: how far back each region of the context
+            reaches, as distances from the last token of a segment of n_s = cfg.seq_len.
+        model.check_memory(memory, batch_size, device): the ValueError/TypeError that forward
+            would raise for this memory, without running forward.
+
+    This base class supplies what they share: the weight initialisation, the token checks and
+    generation through the memory."""
 
     @staticmethod
     def _init_weights(module):
@@ -506,19 +517,27 @@ class CompressiveTransformer(LanguageModel):
                                                     dtype=dtype)
         return Memory([empty() for _ in self.layers], [empty() for _ in self.layers])
 
-    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None,
-                return_details: bool = False):
+    def reach(self):
+        """The last token of a segment sees its segment n_s back, then mem n_m further, then c_mem
+        c * n_cm further (an earlier token sees as far, less its distance from the end)."""
+        cfg = self.cfg
+        edges = [("segment", cfg.seq_len)]
+        if cfg.mem_len:
+            edges.append(("mem", cfg.mem_len + cfg.seq_len))
+        if cfg.mem_len and cfg.c_mem_len:
+            edges.append(("c_mem", cfg.mem_len + cfg.compression_rate * cfg.c_mem_len + cfg.seq_len))
+        return edges
+
+    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
         """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
-        Returns (logits [batch, T, vocab], new Memory, reconstruction loss (0-dim)). For analysis,
-        return_details=True adds a dict with, per layer, "attention": the attention weights
-        [batch, H, T, K] (keys ordered [c_mem; mem; segment]) and "recon": the reconstruction loss."""
+        Returns (logits [batch, T, vocab], new Memory, reconstruction loss of f_c (0-dim))."""
         self._check_tokens(tokens)
         B, T = tokens.shape
         h = self.dropout(self.embed(tokens))                                  # h^(1)
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
-        self._check_memory(memory, B, h.device)
-        usage = None  # attention received per memory slot, tracked only for the most_used f_c
+        self.check_memory(memory, B, h.device)
+        usage = [None] * self.cfg.n_layers  # attention per memory slot, for the most_used f_c only
         if self.cfg.compression == "most_used":
             usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
@@ -529,26 +548,23 @@ class CompressiveTransformer(LanguageModel):
         causal_bias = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
 
         new_mem, new_c_mem, new_usage = [], [], []
-        details = {"attention": [], "recon": []}
         recon_loss = h.new_zeros(())
-        for i, layer in enumerate(self.layers):
-            h, mem, c_mem, layer_usage, recon, weights = layer(
-                h, memory.mem[i], memory.c_mem[i], usage[i] if usage else None,
-                positions, causal_bias)
+        for i, layer in enumerate(self.layers):  # Algorithm 1, per layer:
+            mem, c_mem = memory.mem[i], memory.c_mem[i]
+            # attend from the segment over [c_mem; mem; h], then feed forward
+            out, attended = layer(h, torch.cat([c_mem, mem], dim=1), positions, causal_bias)
+            # then move the layer's inputs h into mem, and what overflows through f_c into c_mem
+            mem, c_mem, layer_usage, recon = layer.update_memory(h, mem, c_mem, usage[i], attended)
             new_mem.append(mem)
             new_c_mem.append(c_mem)
             new_usage.append(layer_usage)
             recon_loss = recon_loss + recon
-            if return_details:
-                details["attention"].append(weights.detach())
-                details["recon"].append(recon.detach())
+            h = out                                                           # h^(i+1)
         logits = self.head(self.out_norm(h))
-        memory = Memory(new_mem, new_c_mem, new_usage if usage else None)
-        if return_details:
-            return logits, memory, recon_loss, details
-        return logits, memory, recon_loss
+        tracks_usage = self.cfg.compression == "most_used"
+        return logits, Memory(new_mem, new_c_mem, new_usage if tracks_usage else None), recon_loss
 
-    def _check_memory(self, memory, batch_size, device):
+    def check_memory(self, memory, batch_size, device):
         if not isinstance(memory, Memory):
             raise TypeError(f"memory must be a Memory returned by the model or None, "
                             f"got {type(memory).__name__}")
@@ -606,7 +622,7 @@ class FeedbackLayer(nn.Module):
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
         z = self.attn_norm(x) if self.pre_norm else x
         q = attn.split_heads(self.query(z) * attn.d_head ** -0.5)
-        attended, _, _ = attn.attend(q, keys, values, r, None)  # the past and x itself: no mask
+        attended = attn.attend(q, keys, values, r, None).out  # the past and x itself: no mask
         if self.pre_norm:
             a = x + self.dropout(attended)
             return a + self.dropout(self.ff(self.ff_norm(a)))
@@ -654,7 +670,7 @@ class FeedbackTransformer(LanguageModel):
         embedded = self.dropout(self.embed(tokens))              # x^0 of every step, at once
         if memory is None:
             memory = self.empty_memory(B, device=embedded.device, dtype=embedded.dtype)
-        self._check_memory(memory, B, embedded.device)
+        self.check_memory(memory, B, embedded.device)
         n_m = self.cfg.mem_len
         keys, values = self.shared_kv(memory.mem[0])
         # R and every layer's W_r R once per segment: step t slices the distances it needs
@@ -678,7 +694,11 @@ class FeedbackTransformer(LanguageModel):
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
         return logits, Memory([new_memory], []), logits.new_zeros(())
 
-    def _check_memory(self, memory, batch_size, device):
+    def reach(self):
+        """Every token sees the last n_m memory vectors, wherever it sits in its segment."""
+        return [("mem", self.cfg.mem_len)]
+
+    def check_memory(self, memory, batch_size, device):
         if not isinstance(memory, Memory):
             raise TypeError(f"memory must be a Memory returned by the model or None, "
                             f"got {type(memory).__name__}")

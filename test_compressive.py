@@ -95,7 +95,7 @@ def test_attention_reconstruction_loss_is_the_papers_content_attention_mse():
     compressed = layer.compress(old)
     heads = lambda x: x.view(2, -1, H, dh).transpose(1, 2)
     W_q, W_k, W_v = attn.qkv.weight.split(d)
-    queries = (heads(h @ W_q.T) + attn.u) / math.sqrt(dh)
+    queries = (heads(h @ W_q.T) + attn.content_bias) / math.sqrt(dh)
     attend = lambda mem: (queries @ heads(mem @ W_k.T).transpose(-1, -2)).softmax(-1) @ heads(mem @ W_v.T)
     expected = ((attend(old) - attend(compressed)) ** 2).mean()
     got = attention_reconstruction_loss(layer, queries, heads(old @ W_k.T), heads(old @ W_v.T),
@@ -270,7 +270,8 @@ def test_attention_weights_match_a_brute_force_transformer_xl_score(pre_norm):
     _, memory, _ = model(tokens(1, 6))
     _, memory, _ = model(tokens(1, 6, seed=2), memory)
     h = model.embed(tokens(1, 4, seed=3))
-    _, _, _, details = model(tokens(1, 4, seed=3), memory, return_details=True)
+    with analysis.recorded_attention(model) as attention:
+        model(tokens(1, 4, seed=3), memory)
     layer, attn = model.layers[0], model.layers[0].attn
     keys = torch.cat([memory.c_mem[0], memory.mem[0], h], dim=1)[0]
     if pre_norm:
@@ -284,9 +285,9 @@ def test_attention_weights_match_a_brute_force_transformer_xl_score(pre_norm):
     for i in range(T):
         for j in range(M + i + 1):
             qi = q[M + i]
-            scores[:, i, j] = (((qi + attn.u[:, 0]) * k[j]).sum(-1)
-                               + ((qi + attn.v[:, 0]) * r[M + i - j]).sum(-1)) / math.sqrt(dh)
-    torch.testing.assert_close(details["attention"][0][0], scores.softmax(-1), rtol=1e-4, atol=1e-5)
+            scores[:, i, j] = (((qi + attn.content_bias[:, 0]) * k[j]).sum(-1)
+                               + ((qi + attn.position_bias[:, 0]) * r[M + i - j]).sum(-1)) / math.sqrt(dh)
+    torch.testing.assert_close(attention[0][0], scores.softmax(-1), rtol=1e-4, atol=1e-5)
 
 
 def assert_causal(model):
@@ -408,7 +409,7 @@ def test_generate_extends_the_prompt_greedily_and_restores_training_mode():
 def test_generate_cost_per_token_is_bounded_by_the_memory():
     model = make()
     key_lengths = []
-    model.layers[0].attn.register_forward_hook(lambda m, a, out: key_lengths.append(out[1].size(-1)))
+    model.layers[0].attn.register_forward_hook(lambda m, a, out: key_lengths.append(out.weights.size(-1)))
     model.generate(tokens(1, 4), 50, temperature=0.8, top_k=5)
     assert len(key_lengths) == 1 + 49
     assert max(key_lengths[1:]) <= 8 + 4 + 1
@@ -550,6 +551,7 @@ import hashlib  # noqa: E402
 import time  # noqa: E402
 
 import train_shakespeare as ts  # noqa: E402
+from training import analysis, files, plots, recall  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = os.path.join(HERE, "..", "shared", "data", "tinyshakespeare.txt")
@@ -654,6 +656,19 @@ def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tm
         flags = [*flags, "--out", str(tmp_path / "run")]
     assert ts.main(flags) == 2
     assert message in error_line(capsys)
+
+
+def test_a_model_too_large_for_the_machine_gives_one_error_line(small_text, tmp_path, capsys):
+    out = tmp_path / "run"
+    # about 3e11 floats for W_q, W_k, W_v: far beyond this machine's memory, refused at once
+    assert ts.main(["--data", small_text, "--out", str(out), *TINY_FLAGS, "--d-model", "300000",
+                    "--n-heads", "1"]) == 2
+    line = error_line(capsys)
+    assert "out of memory" in line and "GiB" in line and "lower --d-model" in line
+    assert not out.exists()
+    cuda_error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert "lower --d-model" in str(ts.out_of_memory(cuda_error)) and ts.is_out_of_memory(cuda_error)
+    assert not ts.is_out_of_memory(RuntimeError("shape mismatch"))
 
 
 def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
@@ -797,7 +812,7 @@ def test_checkpoints_reach_the_disk_before_they_replace_the_old_one(tmp_path, mo
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", b)),
                                                      real_replace(a, b))[1])
     path = str(tmp_path / "ckpt.pt")
-    ts.write_atomically(path, lambda f: torch.save({"x": torch.ones(3)}, f))
+    files.write_atomically(path, lambda f: torch.save({"x": torch.ones(3)}, f))
     assert events == [("fsync", path + ".tmp"), ("replace", path), ("fsync", str(tmp_path))]
     assert torch.load(path, weights_only=True)["x"].sum() == 3
     assert os.listdir(tmp_path) == ["ckpt.pt"]
@@ -830,14 +845,14 @@ def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
     source.write_bytes(b"hello shakespeare\n" * 100)
     good = hashlib.sha256(source.read_bytes()).hexdigest()
     target = tmp_path / "data" / "tiny.txt"
-    ts.download(str(target), source.as_uri(), good)
+    files.download(str(target), source.as_uri(), good)
     assert target.read_bytes() == source.read_bytes()
 
     bad_target = tmp_path / "data" / "bad.txt"
     with pytest.raises(ts.UserError, match="checksum mismatch.*--data"):
-        ts.download(str(bad_target), source.as_uri(), "0" * 64)
+        files.download(str(bad_target), source.as_uri(), "0" * 64)
     with pytest.raises(ts.UserError, match="could not download.*--data"):
-        ts.download(str(bad_target), (tmp_path / "missing.txt").as_uri(), good)
+        files.download(str(bad_target), (tmp_path / "missing.txt").as_uri(), good)
     assert sorted(os.listdir(tmp_path / "data")) == ["tiny.txt"]  # nothing half-written
 
 
@@ -845,16 +860,16 @@ def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
 
 @pytest.mark.parametrize("live_facts", [1, 3])
 def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_before_it(live_facts):
-    make = lambda seed: ts.make_recall_text(20000, ts.TRAINING_KEYS, 8, 300, 20, live_facts, seed)
+    make = lambda seed: recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, live_facts, seed)
     a, b, c = make("s"), make("s"), make("t")
     assert a.text == b.text and a.answers.equal(b.answers) and a.text != c.text
     text, answers = a.text, a.answers.tolist()
-    assert len(answers) > 50 and set(text) <= set(ts.RECALL_VOCAB)
+    assert len(answers) > 50 and set(text) <= set(recall.VOCAB)
     pending = 0
     for position, distance in answers:
         assert 8 <= distance <= 300
         key = text[position - 3:position - 1]
-        assert text[position - 4] == " " and text[position - 1] == "?" and key in ts.TRAINING_KEYS
+        assert text[position - 4] == " " and text[position - 1] == "?" and key in recall.TRAINING_KEYS
         # the latest statement of this key before the query is the fact, and its digit the answer
         fact = text.rfind(f" {key}=", 0, position - 4)
         assert fact + 4 == position - distance and text[fact + 4] == text[position]
@@ -866,16 +881,16 @@ def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_b
 
 
 def test_recall_validation_shares_no_fact_with_training():
-    assert set(ts.VALIDATION_KEYS).isdisjoint(ts.TRAINING_KEYS)
-    assert len(ts.VALIDATION_KEYS) + len(ts.TRAINING_KEYS) == 26 * 26
-    val = ts.make_recall_text(20000, ts.VALIDATION_KEYS, 8, 300, 20, 2, "validation")
-    train = ts.make_recall_text(20000, ts.TRAINING_KEYS, 8, 300, 20, 2, "train")
+    assert set(recall.VALIDATION_KEYS).isdisjoint(recall.TRAINING_KEYS)
+    assert len(recall.VALIDATION_KEYS) + len(recall.TRAINING_KEYS) == 26 * 26
+    val = recall.make_recall_text(20000, recall.VALIDATION_KEYS, 8, 300, 20, 2, "validation")
+    train = recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, 2, "train")
     facts = lambda text: {text[i + 1:i + 5] for i in range(len(text) - 4) if text[i + 3] == "="}
     assert facts(val.text) and facts(train.text) and not facts(val.text) & facts(train.text)
 
 
 def test_recall_curriculum_widens_the_distances_along_the_text():
-    r = ts.make_recall_text(40000, ts.TRAINING_KEYS, 8, 400, 10, 1, "c", widen_over=20000)
+    r = recall.make_recall_text(40000, recall.TRAINING_KEYS, 8, 400, 10, 1, "c", widen_over=20000)
     position, distance = r.answers.unbind(1)
     early = distance[position - distance < 5000]
     assert early.max() <= 8 + (400 - 8) * 5000 / 20000 and distance.max() > 300
@@ -888,18 +903,36 @@ def test_recall_accuracy_by_distance_on_a_hand_made_case():
     data[answers[:, 0]] = 7
     predictions = torch.zeros(201, dtype=torch.long)
     predictions[[40, 90, 120, 150]] = 7  # right at distances 10, 70, 15 and 45; wrong at 30
-    distance, correct = ts.recall_results(predictions, data, answers, n_streams=2)
+    scored = recall.score(predictions, data, answers, n_streams=2)
     # the query at 110 (stream 1 starts at 100) asks about 90, in stream 0: not scored
-    assert distance.tolist() == [10, 30, 70, 15, 45] and correct.tolist() == [True, False, True, True, True]
+    assert scored.distance.tolist() == [10, 30, 70, 15, 45]
+    assert scored.correct.tolist() == [True, False, True, True, True]
+    assert scored.fact_offset.tolist() == [30, 30, 20, 5, 5]  # fact digit's place in its stream
     cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # reach 16, 32, 48
-    rows = ts.recall_table(distance, correct, cfg, min_distance=10, max_distance=70)
+    rows = recall.by_distance(scored, CompressiveTransformer(cfg).reach(), cfg.seq_len)
     got = [(r["from"], r["to"], r["region"], r["queries"], r["accuracy"]) for r in rows]
     assert got == [(10, 15, "segment", 2, 1.0), (16, 31, "mem", 1, 0.0), (32, 47, "c_mem", 1, 1.0),
                    (64, 70, "beyond", 1, 1.0)]
     # a Feedback token sees the last n_m memory vectors wherever it sits: one edge, at n_m
-    rows = ts.recall_table(distance, correct, cfg, min_distance=10, max_distance=70, feedback=True)
+    rows = recall.by_distance(scored, FeedbackTransformer(tiny(seq_len=16, mem_len=16)).reach(), 16)
     got = [(r["from"], r["to"], r["region"], r["queries"]) for r in rows]
     assert got == [(10, 15, "mem", 2), (16, 31, "beyond", 1), (32, 47, "beyond", 1), (64, 70, "beyond", 1)]
+
+
+def test_recall_phase_split_on_a_hand_made_case():
+    """The compressed region (here D 32-47) split by where the fact's digit sits in its block of c
+    (its stream offset mod c): only queries in that region count, each in its phase."""
+    cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # c_mem: D 32-47
+    edges = CompressiveTransformer(cfg).reach()
+    scored = recall.Scored(distance=torch.tensor([33, 40, 47, 35, 44, 38, 20, 60]),
+                           correct=torch.tensor([True, True, False, False, False, True, True, True]),
+                           fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3]))
+    phases = recall.by_phase(scored, edges, rate=4)
+    assert phases == [{"phase": 0, "queries": 3, "accuracy": pytest.approx(2 / 3)},
+                      {"phase": 1, "queries": 2, "accuracy": 0.0},
+                      {"phase": 2, "queries": 1, "accuracy": 1.0}]  # phase 3: D 60 is beyond
+    assert recall.by_phase(scored, CompressiveTransformer(tiny(c_mem_len=0)).reach(), 4) == []
+    assert "c_mem 0.500 (by phase 0.667 / 0.000 / 1.000)" in recall.summary(scored, edges, 4)
 
 
 def recall_table_rows(printed: str):
@@ -930,11 +963,11 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     assert (rows[0]["from"], rows[0]["to"], rows[0]["region"]) == (8, 15, "segment")
     assert {"c_mem", "beyond"} <= {row["region"] for row in rows}
     metrics = json.load(open(os.path.join(out, "metrics.json")))
-    assert sum(row["queries"] for row in metrics["recall"]) > 20
-    assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"])
+    assert sum(row["queries"] for row in metrics["recall"]["by_distance"]) > 20
+    assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"]["by_distance"])
     # --sample starts from the recall text's filler by default: it has no newline
     assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
-    assert set(capsys.readouterr().out.strip()) <= set(ts.RECALL_VOCAB)
+    assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)
     # --eval-only takes the task from the checkpoint; the distance flags may widen it
     assert ts.main(["--out", out, "--eval-only", "--device", "cpu", "--batch-size", "4",
                     "--val-chars", "4000", "--max-distance", "200"]) == 0
@@ -950,9 +983,9 @@ PLOTS = ("loss.png", "recall.png", "attention.png")
 @pytest.fixture
 def fresh_pyplot():
     """pyplot() remembers whether matplotlib imports; forget it around a test that changes that."""
-    ts.pyplot.cache_clear()
+    plots.pyplot.cache_clear()
     yield
-    ts.pyplot.cache_clear()
+    plots.pyplot.cache_clear()
 
 
 def draw_every_plot(out, capsys):
@@ -961,7 +994,7 @@ def draw_every_plot(out, capsys):
     assert ts.main(["--task", "recall", "--out", out, "--steps", "4", "--eval-every", "4",
                     "--val-chars", "4000", "--max-distance", "60", *TINY_FLAGS]) == 0
     trained = capsys.readouterr().out
-    ts.pyplot.cache_clear()  # a second run in this process
+    plots.pyplot.cache_clear()  # a second run in this process
     assert ts.main(["--out", out, "--analyze", "--device", "cpu", "--batch-size", "2"]) == 0
     return trained, capsys.readouterr().out
 
@@ -1014,11 +1047,11 @@ def full_memory_model(pre_norm=False):
 
 def test_attention_buckets_sum_to_one_for_every_query():
     model, memory = full_memory_model()
-    with torch.no_grad():
-        _, _, _, details = model(tokens(2, 6, seed=9), memory, return_details=True)
-    for weights in details["attention"]:
-        buckets = ts.attention_buckets(weights, 4, 6)
-        assert buckets.shape == (2, 2, 6, 3 * ts.BUCKETS_PER_REGION)
+    with torch.no_grad(), analysis.recorded_attention(model) as attention:
+        model(tokens(2, 6, seed=9), memory)
+    for weights in attention:
+        buckets = analysis.attention_buckets(weights, 4, 6)
+        assert buckets.shape == (2, 2, 6, 3 * analysis.BUCKETS_PER_REGION)
         torch.testing.assert_close(buckets.sum(-1), torch.ones(2, 2, 6))
 
 
@@ -1028,9 +1061,10 @@ def test_attention_buckets_line_up_with_the_memory_layout():
         for layer in model.layers:
             layer.attn.qkv.weight.zero_()
             layer.attn.position.weight.zero_()
-        _, _, _, details = model(tokens(2, 6, seed=9), memory, return_details=True)
-    buckets = ts.attention_buckets(details["attention"][0], 4, 6)[0, 0]  # [T, buckets]
-    n = ts.BUCKETS_PER_REGION
+        with analysis.recorded_attention(model) as attention:
+            model(tokens(2, 6, seed=9), memory)
+    buckets = analysis.attention_buckets(attention[0], 4, 6)[0, 0]  # [T, buckets]
+    n = analysis.BUCKETS_PER_REGION
     for i in range(6):
         visible = 4 + 6 + i + 1
         assert math.isclose(buckets[i, :n].sum().item(), 4 / visible, rel_tol=1e-5)
@@ -1048,8 +1082,8 @@ def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
             attn = layer.attn
             attn.qkv.weight.zero_()
             attn.position.weight.zero_()
-            attn.u.zero_()
-            attn.u[:, 0, 0] = 40.0                  # every head's content bias looks along key dim 0
+            attn.content_bias.zero_()
+            attn.content_bias[:, 0, 0] = 40.0                  # every head's content bias looks along key dim 0
             for h in range(2):
                 attn.qkv.weight[d + h * dh, 0] = 1.0  # key dim 0 of each head reads feature 0
         mem = torch.randn(2, 8, d)
@@ -1057,9 +1091,10 @@ def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
         c_mem = torch.randn(2, 4, d)
         c_mem[..., 0] = 0.0
         memory = Memory([mem, mem], [c_mem, c_mem])
-        _, _, _, details = model(tokens(2, 6), memory, return_details=True)
-    buckets = ts.attention_buckets(details["attention"][0], 4, 8).mean(dim=(0, 1, 2))
-    n = ts.BUCKETS_PER_REGION
+        with analysis.recorded_attention(model) as attention:
+            model(tokens(2, 6), memory)
+    buckets = analysis.attention_buckets(attention[0], 4, 8).mean(dim=(0, 1, 2))
+    n = analysis.BUCKETS_PER_REGION
     assert buckets[n:2 * n].sum() > 0.99
     assert buckets[:n].sum() < 0.01 and buckets[2 * n:].sum() < 0.01
 

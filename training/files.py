@@ -1,0 +1,59 @@
+"""Files: writes that a crash cannot leave half done, and the text data file, downloaded once
+with its checksum verified and read as UTF-8."""
+import hashlib
+import os
+import urllib.request
+
+from .checks import UserError, one_line
+
+
+def write_atomically(path: str, write) -> None:
+    """Write a file so that a crash or a power loss leaves either the old file or the whole new
+    one, never a part: write(f) fills a temporary file beside it, which is flushed to the disk
+    before it is renamed over path; then the folder is flushed, so the rename is on disk too."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def download(path: str, url: str, sha256: str) -> None:
+    """Fetch url to path, verifying its SHA-256; written atomically, so nothing is half-written."""
+    hint = "download it by hand, or pass --data PATH to a local copy of Tiny Shakespeare"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            payload = response.read()
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not download {url} ({e}); {hint}") from None
+    digest = hashlib.sha256(payload).hexdigest()
+    if digest != sha256:
+        raise UserError(f"checksum mismatch for {url}: got sha256 {digest[:16]}..., expected "
+                        f"{sha256[:16]}...; {hint}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomically(path, lambda f: f.write(payload))
+
+
+def read_text(path: str) -> str:
+    if not os.path.isfile(path):
+        raise UserError(f"data file not found: {path} (pass --data PATH to a text file)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"data file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise UserError(f"cannot read data file {path} ({one_line(e)})") from None
+    if len(text) < 1000:
+        raise UserError(f"data file {path} is too short ({len(text)} characters)")
+    return text

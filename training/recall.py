@@ -1,0 +1,269 @@
+"""The reach benchmark (--task recall): a text in which reach is everything.
+
+A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
+and asked for D characters later, " KK?d". Nothing but the fact predicts the digit after '?', so
+the accuracy there, by D, measures how far back a model can reach (chance 0.10). Shakespeare
+cannot show this: little of its next character depends on text more than a few dozen back.
+
+The report cuts the distances at the model's reach (model.reach()), and splits the compressed
+region by the phase of the fact's digit inside its compression block: the FIFO evicts memories in
+blocks of c aligned to the start of each stream, so a digit at stream offset p lands at place
+p mod c of its block, and an f_c that keeps one place of a block better than another shows up as
+one phase answered and another at chance."""
+import heapq
+import math
+import random
+import string
+from typing import NamedTuple
+
+import torch
+
+from . import plots
+from .checks import UserError
+
+VOCAB = sorted(". =?" + string.ascii_uppercase + string.digits)
+KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
+VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ever trained on
+TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
+MAX_TRAIN_CHARS = 32_000_000
+DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 5, "live_facts": 1,
+            "curriculum": 0.5, "val_chars": 300_000}
+
+
+def add_arguments(parser) -> None:
+    """The task's flags. They default to None so that a checkpoint's own settings can fill them."""
+    r = parser.add_argument_group("recall task (--task recall)")
+    r.add_argument("--min-distance", type=int, help=f"shortest fact-to-query distance D "
+                   f"(default {DEFAULTS['min_distance']}; evaluation modes default to the checkpoint's)")
+    r.add_argument("--max-distance", type=int,
+                   help=f"longest D, drawn log-uniform in between (default {DEFAULTS['max_distance']})")
+    r.add_argument("--fact-gap", type=int,
+                   help=f"mean filler characters between facts (default {DEFAULTS['fact_gap']})")
+    r.add_argument("--live-facts", type=int, help="most facts waiting for their query at once; with "
+                   f"more than one, a query must be matched to its key (default {DEFAULTS['live_facts']})")
+    r.add_argument("--curriculum", type=float, help="the longest D grows from --min-distance to "
+                   f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})")
+    r.add_argument("--val-chars", type=int,
+                   help=f"length of the validation text (default {DEFAULTS['val_chars']})")
+
+
+def settings(args, saved_args=None) -> dict:
+    """The task's flags as given, else as the checkpoint was trained (saved_args), else defaults."""
+    saved_args = saved_args or {}
+    out = {}
+    for name, default in DEFAULTS.items():
+        given = [v for v in (getattr(args, name), saved_args.get(name)) if v is not None]
+        out[name] = given[0] if given else default
+    return out
+
+
+def given_flags(args):
+    return ["--" + name.replace("_", "-") for name in DEFAULTS if getattr(args, name) is not None]
+
+
+def check_args(args) -> None:
+    if args.task == "recall" and args.data is not None:
+        raise UserError("--data is for --task shakespeare; the recall task generates its text")
+    training = not (args.bench or args.sample is not None or args.eval_only or args.analyze)
+    if training and args.task == "shakespeare" and given_flags(args):
+        raise UserError(f"{', '.join(given_flags(args))}: for --task recall only")
+    if args.live_facts is not None and args.live_facts <= 0:
+        raise UserError(f"--live-facts must be positive, got {args.live_facts}")
+    if args.fact_gap is not None and args.fact_gap < 0:
+        raise UserError(f"--fact-gap must be >= 0, got {args.fact_gap}")
+    if args.curriculum is not None and not 0.0 <= args.curriculum <= 1.0:
+        raise UserError(f"--curriculum must be a fraction in [0, 1], got {args.curriculum}")
+    if args.val_chars is not None and args.val_chars < 1000:
+        raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
+    if args.min_distance is not None and args.min_distance < 5:
+        raise UserError(f"--min-distance must be >= 5 (a fact is 5 characters), got {args.min_distance}")
+    s = settings(args)
+    if args.min_distance is not None and s["max_distance"] < args.min_distance or \
+            args.max_distance is not None and args.max_distance < s["min_distance"]:
+        raise UserError(f"--max-distance must be >= --min-distance, got {s['min_distance']} "
+                        f"and {s['max_distance']}")
+
+
+def checkpoint_task(args, saved_args) -> str:
+    """The task a checkpoint was trained on, for the modes that evaluate it; the task's flags only
+    where that task is the recall task."""
+    task = saved_args.get("task", "shakespeare")
+    if task == "shakespeare" and args.task == "recall":
+        raise UserError("--task recall: this checkpoint was trained on Shakespeare")
+    if task == "shakespeare" and given_flags(args):
+        raise UserError(f"{', '.join(given_flags(args))}: for --task recall only, and this "
+                        f"checkpoint was trained on Shakespeare")
+    return task
+
+
+# ----------------------------------------------------------------------------------------------
+# The text
+# ----------------------------------------------------------------------------------------------
+
+class RecallText(NamedTuple):
+    text: str
+    answers: torch.Tensor  # [n_queries, 2]: position of each answer digit, and its distance D
+
+
+def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, gap: int,
+                     live_facts: int, seed: str, widen_over: int = 0) -> RecallText:
+    """Facts at random places, about gap filler characters apart on average, each asked for once
+    D characters later (D log-uniform in [min_distance, max_distance], from the fact's digit to the
+    answer's), with at most live_facts facts waiting for their query at any time. A key is not
+    stated again until its query has passed, so every answer is the digit of the latest fact with
+    that key. With widen_over > 0, the longest D grows linearly from
+    min_distance to max_distance over the first widen_over characters (a curriculum)."""
+    rng = random.Random(seed)
+    chars, taken = ["."] * n_chars, bytearray(n_chars)
+    free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)
+    answers, pos = [], 0
+    log_min, log_max = math.log(min_distance), math.log(max_distance + 1)
+    while True:
+        if len(busy_keys) >= live_facts:  # wait until the next query has passed
+            pos = max(pos, busy_keys[0][0])
+        pos += rng.randint(0, 2 * gap)
+        if pos + 5 > n_chars:
+            break
+        while busy_keys and busy_keys[0][0] <= pos:
+            free_keys.append(heapq.heappop(busy_keys)[1])
+        if widen_over:
+            longest = min_distance + (max_distance - min_distance) * min(1.0, pos / widen_over)
+            log_max = math.log(longest + 1)
+        distance = min(max_distance, int(math.exp(rng.uniform(log_min, log_max))))
+        query = pos + distance
+        if any(taken[pos:pos + 5]) or query + 5 > n_chars or any(taken[query:query + 5]) \
+                or not free_keys:
+            pos += 1
+            continue
+        key = free_keys.pop(rng.randrange(len(free_keys)))
+        digit = rng.choice(string.digits)
+        chars[pos:pos + 5] = f" {key}={digit}"
+        chars[query:query + 5] = f" {key}?{digit}"
+        taken[pos:pos + 5] = taken[query:query + 5] = b"\x01" * 5
+        heapq.heappush(busy_keys, (query + 5, key))
+        answers.append((query + 4, distance))
+        pos += 5
+    return RecallText("".join(chars), torch.tensor(sorted(answers), dtype=torch.long).view(-1, 2))
+
+
+def load(args, n_train_streams: int, encode, saved_args=None, need_train: bool = True):
+    """(train, val, answers): as much training text as --steps consume once, generated from --seed,
+    one strand per stream so that a curriculum widens along each of them (capped: a longer run
+    wraps, as on Shakespeare); and a validation text of held-out keys that depends only on the
+    task's flags. encode(text, vocab) turns text into ids."""
+    s = settings(args, saved_args)
+    task = (s["min_distance"], s["max_distance"], s["fact_gap"], s["live_facts"])
+    train = None
+    if need_train:
+        length = min(args.steps * args.seq_len, MAX_TRAIN_CHARS // n_train_streams)
+        strands = [make_recall_text(length, TRAINING_KEYS, *task, seed=f"train {args.seed} {b}",
+                                    widen_over=int(s["curriculum"] * length)).text
+                   for b in range(n_train_streams)]
+        train = encode("".join(strands) + ".", VOCAB)
+    val = make_recall_text(s["val_chars"], VALIDATION_KEYS, *task, seed="validation")
+    return train, encode(val.text, VOCAB), val.answers
+
+
+# ----------------------------------------------------------------------------------------------
+# Scoring
+# ----------------------------------------------------------------------------------------------
+
+class Scored(NamedTuple):
+    distance: torch.Tensor     # D of every scored query
+    correct: torch.Tensor      # whether the model's most likely character was the answer
+    fact_offset: torch.Tensor  # where the fact's digit sits in its stream (its phase: mod c)
+
+
+def score(predictions, data, answers, n_streams: int) -> Scored:
+    """Every query that the evaluation (n_streams contiguous streams of data, each starting from
+    an empty memory) could answer: those whose whole fact " KK=d" lies in the query's stream.
+    predictions[p] is the model's most likely character after data[:p]."""
+    length = (len(data) - 1) // n_streams
+    position, distance = answers.unbind(dim=1)
+    stream = ((position - 1) // length).clamp(max=n_streams - 1)
+    fact = position - distance  # the fact's digit
+    scored = fact - 4 >= stream * length
+    correct = predictions[position] == data[position]
+    return Scored(distance[scored], correct[scored], (fact - stream * length)[scored])
+
+
+def by_distance(scored: Scored, edges, width: int):
+    """Accuracy per distance bucket: buckets width wide, cut at the model's reach edges too, each
+    labelled with the farthest region of the model's context it can need."""
+    lo_d, hi_d = int(scored.distance.min()), int(scored.distance.max())
+    cuts = set(range(0, hi_d + 1, width)) | {e for _, e in edges if e <= hi_d}
+    cuts = sorted({c for c in cuts if c > lo_d} | {lo_d, hi_d + 1})
+    rows = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        inside = (scored.distance >= lo) & (scored.distance < hi)
+        if inside.any():
+            region = next((name for name, edge in edges if hi <= edge), "beyond")
+            rows.append({"from": lo, "to": hi - 1, "region": region, "queries": int(inside.sum()),
+                         "accuracy": scored.correct[inside].float().mean().item()})
+    return rows
+
+
+def regions(edges):
+    """(name, from, to) of each region of the reach, and "beyond"."""
+    lows = [0] + [edge for _, edge in edges]
+    return [(name, lo, hi - 1) for (name, hi), lo in zip(edges + [("beyond", math.inf)], lows)]
+
+
+def by_region(scored: Scored, edges) -> dict:
+    """Accuracy over all the queries whose distance falls in each region of the model's reach."""
+    out = {}
+    for name, lo, hi in regions(edges):
+        inside = (scored.distance >= lo) & (scored.distance <= hi)
+        if inside.any():
+            out[name] = scored.correct[inside].float().mean().item()
+    return out
+
+
+def by_phase(scored: Scored, edges, rate: int):
+    """The compressed region (c_mem) split by the phase of the fact's digit in its block of c:
+    [{"phase", "queries", "accuracy"}] for the phases that have queries; [] without a c_mem."""
+    span = [(lo, hi) for name, lo, hi in regions(edges) if name == "c_mem"]
+    if not span:
+        return []
+    inside = (scored.distance >= span[0][0]) & (scored.distance <= span[0][1])
+    rows = []
+    for phase in range(rate):
+        chosen = inside & (scored.fact_offset % rate == phase)
+        if chosen.any():
+            rows.append({"phase": phase, "queries": int(chosen.sum()),
+                         "accuracy": scored.correct[chosen].float().mean().item()})
+    return rows
+
+
+def summary(scored: Scored, edges, rate: int) -> str:
+    """One line for the training log: accuracy per region, and per phase in c_mem."""
+    phases = " / ".join(f"{row['accuracy']:.3f}" for row in by_phase(scored, edges, rate))
+    return ", ".join(f"{name} {acc:.3f}" + (f" (by phase {phases})" if name == "c_mem" and phases
+                                            else "") for name, acc in by_region(scored, edges).items())
+
+
+def report(scored: Scored, model, out: str) -> dict:
+    """Print the accuracy-by-distance table and the phase split, plot them to OUT/recall.png, and
+    return them for metrics.json."""
+    if len(scored.distance) == 0:
+        print("recall accuracy by distance: no query in the validation text could be scored "
+              "(raise --val-chars or lower --max-distance)")
+        return {"by_distance": [], "by_phase": []}
+    cfg, edges = model.cfg, model.reach()
+    rows = by_distance(scored, edges, cfg.seq_len)
+    phases = by_phase(scored, edges, cfg.compression_rate)
+    reach = ", ".join(f"{name} < {edge}" for name, edge in edges)
+    print(f"recall accuracy by distance (chance 0.10; n_s={cfg.seq_len} n_m={cfg.mem_len} "
+          f"n_cm={cfg.c_mem_len} c={cfg.compression_rate}: {reach})")
+    print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
+    for row in rows:
+        span = f"{row['from']}-{row['to']}"
+        print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
+    if phases:
+        _, lo, hi = next(region for region in regions(edges) if region[0] == "c_mem")
+        print(f"c_mem (D {lo}-{hi}) by the phase of the fact's digit in its block of "
+              f"c={cfg.compression_rate}: " + ", ".join(
+                  f"phase {p['phase']} {p['accuracy']:.3f} ({p['queries']})" for p in phases))
+    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
+    plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
+    return {"by_distance": rows, "by_phase": phases}
