@@ -58,7 +58,7 @@ def test_shapes_for_every_compression(compression, reconstruction):
 def test_parameter_free_compression_gives_zero_recon_and_conv_does_not():
     seq = tokens(2, 30)
     for compression, zero in (("max_pool", True), ("mean_pool", True), ("most_used", True),
-                              ("conv", False), ("dilated_conv", False)):
+                              ("conv", False), ("dilated_conv", False), ("attention_pool", False)):
         model, memory, total = make(compression=compression), None, 0.0
         for segment in seq.split(6, dim=1):
             _, memory, recon = model(segment, memory)
@@ -84,6 +84,28 @@ def test_pooling_f_c_takes_the_max_or_the_mean_of_each_block_of_c(kind):
     blocks = old.view(2, 2, 3, 4)  # 2 blocks of c = 3 memories
     expected = blocks.amax(dim=2) if kind == "max_pool" else blocks.mean(dim=2)
     torch.testing.assert_close(PoolCompress(3, kind)(old), expected)
+
+
+def test_attention_pool_weighs_each_block_by_content_whatever_the_place():
+    torch.manual_seed(0)
+    f_c = make(compression="attention_pool").layers[0].compress
+    old = torch.randn(2, 4 * 3, 16)
+    blocks = old.view(2, 4, 3, 16)
+    torch.testing.assert_close(f_c(old), blocks.mean(dim=2))  # w = 0 at the start: mean pooling
+    with torch.no_grad():
+        f_c.score.copy_(torch.randn(16))
+    weights = (blocks @ f_c.score).softmax(dim=-1)
+    torch.testing.assert_close(f_c(old), (weights.unsqueeze(-1) * blocks).sum(dim=2))
+    # the same memories in another order inside each block give the same slots: no place is special
+    shuffled = blocks[:, :, torch.tensor([2, 0, 1])].reshape(2, 12, 16)
+    torch.testing.assert_close(f_c(shuffled), f_c(old))
+    with torch.no_grad():  # a large score along a feature only one memory carries selects it
+        f_c.score.zero_()
+        f_c.score[0] = 50.0
+        marked = old.clone()
+        marked[:, :, 0] = 0.0
+        marked[:, 4, 0] = 1.0                      # block 1, place 1
+        torch.testing.assert_close(f_c(marked)[:, 1], marked[:, 4], atol=1e-4, rtol=0)
 
 
 def test_attention_reconstruction_loss_is_the_papers_content_attention_mse():
@@ -135,7 +157,7 @@ def reference_fifo(inputs, n_m, n_cm, c, compress):
     return history
 
 
-@pytest.mark.parametrize("compression", ["conv", "mean_pool", "dilated_conv"])
+@pytest.mark.parametrize("compression", ["conv", "mean_pool", "dilated_conv", "attention_pool"])
 @pytest.mark.parametrize("lengths", [(6, 6, 6, 6), (5, 7, 1, 1, 1, 4, 2, 9), (1,) * 20])
 def test_fifo_rule_and_c_mem_is_f_c_of_evicted(compression, lengths):
     model = make(compression=compression).eval()
@@ -228,7 +250,8 @@ def belongs_to_f_c(name):  # layers.<i>.compress.* and layers.<i>.decoder.*
 
 @pytest.mark.parametrize("compression,reconstruction,pre_norm", [
     ("conv", "attention", False), ("conv", "attention", True), ("dilated_conv", "attention", False),
-    ("conv", "autoencoding", False), ("dilated_conv", "autoencoding", True)])
+    ("conv", "autoencoding", False), ("dilated_conv", "autoencoding", True),
+    ("attention_pool", "attention", True), ("attention_pool", "autoencoding", False)])
 def test_gradient_isolation_both_directions(compression, reconstruction, pre_norm):
     model = make(compression=compression, reconstruction=reconstruction, pre_norm=pre_norm)
     memory = None
