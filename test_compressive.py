@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from compressive import (COMPRESSIONS, CompressiveConfig, CompressiveTransformer, FeedbackTransformer,
-                         Memory, MostUsedCompress, PoolCompress, attention_reconstruction_loss,
-                         relative_shift)
+                         Memory, MostUsedCompress, OverlapMeanPoolCompress, PoolCompress,
+                         attention_reconstruction_loss, relative_shift)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -51,14 +51,15 @@ def test_shapes_for_every_compression(compression, reconstruction):
     assert all(c.shape == (3, 4, 16) for c in memory.c_mem)
     f_c = model.layers[0].compress
     old = torch.randn(3, 2 * 3, 16)
-    args = (old, torch.rand(3, 6)) if compression == "most_used" else (old,)
-    assert f_c(*args).shape == (3, 2, 16)
+    extra = {"most_used": (torch.rand(3, 6),), "overlap_mean_pool": (torch.randn(3, 3, 16),)}
+    assert f_c(old, *extra.get(compression, ())).shape == (3, 2, 16)
 
 
 def test_parameter_free_compression_gives_zero_recon_and_conv_does_not():
     seq = tokens(2, 30)
     for compression, zero in (("max_pool", True), ("mean_pool", True), ("most_used", True),
-                              ("conv", False), ("dilated_conv", False), ("attention_pool", False)):
+                              ("overlap_mean_pool", True), ("conv", False), ("dilated_conv", False),
+                              ("attention_pool", False)):
         model, memory, total = make(compression=compression), None, 0.0
         for segment in seq.split(6, dim=1):
             _, memory, recon = model(segment, memory)
@@ -84,6 +85,20 @@ def test_pooling_f_c_takes_the_max_or_the_mean_of_each_block_of_c(kind):
     blocks = old.view(2, 2, 3, 4)  # 2 blocks of c = 3 memories
     expected = blocks.amax(dim=2) if kind == "max_pool" else blocks.mean(dim=2)
     torch.testing.assert_close(PoolCompress(3, kind)(old), expected)
+
+
+def test_overlap_mean_pool_averages_each_block_with_the_c_memories_after_it():
+    f_c = OverlapMeanPoolCompress(rate=3)
+    old, following = torch.randn(2, 4 * 3, 5), torch.randn(2, 3, 5)
+    seq = torch.cat([old, following], dim=1)
+    expected = torch.stack([seq[:, 3 * j:3 * j + 6].mean(dim=1) for j in range(4)], dim=1)
+    torch.testing.assert_close(f_c(old, following), expected)
+    # any run of c + 1 = 4 consecutive memories of the evicted blocks lies whole in one window,
+    # wherever it starts (kernel = stride = c would split it for every start but 0 mod c)
+    for start in range(4 * 3 - 3):
+        assert any(3 * j <= start and start + 4 <= 3 * j + 6 for j in range(4)), start
+    with pytest.raises(ValueError, match="2 \\* compression_rate"):
+        tiny(compression="overlap_mean_pool", mem_len=5, compression_rate=3)
 
 
 def test_attention_pool_weighs_each_block_by_content_whatever_the_place():
@@ -140,8 +155,9 @@ def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
 
 # ---------------------------------------------------------------- memory rules -------------------
 
-def reference_fifo(inputs, n_m, n_cm, c, compress):
-    """Plain re-statement of the FIFO rule for one layer: inputs is the list of h per call."""
+def reference_fifo(inputs, n_m, n_cm, c, compress, overlap=False):
+    """Plain re-statement of the FIFO rule for one layer: inputs is the list of h per call. With
+    overlap, f_c also reads the c memories that follow the evicted ones."""
     mem = inputs[0][:, :0]
     c_mem = inputs[0][:, :0]
     history = []
@@ -152,12 +168,14 @@ def reference_fifo(inputs, n_m, n_cm, c, compress):
             n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c
             old, mem = mem[:, :n_evict], mem[:, n_evict:]
             if n_cm:
-                c_mem = torch.cat([c_mem, compress(old)], dim=1)[:, -n_cm:]
+                squeezed = compress(old, mem[:, :c]) if overlap else compress(old)
+                c_mem = torch.cat([c_mem, squeezed], dim=1)[:, -n_cm:]
         history.append((mem, c_mem))
     return history
 
 
-@pytest.mark.parametrize("compression", ["conv", "mean_pool", "dilated_conv", "attention_pool"])
+@pytest.mark.parametrize("compression", ["conv", "mean_pool", "dilated_conv", "attention_pool",
+                                         "overlap_mean_pool"])
 @pytest.mark.parametrize("lengths", [(6, 6, 6, 6), (5, 7, 1, 1, 1, 4, 2, 9), (1,) * 20])
 def test_fifo_rule_and_c_mem_is_f_c_of_evicted(compression, lengths):
     model = make(compression=compression).eval()
@@ -168,7 +186,8 @@ def test_fifo_rule_and_c_mem_is_f_c_of_evicted(compression, lengths):
             _, memory, _ = model(tokens(2, length, seed=n), memory)
             states.append(memory)
     for i, layer in enumerate(model.layers):
-        expected = reference_fifo(seen[i], 8, 4, 3, layer.compress)
+        expected = reference_fifo(seen[i], 8, 4, 3, layer.compress,
+                                  overlap=compression == "overlap_mean_pool")
         for got, (mem, c_mem) in zip(states, expected):
             assert got.mem[i].shape == mem.shape and got.c_mem[i].shape == c_mem.shape
             torch.testing.assert_close(got.mem[i], mem)
