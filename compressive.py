@@ -82,10 +82,6 @@ class CompressiveConfig:
             # Eviction happens in whole blocks of c, so the memory must be able to hold a block.
             raise ValueError(f"mem_len ({self.mem_len}) must be >= compression_rate "
                              f"({self.compression_rate}) when c_mem_len > 0")
-        if self.compression == "overlap_mean_pool" and 0 < self.mem_len < 2 * self.compression_rate:
-            # its windows also read the c memories after the evicted block, still in mem
-            raise ValueError(f"mem_len ({self.mem_len}) must be >= 2 * compression_rate for "
-                             f"overlap_mean_pool")
 
 
 class Memory(NamedTuple):
@@ -277,21 +273,21 @@ class PoolCompress(nn.Module):
 
 
 class OverlapMeanPoolCompress(nn.Module):
-    """Mean pooling over overlapping windows: each compressed memory is the mean of its block of
-    c and of the c memories after it (which are still in mem when the block is evicted), so every
-    run of up to c + 1 consecutive memories lies whole inside one window. With kernel = stride = c,
-    a block boundary can fall inside what a later query needs (say a fact's marker and its value)
-    and split it over two compressed memories, depending on where the run starts modulo c; the
-    recall benchmark's phase report shows models that learn to read one split and miss the others.
-    Not in the paper (the authors' code allows such wider kernels); no parameters."""
+    """Mean pooling over windows of c + 1, stride c: each compressed memory is the mean of its
+    block of c and of the one memory after it (still in mem when the block is evicted), so any two
+    neighbouring memories lie whole inside one window. With kernel = stride = c a block boundary
+    falls between two neighbours at one place in c: a fact's marker and its value, say, end up in
+    two compressed memories, depending on where the fact starts modulo c; the recall benchmark's
+    phase report shows models that read every layout but that one. Not in the paper (the authors'
+    code allows kernels wider than the stride); no parameters."""
 
     def __init__(self, rate: int):
         super().__init__()
         self.rate = rate
 
     def forward(self, old_mem: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
-        """old_mem: [B, k*c, d] the evicted blocks; following: [B, c, d] the memories after them."""
-        windows = torch.cat([old_mem, following], dim=1).unfold(1, 2 * self.rate, self.rate)
+        """old_mem: [B, k*c, d] the evicted blocks; following: [B, >= 1, d] the memories after them."""
+        windows = torch.cat([old_mem, following[:, :1]], dim=1).unfold(1, self.rate + 1, self.rate)
         return windows.mean(dim=-1)                                   # [B, k, d]
 
 
@@ -453,8 +449,8 @@ class CompressiveLayer(nn.Module):
         if usage is not None:
             compressed = self.compress(old_mem, usage[:, :n_evict])
             usage = usage[:, n_evict:]
-        elif isinstance(self.compress, OverlapMeanPoolCompress):  # windows reach c further
-            compressed = self.compress(old_mem, mem[:, :c])
+        elif isinstance(self.compress, OverlapMeanPoolCompress):  # its windows reach one further
+            compressed = self.compress(old_mem, mem[:, :1])
         else:
             compressed = self.compress(old_mem)
         recon = zero
