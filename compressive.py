@@ -30,8 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_mean_pool", "attention_pool",
-                "dilated_conv", "most_used")
+COMPRESSIONS = ("conv", "max_pool", "mean_pool", "dilated_conv", "most_used")
 RECONSTRUCTIONS = ("attention", "autoencoding")
 
 
@@ -272,45 +271,6 @@ class PoolCompress(nn.Module):
         return self.pool(old_mem.transpose(1, 2), self.rate, self.rate).transpose(1, 2)
 
 
-class OverlapMeanPoolCompress(nn.Module):
-    """Mean pooling over windows of c + 1, stride c: each compressed memory is the mean of its
-    block of c and of the one memory after it (still in mem when the block is evicted), so any two
-    neighbouring memories lie whole inside one window. With kernel = stride = c a block boundary
-    falls between two neighbours at one place in c: a fact's marker and its value, say, end up in
-    two compressed memories, depending on where the fact starts modulo c; the recall benchmark's
-    phase report shows models that read every layout but that one. Not in the paper (the authors'
-    code allows kernels wider than the stride); no parameters."""
-
-    def __init__(self, rate: int):
-        super().__init__()
-        self.rate = rate
-
-    def forward(self, old_mem: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
-        """old_mem: [B, k*c, d] the evicted blocks; following: [B, >= 1, d] the memories after them."""
-        windows = torch.cat([old_mem, following[:, :1]], dim=1).unfold(1, self.rate + 1, self.rate)
-        return windows.mean(dim=-1)                                   # [B, k, d]
-
-
-class AttentionPoolCompress(nn.Module):
-    """Each block of c memories becomes a weighted mean of them, the weights a softmax over the
-    block of a learned score w . h_j of each memory. Like mean pooling (where it starts, w = 0) it
-    treats every place of a block alike, so a memory is kept as well wherever it falls in its
-    block; the kernel = stride = c conv weighs the c places apart and can learn to drop one of them.
-    Unlike mean pooling it can keep the one memory of a block that matters instead of diluting it
-    c times. Not in the paper: added for the phase failure that the recall report shows."""
-
-    def __init__(self, d_model: int, rate: int):
-        super().__init__()
-        self.rate = rate
-        self.score = nn.Parameter(torch.zeros(d_model))  # w: a Parameter, so it starts at zero
-
-    def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
-        B, length, d = old_mem.shape
-        blocks = old_mem.reshape(B, length // self.rate, self.rate, d)
-        weights = torch.matmul(blocks, self.score).softmax(dim=-1)           # [B, k, c]
-        return torch.matmul(weights.unsqueeze(-2), blocks).squeeze(-2)
-
-
 class MostUsedCompress(nn.Module):
     """Keep the k of the k*c evicted memories that received the most attention while in memory,
     in their original temporal order (no parameters)."""
@@ -333,10 +293,6 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
         return DilatedConvCompress(cfg.d_model, c)
     if cfg.compression == "most_used":
         return MostUsedCompress(c)
-    if cfg.compression == "attention_pool":
-        return AttentionPoolCompress(cfg.d_model, c)
-    if cfg.compression == "overlap_mean_pool":
-        return OverlapMeanPoolCompress(c)
     return PoolCompress(c, cfg.compression)
 
 
@@ -449,8 +405,6 @@ class CompressiveLayer(nn.Module):
         if usage is not None:
             compressed = self.compress(old_mem, usage[:, :n_evict])
             usage = usage[:, n_evict:]
-        elif isinstance(self.compress, OverlapMeanPoolCompress):  # its windows reach one further
-            compressed = self.compress(old_mem, mem[:, :1])
         else:
             compressed = self.compress(old_mem)
         recon = zero
