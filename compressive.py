@@ -319,7 +319,11 @@ def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, 
     of the current inputs h (queries, [B, H, T, d_head]) and the keys and values of the memories
     it is now evicting (old_keys, old_values, [B, H, k*c, d_head]), all detached. Only the
     compressed memories [B, k, d] are new; they are projected with detached weights, so the
-    gradient of this loss reaches f_c alone."""
+    gradient of this loss reaches f_c alone.
+
+    The authors' code (deepmind/sonnet, ConvCompressor) uses the plain queries q, without the
+    content bias u, and a conv f_c without bias. Measured on the recall benchmark (README; c = 2,
+    seed 1337, one seed each): that variant 0.838 / 0.903 by phase, this one 0.926 / 0.930."""
     attn = layer.attn
     if layer.pre_norm:  # attention sees normalised memories: use the layer's norm, frozen
         norm = layer.attn_norm
