@@ -209,6 +209,11 @@ def regions(edges):
     return [(name, lo, hi - 1) for (name, hi), lo in zip(edges + [("beyond", math.inf)], lows)]
 
 
+def c_mem_span(edges):
+    """(from, to) of the distances that need the compressed memory, or None without one."""
+    return next(((lo, hi) for name, lo, hi in regions(edges) if name == "c_mem"), None)
+
+
 def by_region(scored: Scored, edges) -> dict:
     """Accuracy over all the queries whose distance falls in each region of the model's reach."""
     out = {}
@@ -222,10 +227,10 @@ def by_region(scored: Scored, edges) -> dict:
 def by_phase(scored: Scored, edges, rate: int):
     """The compressed region (c_mem) split by the phase of the fact's digit in its block of c:
     [{"phase", "queries", "accuracy"}] for the phases that have queries; [] without a c_mem."""
-    span = [(lo, hi) for name, lo, hi in regions(edges) if name == "c_mem"]
-    if not span:
+    span = c_mem_span(edges)
+    if span is None:
         return []
-    inside = (scored.distance >= span[0][0]) & (scored.distance <= span[0][1])
+    inside = (scored.distance >= span[0]) & (scored.distance <= span[1])
     rows = []
     for phase in range(rate):
         chosen = inside & (scored.fact_offset % rate == phase)
@@ -260,7 +265,7 @@ def report(scored: Scored, model, out: str) -> dict:
         span = f"{row['from']}-{row['to']}"
         print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
     if phases:
-        _, lo, hi = next(region for region in regions(edges) if region[0] == "c_mem")
+        lo, hi = c_mem_span(edges)
         print(f"c_mem (D {lo}-{hi}) by the phase of the fact's digit in its block of "
               f"c={cfg.compression_rate}: " + ", ".join(
                   f"phase {p['phase']} {p['accuracy']:.3f} ({p['queries']})" for p in phases))
