@@ -897,17 +897,21 @@ def test_recall_curriculum_widens_the_distances_along_the_text():
 
 
 def test_recall_accuracy_by_distance_on_a_hand_made_case():
-    # 2 streams of 100 characters (data has 201); answers at known places, predictions hand-set
+    # 2 streams of 100 characters (data has 201), read 16 at a time; answers at known places
     data = torch.zeros(201, dtype=torch.long)
     answers = torch.tensor([[40, 10], [60, 30], [90, 70], [110, 20], [120, 15], [150, 45]])
     data[answers[:, 0]] = 7
     predictions = torch.zeros(201, dtype=torch.long)
     predictions[[40, 90, 120, 150]] = 7  # right at distances 10, 70, 15 and 45; wrong at 30
-    scored = recall.score(predictions, data, answers, n_streams=2)
+    scored = recall.score(predictions, data, answers, n_streams=2, seq_len=16)
     # the query at 110 (stream 1 starts at 100) asks about 90, in stream 0: not scored
     assert scored.distance.tolist() == [10, 30, 70, 15, 45]
     assert scored.correct.tolist() == [True, False, True, True, True]
     assert scored.fact_offset.tolist() == [30, 30, 20, 5, 5]  # fact digit's place in its stream
+    # the '?' at 39 is read in the segment from 32, 2 after the digit at 30; the one at 59 in the
+    # segment from 48, 18 after it; the one at 89 from 80, 60 after the digit at 20; in stream 1,
+    # the '?'s at 119 and 149 (offsets 19 and 49) from 16 and 48, 11 and 43 after the digit at 5
+    assert scored.fact_back.tolist() == [2, 18, 60, 11, 43]
     cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # reach 16, 32, 48
     rows = recall.by_distance(scored, CompressiveTransformer(cfg).reach(), cfg.seq_len)
     got = [(r["from"], r["to"], r["region"], r["queries"], r["accuracy"]) for r in rows]
@@ -919,20 +923,36 @@ def test_recall_accuracy_by_distance_on_a_hand_made_case():
     assert got == [(10, 15, "mem", 2), (16, 31, "beyond", 1), (32, 47, "beyond", 1), (64, 70, "beyond", 1)]
 
 
+def test_recall_scoring_finds_the_segment_of_a_query_read_in_the_tail():
+    # 4 streams of 50 (data has 204), each read 0-15, 16-31, 32-47, 48-49; the last 4 characters
+    # (200-202 predicting 201-203) continue stream 3 (from 150) as one more segment, from offset 50
+    data = torch.zeros(204, dtype=torch.long)
+    answers = torch.tensor([[203, 30], [199, 30]])  # '?' at offsets 52 and 48; digits at 23, 19
+    scored = recall.score(data.clone(), data, answers, n_streams=4, seq_len=16)
+    assert scored.fact_offset.tolist() == [23, 19] and scored.fact_back.tolist() == [50 - 23, 48 - 19]
+
+
 def test_recall_phase_split_on_a_hand_made_case():
-    """The compressed region (here D 32-47) split by where the fact's digit sits in its block of c
-    (its stream offset mod c): only queries in that region count, each in its phase."""
+    """The queries whose fact is held in c_mem when they are read (here 16 < fact_back <= 32),
+    all together and split by where the digit sits in its block of c (its stream offset mod c)."""
     cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # c_mem: D 32-47
     edges = CompressiveTransformer(cfg).reach()
-    scored = recall.Scored(distance=torch.tensor([33, 40, 47, 35, 44, 38, 20, 60]),
-                           correct=torch.tensor([True, True, False, False, False, True, True, True]),
-                           fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3]))
+    scored = recall.Scored(distance=torch.tensor([33, 40, 47, 35, 44, 38, 20, 60, 30]),
+                           correct=torch.tensor([True, True, False, False, False, True, True, True,
+                                                 True]),
+                           fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3, 7]),
+                           fact_back=torch.tensor([20, 32, 31, 25, 28, 22, 16, 33, 17]))
+    # D 20 and 60 are held in mem (16) and beyond (33); D 30, in the mem region by distance, was
+    # asked early in its segment and is held in c_mem (17)
     phases = recall.by_phase(scored, edges, rate=4)
-    assert phases == [{"phase": 0, "queries": 3, "accuracy": pytest.approx(2 / 3)},
+    assert phases == [{"phase": "all", "queries": 7, "accuracy": pytest.approx(4 / 7)},
+                      {"phase": 0, "queries": 3, "accuracy": pytest.approx(2 / 3)},
                       {"phase": 1, "queries": 2, "accuracy": 0.0},
-                      {"phase": 2, "queries": 1, "accuracy": 1.0}]  # phase 3: D 60 is beyond
+                      {"phase": 2, "queries": 1, "accuracy": 1.0},
+                      {"phase": 3, "queries": 1, "accuracy": 1.0}]
     assert recall.by_phase(scored, CompressiveTransformer(tiny(c_mem_len=0)).reach(), 4) == []
-    assert "c_mem 0.500 (by phase 0.667 / 0.000 / 1.000)" in recall.summary(scored, edges, 4)
+    assert recall.summary(scored, edges, 4) == ("mem 1.000, c_mem 0.500, beyond 1.000; held in c_mem "
+                                                "0.571 (by phase 0.667 / 0.000 / 1.000 / 1.000)")
 
 
 def recall_table_rows(printed: str):
@@ -965,6 +985,9 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert sum(row["queries"] for row in metrics["recall"]["by_distance"]) > 20
     assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"]["by_distance"])
+    held, *phases = metrics["recall"]["by_phase"]  # the facts held in c_mem, then each phase
+    assert held["phase"] == "all" and held["queries"] == sum(row["queries"] for row in phases) > 0
+    assert "facts held in c_mem when asked" in printed and "held in c_mem" in printed
     # --sample starts from the recall text's filler by default: it has no newline
     assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
     assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)

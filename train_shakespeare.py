@@ -326,7 +326,8 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
                                        "seconds": run["seconds"]})
                 say(f"eval step {step}: val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc")
                 if answers is not None:
-                    scored = recall.score(predictions.cpu(), val_data, answers, args.batch_size)
+                    scored = recall.score(predictions.cpu(), val_data, answers, args.batch_size,
+                                          cfg.seq_len)
                     run["history"][-1]["recall"] = recall.by_region(scored, model.reach())
                     say("recall accuracy: " + recall.summary(scored, model.reach(), cfg.compression_rate))
             checkpoint.save(ckpt_path, model, optimizer, memory, run, vocab, args, rank, world, device)
@@ -420,7 +421,8 @@ def run_mode(args) -> None:
                                  autocast_for(device, args.dtype))
     print(f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']})")
     if answers is not None:
-        recall.report(recall.score(predictions.cpu(), val, answers, args.batch_size), model, args.out)
+        scored = recall.score(predictions.cpu(), val, answers, args.batch_size, model.cfg.seq_len)
+        recall.report(scored, model, args.out)
 
 
 def main(argv=None) -> int:

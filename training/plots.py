@@ -53,9 +53,9 @@ def plot_recall(rows, edges, phases, title: str, path: str) -> None:
         plt.axvline(edge, color="gray", linestyle=":")
         plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
         if name == "c_mem":
-            for p in phases:
+            for p in phases[1:]:  # phases[0] is all of them together
                 plt.hlines(p["accuracy"], lo, edge, colors=f"C{p['phase'] + 1}", linewidth=1.5,
-                           label=f"c_mem, fact at phase {p['phase']} of its block")
+                           label=f"held in c_mem, digit at phase {p['phase']}")
     plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
     plt.ylim(0, 1.05)
     plt.title(title, fontsize=9, loc="left")

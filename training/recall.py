@@ -172,19 +172,26 @@ class Scored(NamedTuple):
     distance: torch.Tensor     # D of every scored query
     correct: torch.Tensor      # whether the model's most likely character was the answer
     fact_offset: torch.Tensor  # where the fact's digit sits in its stream (its phase: mod c)
+    fact_back: torch.Tensor    # how far the digit lies before the segment its query is read in
 
 
-def score(predictions, data, answers, n_streams: int) -> Scored:
+def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     """Every query that the evaluation (n_streams contiguous streams of data, each starting from
-    an empty memory) could answer: those whose whole fact " KK=d" lies in the query's stream.
-    predictions[p] is the model's most likely character after data[:p]."""
+    an empty memory and read seq_len characters at a time) could answer: those whose whole fact
+    " KK=d" lies in the query's stream. predictions[p] is the model's most likely character after
+    data[:p]. fact_back <= 0: the digit is in the query's own segment; else it is that many
+    characters before the segment, which says in which memory it is held when the query is read."""
     length = (len(data) - 1) // n_streams
     position, distance = answers.unbind(dim=1)
     stream = ((position - 1) // length).clamp(max=n_streams - 1)
     fact = position - distance  # the fact's digit
     scored = fact - 4 >= stream * length
     correct = predictions[position] == data[position]
-    return Scored(distance[scored], correct[scored], (fact - stream * length)[scored])
+    query = position - 1 - stream * length  # the '?' whose prediction is scored, in its stream
+    segment_start = torch.where(query < length, query - query % seq_len, length)  # the tail: one
+    fact_offset = fact - stream * length                                          # segment more
+    return Scored(distance[scored], correct[scored], fact_offset[scored],
+                  (segment_start - fact_offset)[scored])
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -224,16 +231,28 @@ def by_region(scored: Scored, edges) -> dict:
     return out
 
 
+def held_in_c_mem(scored: Scored, edges):
+    """Which queries find their fact in the compressed memory when they are read, or None without
+    one. A distance D does not say this alone: a query early in its segment holds a fact of the
+    same D farther back than a query late in it (the c_mem region by D, with the n_s - 1 more
+    that its last query reaches, mixes a few of each, and some facts already beyond reach)."""
+    limits = dict(edges)
+    if "c_mem" not in limits:
+        return None
+    n_s = limits["segment"]  # a segment's last query reaches n_m (mem) and c * n_cm (c_mem) more
+    return (scored.fact_back > limits["mem"] - n_s) & (scored.fact_back <= limits["c_mem"] - n_s)
+
+
 def by_phase(scored: Scored, edges, rate: int):
-    """The compressed region (c_mem) split by the phase of the fact's digit in its block of c:
-    [{"phase", "queries", "accuracy"}] for the phases that have queries; [] without a c_mem."""
-    span = c_mem_span(edges)
-    if span is None:
+    """The queries whose fact is held in c_mem when asked, all together and split by the phase of
+    the fact's digit in its block of c: [{"phase", "queries", "accuracy"}], phase "all" first;
+    [] without a c_mem or without such queries."""
+    held = held_in_c_mem(scored, edges)
+    if held is None or not held.any():
         return []
-    inside = (scored.distance >= span[0]) & (scored.distance <= span[1])
     rows = []
-    for phase in range(rate):
-        chosen = inside & (scored.fact_offset % rate == phase)
+    for phase in ["all", *range(rate)]:
+        chosen = held if phase == "all" else held & (scored.fact_offset % rate == phase)
         if chosen.any():
             rows.append({"phase": phase, "queries": int(chosen.sum()),
                          "accuracy": scored.correct[chosen].float().mean().item()})
@@ -241,10 +260,14 @@ def by_phase(scored: Scored, edges, rate: int):
 
 
 def summary(scored: Scored, edges, rate: int) -> str:
-    """One line for the training log: accuracy per region, and per phase in c_mem."""
-    phases = " / ".join(f"{row['accuracy']:.3f}" for row in by_phase(scored, edges, rate))
-    return ", ".join(f"{name} {acc:.3f}" + (f" (by phase {phases})" if name == "c_mem" and phases
-                                            else "") for name, acc in by_region(scored, edges).items())
+    """One line for the training log: accuracy per region by distance, and over the facts held in
+    c_mem when asked, all and per phase."""
+    line = ", ".join(f"{name} {acc:.3f}" for name, acc in by_region(scored, edges).items())
+    held, *phases = by_phase(scored, edges, rate) or [None]
+    if held is None:
+        return line
+    return line + (f"; held in c_mem {held['accuracy']:.3f} (by phase "
+                   + " / ".join(f"{row['accuracy']:.3f}" for row in phases) + ")")
 
 
 def report(scored: Scored, model, out: str) -> dict:
@@ -265,10 +288,10 @@ def report(scored: Scored, model, out: str) -> dict:
         span = f"{row['from']}-{row['to']}"
         print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
     if phases:
-        lo, hi = c_mem_span(edges)
-        print(f"c_mem (D {lo}-{hi}) by the phase of the fact's digit in its block of "
-              f"c={cfg.compression_rate}: " + ", ".join(
-                  f"phase {p['phase']} {p['accuracy']:.3f} ({p['queries']})" for p in phases))
+        held, *split = phases
+        print(f"facts held in c_mem when asked: {held['accuracy']:.3f} ({held['queries']} queries); "
+              f"by the phase of the digit in its block of c={cfg.compression_rate}: " + ", ".join(
+                  f"{p['phase']}: {p['accuracy']:.3f} ({p['queries']})" for p in split))
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
     plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
     return {"by_distance": rows, "by_phase": phases}
