@@ -955,6 +955,15 @@ def test_recall_phase_split_on_a_hand_made_case():
                                                 "0.571 (by phase 0.667 / 0.000 / 1.000 / 1.000)")
 
 
+def test_recall_fact_slots_find_the_digit_and_its_marker_in_c_mem():
+    # n_m 16, c 4, 4 slots held: the newest slot (3) holds the 4 characters 17-20 before the
+    # segment, the oldest (0) those 29-32
+    assert recall.fact_slots(17, n_m=16, rate=4, n_held=4) == (3, 3)  # '=' (18 back) in the same slot
+    assert recall.fact_slots(20, n_m=16, rate=4, n_held=4) == (3, 2)  # the digit opens its block
+    assert recall.fact_slots(25, n_m=16, rate=4, n_held=4) == (1, 1)
+    assert recall.fact_slots(32, n_m=16, rate=4, n_held=4) == (0, -1)  # its '=' has left c_mem
+
+
 def recall_table_rows(printed: str):
     """The rows of the last "recall accuracy by distance" table in printed output, wherever it
     stands among other lines (a plot's "wrote ..." line may follow it)."""
@@ -988,6 +997,15 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     held, *phases = metrics["recall"]["by_phase"]  # the facts held in c_mem, then each phase
     assert held["phase"] == "all" and held["queries"] == sum(row["queries"] for row in phases) > 0
     assert "facts held in c_mem when asked" in printed and "held in c_mem" in printed
+    # --analyze shows, per phase and layer, where the '?' of queries held in c_mem looks
+    assert ts.main(["--out", out, "--analyze", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    looks = printed[printed.index("where the '?' of a query held in c_mem looks"):].splitlines()[3:]
+    rows = [line.split() for line in looks if re.fullmatch(r"\s*\d+\s+\d+\s+\d+\s+[\d.]+\s+\S+\s+[\d.]+", line)]
+    assert {(int(r[0]), int(r[2])) for r in rows} == {(p, l) for p in range(2) for l in range(2)}
+    for phase, _, _, digit, marker, c_mem in rows:
+        assert 0.0 <= float(digit) + (float(marker) if phase == "0" else 0.0) <= float(c_mem) + 1e-3
+        assert (marker == "-") == (phase != "0")
     # --sample starts from the recall text's filler by default: it has no newline
     assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
     assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)

@@ -415,8 +415,11 @@ def run_mode(args) -> None:
     _, _, val, answers = load_data(args, task, vocab=ckpt["vocab"], saved_args=ckpt["args"],
                                    need_train=False)
     if args.analyze:
-        return analysis.analyze(model, make_streams(val, args.batch_size).to(device), ckpt["step"],
-                                args.out)
+        streams = make_streams(val, args.batch_size).to(device)
+        analysis.analyze(model, streams, ckpt["step"], args.out)
+        if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
+            recall.print_where_queries_look(recall.where_queries_look(model, streams, answers))
+        return
     loss, predictions = evaluate(model, val.to(device), args.batch_size, model.cfg.seq_len,
                                  autocast_for(device, args.dtype))
     print(f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']})")

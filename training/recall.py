@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import plots
+from . import analysis, plots
 from .checks import UserError
 
 VOCAB = sorted(". =?" + string.ascii_uppercase + string.digits)
@@ -268,6 +268,71 @@ def summary(scored: Scored, edges, rate: int) -> str:
         return line
     return line + (f"; held in c_mem {held['accuracy']:.3f} (by phase "
                    + " / ".join(f"{row['accuracy']:.3f}" for row in phases) + ")")
+
+
+def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
+    """For a fact held in c_mem (n_m < fact_back <= n_m + c * n_held), the index in c_mem (oldest
+    first) of the slot holding its digit and of the slot holding the '=' before it; the same slot
+    unless the digit opens its block (phase 0). The newest slot holds the c characters just before
+    mem, which holds the n_m just before the segment."""
+    digit_from_newest = -(-(fact_back - n_m) // rate)         # ceil
+    marker_from_newest = -(-(fact_back + 1 - n_m) // rate)
+    return n_held - digit_from_newest, n_held - marker_from_newest
+
+
+@torch.no_grad()
+def where_queries_look(model, streams: torch.Tensor, answers) -> list:
+    """Where the '?' of each query held in c_mem looks, per layer: its attention (mean over the
+    heads) on the compressed slot of the fact's digit, on the slot of the '=' before it when that
+    is another one, and on all of c_mem; averaged per phase of the digit in its block. streams:
+    the evaluation's streams [n, L + 1] (full segments only are read). Assumes n_s and n_m are
+    multiples of c, as in the recipes, so that mem always holds n_m. Rows of {"phase", "layer",
+    "digit_slot", "marker_slot", "c_mem", "queries"}."""
+    cfg = model.cfg
+    n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
+    length = streams.size(1) - 1
+    position, distance = answers.unbind(dim=1)
+    stream = (position - 1) // length
+    query, fact = position - 1 - stream * length, position - distance - stream * length
+    back = query - query % n_s - fact
+    wanted = (stream < streams.size(0)) & (fact - 4 >= 0) & (query < length // n_s * n_s) & \
+        (back > n_m) & (back <= n_m + c * cfg.c_mem_len)
+    by_segment = {}
+    for b, q, f, k in zip(*(t[wanted].tolist() for t in (stream, query, fact, back))):
+        by_segment.setdefault(q // n_s, []).append((b, q % n_s, f % c, k))
+    sums = torch.zeros(c, cfg.n_layers, 3, dtype=torch.float64)
+    counts = torch.zeros(c)
+    memory = None
+    with analysis.recorded_attention(model) as attention:
+        for segment in range(length // n_s):
+            n_held = 0 if memory is None else memory.c_mem[0].size(1)
+            _, memory, _ = model(streams[:, segment * n_s:(segment + 1) * n_s], memory)
+            for b, i, phase, k in by_segment.get(segment, []):
+                digit, marker = fact_slots(k, n_m, c, n_held)
+                if marker < 0:  # the '=' has already left c_mem
+                    continue
+                for layer, weights in enumerate(attention):
+                    w = weights[b, :, i].double().mean(dim=0).cpu()    # [K], keys [c_mem; mem; h]
+                    on_marker = w[marker] if marker != digit else 0.0
+                    sums[phase, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
+                counts[phase] += 1
+    return [{"phase": p, "layer": layer, "queries": int(counts[p]),
+             **dict(zip(("digit_slot", "marker_slot", "c_mem"), (sums[p, layer] / counts[p]).tolist()))}
+            for p in range(c) if counts[p] for layer in range(cfg.n_layers)]
+
+
+def print_where_queries_look(rows) -> None:
+    if not rows:
+        print("no query held in c_mem was read in full segments: nothing to show of where they look")
+        return
+    print("where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
+          "slot of the\nfact's digit, on the slot of its '=' when the block boundary parts them "
+          "(phase 0), and on all of c_mem")
+    print(f"{'phase':>5}{'queries':>9}{'layer':>7}{'digit slot':>12}{'= slot':>8}{'c_mem':>8}")
+    for row in rows:
+        marker = f"{row['marker_slot']:.3f}" if row["phase"] == 0 else "-"
+        print(f"{row['phase']:>5}{row['queries']:>9}{row['layer']:>7}{row['digit_slot']:>12.3f}"
+              f"{marker:>8}{row['c_mem']:>8.3f}")
 
 
 def report(scored: Scored, model, out: str) -> dict:
