@@ -30,7 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-COMPRESSIONS = ("conv", "max_pool", "mean_pool", "dilated_conv", "most_used")
+COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_conv",
+                "most_used")
 RECONSTRUCTIONS = ("attention", "autoencoding")
 
 
@@ -271,6 +272,27 @@ class PoolCompress(nn.Module):
         return self.pool(old_mem.transpose(1, 2), self.rate, self.rate).transpose(1, 2)
 
 
+class OverlapMaxPoolCompress(nn.Module):
+    """Max pooling over windows of c + 1, stride c: each compressed memory keeps, per feature, the
+    largest value in its block of c and in the one memory after it (still in mem when the block is
+    evicted), so any two neighbouring memories lie whole inside one window.
+
+    With kernel = stride = c, a block boundary falls between two neighbours at one place in c. In
+    layer 0, whose memories are token embeddings, a pair such as a fact's marker and its value then
+    lands in two slots, and no slot holds both (the README's reach benchmark). Max, not mean, so
+    that a token's features survive undiluted whatever shares its window. Not in the paper (the
+    authors' code allows windows wider than the stride); no parameters."""
+
+    def __init__(self, rate: int):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, old_mem: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
+        """old_mem: [B, k*c, d] the evicted blocks; following: [B, >= 1, d] the memories after them."""
+        windows = torch.cat([old_mem, following[:, :1]], dim=1).unfold(1, self.rate + 1, self.rate)
+        return windows.amax(dim=-1)                                   # [B, k, d]
+
+
 class MostUsedCompress(nn.Module):
     """Keep the k of the k*c evicted memories that received the most attention while in memory,
     in their original temporal order (no parameters)."""
@@ -293,6 +315,8 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
         return DilatedConvCompress(cfg.d_model, c)
     if cfg.compression == "most_used":
         return MostUsedCompress(c)
+    if cfg.compression == "overlap_max_pool":
+        return OverlapMaxPoolCompress(c)
     return PoolCompress(c, cfg.compression)
 
 
@@ -409,6 +433,8 @@ class CompressiveLayer(nn.Module):
         if usage is not None:
             compressed = self.compress(old_mem, usage[:, :n_evict])
             usage = usage[:, n_evict:]
+        elif isinstance(self.compress, OverlapMaxPoolCompress):  # its windows reach one further;
+            compressed = self.compress(old_mem, mem[:, :1])        # an eviction leaves >= n_m-c+1
         else:
             compressed = self.compress(old_mem)
         recon = zero

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from compressive import (COMPRESSIONS, CompressiveConfig, CompressiveTransformer, FeedbackTransformer,
-                         Memory, MostUsedCompress, PoolCompress, attention_reconstruction_loss,
-                         relative_shift)
+                         Memory, MostUsedCompress, OverlapMaxPoolCompress, PoolCompress,
+                         attention_reconstruction_loss, relative_shift)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -51,14 +51,15 @@ def test_shapes_for_every_compression(compression, reconstruction):
     assert all(c.shape == (3, 4, 16) for c in memory.c_mem)
     f_c = model.layers[0].compress
     old = torch.randn(3, 2 * 3, 16)
-    args = (old, torch.rand(3, 6)) if compression == "most_used" else (old,)
+    extra = {"most_used": (torch.rand(3, 6),), "overlap_max_pool": (torch.randn(3, 1, 16),)}
+    args = (old, *extra.get(compression, ()))
     assert f_c(*args).shape == (3, 2, 16)
 
 
 def test_parameter_free_compression_gives_zero_recon_and_conv_does_not():
     seq = tokens(2, 30)
     for compression, zero in (("max_pool", True), ("mean_pool", True), ("most_used", True),
-                              ("conv", False), ("dilated_conv", False)):
+                              ("overlap_max_pool", True), ("conv", False), ("dilated_conv", False)):
         model, memory, total = make(compression=compression), None, 0.0
         for segment in seq.split(6, dim=1):
             _, memory, recon = model(segment, memory)
@@ -84,6 +85,18 @@ def test_pooling_f_c_takes_the_max_or_the_mean_of_each_block_of_c(kind):
     blocks = old.view(2, 2, 3, 4)  # 2 blocks of c = 3 memories
     expected = blocks.amax(dim=2) if kind == "max_pool" else blocks.mean(dim=2)
     torch.testing.assert_close(PoolCompress(3, kind)(old), expected)
+
+
+def test_overlap_max_pool_takes_the_max_of_each_block_and_the_memory_after_it():
+    f_c = OverlapMaxPoolCompress(rate=3)
+    old, following = torch.randn(2, 4 * 3, 5), torch.randn(2, 2, 5)
+    seq = torch.cat([old, following[:, :1]], dim=1)
+    expected = torch.stack([seq[:, 3 * j:3 * j + 4].amax(dim=1) for j in range(4)], dim=1)
+    torch.testing.assert_close(f_c(old, following), expected)
+    # any two neighbouring memories lie whole in one window, wherever they start (kernel = stride
+    # = c splits one pair in c: the pair that straddles a block boundary)
+    for start in range(4 * 3 - 1):
+        assert any(3 * j <= start and start + 2 <= 3 * j + 4 for j in range(4)), start
 
 
 def test_attention_reconstruction_loss_is_the_papers_content_attention_mse():
@@ -118,8 +131,9 @@ def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
 
 # ---------------------------------------------------------------- memory rules -------------------
 
-def reference_fifo(inputs, n_m, n_cm, c, compress):
-    """Plain re-statement of the FIFO rule for one layer: inputs is the list of h per call."""
+def reference_fifo(inputs, n_m, n_cm, c, compress, overlap=False):
+    """Plain re-statement of the FIFO rule for one layer: inputs is the list of h per call. With
+    overlap, f_c also reads the memory that follows the evicted ones."""
     mem = inputs[0][:, :0]
     c_mem = inputs[0][:, :0]
     history = []
@@ -130,12 +144,13 @@ def reference_fifo(inputs, n_m, n_cm, c, compress):
             n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c
             old, mem = mem[:, :n_evict], mem[:, n_evict:]
             if n_cm:
-                c_mem = torch.cat([c_mem, compress(old)], dim=1)[:, -n_cm:]
+                squeezed = compress(old, mem[:, :1]) if overlap else compress(old)
+                c_mem = torch.cat([c_mem, squeezed], dim=1)[:, -n_cm:]
         history.append((mem, c_mem))
     return history
 
 
-@pytest.mark.parametrize("compression", ["conv", "mean_pool", "dilated_conv"])
+@pytest.mark.parametrize("compression", ["conv", "mean_pool", "dilated_conv", "overlap_max_pool"])
 @pytest.mark.parametrize("lengths", [(6, 6, 6, 6), (5, 7, 1, 1, 1, 4, 2, 9), (1,) * 20])
 def test_fifo_rule_and_c_mem_is_f_c_of_evicted(compression, lengths):
     model = make(compression=compression).eval()
@@ -146,7 +161,8 @@ def test_fifo_rule_and_c_mem_is_f_c_of_evicted(compression, lengths):
             _, memory, _ = model(tokens(2, length, seed=n), memory)
             states.append(memory)
     for i, layer in enumerate(model.layers):
-        expected = reference_fifo(seen[i], 8, 4, 3, layer.compress)
+        expected = reference_fifo(seen[i], 8, 4, 3, layer.compress,
+                                  overlap=compression == "overlap_max_pool")
         for got, (mem, c_mem) in zip(states, expected):
             assert got.mem[i].shape == mem.shape and got.c_mem[i].shape == c_mem.shape
             torch.testing.assert_close(got.mem[i], mem)
@@ -181,8 +197,9 @@ def test_no_memory_mode_keeps_nothing():
     assert all(m.size(1) == 0 for m in memory.mem + memory.c_mem)
 
 
-def test_memory_never_requires_grad_and_stays_bounded():
-    model = make(compression="conv")
+@pytest.mark.parametrize("compression", ["conv", "overlap_max_pool"])
+def test_memory_never_requires_grad_and_stays_bounded(compression):
+    model = make(compression=compression)
     memory = None
     for n in range(40):
         logits, memory, recon = model(tokens(2, 6, seed=n), memory)
