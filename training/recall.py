@@ -357,6 +357,7 @@ def report(scored: Scored, model, out: str) -> dict:
         print(f"facts held in c_mem when asked: {held['accuracy']:.3f} ({held['queries']} queries); "
               f"by the phase of the digit in its block of c={cfg.compression_rate}: " + ", ".join(
                   f"{p['phase']}: {p['accuracy']:.3f} ({p['queries']})" for p in split))
-    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
+    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + \
+        (f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else "")
     plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
     return {"by_distance": rows, "by_phase": phases}
