@@ -5,7 +5,8 @@ Modelling", arXiv:1911.05507.  The file reads in the order of the paper's Algori
 
     1. configuration and the memory state carried between segments
     2. Transformer-XL relative attention over [compressed memory; memory; segment]
-    3. the compression functions f_c (conv, max/mean pooling, dilated conv, most-used)
+    3. the compression functions f_c (conv, max/mean pooling, overlapping max pooling, dilated
+       conv, most-used)
     4. the reconstruction losses that train f_c (attention reconstruction, auto-encoding)
     5. one layer: attend and feed forward, then update the two FIFOs
     6. the language model, with generation
