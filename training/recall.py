@@ -235,7 +235,8 @@ def held_in_c_mem(scored: Scored, edges):
     """Which queries find their fact in the compressed memory when they are read, or None without
     one. A distance D does not say this alone: a query early in its segment holds a fact of the
     same D farther back than a query late in it (the c_mem region by D, with the n_s - 1 more
-    that its last query reaches, mixes a few of each, and some facts already beyond reach)."""
+    that its last query reaches, mixes a few of each, and some facts already beyond reach). Exact
+    when n_s and n_m are multiples of c, as in the recipes, so that mem always holds n_m."""
     limits = dict(edges)
     if "c_mem" not in limits:
         return None
