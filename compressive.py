@@ -348,7 +348,8 @@ def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, 
 
     The authors' code (deepmind/sonnet, ConvCompressor) uses the plain queries q, without the
     content bias u, and a conv f_c without bias. Measured on the recall benchmark (README; c = 2,
-    seed 1337, one seed each): that variant 0.838 / 0.903 by phase, this one 0.926 / 0.930."""
+    seed 1337, one seed each; facts held in c_mem, by phase): that variant 0.913 / 0.974, this one
+    0.973 / 0.994."""
     attn = layer.attn
     if layer.pre_norm:  # attention sees normalised memories: use the layer's norm, frozen
         norm = layer.attn_norm

@@ -175,23 +175,29 @@ class Scored(NamedTuple):
     fact_back: torch.Tensor    # how far the digit lies before the segment its query is read in
 
 
+def locate(answers, length: int, n_streams: int, seq_len: int):
+    """Where each query sits in an evaluation of n_streams streams of length characters, each read
+    seq_len at a time and the few characters left over read as one more segment of the last stream:
+    its stream, the stream offsets of its '?' (whose prediction is scored) and of the fact's digit,
+    how far that digit lies before the segment the '?' is read in (<= 0: inside it), and whether the
+    whole fact " KK=d" lies in the query's stream."""
+    position, distance = answers.unbind(dim=1)
+    stream = ((position - 1) // length).clamp(max=n_streams - 1)
+    query = position - 1 - stream * length
+    fact = position - distance - stream * length
+    segment_start = torch.where(query < length, query - query % seq_len, length)
+    return stream, query, fact, segment_start - fact, fact - 4 >= 0
+
+
 def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     """Every query that the evaluation (n_streams contiguous streams of data, each starting from
     an empty memory and read seq_len characters at a time) could answer: those whose whole fact
-    " KK=d" lies in the query's stream. predictions[p] is the model's most likely character after
-    data[:p]. fact_back <= 0: the digit is in the query's own segment; else it is that many
-    characters before the segment, which says in which memory it is held when the query is read."""
-    length = (len(data) - 1) // n_streams
+    lies in the query's stream. predictions[p] is the model's most likely character after
+    data[:p]. fact_back says in which memory the fact is held when the query is read."""
+    _, _, fact, back, whole = locate(answers, (len(data) - 1) // n_streams, n_streams, seq_len)
     position, distance = answers.unbind(dim=1)
-    stream = ((position - 1) // length).clamp(max=n_streams - 1)
-    fact = position - distance  # the fact's digit
-    scored = fact - 4 >= stream * length
     correct = predictions[position] == data[position]
-    query = position - 1 - stream * length  # the '?' whose prediction is scored, in its stream
-    segment_start = torch.where(query < length, query - query % seq_len, length)  # the tail: one
-    fact_offset = fact - stream * length                                          # segment more
-    return Scored(distance[scored], correct[scored], fact_offset[scored],
-                  (segment_start - fact_offset)[scored])
+    return Scored(distance[whole], correct[whole], fact[whole], back[whole])
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -216,11 +222,6 @@ def regions(edges):
     return [(name, lo, hi - 1) for (name, hi), lo in zip(edges + [("beyond", math.inf)], lows)]
 
 
-def c_mem_span(edges):
-    """(from, to) of the distances that need the compressed memory, or None without one."""
-    return next(((lo, hi) for name, lo, hi in regions(edges) if name == "c_mem"), None)
-
-
 def by_region(scored: Scored, edges) -> dict:
     """Accuracy over all the queries whose distance falls in each region of the model's reach."""
     out = {}
@@ -231,7 +232,7 @@ def by_region(scored: Scored, edges) -> dict:
     return out
 
 
-def held_in_c_mem(scored: Scored, edges):
+def held_in_c_mem(fact_back: torch.Tensor, edges):
     """Which queries find their fact in the compressed memory when they are read, or None without
     one. A distance D does not say this alone: a query early in its segment holds a fact of the
     same D farther back than a query late in it (the c_mem region by D, with the n_s - 1 more
@@ -241,14 +242,14 @@ def held_in_c_mem(scored: Scored, edges):
     if "c_mem" not in limits:
         return None
     n_s = limits["segment"]  # a segment's last query reaches n_m (mem) and c * n_cm (c_mem) more
-    return (scored.fact_back > limits["mem"] - n_s) & (scored.fact_back <= limits["c_mem"] - n_s)
+    return (fact_back > limits["mem"] - n_s) & (fact_back <= limits["c_mem"] - n_s)
 
 
 def by_phase(scored: Scored, edges, rate: int):
     """The queries whose fact is held in c_mem when asked, all together and split by the phase of
     the fact's digit in its block of c: [{"phase", "queries", "accuracy"}], phase "all" first;
     [] without a c_mem or without such queries."""
-    held = held_in_c_mem(scored, edges)
+    held = held_in_c_mem(scored.fact_back, edges)
     if held is None or not held.any():
         return []
     rows = []
@@ -291,13 +292,9 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> list:
     "digit_slot", "marker_slot", "c_mem", "queries"}."""
     cfg = model.cfg
     n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
-    length = streams.size(1) - 1
-    position, distance = answers.unbind(dim=1)
-    stream = (position - 1) // length
-    query, fact = position - 1 - stream * length, position - distance - stream * length
-    back = query - query % n_s - fact
-    wanted = (stream < streams.size(0)) & (fact - 4 >= 0) & (query < length // n_s * n_s) & \
-        (back > n_m) & (back <= n_m + c * cfg.c_mem_len)
+    n_streams, length = streams.size(0), streams.size(1) - 1
+    stream, query, fact, back, whole = locate(answers, length, n_streams, n_s)
+    wanted = whole & (query < length // n_s * n_s) & held_in_c_mem(back, model.reach())
     by_segment = {}
     for b, q, f, k in zip(*(t[wanted].tolist() for t in (stream, query, fact, back))):
         by_segment.setdefault(q // n_s, []).append((b, q % n_s, f % c, k))
