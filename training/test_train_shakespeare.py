@@ -1,0 +1,681 @@
+"""The specification of train_shakespeare.py and its helpers in training/, as tests: flags, data,
+checkpoints, the recall task, --analyze, --bench, plots and torchrun. The model's own
+specification is test_compressive.py at the top of the repository. Run: pytest -q"""
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train_shakespeare as ts
+from compressive import CompressiveConfig, CompressiveTransformer, FeedbackTransformer, Memory
+from training import analysis, files, plots, recall
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
+SHAKESPEARE = ts.DEFAULT_DATA  # where the script keeps the text (a first run downloads it there)
+
+
+def tiny(**overrides) -> CompressiveConfig:
+    base = dict(vocab_size=13, d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0,
+                seq_len=6, mem_len=8, c_mem_len=4, compression_rate=3)
+    base.update(overrides)
+    return CompressiveConfig(**base)
+
+
+def make(seed=0, **overrides) -> CompressiveTransformer:
+    torch.manual_seed(seed)
+    return CompressiveTransformer(tiny(**overrides))
+
+
+def tokens(batch, length, vocab=13, seed=1):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def small_text(tmp_path):
+    """A few thousand characters: real Shakespeare when the file is at hand, else a stand-in."""
+    if os.path.exists(SHAKESPEARE):
+        with open(SHAKESPEARE, encoding="utf-8") as f:
+            text = f.read()[:6000]
+    else:
+        text = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n"
+                "Speak, speak.\n\n") * 80
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+TINY_FLAGS = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64",
+              "--seq-len", "16", "--mem-len", "16", "--c-mem-len", "8", "--compression-rate", "2",
+              "--batch-size", "4", "--lr", "3e-3", "--warmup", "5", "--device", "cpu"]
+
+
+def test_streams_stay_contiguous_across_steps():
+    data = torch.arange(1001)
+    streams = ts.make_streams(data, 4)
+    assert streams.shape == (4, 251)
+    assert streams[1, 0] == streams[0, -1]  # strand b ends where strand b+1 begins
+    x0, y0, wrapped0 = ts.segment_at(streams, 0, 16)
+    x1, y1, wrapped1 = ts.segment_at(streams, 1, 16)
+    assert wrapped0 and not wrapped1
+    assert (x1[:, 0] == x0[:, -1] + 1).all() and (y0 == x0 + 1).all()  # row b continues row b
+    n_segments = 250 // 16
+    assert ts.segment_at(streams, n_segments, 16)[2]  # wraps to the start after the last segment
+
+
+def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
+    out = str(tmp_path / "run")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "60", "--eval-every", "60",
+                    *TINY_FLAGS]) == 0
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["step"] == 60 and metrics["tokens_seen"] == 60 * 4 * 16
+    assert metrics["val_loss"] < math.log(len(set(open(small_text).read()))) - 0.5
+    assert abs(metrics["val_bpc"] - metrics["val_loss"] / math.log(2)) < 1e-9
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    for key in ("config", "model", "optimizer", "step", "rng", "vocab", "memory", "args"):
+        assert key in ckpt
+
+
+def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
+    whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+    common = ["--data", small_text, "--steps", "24", "--eval-every", "100", *TINY_FLAGS]
+    assert ts.main([*common, "--out", whole]) == 0
+    assert ts.main([*common, "--out", split, "--stop-after", "12"]) == 0
+    assert torch.load(os.path.join(split, "ckpt.pt"), weights_only=True)["step"] == 12
+    assert ts.main([*common, "--out", split, "--resume"]) == 0
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
+    b = torch.load(os.path.join(split, "ckpt.pt"), weights_only=True)
+    assert a["step"] == b["step"] == 24
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "5", *TINY_FLAGS]) == 0
+    capsys.readouterr()
+    assert ts.main(["--out", out, "--sample", "40", "--prompt", "First", "--top-k", "5",
+                    "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
+    assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu"]) == 0
+    assert "val loss" in capsys.readouterr().out
+    assert ts.main(["--out", out, "--analyze", "--data", small_text, "--device", "cpu",
+                    "--batch-size", "2"]) == 0
+    report = capsys.readouterr().out
+    assert "c_mem 1/4" in report and "segment 4/4" in report and "reconstruction loss" in report
+    assert ts.main(["--out", out, "--eval-only", "--task", "recall", "--device", "cpu"]) == 2
+    assert "trained on Shakespeare" in error_line(capsys)  # not a download attempt
+
+
+def error_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--seq-len", "0"], "--seq-len must be positive"),
+    (["--mem-len", "-3"], "--mem-len must be >= 0"),
+    (["--d-model", "30", "--n-heads", "4"], "divisible"),
+    (["--data", "/nonexistent/file.txt"], "data file not found"),
+    (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
+    (["--batch-size", "100000"], "cannot feed"),
+    (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
+])
+def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tmp_path, capsys):
+    if "--data" not in flags:  # never reach for the network
+        flags = [*flags, "--data", small_text]
+    if "--out" not in flags:
+        flags = [*flags, "--out", str(tmp_path / "run")]
+    assert ts.main(flags) == 2
+    assert message in error_line(capsys)
+
+
+def test_a_model_too_large_for_the_machine_gives_one_error_line(small_text, tmp_path, capsys):
+    out = tmp_path / "run"
+    # about 3e11 floats for W_q, W_k, W_v: far beyond this machine's memory, refused at once
+    assert ts.main(["--data", small_text, "--out", str(out), *TINY_FLAGS, "--d-model", "300000",
+                    "--n-heads", "1"]) == 2
+    line = error_line(capsys)
+    assert "out of memory" in line and "GiB" in line and "lower --d-model" in line
+    assert not out.exists()
+    cuda_error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert "lower --d-model" in str(ts.out_of_memory(cuda_error)) and ts.is_out_of_memory(cuda_error)
+    assert not ts.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
+    script = os.path.join(HERE, "train_shakespeare.py")
+    for flags, message in ((["--compression", "zip"], "invalid choice"),
+                           (["--data", str(tmp_path / "missing.txt")], "data file not found")):
+        result = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2 and message in result.stderr
+        assert "Traceback" not in result.stderr and "Warning" not in result.stderr
+
+
+# ---------------------------------------------------------------- hostile files, bad flags ---------
+
+@pytest.fixture
+def trained(small_text, tmp_path):
+    """A folder with a real checkpoint after 2 steps (and its metrics)."""
+    out = str(tmp_path / "trained")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "2", "--eval-every", "2",
+                    *TINY_FLAGS]) == 0
+    return out
+
+
+class CreatesAFile:
+    """Unpickling this calls open(path, "w"): what a crafted checkpoint could do with any call."""
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+MODES = {"sample": ["--sample", "5"], "eval-only": ["--eval-only"], "analyze": ["--analyze"],
+         "resume": ["--resume", "--steps", "4"]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_checkpoint_is_data_and_cannot_run_code(mode, trained, small_text, tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    ckpt = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
+    ckpt["history"] = [CreatesAFile(str(marker))]
+    torch.save(ckpt, os.path.join(trained, "ckpt.pt"))
+    capsys.readouterr()
+    assert ts.main(["--out", trained, "--data", small_text, *MODES[mode], *TINY_FLAGS]) == 2
+    assert not marker.exists()
+    assert "is not a readable checkpoint" in error_line(capsys)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "not a dict", "no weights"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_damaged_checkpoint_gives_one_error_line(mode, damage, trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    if damage == "not a dict":
+        torch.save([1, 2, 3], path)
+    elif damage == "no weights":
+        ckpt = torch.load(path, weights_only=True)
+        del ckpt["model"]
+        torch.save(ckpt, path)
+    else:
+        payload = {"truncated": good[:len(good) // 2], "garbage": os.urandom(4096), "empty": b""}
+        open(path, "wb").write(payload[damage])
+    damaged = open(path, "rb").read()
+    capsys.readouterr()
+    assert ts.main(["--out", trained, "--data", small_text, *MODES[mode], *TINY_FLAGS]) == 2
+    assert "checkpoint" in error_line(capsys)
+    assert open(path, "rb").read() == damaged  # nothing overwritten
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_gives_one_error_line(trained, small_text,
+                                                                               capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model"]["head.weight"] = ckpt["model"]["head.weight"][:, :3]
+    torch.save(ckpt, path)
+    capsys.readouterr()
+    assert ts.main(["--out", trained, "--sample", "5", "--device", "cpu"]) == 2
+    assert "do not fit" in error_line(capsys)
+
+
+def test_data_that_is_not_utf8_text_gives_one_error_line(tmp_path, capsys):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("Caf\xe9 au lait\n".encode("latin-1") * 200)
+    assert ts.main(["--data", str(path), "--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
+    assert "is not UTF-8 text" in error_line(capsys)
+
+
+@pytest.mark.parametrize("mode", [[], ["--sample", "5"], ["--eval-only"]])
+def test_out_naming_a_file_gives_one_error_line(mode, small_text, tmp_path, capsys):
+    path = tmp_path / "notes.txt"
+    path.write_text("keep me")
+    assert ts.main(["--data", small_text, "--out", str(path), *mode, *TINY_FLAGS]) == 2
+    assert "exists and is not a folder" in error_line(capsys)
+    assert path.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--min-lr", "--weight-decay", "--grad-clip", "--dropout",
+                                  "--temperature"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_non_finite_hyper_parameters_are_rejected_up_front(flag, value, small_text, tmp_path,
+                                                           capsys):
+    out = tmp_path / "run"
+    assert ts.main(["--data", small_text, "--out", str(out), *TINY_FLAGS, f"{flag}={value}"]) == 2
+    assert f"{flag} must be a finite number" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_a_diverging_run_stops_and_writes_nothing_when_it_has_no_checkpoint(small_text, tmp_path,
+                                                                          capsys):
+    out = tmp_path / "run"
+    # lr 1e30 is finite, so it passes the flag checks; one AdamW step then makes the weights huge
+    assert ts.main(["--data", small_text, "--out", str(out), "--steps", "1", *TINY_FLAGS,
+                    "--lr", "1e30"]) == 2
+    line = error_line(capsys)
+    assert "validation loss is not finite" in line and "no checkpoint was written" in line
+    assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("steps,what", [(3, "validation loss"), (4, "training loss")])
+def test_a_diverging_run_keeps_the_last_good_checkpoint(steps, what, trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    metrics = open(os.path.join(trained, "metrics.json")).read()
+    capsys.readouterr()
+    # resumed at step 2: step 3 blows the weights up; --steps 3 validates right after it (the
+    # training loss it saw was still finite), --steps 4 first sees a non-finite training loss
+    assert ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", str(steps),
+                    *TINY_FLAGS, "--lr", "1e30"]) == 2
+    line = error_line(capsys)
+    assert f"{what} is not finite" in line
+    assert f"the last good checkpoint is kept at {path} (step 2)" in line
+    assert open(path, "rb").read() == good
+    assert open(os.path.join(trained, "metrics.json")).read() == metrics
+
+
+def test_checkpoints_reach_the_disk_before_they_replace_the_old_one(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(
+        f"/proc/self/fd/{fd}"))), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", b)),
+                                                     real_replace(a, b))[1])
+    path = str(tmp_path / "ckpt.pt")
+    files.write_atomically(path, lambda f: torch.save({"x": torch.ones(3)}, f))
+    assert events == [("fsync", path + ".tmp"), ("replace", path), ("fsync", str(tmp_path))]
+    assert torch.load(path, weights_only=True)["x"].sum() == 3
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(small_text, tmp_path):
+    common = ["--data", small_text, "--steps", "20", "--eval-every", "2", *TINY_FLAGS]
+    whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+    threads = str(torch.get_num_threads())  # as in this process, so the arithmetic is the same
+    run = subprocess.Popen([sys.executable, os.path.join(HERE, "train_shakespeare.py"), *common,
+                            "--out", killed], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=dict(os.environ, OMP_NUM_THREADS=threads))
+    ckpt = os.path.join(killed, "ckpt.pt")
+    while not os.path.exists(ckpt) and run.poll() is None:
+        time.sleep(0.005)
+    run.kill()  # SIGKILL: no handler runs, whatever the process was doing
+    run.wait()
+    assert torch.load(ckpt, weights_only=True)["step"] < 20  # it died mid-run
+    assert ts.main([*common, "--out", killed, "--resume"]) == 0
+    assert ts.main([*common, "--out", whole]) == 0
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
+    b = torch.load(ckpt, weights_only=True)
+    assert a["step"] == b["step"] == 20
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
+    source = tmp_path / "source.txt"
+    source.write_bytes(b"hello shakespeare\n" * 100)
+    good = hashlib.sha256(source.read_bytes()).hexdigest()
+    target = tmp_path / "data" / "tiny.txt"
+    files.download(str(target), source.as_uri(), good)
+    assert target.read_bytes() == source.read_bytes()
+
+    bad_target = tmp_path / "data" / "bad.txt"
+    with pytest.raises(ts.UserError, match="checksum mismatch.*--data"):
+        files.download(str(bad_target), source.as_uri(), "0" * 64)
+    with pytest.raises(ts.UserError, match="could not download.*--data"):
+        files.download(str(bad_target), (tmp_path / "missing.txt").as_uri(), good)
+    assert sorted(os.listdir(tmp_path / "data")) == ["tiny.txt"]  # nothing half-written
+
+
+# ---------------------------------------------------------------- the recall task -----------------
+
+@pytest.mark.parametrize("live_facts", [1, 3])
+def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_before_it(live_facts):
+    make = lambda seed: recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, live_facts, seed)
+    a, b, c = make("s"), make("s"), make("t")
+    assert a.text == b.text and a.answers.equal(b.answers) and a.text != c.text
+    text, answers = a.text, a.answers.tolist()
+    assert len(answers) > 50 and set(text) <= set(recall.VOCAB)
+    pending = 0
+    for position, distance in answers:
+        assert 8 <= distance <= 300
+        key = text[position - 3:position - 1]
+        assert text[position - 4] == " " and text[position - 1] == "?" and key in recall.TRAINING_KEYS
+        # the latest statement of this key before the query is the fact, and its digit the answer
+        fact = text.rfind(f" {key}=", 0, position - 4)
+        assert fact + 4 == position - distance and text[fact + 4] == text[position]
+    # never more facts waiting for their query than asked for
+    events = sorted([(p - d, 1) for p, d in answers] + [(p, -1) for p, d in answers])
+    for _, change in events:
+        pending += change
+        assert pending <= live_facts
+
+
+def test_recall_validation_shares_no_fact_with_training():
+    assert set(recall.VALIDATION_KEYS).isdisjoint(recall.TRAINING_KEYS)
+    assert len(recall.VALIDATION_KEYS) + len(recall.TRAINING_KEYS) == 26 * 26
+    val = recall.make_recall_text(20000, recall.VALIDATION_KEYS, 8, 300, 20, 2, "validation")
+    train = recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, 2, "train")
+    facts = lambda text: {text[i + 1:i + 5] for i in range(len(text) - 4) if text[i + 3] == "="}
+    assert facts(val.text) and facts(train.text) and not facts(val.text) & facts(train.text)
+
+
+def test_recall_curriculum_widens_the_distances_along_the_text():
+    r = recall.make_recall_text(40000, recall.TRAINING_KEYS, 8, 400, 10, 1, "c", widen_over=20000)
+    position, distance = r.answers.unbind(1)
+    early = distance[position - distance < 5000]
+    assert early.max() <= 8 + (400 - 8) * 5000 / 20000 and distance.max() > 300
+
+
+def test_recall_accuracy_by_distance_on_a_hand_made_case():
+    # 2 streams of 100 characters (data has 201), read 16 at a time; answers at known places
+    data = torch.zeros(201, dtype=torch.long)
+    answers = torch.tensor([[40, 10], [60, 30], [90, 70], [110, 20], [120, 15], [150, 45]])
+    data[answers[:, 0]] = 7
+    predictions = torch.zeros(201, dtype=torch.long)
+    predictions[[40, 90, 120, 150]] = 7  # right at distances 10, 70, 15 and 45; wrong at 30
+    scored = recall.score(predictions, data, answers, n_streams=2, seq_len=16)
+    # the query at 110 (stream 1 starts at 100) asks about 90, in stream 0: not scored
+    assert scored.distance.tolist() == [10, 30, 70, 15, 45]
+    assert scored.correct.tolist() == [True, False, True, True, True]
+    assert scored.fact_offset.tolist() == [30, 30, 20, 5, 5]  # fact digit's place in its stream
+    # the '?' at 39 is read in the segment from 32, 2 after the digit at 30; the one at 59 in the
+    # segment from 48, 18 after it; the one at 89 from 80, 60 after the digit at 20; in stream 1,
+    # the '?'s at 119 and 149 (offsets 19 and 49) from 16 and 48, 11 and 43 after the digit at 5
+    assert scored.fact_back.tolist() == [2, 18, 60, 11, 43]
+    cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # reach 16, 32, 48
+    rows = recall.by_distance(scored, CompressiveTransformer(cfg).reach(), cfg.seq_len)
+    got = [(r["from"], r["to"], r["region"], r["queries"], r["accuracy"]) for r in rows]
+    assert got == [(10, 15, "segment", 2, 1.0), (16, 31, "mem", 1, 0.0), (32, 47, "c_mem", 1, 1.0),
+                   (64, 70, "beyond", 1, 1.0)]
+    # a Feedback token sees the last n_m memory vectors wherever it sits: one edge, at n_m
+    rows = recall.by_distance(scored, FeedbackTransformer(tiny(seq_len=16, mem_len=16)).reach(), 16)
+    got = [(r["from"], r["to"], r["region"], r["queries"]) for r in rows]
+    assert got == [(10, 15, "mem", 2), (16, 31, "beyond", 1), (32, 47, "beyond", 1), (64, 70, "beyond", 1)]
+
+
+def test_recall_scoring_finds_the_segment_of_a_query_read_in_the_tail():
+    # 4 streams of 50 (data has 204), each read 0-15, 16-31, 32-47, 48-49; the last 4 characters
+    # (200-202 predicting 201-203) continue stream 3 (from 150) as one more segment, from offset 50
+    data = torch.zeros(204, dtype=torch.long)
+    answers = torch.tensor([[203, 30], [199, 30]])  # '?' at offsets 52 and 48; digits at 23, 19
+    scored = recall.score(data.clone(), data, answers, n_streams=4, seq_len=16)
+    assert scored.fact_offset.tolist() == [23, 19] and scored.fact_back.tolist() == [50 - 23, 48 - 19]
+
+
+def test_recall_phase_split_on_a_hand_made_case():
+    """The queries whose fact is held in c_mem when they are read (here 16 < fact_back <= 32),
+    all together and split by where the digit sits in its block of c (its stream offset mod c)."""
+    cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # c_mem: D 32-47
+    edges = CompressiveTransformer(cfg).reach()
+    scored = recall.Scored(distance=torch.tensor([33, 40, 47, 35, 44, 38, 20, 60, 30]),
+                           correct=torch.tensor([True, True, False, False, False, True, True, True,
+                                                 True]),
+                           fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3, 7]),
+                           fact_back=torch.tensor([20, 32, 31, 25, 28, 22, 16, 33, 17]))
+    # D 20 and 60 are held in mem (16) and beyond (33); D 30, in the mem region by distance, was
+    # asked early in its segment and is held in c_mem (17)
+    phases = recall.by_phase(scored, edges, rate=4)
+    assert phases == [{"phase": "all", "queries": 7, "accuracy": pytest.approx(4 / 7)},
+                      {"phase": 0, "queries": 3, "accuracy": pytest.approx(2 / 3)},
+                      {"phase": 1, "queries": 2, "accuracy": 0.0},
+                      {"phase": 2, "queries": 1, "accuracy": 1.0},
+                      {"phase": 3, "queries": 1, "accuracy": 1.0}]
+    assert recall.by_phase(scored, CompressiveTransformer(tiny(c_mem_len=0)).reach(), 4) == []
+    assert recall.summary(scored, edges, 4) == ("mem 1.000, c_mem 0.500, beyond 1.000; held in c_mem "
+                                                "0.571 (by phase 0.667 / 0.000 / 1.000 / 1.000)")
+
+
+def test_recall_fact_slots_find_the_digit_and_its_marker_in_c_mem():
+    # n_m 16, c 4, 4 slots held: the newest slot (3) holds the 4 characters 17-20 before the
+    # segment, the oldest (0) those 29-32
+    assert recall.fact_slots(17, n_m=16, rate=4, n_held=4) == (3, 3)  # '=' (18 back) in the same slot
+    assert recall.fact_slots(20, n_m=16, rate=4, n_held=4) == (3, 2)  # the digit opens its block
+    assert recall.fact_slots(25, n_m=16, rate=4, n_held=4) == (1, 1)
+    assert recall.fact_slots(32, n_m=16, rate=4, n_held=4) == (0, -1)  # its '=' has left c_mem
+
+
+def recall_table_rows(printed: str):
+    """The rows of the last "recall accuracy by distance" table in printed output, wherever it
+    stands among other lines (a plot's "wrote ..." line may follow it)."""
+    lines = printed.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("recall accuracy by distance"))
+    rows = []
+    for line in lines[start + 2:]:  # after the title and the column names
+        match = re.fullmatch(r"\s*(\d+)-(\d+)\s+(\w+)\s+(\d+)\s+([\d.]+)", line)
+        if not match:
+            break
+        rows.append({"from": int(match[1]), "to": int(match[2]), "region": match[3],
+                     "queries": int(match[4]), "accuracy": float(match[5])})
+    return rows
+
+
+def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
+    out = str(tmp_path / "recall")
+    flags = ["--task", "recall", "--out", out, "--steps", "30", "--eval-every", "30",
+             "--val-chars", "4000", "--max-distance", "120", *TINY_FLAGS]
+    assert ts.main(flags) == 0
+    printed = capsys.readouterr().out
+    assert "recall accuracy by distance" in printed and "recall accuracy:" in printed
+    table = printed[printed.index("recall accuracy by distance"):].splitlines()
+    assert "segment < 16, mem < 32, c_mem < 48" in table[0]
+    rows = recall_table_rows(printed)
+    assert (rows[0]["from"], rows[0]["to"], rows[0]["region"]) == (8, 15, "segment")
+    assert {"c_mem", "beyond"} <= {row["region"] for row in rows}
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert sum(row["queries"] for row in metrics["recall"]["by_distance"]) > 20
+    assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"]["by_distance"])
+    held, *phases = metrics["recall"]["by_phase"]  # the facts held in c_mem, then each phase
+    assert held["phase"] == "all" and held["queries"] == sum(row["queries"] for row in phases) > 0
+    assert "facts held in c_mem when asked" in printed and "held in c_mem" in printed
+    # --analyze shows, per phase and layer, where the '?' of queries held in c_mem looks
+    assert ts.main(["--out", out, "--analyze", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    looks = printed[printed.index("where the '?' of a query held in c_mem looks"):].splitlines()[3:]
+    rows = [line.split() for line in looks if re.fullmatch(r"\s*\d+\s+\d+\s+\d+\s+[\d.]+\s+\S+\s+[\d.]+", line)]
+    assert {(int(r[0]), int(r[2])) for r in rows} == {(p, l) for p in range(2) for l in range(2)}
+    for phase, _, _, digit, marker, c_mem in rows:
+        assert 0.0 <= float(digit) + (float(marker) if phase == "0" else 0.0) <= float(c_mem) + 1e-3
+        assert (marker == "-") == (phase != "0")
+    # --sample starts from the recall text's filler by default: it has no newline
+    assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
+    assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)
+    # --eval-only takes the task from the checkpoint; the distance flags may widen it
+    assert ts.main(["--out", out, "--eval-only", "--device", "cpu", "--batch-size", "4",
+                    "--val-chars", "4000", "--max-distance", "200"]) == 0
+    rows = recall_table_rows(capsys.readouterr().out)
+    assert rows and rows[-1]["to"] > 120  # the farthest bucket lies beyond what training asked
+
+
+# ---------------------------------------------------------------- plots (optional) -----------------
+
+PLOTS = ("loss.png", "recall.png", "attention.png")
+
+
+@pytest.fixture
+def fresh_pyplot():
+    """pyplot() remembers whether matplotlib imports; forget it around a test that changes that."""
+    plots.pyplot.cache_clear()
+    yield
+    plots.pyplot.cache_clear()
+
+
+def draw_every_plot(out, capsys):
+    """A few recall steps (loss.png, recall.png), then --analyze (attention.png): what each of the
+    two runs printed."""
+    assert ts.main(["--task", "recall", "--out", out, "--steps", "4", "--eval-every", "4",
+                    "--val-chars", "4000", "--max-distance", "60", *TINY_FLAGS]) == 0
+    trained = capsys.readouterr().out
+    plots.pyplot.cache_clear()  # a second run in this process
+    assert ts.main(["--out", out, "--analyze", "--device", "cpu", "--batch-size", "2"]) == 0
+    return trained, capsys.readouterr().out
+
+
+def test_every_plot_the_readme_promises_is_a_valid_png(fresh_pyplot, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+    out = str(tmp_path / "plots")
+    printed = "".join(draw_every_plot(out, capsys))
+    for name in PLOTS:
+        path = os.path.join(out, name)
+        assert f"wrote {path}" in printed
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        image = imread(path)  # decodes the whole file
+        assert image.ndim == 3 and min(image.shape[:2]) >= 200
+        assert image.std() > 0.01, f"{name} is blank"
+    assert "matplotlib is not installed" not in printed
+
+
+def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(fresh_pyplot, tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # "import matplotlib" raises ImportError
+    out = str(tmp_path / "plots")
+    for printed in draw_every_plot(out, capsys):
+        assert printed.count("matplotlib is not installed, so no plots are drawn") == 1
+        assert "wrote" not in printed
+    assert not set(PLOTS) & set(os.listdir(out))
+
+
+def test_recall_flags_need_the_recall_task(small_text, tmp_path, capsys):
+    assert ts.main(["--data", small_text, "--out", str(tmp_path / "x"), "--max-distance", "50",
+                    *TINY_FLAGS]) == 2
+    assert "for --task recall only" in error_line(capsys)
+    assert ts.main(["--task", "recall", "--data", small_text, *TINY_FLAGS]) == 2
+    assert "--data is for --task shakespeare" in error_line(capsys)
+
+
+# ---------------------------------------------------------------- attention analysis -------------
+
+def full_memory_model(pre_norm=False):
+    model = make(pre_norm=pre_norm).eval()
+    memory = None
+    with torch.no_grad():
+        for n in range(5):
+            _, memory, _ = model(tokens(2, 6, seed=n), memory)
+    assert memory.mem[0].size(1) == 8 - 2 and memory.c_mem[0].size(1) == 4
+    return model, memory
+
+
+def test_attention_buckets_sum_to_one_for_every_query():
+    model, memory = full_memory_model()
+    with torch.no_grad(), analysis.recorded_attention(model) as attention:
+        model(tokens(2, 6, seed=9), memory)
+    for weights in attention:
+        buckets = analysis.attention_buckets(weights, 4, 6)
+        assert buckets.shape == (2, 2, 6, 3 * analysis.BUCKETS_PER_REGION)
+        torch.testing.assert_close(buckets.sum(-1), torch.ones(2, 2, 6))
+
+
+def test_attention_buckets_line_up_with_the_memory_layout():
+    model, memory = full_memory_model()
+    with torch.no_grad():  # no content or position signal: each query spreads evenly over what it sees
+        for layer in model.layers:
+            layer.attn.qkv.weight.zero_()
+            layer.attn.position.weight.zero_()
+        with analysis.recorded_attention(model) as attention:
+            model(tokens(2, 6, seed=9), memory)
+    buckets = analysis.attention_buckets(attention[0], 4, 6)[0, 0]  # [T, buckets]
+    n = analysis.BUCKETS_PER_REGION
+    for i in range(6):
+        visible = 4 + 6 + i + 1
+        assert math.isclose(buckets[i, :n].sum().item(), 4 / visible, rel_tol=1e-5)
+        assert math.isclose(buckets[i, n:2 * n].sum().item(), 6 / visible, rel_tol=1e-5)
+        assert math.isclose(buckets[i, 2 * n:].sum().item(), (i + 1) / visible, rel_tol=1e-5)
+    assert buckets[0, 2 * n + 1:].sum() == 0  # the first query sees only the first segment bucket
+
+
+def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
+    model = make(pre_norm=False).eval()  # post-LN: layer 0 attends over raw embeddings and memory
+    d, dh = 16, 8
+    with torch.no_grad():
+        model.embed.weight[:, 0] = 0.0
+        for layer in model.layers:
+            attn = layer.attn
+            attn.qkv.weight.zero_()
+            attn.position.weight.zero_()
+            attn.content_bias.zero_()
+            attn.content_bias[:, 0, 0] = 40.0                  # every head's content bias looks along key dim 0
+            for h in range(2):
+                attn.qkv.weight[d + h * dh, 0] = 1.0  # key dim 0 of each head reads feature 0
+        mem = torch.randn(2, 8, d)
+        mem[..., 0] = 1.0                           # only memories carry feature 0
+        c_mem = torch.randn(2, 4, d)
+        c_mem[..., 0] = 0.0
+        memory = Memory([mem, mem], [c_mem, c_mem])
+        with analysis.recorded_attention(model) as attention:
+            model(tokens(2, 6), memory)
+    buckets = analysis.attention_buckets(attention[0], 4, 8).mean(dim=(0, 1, 2))
+    n = analysis.BUCKETS_PER_REGION
+    assert buckets[n:2 * n].sum() > 0.99
+    assert buckets[:n].sum() < 0.01 and buckets[2 * n:].sum() < 0.01
+
+
+def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_text, tmp_path):
+    """2 ranks x 4 streams against 1 process x 8 streams: each rank's memory is its rows of the
+    single run's, the gradients agree (AdamW's first moment, a weighted sum of the gradients of
+    every step, f_c's included), and DDP has nothing to warn about."""
+    ddp, single = str(tmp_path / "ddp"), str(tmp_path / "single")
+    common = ["--data", small_text, "--steps", "4", "--eval-every", "4", *TINY_FLAGS]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(HERE, "train_shakespeare.py"), *common, "--out", ddp]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("done: 4 steps") == 1 and "2 process(es)" in result.stdout
+    assert "find_unused_parameters" not in result.stderr and "Traceback" not in result.stderr
+    assert json.load(open(os.path.join(ddp, "metrics.json")))["tokens_seen"] == 4 * 2 * 4 * 16
+    assert ts.main([*common, "--batch-size", "8", "--out", single]) == 0
+    a = torch.load(os.path.join(ddp, "ckpt.pt"), weights_only=True)
+    b = torch.load(os.path.join(single, "ckpt.pt"), weights_only=True)
+    assert len(a["memory"]) == 2 and len(b["memory"]) == 1
+    for part in (0, 1):  # mem, c_mem of every layer
+        for rows, whole in zip(zip(a["memory"][0][part], a["memory"][1][part]), b["memory"][0][part]):
+            torch.testing.assert_close(torch.cat(rows), whole, rtol=1e-4, atol=1e-5)
+    # AdamW's state follows make_optimizer's order: matrices (decayed) first, then the rest
+    names = sorted(b["model"], key=lambda name: b["model"][name].dim() < 2)
+    for i, (sa, sb) in enumerate(zip(a["optimizer"]["state"].values(),
+                                     b["optimizer"]["state"].values())):
+        scale = sb["exp_avg"].abs().max().item()
+        assert scale > 0, names[i]  # every parameter was trained, f_c's by its own loss
+        torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], rtol=1e-3, atol=1e-4 * scale,
+                                   msg=names[i])
+
+
+def test_bench_prints_its_summary_as_the_last_line(capsys):
+    assert ts.main(["--bench", "--bench-steps", "2", *TINY_FLAGS]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = re.fullmatch(r"bench tokens_per_s=([\d.]+) ms_per_step=([\d.]+) peak_mem_mb=([\d.]+) "
+                         r"mfu=([\d.]+)", last)
+    assert match, last
+    tokens_per_s, ms_per_step = float(match[1]), float(match[2])
+    # the same rate twice, each rounded as printed: ms_per_step to 0.01 ms, tokens_per_s to 0.1,
+    # which on a slow (loaded) machine moves 64000 / tokens_per_s by up to 64000 * 0.05 / t^2
+    from_rate = 4 * 16 / tokens_per_s * 1000
+    assert abs(ms_per_step - from_rate) <= 0.005 + from_rate * 0.05 / tokens_per_s + 1e-6
+    assert float(match[3]) > 0 and 0 < float(match[4]) < 10
+
+
+# ---------------------------------------------------------------- the teachers' handout -----------
+
+def test_handout_the_model_and_its_specification_import_only_torch_pytest_and_the_stdlib():
+    """A teacher hands out compressive.py and test_compressive.py alone (.ci/run runs them so)."""
+    import ast
+    for name in ("compressive.py", "test_compressive.py"):
+        with open(os.path.join(HERE, name), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        imported = {(node.names[0].name if isinstance(node, ast.Import) else node.module).split(".")[0]
+                    for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))}
+        assert imported <= set(sys.stdlib_module_names) | {"torch", "pytest", "compressive"}, name
+        with open(os.path.join(HERE, name), encoding="utf-8") as f:
+            assert "../" not in f.read(), f"{name} names a path outside the repository"
