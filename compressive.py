@@ -21,6 +21,18 @@ Symbols used throughout (the paper's):
     f_c   the compression function, one per layer (``model.layers[i].compress``)
 
 Tensors are batch first: [batch, time, d_model]. Memories are stored oldest first.
+
+Where this departs from the paper (each a choice a reader may want to undo):
+    - post-LN as in the paper, with a pre-LN option (``pre_norm=True``); GELU in the feed-forward
+    - Xavier-scale initialisation of every linear layer, an N(0, 1) embedding and an untied head
+    - a compressed slot sits at the relative distance of one position, like any memory: positions
+      count slots, not the c tokens behind each one
+    - overflow is evicted in whole blocks of c, so with T not a multiple of c mem may hold up to
+      c - 1 fewer than n_m for a while
+    - the conv f_c has a bias and starts as mean pooling plus noise
+    - the attention reconstruction uses the layer's content queries q + u (the authors' code: q)
+    - two f_c not in the paper: ``overlap_max_pool`` (windows of c + 1, see its class) and the
+      residual ``dilated_conv`` stack
 """
 
 import math
@@ -50,7 +62,7 @@ class CompressiveConfig:
     dropout: float = 0.0
     seq_len: int = 64            # n_s: training segment length
     mem_len: int = 64            # n_m: 0 -> no memory at all (relative-attention transformer)
-    c_mem_len: int = 64          # n_cm: 0 -> Transformer-XL (evicted memories are dropped)
+    c_mem_len: int = 32          # n_cm: 0 -> Transformer-XL (evicted memories are dropped)
     compression_rate: int = 4    # c
     compression: str = "conv"    # f_c: one of COMPRESSIONS
     reconstruction: str = "attention"  # loss that trains f_c: attention | autoencoding
@@ -117,22 +129,24 @@ def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Ten
 
 
 def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
-    """Turn scores per (query, distance) into scores per (query, key) without copying.
+    """Turn scores per (query, distance) into scores per (query, key), as a view.
 
-    position_scores: [..., T, K+1], column p holds distance K - p (so column 0 is distance K,
-    one more than any key needs, and the last column is distance 0).
-    Returns [..., T, K] with out[i, j] = position_scores[i, T + j - i] = score at distance M + i - j.
+    position_scores: [..., T, K+1]; column p holds distance K - p (column 0 is distance K, one more
+    than any key needs; the last column is distance 0). Returns [..., T, K] with
+    out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
 
-    Read row-major, entry (i, j) of the result sits at flat offset T + i*K + j of the input, i.e.
-    the input viewed with rows one element shorter, starting T elements in. Transformer-XL gets the
-    same effect by padding a zero column and re-viewing; the spare distance-K column plays the
-    pad's role here, so the shift is a pure view. Entries with j > M + i (the future, which the
-    causal mask removes anyway) wrap into the next row and hold unrelated numbers.
+    Worked example, T = 2 queries, K = 3 keys (M = 1 memory), entries named by distance:
+        input rows  (distances 3 2 1 0):   q0: [3 2 1 0]     q1: [3 2 1 0]
+        flat:                              3 2 1 0 3 2 1 0
+        skip T = 2, read 2 rows of K = 3:  [1 0 3] [2 1 0]
+        q0 sees keys 0, 1 at distances 1, 0 (key 2 is its future: the causal mask hides the 3 that
+        wrapped in); q1 sees keys 0, 1, 2 at distances 2, 1, 0. Transformer-XL pads a zero column
+        and re-views; the spare distance-K column plays the pad's role, so nothing is copied.
     """
     *batch, T, K_plus_1 = position_scores.shape
     K = K_plus_1 - 1
-    flat = position_scores.reshape(*batch, T * K_plus_1)
-    return flat[..., T:T + T * K].view(*batch, T, K)
+    flat = position_scores.reshape(*batch, T * K_plus_1)          # [..., T*(K+1)]
+    return flat[..., T:T + T * K].view(*batch, T, K)              # [..., T, K]
 
 
 class Attended(NamedTuple):
@@ -215,15 +229,20 @@ class RelativeMultiHeadAttention(RelativeAttention):
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. Compression functions f_c: [batch, k*c, d] -> [batch, k, d]
+# 3. Compression functions f_c
 # ----------------------------------------------------------------------------------------------
+# Every f_c is called the same way, compressed = f_c(old_mem, following, usage):
+#     old_mem    [B, k*c, d]  the memories just evicted from mem, oldest first (k whole blocks of c)
+#     following  [B, >= 1, d] the memories still in mem after them (only overlap_max_pool reads it)
+#     usage      [B, k*c]     attention each evicted memory received (only most_used reads it)
+#     compressed [B, k, d]    one compressed memory per block of c
 
 class ConvCompress(nn.Module):
-    """1-D convolution with kernel = stride = c: the paper's best f_c.
+    """The paper's best f_c: a 1-D convolution with kernel = stride = c.
 
     The windows do not overlap, so the convolution is one linear map [c*d] -> [d] applied to each
-    block of c consecutive memories laid side by side. Written that way it is a single matmul on
-    a free reshape (a Conv1d does the same arithmetic several times slower on CPU)."""
+    block of c consecutive memories laid side by side: a single matmul on a free reshape (a Conv1d
+    does the same arithmetic, slower on CPU)."""
 
     def __init__(self, d_model: int, rate: int):
         super().__init__()
@@ -234,15 +253,15 @@ class ConvCompress(nn.Module):
         self.weight = nn.Parameter(mean_pool + torch.randn(d_model, rate * d_model) * 0.02 / rate)
         self.bias = nn.Parameter(torch.zeros(d_model))
 
-    def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
-        B, length, d = old_mem.shape                      # length = k*c, oldest first
-        blocks = old_mem.reshape(B, length // self.rate, self.rate * d)
-        return F.linear(blocks, self.weight, self.bias)
+    def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
+        B, length, d = old_mem.shape
+        blocks = old_mem.reshape(B, length // self.rate, self.rate * d)        # [B, k, c*d]
+        return F.linear(blocks, self.weight, self.bias)                        # [B, k, d]
 
 
 class DilatedConvCompress(nn.Module):
-    """A small stack of dilated convolutions (dilation 1, 2; residual, length kept) that mixes
-    neighbouring memories, ending in a kernel = stride = c convolution that sets the rate."""
+    """Dilated convolutions (dilation 1, 2; residual, length kept) that mix neighbouring memories,
+    then the kernel = stride = c convolution that sets the rate."""
 
     def __init__(self, d_model: int, rate: int):
         super().__init__()
@@ -254,11 +273,11 @@ class DilatedConvCompress(nn.Module):
             nn.init.zeros_(conv.bias)
         self.reduce = ConvCompress(d_model, rate)
 
-    def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
-        x = old_mem.transpose(1, 2)                              # Conv1d wants [B, d, time]
+    def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
+        x = old_mem.transpose(1, 2)                              # Conv1d wants [B, d, k*c]
         for conv in self.dilated:
             x = x + F.gelu(conv(x))
-        return self.reduce(x.transpose(1, 2))
+        return self.reduce(x.transpose(1, 2))                    # [B, k, d]
 
 
 class PoolCompress(nn.Module):
@@ -269,7 +288,7 @@ class PoolCompress(nn.Module):
         self.rate = rate
         self.pool = F.max_pool1d if kind == "max_pool" else F.avg_pool1d
 
-    def forward(self, old_mem: torch.Tensor) -> torch.Tensor:
+    def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
         return self.pool(old_mem.transpose(1, 2), self.rate, self.rate).transpose(1, 2)
 
 
@@ -278,20 +297,18 @@ class OverlapMaxPoolCompress(nn.Module):
     largest value in its block of c and in the one memory after it (still in mem when the block is
     evicted), so any two neighbouring memories lie whole inside one window.
 
-    With kernel = stride = c, a block boundary falls between two neighbours at one place in c. In
-    layer 0, whose memories are token embeddings, a pair such as a fact's marker and its value then
-    lands in two slots, and no slot holds both (the README's reach benchmark). Max, not mean, so
-    that a token's features survive undiluted whatever shares its window. Not in the paper (the
-    authors' code allows windows wider than the stride); no parameters."""
+    With kernel = stride = c a block boundary parts two neighbours at one place in c. In layer 0,
+    whose memories are token embeddings, a pair such as a fact's marker and its value then lands
+    in two slots, and no slot holds both (the README's reach benchmark). Max, not mean, so that a
+    token's features survive undiluted whatever shares its window. No parameters."""
 
     def __init__(self, rate: int):
         super().__init__()
         self.rate = rate
 
-    def forward(self, old_mem: torch.Tensor, following: torch.Tensor) -> torch.Tensor:
-        """old_mem: [B, k*c, d] the evicted blocks; following: [B, >= 1, d] the memories after them."""
-        windows = torch.cat([old_mem, following[:, :1]], dim=1).unfold(1, self.rate + 1, self.rate)
-        return windows.amax(dim=-1)                                   # [B, k, d]
+    def forward(self, old_mem, following, usage=None) -> torch.Tensor:
+        windows = torch.cat([old_mem, following[:, :1]], dim=1)               # [B, k*c + 1, d]
+        return windows.unfold(1, self.rate + 1, self.rate).amax(dim=-1)       # [B, k, d]
 
 
 class MostUsedCompress(nn.Module):
@@ -302,7 +319,7 @@ class MostUsedCompress(nn.Module):
         super().__init__()
         self.rate = rate
 
-    def forward(self, old_mem: torch.Tensor, usage: torch.Tensor) -> torch.Tensor:
+    def forward(self, old_mem, following, usage) -> torch.Tensor:
         keep = old_mem.size(1) // self.rate
         index = usage.topk(keep, dim=1).indices.sort(dim=1).values          # [B, k], in time order
         return old_mem.gather(1, index.unsqueeze(-1).expand(-1, -1, old_mem.size(-1)))
@@ -345,11 +362,8 @@ def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, 
     it is now evicting (old_keys, old_values, [B, H, k*c, d_head]), all detached. Only the
     compressed memories [B, k, d] are new; they are projected with detached weights, so the
     gradient of this loss reaches f_c alone.
-
-    The authors' code (deepmind/sonnet, ConvCompressor) uses the plain queries q, without the
-    content bias u, and a conv f_c without bias. Measured on the recall benchmark (README; c = 2,
-    seed 1337, one seed each; facts held in c_mem, by phase): that variant 0.913 / 0.974, this one
-    0.973 / 0.994."""
+    The authors' code uses the plain queries q, without the content bias u (see the module's
+    list of departures; the README's reach study compares the two)."""
     attn = layer.attn
     if layer.pre_norm:  # attention sees normalised memories: use the layer's norm, frozen
         norm = layer.attn_norm
@@ -364,7 +378,7 @@ def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, 
 
 
 def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
-    """Paper's alternative: reconstruct the old memories from their compression."""
+    """The paper's alternative: reconstruct the old memories [B, k*c, d] from their compression."""
     decoded = decoder(compressed.transpose(1, 2)).transpose(1, 2)
     return F.mse_loss(decoded, old_mem)
 
@@ -374,6 +388,8 @@ def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
 # ----------------------------------------------------------------------------------------------
 
 class CompressiveLayer(nn.Module):
+    """One layer: attention over [c_mem; mem; h] and the feed-forward, its f_c, its FIFOs."""
+
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         self.cfg, self.pre_norm = cfg, cfg.pre_norm
@@ -406,49 +422,48 @@ class CompressiveLayer(nn.Module):
         return self.ff_norm(a + self.dropout(self.ff(a))), attended
 
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
-        """The two FIFOs (paper, Algorithm 1). Append the layer inputs h of the new tokens to mem;
+        """The two FIFOs (paper, Algorithm 1): append the layer inputs h of the new tokens to mem;
         what overflows n_m is evicted in whole blocks of c, compressed by f_c and appended to
-        c_mem, which keeps its newest n_cm entries. attended: this layer's attention over
-        [c_mem; mem; h], whose keys and values of the evicted memories the reconstruction loss
-        reuses. usage: attention received per memory slot (most_used f_c only, else None).
+        c_mem, which keeps its newest n_cm. attended: this layer's attention over [c_mem; mem; h]
+        (the reconstruction loss reuses it); usage: attention per mem slot (most_used, else None).
         Returns the new (mem, c_mem, usage) and the reconstruction loss of f_c (0-dim)."""
-        cfg, c = self.cfg, self.cfg.compression_rate
-        zero = h.new_zeros(())
-        if cfg.mem_len == 0:  # no memory at all
-            return mem, c_mem, usage, zero
-        if usage is not None:  # most_used: add the attention each slot received, then new slots
-            received = attended.weights[..., c_mem.size(1):c_mem.size(1) + mem.size(1)]
-            usage = torch.cat([usage + received.detach().sum(dim=(1, 2)),
-                               usage.new_zeros(h.size(0), h.size(1))], dim=1)
-        mem = torch.cat([mem, h.detach()], dim=1)
-        overflow = mem.size(1) - cfg.mem_len
+        n_m, n_cm, c = self.cfg.mem_len, self.cfg.c_mem_len, self.cfg.compression_rate
+        recon = h.new_zeros(())
+        if n_m == 0:                                                    # no memory at all
+            return mem, c_mem, usage, recon
+        usage = self.add_usage(usage, attended, c_mem.size(1), h.size(1))
+        mem = torch.cat([mem, h.detach()], dim=1)                       # append: [B, len + T, d]
+        overflow = mem.size(1) - n_m
         if overflow <= 0:
-            return mem, c_mem, usage, zero
-        if cfg.c_mem_len == 0:  # Transformer-XL: forget the oldest states
-            mem = mem[:, overflow:]
-            return mem, c_mem, (usage[:, overflow:] if usage is not None else None), zero
-
-        # Evict a multiple of c so every compressed slot summarises exactly c consecutive states;
-        # the memory may then hold up to c-1 fewer than n_m until the next call.
-        n_evict = math.ceil(overflow / c) * c
-        old_mem, mem = mem[:, :n_evict], mem[:, n_evict:]
-        if usage is not None:
-            compressed = self.compress(old_mem, usage[:, :n_evict])
-            usage = usage[:, n_evict:]
-        elif isinstance(self.compress, OverlapMaxPoolCompress):  # its windows reach one further;
-            compressed = self.compress(old_mem, mem[:, :1])        # an eviction leaves >= n_m-c+1
-        else:
-            compressed = self.compress(old_mem)
-        recon = zero
-        if self.decoder is not None:
-            recon = autoencoding_loss(self.decoder, old_mem, compressed)
-        elif self.reconstructs:  # the evicted memories are the first n_evict keys after c_mem's
-            old = slice(c_mem.size(1), c_mem.size(1) + n_evict)
-            recon = attention_reconstruction_loss(
-                self, attended.content_queries.detach(), attended.keys[:, :, old].detach(),
-                attended.values[:, :, old].detach(), compressed)
-        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -cfg.c_mem_len:]
+            return mem, c_mem, usage, recon
+        n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c  # whole blocks of c
+        old_mem, mem = mem[:, :n_evict], mem[:, n_evict:]               # evict the oldest
+        old_usage, usage = (None, None) if usage is None else (usage[:, :n_evict], usage[:, n_evict:])
+        if n_cm == 0:                                                   # Transformer-XL: forget
+            return mem, c_mem, usage, recon
+        compressed = self.compress(old_mem, mem, old_usage)             # f_c: [B, n_evict / c, d]
+        if self.reconstructs:
+            recon = self.reconstruction_loss(old_mem, compressed, attended, c_mem.size(1))
+        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -n_cm:]  # keep the newest n_cm
         return mem, c_mem, usage, recon
+
+    @staticmethod
+    def add_usage(usage, attended: Attended, n_held: int, n_new: int):
+        """most_used's bookkeeping: add the attention each mem slot received in this forward (mem's
+        keys come after the n_held of c_mem), then open a zero slot for each of the n_new inputs."""
+        if usage is None:
+            return None
+        received = attended.weights[..., n_held:n_held + usage.size(1)].detach().sum(dim=(1, 2))
+        return torch.cat([usage + received, usage.new_zeros(usage.size(0), n_new)], dim=1)
+
+    def reconstruction_loss(self, old_mem, compressed, attended: Attended, n_held: int):
+        """f_c's auxiliary loss (section 4) on the memories it has just compressed."""
+        if self.decoder is not None:
+            return autoencoding_loss(self.decoder, old_mem, compressed)
+        old = slice(n_held, n_held + old_mem.size(1))  # the evicted memories are the first keys
+        return attention_reconstruction_loss(          # after c_mem's
+            self, attended.content_queries.detach(), attended.keys[:, :, old].detach(),
+            attended.values[:, :, old].detach(), compressed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -467,16 +482,22 @@ class LanguageModel(nn.Module):
         model.check_memory(memory, batch_size, device): the ValueError/TypeError that forward
             would raise for this memory, without running forward.
 
-    This base class supplies what they share: the weight initialisation, the token checks and
-    generation through the memory."""
+    This base class supplies what they share: the config check, the embedding, the weight
+    initialisation, the input checks and generation through the memory."""
+
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        if not isinstance(cfg, CompressiveConfig):
+            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     @staticmethod
     def _init_weights(module):
-        # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), 0.056-0.10 at the
-        # default size, rather than GPT-2's N(0, 0.02) with residual projections shrunk by depth.
-        # Measured on Tiny Shakespeare (git history): 1.63 -> 1.58 nats/char post-LN, 1.69 -> 1.59
-        # pre-LN. One visible difference: at d_model 128, N(0, 0.02) puts the initial attention
-        # scores at a std of about 0.05, so every head starts out averaging uniformly.
+        # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), rather than GPT-2's
+        # N(0, 0.02): at d_model 128 the smaller start puts the initial attention scores near 0,
+        # so every head begins by averaging uniformly (the README's results compare the two).
         if isinstance(module, nn.Linear):
             nn.init.xavier_normal_(module.weight)
             if getattr(module, "bias", None) is not None:
@@ -495,6 +516,30 @@ class LanguageModel(nn.Module):
         if bool(((tokens < 0) | (tokens >= self.cfg.vocab_size)).any()):
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
+
+    def check_memory(self, memory, batch_size: int, device) -> None:
+        """The ValueError/TypeError that forward would raise for this memory."""
+        if not isinstance(memory, Memory):
+            raise TypeError(f"memory must be a Memory returned by the model or None, "
+                            f"got {type(memory).__name__}")
+        expected = self.empty_memory(1, device="meta")
+        if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
+            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
+                             f"tensors; this model keeps {len(expected.mem)} / "
+                             f"{len(expected.c_mem)} (one of each per layer; a Feedback "
+                             f"Transformer keeps one mem tensor shared by its layers)")
+        limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
+        for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
+            for i, t in enumerate(tensors):
+                if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != self.cfg.d_model:
+                    raise ValueError(f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
+                                     f"[{batch_size}, <= {limits[name]}, {self.cfg.d_model}] "
+                                     f"(batch size and d_model must match the tokens and model)")
+                if t.size(1) != tensors[0].size(1) or t.size(1) > limits[name]:
+                    raise ValueError(f"memory.{name}[{i}] holds {t.size(1)} entries; all layers "
+                                     f"must hold the same number, at most {limits[name]}")
+                if t.device != device:
+                    raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -528,19 +573,15 @@ class LanguageModel(nn.Module):
 
 
 class CompressiveTransformer(LanguageModel):
+    """The Compressive Transformer language model (n_cm = 0: Transformer-XL; n_m = 0: no memory)."""
+
     def __init__(self, cfg: CompressiveConfig):
-        super().__init__()
-        if not isinstance(cfg, CompressiveConfig):
-            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        super().__init__(cfg)
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         # Untied output head; the embedding keeps PyTorch's N(0, 1) start. Post-LN, every other
         # layer input is a LayerNorm output of unit scale, so layer 0's inputs and memories then
-        # look like the rest. Measured on Tiny Shakespeare (git history): 0.02-0.03 nats/char better
-        # than a tied N(0, 0.02) embedding, with either norm placement.
+        # look like the rest.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
 
@@ -596,27 +637,6 @@ class CompressiveTransformer(LanguageModel):
         tracks_usage = self.cfg.compression == "most_used"
         return logits, Memory(new_mem, new_c_mem, new_usage if tracks_usage else None), recon_loss
 
-    def check_memory(self, memory, batch_size, device):
-        if not isinstance(memory, Memory):
-            raise TypeError(f"memory must be a Memory returned by the model or None, "
-                            f"got {type(memory).__name__}")
-        n = self.cfg.n_layers
-        if len(memory.mem) != n or len(memory.c_mem) != n:
-            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
-                             f"entries but the model has {n} layers")
-        limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
-        for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
-            for i, t in enumerate(tensors):
-                if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != self.cfg.d_model:
-                    raise ValueError(f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
-                                     f"[{batch_size}, <= {limits[name]}, {self.cfg.d_model}] "
-                                     f"(batch size and d_model must match the tokens and model)")
-                if t.size(1) != tensors[0].size(1) or t.size(1) > limits[name]:
-                    raise ValueError(f"memory.{name}[{i}] holds {t.size(1)} entries; all layers "
-                                     f"must hold the same number, at most {limits[name]}")
-                if t.device != device:
-                    raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
-
 
 # ----------------------------------------------------------------------------------------------
 # 7. A relative for comparison: the Feedback Transformer
@@ -634,6 +654,8 @@ class CompressiveTransformer(LanguageModel):
 # vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
 
 class FeedbackLayer(nn.Module):
+    """One layer of the Feedback Transformer, run one time step at a time."""
+
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         self.pre_norm = cfg.pre_norm
@@ -663,19 +685,16 @@ class FeedbackLayer(nn.Module):
 
 
 class FeedbackTransformer(LanguageModel):
+    """The Feedback Transformer language model: one memory of n_m vectors shared by all layers."""
+
     def __init__(self, cfg: CompressiveConfig):
-        super().__init__()
-        if not isinstance(cfg, CompressiveConfig):
-            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        super().__init__(cfg)
         if cfg.mem_len < 1:
             raise ValueError("the Feedback Transformer needs mem_len >= 1: its memory is its past")
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=False)  # W_k, W_v of every layer
-        # Pre-LN, the residual stream is not normalised, and here it would feed itself: m_t mixes
-        # it, its values join the next step's stream, and so on (the loss turned NaN within 130
-        # steps). So keys and values are made from normalised vectors, as in section 5's layers.
+        # Pre-LN, the residual stream is not normalised, and here it would feed itself (m_t mixes
+        # it, its values join the next step's stream, ...) until it overflows. So keys and values
+        # are made from normalised vectors, as in section 5's layers.
         self.kv_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.layers = nn.ModuleList(FeedbackLayer(cfg) for _ in range(cfg.n_layers))
         self.mix = nn.Parameter(torch.zeros(cfg.n_layers + 1))  # w; softmax(0) starts as the mean
@@ -729,18 +748,3 @@ class FeedbackTransformer(LanguageModel):
     def reach(self):
         """Every token sees the last n_m memory vectors, wherever it sits in its segment."""
         return [("mem", self.cfg.mem_len)]
-
-    def check_memory(self, memory, batch_size, device):
-        if not isinstance(memory, Memory):
-            raise TypeError(f"memory must be a Memory returned by the model or None, "
-                            f"got {type(memory).__name__}")
-        if len(memory.mem) != 1 or len(memory.c_mem) != 0:
-            raise ValueError(f"a Feedback Transformer memory holds one mem tensor and no c_mem, "
-                             f"got {len(memory.mem)} and {len(memory.c_mem)}")
-        m = memory.mem[0]
-        if m.dim() != 3 or m.size(0) != batch_size or m.size(1) > self.cfg.mem_len \
-                or m.size(2) != self.cfg.d_model:
-            raise ValueError(f"memory.mem[0] has shape {tuple(m.shape)}, expected "
-                             f"[{batch_size}, <= {self.cfg.mem_len}, {self.cfg.d_model}]")
-        if m.device != device:
-            raise ValueError(f"memory.mem[0] is on {m.device}, the model on {device}")
