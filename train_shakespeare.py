@@ -1,6 +1,6 @@
 """Train the language models of compressive.py on Tiny Shakespeare, character by character.
 
-    python train_shakespeare.py --data ../shared/data/tinyshakespeare.txt   # train (CPU: minutes)
+    python train_shakespeare.py            # train (CPU: minutes; --data FILE for a local text)
     python train_shakespeare.py --sample 500 | --eval-only | --analyze       # use out/ckpt.pt
     python train_shakespeare.py --task recall --no-post-norm --seq-len 32    # the reach benchmark
     torchrun --nproc_per_node=2 train_shakespeare.py                         # data parallel
@@ -10,14 +10,12 @@ holds the text just before it, as Transformer-XL and the Compressive Transformer
 What the script does beyond training lives in training/, one job per module.
 """
 import argparse
-import ctypes
 import json
 import math
 import os
 import sys
 import time
 import warnings
-from contextlib import nullcontext
 
 # Without numpy (which this script does not need) torch warns on import; say nothing of it.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -28,11 +26,15 @@ from compressive import (COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig,  # no
                          CompressiveTransformer, FeedbackTransformer, Memory)
 from training import (analysis, bench, checkpoint, checks, distributed, files, plots,  # noqa: E402
                       recall, sample)
+from training.device import autocast_for, keep_freed_memory, pick_device  # noqa: E402
 from training.checks import UserError, is_out_of_memory, one_line, out_of_memory  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # Settings
 
+DATA_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
 MODELS = {"compressive": CompressiveTransformer,  # n_m memories and n_cm compressed ones per layer
           "xl": CompressiveTransformer,           # Transformer-XL: n_cm = 0
           "vanilla": CompressiveTransformer,      # no memory: n_m = n_cm = 0
@@ -102,11 +104,6 @@ def check_args(args) -> None:
 # Data: Tiny Shakespeare (nanoGPT's split: first 90% train, last 10% validation), or the recall
 # task's generated text, cut into parallel contiguous streams
 
-DATA_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
-
-
 def load_text(path) -> str:
     if path is None:
         path = DEFAULT_DATA
@@ -173,30 +170,6 @@ def make_model(name: str, cfg: CompressiveConfig):
         return MODELS[name](cfg)
     except (ValueError, TypeError) as e:
         raise UserError(f"invalid model configuration: {e}") from None
-
-
-def keep_freed_memory() -> None:
-    """glibc returns large freed blocks to the OS at once and page-faults them back in on the next
-    step, which allocates the same large attention tensors again; keeping them made CPU steps
-    about 6% faster (measured: 118 vs 126 ms per --bench step, 1 thread, 3 interleaved pairs)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to tune
-        return
-    libc.mallopt(-3, 32 * 2 ** 20)  # M_MMAP_THRESHOLD: blocks up to 32 MiB from the heap
-    libc.mallopt(-1, 2 ** 30)       # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap
-
-
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
-
-
-def autocast_for(device, dtype_name: str):
-    if dtype_name == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,9 +267,11 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     window_tokens, scored = 0, None
     model.train()
     while step < last_step:
+        # the batch: the next segment of every stream, and the memory that precedes it
         x, y, wrapped = segment_at(streams, step, args.seq_len)
         if wrapped:
             memory = None  # back at the start of the text: the old memory does not precede it
+        # the learning rate of this step, then forward, backward and the optimizer step
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         train_loss, recon_loss, memory = train_step(step_model, optimizer, groups, x, y, memory,
@@ -304,6 +279,7 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
         if not distributed.all_ranks_agree(math.isfinite(train_loss + recon_loss), world, device):
             stop("the training loss", train_loss if not math.isfinite(train_loss) else recon_loss)
         step += 1
+        # log: the losses of this step and the throughput since the last line
         window_tokens += tokens_per_step
         if time.time() - last_print >= 5 or step == args.steps:
             rate = window_tokens / max(time.time() - last_print, 1e-9)
@@ -312,6 +288,7 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
                 f"lr {lr_at(step - 1, args):.2e} | {rate:,.0f} tok/s | eta {int(eta // 60)}m"
                 f"{int(eta % 60):02d}s", flush=True)
             last_print, window_tokens = time.time(), 0
+        # evaluate on the whole validation text, then checkpoint
         if step % args.eval_every == 0 or step == args.steps:
             val = predictions = None
             if rank == 0:  # the whole validation text, on one process; all learn the loss
