@@ -196,7 +196,7 @@ class RelativeAttention(nn.Module):
         scores = content.add_(position.transpose(0, 1))
         if causal_bias is not None:  # a -inf bias hides the future (and the shift's wrapped
             scores.add_(causal_bias)  # entries); cheaper than masked_fill, forwards and backwards
-        weights = scores.softmax(dim=-1)
+        weights = scores.float().softmax(dim=-1).to(values.dtype)  # in float32 under fp16/bf16
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
         out = self.out(torch.matmul(weights, values).transpose(1, 2).reshape(B, T, H * self.d_head))
@@ -374,13 +374,13 @@ def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, 
     with torch.no_grad():
         target = content_attention(queries, old_keys, old_values)
     prediction = content_attention(queries, attn.split_heads(k), attn.split_heads(v))
-    return F.mse_loss(prediction, target)
+    return F.mse_loss(prediction.float(), target.float())
 
 
 def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
     """The paper's alternative: reconstruct the old memories [B, k*c, d] from their compression."""
     decoded = decoder(compressed.transpose(1, 2)).transpose(1, 2)
-    return F.mse_loss(decoded, old_mem)
+    return F.mse_loss(decoded.float(), old_mem.float())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,14 +437,14 @@ class CompressiveLayer(nn.Module):
         if overflow <= 0:
             return mem, c_mem, usage, recon
         n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c  # whole blocks of c
-        old_mem, mem = mem[:, :n_evict], mem[:, n_evict:]               # evict the oldest
+        old_mem, mem = mem[:, :n_evict], mem[:, n_evict:].contiguous()  # evict the oldest
         old_usage, usage = (None, None) if usage is None else (usage[:, :n_evict], usage[:, n_evict:])
         if n_cm == 0:                                                   # Transformer-XL: forget
             return mem, c_mem, usage, recon
         compressed = self.compress(old_mem, mem, old_usage)             # f_c: [B, n_evict / c, d]
         if self.reconstructs:
             recon = self.reconstruction_loss(old_mem, compressed, attended, c_mem.size(1))
-        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -n_cm:]  # keep the newest n_cm
+        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -n_cm:].contiguous()  # newest n_cm
         return mem, c_mem, usage, recon
 
     @staticmethod
@@ -503,7 +503,10 @@ class LanguageModel(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def _check_tokens(self, tokens):
+    def _check_tokens(self, tokens, check_ids: bool = False):
+        """The checks every call makes; the ids' range only where it costs nothing (CPU tensors,
+        not under torch.compile) or check_ids asks: on an accelerator it would wait for the device
+        on every call, so an id out of range there fails inside the embedding instead."""
         if not isinstance(tokens, torch.Tensor):
             raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
         if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
@@ -513,6 +516,8 @@ class LanguageModel(nn.Module):
         if tokens.size(0) == 0 or tokens.size(1) == 0:
             raise ValueError(f"tokens must hold at least one token per row, got shape "
                              f"{tuple(tokens.shape)}")
+        if not (check_ids or tokens.device.type == "cpu" and not torch.compiler.is_compiling()):
+            return
         if bool(((tokens < 0) | (tokens >= self.cfg.vocab_size)).any()):
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
@@ -553,7 +558,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-        self._check_tokens(prompt)
+        self._check_tokens(prompt, check_ids=True)
         was_training = self.training
         self.eval()
         memory, out = None, [prompt]

@@ -421,6 +421,73 @@ def test_bad_inputs_raise_one_clear_error():
             call()
 
 
+# ---------------------------------------------------------------- ready for an accelerator --------
+
+@pytest.mark.parametrize("compression", ["conv", "overlap_max_pool"])
+def test_a_training_step_never_waits_for_the_device(compression):
+    """On the meta device a tensor has a shape and no values: anything that reads a value back to
+    the host (.item(), bool(), int()) raises, and so does a tensor made on another device. So a
+    forward while the memories fill and once they are full, both losses and backward, all on
+    meta, prove that a training step never syncs with an accelerator."""
+    with torch.device("meta"):
+        model = make(compression=compression)
+    memory = None
+    for n in range(5):
+        x = torch.empty(2, 6, dtype=torch.long, device="meta")
+        logits, memory, recon = model(x, memory)
+        loss = F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon
+        loss.backward()
+    assert memory.c_mem[0].shape == (2, 4, 16) and memory.c_mem[0].device.type == "meta"
+    assert model.layers[0].attn.qkv.weight.grad.device.type == "meta"
+    with pytest.raises(Exception):  # what the meta device does to a host sync
+        loss.item()
+
+
+def test_torch_compile_traces_one_whole_graph_per_memory_size_then_no_more():
+    """fullgraph=True: no graph break anywhere in forward. Each memory size while the memories
+    fill is a graph of its own (the FIFO branches on it); once both are full the shapes stay put
+    and nothing is compiled again. (train_shakespeare.py runs the filling segments eagerly, so
+    --compile traces one graph.)"""
+    torch.compiler.reset()
+    model = make()
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+    compiled = torch.compile(model, backend=counting_backend, fullgraph=True, dynamic=False)
+    memory = compiled_memory = None
+    sizes = set()
+    for n in range(8):
+        x = tokens(2, 6, seed=n)
+        sizes.add(None if memory is None else (memory.mem[0].size(1), memory.c_mem[0].size(1)))
+        expected, memory, _ = model(x, memory)
+        logits, compiled_memory, recon = compiled(x, compiled_memory)
+        torch.testing.assert_close(logits, expected)
+        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon).backward()
+    assert sizes == {None, (6, 0), (6, 2), (6, 4)} and len(graphs) == len(sizes)
+
+
+def test_torch_compile_traces_forward_and_backward_in_steady_state():
+    torch.compiler.reset()
+    model = make()
+    memory = None
+    with torch.no_grad():
+        for n in range(4):  # fill both memories first: one steady-state graph, traced once
+            _, memory, _ = model(tokens(2, 6, seed=n), memory)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = tokens(2, 6, seed=9)
+    grads = []
+    for run in (model, compiled):
+        model.zero_grad()
+        logits, _, recon = run(x, memory)
+        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1])
+    for eager, traced in zip(*grads):
+        torch.testing.assert_close(traced, eager, rtol=1e-4, atol=1e-6)
+
+
 # ---------------------------------------------------------------- generation ---------------------
 
 def test_generate_extends_the_prompt_greedily_and_restores_training_mode():
