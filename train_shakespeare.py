@@ -24,9 +24,10 @@ import torch.nn.functional as F  # noqa: E402
 
 from compressive import (COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig,  # noqa: E402
                          CompressiveTransformer, FeedbackTransformer, Memory)
-from training import (analysis, bench, checkpoint, checks, distributed, files, plots,  # noqa: E402
-                      recall, sample)
-from training.device import autocast_for, keep_freed_memory, pick_device  # noqa: E402
+from training import (analysis, bench, checkpoint, checks, distributed, files, modes,  # noqa: E402
+                      plots, recall, sample)
+from training.device import (autocast_for, compile_when_full, grad_scaler,  # noqa: E402
+                             keep_freed_memory, pick_device)
 from training.checks import UserError, is_out_of_memory, one_line, out_of_memory  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
@@ -78,10 +79,14 @@ def parse_args(argv=None):
     t.add_argument("--data", help=f"text file (default: {DEFAULT_DATA}, downloaded once)")
     recall.add_arguments(p)
     r = p.add_argument_group("runtime")
-    r.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    r.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="autocast dtype for the forward pass")
-    r.add_argument("--compile", action="store_true", help="torch.compile the model")
+    r.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
+                   help="auto: cuda, else mps, else cpu")
+    r.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="autocast dtype of the forward (float16 with a gradient scaler)")
+    r.add_argument("--compile", action="store_true", help="torch.compile the model as one graph "
+                   "(used once the memories are full)")
+    r.add_argument("--log-every", type=int, default=100, help="steps between log lines; the "
+                   "losses are read back from the device only then")
     r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and the plots "
                    "(loss.png; recall.png, attention.png), drawn when matplotlib is installed")
     r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
@@ -201,21 +206,27 @@ def clip_groups(model):
     return [p for p, f in zip(params, is_f_c) if not f], [p for p, f in zip(params, is_f_c) if f]
 
 
-def train_step(model, optimizer, groups, x, y, memory, autocast, grad_clip: float, world: int):
-    """One optimizer step on one segment: (LM loss, reconstruction loss, the new memory).
-    groups: clip_groups(model)."""
+def train_step(model, optimizer, scaler, groups, x, y, memory, autocast, grad_clip: float,
+               world: int):
+    """One optimizer step on one segment: (LM loss, reconstruction loss, the new memory). The
+    losses stay on the device: reading them would make the host wait for it. groups:
+    clip_groups(model); scaler: device.grad_scaler (a pass-through but in float16). Targets of
+    -100 are skipped (the mean over the others, 0 where there are none)."""
     with autocast:
         logits, memory, recon = model(x, memory)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    counted = y.ne(-100).sum().clamp(min=1)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
     optimizer.zero_grad(set_to_none=True)
-    (loss + recon.float()).backward()
+    scaler.scale(loss + recon.float()).backward()
     distributed.average_gradients(groups[0] + groups[1], world)
+    scaler.unscale_(optimizer)  # clip the true gradients
     if grad_clip > 0:
         for group in groups:
             if group:
                 torch.nn.utils.clip_grad_norm_(group, grad_clip)
-    optimizer.step()
-    return loss.item(), recon.item(), memory
+    scaler.step(optimizer)  # skipped when a float16 gradient overflowed
+    scaler.update()
+    return loss.detach(), recon.detach(), memory
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,52 +259,59 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
         memory, run = checkpoint.resume(ckpt_path, args, model, optimizer, rank, world, device)
         say(f"resuming from {ckpt_path} at step {run['step']}/{args.steps}")
     saved_step = run["step"] if args.resume else None
-    step_model = torch.compile(model) if args.compile else model
+    step_model = compile_when_full(model) if args.compile else model
     autocast, groups = autocast_for(device, args.dtype), clip_groups(model)
+    scaler = grad_scaler(device, args.dtype)
+    targets = recall.loss_targets(args, task=args.task)
     say(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
         f"n_s={cfg.seq_len} n_m={cfg.mem_len}" + (f" n_cm={cfg.c_mem_len} c={cfg.compression_rate} "
         f"f_c={cfg.compression}" if cfg.c_mem_len else "") + f"; device {device}, {world} "
         f"process(es) x {args.batch_size} streams; {len(train_data):,} train / {len(val_data):,} val "
         f"characters ({args.task})")
 
-    def stop(what: str, value: float):
+    def stop(what: str, value):
         kept = (f"the last good checkpoint is kept at {ckpt_path} (step {saved_step})"
                 if saved_step is not None else "no checkpoint was written")
         raise UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
-    t0 = last_print = time.time()
+    t0 = last_log = time.time()
     seconds_before, step, tokens_per_step = run["seconds"], run["step"], args.batch_size * args.seq_len * world
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
-    window_tokens, scored = 0, None
+    logged_step, scored = step, None
+    all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss since the last log
     model.train()
     while step < last_step:
         # the batch: the next segment of every stream, and the memory that precedes it
         x, y, wrapped = segment_at(streams, step, args.seq_len)
+        y = targets(x, y)  # recall --loss-on answers: the answer digits only
         if wrapped:
             memory = None  # back at the start of the text: the old memory does not precede it
         # the learning rate of this step, then forward, backward and the optimizer step
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
-        train_loss, recon_loss, memory = train_step(step_model, optimizer, groups, x, y, memory,
-                                                    autocast, args.grad_clip, world)
-        if not distributed.all_ranks_agree(math.isfinite(train_loss + recon_loss), world, device):
-            stop("the training loss", train_loss if not math.isfinite(train_loss) else recon_loss)
+        train_loss, recon_loss, memory = train_step(step_model, optimizer, scaler, groups, x, y,
+                                                    memory, autocast, args.grad_clip, world)
+        all_finite &= torch.isfinite(train_loss + recon_loss)
         step += 1
-        # log: the losses of this step and the throughput since the last line
-        window_tokens += tokens_per_step
-        if time.time() - last_print >= 5 or step == args.steps:
-            rate = window_tokens / max(time.time() - last_print, 1e-9)
+        evaluating = step % args.eval_every == 0 or step == args.steps
+        # log: the only place the losses come back from the device; a non-finite one since the
+        # last line stops every rank here
+        if step % args.log_every == 0 or evaluating or step == last_step:
+            if not distributed.all_ranks_agree(bool(all_finite), world, device):
+                stop("the training loss", f"seen within steps {logged_step + 1}-{step}")
+            train_loss, recon_loss = train_loss.item(), recon_loss.item()
+            rate = (step - logged_step) * tokens_per_step / max(time.time() - last_log, 1e-9)
             eta = (args.steps - step) * tokens_per_step / max(rate, 1e-9)
             say(f"step {step}/{args.steps} | loss {train_loss:.4f} | recon {recon_loss:.5f} | "
                 f"lr {lr_at(step - 1, args):.2e} | {rate:,.0f} tok/s | eta {int(eta // 60)}m"
                 f"{int(eta % 60):02d}s", flush=True)
-            last_print, window_tokens = time.time(), 0
+            last_log, logged_step = time.time(), step
         # evaluate on the whole validation text, then checkpoint
-        if step % args.eval_every == 0 or step == args.steps:
+        if evaluating:
             val = predictions = None
             if rank == 0:  # the whole validation text, on one process; all learn the loss
                 val, predictions = evaluate(model, val_data.to(device), args.batch_size,
-                                            args.seq_len, autocast)
+                                            args.seq_len, autocast, targets)
             val = distributed.broadcast_number(val, world, device)
             if not math.isfinite(val):
                 stop("the validation loss", val)
@@ -331,25 +349,26 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
 # Evaluation: every character of the validation text, with memory carried
 
 @torch.no_grad()
-def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast):
-    """Mean loss (nats/char) over every character of data after the first, carrying memory, and
-    the model's guess for each of them: predictions[p] is its most likely character after data[:p]
-    (predictions[0] is unused). The streams cover all but the last few characters; those continue
-    the last stream."""
+def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast,
+             targets=lambda x, y: y):
+    """Mean loss (nats/char) over every character of data after the first (those targets(x, y)
+    keeps), carrying memory, and the model's guess for each of them: predictions[p] is its most
+    likely character after data[:p] (predictions[0] is unused). The streams cover all but the
+    last few characters; those continue the last stream."""
     was_training = model.training
     model.eval()
     streams = make_streams(data, n_streams)
     length = streams.size(1) - 1
     predictions = torch.zeros_like(data)
     by_stream = predictions[1:1 + n_streams * length].view(n_streams, length)
-    total, count, memory = 0.0, 0, None
+    sums, counts, memory = [], [], None  # per segment, read back once at the end
     for start in range(0, length, seq_len):
         end = min(start + seq_len, length)
-        x, y = streams[:, start:end], streams[:, start + 1:end + 1]
+        x, y = streams[:, start:end], targets(streams[:, start:end], streams[:, start + 1:end + 1])
         with autocast:
             logits, memory, _ = model(x, memory)
-        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
-        count += y.numel()
+        sums.append(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum"))
+        counts.append(y.ne(-100).sum())
         by_stream[:, start:end] = logits.argmax(dim=-1)
     tail = data[n_streams * length:]  # continues the last stream exactly
     if len(tail) > 1:
@@ -358,52 +377,16 @@ def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast):
                         [u[last] for u in memory.usage] if memory.usage is not None else None)
         with autocast:
             logits, _, _ = model(tail[None, :-1], memory)
-        total += F.cross_entropy(logits.float()[0], tail[1:], reduction="sum").item()
-        count += len(tail) - 1
+        y = targets(tail[:-1], tail[1:])
+        sums.append(F.cross_entropy(logits.float()[0], y, reduction="sum"))
+        counts.append(y.ne(-100).sum())
         predictions[n_streams * length + 1:] = logits[0].argmax(dim=-1)
     model.train(was_training)
-    return total / count, predictions
+    return sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist())), predictions
 
 
 # --------------------------------------------------------------------------------------------------
-# Entry point: train, or one of the modes
-
-def run_mode(args) -> None:
-    if args.bench:
-        device = pick_device(args.device)
-        torch.manual_seed(args.seed)
-        model = make_model(args.model, model_config(args, vocab_size=65)).to(device)
-        optimizer, groups = make_optimizer(model, args), clip_groups(model)
-        step_model = torch.compile(model) if args.compile else model
-        autocast = autocast_for(device, args.dtype)
-        step = lambda x, y, memory: train_step(step_model, optimizer, groups, x, y, memory,
-                                               autocast, args.grad_clip, 1)[2]
-        return bench.bench(step, model, args.batch_size, args.bench_steps, args.seed, device,
-                           torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
-    device = pick_device(args.device)
-    model, ckpt = checkpoint.load_model(args.out, device, make_model)
-    if args.sample is not None:
-        return sample.sample(model, ckpt["vocab"], args, device)
-    if args.analyze and not isinstance(model, CompressiveTransformer):
-        raise UserError("--analyze reads the attention over [c_mem; mem; segment] of the "
-                        "compressive, xl and vanilla models; this checkpoint holds a Feedback "
-                        "Transformer")
-    task = recall.checkpoint_task(args, ckpt["args"])  # the validation text it was trained on
-    _, _, val, answers = load_data(args, task, vocab=ckpt["vocab"], saved_args=ckpt["args"],
-                                   need_train=False)
-    if args.analyze:
-        streams = make_streams(val, args.batch_size).to(device)
-        analysis.analyze(model, streams, ckpt["step"], args.out)
-        if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
-            recall.print_where_queries_look(recall.where_queries_look(model, streams, answers))
-        return
-    loss, predictions = evaluate(model, val.to(device), args.batch_size, model.cfg.seq_len,
-                                 autocast_for(device, args.dtype))
-    print(f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']})")
-    if answers is not None:
-        scored = recall.score(predictions.cpu(), val, answers, args.batch_size, model.cfg.seq_len)
-        recall.report(scored, model, args.out)
-
+# Entry point: train, or one of the modes of training/modes.py
 
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -411,7 +394,7 @@ def main(argv=None) -> int:
     try:
         check_args(args)
         if args.bench or args.sample is not None or args.eval_only or args.analyze:
-            run_mode(args)
+            modes.run(args, sys.modules[__name__])
         else:
             rank, world, local_rank = distributed.init()
             try:

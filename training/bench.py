@@ -73,8 +73,10 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
     memory = None
     # warm up until both memories are full, so the timed steps do the steady-state work
     warmup = 3 + math.ceil((cfg.mem_len + cfg.c_mem_len * cfg.compression_rate) / cfg.seq_len)
+    warm_start = time.perf_counter()
     for i in range(warmup + steps):
         if i == warmup:
+            warm_seconds = time.perf_counter() - warm_start
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             sync(device)
@@ -91,7 +93,8 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
     flops = train_flops_per_step(model, batch_size)
     print(f"config: {cfg}")
     print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak "
-          f"{peak / 1e9:.1f} GFLOP/s, model {flops / 1e9:.2f} GFLOP/step")
+          f"{peak / 1e9:.1f} GFLOP/s, model {flops / 1e9:.2f} GFLOP/step; warm-up {warmup} "
+          f"steps in {warm_seconds:.1f} s (with --compile: the compile)")
     print(f"bench tokens_per_s={batch_size * cfg.seq_len / seconds:.1f} "
           f"ms_per_step={seconds * 1000:.2f} peak_mem_mb={peak_mem:.1f} "
           f"mfu={flops / seconds / peak:.4f}")

@@ -7,6 +7,7 @@ import re
 
 import torch
 
+from .device import mps_available
 
 
 class UserError(Exception):
@@ -40,7 +41,8 @@ def check_flags(args) -> None:
         if not math.isfinite(getattr(args, name)):  # inf and nan would train garbage
             raise UserError(f"{flag(name)} must be a finite number, got {getattr(args, name)}")
     for name in ["d_model", "n_layers", "n_heads", "d_ff", "seq_len", "compression_rate",
-                 "batch_size", "steps", "eval_every", "bench_steps", "stop_after", "lr",
+                 "batch_size", "steps", "eval_every", "log_every", "bench_steps", "stop_after",
+                 "lr",
                  "temperature", "top_k"]:
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise UserError(f"{flag(name)} must be positive, got {getattr(args, name)}")
@@ -51,3 +53,5 @@ def check_flags(args) -> None:
         raise UserError(f"--out {args.out} exists and is not a folder")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for but CUDA is not available")
+    if args.device == "mps" and not mps_available():
+        raise UserError("--device mps was asked for but this torch has no usable mps backend")

@@ -1,20 +1,53 @@
-"""Where and in what precision the script runs: the device, autocast, and one allocator setting."""
+"""Where and in what precision the script runs: the device, autocast and the gradient scaler, the
+compiled model, and one allocator setting."""
 import ctypes
 from contextlib import nullcontext
 
 import torch
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def mps_available() -> bool:
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """auto: CUDA, else Apple's mps, else the CPU."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
     return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
 
 
 def autocast_for(device, dtype_name: str):
+    """The forward in bfloat16 or float16 where autocast allows it; the model keeps its softmax and
+    its losses in float32, and the script the language-model loss."""
     if dtype_name == "float32":
         return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype_name])
+
+
+def grad_scaler(device, dtype_name: str):
+    """float16 needs the loss scaled so that small gradients do not underflow (bfloat16 has the
+    range of float32 and needs none); disabled, every call passes its input through unchanged."""
+    return torch.amp.GradScaler(device.type, enabled=dtype_name == "float16")
+
+
+def memories_full(memory, cfg) -> bool:
+    """Whether both memories have filled. From then on their shapes stay put (mem within c - 1 of
+    n_m when n_s is not a multiple of c), so a model compiled with dynamic=False traces no new
+    graph; each memory size while they fill would be a graph of its own."""
+    if memory is None:
+        return False
+    return all(m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem) and \
+        all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
+
+
+def compile_when_full(model):
+    """A stand-in for model(x, memory) that runs the model eagerly while its memories fill and,
+    once they are full, compiled as one whole graph (torch.compile, fullgraph=True)."""
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    return lambda x, memory: (compiled if memories_full(memory, model.cfg) else model)(x, memory)
 
 
 def keep_freed_memory() -> None:

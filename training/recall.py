@@ -27,7 +27,8 @@ VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ev
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
 DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 5, "live_facts": 1,
-            "curriculum": 0.5, "val_chars": 300_000}
+            "curriculum": 0.5, "val_chars": 300_000, "loss_on": "all"}
+IGNORE = -100  # a target that F.cross_entropy skips
 
 
 def add_arguments(parser) -> None:
@@ -45,6 +46,9 @@ def add_arguments(parser) -> None:
                    f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})")
     r.add_argument("--val-chars", type=int,
                    help=f"length of the validation text (default {DEFAULTS['val_chars']})")
+    r.add_argument("--loss-on", choices=["all", "answers"], help="the characters the loss (and "
+                   "the validation loss) is taken on: all, or only the answer digit after each "
+                   "'?', as associative-recall benchmarks train (default all)")
 
 
 def settings(args, saved_args=None) -> dict:
@@ -82,6 +86,16 @@ def check_args(args) -> None:
             args.max_distance is not None and args.max_distance < s["min_distance"]:
         raise UserError(f"--max-distance must be >= --min-distance, got {s['min_distance']} "
                         f"and {s['max_distance']}")
+
+
+def loss_targets(args, saved_args=None, task: str = "recall"):
+    """targets(x, y) -> the targets of the loss: y itself, or on the recall task with --loss-on
+    answers only the digits that follow a '?' in x (every other target is IGNORE). The key
+    letters and filler are noise or trivial next to one answer digit per fact."""
+    if task != "recall" or settings(args, saved_args)["loss_on"] == "all":
+        return lambda x, y: y
+    query = VOCAB.index("?")
+    return lambda x, y: y.masked_fill(x != query, IGNORE)
 
 
 def checkpoint_task(args, saved_args) -> str:

@@ -2,6 +2,7 @@
 checkpoints, the recall task, --analyze, --bench, plots and torchrun. The model's own
 specification is test_compressive.py at the top of the repository. Run: pytest -q"""
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import train_shakespeare as ts
 from compressive import CompressiveConfig, CompressiveTransformer, FeedbackTransformer, Memory
@@ -129,6 +131,9 @@ def error_line(capsys):
     (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
     (["--batch-size", "100000"], "cannot feed"),
     (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
+    (["--log-every", "0"], "--log-every must be positive"),
+    pytest.param(["--device", "mps"], "no usable mps backend", marks=pytest.mark.skipif(
+        torch.backends.mps.is_available(), reason="this machine has mps")),
 ])
 def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tmp_path, capsys):
     if "--data" not in flags:  # never reach for the network
@@ -160,6 +165,90 @@ def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
                                 timeout=60)
         assert result.returncode == 2 and message in result.stderr
         assert "Traceback" not in result.stderr and "Warning" not in result.stderr
+
+
+# ---------------------------------------------------------------- device, precision, compile ------
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_training_stays_finite_and_close_to_float32(dtype, small_text, tmp_path):
+    """bfloat16 keeps 8 bits of mantissa, float16 11 (with its gradient scaler): over 30 steps
+    the rounding moves the validation loss by a few thousandths, far less than training lowers it."""
+    losses = {}
+    for name in ("float32", dtype):
+        out = str(tmp_path / name)
+        assert ts.main(["--data", small_text, "--out", out, "--steps", "30", "--eval-every", "30",
+                        *TINY_FLAGS, "--dtype", name]) == 0
+        losses[name] = json.load(open(os.path.join(out, "metrics.json")))["history"]
+    start = math.log(len(set(open(small_text).read())))
+    assert math.isfinite(losses[dtype][-1]["val_loss"]) and losses["float32"][-1]["val_loss"] < start - 0.5
+    assert abs(losses[dtype][-1]["val_loss"] - losses["float32"][-1]["val_loss"]) < 0.05
+
+
+def count_host_reads(monkeypatch):
+    """Count the reads of a tensor's value back to the host (.item(), bool()) made by the script,
+    not those of compressive.py's token check, which runs on CPU tensors only (where a read
+    waits for nothing; test_compressive.py proves forward reads nothing on an accelerator)."""
+    reads = []
+    for name in ("item", "__bool__"):
+        def counted(self, _original=getattr(torch.Tensor, name)):
+            if not inspect.currentframe().f_back.f_code.co_filename.endswith("compressive.py"):
+                reads.append(1)
+            return _original(self)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def test_the_loop_reads_the_device_per_log_line_not_per_step(small_text, tmp_path, monkeypatch):
+    reads = count_host_reads(monkeypatch)
+    counts = {}
+    for steps, log_every in ((8, 8), (16, 16), (16, 4)):
+        reads.clear()
+        assert ts.main(["--data", small_text, "--out", str(tmp_path / f"{steps}_{log_every}"),
+                        "--steps", str(steps), "--eval-every", "100", "--log-every",
+                        str(log_every), *TINY_FLAGS]) == 0
+        counts[steps, log_every] = len(reads)
+    assert counts[16, 16] == counts[8, 8]  # twice the steps, the same reads
+    assert counts[16, 4] == counts[16, 16] + 3 * 3  # three more log lines, three reads each
+
+
+def test_a_non_finite_loss_stops_the_run_at_the_next_log_line(trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    capsys.readouterr()
+    # resumed at step 2: step 3 blows the weights up, step 4's loss is not finite; the log line
+    # of step 5 sees it and stops, before any checkpoint could be written
+    assert ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", "12",
+                    "--log-every", "5", "--eval-every", "100", *TINY_FLAGS, "--lr", "1e30"]) == 2
+    line = error_line(capsys)
+    assert "step 5: the training loss is not finite (seen within steps 3-5)" in line
+    assert f"the last good checkpoint is kept at {path} (step 2)" in line
+    assert open(path, "rb").read() == good
+
+
+def test_compile_traces_one_graph_once_the_memories_are_full(small_text, tmp_path, monkeypatch):
+    graphs, compile = [], torch.compile
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile(model, backend=counting_backend, **kw))
+    torch.compiler.reset()
+    out = str(tmp_path / "compiled")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "12", "--eval-every", "12",
+                    *TINY_FLAGS, "--compile"]) == 0
+    assert len(graphs) == 1
+    assert math.isfinite(json.load(open(os.path.join(out, "metrics.json")))["val_loss"])
+
+
+def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
+    from training import device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(device, "mps_available", lambda: False)
+    assert device.pick_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(device, "mps_available", lambda: True)
+    assert device.pick_device("auto") == torch.device("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert device.pick_device("auto", local_rank=1) == torch.device("cuda", 1)
 
 
 # ---------------------------------------------------------------- hostile files, bad flags ---------
@@ -359,6 +448,49 @@ def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_b
     for _, change in events:
         pending += change
         assert pending <= live_facts
+
+
+def test_recall_with_k_facts_waiting_each_answer_needs_its_key():
+    """With K facts waiting, the answer is its own key's latest digit, and the digit of the most
+    recent fact (whatever its key) is right less and less often as K grows. Not 1/K: D is
+    log-uniform, so the fact stated last is often the one asked first (K = 4: 0.40 of the
+    queries, a digit's chance of 0.10 included)."""
+    share = {}
+    for live_facts in (1, 2, 4, 8):
+        made = recall.make_recall_text(100_000, recall.TRAINING_KEYS, 8, 400, 5, live_facts, "k")
+        text, hits = made.text, []
+        for position, distance in made.answers.tolist():
+            key = text[position - 3:position - 1]
+            assert text[text.rfind(f" {key}=", 0, position - 4) + 4] == text[position]
+            hits.append(text[text.rfind("=", 0, position - 4) + 1] == text[position])
+        share[live_facts] = sum(hits) / len(hits)
+    assert share[1] == 1.0 > share[2] > share[4] > share[8] and share[4] < 0.45 and share[8] < 0.35
+
+
+def test_recall_loss_on_answers_keeps_exactly_the_answer_digits():
+    made = recall.make_recall_text(3000, recall.TRAINING_KEYS, 8, 100, 5, 2, "t")
+    ids = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
+    x, y = ids[:-1], ids[1:]
+    args = ts.parse_args(["--task", "recall", "--loss-on", "answers"])
+    kept = recall.loss_targets(args)(x, y)
+    assert set((kept != recall.IGNORE).nonzero().flatten().add(1).tolist()) == \
+        set(made.answers[:, 0].tolist())  # y[t] is the character at t + 1
+    assert kept[kept != recall.IGNORE].equal(y[kept != recall.IGNORE])
+    assert recall.loss_targets(ts.parse_args(["--task", "recall"]))(x, y) is y
+
+
+def test_validation_loss_on_answers_is_the_mean_loss_over_the_answer_digits():
+    from contextlib import nullcontext
+    made = recall.make_recall_text(400, recall.TRAINING_KEYS, 8, 60, 5, 1, "v")
+    data = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
+    model = make(vocab_size=len(recall.VOCAB), seq_len=len(data) - 1).eval()
+    targets = recall.loss_targets(ts.parse_args(["--task", "recall", "--loss-on", "answers"]))
+    loss, _ = ts.evaluate(model, data, 1, len(data) - 1, nullcontext(), targets)  # one segment
+    with torch.no_grad():
+        logits, _, _ = model(data[None, :-1])
+    at = made.answers[:, 0] - 1  # the '?' before each answer digit
+    expected = F.cross_entropy(logits[0, at], data[at + 1])
+    assert math.isclose(loss, expected.item(), rel_tol=1e-5)
 
 
 def test_recall_validation_shares_no_fact_with_training():
