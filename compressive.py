@@ -48,9 +48,7 @@ COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_co
 RECONSTRUCTIONS = ("attention", "autoencoding")
 
 
-# ----------------------------------------------------------------------------------------------
-# 1. Configuration and memory state
-# ----------------------------------------------------------------------------------------------
+# 1. Configuration and memory state ------------------------------------------------------------
 
 @dataclass
 class CompressiveConfig:
@@ -70,18 +68,13 @@ class CompressiveConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len",
-                     "mem_len", "c_mem_len", "compression_rate"):
+                     "compression_rate", "mem_len", "c_mem_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("mem_len", "c_mem_len"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.compression_rate < 1:
-            raise ValueError(f"compression_rate must be >= 1, got {self.compression_rate}")
+            if value < (0 if name in ("mem_len", "c_mem_len") else 1):
+                raise ValueError(f"{name} must be {'>= 0' if 'mem' in name else 'positive'}, "
+                                 f"got {value}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.dropout < 1.0:
@@ -110,9 +103,7 @@ class Memory(NamedTuple):
     usage: Optional[List[torch.Tensor]] = None
 
 
-# ----------------------------------------------------------------------------------------------
-# 2. Transformer-XL relative attention
-# ----------------------------------------------------------------------------------------------
+# 2. Transformer-XL relative attention ---------------------------------------------------------
 # With M = len(c_mem) + len(mem) memories and T segment tokens, the keys are the K = M + T
 # positions of [c_mem; mem; x]. Query i sits at position M + i and key j at position j, so their
 # relative distance is M + i - j; keys with a negative distance lie in the future and are masked.
@@ -228,9 +219,7 @@ class RelativeMultiHeadAttention(RelativeAttention):
         return self.attend(q, k, v, self.project_positions(positions), causal_bias)
 
 
-# ----------------------------------------------------------------------------------------------
-# 3. Compression functions f_c
-# ----------------------------------------------------------------------------------------------
+# 3. Compression functions f_c -----------------------------------------------------------------
 # Every f_c is called the same way, compressed = f_c(old_mem, following, usage):
 #     old_mem    [B, k*c, d]  the memories just evicted from mem, oldest first (k whole blocks of c)
 #     following  [B, >= 1, d] the memories still in mem after them (only overlap_max_pool reads it)
@@ -338,9 +327,7 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
     return PoolCompress(c, cfg.compression)
 
 
-# ----------------------------------------------------------------------------------------------
-# 4. Reconstruction losses: the only signal that trains f_c
-# ----------------------------------------------------------------------------------------------
+# 4. Reconstruction losses: the only signal that trains f_c ------------------------------------
 # Compressed memories are stored without gradient, so the language-model loss never reaches f_c.
 # Instead f_c learns from an auxiliary loss on the memories it just compressed. Every input and
 # every parameter other than f_c's (and the auto-encoder's decoder) is detached, so this loss
@@ -383,9 +370,17 @@ def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
     return F.mse_loss(decoded.float(), old_mem.float())
 
 
-# ----------------------------------------------------------------------------------------------
-# 5. One layer: attention over [c_mem; mem; h] and the feed-forward, then the memory update
-# ----------------------------------------------------------------------------------------------
+# 5. One layer: attention over [c_mem; mem; h] and the feed-forward, then the memory update ----
+
+def residual_and_feed_forward(layer, x, attended):
+    """The rest of a layer after attention. Post-LN, as in the paper: a = LN(x + attn),
+    out = LN(a + mlp(a)); pre-LN (the attention saw LN(x)): a = x + attn, out = a + mlp(LN(a))."""
+    if layer.pre_norm:
+        a = x + layer.dropout(attended)
+        return a + layer.dropout(layer.ff(layer.ff_norm(a)))
+    a = layer.attn_norm(x + layer.dropout(attended))
+    return layer.ff_norm(a + layer.dropout(layer.ff(a)))
+
 
 class CompressiveLayer(nn.Module):
     """One layer: attention over [c_mem; mem; h] and the feed-forward, its f_c, its FIFOs."""
@@ -412,14 +407,9 @@ class CompressiveLayer(nn.Module):
     def forward(self, h, memories, positions, causal_bias):
         """h: [B, T, d] the layer input h^(i); memories: [B, M, d] = [c_mem; mem] of this layer.
         Returns the layer output [B, T, d] and the Attended of its attention (section 2)."""
-        if self.pre_norm:
-            attended = self.attn(self.attn_norm(h), self.attn_norm(memories), positions, causal_bias)
-            a = h + self.dropout(attended.out)
-            return a + self.dropout(self.ff(self.ff_norm(a))), attended
-        # post-LN, as in the paper: a = LN(attn + h); out = LN(mlp(a) + a)
-        attended = self.attn(h, memories, positions, causal_bias)
-        a = self.attn_norm(h + self.dropout(attended.out))
-        return self.ff_norm(a + self.dropout(self.ff(a))), attended
+        norm = self.attn_norm if self.pre_norm else (lambda x: x)  # pre-LN: normalised inputs
+        attended = self.attn(norm(h), norm(memories), positions, causal_bias)
+        return residual_and_feed_forward(self, h, attended.out), attended
 
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
         """The two FIFOs (paper, Algorithm 1): append the layer inputs h of the new tokens to mem;
@@ -466,24 +456,14 @@ class CompressiveLayer(nn.Module):
             attended.values[:, :, old].detach(), compressed)
 
 
-# ----------------------------------------------------------------------------------------------
-# 6. The language model
-# ----------------------------------------------------------------------------------------------
+# 6. The language model ------------------------------------------------------------------------
 
 class LanguageModel(nn.Module):
-    """The contract of the two language models of this file (this section's and section 7's):
-
-        logits, memory, aux_loss = model(tokens, memory)
-            tokens [batch, T] integer ids; memory: what the previous call returned, or None to
-            start a text; logits [batch, T, vocab]; aux_loss: a 0-dim loss to add to the LM loss
-            (f_c's reconstruction loss; 0 where there is none).
-        model.reach() -> [(region, distance), ...]: how far back each region of the context
-            reaches, as distances from the last token of a segment of n_s = cfg.seq_len.
-        model.check_memory(memory, batch_size, device): the ValueError/TypeError that forward
-            would raise for this memory, without running forward.
-
-    This base class supplies what they share: the config check, the embedding, the weight
-    initialisation, the input checks and generation through the memory."""
+    """What the two language models of this file (sections 6 and 7) share. Their contract:
+    logits [B, T, vocab], memory, aux_loss = model(tokens [B, T], memory or None), aux_loss
+    being f_c's 0-dim loss to add to the LM loss (0 where there is none); model.reach() ->
+    [(region, distance)], how far back each region of the context reaches from a segment's
+    last token; model.check_memory(memory, batch_size, device) raises what forward would."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
@@ -643,9 +623,7 @@ class CompressiveTransformer(LanguageModel):
         return logits, Memory(new_mem, new_c_mem, new_usage if tracks_usage else None), recon_loss
 
 
-# ----------------------------------------------------------------------------------------------
-# 7. A relative for comparison: the Feedback Transformer
-# ----------------------------------------------------------------------------------------------
+# 7. A relative for comparison: the Feedback Transformer ---------------------------------------
 # Fan, Lavril, Grave, Joulin, Sukhbaatar (2020), "Addressing Some Limitations of Transformers with
 # Feedback Memory", arXiv:2002.09402. Above, every layer remembers its own past inputs, so layer i
 # never sees how a higher layer understood the past. Here one memory serves all layers: the memory
@@ -682,11 +660,7 @@ class FeedbackLayer(nn.Module):
         z = self.attn_norm(x) if self.pre_norm else x
         q = attn.split_heads(self.query(z) * attn.d_head ** -0.5)
         attended = attn.attend(q, keys, values, r, None).out  # the past and x itself: no mask
-        if self.pre_norm:
-            a = x + self.dropout(attended)
-            return a + self.dropout(self.ff(self.ff_norm(a)))
-        a = self.attn_norm(x + self.dropout(attended))
-        return self.ff_norm(a + self.dropout(self.ff(a)))
+        return residual_and_feed_forward(self, x, attended)
 
 
 class FeedbackTransformer(LanguageModel):
