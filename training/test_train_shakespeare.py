@@ -16,28 +16,13 @@ import torch
 import torch.nn.functional as F
 
 import train_shakespeare as ts
-from compressive import CompressiveConfig, CompressiveTransformer, FeedbackTransformer, Memory
+from compressive import CompressiveTransformer, FeedbackTransformer, Memory
+from test_compressive import make, tiny, tokens  # the model spec's small models
 from training import analysis, files, plots, recall
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
 SHAKESPEARE = ts.DEFAULT_DATA  # where the script keeps the text (a first run downloads it there)
-
-
-def tiny(**overrides) -> CompressiveConfig:
-    base = dict(vocab_size=13, d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0,
-                seq_len=6, mem_len=8, c_mem_len=4, compression_rate=3)
-    base.update(overrides)
-    return CompressiveConfig(**base)
-
-
-def make(seed=0, **overrides) -> CompressiveTransformer:
-    torch.manual_seed(seed)
-    return CompressiveTransformer(tiny(**overrides))
-
-
-def tokens(batch, length, vocab=13, seed=1):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture
