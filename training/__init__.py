@@ -1,12 +1,17 @@
 """What train_shakespeare.py does beyond training, one job per module:
 
     checks.py       problems the user can fix: flags checked up front, one line per problem
+    device.py       the device, autocast and the float16 gradient scaler, compiling once the
+                    memories are full, an allocator setting
     files.py        crash-safe writes; the data file, downloaded once (checksummed), read as text
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit
     distributed.py  data parallelism over processes started by torchrun
+    modes.py        --bench, and --sample, --eval-only, --analyze on a checkpoint
     recall.py       the reach benchmark: the recall task, its scoring by distance and by phase
     sample.py       --sample: text from a trained model
     analysis.py     --analyze: where the attention goes, over [c_mem; mem; segment]
     bench.py        --bench: tokens/s, ms per step, peak memory and mfu of training steps
     plots.py        the figures, when matplotlib is installed
+
+test_train_shakespeare.py specifies all of it; REACH.md is the reach benchmark's full study.
 """
