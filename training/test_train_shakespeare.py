@@ -144,29 +144,27 @@ def test_a_model_too_large_for_the_machine_gives_one_error_line(small_text, tmp_
 
 def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
     script = os.path.join(HERE, "train_shakespeare.py")
-    for flags, message in ((["--compression", "zip"], "invalid choice"),
-                           (["--data", str(tmp_path / "missing.txt")], "data file not found")):
-        result = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True,
-                                timeout=60)
-        assert result.returncode == 2 and message in result.stderr
-        assert "Traceback" not in result.stderr and "Warning" not in result.stderr
+    # one process (each costs a Python and torch start-up); argparse's own errors exit 2 alike
+    result = subprocess.run([sys.executable, script, "--data", str(tmp_path / "missing.txt")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "data file not found" in result.stderr
+    assert "Traceback" not in result.stderr and "Warning" not in result.stderr
 
 
 # ---------------------------------------------------------------- device, precision, compile ------
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_training_stays_finite_and_close_to_float32(dtype, small_text, tmp_path):
-    """bfloat16 keeps 8 bits of mantissa, float16 11 (with its gradient scaler): over 30 steps
+def test_half_precision_training_stays_finite_and_close_to_float32(small_text, tmp_path):
+    """bfloat16 keeps 8 bits of mantissa, float16 11 (with its gradient scaler): over 20 steps
     the rounding moves the validation loss by a few thousandths, far less than training lowers it."""
-    losses = {}
-    for name in ("float32", dtype):
-        out = str(tmp_path / name)
-        assert ts.main(["--data", small_text, "--out", out, "--steps", "30", "--eval-every", "30",
-                        *TINY_FLAGS, "--dtype", name]) == 0
-        losses[name] = json.load(open(os.path.join(out, "metrics.json")))["history"]
-    start = math.log(len(set(open(small_text).read())))
-    assert math.isfinite(losses[dtype][-1]["val_loss"]) and losses["float32"][-1]["val_loss"] < start - 0.5
-    assert abs(losses[dtype][-1]["val_loss"] - losses["float32"][-1]["val_loss"]) < 0.05
+    val = {}
+    for dtype in ("float32", "bfloat16", "float16"):
+        out = str(tmp_path / dtype)
+        assert ts.main(["--data", small_text, "--out", out, "--steps", "20", "--eval-every", "20",
+                        *TINY_FLAGS, "--dtype", dtype]) == 0
+        val[dtype] = json.load(open(os.path.join(out, "metrics.json")))["val_loss"]
+    assert val["float32"] < math.log(len(set(open(small_text).read()))) - 0.3
+    for dtype in ("bfloat16", "float16"):
+        assert math.isfinite(val[dtype]) and abs(val[dtype] - val["float32"]) < 0.05, val
 
 
 def count_host_reads(monkeypatch):
@@ -186,14 +184,14 @@ def count_host_reads(monkeypatch):
 def test_the_loop_reads_the_device_per_log_line_not_per_step(small_text, tmp_path, monkeypatch):
     reads = count_host_reads(monkeypatch)
     counts = {}
-    for steps, log_every in ((8, 8), (16, 16), (16, 4)):
+    for steps, log_every in ((4, 4), (8, 8), (8, 2)):
         reads.clear()
         assert ts.main(["--data", small_text, "--out", str(tmp_path / f"{steps}_{log_every}"),
                         "--steps", str(steps), "--eval-every", "100", "--log-every",
                         str(log_every), *TINY_FLAGS]) == 0
         counts[steps, log_every] = len(reads)
-    assert counts[16, 16] == counts[8, 8]  # twice the steps, the same reads
-    assert counts[16, 4] == counts[16, 16] + 3 * 3  # three more log lines, three reads each
+    assert counts[8, 8] == counts[4, 4]  # twice the steps, the same reads
+    assert counts[8, 2] == counts[8, 8] + 3 * 3  # three more log lines, three reads each
 
 
 def test_a_non_finite_loss_stops_the_run_at_the_next_log_line(trained, small_text, capsys):
@@ -374,7 +372,7 @@ def test_checkpoints_reach_the_disk_before_they_replace_the_old_one(tmp_path, mo
 
 
 def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(small_text, tmp_path):
-    common = ["--data", small_text, "--steps", "20", "--eval-every", "2", *TINY_FLAGS]
+    common = ["--data", small_text, "--steps", "20", "--eval-every", "5", *TINY_FLAGS]
     whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
     threads = str(torch.get_num_threads())  # as in this process, so the arithmetic is the same
     run = subprocess.Popen([sys.executable, os.path.join(HERE, "train_shakespeare.py"), *common,
