@@ -187,6 +187,9 @@ class Scored(NamedTuple):
     correct: torch.Tensor      # whether the model's most likely character was the answer
     fact_offset: torch.Tensor  # where the fact's digit sits in its stream (its phase: mod c)
     fact_back: torch.Tensor    # how far the digit lies before the segment its query is read in
+    latest_right: torch.Tensor  # whether the latest fact stated before the query has its answer:
+    #                             what a reader blind to the key, answering with it, gets right
+    said_latest: torch.Tensor  # whether the model answered with the latest fact's digit
 
 
 def locate(answers, length: int, n_streams: int, seq_len: int):
@@ -211,7 +214,12 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     _, _, fact, back, whole = locate(answers, (len(data) - 1) // n_streams, n_streams, seq_len)
     position, distance = answers.unbind(dim=1)
     correct = predictions[position] == data[position]
-    return Scored(distance[whole], correct[whole], fact[whole], back[whole])
+    digits = (position - distance).sort().values  # every fact's digit, in the order stated
+    latest = digits[torch.searchsorted(digits, position - 1) - 1]  # the last one before each '?'
+    latest_right = data[latest] == data[position]
+    said_latest = predictions[position] == data[latest]
+    return Scored(distance[whole], correct[whole], fact[whole], back[whole], latest_right[whole],
+                  said_latest[whole])
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -273,6 +281,25 @@ def by_phase(scored: Scored, edges, rate: int):
             rows.append({"phase": phase, "queries": int(chosen.sum()),
                          "accuracy": scored.correct[chosen].float().mean().item()})
     return rows
+
+
+def key_use(scored: Scored, edges) -> list:
+    """Whether the model finds a fact by its key, per region and over the facts held in c_mem:
+    its accuracy next to what answering with the latest fact stated would score (a reader that
+    reaches back but ignores the key) and how often it did answer with that fact's digit. With one
+    fact waiting (--live-facts 1) the latest fact is always the one asked for: [] then."""
+    if scored.latest_right.all():
+        return []
+    chosen = [(name, (scored.distance >= lo) & (scored.distance <= hi))
+              for name, lo, hi in regions(edges)]
+    held = held_in_c_mem(scored.fact_back, edges)
+    if held is not None:
+        chosen.append(("held in c_mem", held))
+    return [{"region": name, "queries": int(inside.sum()),
+             "accuracy": scored.correct[inside].float().mean().item(),
+             "latest_fact_right": scored.latest_right[inside].float().mean().item(),
+             "said_latest": scored.said_latest[inside].float().mean().item()}
+            for name, inside in chosen if inside.any()]
 
 
 def summary(scored: Scored, edges, rate: int) -> str:
@@ -353,7 +380,7 @@ def report(scored: Scored, model, out: str) -> dict:
     if len(scored.distance) == 0:
         print("recall accuracy by distance: no query in the validation text could be scored "
               "(raise --val-chars or lower --max-distance)")
-        return {"by_distance": [], "by_phase": []}
+        return {"by_distance": [], "by_phase": [], "key_use": []}
     cfg, edges = model.cfg, model.reach()
     rows = by_distance(scored, edges, cfg.seq_len)
     phases = by_phase(scored, edges, cfg.compression_rate)
@@ -369,7 +396,15 @@ def report(scored: Scored, model, out: str) -> dict:
         print(f"facts held in c_mem when asked: {held['accuracy']:.3f} ({held['queries']} queries); "
               f"by the phase of the digit in its block of c={cfg.compression_rate}: " + ", ".join(
                   f"{p['phase']}: {p['accuracy']:.3f} ({p['queries']})" for p in split))
+    keys = key_use(scored, edges)
+    if keys:
+        print("finding the fact by its key, with several waiting: accuracy, what answering with the "
+              "latest fact\nstated would score, and how often the model answered with its digit")
+        print(f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}")
+        for row in keys:
+            print(f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
+                  f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}")
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + \
         (f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else "")
     plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
-    return {"by_distance": rows, "by_phase": phases}
+    return {"by_distance": rows, "by_phase": phases, "key_use": keys}

@@ -447,6 +447,11 @@ def test_recall_with_k_facts_waiting_each_answer_needs_its_key():
             assert text[text.rfind(f" {key}=", 0, position - 4) + 4] == text[position]
             hits.append(text[text.rfind("=", 0, position - 4) + 1] == text[position])
         share[live_facts] = sum(hits) / len(hits)
+        # the scoring finds the same latest fact (a perfect reader said it whenever it was right)
+        ids = torch.tensor([recall.VOCAB.index(ch) for ch in text])
+        scored = recall.score(ids, ids, made.answers, n_streams=1, seq_len=32)
+        assert scored.latest_right.float().mean().item() == pytest.approx(share[live_facts])
+        assert scored.said_latest.equal(scored.latest_right)
     assert share[1] == 1.0 > share[2] > share[4] > share[8] and share[4] < 0.45 and share[8] < 0.35
 
 
@@ -537,7 +542,9 @@ def test_recall_phase_split_on_a_hand_made_case():
                            correct=torch.tensor([True, True, False, False, False, True, True, True,
                                                  True]),
                            fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3, 7]),
-                           fact_back=torch.tensor([20, 32, 31, 25, 28, 22, 16, 33, 17]))
+                           fact_back=torch.tensor([20, 32, 31, 25, 28, 22, 16, 33, 17]),
+                           latest_right=torch.ones(9, dtype=torch.bool),
+                           said_latest=torch.ones(9, dtype=torch.bool))
     # D 20 and 60 are held in mem (16) and beyond (33); D 30, in the mem region by distance, was
     # asked early in its segment and is held in c_mem (17)
     phases = recall.by_phase(scored, edges, rate=4)
@@ -549,6 +556,22 @@ def test_recall_phase_split_on_a_hand_made_case():
     assert recall.by_phase(scored, CompressiveTransformer(tiny(c_mem_len=0)).reach(), 4) == []
     assert recall.summary(scored, edges, 4) == ("mem 1.000, c_mem 0.500, beyond 1.000; held in c_mem "
                                                 "0.571 (by phase 0.667 / 0.000 / 1.000 / 1.000)")
+
+
+def test_recall_key_use_sets_the_model_against_a_reader_blind_to_the_key():
+    # one stream of 100: facts' digits 3 at 10 and 5 at 20, asked at 30 and 40 (D 20, in mem)
+    data = torch.zeros(101, dtype=torch.long)
+    data[[10, 20, 30, 40]] = torch.tensor([3, 5, 3, 5])
+    answers = torch.tensor([[30, 20], [40, 20]])
+    predictions = data.clone()
+    predictions[30] = 5  # the model answers both with the latest fact stated
+    scored = recall.score(predictions, data, answers, n_streams=1, seq_len=16)
+    assert scored.latest_right.tolist() == [False, True] and scored.said_latest.tolist() == [True, True]
+    edges = CompressiveTransformer(tiny(seq_len=16, mem_len=16, c_mem_len=0)).reach()
+    assert recall.key_use(scored, edges) == [{"region": "mem", "queries": 2, "accuracy": 0.5,
+                                              "latest_fact_right": 0.5, "said_latest": 1.0}]
+    # one fact waiting at a time: the latest fact is always the one asked for, nothing to show
+    assert recall.key_use(recall.score(predictions, data, answers[1:], 1, 16), edges) == []
 
 
 def test_recall_fact_slots_find_the_digit_and_its_marker_in_c_mem():
