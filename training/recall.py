@@ -27,7 +27,7 @@ VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ev
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
 DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 5, "live_facts": 1,
-            "curriculum": 0.5, "val_chars": 300_000, "loss_on": "all"}
+            "distractors": False, "curriculum": 0.5, "val_chars": 300_000, "loss_on": "all"}
 IGNORE = -100  # a target that F.cross_entropy skips
 
 
@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
                    help=f"mean filler characters between facts (default {DEFAULTS['fact_gap']})")
     r.add_argument("--live-facts", type=int, help="most facts waiting for their query at once; with "
                    f"more than one, a query must be matched to its key (default {DEFAULTS['live_facts']})")
+    r.add_argument("--distractors", action="store_true", default=None, help="go on stating facts "
+                   "while --live-facts wait, never to be asked: the latest fact is then seldom the "
+                   "one asked for, and only its key finds it")
     r.add_argument("--curriculum", type=float, help="the longest D grows from --min-distance to "
                    f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})")
     r.add_argument("--val-chars", type=int,
@@ -120,26 +123,36 @@ class RecallText(NamedTuple):
 
 
 def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, gap: int,
-                     live_facts: int, seed: str, widen_over: int = 0) -> RecallText:
+                     live_facts: int, seed: str, widen_over: int = 0,
+                     distractors: bool = False) -> RecallText:
     """Facts at random places, about gap filler characters apart on average, each asked for once
     D characters later (D log-uniform in [min_distance, max_distance], from the fact's digit to the
     answer's), with at most live_facts facts waiting for their query at any time. A key is not
     stated again until its query has passed, so every answer is the digit of the latest fact with
     that key. With widen_over > 0, the longest D grows linearly from
-    min_distance to max_distance over the first widen_over characters (a curriculum)."""
+    min_distance to max_distance over the first widen_over characters (a curriculum). With
+    distractors, facts go on being stated while live_facts wait, but are never asked: the fact
+    stated last is then seldom the one asked for, so only the key finds it."""
     rng = random.Random(seed)
     chars, taken = ["."] * n_chars, bytearray(n_chars)
     free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)
     answers, pos = [], 0
     log_min, log_max = math.log(min_distance), math.log(max_distance + 1)
     while True:
-        if len(busy_keys) >= live_facts:  # wait until the next query has passed
+        if len(busy_keys) >= live_facts and not distractors:  # wait until a query has passed
             pos = max(pos, busy_keys[0][0])
         pos += rng.randint(0, 2 * gap)
         if pos + 5 > n_chars:
             break
         while busy_keys and busy_keys[0][0] <= pos:
             free_keys.append(heapq.heappop(busy_keys)[1])
+        if len(busy_keys) >= live_facts:  # a distractor: a free key, which stays free
+            if not any(taken[pos:pos + 5]) and free_keys:
+                chars[pos:pos + 5] = f" {rng.choice(free_keys)}={rng.choice(string.digits)}"
+                taken[pos:pos + 5] = b"\x01" * 5
+                pos += 4
+            pos += 1
+            continue
         if widen_over:
             longest = min_distance + (max_distance - min_distance) * min(1.0, pos / widen_over)
             log_max = math.log(longest + 1)
@@ -171,10 +184,12 @@ def load(args, n_train_streams: int, encode, saved_args=None, need_train: bool =
     if need_train:
         length = min(args.steps * args.seq_len, MAX_TRAIN_CHARS // n_train_streams)
         strands = [make_recall_text(length, TRAINING_KEYS, *task, seed=f"train {args.seed} {b}",
-                                    widen_over=int(s["curriculum"] * length)).text
+                                    widen_over=int(s["curriculum"] * length),
+                                    distractors=s["distractors"]).text
                    for b in range(n_train_streams)]
         train = encode("".join(strands) + ".", VOCAB)
-    val = make_recall_text(s["val_chars"], VALIDATION_KEYS, *task, seed="validation")
+    val = make_recall_text(s["val_chars"], VALIDATION_KEYS, *task, seed="validation",
+                           distractors=s["distractors"])
     return train, encode(val.text, VOCAB), val.answers
 
 
@@ -187,8 +202,8 @@ class Scored(NamedTuple):
     correct: torch.Tensor      # whether the model's most likely character was the answer
     fact_offset: torch.Tensor  # where the fact's digit sits in its stream (its phase: mod c)
     fact_back: torch.Tensor    # how far the digit lies before the segment its query is read in
-    latest_right: torch.Tensor  # whether the latest fact stated before the query has its answer:
-    #                             what a reader blind to the key, answering with it, gets right
+    latest_right: torch.Tensor  # whether the latest fact stated before the query (asked or a
+    #                             distractor) has its answer: what a reader blind to keys gets right
     said_latest: torch.Tensor  # whether the model answered with the latest fact's digit
 
 
@@ -214,10 +229,11 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     _, _, fact, back, whole = locate(answers, (len(data) - 1) // n_streams, n_streams, seq_len)
     position, distance = answers.unbind(dim=1)
     correct = predictions[position] == data[position]
-    digits = (position - distance).sort().values  # every fact's digit, in the order stated
-    latest = digits[torch.searchsorted(digits, position - 1) - 1]  # the last one before each '?'
-    latest_right = data[latest] == data[position]
-    said_latest = predictions[position] == data[latest]
+    digits = (data == VOCAB.index("=")).nonzero().squeeze(1) + 1  # every fact's digit, in order
+    before = torch.searchsorted(digits, position - 1) - 1  # the last one before each '?' (-1: none)
+    latest = data[torch.cat([digits, digits.new_zeros(1)])[before]]  # (none: index -1, a stand-in)
+    latest_right = (before >= 0) & (latest == data[position])
+    said_latest = (before >= 0) & (predictions[position] == latest)
     return Scored(distance[whole], correct[whole], fact[whole], back[whole], latest_right[whole],
                   said_latest[whole])
 

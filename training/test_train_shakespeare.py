@@ -411,9 +411,11 @@ def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
 
 # ---------------------------------------------------------------- the recall task -----------------
 
-@pytest.mark.parametrize("live_facts", [1, 3])
-def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_before_it(live_facts):
-    make = lambda seed: recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, live_facts, seed)
+@pytest.mark.parametrize("live_facts, distractors", [(1, False), (3, False), (3, True)])
+def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_before_it(
+        live_facts, distractors):
+    make = lambda seed: recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, live_facts,
+                                                seed, distractors=distractors)
     a, b, c = make("s"), make("s"), make("t")
     assert a.text == b.text and a.answers.equal(b.answers) and a.text != c.text
     text, answers = a.text, a.answers.tolist()
@@ -453,6 +455,26 @@ def test_recall_with_k_facts_waiting_each_answer_needs_its_key():
         assert scored.latest_right.float().mean().item() == pytest.approx(share[live_facts])
         assert scored.said_latest.equal(scored.latest_right)
     assert share[1] == 1.0 > share[2] > share[4] > share[8] and share[4] < 0.45 and share[8] < 0.35
+
+
+def test_recall_distractors_leave_only_the_key_to_find_a_fact_beyond_the_segment():
+    """Facts stated while K wait and never asked: the latest fact stated before a query is then
+    seldom its own, and from D = 32 on (a segment of the recipes) about as often right as a
+    random digit. Without them, short distances are nearly all answered by the latest fact."""
+    def latest_right(distractors):
+        made = recall.make_recall_text(200_000, recall.TRAINING_KEYS, 8, 400, 5, 4, "d",
+                                       distractors=distractors)
+        ids = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
+        scored = recall.score(ids, ids, made.answers, n_streams=1, seq_len=32)
+        far = scored.distance >= 32
+        stated = made.text.count("=")
+        return scored.latest_right[far].float().mean().item(), len(made.answers), stated
+
+    far_plain, asked_plain, stated_plain = latest_right(False)
+    far, asked, stated = latest_right(True)
+    assert stated_plain == asked_plain and stated > 1.5 * asked  # the rest are distractors
+    assert abs(asked - asked_plain) < 0.1 * asked_plain  # as many queries to learn from
+    assert far < 0.15 < far_plain
 
 
 def test_recall_loss_on_answers_keeps_exactly_the_answer_digits():
@@ -561,6 +583,7 @@ def test_recall_phase_split_on_a_hand_made_case():
 def test_recall_key_use_sets_the_model_against_a_reader_blind_to_the_key():
     # one stream of 100: facts' digits 3 at 10 and 5 at 20, asked at 30 and 40 (D 20, in mem)
     data = torch.zeros(101, dtype=torch.long)
+    data[[9, 19]] = recall.VOCAB.index("=")
     data[[10, 20, 30, 40]] = torch.tensor([3, 5, 3, 5])
     answers = torch.tensor([[30, 20], [40, 20]])
     predictions = data.clone()
