@@ -450,7 +450,7 @@ def test_recall_with_k_facts_waiting_each_answer_needs_its_key():
             hits.append(text[text.rfind("=", 0, position - 4) + 1] == text[position])
         share[live_facts] = sum(hits) / len(hits)
         # the scoring finds the same latest fact (a perfect reader said it whenever it was right)
-        ids = torch.tensor([recall.VOCAB.index(ch) for ch in text])
+        ids = ts.encode(text, recall.VOCAB)
         scored = recall.score(ids, ids, made.answers, n_streams=1, seq_len=32)
         assert scored.latest_right.float().mean().item() == pytest.approx(share[live_facts])
         assert scored.said_latest.equal(scored.latest_right)
@@ -462,9 +462,9 @@ def test_recall_distractors_leave_only_the_key_to_find_a_fact_beyond_the_segment
     seldom its own, and from D = 32 on (a segment of the recipes) about as often right as a
     random digit. Without them, short distances are nearly all answered by the latest fact."""
     def latest_right(distractors):
-        made = recall.make_recall_text(200_000, recall.TRAINING_KEYS, 8, 400, 5, 4, "d",
+        made = recall.make_recall_text(100_000, recall.TRAINING_KEYS, 8, 400, 5, 4, "d",
                                        distractors=distractors)
-        ids = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
+        ids = ts.encode(made.text, recall.VOCAB)
         scored = recall.score(ids, ids, made.answers, n_streams=1, seq_len=32)
         far = scored.distance >= 32
         stated = made.text.count("=")
