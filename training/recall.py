@@ -27,7 +27,8 @@ VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ev
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
 DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 5, "live_facts": 1,
-            "distractors": False, "curriculum": 0.5, "val_chars": 300_000, "loss_on": "all"}
+            "distractors": False, "curriculum": 0.5, "curriculum_hold": 0.0, "val_chars": 300_000,
+            "loss_on": "all"}
 IGNORE = -100  # a target that F.cross_entropy skips
 
 
@@ -47,6 +48,10 @@ def add_arguments(parser) -> None:
                    "one asked for, and only its key finds it")
     r.add_argument("--curriculum", type=float, help="the longest D grows from --min-distance to "
                    f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})")
+    r.add_argument("--curriculum-hold", type=float, help="first hold every fact inside the segment "
+                   "(D < n_s) for this fraction of training, then widen from there over "
+                   "--curriculum: keys are learned where gradients reach both fact and query "
+                   "(default 0)")
     r.add_argument("--val-chars", type=int,
                    help=f"length of the validation text (default {DEFAULTS['val_chars']})")
     r.add_argument("--loss-on", choices=["all", "answers"], help="the characters the loss (and "
@@ -78,8 +83,10 @@ def check_args(args) -> None:
         raise UserError(f"--live-facts must be positive, got {args.live_facts}")
     if args.fact_gap is not None and args.fact_gap < 0:
         raise UserError(f"--fact-gap must be >= 0, got {args.fact_gap}")
-    if args.curriculum is not None and not 0.0 <= args.curriculum <= 1.0:
-        raise UserError(f"--curriculum must be a fraction in [0, 1], got {args.curriculum}")
+    for name in ("curriculum", "curriculum_hold"):
+        value = getattr(args, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise UserError(f"--{name.replace('_', '-')} must be a fraction in [0, 1], got {value}")
     if args.val_chars is not None and args.val_chars < 1000:
         raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
     if args.min_distance is not None and args.min_distance < 5:
@@ -89,6 +96,9 @@ def check_args(args) -> None:
             args.max_distance is not None and args.max_distance < s["min_distance"]:
         raise UserError(f"--max-distance must be >= --min-distance, got {s['min_distance']} "
                         f"and {s['max_distance']}")
+    if args.curriculum_hold and args.seq_len - 1 < s["min_distance"]:
+        raise UserError(f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
+                        f"characters (D >= --min-distance {s['min_distance']})")
 
 
 def loss_targets(args, saved_args=None, task: str = "recall"):
@@ -123,14 +133,16 @@ class RecallText(NamedTuple):
 
 
 def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, gap: int,
-                     live_facts: int, seed: str, widen_over: int = 0,
-                     distractors: bool = False) -> RecallText:
+                     live_facts: int, seed: str, widen_over: int = 0, distractors: bool = False,
+                     hold_over: int = 0, hold_distance: int = 0) -> RecallText:
     """Facts at random places, about gap filler characters apart on average, each asked for once
     D characters later (D log-uniform in [min_distance, max_distance], from the fact's digit to the
     answer's), with at most live_facts facts waiting for their query at any time. A key is not
     stated again until its query has passed, so every answer is the digit of the latest fact with
     that key. With widen_over > 0, the longest D grows linearly from
-    min_distance to max_distance over the first widen_over characters (a curriculum). With
+    min_distance to max_distance over the first widen_over characters (a curriculum); with
+    hold_over > 0 it first stays at hold_distance for hold_over characters, then grows from there.
+    With
     distractors, facts go on being stated while live_facts wait, but are never asked: the fact
     stated last is then seldom the one asked for, so only the key finds it."""
     rng = random.Random(seed)
@@ -154,7 +166,8 @@ def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, g
             pos += 1
             continue
         if widen_over:
-            longest = min_distance + (max_distance - min_distance) * min(1.0, pos / widen_over)
+            start = hold_distance if hold_over else min_distance
+            longest = start + (max_distance - start) * min(1.0, max(0, pos - hold_over) / widen_over)
             log_max = math.log(longest + 1)
         distance = min(max_distance, int(math.exp(rng.uniform(log_min, log_max))))
         query = pos + distance
@@ -185,7 +198,9 @@ def load(args, n_train_streams: int, encode, saved_args=None, need_train: bool =
         length = min(args.steps * args.seq_len, MAX_TRAIN_CHARS // n_train_streams)
         strands = [make_recall_text(length, TRAINING_KEYS, *task, seed=f"train {args.seed} {b}",
                                     widen_over=int(s["curriculum"] * length),
-                                    distractors=s["distractors"]).text
+                                    distractors=s["distractors"],
+                                    hold_over=int(s["curriculum_hold"] * length),
+                                    hold_distance=args.seq_len - 1).text
                    for b in range(n_train_streams)]
         train = encode("".join(strands) + ".", VOCAB)
     val = make_recall_text(s["val_chars"], VALIDATION_KEYS, *task, seed="validation",

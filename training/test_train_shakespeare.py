@@ -117,11 +117,13 @@ def error_line(capsys):
     (["--batch-size", "100000"], "cannot feed"),
     (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
     (["--log-every", "0"], "--log-every must be positive"),
+    (["--task", "recall", "--curriculum-hold", "1.5"], "--curriculum-hold must be a fraction in [0, 1]"),
+    (["--task", "recall", "--curriculum-hold", "0.5", "--seq-len", "6"], "no fact fits inside a segment"),
     pytest.param(["--device", "mps"], "no usable mps backend", marks=pytest.mark.skipif(
         torch.backends.mps.is_available(), reason="this machine has mps")),
 ])
 def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tmp_path, capsys):
-    if "--data" not in flags:  # never reach for the network
+    if "--data" not in flags and "recall" not in flags:  # never reach for the network
         flags = [*flags, "--data", small_text]
     if "--out" not in flags:
         flags = [*flags, "--out", str(tmp_path / "run")]
@@ -517,6 +519,14 @@ def test_recall_curriculum_widens_the_distances_along_the_text():
     position, distance = r.answers.unbind(1)
     early = distance[position - distance < 5000]
     assert early.max() <= 8 + (400 - 8) * 5000 / 20000 and distance.max() > 300
+    # held inside a segment of 32 for the first 10,000 characters, then widened from D = 31
+    r = recall.make_recall_text(40000, recall.TRAINING_KEYS, 8, 400, 10, 1, "c", widen_over=20000,
+                                hold_over=10000, hold_distance=31)
+    position, distance = r.answers.unbind(1)
+    fact = position - distance
+    assert distance[fact < 10000].max() <= 31 and distance[fact < 10000].min() == 8
+    assert 31 < distance[fact < 15000].max() <= 31 + (400 - 31) * 5000 / 20000
+    assert distance.max() > 300
 
 
 def test_recall_accuracy_by_distance_on_a_hand_made_case():
