@@ -142,9 +142,8 @@ def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, g
     that key. With widen_over > 0, the longest D grows linearly from
     min_distance to max_distance over the first widen_over characters (a curriculum); with
     hold_over > 0 it first stays at hold_distance for hold_over characters, then grows from there.
-    With
-    distractors, facts go on being stated while live_facts wait, but are never asked: the fact
-    stated last is then seldom the one asked for, so only the key finds it."""
+    With distractors, facts go on being stated while live_facts wait, but are never asked: the
+    fact stated last is then seldom the one asked for, so only the key finds it."""
     rng = random.Random(seed)
     chars, taken = ["."] * n_chars, bytearray(n_chars)
     free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)
@@ -275,14 +274,16 @@ def regions(edges):
     return [(name, lo, hi - 1) for (name, hi), lo in zip(edges + [("beyond", math.inf)], lows)]
 
 
+def in_regions(scored: Scored, edges):
+    """(name, mask) of the queries whose distance falls in each region of the model's reach."""
+    return [(name, (scored.distance >= lo) & (scored.distance <= hi))
+            for name, lo, hi in regions(edges)]
+
+
 def by_region(scored: Scored, edges) -> dict:
     """Accuracy over all the queries whose distance falls in each region of the model's reach."""
-    out = {}
-    for name, lo, hi in regions(edges):
-        inside = (scored.distance >= lo) & (scored.distance <= hi)
-        if inside.any():
-            out[name] = scored.correct[inside].float().mean().item()
-    return out
+    return {name: scored.correct[inside].float().mean().item()
+            for name, inside in in_regions(scored, edges) if inside.any()}
 
 
 def held_in_c_mem(fact_back: torch.Tensor, edges):
@@ -321,8 +322,7 @@ def key_use(scored: Scored, edges) -> list:
     fact waiting (--live-facts 1) the latest fact is always the one asked for: [] then."""
     if scored.latest_right.all():
         return []
-    chosen = [(name, (scored.distance >= lo) & (scored.distance <= hi))
-              for name, lo, hi in regions(edges)]
+    chosen = in_regions(scored, edges)
     held = held_in_c_mem(scored.fact_back, edges)
     if held is not None:
         chosen.append(("held in c_mem", held))
