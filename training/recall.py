@@ -358,49 +358,62 @@ def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
 def where_queries_look(model, streams: torch.Tensor, answers) -> list:
     """Where the '?' of each query held in c_mem looks, per layer: its attention (mean over the
     heads) on the compressed slot of the fact's digit, on the slot of the '=' before it when that
-    is another one, and on all of c_mem; averaged per phase of the digit in its block. streams:
-    the evaluation's streams [n, L + 1] (full segments only are read). Assumes n_s and n_m are
+    is another one, and on all of c_mem; averaged per phase of the digit in its block. Then the
+    same for the queries whose fact (its '=' and digit) is held in mem, phase "mem": there the
+    digit and the '=' have a slot each, so a layer that looks only at the digit (any digit, also
+    an answer's) shows apart from one that looks for the '=' only a fact has. streams: the
+    evaluation's streams [n, L + 1] (full segments only are read). Assumes n_s and n_m are
     multiples of c, as in the recipes, so that mem always holds n_m. Rows of {"phase", "layer",
     "digit_slot", "marker_slot", "c_mem", "queries"}."""
     cfg = model.cfg
     n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
     n_streams, length = streams.size(0), streams.size(1) - 1
     stream, query, fact, back, whole = locate(answers, length, n_streams, n_s)
-    wanted = whole & (query < length // n_s * n_s) & held_in_c_mem(back, model.reach())
+    in_c_mem, in_mem = held_in_c_mem(back, model.reach()), (back >= 1) & (back < n_m)
+    group = torch.where(in_c_mem, fact % c, torch.where(in_mem, c, -1))  # a phase, c: mem
+    wanted = whole & (query < length // n_s * n_s) & (group >= 0)
     by_segment = {}
-    for b, q, f, k in zip(*(t[wanted].tolist() for t in (stream, query, fact, back))):
-        by_segment.setdefault(q // n_s, []).append((b, q % n_s, f % c, k))
-    sums = torch.zeros(c, cfg.n_layers, 3, dtype=torch.float64)
-    counts = torch.zeros(c)
+    for b, q, g, k in zip(*(t[wanted].tolist() for t in (stream, query, group, back))):
+        by_segment.setdefault(q // n_s, []).append((b, q % n_s, g, k))
+    sums = torch.zeros(c + 1, cfg.n_layers, 3, dtype=torch.float64)  # the phases, then mem
+    counts = torch.zeros(c + 1)
     memory = None
     with analysis.recorded_attention(model) as attention:
         for segment in range(length // n_s):
             n_held = 0 if memory is None else memory.c_mem[0].size(1)
+            n_mem = 0 if memory is None else memory.mem[0].size(1)
             _, memory, _ = model(streams[:, segment * n_s:(segment + 1) * n_s], memory)
-            for b, i, phase, k in by_segment.get(segment, []):
-                digit, marker = fact_slots(k, n_m, c, n_held)
-                if marker < 0:  # the '=' has already left c_mem
-                    continue
+            for b, i, group, k in by_segment.get(segment, []):
+                if group == c:  # held in mem: the digit k before the segment, its '=' one before
+                    if k >= n_mem:
+                        continue
+                    digit, marker = n_held + n_mem - k, n_held + n_mem - k - 1
+                else:
+                    digit, marker = fact_slots(k, n_m, c, n_held)
+                    if marker < 0:  # the '=' has already left c_mem
+                        continue
                 for layer, weights in enumerate(attention):
                     w = weights[b, :, i].double().mean(dim=0).cpu()    # [K], keys [c_mem; mem; h]
                     on_marker = w[marker] if marker != digit else 0.0
-                    sums[phase, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
-                counts[phase] += 1
-    return [{"phase": p, "layer": layer, "queries": int(counts[p]),
+                    sums[group, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
+                counts[group] += 1
+    return [{"phase": p if p < c else "mem", "layer": layer, "queries": int(counts[p]),
              **dict(zip(("digit_slot", "marker_slot", "c_mem"), (sums[p, layer] / counts[p]).tolist()))}
-            for p in range(c) if counts[p] for layer in range(cfg.n_layers)]
+            for p in range(c + 1) if counts[p] for layer in range(cfg.n_layers)]
 
 
 def print_where_queries_look(rows) -> None:
     if not rows:
-        print("no query held in c_mem was read in full segments: nothing to show of where they look")
+        print("no query held in c_mem or mem was read in full segments: nothing to show of where "
+              "they look")
         return
     print("where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
           "slot of the\nfact's digit, on the slot of its '=' when the block boundary parts them "
-          "(phase 0), and on all of c_mem")
+          "(phase 0), and on all of c_mem;\nphase mem: the queries whose fact is held in mem, on "
+          "the digit's slot and on the '='s")
     print(f"{'phase':>5}{'queries':>9}{'layer':>7}{'digit slot':>12}{'= slot':>8}{'c_mem':>8}")
     for row in rows:
-        marker = f"{row['marker_slot']:.3f}" if row["phase"] == 0 else "-"
+        marker = f"{row['marker_slot']:.3f}" if row["phase"] in (0, "mem") else "-"
         print(f"{row['phase']:>5}{row['queries']:>9}{row['layer']:>7}{row['digit_slot']:>12.3f}"
               f"{marker:>8}{row['c_mem']:>8.3f}")
 

@@ -658,6 +658,11 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     for phase, _, _, digit, marker, c_mem in rows:
         assert 0.0 <= float(digit) + (float(marker) if phase == "0" else 0.0) <= float(c_mem) + 1e-3
         assert (marker == "-") == (phase != "0")
+    # and, for the queries whose fact is held in mem, on the digit's and the '='s own slots
+    in_mem = [line.split() for line in looks if line.split()[:1] == ["mem"]]
+    assert [int(r[2]) for r in in_mem] == [0, 1] and len({r[1] for r in in_mem}) == 1
+    for _, queries, _, digit, marker, c_mem in in_mem:
+        assert int(queries) > 0 and float(digit) + float(marker) + float(c_mem) <= 1 + 1e-3
     # --sample starts from the recall text's filler by default: it has no newline
     assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
     assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)
