@@ -219,6 +219,8 @@ class Scored(NamedTuple):
     latest_right: torch.Tensor  # whether the latest fact stated before the query (asked or a
     #                             distractor) has its answer: what a reader blind to keys gets right
     said_latest: torch.Tensor  # whether the model answered with the latest fact's digit
+    facts_after: torch.Tensor  # how many facts (asked or distractors) were stated between the
+    #                            asked fact and its query: 0 when it is the latest
 
 
 def locate(answers, length: int, n_streams: int, seq_len: int):
@@ -248,8 +250,9 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     latest = data[torch.cat([digits, digits.new_zeros(1)])[before]]  # (none: index -1, a stand-in)
     latest_right = (before >= 0) & (latest == data[position])
     said_latest = (before >= 0) & (predictions[position] == latest)
+    facts_after = before - torch.searchsorted(digits, position - distance)  # digits in between
     return Scored(distance[whole], correct[whole], fact[whole], back[whole], latest_right[whole],
-                  said_latest[whole])
+                  said_latest[whole], facts_after[whole])
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -315,11 +318,16 @@ def by_phase(scored: Scored, edges, rate: int):
     return rows
 
 
+AFTER = (0, 1, 2, 3)  # key_use's columns: facts stated after the asked one, the last "or more"
+
+
 def key_use(scored: Scored, edges) -> list:
     """Whether the model finds a fact by its key, per region and over the facts held in c_mem:
     its accuracy next to what answering with the latest fact stated would score (a reader that
-    reaches back but ignores the key) and how often it did answer with that fact's digit. With one
-    fact waiting (--live-facts 1) the latest fact is always the one asked for: [] then."""
+    reaches back but ignores the key) and how often it did answer with that fact's digit; and its
+    accuracy by how many facts were stated after the asked one (AFTER; None where no query): a
+    reader of the key is as right behind three facts as behind none, a reader of recency is not.
+    With one fact waiting (--live-facts 1) the latest fact is always the one asked for: [] then."""
     if scored.latest_right.all():
         return []
     chosen = in_regions(scored, edges)
@@ -329,8 +337,14 @@ def key_use(scored: Scored, edges) -> list:
     return [{"region": name, "queries": int(inside.sum()),
              "accuracy": scored.correct[inside].float().mean().item(),
              "latest_fact_right": scored.latest_right[inside].float().mean().item(),
-             "said_latest": scored.said_latest[inside].float().mean().item()}
+             "said_latest": scored.said_latest[inside].float().mean().item(),
+             "by_facts_after": [accuracy(scored.correct[inside & after]) for after in (
+                 scored.facts_after.clamp(max=AFTER[-1]) == n for n in AFTER)]}
             for name, inside in chosen if inside.any()]
+
+
+def accuracy(correct: torch.Tensor):
+    return correct.float().mean().item() if len(correct) else None
 
 
 def summary(scored: Scored, edges, rate: int) -> str:
@@ -443,11 +457,14 @@ def report(scored: Scored, model, out: str) -> dict:
     keys = key_use(scored, edges)
     if keys:
         print("finding the fact by its key, with several waiting: accuracy, what answering with the "
-              "latest fact\nstated would score, and how often the model answered with its digit")
-        print(f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}")
+              "latest fact\nstated would score, how often the model answered with its digit, and "
+              "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for")
+        print(f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
+              + "".join(f"{f'{n}+' if n == AFTER[-1] else n:>7}" for n in AFTER))
         for row in keys:
             print(f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
-                  f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}")
+                  f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}" + "".join(
+                      "      -" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]))
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + \
         (f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else "")
     plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")

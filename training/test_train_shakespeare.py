@@ -445,17 +445,21 @@ def test_recall_with_k_facts_waiting_each_answer_needs_its_key():
     share = {}
     for live_facts in (1, 2, 4, 8):
         made = recall.make_recall_text(100_000, recall.TRAINING_KEYS, 8, 400, 5, live_facts, "k")
-        text, hits = made.text, []
+        text, hits, between = made.text, [], []
         for position, distance in made.answers.tolist():
             key = text[position - 3:position - 1]
             assert text[text.rfind(f" {key}=", 0, position - 4) + 4] == text[position]
             hits.append(text[text.rfind("=", 0, position - 4) + 1] == text[position])
+            between.append(text.count("=", position - distance, position))
         share[live_facts] = sum(hits) / len(hits)
         # the scoring finds the same latest fact (a perfect reader said it whenever it was right)
         ids = ts.encode(text, recall.VOCAB)
         scored = recall.score(ids, ids, made.answers, n_streams=1, seq_len=32)
         assert scored.latest_right.float().mean().item() == pytest.approx(share[live_facts])
         assert scored.said_latest.equal(scored.latest_right)
+        assert scored.facts_after.tolist() == between  # the facts stated after the asked one
+        assert scored.latest_right[scored.facts_after == 0].all()
+        assert (scored.facts_after > 0).any() == (live_facts > 1)
     assert share[1] == 1.0 > share[2] > share[4] > share[8] and share[4] < 0.45 and share[8] < 0.35
 
 
@@ -576,7 +580,8 @@ def test_recall_phase_split_on_a_hand_made_case():
                            fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3, 7]),
                            fact_back=torch.tensor([20, 32, 31, 25, 28, 22, 16, 33, 17]),
                            latest_right=torch.ones(9, dtype=torch.bool),
-                           said_latest=torch.ones(9, dtype=torch.bool))
+                           said_latest=torch.ones(9, dtype=torch.bool),
+                           facts_after=torch.zeros(9, dtype=torch.long))
     # D 20 and 60 are held in mem (16) and beyond (33); D 30, in the mem region by distance, was
     # asked early in its segment and is held in c_mem (17)
     phases = recall.by_phase(scored, edges, rate=4)
@@ -601,8 +606,11 @@ def test_recall_key_use_sets_the_model_against_a_reader_blind_to_the_key():
     scored = recall.score(predictions, data, answers, n_streams=1, seq_len=16)
     assert scored.latest_right.tolist() == [False, True] and scored.said_latest.tolist() == [True, True]
     edges = CompressiveTransformer(tiny(seq_len=16, mem_len=16, c_mem_len=0)).reach()
+    assert scored.facts_after.tolist() == [1, 0]  # the fact at 20 was stated after the one at 10
+    # a reader of recency: right where the asked fact is the latest, wrong behind one more
     assert recall.key_use(scored, edges) == [{"region": "mem", "queries": 2, "accuracy": 0.5,
-                                              "latest_fact_right": 0.5, "said_latest": 1.0}]
+                                              "latest_fact_right": 0.5, "said_latest": 1.0,
+                                              "by_facts_after": [1.0, 0.0, None, None]}]
     # one fact waiting at a time: the latest fact is always the one asked for, nothing to show
     assert recall.key_use(recall.score(predictions, data, answers[1:], 1, 16), edges) == []
 
