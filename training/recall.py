@@ -321,6 +321,10 @@ def by_phase(scored: Scored, edges, rate: int):
 AFTER = (0, 1, 2, 3)  # key_use's columns: facts stated after the asked one, the last "or more"
 
 
+def accuracy(correct: torch.Tensor):
+    return correct.float().mean().item() if len(correct) else None
+
+
 def key_use(scored: Scored, edges) -> list:
     """Whether the model finds a fact by its key, per region and over the facts held in c_mem:
     its accuracy next to what answering with the latest fact stated would score (a reader that
@@ -334,17 +338,13 @@ def key_use(scored: Scored, edges) -> list:
     held = held_in_c_mem(scored.fact_back, edges)
     if held is not None:
         chosen.append(("held in c_mem", held))
+    after = scored.facts_after.clamp(max=AFTER[-1])
     return [{"region": name, "queries": int(inside.sum()),
              "accuracy": scored.correct[inside].float().mean().item(),
              "latest_fact_right": scored.latest_right[inside].float().mean().item(),
              "said_latest": scored.said_latest[inside].float().mean().item(),
-             "by_facts_after": [accuracy(scored.correct[inside & after]) for after in (
-                 scored.facts_after.clamp(max=AFTER[-1]) == n for n in AFTER)]}
+             "by_facts_after": [accuracy(scored.correct[inside & (after == n)]) for n in AFTER]}
             for name, inside in chosen if inside.any()]
-
-
-def accuracy(correct: torch.Tensor):
-    return correct.float().mean().item() if len(correct) else None
 
 
 def summary(scored: Scored, edges, rate: int) -> str:
@@ -459,12 +459,13 @@ def report(scored: Scored, model, out: str) -> dict:
         print("finding the fact by its key, with several waiting: accuracy, what answering with the "
               "latest fact\nstated would score, how often the model answered with its digit, and "
               "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for")
+        columns = [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"]
         print(f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
-              + "".join(f"{f'{n}+' if n == AFTER[-1] else n:>7}" for n in AFTER))
+              + "".join(f"{column:>7}" for column in columns))
         for row in keys:
             print(f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
                   f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}" + "".join(
-                      "      -" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]))
+                      f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]))
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + \
         (f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else "")
     plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
