@@ -340,9 +340,9 @@ def key_use(scored: Scored, edges) -> list:
         chosen.append(("held in c_mem", held))
     after = scored.facts_after.clamp(max=AFTER[-1])
     return [{"region": name, "queries": int(inside.sum()),
-             "accuracy": scored.correct[inside].float().mean().item(),
-             "latest_fact_right": scored.latest_right[inside].float().mean().item(),
-             "said_latest": scored.said_latest[inside].float().mean().item(),
+             "accuracy": accuracy(scored.correct[inside]),
+             "latest_fact_right": accuracy(scored.latest_right[inside]),
+             "said_latest": accuracy(scored.said_latest[inside]),
              "by_facts_after": [accuracy(scored.correct[inside & (after == n)]) for n in AFTER]}
             for name, inside in chosen if inside.any()]
 
