@@ -1,6 +1,7 @@
 """Train the language models of compressive.py on Tiny Shakespeare, character by character.
 
     python train_shakespeare.py            # train (CPU: minutes; --data FILE for a local text)
+    python train_shakespeare.py --task code  # on Python's own library sources, where reach matters
     python train_shakespeare.py --sample 500 | --eval-only | --analyze       # use out/ckpt.pt
     python train_shakespeare.py --task recall --no-post-norm --seq-len 32    # the reach benchmark
     torchrun --nproc_per_node=2 train_shakespeare.py                         # data parallel
@@ -24,8 +25,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from compressive import (COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig,  # noqa: E402
                          CompressiveTransformer, FeedbackTransformer, Memory)
-from training import (analysis, bench, checkpoint, checks, distributed, files, modes,  # noqa: E402
-                      plots, recall, sample)
+from training import (analysis, bench, checkpoint, checks, copies, corpus,  # noqa: E402
+                      distributed, files, modes, plots, recall, sample)
 from training.device import (autocast_for, compile_when_full, grad_scaler,  # noqa: E402
                              keep_freed_memory, pick_device)
 from training.checks import UserError, is_out_of_memory, one_line, out_of_memory  # noqa: E402
@@ -74,8 +75,9 @@ def parse_args(argv=None):
     t.add_argument("--seed", type=int, default=1337)
     t.add_argument("--stop-after", type=int, metavar="N", help="checkpoint and stop after N steps "
                    "of this run, keeping the schedule of --steps (then --resume)")
-    t.add_argument("--task", choices=["shakespeare", "recall"], default="shakespeare",
-                   help="recall: the generated reach benchmark (README, What the memory buys)")
+    t.add_argument("--task", choices=["shakespeare", "code", "recall"], default="shakespeare",
+                   help="code: the interpreter's standard-library sources (training/corpus.py); "
+                   "recall: the generated reach benchmark (README, What the memory buys)")
     t.add_argument("--data", help=f"text file (default: {DEFAULT_DATA}, downloaded once)")
     recall.add_arguments(p)
     r = p.add_argument_group("runtime")
@@ -91,7 +93,11 @@ def parse_args(argv=None):
                    "(loss.png; recall.png, attention.png), drawn when matplotlib is installed")
     r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     r.add_argument("--eval-only", action="store_true", help="the loss of OUT/ckpt.pt on all the "
-                   "validation text")
+                   "validation text, and by copy distance (into OUT/metrics.json)")
+    r.add_argument("--eval-mem-len", type=int, metavar="N", help="--eval-only with at most N "
+                   "memories per layer (the ablation: what the checkpoint's memory is worth)")
+    r.add_argument("--eval-c-mem-len", type=int, metavar="N", help="--eval-only with at most N "
+                   "compressed memories per layer (0: what its compressed memory is worth)")
     for module in (sample, analysis, bench):  # each mode's own flags
         module.add_arguments(p)
     return p.parse_args(argv)
@@ -106,8 +112,9 @@ def check_args(args) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Data: Tiny Shakespeare (nanoGPT's split: first 90% train, last 10% validation), or the recall
-# task's generated text, cut into parallel contiguous streams
+# Data: Tiny Shakespeare or --data FILE (nanoGPT's split: first 90% train, last 10% validation), the
+# code corpus (whole files held out), or the recall task's generated text, cut into parallel
+# contiguous streams
 
 def load_text(path) -> str:
     if path is None:
@@ -127,15 +134,21 @@ def encode(text: str, vocab) -> torch.Tensor:
 
 
 def load_data(args, task: str, n_streams: int = 1, vocab=None, saved_args=None, need_train=True):
-    """(vocab, train, val, answers) of a task; answers: the recall task's queries, else None. vocab
-    and saved_args: a checkpoint's, when evaluating one."""
+    """(vocab, train, val, answers, name) of a task; answers: the recall task's queries, else None;
+    name: what the text is, for the log. vocab and saved_args: a checkpoint's, when evaluating one."""
     if task == "recall":
-        return (recall.VOCAB, *recall.load(args, n_streams, encode, saved_args, need_train))
+        return (recall.VOCAB, *recall.load(args, n_streams, encode, saved_args, need_train),
+                "the recall task's generated text")
+    if task == "code":  # the validation text: whole files, the first --val-chars or a little more
+        train, val, manifest = corpus.load(os.path.dirname(DEFAULT_DATA))
+        val = corpus.first_files(val, recall.settings(args, saved_args)["val_chars"])
+        return (corpus.VOCAB, encode(train, corpus.VOCAB) if need_train else None,
+                encode(val, corpus.VOCAB), None, corpus.describe(manifest))
     text = load_text(args.data)
     vocab = vocab or sorted(set(text))
     data = encode(text, vocab)
     split = int(0.9 * len(data))
-    return vocab, data[:split], data[split:], None
+    return vocab, data[:split], data[split:], None, args.data or "Tiny Shakespeare"
 
 
 def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -237,7 +250,8 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     say = print if rank == 0 else (lambda *a, **k: None)
-    vocab, train_data, val_data, answers = load_data(args, args.task, args.batch_size * world)
+    vocab, train_data, val_data, answers, name = load_data(args, args.task, args.batch_size * world)
+    say(f"data: {name}; {len(train_data):,} characters to train on, {len(val_data):,} to validate")
     # every process owns its own streams: rank r takes streams [r*B, (r+1)*B)
     streams = make_streams(train_data, args.batch_size * world)
     streams = streams[rank * args.batch_size:(rank + 1) * args.batch_size].to(device)
@@ -263,11 +277,14 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     autocast, groups = autocast_for(device, args.dtype), clip_groups(model)
     scaler = grad_scaler(device, args.dtype)
     targets = recall.loss_targets(args, task=args.task)
+    # every validation character's copy distance and place in its segment (for the loss by copy
+    # distance; the recall task is scored by its own answers instead)
+    geometry = None if answers is not None else copies.evaluation_geometry(
+        "".join(vocab[i] for i in val_data.tolist()), args.batch_size, args.seq_len)
     say(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
         f"n_s={cfg.seq_len} n_m={cfg.mem_len}" + (f" n_cm={cfg.c_mem_len} c={cfg.compression_rate} "
         f"f_c={cfg.compression}" if cfg.c_mem_len else "") + f"; device {device}, {world} "
-        f"process(es) x {args.batch_size} streams; {len(train_data):,} train / {len(val_data):,} val "
-        f"characters ({args.task})")
+        f"process(es) x {args.batch_size} streams")
 
     def stop(what: str, value):
         kept = (f"the last good checkpoint is kept at {ckpt_path} (step {saved_step})"
@@ -310,8 +327,8 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
         if evaluating:
             val = predictions = None
             if rank == 0:  # the whole validation text, on one process; all learn the loss
-                val, predictions = evaluate(model, val_data.to(device), args.batch_size,
-                                            args.seq_len, autocast, targets)
+                val, predictions, char_losses = evaluate(model, val_data.to(device), args.batch_size,
+                                                         args.seq_len, autocast, targets)
             val = distributed.broadcast_number(val, world, device)
             if not math.isfinite(val):
                 stop("the validation loss", val)
@@ -320,6 +337,10 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
                 run["history"].append({"step": step, "train_loss": train_loss, "val_loss": val,
                                        "seconds": run["seconds"]})
                 say(f"eval step {step}: val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc")
+                if geometry is not None:
+                    by_copy = copies.by_bucket(char_losses.cpu(), *geometry)
+                    run["history"][-1]["loss_by_copy_distance"] = by_copy
+                    say("  by copy distance beyond the segment: " + copies.summary(by_copy))
                 if answers is not None:
                     scored = recall.score(predictions.cpu(), val_data, answers, args.batch_size,
                                           cfg.seq_len)
@@ -338,6 +359,10 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
                    "seconds": seconds_before + time.time() - t0, "history": run["history"]}
         if scored is not None:
             metrics["recall"] = recall.report(scored, model, args.out)
+        if geometry is not None:
+            metrics["loss_by_copy_distance"] = run["history"][-1]["loss_by_copy_distance"]
+            copies.print_by_bucket(metrics["loss_by_copy_distance"],
+                                   copies.regions_of(model.reach(), cfg.seq_len))
         files.write_atomically(os.path.join(args.out, "metrics.json"),
                                lambda f: f.write(json.dumps(metrics, indent=1).encode()))
         say(f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val:.4f} nats/char "
@@ -352,23 +377,28 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
 def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast,
              targets=lambda x, y: y):
     """Mean loss (nats/char) over every character of data after the first (those targets(x, y)
-    keeps), carrying memory, and the model's guess for each of them: predictions[p] is its most
-    likely character after data[:p] (predictions[0] is unused). The streams cover all but the
-    last few characters; those continue the last stream."""
+    keeps), carrying memory, the model's guess for each of them, predictions[p] its most likely
+    character after data[:p], and each one's loss, char_losses[p] (NaN where not scored; index 0
+    is unused in both). The streams cover all but the last few characters; those continue the
+    last stream."""
     was_training = model.training
     model.eval()
     streams = make_streams(data, n_streams)
     length = streams.size(1) - 1
     predictions = torch.zeros_like(data)
     by_stream = predictions[1:1 + n_streams * length].view(n_streams, length)
+    char_losses = torch.full(data.shape, float("nan"), device=data.device)
+    losses_by_stream = char_losses[1:1 + n_streams * length].view(n_streams, length)
     sums, counts, memory = [], [], None  # per segment, read back once at the end
     for start in range(0, length, seq_len):
         end = min(start + seq_len, length)
         x, y = streams[:, start:end], targets(streams[:, start:end], streams[:, start + 1:end + 1])
         with autocast:
             logits, memory, _ = model(x, memory)
-        sums.append(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum"))
+        losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # [B, T]
+        sums.append(losses.sum())
         counts.append(y.ne(-100).sum())
+        losses_by_stream[:, start:end] = losses.masked_fill(y.eq(-100), float("nan"))
         by_stream[:, start:end] = logits.argmax(dim=-1)
     tail = data[n_streams * length:]  # continues the last stream exactly
     if len(tail) > 1:
@@ -378,11 +408,14 @@ def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast,
         with autocast:
             logits, _, _ = model(tail[None, :-1], memory)
         y = targets(tail[:-1], tail[1:])
-        sums.append(F.cross_entropy(logits.float()[0], y, reduction="sum"))
+        losses = F.cross_entropy(logits.float()[0], y, reduction="none")
+        sums.append(losses.sum())
         counts.append(y.ne(-100).sum())
+        char_losses[n_streams * length + 1:] = losses.masked_fill(y.eq(-100), float("nan"))
         predictions[n_streams * length + 1:] = logits[0].argmax(dim=-1)
     model.train(was_training)
-    return sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist())), predictions
+    loss = sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
+    return loss, predictions, char_losses
 
 
 # --------------------------------------------------------------------------------------------------

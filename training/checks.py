@@ -46,9 +46,13 @@ def check_flags(args) -> None:
                  "temperature", "top_k"]:
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise UserError(f"{flag(name)} must be positive, got {getattr(args, name)}")
-    for name in ["mem_len", "c_mem_len", "warmup", "weight_decay", "grad_clip", "min_lr", "sample"]:
+    for name in ["mem_len", "c_mem_len", "eval_mem_len", "eval_c_mem_len", "warmup", "weight_decay", "grad_clip", "min_lr", "sample"]:
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
+    if (args.eval_mem_len is not None or args.eval_c_mem_len is not None) and not args.eval_only:
+        raise UserError("--eval-mem-len and --eval-c-mem-len are for --eval-only")
+    if args.task != "shakespeare" and args.data is not None:
+        raise UserError(f"--data is for --task shakespeare; --task {args.task} makes its own text")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out} exists and is not a folder")
     if args.device == "cuda" and not torch.cuda.is_available():

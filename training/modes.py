@@ -1,13 +1,16 @@
 """What train_shakespeare.py does besides training: --bench (time training steps), and, on the
 checkpoint in --out, --sample, --eval-only and --analyze. ts is the script itself, whose model,
 optimizer, training step and evaluation these modes reuse."""
+import dataclasses
+import json
 import math
+import os
 
 import torch
 
 from compressive import CompressiveTransformer
 
-from . import analysis, bench, checkpoint, recall, sample
+from . import analysis, bench, checkpoint, copies, files, recall, sample
 from .checks import UserError
 from .device import DTYPES, autocast_for, compile_when_full, grad_scaler, pick_device
 
@@ -33,18 +36,81 @@ def run(args, ts) -> None:
                         "compressive, xl and vanilla models; this checkpoint holds a Feedback "
                         "Transformer")
     task = recall.checkpoint_task(args, ckpt["args"])  # the validation text it was trained on
-    _, _, val, answers = ts.load_data(args, task, vocab=ckpt["vocab"], saved_args=ckpt["args"],
-                                      need_train=False)
+    vocab, _, val, answers, _ = ts.load_data(args, task, vocab=ckpt["vocab"],
+                                             saved_args=ckpt["args"], need_train=False)
     if args.analyze:
         streams = ts.make_streams(val, args.batch_size).to(device)
         analysis.analyze(model, streams, ckpt["step"], args.out)
         if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
             recall.print_where_queries_look(recall.where_queries_look(model, streams, answers))
         return
+    ablation = limit_memory(model, args.eval_mem_len, args.eval_c_mem_len)
     targets = recall.loss_targets(args, ckpt["args"], task)
-    loss, predictions = ts.evaluate(model, val.to(device), args.batch_size, model.cfg.seq_len,
-                                    autocast_for(device, args.dtype), targets)
-    print(f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']})")
+    loss, predictions, char_losses = ts.evaluate(model, val.to(device), args.batch_size,
+                                                 model.cfg.seq_len, autocast_for(device, args.dtype),
+                                                 targets)
+    print(f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']}"
+          f"{', memory cut to ' + ablation if ablation else ''})")
     if answers is not None:
         scored = recall.score(predictions.cpu(), val, answers, args.batch_size, model.cfg.seq_len)
         recall.report(scored, model, args.out)
+        return
+    geometry = copies.evaluation_geometry("".join(vocab[i] for i in val.tolist()),
+                                          args.batch_size, model.cfg.seq_len)
+    rows = copies.by_bucket(char_losses.cpu(), *geometry)
+    copies.print_by_bucket(rows, copies.regions_of(model.reach(), model.cfg.seq_len),
+                           f", memory cut to {ablation}" if ablation else "")
+    record_evaluation(args.out, ablation, {"val_loss": loss, "step": ckpt["step"],
+                                           "loss_by_copy_distance": rows})
+
+
+def limit_memory(model, mem_len, c_mem_len) -> str:
+    """The ablation of --eval-mem-len / --eval-c-mem-len: the model keeps at most that many
+    memories (compressed memories) per layer, the weights unchanged; what the loss then loses is
+    what those memories were worth. Returns how the memory was cut ("" when it was not)."""
+    if mem_len is None and c_mem_len is None:
+        return ""
+    if not isinstance(model, CompressiveTransformer):
+        raise UserError("--eval-mem-len and --eval-c-mem-len cut the per-layer memories of the "
+                        "compressive, xl and vanilla models; this checkpoint holds a Feedback "
+                        "Transformer")
+    cfg = model.cfg
+    for flag, given, trained in (("--eval-mem-len", mem_len, cfg.mem_len),
+                                 ("--eval-c-mem-len", c_mem_len, cfg.c_mem_len)):
+        if given is not None and given > trained:
+            raise UserError(f"{flag} {given}: the checkpoint was trained with {trained}; only less "
+                            f"memory than in training can be evaluated")
+    mem_len = cfg.mem_len if mem_len is None else mem_len
+    c_mem_len = cfg.c_mem_len if c_mem_len is None or mem_len == 0 else c_mem_len
+    if 0 < mem_len < cfg.compression_rate and c_mem_len > 0:
+        raise UserError(f"--eval-mem-len {mem_len}: with compressed memory, at least "
+                        f"c = {cfg.compression_rate} memories must be kept")
+    # every layer reads its FIFO lengths from the config, so all of them get the new one
+    model.cfg = dataclasses.replace(cfg, mem_len=mem_len, c_mem_len=c_mem_len if mem_len else 0)
+    for layer in model.layers:
+        layer.cfg = model.cfg
+    return f"n_m={model.cfg.mem_len} n_cm={model.cfg.c_mem_len}"
+
+
+def record_evaluation(out: str, ablation: str, result: dict) -> None:
+    """Into OUT/metrics.json: the full-memory evaluation as loss_by_copy_distance (beside the
+    training's figures), an ablation under ablations[how the memory was cut]."""
+    path = os.path.join(out, "metrics.json")
+    metrics = {}  # none yet where the run stopped early
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                metrics = json.load(f)
+        except (OSError, ValueError) as e:
+            metrics = e
+        if not isinstance(metrics, dict):  # kept as it is, not overwritten
+            raise UserError(f"{path} is not a metrics file of this script; move it away to record "
+                            f"this evaluation")
+    if ablation:
+        if not isinstance(metrics.get("ablations"), dict):
+            metrics["ablations"] = {}
+        metrics["ablations"][ablation] = result
+    else:
+        metrics.update(eval_only=result, loss_by_copy_distance=result["loss_by_copy_distance"])
+    files.write_atomically(path, lambda f: f.write(json.dumps(metrics, indent=1).encode()))
+    print(f"wrote {path}")

@@ -73,12 +73,16 @@ def given_flags(args):
     return ["--" + name.replace("_", "-") for name in DEFAULTS if getattr(args, name) is not None]
 
 
+def foreign_flags(args, task: str):
+    """The task's flags given where another task is trained or evaluated (--val-chars also sets
+    how much of the code corpus's validation files is read)."""
+    return [flag for flag in given_flags(args) if not (task == "code" and flag == "--val-chars")]
+
+
 def check_args(args) -> None:
-    if args.task == "recall" and args.data is not None:
-        raise UserError("--data is for --task shakespeare; the recall task generates its text")
     training = not (args.bench or args.sample is not None or args.eval_only or args.analyze)
-    if training and args.task == "shakespeare" and given_flags(args):
-        raise UserError(f"{', '.join(given_flags(args))}: for --task recall only")
+    if training and args.task != "recall" and foreign_flags(args, args.task):
+        raise UserError(f"{', '.join(foreign_flags(args, args.task))}: for --task recall only")
     if args.live_facts is not None and args.live_facts <= 0:
         raise UserError(f"--live-facts must be positive, got {args.live_facts}")
     if args.fact_gap is not None and args.fact_gap < 0:
@@ -115,11 +119,13 @@ def checkpoint_task(args, saved_args) -> str:
     """The task a checkpoint was trained on, for the modes that evaluate it; the task's flags only
     where that task is the recall task."""
     task = saved_args.get("task", "shakespeare")
-    if task == "shakespeare" and args.task == "recall":
-        raise UserError("--task recall: this checkpoint was trained on Shakespeare")
-    if task == "shakespeare" and given_flags(args):
-        raise UserError(f"{', '.join(given_flags(args))}: for --task recall only, and this "
-                        f"checkpoint was trained on Shakespeare")
+    if task != args.task and args.task != "shakespeare":  # the default names no task
+        raise UserError(f"--task {args.task}: this checkpoint was trained on --task {task}")
+    if task != "recall" and foreign_flags(args, task):
+        raise UserError(f"{', '.join(foreign_flags(args, task))}: for --task recall only, and this "
+                        f"checkpoint was trained on --task {task}")
+    if task == "code" and args.data is not None:
+        raise UserError("--data: this checkpoint was trained on --task code, which makes its own text")
     return task
 
 

@@ -99,7 +99,7 @@ def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
     report = capsys.readouterr().out
     assert "c_mem 1/4" in report and "segment 4/4" in report and "reconstruction loss" in report
     assert ts.main(["--out", out, "--eval-only", "--task", "recall", "--device", "cpu"]) == 2
-    assert "trained on Shakespeare" in error_line(capsys)  # not a download attempt
+    assert "trained on --task shakespeare" in error_line(capsys)  # not a download attempt
 
 
 def error_line(capsys):
@@ -501,7 +501,7 @@ def test_validation_loss_on_answers_is_the_mean_loss_over_the_answer_digits():
     data = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
     model = make(vocab_size=len(recall.VOCAB), seq_len=len(data) - 1).eval()
     targets = recall.loss_targets(ts.parse_args(["--task", "recall", "--loss-on", "answers"]))
-    loss, _ = ts.evaluate(model, data, 1, len(data) - 1, nullcontext(), targets)  # one segment
+    loss, _, _ = ts.evaluate(model, data, 1, len(data) - 1, nullcontext(), targets)  # one segment
     with torch.no_grad():
         logits, _, _ = model(data[None, :-1])
     at = made.answers[:, 0] - 1  # the '?' before each answer digit

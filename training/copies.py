@@ -1,0 +1,142 @@
+"""Loss by copy distance: which characters a longer reach could help with, and whether it does.
+
+Long context helps a language model almost only where the next character can be copied from far
+back (Sun et al. 2021, arXiv 2109.09115). For the character at position p, its copy distance is
+p - q, where q < p is the last earlier position at which the same n-gram (the n characters ending
+at the character) ended, within the same stream; "never" where there is none. A model that sees
+position q can copy the character from there.
+
+Whether a model *can* see q depends on where the character sits in its segment: the query that
+predicts position p is the input at p - 1, at index i of its segment, and it sees i keys of its
+own segment back, then n_m memories, then c * n_cm characters through the compressed memory.
+The copy's token lies d - 1 back from that query, so it is
+
+    beyond the segment by  e = (d - 1) - i     (e <= 0: inside the segment)
+
+and reachable through mem when 1 <= e <= n_m, through c_mem when n_m < e <= n_m + c * n_cm. The
+buckets are drawn on e, the same for every model evaluated with the same n_s, so two models are
+compared on the same characters. EDGES are those of the study's geometries (n_s 64): 64 the
+compressive model's mem, 96 an equal-slots Transformer-XL's (64 + 32 slots), 192 the compressive
+model's reach at c = 4 and Transformer-XL with n_m 192's. The bucket 97-192 holds the characters
+that only the compressed memory (or a Transformer-XL as long as its reach) can copy.
+
+    python -m training.copies FILE [FILE ...]      # a text's share of characters by copy distance
+"""
+import sys
+
+import torch
+
+NGRAM = 13
+EDGES = (64, 96, 192, 1000)
+PLAIN_EDGES = (96, 160, 352, 1000)  # the corpus profile: distances alone, not position-aware
+NEVER = -1
+
+
+def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
+    """[len(text)] int64: for each position p, p - q for the last q < p at which the n-gram ending
+    at p also ended, or NEVER (also for the first n - 1 positions, which end no whole n-gram)."""
+    distances = [NEVER] * len(text)
+    last = {}
+    for p in range(n - 1, len(text)):
+        gram = text[p - n + 1:p + 1]
+        q = last.get(gram)
+        if q is not None:
+            distances[p] = p - q
+        last[gram] = p
+    return torch.tensor(distances, dtype=torch.long)
+
+
+def bucket_names(edges=EDGES):
+    spans = [f"{lo + 1}-{hi}" for lo, hi in zip((0,) + tuple(edges[:-1]), edges)]
+    return ["segment", *spans, f">{edges[-1]}", "never"]
+
+
+def bucket_of(beyond: torch.Tensor, distance: torch.Tensor, edges=EDGES) -> torch.Tensor:
+    """The index into bucket_names(edges) of each character: 0 inside the segment (beyond <= 0),
+    then one per span of edges, then past the last edge, then never copied."""
+    bucket = 1 + torch.bucketize(beyond, torch.tensor(edges), right=False)  # e in (lo, hi] -> span
+    bucket = torch.where(beyond <= 0, torch.zeros_like(bucket), bucket)
+    return torch.where(distance == NEVER, torch.full_like(bucket, len(edges) + 2), bucket)
+
+
+def evaluation_geometry(text: str, n_streams: int, seq_len: int, n: int = NGRAM):
+    """For each position p of a text evaluated as train_shakespeare.evaluate cuts it (n_streams
+    contiguous streams, segments of seq_len, the tail continuing the last stream in a segment of
+    its own): (copy distance within p's stream, the index i of the query that predicts p in its
+    segment). Position 0 is predicted by nothing (index -1)."""
+    length = (len(text) - 1) // n_streams
+    distance = torch.full((len(text),), NEVER, dtype=torch.long)
+    index = torch.full((len(text),), -1, dtype=torch.long)
+    for b in range(n_streams):
+        start = b * length
+        end = start + length + 1 if b < n_streams - 1 else len(text)  # the last takes the tail
+        distance[start + 1:end] = copy_distances(text[start:end], n)[1:]
+        index[start + 1:start + length + 1] = torch.arange(length) % seq_len
+    tail = len(text) - (n_streams * length + 1)
+    index[n_streams * length + 1:] = torch.arange(tail)
+    return distance, index
+
+
+def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Tensor, edges=EDGES):
+    """{bucket name: {"loss": mean nats/char, "share": fraction of the scored characters, "chars"}}
+    over the characters with a finite loss (NaN marks one not scored)."""
+    scored = ~torch.isnan(char_losses) & (index >= 0)
+    bucket = bucket_of(distance - 1 - index, distance, edges)[scored]
+    losses = char_losses[scored].double()
+    out = {}
+    for k, name in enumerate(bucket_names(edges)):
+        chosen = bucket == k
+        n = int(chosen.sum())
+        out[name] = {"loss": float(losses[chosen].mean()) if n else None,
+                     "share": n / max(1, len(losses)), "chars": n}
+    return out
+
+
+def summary(rows: dict) -> str:
+    return ", ".join(f"{name} {row['loss']:.3f}" for name, row in rows.items() if row["loss"] is not None)
+
+
+def regions_of(model_reach, seq_len: int, edges=EDGES):
+    """What region of a model holds each bucket's copy: reach() edges, counted beyond the segment."""
+    beyond = [(name, edge - seq_len) for name, edge in model_reach if name != "segment"]
+    names = ["segment"]
+    for hi in edges:
+        names.append(next((name for name, edge in beyond if hi <= edge), "beyond"))
+    return names + ["beyond", "-"]
+
+
+def print_by_bucket(rows: dict, regions, label: str = "") -> None:
+    print(f"validation loss by copy distance{label} ({NGRAM}-gram; the buckets count how far the "
+          f"copy lies beyond the query's own segment)")
+    print(f"{'bucket':>10} {'region':>8} {'share':>7} {'loss':>7}")
+    for (name, row), region in zip(rows.items(), regions):
+        loss = "-" if row["loss"] is None else f"{row['loss']:.3f}"
+        print(f"{name:>10} {region:>8} {row['share']:>7.3f} {loss:>7}")
+
+
+def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:
+    """Share of a text's characters by plain copy distance (the corpus's own profile)."""
+    distance = copy_distances(text, n)
+    bucket = torch.bucketize(distance, torch.tensor(edges), right=True)  # d in [lo, hi)
+    names = [f"<{edges[0]}", *(f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])), f">={edges[-1]}"]
+    out = {name: float(((bucket == k) & (distance != NEVER)).double().mean())
+           for k, name in enumerate(names)}
+    out["never"] = float((distance == NEVER).double().mean())
+    return out
+
+
+def main(paths) -> int:
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                shares = profile(f.read())
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"error: cannot read {path} as UTF-8 text ({' '.join(str(e).split())})",
+                  file=sys.stderr)
+            return 2
+        print(f"{path}: " + ", ".join(f"{name} {share:.1%}" for name, share in shares.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,160 @@
+"""--task code: a corpus of real text in which reach matters, built from the running interpreter's
+own standard-library sources (no network, no new dependency).
+
+Source code repeats itself far back: a name defined at the top of a module is used again hundreds
+of characters later. The builder is deterministic:
+
+  * the .py files under the standard-library folder that sysconfig reports, in sorted order of
+    their relative paths ('/' separated);
+  * left out: folders named test, tests or idle_test (tests and their data), site-packages and
+    dist-packages (third-party code), __pycache__, config-* (the build's own files), and the
+    generated _sysconfigdata_* module (it differs from machine to machine);
+  * each file is introduced by one header line, "# file: <relative path>";
+  * the text is normalised to a fixed alphabet of 97 characters (VOCAB): line ends to "\\n", tabs
+    expanded to 8-column stops (Python's own rule), every other character outside printable ASCII
+    to the ASCII substitute character "\\x1a";
+  * the validation split is whole files: a file belongs to it when the first byte of the SHA-256
+    of its relative path is below 26 (about 10% of the files, stable when files come and go).
+
+The result is data/python<version>-stdlib/{train,val}.txt with manifest.json (Python version,
+file counts, characters, SHA-256 of both texts). Each file is written atomically and the manifest
+last, and a later run trusts the texts only where the manifest names its interpreter and the
+texts' digests match: an interrupted build is rebuilt, and so is a corpus made by another Python.
+"""
+import hashlib
+import json
+import os
+import platform
+import string
+import sysconfig
+
+from . import files
+from .checks import UserError, one_line
+
+PLACEHOLDER = "\x1a"  # ASCII SUB, "substitute": stands for any character outside the alphabet
+VOCAB = sorted("\n" + PLACEHOLDER + "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c"))
+EXCLUDED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+FORMAT = 1  # bump when the rules above change, so that old corpora are rebuilt
+_KEEP = frozenset(VOCAB)
+
+
+def normalise(text: str) -> str:
+    """The fixed alphabet: "\\n" line ends, tabs to 8-column stops, anything else outside
+    printable ASCII to PLACEHOLDER."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").expandtabs(8)
+    return "".join(ch if ch in _KEEP else PLACEHOLDER for ch in text)
+
+
+def is_validation(relative_path: str) -> bool:
+    return hashlib.sha256(relative_path.encode()).digest()[0] < 26  # 26/256: about 10%
+
+
+def source_files(root: str):
+    """The relative paths of the library's .py files, sorted, exclusions left out."""
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [s for s in subfolders if s not in EXCLUDED_FOLDERS and not s.startswith("config-")]
+        for name in names:
+            if name.endswith(".py") and not name.startswith("_sysconfigdata_"):
+                found.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/"))
+    return sorted(found)
+
+
+def build(root: str):
+    """(train text, val text, manifest) of the library under root."""
+    paths = source_files(root)
+    if not paths:
+        raise UserError(f"no Python sources under {root}: this interpreter was installed without "
+                        f"its standard library's .py files, so --task code has nothing to read")
+    parts = {"train": [], "val": []}
+    for path in paths:
+        try:
+            with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            raise UserError(f"cannot read {path} in {root} ({one_line(e)})") from None
+        split = "val" if is_validation(path) else "train"
+        parts[split].append(normalise(f"# file: {path}\n{text.rstrip()}\n\n"))
+    texts = {split: "".join(chunks) for split, chunks in parts.items()}
+    if not texts["train"] or not texts["val"]:
+        raise UserError(f"too few Python sources under {root} ({len(paths)} files) for a "
+                        f"training and a validation split")
+    manifest = {"format": FORMAT, "python": python_version(), "root": root,
+                "files": {split: len(chunks) for split, chunks in parts.items()},
+                "chars": {split: len(text) for split, text in texts.items()},
+                "sha256": {split: sha256(text) for split, text in texts.items()}}
+    return texts["train"], texts["val"], manifest
+
+
+def python_version() -> str:
+    return f"{platform.python_implementation()} {platform.python_version()}"
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def stdlib_root() -> str:
+    return sysconfig.get_paths()["stdlib"]
+
+
+def folder_for(data_dir: str) -> str:
+    return os.path.join(data_dir, "python" + ".".join(platform.python_version_tuple()[:2]) + "-stdlib")
+
+
+def cached(folder: str, root: str):
+    """(train, val, manifest) of a complete corpus built from root by this interpreter, or the
+    reason there is none."""
+    try:
+        with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
+        texts = {}
+        for split in ("train", "val"):
+            with open(os.path.join(folder, f"{split}.txt"), encoding="utf-8") as f:
+                texts[split] = f.read()
+    except (OSError, ValueError):
+        return None, "none built yet"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return None, "its manifest is of another format"
+    if manifest.get("python") != python_version() or manifest.get("root") != root:
+        return None, f"it was built by {manifest.get('python')} from {manifest.get('root')}"
+    if manifest.get("sha256") != {split: sha256(text) for split, text in texts.items()}:
+        return None, "its texts do not match their manifest (an interrupted build?)"
+    return (texts["train"], texts["val"], manifest), None
+
+
+def load(data_dir: str, root: str = None, say=print):
+    """The code corpus: (train text, val text, manifest), reused from data_dir where a complete
+    one from this interpreter is there, else built and saved there."""
+    root = root or stdlib_root()
+    folder = folder_for(data_dir)
+    corpus, why = cached(folder, root)
+    if corpus is not None:
+        return corpus
+    say(f"building the code corpus from {root} into {folder} ({why})")
+    train, val, manifest = build(root)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        # the manifest is written last: before it is, the texts are not trusted
+        if os.path.exists(os.path.join(folder, "manifest.json")):
+            os.remove(os.path.join(folder, "manifest.json"))
+        for split, text in (("train", train), ("val", val)):
+            files.write_atomically(os.path.join(folder, f"{split}.txt"),
+                                   lambda f, text=text: f.write(text.encode()))
+        files.write_atomically(os.path.join(folder, "manifest.json"),
+                               lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    except OSError as e:
+        raise UserError(f"cannot write the code corpus to {folder} ({one_line(e)})") from None
+    return train, val, manifest
+
+
+def first_files(val: str, n_chars: int) -> str:
+    """The validation text up to the first file that begins at or after n_chars: whole files, so
+    that a model is evaluated as it would read them (the whole split is long to evaluate often)."""
+    cut = val.find("\n# file: ", max(0, n_chars - 1))
+    return val if cut < 0 else val[:cut + 1]
+
+
+def describe(manifest) -> str:
+    return (f"code: the {manifest['python']} standard library, {sum(manifest['files'].values())} "
+            f"files ({manifest['files']['val']} for validation)")
