@@ -863,3 +863,137 @@ def test_handout_the_model_and_its_specification_import_only_torch_pytest_and_th
         assert imported <= set(sys.stdlib_module_names) | {"torch", "pytest", "compressive"}, name
         with open(os.path.join(HERE, name), encoding="utf-8") as f:
             assert "../" not in f.read(), f"{name} names a path outside the repository"
+
+
+# --------------------------------------------------------------------------------------------------
+# The code corpus (--task code) and the loss by copy distance
+
+def make_source_tree(root):
+    """A made-up standard library: sources, tests, third-party code, build files."""
+    sources = {"b.py": "x = 1\n", "a/mod.py": "def f():\n\treturn 'caf\u00e9'\r\n",
+               "a/test/test_mod.py": "assert True\n", "tests/t.py": "pass\n",
+               "site-packages/pkg.py": "pass\n", "__pycache__/c.py": "pass\n",
+               "config-3.11-x86_64/p.py": "pass\n", "_sysconfigdata__linux.py": "build = {}\n",
+               "a/data.txt": "not python\n", **{f"m{k:02d}.py": f"n = {k}\n" for k in range(30)}}
+    for path, text in sources.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text, encoding="utf-8")
+
+
+def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(tmp_path):
+    from training import corpus
+    root = tmp_path / "lib"
+    make_source_tree(root)
+    train, val, manifest = corpus.load(str(tmp_path / "data"), str(root), say=lambda *a: None)
+    headers = re.findall(r"^# file: (.*)$", train + val, flags=re.M)
+    kept = ["a/mod.py", "b.py", *(f"m{k:02d}.py" for k in range(30))]
+    assert sorted(headers) == kept  # no tests, site-packages, caches, build files or non-.py
+    assert [h for h in headers if h in re.findall(r"^# file: (.*)$", train, flags=re.M)] == \
+        [h for h in kept if not corpus.is_validation(h)]  # sorted order, whole files per split
+    assert 0 < manifest["files"]["val"] < manifest["files"]["train"]
+    assert "\t" not in train + val and "\r" not in train + val  # tabs and CRLF normalised
+    assert "return 'caf\x1a'" in train + val  # outside the alphabet: the placeholder
+    assert set(train + val) <= set(corpus.VOCAB) and len(corpus.VOCAB) == 97
+    assert manifest["chars"] == {"train": len(train), "val": len(val)}
+    assert manifest["sha256"]["val"] == hashlib.sha256(val.encode()).hexdigest()
+    # a second run reuses it without reading the sources; a build cut short is not trusted
+    (root / "m00.py").write_text("changed = True\n")
+    assert corpus.load(str(tmp_path / "data"), str(root), say=lambda *a: None)[0] == train
+    folder = corpus.folder_for(str(tmp_path / "data"))
+    with open(os.path.join(folder, "val.txt"), "a") as f:
+        f.write("half")
+    said = []
+    assert "changed = True" in "".join(corpus.load(str(tmp_path / "data"), str(root), say=said.append)[:2])
+    assert "do not match their manifest" in said[0]
+
+
+def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, capsys):
+    from training import corpus
+    (tmp_path / "lib" / "test").mkdir(parents=True)
+    (tmp_path / "lib" / "test" / "t.py").write_text("pass\n")
+    monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
+    monkeypatch.setattr(ts, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
+    assert ts.main(["--task", "code", "--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
+    assert "no Python sources" in error_line(capsys)
+    assert not os.path.exists(tmp_path / "data" / "python3.11-stdlib" / "manifest.json")
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_copy_distance_on_a_hand_made_string():
+    from training import copies
+    #       0123456789012345
+    text = "abcXabcYabcZzabc"
+    got = copies.copy_distances(text, n=3).tolist()
+    want = [copies.NEVER] * len(text)
+    want[6], want[10], want[15] = 4, 4, 5  # "abc" ends at 2, 6, 10, 15
+    assert got == want
+    assert copies.copy_distances("aaaaa", n=2).tolist() == [-1, -1, 1, 1, 1]  # "aa" first ends at 1
+
+
+def test_copy_buckets_are_drawn_beyond_the_segment():
+    from training import copies
+    names = copies.bucket_names()
+    assert names == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
+    beyond = torch.tensor([-5, 0, 1, 64, 65, 96, 97, 192, 193, 1000, 1001, 7])
+    distance = torch.tensor([1] * 11 + [copies.NEVER])
+    assert [names[k] for k in copies.bucket_of(beyond, distance)] == [
+        "segment", "segment", "1-64", "1-64", "65-96", "65-96", "97-192", "97-192", "193-1000",
+        "193-1000", ">1000", "never"]
+    # the study's geometries: what holds each bucket's copy (n_s 64)
+    regions = lambda **kw: copies.regions_of(make(seq_len=64, **kw).reach(), 64)
+    assert regions(mem_len=64, c_mem_len=32, compression_rate=4)[:5] == \
+        ["segment", "mem", "c_mem", "c_mem", "beyond"]
+    assert regions(mem_len=96, c_mem_len=0)[:5] == ["segment", "mem", "mem", "beyond", "beyond"]
+    assert regions(mem_len=192, c_mem_len=0)[:5] == ["segment", "mem", "mem", "mem", "beyond"]
+
+
+def test_a_characters_zone_is_what_a_one_layer_model_can_see():
+    """Change one token: exactly the characters whose copy of it would lie within reach (the
+    segment, then n_m = 4, then c * n_cm = 4 more beyond it) change their loss, in its stream
+    (the changed character itself, now another target, aside)."""
+    from contextlib import nullcontext
+    from training import copies
+    torch.manual_seed(0)
+    model = make(n_layers=1, seq_len=4, mem_len=4, c_mem_len=2, compression_rate=2).eval()
+    data = torch.randint(0, model.cfg.vocab_size, (61,))
+    text = "".join(chr(65 + int(t) % 26) for t in data)
+    distance, index = copies.evaluation_geometry(text, 2, 4)
+    assert index[1:6].tolist() == [0, 1, 2, 3, 0] and index[31:33].tolist() == [0, 1]  # stream 2
+    _, _, before = ts.evaluate(model, data, 2, 4, nullcontext())
+    for q in (3, 10, 33):
+        changed = data.clone()
+        changed[q] = (changed[q] + 1) % model.cfg.vocab_size
+        _, _, after = ts.evaluate(model, changed, 2, 4, nullcontext())
+        moved = {p for p in range(1, 61) if p != q and not torch.isclose(before[p], after[p])}
+        stream_end = 31 if q < 30 else 61
+        seen = {p for p in range(q + 1, stream_end) if (p - 1 - q) - index[p] <= 4 + 2 * 2}
+        assert moved == seen, q
+
+
+def test_eval_only_writes_the_loss_by_copy_distance_and_its_ablation(small_text, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "4", *TINY_FLAGS]) == 0
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    rows = metrics["loss_by_copy_distance"]
+    assert list(rows) == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
+    assert abs(sum(r["share"] for r in rows.values()) - 1) < 1e-9
+    assert abs(sum(r["loss"] * r["share"] for r in rows.values() if r["chars"]) -
+               metrics["val_loss"]) < 1e-4  # the buckets part the validation characters
+    assert "loss_by_copy_distance" in metrics["history"][-1]
+    capsys.readouterr()
+    assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu",
+                    "--eval-c-mem-len", "0"]) == 0
+    assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["loss_by_copy_distance"] == rows  # the full-memory figures are kept
+    cut = metrics["ablations"]["n_m=16 n_cm=0"]
+    assert cut["loss_by_copy_distance"]["segment"]["chars"] == rows["segment"]["chars"]
+    assert cut["val_loss"] != metrics["val_loss"]
+    for bad, says in ((["--eval-mem-len", "17"], "trained with 16"),
+                      (["--eval-mem-len", "1"], "at least c = 2"),
+                      (["--eval-only", "--task", "code"], "trained on --task shakespeare")):
+        args = bad if "--eval-only" in bad else ["--eval-only", "--data", small_text, *bad]
+        assert ts.main(["--out", out, "--device", "cpu", *args]) == 2
+        assert says in error_line(capsys)
+    assert ts.main(["--out", out, "--eval-mem-len", "8"]) == 2
+    assert "for --eval-only" in error_line(capsys)
