@@ -12,7 +12,11 @@ from compressive import FeedbackTransformer
 def add_arguments(parser) -> None:
     m = parser.add_argument_group("--bench")
     m.add_argument("--bench", action="store_true", help="time training steps on random tokens")
-    m.add_argument("--bench-steps", type=int, default=10, help="timed steps for --bench")
+    m.add_argument("--bench-steps", type=int, default=10, help="timed steps for --bench (rounds "
+                   "for --bench-reach)")
+    m.add_argument("--bench-reach", type=int, nargs="*", metavar="N", help="--bench: the cost of "
+                   "reach, Transformer-XL against the compressive model at reaches N (default "
+                   "256 512 1024 2048) and at equal slots (training/reach_cost.py)")
 
 
 def train_flops_per_step(model, batch: int) -> float:

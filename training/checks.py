@@ -49,6 +49,10 @@ def check_flags(args) -> None:
     for name in ["mem_len", "c_mem_len", "eval_mem_len", "eval_c_mem_len", "warmup", "weight_decay", "grad_clip", "min_lr", "sample"]:
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
+    if args.bench_reach is not None and not args.bench:
+        raise UserError("--bench-reach is for --bench")
+    if any(n <= 0 for n in args.bench_reach or []):
+        raise UserError(f"--bench-reach must be positive reaches, got {args.bench_reach}")
     if (args.eval_mem_len is not None or args.eval_c_mem_len is not None) and not args.eval_only:
         raise UserError("--eval-mem-len and --eval-c-mem-len are for --eval-only")
     if args.task != "shakespeare" and args.data is not None:

@@ -10,12 +10,14 @@ import torch
 
 from compressive import CompressiveTransformer
 
-from . import analysis, bench, checkpoint, copies, files, recall, sample
+from . import analysis, bench, checkpoint, copies, files, reach_cost, recall, sample
 from .checks import UserError
 from .device import DTYPES, autocast_for, compile_when_full, grad_scaler, pick_device
 
 
 def run(args, ts) -> None:
+    if args.bench and args.bench_reach is not None:
+        return reach_cost.run(args, ts)
     if args.bench:
         device = pick_device(args.device)
         torch.manual_seed(args.seed)

@@ -850,6 +850,36 @@ def test_bench_prints_its_summary_as_the_last_line(capsys):
     assert float(match[3]) > 0 and 0 < float(match[4]) < 10
 
 
+def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys):
+    from training import reach_cost
+    flags = [*TINY_FLAGS, "--bench", "--bench-reach", "16", "--bench-steps", "2",
+             "--out", str(tmp_path)]
+    assert ts.main(flags) == 0
+    printed = capsys.readouterr().out
+    assert "24 slots" in printed and "reach 16" in printed and printed.count("ratio") == 2
+    args = ts.parse_args(flags)
+    (_, equal), (_, reach) = reach_cost.pairs(args)
+    assert (reach["xl"].mem_len, reach["xl"].c_mem_len) == (16, 0)
+    assert (reach["compressive"].mem_len, reach["compressive"].c_mem_len) == (4, 6)  # 4 + 2 * 6
+    assert (equal["xl"].mem_len, equal["compressive"].mem_len) == (24, 16)
+    rows = reach_cost.measure_pair(ts, reach, torch.device("cpu"), 1)
+    for kind, flags_ in reach.items():
+        model = ts.make_model(kind, ts.model_config(flags_, 65))
+        memory = reach_cost.full_memory(model, 4, torch.device("cpu"))
+        # the state figure: every memory tensor's bytes, n_m + n_cm vectors of d_model floats a row
+        assert reach_cost.state_bytes(memory) == \
+            sum(t.numel() * t.element_size() for t in memory.mem + memory.c_mem) == \
+            4 * 2 * (flags_.mem_len + flags_.c_mem_len) * 32 * 4
+        assert rows[kind]["state_bytes"] == reach_cost.state_bytes(memory)
+        assert rows[kind]["train_ms"] > 0 and rows[kind]["gen_ms"] > 0
+        assert rows[kind]["keys"] == flags_.mem_len + flags_.c_mem_len + 16
+    assert rows["compressive"]["f_c_gflop"] > 0 == rows["xl"]["f_c_gflop"]
+    assert ts.main([*flags[:-4], "--bench-reach", "10"]) == 2
+    assert "multiple of 4" in error_line(capsys)
+    assert ts.main([*TINY_FLAGS, "--bench-reach", "16"]) == 2
+    assert "for --bench" in error_line(capsys)
+
+
 # ---------------------------------------------------------------- the teachers' handout -----------
 
 def test_handout_the_model_and_its_specification_import_only_torch_pytest_and_the_stdlib():
