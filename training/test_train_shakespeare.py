@@ -852,17 +852,15 @@ def test_bench_prints_its_summary_as_the_last_line(capsys):
 
 def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys):
     from training import reach_cost
-    flags = [*TINY_FLAGS, "--bench", "--bench-reach", "16", "--bench-steps", "2",
-             "--out", str(tmp_path)]
-    assert ts.main(flags) == 0
-    printed = capsys.readouterr().out
-    assert "24 slots" in printed and "reach 16" in printed and printed.count("ratio") == 2
+    flags = [*TINY_FLAGS, "--bench", "--bench-reach", "16", "--bench-steps", "1", "--out", str(tmp_path)]
     args = ts.parse_args(flags)
     (_, equal), (_, reach) = reach_cost.pairs(args)
     assert (reach["xl"].mem_len, reach["xl"].c_mem_len) == (16, 0)
     assert (reach["compressive"].mem_len, reach["compressive"].c_mem_len) == (4, 6)  # 4 + 2 * 6
     assert (equal["xl"].mem_len, equal["compressive"].mem_len) == (24, 16)
-    rows = reach_cost.measure_pair(ts, reach, torch.device("cpu"), 1)
+    equal_rows, reach_rows = reach_cost.run(args, ts)
+    printed = capsys.readouterr().out
+    assert "24 slots" in printed and "reach 16" in printed and printed.count("ratio") == 2
     for kind, flags_ in reach.items():
         model = ts.make_model(kind, ts.model_config(flags_, 65))
         memory = reach_cost.full_memory(model, 4, torch.device("cpu"))
@@ -870,10 +868,13 @@ def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_
         assert reach_cost.state_bytes(memory) == \
             sum(t.numel() * t.element_size() for t in memory.mem + memory.c_mem) == \
             4 * 2 * (flags_.mem_len + flags_.c_mem_len) * 32 * 4
-        assert rows[kind]["state_bytes"] == reach_cost.state_bytes(memory)
-        assert rows[kind]["train_ms"] > 0 and rows[kind]["gen_ms"] > 0
-        assert rows[kind]["keys"] == flags_.mem_len + flags_.c_mem_len + 16
-    assert rows["compressive"]["f_c_gflop"] > 0 == rows["xl"]["f_c_gflop"]
+        row = reach_rows[kind]
+        assert row["state_bytes"] == reach_cost.state_bytes(memory)
+        assert row["train_ms"] > 0 and row["gen_ms"] > 0
+        assert row["peak_mib"] is None or row["peak_mib"] >= 0  # None: not Linux nor CUDA
+        assert row["keys"] == flags_.mem_len + flags_.c_mem_len + 16
+    assert reach_rows["compressive"]["f_c_gflop"] > 0 == reach_rows["xl"]["f_c_gflop"]
+    assert equal_rows["compressive"]["keys"] == equal_rows["xl"]["keys"] == 24 + 16
     assert ts.main([*flags[:-4], "--bench-reach", "10"]) == 2
     assert "multiple of 4" in error_line(capsys)
     assert ts.main([*TINY_FLAGS, "--bench-reach", "16"]) == 2
@@ -1000,9 +1001,8 @@ def test_a_characters_zone_is_what_a_one_layer_model_can_see():
         assert moved == seen, q
 
 
-def test_eval_only_writes_the_loss_by_copy_distance_and_its_ablation(small_text, tmp_path, capsys):
-    out = str(tmp_path / "run")
-    assert ts.main(["--data", small_text, "--out", out, "--steps", "4", *TINY_FLAGS]) == 0
+def test_eval_only_writes_the_loss_by_copy_distance_and_its_ablation(trained, small_text, capsys):
+    out = trained
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     rows = metrics["loss_by_copy_distance"]
     assert list(rows) == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
