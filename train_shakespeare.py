@@ -250,6 +250,10 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     say = print if rank == 0 else (lambda *a, **k: None)
+    if args.task == "code":  # the corpus is built once, by rank 0, before any process reads it
+        if rank == 0:
+            corpus.load(os.path.dirname(DEFAULT_DATA))
+        distributed.barrier(world)
     vocab, train_data, val_data, answers, name = load_data(args, args.task, args.batch_size * world)
     say(f"data: {name}; {len(train_data):,} characters to train on, {len(val_data):,} to validate")
     # every process owns its own streams: rank r takes streams [r*B, (r+1)*B)

@@ -4,6 +4,8 @@
     device.py       the device, autocast and the float16 gradient scaler, compiling once the
                     memories are full, an allocator setting
     files.py        crash-safe writes; the data file, downloaded once (checksummed), read as text
+    corpus.py       --task code: a corpus of the interpreter's standard-library sources, built once
+    copies.py       the loss by copy distance: which characters a longer reach could help with
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit
     distributed.py  data parallelism over processes started by torchrun
     modes.py        --bench, and --sample, --eval-only, --analyze on a checkpoint
@@ -11,7 +13,10 @@
     sample.py       --sample: text from a trained model
     analysis.py     --analyze: where the attention goes, over [c_mem; mem; segment]
     bench.py        --bench: tokens/s, ms per step, peak memory and mfu of training steps
+    reach_cost.py   --bench --bench-reach: what each model pays, per step and in memory, for reach
+    study.py        the code-corpus study: runs, ablations, its results file and figure
     plots.py        the figures, when matplotlib is installed
 
-test_train_shakespeare.py specifies all of it; REACH.md is the reach benchmark's full study.
+test_train_shakespeare.py specifies all of it; REACH.md is the reach benchmark's full study, and
+the code study's and the cost of reach's; code_study.json holds the code study's runs.
 """
