@@ -850,6 +850,28 @@ def test_bench_prints_its_summary_as_the_last_line(capsys):
     assert float(match[3]) > 0 and 0 < float(match[4]) < 10
 
 
+def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(tmp_path, capsys):
+    """The study's summary on hand-made results: the compressed memory's worth in the zone beyond
+    XL-96 and within the compressive model's reach, and the share of XL-192's it keeps."""
+    from training import copies, study
+    def rows(loss, zone=0.0):
+        return {b: {"loss": loss + (zone if b == study.ZONE else 0.0), "share": 1 / 7, "chars": 9}
+                for b in copies.bucket_names()}
+    def run(model, ablations):
+        return {"model": model, "budget": "default", "seed": 1, "extra": [], "commit": "c",
+                "val_loss": 1.0, "loss_by_copy_distance": rows(1.0),
+                "ablations": {k: {"val_loss": 1.0, "loss_by_copy_distance": v}
+                              for k, v in ablations.items()}}
+    results = {"conv": run("conv", {"no c_mem": rows(1.0, 0.02), "no mem": rows(1.3)}),
+               "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}), "xl96": run("xl96", {})}
+    worth = study.worth(results["xl192"], "mem 96")
+    assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
+    study.tables(results, figure=str(tmp_path / "study.png"))
+    printed = capsys.readouterr().out
+    assert "conv c_mem +0.0200, XL-192 mem beyond 96 +0.0600: 33%" in printed
+    assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
+
+
 def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys):
     from training import reach_cost
     flags = [*TINY_FLAGS, "--bench", "--bench-reach", "16", "--bench-steps", "1", "--out", str(tmp_path)]

@@ -1,0 +1,256 @@
+"""The code-corpus study: what the memory, and the compressed memory, buy on real text.
+
+    python -m training.study run --budget default --seeds 1 2 3     # two runs at a time
+    python -m training.study table                                  # the tables and the figure
+
+Each run trains one model on --task code (train_shakespeare.py, one thread, in its own process),
+then evaluates its checkpoint with less memory (the ablation, --eval-only --eval-c-mem-len 0 and
+so on), and records the figures in training/code_study.json as soon as it is done, so that the
+study can be stopped and continued, and checked in pieces. A run already recorded is skipped.
+The models, at equal slots per layer (96) and at equal reach (192 characters beyond the segment):
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "code_study.json")
+MODELS = {  # name: (training flags, ablations: name -> --eval-only flags)
+    "vanilla": (["--model", "vanilla"], {}),
+    "xl96": (["--model", "xl", "--mem-len", "96"], {"no mem": ["--eval-mem-len", "0"]}),
+    "conv": (["--model", "compressive", "--compression", "conv"],
+             {"no c_mem": ["--eval-c-mem-len", "0"], "no mem": ["--eval-mem-len", "0"]}),
+    "omax": (["--model", "compressive", "--compression", "overlap_max_pool"],
+             {"no c_mem": ["--eval-c-mem-len", "0"], "no mem": ["--eval-mem-len", "0"]}),
+    "xl192": (["--model", "xl", "--mem-len", "192"],
+              {"mem 96": ["--eval-mem-len", "96"], "mem 64": ["--eval-mem-len", "64"],
+               "no mem": ["--eval-mem-len", "0"]}),
+}
+BUDGETS = {"default": ["--steps", "2000", "--eval-every", "1000"],
+           "long": ["--steps", "8000", "--eval-every", "2000"]}
+__doc__ += "".join(f"    {name:<8} {' '.join(flags)}\n" for name, (flags, _) in MODELS.items())
+
+
+def read_results() -> dict:
+    if not os.path.exists(RESULTS):
+        return {}
+    with open(RESULTS, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def commit() -> str:
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+
+
+def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str) -> dict:
+    flags, ablations = MODELS[model]
+    out = os.path.join(out_root, name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, os.path.join(ROOT, "train_shakespeare.py")]
+    started, code = time.time(), commit()
+    with open(os.path.join(out_root, name + ".log"), "w") as log:
+        def run(*args):
+            subprocess.run([*script, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                           check=True, cwd=ROOT)
+        run("--task", "code", *flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out)
+        for flags_ in ablations.values():
+            run("--eval-only", "--out", out, *flags_)
+    with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
+        metrics = json.load(f)
+    by_name = {label: metrics["ablations"][f"n_m={n_m} n_cm={n_cm}"]
+               for label, (n_m, n_cm) in ablation_keys(model, ablations).items()}
+    return {"model": model, "budget": budget, "seed": seed, "extra": list(extra),
+            "flags": flags + BUDGETS[budget] + list(extra), "commit": code,
+            "seconds": metrics["seconds"], "wall_seconds": time.time() - started,
+            "val_loss": metrics["val_loss"], "loss_by_copy_distance": metrics["loss_by_copy_distance"],
+            "history": [{"step": h["step"], "val_loss": h["val_loss"],
+                         "loss_by_copy_distance": h["loss_by_copy_distance"]} for h in metrics["history"]],
+            "ablations": {label: {"val_loss": a["val_loss"], "loss_by_copy_distance": a["loss_by_copy_distance"]}
+                          for label, a in by_name.items()}}
+
+
+def ablation_keys(model: str, ablations) -> dict:
+    """The metrics.json key of each ablation: the memory the model was cut to."""
+    n_m = {"xl96": 96, "xl192": 192}.get(model, 64)
+    n_cm = 32 if model in ("conv", "omax") else 0
+    keys = {}
+    for label, flags in ablations.items():
+        value = int(flags[1])
+        keys[label] = (value, 0) if flags[0] == "--eval-mem-len" and value == 0 else \
+            (value, n_cm) if flags[0] == "--eval-mem-len" else (n_m, value)
+    return keys
+
+
+def run_study(args) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    extra = args.extra.split() if args.extra else []
+    tag = "-".join(x.lstrip("-") for x in extra)
+    todo = []
+    for seed in args.seeds:
+        for model in args.models:
+            name = f"{model}_{args.budget}_s{seed}" + (f"_{tag}" if tag else "")
+            if name not in read_results():
+                todo.append((name, model, seed))
+
+    def work(item):
+        name, model, seed = item
+        print(f"start {name}", flush=True)
+        try:
+            result = one_run(name, model, args.budget, seed, extra, args.out)
+        except subprocess.CalledProcessError:
+            print(f"failed {name}: see {os.path.join(args.out, name + '.log')}", flush=True)
+            return
+        with lock:  # one writer at a time; re-read, since the other worker may have added a run
+            results = read_results()
+            results[name] = result
+            tmp = RESULTS + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(results, f, indent=1)
+            os.replace(tmp, RESULTS)
+        print(f"done {name}: val {result['val_loss']:.4f} in {result['wall_seconds']:.0f} s", flush=True)
+
+    lock = threading.Lock()
+    with ThreadPoolExecutor(args.jobs) as pool:  # the workers only wait for processes
+        list(pool.map(work, todo))
+
+
+# --------------------------------------------------------------------------------------------------
+# The tables and the figure, from the results file
+
+ZONE = "97-192"  # beyond an equal-slots Transformer-XL's reach (96), within the compressive model's
+WORTH = {"conv": "no c_mem", "omax": "no c_mem", "xl192": "mem 96"}  # the far memory's ablation
+
+
+def loss(rows: dict, bucket: str) -> float:
+    value = rows[bucket]["loss"]
+    return float("nan") if value is None else value
+
+
+def worth(run: dict, ablation: str) -> dict:
+    """What the checkpoint loses, bucket by bucket, evaluated with less memory: its worth there."""
+    cut, full = run["ablations"][ablation]["loss_by_copy_distance"], run["loss_by_copy_distance"]
+    return {bucket: loss(cut, bucket) - loss(full, bucket) for bucket in full}
+
+
+def tables(results: dict, figure: str = os.path.join(HERE, "code_study.png")) -> None:
+    if not results:
+        print(f"no runs recorded yet in {RESULTS}")
+        return
+    runs = sorted(results.values(), key=lambda r: (r["budget"], r["extra"], list(MODELS).index(r["model"]), r["seed"]))
+    buckets = list(runs[0]["loss_by_copy_distance"])
+    share = " | ".join(f"{runs[0]['loss_by_copy_distance'][b]['share']:.3f}" for b in buckets)
+    print("Validation loss (nats/char) by copy distance beyond the segment, per run\n")
+    print("| model | budget | seed | commit | val | " + " | ".join(buckets) + " |")
+    print("| --- " * (5 + len(buckets)) + "|")
+    print(f"| share of characters | | | | | {share} |")
+    for r in runs:
+        rows = r["loss_by_copy_distance"]
+        print(f"| {label(r)} | {r['budget']} | {r['seed']} | {r['commit']} | "
+              f"{r['val_loss']:.4f} | " + " | ".join(f"{loss(rows, b):.3f}" for b in buckets) + " |")
+    print(f"\nWhat the far memory is worth (the same checkpoint without it, minus with it; the "
+          f"compressive models without c_mem, XL-192 cut to 96), by bucket\n")
+    print("| model | budget | seed | " + " | ".join(buckets) + " | largest elsewhere in 1-1000 |")
+    print("| --- " * (4 + len(buckets)) + "|")
+    for r in runs:
+        if r["model"] not in WORTH:
+            continue
+        w = worth(r, WORTH[r["model"]])
+        elsewhere = max(w[b] for b in buckets if b not in (ZONE, "segment", ">1000", "never"))
+        print(f"| {label(r)} | {r['budget']} | {r['seed']} | "
+              + " | ".join(f"{w[b]:+.4f}" for b in buckets) + f" | {elsewhere:+.4f} |")
+    kept = [(r["budget"], r["seed"], worth(r, "no c_mem")[ZONE], worth(x, "mem 96")[ZONE])
+            for r in runs if r["model"] == "conv" and not r["extra"]
+            for x in runs if x["model"] == "xl192" and not x["extra"] and x["budget"] == r["budget"]
+            and x["seed"] == r["seed"]]
+    if kept:
+        print(f"\nShare of XL-192's far memory worth that the compressed memory keeps, zone {ZONE}, same seeds")
+        for budget, seed, c, x in kept:
+            print(f"  {budget} seed {seed}: conv c_mem {c:+.4f}, XL-192 mem beyond 96 {x:+.4f}: "
+                  f"{c / x:.0%}" if x > 0 else f"  {budget} seed {seed}: XL-192 gains nothing there")
+    for budget in sorted({r["budget"] for r in runs}):
+        by_model = {}
+        for r in runs:
+            if r["budget"] == budget and not r["extra"]:
+                by_model.setdefault(r["model"], []).append(r)
+        if "conv" in by_model and "xl96" in by_model:
+            print(f"\n{budget}: compressive (conv) minus XL-96, mean over seeds "
+                  f"{sorted(r['seed'] for r in by_model['conv'])} / {sorted(r['seed'] for r in by_model['xl96'])}: "
+                  + ", ".join(f"{b} {mean(by_model['conv'], b) - mean(by_model['xl96'], b):+.4f}"
+                              for b in ["val"] + buckets))
+    plot(runs, buckets, figure)
+
+
+def label(run: dict) -> str:
+    return " ".join([run["model"], *run["extra"]])
+
+
+def mean(runs, bucket: str) -> float:
+    values = [r["val_loss"] if bucket == "val" else loss(r["loss_by_copy_distance"], bucket) for r in runs]
+    return sum(values) / len(values)
+
+
+def plot(runs, buckets, path: str) -> None:
+    """Left: loss by bucket, one line per model and budget (mean over seeds, seeds as dots).
+    Right: what the far memory is worth by bucket (the ablations), one line per run."""
+    from . import plots
+    plt = plots.pyplot()
+    if plt is None:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    groups = {}
+    for r in runs:
+        groups.setdefault((r["model"], r["budget"], " ".join(r["extra"])), []).append(r)
+    x = range(len(buckets))
+    for k, ((model, budget, extra), members) in enumerate(groups.items()):
+        label = f"{model} {extra} ({budget}, {len(members)} seed{'s' * (len(members) > 1)})"
+        style = "-" if budget == "long" else "--"
+        left.plot(x, [mean(members, b) for b in buckets], style, color=f"C{k}", marker="o", label=label)
+        if model in WORTH:
+            for r in members:
+                w = worth(r, WORTH[model])
+                right.plot(x, [w[b] for b in buckets], style, color=f"C{k}", marker=".", alpha=0.8,
+                           label=label if r is members[0] else None)
+    for ax, title in ((left, "validation loss by copy distance beyond the segment"),
+                      (right, "worth of the far memory: loss without it minus with it\n"
+                              "(conv, omax: c_mem emptied; xl192: mem cut to 96)")):
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(buckets, rotation=30)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("characters between the copy and the query's segment (13-gram)")
+        ax.legend(fontsize=7)
+    left.set_ylabel("nats/char")
+    right.axhline(0, color="black", linewidth=0.8)
+    right.axvspan(buckets.index(ZONE) - 0.5, buckets.index(ZONE) + 0.5, color="gray", alpha=0.15)
+    plots.save(plt, path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="train and evaluate the runs not yet recorded")
+    r.add_argument("--budget", choices=BUDGETS, default="default")
+    r.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    r.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    r.add_argument("--extra", default="", help="more training flags, a lever (its runs are named by them)")
+    r.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    r.add_argument("--out", default=os.path.join(ROOT, "out", "study"), help="checkpoints and logs")
+    sub.add_parser("table", help="print the tables and draw the figure from the results file")
+    args = p.parse_args(argv)
+    if args.command == "run":
+        run_study(args)
+    else:
+        tables(read_results())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
