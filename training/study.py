@@ -10,6 +10,7 @@ study can be stopped and continued, and checked in pieces. A run already recorde
 The models, at equal slots per layer (96) and at equal reach (192 characters beyond the segment):
 """
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -109,8 +110,9 @@ def run_study(args) -> None:
         except subprocess.CalledProcessError:
             print(f"failed {name}: see {os.path.join(args.out, name + '.log')}", flush=True)
             return
-        with lock:  # one writer at a time; re-read, since the other worker may have added a run
-            results = read_results()
+        with lock, open(RESULTS + ".lock", "w") as held:  # one writer at a time, across runners
+            fcntl.flock(held, fcntl.LOCK_EX)
+            results = read_results()  # re-read: another worker may have added a run
             results[name] = result
             tmp = RESULTS + ".tmp"
             with open(tmp, "w", encoding="utf-8") as f:
@@ -127,6 +129,7 @@ def run_study(args) -> None:
 # The tables and the figure, from the results file
 
 ZONE = "97-192"  # beyond an equal-slots Transformer-XL's reach (96), within the compressive model's
+BEYOND = "193-1000"  # beyond the reach of every model of the study
 WORTH = {"conv": "no c_mem", "omax": "no c_mem", "xl192": "mem 96"}  # the far memory's ablation
 
 
@@ -186,7 +189,16 @@ def tables(results: dict, figure: str = os.path.join(HERE, "code_study.png")) ->
                   f"{sorted(r['seed'] for r in by_model['conv'])} / {sorted(r['seed'] for r in by_model['xl96'])}: "
                   + ", ".join(f"{b} {mean(by_model['conv'], b) - mean(by_model['xl96'], b):+.4f}"
                               for b in ["val"] + buckets))
+    print(f"\nOver training: loss in {ZONE} minus loss in {BEYOND} (beyond every model's reach; "
+          f"below 0: the zone's copies are used), at each evaluation")
+    for r in runs:
+        print(f"  {label(r):<8} {r['budget']:<8} seed {r['seed']}: " + ", ".join(
+            f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]))
     plot(runs, buckets, figure)
+
+
+def zone_gain(rows: dict) -> float:
+    return loss(rows, ZONE) - loss(rows, BEYOND)
 
 
 def label(run: dict) -> str:
@@ -205,15 +217,19 @@ def plot(runs, buckets, path: str) -> None:
     plt = plots.pyplot()
     if plt is None:
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right, curve) = plt.subplots(1, 3, figsize=(16, 4.5))
     groups = {}
     for r in runs:
         groups.setdefault((r["model"], r["budget"], " ".join(r["extra"])), []).append(r)
     x = range(len(buckets))
     for k, ((model, budget, extra), members) in enumerate(groups.items()):
-        label = f"{model} {extra} ({budget}, {len(members)} seed{'s' * (len(members) > 1)})"
+        label = f"{model}{' ' + extra if extra else ''} ({budget}, {len(members)} seed{'s' * (len(members) > 1)})"
         style = "-" if budget == "long" else "--"
         left.plot(x, [mean(members, b) for b in buckets], style, color=f"C{k}", marker="o", label=label)
+        for r in members:
+            curve.plot([h["step"] for h in r["history"]],
+                       [zone_gain(h["loss_by_copy_distance"]) for h in r["history"]], style,
+                       color=f"C{k}", marker=".", label=label if r is members[0] else None)
         if model in WORTH:
             for r in members:
                 w = worth(r, WORTH[model])
@@ -227,6 +243,11 @@ def plot(runs, buckets, path: str) -> None:
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("characters between the copy and the query's segment (13-gram)")
         ax.legend(fontsize=7)
+    curve.set_title(f"over training: loss in {ZONE} minus loss in {BEYOND}\n(below 0: copies "
+                    f"within reach are used)", fontsize=9)
+    curve.set_xlabel("step")
+    curve.axhline(0, color="black", linewidth=0.8)
+    curve.legend(fontsize=7)
     left.set_ylabel("nats/char")
     right.axhline(0, color="black", linewidth=0.8)
     right.axvspan(buckets.index(ZONE) - 0.5, buckets.index(ZONE) + 0.5, color="gray", alpha=0.15)
