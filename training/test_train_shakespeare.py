@@ -860,6 +860,7 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     def run(model, ablations):
         return {"model": model, "budget": "default", "seed": 1, "extra": [], "commit": "c",
                 "val_loss": 1.0, "loss_by_copy_distance": rows(1.0),
+                "history": [{"step": 5, "loss_by_copy_distance": rows(1.2, -0.1)}],
                 "ablations": {k: {"val_loss": 1.0, "loss_by_copy_distance": v}
                               for k, v in ablations.items()}}
     results = {"conv": run("conv", {"no c_mem": rows(1.0, 0.02), "no mem": rows(1.3)}),
@@ -870,6 +871,7 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     printed = capsys.readouterr().out
     assert "conv c_mem +0.0200, XL-192 mem beyond 96 +0.0600: 33%" in printed
     assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
+    assert "conv     default  seed 1: 5: -0.100" in printed  # the zone against beyond every reach
 
 
 def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys):
