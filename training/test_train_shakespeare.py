@@ -84,7 +84,8 @@ def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
-def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
+def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_writes_the_loss_by_copy_distance(
+        small_text, tmp_path, capsys):
     out = str(tmp_path / "run")
     assert ts.main(["--data", small_text, "--out", out, "--steps", "5", *TINY_FLAGS]) == 0
     capsys.readouterr()
@@ -94,6 +95,30 @@ def test_sample_and_eval_only_use_the_checkpoint(small_text, tmp_path, capsys):
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
     assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu"]) == 0
     assert "val loss" in capsys.readouterr().out
+    # the loss by copy distance, at the run's end and from --eval-only, and its ablation
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    rows = metrics["loss_by_copy_distance"]
+    assert list(rows) == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
+    assert abs(sum(r["share"] for r in rows.values()) - 1) < 1e-9
+    assert abs(sum(r["loss"] * r["share"] for r in rows.values() if r["chars"]) -
+               metrics["val_loss"]) < 1e-4  # the buckets part the validation characters
+    assert "loss_by_copy_distance" in metrics["history"][-1]
+    assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu",
+                    "--eval-c-mem-len", "0"]) == 0
+    assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["loss_by_copy_distance"] == rows  # the full-memory figures are kept
+    cut = metrics["ablations"]["n_m=16 n_cm=0"]
+    assert cut["loss_by_copy_distance"]["segment"]["chars"] == rows["segment"]["chars"]
+    assert cut["val_loss"] != metrics["val_loss"]
+    for bad, says in ((["--eval-mem-len", "17"], "trained with 16"),
+                      (["--eval-mem-len", "1"], "at least c = 2"),
+                      (["--eval-only", "--task", "code"], "trained on --task shakespeare")):
+        args = bad if "--eval-only" in bad else ["--eval-only", "--data", small_text, *bad]
+        assert ts.main(["--out", out, "--device", "cpu", *args]) == 2
+        assert says in error_line(capsys)
+    assert ts.main(["--out", out, "--eval-mem-len", "8"]) == 2
+    assert "for --eval-only" in error_line(capsys)
     assert ts.main(["--out", out, "--analyze", "--data", small_text, "--device", "cpu",
                     "--batch-size", "2"]) == 0
     report = capsys.readouterr().out
@@ -867,15 +892,17 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
                "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}), "xl96": run("xl96", {})}
     worth = study.worth(results["xl192"], "mem 96")
     assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
-    study.tables(results, figure=str(tmp_path / "study.png"))
+    study.tables(results, figure=None)
     printed = capsys.readouterr().out
     assert "conv c_mem +0.0200, XL-192 mem beyond 96 +0.0600: 33%" in printed
     assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
     assert "conv     default  seed 1: 5: -0.100" in printed  # the zone against beyond every reach
 
 
-def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys):
+def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys,
+                                                                          monkeypatch):
     from training import reach_cost
+    monkeypatch.setattr(reach_cost, "plot", lambda *a: None)  # the figure: a test of plots
     flags = [*TINY_FLAGS, "--bench", "--bench-reach", "16", "--bench-steps", "1", "--out", str(tmp_path)]
     args = ts.parse_args(flags)
     (_, equal), (_, reach) = reach_cost.pairs(args)
@@ -1025,29 +1052,3 @@ def test_a_characters_zone_is_what_a_one_layer_model_can_see():
         assert moved == seen, q
 
 
-def test_eval_only_writes_the_loss_by_copy_distance_and_its_ablation(trained, small_text, capsys):
-    out = trained
-    metrics = json.load(open(os.path.join(out, "metrics.json")))
-    rows = metrics["loss_by_copy_distance"]
-    assert list(rows) == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
-    assert abs(sum(r["share"] for r in rows.values()) - 1) < 1e-9
-    assert abs(sum(r["loss"] * r["share"] for r in rows.values() if r["chars"]) -
-               metrics["val_loss"]) < 1e-4  # the buckets part the validation characters
-    assert "loss_by_copy_distance" in metrics["history"][-1]
-    capsys.readouterr()
-    assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu",
-                    "--eval-c-mem-len", "0"]) == 0
-    assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
-    metrics = json.load(open(os.path.join(out, "metrics.json")))
-    assert metrics["loss_by_copy_distance"] == rows  # the full-memory figures are kept
-    cut = metrics["ablations"]["n_m=16 n_cm=0"]
-    assert cut["loss_by_copy_distance"]["segment"]["chars"] == rows["segment"]["chars"]
-    assert cut["val_loss"] != metrics["val_loss"]
-    for bad, says in ((["--eval-mem-len", "17"], "trained with 16"),
-                      (["--eval-mem-len", "1"], "at least c = 2"),
-                      (["--eval-only", "--task", "code"], "trained on --task shakespeare")):
-        args = bad if "--eval-only" in bad else ["--eval-only", "--data", small_text, *bad]
-        assert ts.main(["--out", out, "--device", "cpu", *args]) == 2
-        assert says in error_line(capsys)
-    assert ts.main(["--out", out, "--eval-mem-len", "8"]) == 2
-    assert "for --eval-only" in error_line(capsys)
