@@ -101,8 +101,9 @@ def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_writes_the_loss_b
     assert list(rows) == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
     assert abs(sum(r["share"] for r in rows.values()) - 1) < 1e-9
     assert abs(sum(r["loss"] * r["share"] for r in rows.values() if r["chars"]) -
-               metrics["val_loss"]) < 1e-4  # the buckets part the validation characters
-    assert "loss_by_copy_distance" in metrics["history"][-1]
+               metrics["eval_only"]["val_loss"]) < 1e-4  # the buckets part the validation text
+    end_of_run = metrics["history"][-1]["loss_by_copy_distance"]  # 4 streams there, 12 here
+    assert sum(r["chars"] for r in end_of_run.values()) == sum(r["chars"] for r in rows.values())
     assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu",
                     "--eval-c-mem-len", "0"]) == 0
     assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
@@ -110,7 +111,7 @@ def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_writes_the_loss_b
     assert metrics["loss_by_copy_distance"] == rows  # the full-memory figures are kept
     cut = metrics["ablations"]["n_m=16 n_cm=0"]
     assert cut["loss_by_copy_distance"]["segment"]["chars"] == rows["segment"]["chars"]
-    assert cut["val_loss"] != metrics["val_loss"]
+    assert cut["val_loss"] != metrics["eval_only"]["val_loss"]
     for bad, says in ((["--eval-mem-len", "17"], "trained with 16"),
                       (["--eval-mem-len", "1"], "at least c = 2"),
                       (["--eval-only", "--task", "code"], "trained on --task shakespeare")):
