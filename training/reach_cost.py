@@ -205,7 +205,10 @@ def run(args, ts) -> list:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create --out {args.out} ({e.strerror})") from None
-    plot(results, os.path.join(args.out, "reach_cost.png"))
+    plot(results, os.path.join(args.out, "reach_cost.png"),
+         f"python train_shakespeare.py --bench --bench-reach (n_s {args.seq_len}, d_model "
+         f"{args.d_model}, {args.n_layers} layers, batch {args.batch_size}, c {args.compression_rate}); "
+         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {device}")
     return results
 
 
@@ -233,7 +236,7 @@ def print_table(results, args, device) -> None:
               f"{ratio('state_bytes'):>10.2f}{peak:>10}")
 
 
-def plot(results, path: str) -> None:
+def plot(results, path: str, caption: str) -> None:
     plt = plots.pyplot()
     if plt is None:
         return
@@ -247,10 +250,15 @@ def plot(results, path: str) -> None:
         for kind, style in (("xl", "o-"), ("compressive", "s-")):
             scale = 1024 if key == "state_bytes" else 1
             ax.plot(x, [r[kind][key] / scale for r in reach], style, label=kind)
+        if key == "train_ms":  # what the FLOP count alone would predict from XL's measured step
+            ax.plot(x, [r["xl"]["train_ms"] * (r["compressive"]["model_gflop"] + r["compressive"]
+                                                 ["f_c_gflop"]) / r["xl"]["model_gflop"]
+                        for r in reach], "s:", color="C1", alpha=0.5, label="compressive, by the count")
         ax.set_xscale("log", base=2)
         ax.set_xticks(x)
         ax.set_xticklabels(x)
         ax.set_xlabel("reach beyond the segment (characters)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
+    fig.suptitle(caption, fontsize=8)
     plots.save(plt, path)
