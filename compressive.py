@@ -474,7 +474,7 @@ class LanguageModel(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     @staticmethod
-    def _init_weights(module):
+    def init_weights(module):
         # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), rather than GPT-2's
         # N(0, 0.02): at d_model 128 the smaller start puts the initial attention scores near 0,
         # so every head begins by averaging uniformly (the README's results compare the two).
@@ -483,7 +483,7 @@ class LanguageModel(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def _check_tokens(self, tokens, check_ids: bool = False):
+    def check_tokens(self, tokens, check_ids: bool = False):
         """The checks every call makes; the ids' range only where it costs nothing (CPU tensors,
         not under torch.compile) or check_ids asks: on an accelerator it would wait for the device
         on every call, so an id out of range there fails inside the embedding instead."""
@@ -538,7 +538,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-        self._check_tokens(prompt, check_ids=True)
+        self.check_tokens(prompt, check_ids=True)
         was_training = self.training
         self.eval()
         memory, out = None, [prompt]
@@ -568,7 +568,7 @@ class CompressiveTransformer(LanguageModel):
         # layer input is a LayerNorm output of unit scale, so layer 0's inputs and memories then
         # look like the rest.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
+        self.apply(self.init_weights)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
         empty = lambda: self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
@@ -589,7 +589,7 @@ class CompressiveTransformer(LanguageModel):
     def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
         """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
         Returns (logits [batch, T, vocab], new Memory, reconstruction loss of f_c (0-dim))."""
-        self._check_tokens(tokens)
+        self.check_tokens(tokens)
         B, T = tokens.shape
         h = self.dropout(self.embed(tokens))                                  # h^(1)
         if memory is None:
@@ -679,7 +679,7 @@ class FeedbackTransformer(LanguageModel):
         self.mix = nn.Parameter(torch.zeros(cfg.n_layers + 1))  # w; softmax(0) starts as the mean
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
+        self.apply(self.init_weights)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
         empty = self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
@@ -695,7 +695,7 @@ class FeedbackTransformer(LanguageModel):
         """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
         Returns (logits [batch, T, vocab], new Memory, a zero: there is no auxiliary loss).
         Gradients flow through the memory vectors made inside the segment, not into the memory."""
-        self._check_tokens(tokens)
+        self.check_tokens(tokens)
         B, T = tokens.shape
         embedded = self.dropout(self.embed(tokens))              # x^0 of every step, at once
         if memory is None:
