@@ -25,8 +25,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from compressive import (COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig,  # noqa: E402
                          CompressiveTransformer, FeedbackTransformer, Memory)
-from training import (analysis, bench, checkpoint, checks, copies, corpus,  # noqa: E402
-                      distributed, files, modes, plots, recall, sample)
+from training import (analysis, bench, checkpoint, checks, copies, distributed,  # noqa: E402
+                      files, modes, plots, recall, sample)
+from training.data import DEFAULT_DATA, encode, load_data  # noqa: E402
 from training.device import (autocast_for, compile_when_full, grad_scaler,  # noqa: E402
                              keep_freed_memory, pick_device)
 from training.checks import UserError, is_out_of_memory, one_line, out_of_memory  # noqa: E402
@@ -34,9 +35,6 @@ from training.checks import UserError, is_out_of_memory, one_line, out_of_memory
 # --------------------------------------------------------------------------------------------------
 # Settings
 
-DATA_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "tinyshakespeare.txt")
 MODELS = {"compressive": CompressiveTransformer,  # n_m memories and n_cm compressed ones per layer
           "xl": CompressiveTransformer,           # Transformer-XL: n_cm = 0
           "vanilla": CompressiveTransformer,      # no memory: n_m = n_cm = 0
@@ -76,8 +74,7 @@ def parse_args(argv=None):
     t.add_argument("--stop-after", type=int, metavar="N", help="checkpoint and stop after N steps "
                    "of this run, keeping the schedule of --steps (then --resume)")
     t.add_argument("--task", choices=["shakespeare", "code", "recall"], default="shakespeare",
-                   help="code: the interpreter's standard-library sources (training/corpus.py); "
-                   "recall: the generated reach benchmark (README, What the memory buys)")
+                   help="code: Python's own library sources; recall: the reach benchmark (README)")
     t.add_argument("--data", help=f"text file (default: {DEFAULT_DATA}, downloaded once)")
     recall.add_arguments(p)
     r = p.add_argument_group("runtime")
@@ -92,13 +89,7 @@ def parse_args(argv=None):
     r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and the plots "
                    "(loss.png; recall.png, attention.png), drawn when matplotlib is installed")
     r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    r.add_argument("--eval-only", action="store_true", help="the loss of OUT/ckpt.pt on all the "
-                   "validation text, and by copy distance (into OUT/metrics.json)")
-    r.add_argument("--eval-mem-len", type=int, metavar="N", help="--eval-only with at most N "
-                   "memories per layer (the ablation: what the checkpoint's memory is worth)")
-    r.add_argument("--eval-c-mem-len", type=int, metavar="N", help="--eval-only with at most N "
-                   "compressed memories per layer (0: what its compressed memory is worth)")
-    for module in (sample, analysis, bench):  # each mode's own flags
+    for module in (modes, sample, analysis, bench):  # each mode's own flags
         module.add_arguments(p)
     return p.parse_args(argv)
 
@@ -112,44 +103,8 @@ def check_args(args) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Data: Tiny Shakespeare or --data FILE (nanoGPT's split: first 90% train, last 10% validation), the
-# code corpus (whole files held out), or the recall task's generated text, cut into parallel
-# contiguous streams
-
-def load_text(path) -> str:
-    if path is None:
-        path = DEFAULT_DATA
-        if not os.path.exists(path):
-            print(f"downloading Tiny Shakespeare to {path}")
-            files.download(path, DATA_URL, DATA_SHA256)
-    return files.read_text(path)
-
-
-def encode(text: str, vocab) -> torch.Tensor:
-    lookup = {ch: i for i, ch in enumerate(vocab)}
-    unknown = sorted(set(text) - lookup.keys())
-    if unknown:
-        raise UserError(f"the data has characters outside the vocabulary: {unknown[:10]!r}")
-    return torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
-
-
-def load_data(args, task: str, n_streams: int = 1, vocab=None, saved_args=None, need_train=True):
-    """(vocab, train, val, answers, name) of a task; answers: the recall task's queries, else None;
-    name: what the text is, for the log. vocab and saved_args: a checkpoint's, when evaluating one."""
-    if task == "recall":
-        return (recall.VOCAB, *recall.load(args, n_streams, encode, saved_args, need_train),
-                "the recall task's generated text")
-    if task == "code":  # the validation text: whole files, the first --val-chars or a little more
-        train, val, manifest = corpus.load(os.path.dirname(DEFAULT_DATA))
-        val = corpus.first_files(val, recall.settings(args, saved_args)["val_chars"])
-        return (corpus.VOCAB, encode(train, corpus.VOCAB) if need_train else None,
-                encode(val, corpus.VOCAB), None, corpus.describe(manifest))
-    text = load_text(args.data)
-    vocab = vocab or sorted(set(text))
-    data = encode(text, vocab)
-    split = int(0.9 * len(data))
-    return vocab, data[:split], data[split:], None, args.data or "Tiny Shakespeare"
-
+# Data (training/data.py: Tiny Shakespeare or --data FILE, split as nanoGPT's, the code corpus, or the
+# recall task's generated text), cut into parallel contiguous streams
 
 def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
     """Cut data into n_streams equal contiguous strands, [n_streams, L + 1] (the +1 is the target
@@ -250,10 +205,6 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     say = print if rank == 0 else (lambda *a, **k: None)
-    if args.task == "code":  # the corpus is built once, by rank 0, before any process reads it
-        if rank == 0:
-            corpus.load(os.path.dirname(DEFAULT_DATA))
-        distributed.barrier(world)
     vocab, train_data, val_data, answers, name = load_data(args, args.task, args.batch_size * world)
     say(f"data: {name}; {len(train_data):,} characters to train on, {len(val_data):,} to validate")
     # every process owns its own streams: rank r takes streams [r*B, (r+1)*B)
@@ -281,8 +232,7 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     autocast, groups = autocast_for(device, args.dtype), clip_groups(model)
     scaler = grad_scaler(device, args.dtype)
     targets = recall.loss_targets(args, task=args.task)
-    # every validation character's copy distance and place in its segment (for the loss by copy
-    # distance; the recall task is scored by its own answers instead)
+    # each validation character's copy distance and place in its segment (recall: its own scoring)
     geometry = None if answers is not None else copies.evaluation_geometry(
         "".join(vocab[i] for i in val_data.tolist()), args.batch_size, args.seq_len)
     say(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
@@ -342,8 +292,8 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
                                        "seconds": run["seconds"]})
                 say(f"eval step {step}: val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc")
                 if geometry is not None:
-                    by_copy = copies.by_bucket(char_losses.cpu(), *geometry)
-                    run["history"][-1]["loss_by_copy_distance"] = by_copy
+                    by_copy = run["history"][-1]["loss_by_copy_distance"] = copies.by_bucket(
+                        char_losses.cpu(), *geometry)
                     say("  by copy distance beyond the segment: " + copies.summary(by_copy))
                 if answers is not None:
                     scored = recall.score(predictions.cpu(), val_data, answers, args.batch_size,
@@ -364,9 +314,8 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
         if scored is not None:
             metrics["recall"] = recall.report(scored, model, args.out)
         if geometry is not None:
-            metrics["loss_by_copy_distance"] = run["history"][-1]["loss_by_copy_distance"]
-            copies.print_by_bucket(metrics["loss_by_copy_distance"],
-                                   copies.regions_of(model.reach(), cfg.seq_len))
+            metrics["loss_by_copy_distance"] = by_copy  # the last step's, as val_loss
+            copies.print_by_bucket(by_copy, copies.regions_of(model.reach(), cfg.seq_len))
         files.write_atomically(os.path.join(args.out, "metrics.json"),
                                lambda f: f.write(json.dumps(metrics, indent=1).encode()))
         say(f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val:.4f} nats/char "

@@ -8,6 +8,8 @@ import torch
 
 from compressive import FeedbackTransformer
 
+from .device import autocast_for, compile_when_full, grad_scaler
+
 
 def add_arguments(parser) -> None:
     m = parser.add_argument_group("--bench")
@@ -17,6 +19,19 @@ def add_arguments(parser) -> None:
     m.add_argument("--bench-reach", type=int, nargs="*", metavar="N", help="--bench: the cost of "
                    "reach, Transformer-XL against the compressive model at reaches N (default "
                    "256 512 1024 2048) and at equal slots (training/reach_cost.py)")
+
+
+def make_step(ts, args, device):
+    """(model, step): a model of the flags on device, and step(x, y, memory) -> memory, one whole
+    optimizer step as train_shakespeare.py takes it (ts: the script)."""
+    torch.manual_seed(args.seed)
+    model = ts.make_model(args.model, ts.model_config(args, vocab_size=65)).to(device)
+    optimizer, groups = ts.make_optimizer(model, args), ts.clip_groups(model)
+    step_model = compile_when_full(model) if args.compile else model
+    autocast, scaler = autocast_for(device, args.dtype), grad_scaler(device, args.dtype)
+    step = lambda x, y, memory: ts.train_step(step_model, optimizer, scaler, groups, x, y,  # noqa
+                                              memory, autocast, args.grad_clip, 1)[2]
+    return model, step
 
 
 def train_flops_per_step(model, batch: int) -> float:

@@ -28,6 +28,11 @@ import platform
 import string
 import sysconfig
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: nothing keeps two processes from building at once
+    fcntl = None
+
 from . import files
 from .checks import UserError, one_line
 
@@ -125,26 +130,34 @@ def cached(folder: str, root: str):
 
 def load(data_dir: str, root: str = None, say=print):
     """The code corpus: (train text, val text, manifest), reused from data_dir where a complete
-    one from this interpreter is there, else built and saved there."""
+    one from this interpreter is there, else built and saved there. Processes that start at once
+    (torchrun, a study's runs) build it one at a time: the first builds, the others reuse."""
     root = root or stdlib_root()
     folder = folder_for(data_dir)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, ".lock"), "w") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            return load_or_build(folder, root, say)
+    except OSError as e:
+        raise UserError(f"cannot write the code corpus to {folder} ({one_line(e)})") from None
+
+
+def load_or_build(folder: str, root: str, say):
     corpus, why = cached(folder, root)
     if corpus is not None:
         return corpus
     say(f"building the code corpus from {root} into {folder} ({why})")
     train, val, manifest = build(root)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        # the manifest is written last: before it is, the texts are not trusted
-        if os.path.exists(os.path.join(folder, "manifest.json")):
-            os.remove(os.path.join(folder, "manifest.json"))
-        for split, text in (("train", train), ("val", val)):
-            files.write_atomically(os.path.join(folder, f"{split}.txt"),
-                                   lambda f, text=text: f.write(text.encode()))
-        files.write_atomically(os.path.join(folder, "manifest.json"),
-                               lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-    except OSError as e:
-        raise UserError(f"cannot write the code corpus to {folder} ({one_line(e)})") from None
+    # the manifest is written last: before it is, the texts are not trusted
+    if os.path.exists(os.path.join(folder, "manifest.json")):
+        os.remove(os.path.join(folder, "manifest.json"))
+    for split, text in (("train", train), ("val", val)):
+        files.write_atomically(os.path.join(folder, f"{split}.txt"),
+                               lambda f, text=text: f.write(text.encode()))
+    files.write_atomically(os.path.join(folder, "manifest.json"),
+                           lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     return train, val, manifest
 
 

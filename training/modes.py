@@ -12,7 +12,17 @@ from compressive import CompressiveTransformer
 
 from . import analysis, bench, checkpoint, copies, files, reach_cost, recall, sample
 from .checks import UserError
-from .device import DTYPES, autocast_for, compile_when_full, grad_scaler, pick_device
+from .device import DTYPES, autocast_for, pick_device
+
+
+def add_arguments(parser) -> None:
+    m = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
+    m.add_argument("--eval-only", action="store_true", help="the loss of OUT/ckpt.pt on all the "
+                   "validation text, and by copy distance (into OUT/metrics.json)")
+    m.add_argument("--eval-mem-len", type=int, metavar="N", help="--eval-only with at most N "
+                   "memories per layer (the ablation: what the checkpoint's memory is worth)")
+    m.add_argument("--eval-c-mem-len", type=int, metavar="N", help="--eval-only with at most N "
+                   "compressed memories per layer (0: what its compressed memory is worth)")
 
 
 def run(args, ts) -> None:
@@ -20,13 +30,7 @@ def run(args, ts) -> None:
         return reach_cost.run(args, ts)
     if args.bench:
         device = pick_device(args.device)
-        torch.manual_seed(args.seed)
-        model = ts.make_model(args.model, ts.model_config(args, vocab_size=65)).to(device)
-        optimizer, groups = ts.make_optimizer(model, args), ts.clip_groups(model)
-        step_model = compile_when_full(model) if args.compile else model
-        autocast, scaler = autocast_for(device, args.dtype), grad_scaler(device, args.dtype)
-        step = lambda x, y, memory: ts.train_step(step_model, optimizer, scaler, groups, x, y,
-                                                  memory, autocast, args.grad_clip, 1)[2]
+        model, step = bench.make_step(ts, args, device)
         return bench.bench(step, model, args.batch_size, args.bench_steps, args.seed, device,
                            DTYPES[args.dtype])
     device = pick_device(args.device)

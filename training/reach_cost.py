@@ -31,7 +31,7 @@ from compressive import Memory
 
 from . import bench, plots
 from .checks import UserError
-from .device import autocast_for, grad_scaler, pick_device
+from .device import pick_device
 
 REACHES = [256, 512, 1024, 2048]
 GENERATED = 16  # tokens per model per round of the generation timing
@@ -98,16 +98,6 @@ def count(model, batch: int) -> dict:
             "f_c_gflop": compression_flops_per_step(cfg, batch) / 1e9}
 
 
-def build(ts, flags, device):
-    torch.manual_seed(flags.seed)
-    model = ts.make_model(flags.model, ts.model_config(flags, vocab_size=65)).to(device)
-    optimizer, groups = ts.make_optimizer(model, flags), ts.clip_groups(model)
-    autocast, scaler = autocast_for(device, flags.dtype), grad_scaler(device, flags.dtype)
-    step = lambda x, y, memory: ts.train_step(model, optimizer, scaler, groups, x, y, memory,
-                                              autocast, flags.grad_clip, 1)[2]
-    return model, step
-
-
 def status_mib(field: str) -> float:
     """VmRSS (resident now) or VmHWM (its high-water mark) of this process, Linux only."""
     with open("/proc/self/status") as f:
@@ -161,7 +151,7 @@ def measure_pair(ts, models_flags: dict, device, rounds: int) -> dict:
     rows = {}
     trainers, generators = {}, {}
     for kind, flags in models_flags.items():
-        model, step = build(ts, flags, device)
+        model, step = bench.make_step(ts, flags, device)
         state = {"memory": full_memory(model, flags.batch_size, device)}
         g = torch.Generator(device="cpu").manual_seed(flags.seed)
         tokens = torch.randint(0, 65, (flags.batch_size, flags.seq_len + 1), generator=g).to(device)

@@ -22,16 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "code_study.json")
-MODELS = {  # name: (training flags, ablations: name -> --eval-only flags)
+MODELS = {  # name: (training flags, ablations: name -> the (n_m, n_cm) it is evaluated with)
     "vanilla": (["--model", "vanilla"], {}),
-    "xl96": (["--model", "xl", "--mem-len", "96"], {"no mem": ["--eval-mem-len", "0"]}),
-    "conv": (["--model", "compressive", "--compression", "conv"],
-             {"no c_mem": ["--eval-c-mem-len", "0"], "no mem": ["--eval-mem-len", "0"]}),
+    "xl96": (["--model", "xl", "--mem-len", "96"], {"no mem": (0, 0)}),
+    "conv": (["--model", "compressive", "--compression", "conv"], {"no c_mem": (64, 0), "no mem": (0, 0)}),
     "omax": (["--model", "compressive", "--compression", "overlap_max_pool"],
-             {"no c_mem": ["--eval-c-mem-len", "0"], "no mem": ["--eval-mem-len", "0"]}),
+             {"no c_mem": (64, 0), "no mem": (0, 0)}),
     "xl192": (["--model", "xl", "--mem-len", "192"],
-              {"mem 96": ["--eval-mem-len", "96"], "mem 64": ["--eval-mem-len", "64"],
-               "no mem": ["--eval-mem-len", "0"]}),
+              {"mem 96": (96, 0), "mem 64": (64, 0), "no mem": (0, 0)}),
 }
 BUDGETS = {"default": ["--steps", "2000", "--eval-every", "1000"],
            "long": ["--steps", "8000", "--eval-every", "2000"]}
@@ -63,12 +61,12 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
             subprocess.run([*script, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                            check=True, cwd=ROOT)
         run("--task", "code", *flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out)
-        for flags_ in ablations.values():
-            run("--eval-only", "--out", out, *flags_)
+        for n_m, n_cm in ablations.values():
+            run("--eval-only", "--out", out, "--eval-mem-len", str(n_m), "--eval-c-mem-len", str(n_cm))
     with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
         metrics = json.load(f)
-    by_name = {label: metrics["ablations"][f"n_m={n_m} n_cm={n_cm}"]
-               for label, (n_m, n_cm) in ablation_keys(model, ablations).items()}
+    by_name = {label: metrics["ablations"][f"n_m={n_m} n_cm={n_cm}"]  # modes.limit_memory's key
+               for label, (n_m, n_cm) in ablations.items()}
     return {"model": model, "budget": budget, "seed": seed, "extra": list(extra),
             "flags": flags + BUDGETS[budget] + list(extra), "commit": code,
             "seconds": metrics["seconds"], "wall_seconds": time.time() - started,
@@ -77,18 +75,6 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
                          "loss_by_copy_distance": h["loss_by_copy_distance"]} for h in metrics["history"]],
             "ablations": {label: {"val_loss": a["val_loss"], "loss_by_copy_distance": a["loss_by_copy_distance"]}
                           for label, a in by_name.items()}}
-
-
-def ablation_keys(model: str, ablations) -> dict:
-    """The metrics.json key of each ablation: the memory the model was cut to."""
-    n_m = {"xl96": 96, "xl192": 192}.get(model, 64)
-    n_cm = 32 if model in ("conv", "omax") else 0
-    keys = {}
-    for label, flags in ablations.items():
-        value = int(flags[1])
-        keys[label] = (value, 0) if flags[0] == "--eval-mem-len" and value == 0 else \
-            (value, n_cm) if flags[0] == "--eval-mem-len" else (n_m, value)
-    return keys
 
 
 def run_study(args) -> None:

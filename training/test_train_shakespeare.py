@@ -991,11 +991,11 @@ def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(t
 
 
 def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, capsys):
-    from training import corpus
+    from training import corpus, data
     (tmp_path / "lib" / "test").mkdir(parents=True)
     (tmp_path / "lib" / "test" / "t.py").write_text("pass\n")
     monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
-    monkeypatch.setattr(ts, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
+    monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
     assert ts.main(["--task", "code", "--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
     assert "no Python sources" in error_line(capsys)
     assert not os.path.exists(tmp_path / "data" / "python3.11-stdlib" / "manifest.json")
