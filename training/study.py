@@ -179,6 +179,7 @@ def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
                   f"{sorted(r['seed'] for r in by_model['conv'])} / {sorted(r['seed'] for r in by_model['xl96'])}: "
                   + ", ".join(f"{b} {mean(by_model['conv'], b) - mean(by_model['xl96'], b):+.4f}"
                               for b in ["val"] + buckets))
+    levers(runs)
     print(f"\nOver training: loss in {ZONE} minus loss in {BEYOND} (beyond every model's reach; "
           f"below 0: the zone's copies are used), at each evaluation")
     for r in runs:
@@ -186,6 +187,35 @@ def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
             f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]))
     if figure:
         plot(runs, buckets, figure)
+
+
+def levers(runs) -> None:
+    """Each lever against its model trained alike without it, on the same seeds (means over them)."""
+    groups = {}
+    for r in runs:
+        if r["extra"]:
+            groups.setdefault((r["model"], r["budget"], tuple(r["extra"])), []).append(r)
+    if not groups:
+        return
+    print(f"\nLevers, each minus its model trained alike without it on the same seeds (mean over seeds); "
+          f"worth: of the far memory in {ZONE}, the lever's (the baseline's)\n")
+    print(f"| lever | budget | seeds | val | Δ val | Δ {ZONE} | worth in {ZONE} |")
+    print("| --- " * 7 + "|")
+    for (model, budget, extra), members in groups.items():
+        seeds = sorted(r["seed"] for r in members)
+        base = [r for r in runs if r["model"] == model and r["budget"] == budget and not r["extra"]
+                and r["seed"] in seeds]
+        row = f"| {label(members[0])} | {budget} | {' '.join(map(str, seeds))} | {mean(members, 'val'):.4f} | "
+        if len(base) != len(members):
+            print(row + "no baseline on these seeds | | |")
+            continue
+        delta = [mean(members, b) - mean(base, b) for b in ("val", ZONE)]
+        cell = ""
+        if model in WORTH:
+            def zone_worth(rs):
+                return sum(worth(r, WORTH[model][0])[ZONE] for r in rs) / len(rs)
+            cell = f"{zone_worth(members):+.4f} ({zone_worth(base):+.4f})"
+        print(row + f"{delta[0]:+.4f} | {delta[1]:+.4f} | {cell} |")
 
 
 def zone_gain(rows: dict) -> float:

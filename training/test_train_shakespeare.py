@@ -890,7 +890,9 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
                 "ablations": {k: {"val_loss": 1.0, "loss_by_copy_distance": v}
                               for k, v in ablations.items()}}
     results = {"conv": run("conv", {"no c_mem": rows(1.0, 0.02), "no mem": rows(1.3)}),
-               "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}), "xl96": run("xl96", {})}
+               "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}), "xl96": run("xl96", {}),
+               "lever": {**run("conv", {"no c_mem": rows(0.95, 0.08)}), "val_loss": 0.9,
+                         "extra": ["--lr", "1e-3"], "loss_by_copy_distance": rows(0.9, 0.01)}}
     worth = study.worth(results["xl192"], "mem 96")
     assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
     study.tables(results, figure=None)
@@ -898,6 +900,8 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     assert "conv c_mem +0.0200, XL-192 mem beyond 96 +0.0600: 33%" in printed
     assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
     assert "conv     default  seed 1: 5: -0.100" in printed  # the zone against beyond every reach
+    # a lever against its model trained alike without it, on the same seed
+    assert "| conv --lr 1e-3 | default | 1 | 0.9000 | -0.1000 | -0.0900 | +0.1200 (+0.0200) |" in printed
 
 
 def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys,
