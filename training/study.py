@@ -169,16 +169,7 @@ def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
         for budget, seed, c, x in kept:
             print(f"  {budget} seed {seed}: conv c_mem {c:+.4f}, XL-192 mem beyond 96 {x:+.4f}: "
                   f"{c / x:.0%}" if x > 0 else f"  {budget} seed {seed}: XL-192 gains nothing there")
-    for budget in sorted({r["budget"] for r in runs}):
-        by_model = {}
-        for r in runs:
-            if r["budget"] == budget and not r["extra"]:
-                by_model.setdefault(r["model"], []).append(r)
-        if "conv" in by_model and "xl96" in by_model:
-            print(f"\n{budget}: compressive (conv) minus XL-96, mean over seeds "
-                  f"{sorted(r['seed'] for r in by_model['conv'])} / {sorted(r['seed'] for r in by_model['xl96'])}: "
-                  + ", ".join(f"{b} {mean(by_model['conv'], b) - mean(by_model['xl96'], b):+.4f}"
-                              for b in ["val"] + buckets))
+    summary(runs)
     levers(runs)
     print(f"\nOver training: loss in {ZONE} minus loss in {BEYOND} (beyond every model's reach; "
           f"below 0: the zone's copies are used), at each evaluation")
@@ -187,6 +178,29 @@ def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
             f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]))
     if figure:
         plot(runs, buckets, figure)
+
+
+def summary(runs) -> None:
+    """Per model and budget, over its seeds: the loss, and its differences from XL-96 trained alike."""
+    print(f"\nMeans over seeds (min-max), no lever; minus XL-96: the difference of the means at the "
+          f"same budget; worth: of the far memory in {ZONE}\n")
+    print(f"| model | budget | seeds | val | {ZONE} | val minus XL-96 | {ZONE} minus XL-96 | worth in {ZONE} |")
+    print("| --- " * 8 + "|")
+    for budget in sorted({r["budget"] for r in runs}):
+        by_model = {}
+        for r in runs:
+            if r["budget"] == budget and not r["extra"]:
+                by_model.setdefault(r["model"], []).append(r)
+        base = by_model.get("xl96")
+        for model, members in by_model.items():
+            def spread(values):
+                return f"{sum(values) / len(values):.4f} ({min(values):.3f}-{max(values):.3f})"
+            cells = [spread([r["val_loss"] for r in members]),
+                     spread([loss(r["loss_by_copy_distance"], ZONE) for r in members])]
+            cells += ["" if base is None or model == "xl96" else f"{mean(members, b) - mean(base, b):+.4f}"
+                      for b in ("val", ZONE)]
+            cells.append(spread([worth(r, WORTH[model][0])[ZONE] for r in members]) if model in WORTH else "")
+            print(f"| {model} | {budget} | {' '.join(str(r['seed']) for r in members)} | " + " | ".join(cells) + " |")
 
 
 def levers(runs) -> None:

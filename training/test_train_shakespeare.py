@@ -900,6 +900,9 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     assert "conv c_mem +0.0200, XL-192 mem beyond 96 +0.0600: 33%" in printed
     assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
     assert "conv     default  seed 1: 5: -0.100" in printed  # the zone against beyond every reach
+    # the means over seeds, and their differences from XL-96 trained alike
+    assert ("| conv | default | 1 | 1.0000 (1.000-1.000) | 1.0000 (1.000-1.000) | +0.0000 | +0.0000 "
+            "| 0.0200 (0.020-0.020) |") in printed
     # a lever against its model trained alike without it, on the same seed
     assert "| conv --lr 1e-3 | default | 1 | 0.9000 | -0.1000 | -0.0900 | +0.1200 (+0.0200) |" in printed
 
