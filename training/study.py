@@ -6,7 +6,8 @@
 Each run trains one model on --task code (train_shakespeare.py, one thread, in its own process),
 then evaluates its checkpoint with less memory (the ablation, --eval-only --eval-c-mem-len 0 and
 so on), and records the figures in training/code_study.json as soon as it is done, so that the
-study can be stopped and continued, and checked in pieces. A run already recorded is skipped.
+study can be stopped and continued, and checked in pieces. A run already recorded is skipped; one
+whose training finished but whose evaluation did not is evaluated again, not retrained.
 The models, at equal slots per layer (96) and at equal reach (192 characters beyond the segment):
 """
 import argparse
@@ -22,12 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "code_study.json")
-MODELS = {  # name: (training flags, ablations: name -> the (n_m, n_cm) it is evaluated with)
+MODELS = {  # name: (training flags, ablations: name -> the (n_m, n_cm) it is evaluated with;
+    #          None: as trained)
     "vanilla": (["--model", "vanilla"], {}),
     "xl96": (["--model", "xl", "--mem-len", "96"], {"no mem": (0, 0)}),
-    "conv": (["--model", "compressive", "--compression", "conv"], {"no c_mem": (64, 0), "no mem": (0, 0)}),
+    "conv": (["--model", "compressive", "--compression", "conv"], {"no c_mem": (None, 0), "no mem": (0, 0)}),
     "omax": (["--model", "compressive", "--compression", "overlap_max_pool"],
-             {"no c_mem": (64, 0), "no mem": (0, 0)}),
+             {"no c_mem": (None, 0), "no mem": (0, 0)}),
     "xl192": (["--model", "xl", "--mem-len", "192"],
               {"mem 96": (96, 0), "mem 64": (64, 0), "no mem": (0, 0)}),
 }
@@ -56,17 +58,23 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = [sys.executable, os.path.join(ROOT, "train_shakespeare.py")]
     started, code = time.time(), commit()
-    with open(os.path.join(out_root, name + ".log"), "w") as log:
+    train = ["--task", "code", *flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
+    steps = int(train[len(train) - train[::-1].index("--steps")])  # the last --steps given
+    with open(os.path.join(out_root, name + ".log"), "a") as log:
         def run(*args):
             subprocess.run([*script, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                            check=True, cwd=ROOT)
-        run("--task", "code", *flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out)
-        for n_m, n_cm in ablations.values():
+        if trained_config(out, steps) is None:  # else its evaluation failed: only that is redone
+            run(*train)
+        config = trained_config(out, steps)
+        keep = {label: (config["mem_len"] if n_m is None else n_m, n_cm)
+                for label, (n_m, n_cm) in ablations.items()}
+        for n_m, n_cm in keep.values():
             run("--eval-only", "--out", out, "--eval-mem-len", str(n_m), "--eval-c-mem-len", str(n_cm))
     with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
         metrics = json.load(f)
     by_name = {label: metrics["ablations"][f"n_m={n_m} n_cm={n_cm}"]  # modes.limit_memory's key
-               for label, (n_m, n_cm) in ablations.items()}
+               for label, (n_m, n_cm) in keep.items()}
     return {"model": model, "budget": budget, "seed": seed, "extra": list(extra),
             "flags": flags + BUDGETS[budget] + list(extra), "commit": code,
             "seconds": metrics["seconds"], "wall_seconds": time.time() - started,
@@ -75,6 +83,16 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
                          "loss_by_copy_distance": h["loss_by_copy_distance"]} for h in metrics["history"]],
             "ablations": {label: {"val_loss": a["val_loss"], "loss_by_copy_distance": a["loss_by_copy_distance"]}
                           for label, a in by_name.items()}}
+
+
+def trained_config(out: str, steps: int):
+    """The model config of OUT's checkpoint if its training finished all steps (its metrics.json
+    is written last), else None."""
+    from .checkpoint import read
+    if not all(os.path.exists(os.path.join(out, f)) for f in ("metrics.json", "ckpt.pt")):
+        return None
+    ckpt = read(os.path.join(out, "ckpt.pt"), "cpu")
+    return ckpt["config"] if ckpt["step"] == steps else None
 
 
 def run_study(args) -> None:

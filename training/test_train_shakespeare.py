@@ -907,6 +907,16 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     assert "| conv --lr 1e-3 | default | 1 | 0.9000 | -0.1000 | -0.0900 | +0.1200 (+0.0200) |" in printed
 
 
+def test_the_study_evaluates_a_finished_run_again_without_training_it_again(trained):
+    """A run whose training finished (its checkpoint at the last step, metrics.json written) but
+    whose ablations failed is only evaluated again; a checkpoint short of its steps is retrained."""
+    from training import study
+    assert study.trained_config(trained, 2)["mem_len"] == 16  # TINY_FLAGS
+    assert study.trained_config(trained, 3) is None  # stopped before the last step
+    os.remove(os.path.join(trained, "metrics.json"))
+    assert study.trained_config(trained, 2) is None  # training did not get to its end
+
+
 def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys,
                                                                           monkeypatch):
     from training import reach_cost
