@@ -72,6 +72,9 @@ def resume(path: str, args, model, optimizer, rank: int, world: int, device):
     if ckpt["config"] != dataclasses.asdict(model.cfg) or \
             ckpt["args"].get("model", "compressive") != args.model:
         raise UserError("--resume: the model flags differ from the checkpoint's configuration")
+    if ckpt["step"] >= args.steps:  # read() checked that it is an int
+        raise UserError(f"--resume: {path} has already trained {ckpt['step']} steps, and --steps is "
+                        f"{args.steps}: nothing is left to train (pass a larger --steps)")
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])

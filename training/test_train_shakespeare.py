@@ -222,6 +222,16 @@ def test_the_loop_reads_the_device_per_log_line_not_per_step(small_text, tmp_pat
     assert counts[8, 2] == counts[8, 8] + 3 * 3  # three more log lines, three reads each
 
 
+def test_resuming_a_finished_run_says_nothing_is_left_to_train(trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    capsys.readouterr()
+    assert ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", "2",
+                    *TINY_FLAGS]) == 2
+    assert "has already trained 2 steps, and --steps is 2: nothing is left" in error_line(capsys)
+    assert open(path, "rb").read() == good
+
+
 def test_a_non_finite_loss_stops_the_run_at_the_next_log_line(trained, small_text, capsys):
     path = os.path.join(trained, "ckpt.pt")
     good = open(path, "rb").read()
