@@ -264,8 +264,10 @@ def mean(runs, bucket: str) -> float:
 
 
 def plot(runs, buckets, path: str) -> None:
-    """Left: loss by bucket, one line per model and budget (mean over seeds, seeds as dots).
-    Right: what the far memory is worth by bucket (the ablations), one line per run."""
+    """Left: loss by bucket, one line per model and budget (mean over seeds). Middle: what the far
+    memory is worth by bucket (the ablations), one line per run. Right: the zone over training.
+    A color per model, dashed: the default budget, solid: the long one; the levers are left to
+    the tables."""
     from . import plots
     plt = plots.pyplot()
     if plt is None:
@@ -273,20 +275,21 @@ def plot(runs, buckets, path: str) -> None:
     fig, (left, right, curve) = plt.subplots(1, 3, figsize=(16, 4.5))
     groups = {}
     for r in runs:
-        groups.setdefault((r["model"], r["budget"], " ".join(r["extra"])), []).append(r)
+        if not r["extra"]:
+            groups.setdefault((r["model"], r["budget"]), []).append(r)
     x = range(len(buckets))
-    for k, ((model, budget, extra), members) in enumerate(groups.items()):
-        label = f"{model}{' ' + extra if extra else ''} ({budget}, {len(members)} seed{'s' * (len(members) > 1)})"
-        style = "-" if budget == "long" else "--"
-        left.plot(x, [mean(members, b) for b in buckets], style, color=f"C{k}", marker="o", label=label)
+    for (model, budget), members in groups.items():
+        label = f"{model} ({budget}, {len(members)} seed{'s' * (len(members) > 1)})"
+        style, color = "-" if budget == "long" else "--", f"C{list(MODELS).index(model)}"
+        left.plot(x, [mean(members, b) for b in buckets], style, color=color, marker="o", label=label)
         for r in members:
             curve.plot([h["step"] for h in r["history"]],
                        [zone_gain(h["loss_by_copy_distance"]) for h in r["history"]], style,
-                       color=f"C{k}", marker=".", label=label if r is members[0] else None)
+                       color=color, marker=".", label=label if r is members[0] else None)
         if model in WORTH:
             for r in members:
                 w = worth(r, WORTH[model][0])
-                right.plot(x, [w[b] for b in buckets], style, color=f"C{k}", marker=".", alpha=0.8,
+                right.plot(x, [w[b] for b in buckets], style, color=color, marker=".", alpha=0.8,
                            label=label if r is members[0] else None)
     for ax, title in ((left, "validation loss by copy distance beyond the segment"),
                       (right, "worth of the far memory: loss without it minus with it\n"
