@@ -24,7 +24,9 @@ def recorded_attention(model):
     record = [None] * len(model.layers)
 
     def keep(i):
-        return lambda module, inputs, attended: record.__setitem__(i, attended.weights.detach())
+        def hook(module, inputs, attended):
+            record[i] = attended.weights.detach()
+        return hook
     handles = [layer.attn.register_forward_hook(keep(i)) for i, layer in enumerate(model.layers)]
     try:
         yield record
