@@ -13,12 +13,14 @@ student runs with `pytest -q @checks/<function>.txt`.
 An exercise's check is computed, never picked by hand. test_compressive.py runs once on the
 original with a trace that records which functions of compressive.py each test calls. The
 student copy differs from the original only inside the blanked functions, so a test that never
-calls f runs exactly the same on it, whatever the student writes in f: the tests that call f are
-the only ones f can fail, and a student who passes them passes every test that depends on f.
-torch.compile is switched off for the traced run, so every function runs as plain Python where
-the trace sees it (a compiled graph is traced from the same calls as the eager run makes).
---verify checks the other half on real copies: blanked, f fails every test of its check and
-passes all the others.
+calls f runs none of f's code and passes on it as on the original (unless it reads state that an
+earlier test's call of f left behind; the tests seed the random generator where values matter):
+the tests that call f are the only ones f can fail, and a student who passes them passes every
+test that depends on f. torch.compile is off for the traced run, so every function runs as
+Python, where the trace sees it (a compiled graph is traced from the calls the eager run makes;
+the graph-count test fails there, after its calls, and is checked by --verify like the rest).
+--verify checks all of it on real copies: blanked alone, each exercise of the table fails every
+test of its check and passes all the others, and the original passes everything.
 
 A docstring's answer part (a worked example, an index formula) is left out of the student copy:
 it starts at a line that reads MARKER below. Standard library only; the tests run in a
@@ -37,7 +39,7 @@ import tempfile
 import textwrap
 import tokenize
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "compressive.py"
@@ -123,7 +125,7 @@ class KitError(Exception):
 
 # ---------------------------------------------------------------- the student copy ----------
 
-def read_python(path: Path, what: str) -> (str, ast.Module):
+def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
     """The text and syntax tree of a Python file (parsed, never run), or a KitError."""
     if not path.is_file():
         raise KitError(f"{what} {path} is not a file")
@@ -186,7 +188,7 @@ def student_docstring(name: str, node: ast.FunctionDef) -> str:
     return "\n\n".join(parts) or "Exercise: write this function (see the comments around it)."
 
 
-def header_end(text: str, node: ast.FunctionDef) -> (int, int):
+def header_end(text: str, node: ast.FunctionDef) -> Tuple[int, int]:
     """(line, column) just after the ':' that ends the def's signature."""
     lines = text.splitlines(keepends=True)
     start = node.lineno  # the `def` line (decorators come before it)
@@ -215,7 +217,8 @@ def blank(text: str, tree: ast.Module, names: List[str]) -> str:
         while end < len(lines) and lines[end].strip().startswith("#") and \
                 len(lines[end]) - len(lines[end].lstrip()) > node.col_offset:
             end += 1
-        doc = textwrap.indent(student_docstring(name, node), body_indent).lstrip()
+        doc = student_docstring(name, node).replace("\\", "\\\\").replace('"""', '\\"""')
+        doc = textwrap.indent(doc, body_indent).lstrip()
         body = (f'{body_indent}"""{doc}\n{body_indent}"""\n'
                 f'{body_indent}raise NotImplementedError("{name}: the exercise")\n')
         head = lines[line - 1][:column]
@@ -232,11 +235,11 @@ import importlib.util, sys
 spec = importlib.util.spec_from_file_location("handout_child", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-sys.exit(module.child(sys.argv[2], sys.argv[3] == "trace", sys.argv[4:]))
+sys.exit(module.child(sys.argv[2], sys.argv[3] == "trace"))
 """
 
 
-def child(result_path: str, trace: bool, selection: List[str]) -> int:
+def child(result_path: str, trace: bool) -> int:
     """In the subprocess, in the folder of the copy: run pytest, write outcomes (and calls)."""
     import threading
     from collections import defaultdict
@@ -270,7 +273,8 @@ def child(result_path: str, trace: bool, selection: List[str]) -> int:
 
         def pytest_collectreport(self, report):
             if report.failed:
-                record["errors"].append(str(report.longrepr).strip().splitlines()[-1])
+                last = str(report.longrepr).strip().splitlines()[-1]
+                record["errors"].append(last[1:].strip() if last.startswith("E ") else last)
 
         def pytest_runtest_logreport(self, report):
             before = record["outcomes"].get(report.nodeid, "passed")
@@ -282,7 +286,7 @@ def child(result_path: str, trace: bool, selection: List[str]) -> int:
         sys.settrace(tracer)
         threading.settrace(tracer)
     args = ["-q", "-p", "no:cacheprovider", "--no-header", "-o", "console_output_style=classic"]
-    code = pytest.main(args + (selection or ["test_compressive.py"]), plugins=[Recorder()])
+    code = pytest.main(args + ["test_compressive.py"], plugins=[Recorder()])
     sys.settrace(None)
     record["calls"] = {k: sorted(v) for k, v in record["calls"].items()}
     record["exit"] = int(code)
@@ -298,8 +302,7 @@ class Run(NamedTuple):
     output: str
 
 
-def run_tests(source_text: str, tests: Path, trace: bool = False,
-              selection: Optional[List[str]] = None) -> Run:
+def run_tests(source_text: str, tests: Path, trace: bool = False) -> Run:
     """Run test_compressive.py on a copy of compressive.py, in a subprocess, in a fresh folder."""
     with tempfile.TemporaryDirectory(prefix="handout-run-") as folder:
         folder = Path(folder)
@@ -314,7 +317,7 @@ def run_tests(source_text: str, tests: Path, trace: bool = False,
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", CHILD, str(Path(__file__).resolve()), str(result),
-                 "trace" if trace else "run", *(selection or [])],
+                 "trace" if trace else "run"],
                 cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise KitError(f"the tests did not finish within {TIMEOUT_S} s (an endless loop?)") from None
@@ -326,7 +329,8 @@ def run_tests(source_text: str, tests: Path, trace: bool = False,
                proc.stdout)
 
 
-def compute_checks(source_text: str, tests: Path, names: List[str]) -> (Dict[str, List[str]], int):
+def compute_checks(source_text: str, tests: Path,
+                   names: List[str]) -> Tuple[Dict[str, List[str]], int]:
     """For each function, the tests of the file that call it (see the module docstring), and
     how many tests the file has."""
     run = run_tests(source_text, tests, trace=True)
@@ -368,6 +372,9 @@ def make(names: List[str], out: Path) -> None:
         if imports.returncode:
             last = imports.stderr.strip().splitlines()[-1]
             raise KitError(f"the student copy does not import: {last}")
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private; a handout is not
         if out.exists():
             out.rmdir()
         os.replace(staging, out)
@@ -494,7 +501,7 @@ def verify() -> int:
     run = run_tests(text, TESTS)
     failing = [t for t in run.items if run.outcomes.get(t) != "passed"]
     print(f"the original: {len(run.items) - len(failing)}/{len(run.items)} passed "
-          f"({time.perf_counter() - start:.0f} s)")
+          f"({time.perf_counter() - start:.0f} s)", flush=True)
     wrong += bool(failing or run.errors or len(run.items) != n_tests)
     for name in names:
         start = time.perf_counter()
@@ -504,7 +511,7 @@ def verify() -> int:
         survived, extra = sorted(check - failed), sorted(failed - check)
         print(f"{name}: blanked, fails {len(check & failed)}/{len(check)} of its check and "
               f"passes {len(run.items) - len(failed)}/{len(run.items) - len(check)} others "
-              f"({time.perf_counter() - start:.0f} s)")
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
         for t in survived:
             print(f"  calls {name} yet passes with it blanked: {t}")
         for t in extra:
