@@ -3,7 +3,7 @@
 Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for Long-Range Sequence
 Modelling", arXiv:1911.05507.  The file reads in the order of the paper's Algorithm 1:
 
-    1. configuration and the memory state carried between segments
+    1. configuration and the memory state carried between segments (emptied per row by reset)
     2. Transformer-XL relative attention over [compressed memory; memory; segment]
     3. the compression functions f_c (conv, max/mean pooling, overlapping max pooling, dilated
        conv, most-used)
@@ -43,8 +43,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_conv",
-                "most_used")
+COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_conv", "most_used")
 RECONSTRUCTIONS = ("attention", "autoencoding")
 
 
@@ -118,12 +117,10 @@ class Memory(NamedTuple):
             raise ValueError(f"done must have shape [{batch}] (a flag per row) on {device}, like "
                              f"the memory; got {list(done.shape)} on {done.device}")
         forget = lambda t: torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)  # noqa: E731
-        since_reset = self.since_reset
-        if since_reset is None:  # the first reset: every row so far holds only its own past
-            since_reset = torch.full((batch,), math.inf, device=device)
+        never = torch.full((batch,), math.inf, device=device)  # no row has forgotten anything yet
+        since_reset = torch.where(done, 0.0, never if self.since_reset is None else self.since_reset)
         return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem],
-                      None if self.usage is None else [forget(u) for u in self.usage],
-                      torch.where(done, 0.0, since_reset))
+                      None if self.usage is None else [forget(u) for u in self.usage], since_reset)
 
 
 def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
@@ -242,9 +239,8 @@ class RelativeMultiHeadAttention(RelativeAttention):
 
     def forward(self, h, memories, positions, attn_mask) -> Attended:
         """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
-        positions: R for distances K..0, [K+1, d]; attn_mask: [T, K] or [B, 1, T, K], -inf where
-        j > M + i (or where a reset forgot the memory), else 0.
-        The keys and values are those of [c_mem; mem; h], K = M + T of them."""
+        positions: R for distances K..0, [K+1, d]; attn_mask: as attend's. The keys and values
+        are those of [c_mem; mem; h], K = M + T of them."""
         d = h.size(-1)
         q, k, v = self.qkv(h).chunk(3, dim=-1)
         # memories need only keys and values: project them with the W_k, W_v rows of the matrix
@@ -501,11 +497,9 @@ class LanguageModel(nn.Module):
     """What the two language models of this file (sections 6 and 7) share. Their contract:
     logits [B, T, vocab], memory, aux_loss = model(tokens [B, T], memory or None), aux_loss
     being f_c's 0-dim loss to add to the LM loss (0 where there is none); the same without the
-    embedding and the head, for inputs that are not token ids (audio frames, observations) and
-    outputs that are not logits: h, memory, aux_loss = model.hidden_states(x [B, T, d_model],
-    memory); model.reach() -> [(region, distance)], how far back each region of the context
-    reaches from a segment's last token; model.check_memory(memory, batch_size, device) raises
-    what forward would."""
+    embedding and the head (inputs that are not token ids, outputs that are not logits): h,
+    memory, aux_loss = model.hidden_states(x [B, T, d_model], memory); model.reach(): how far
+    back each region of the context reaches; model.check_memory raises what forward would."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
@@ -591,10 +585,10 @@ class LanguageModel(nn.Module):
                 if t.device != device:
                     raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
         since = memory.since_reset
-        if since is not None and (not isinstance(since, torch.Tensor) or since.shape != (batch_size,)
-                                  or since.dtype != torch.float32 or since.device != device):
-            raise ValueError(f"memory.since_reset must be None or a float32 tensor [{batch_size}] "
-                             f"on {device}, as Memory.reset makes it")
+        if since is not None and not (isinstance(since, torch.Tensor) and since.device == device
+                                      and since.shape == (batch_size,) and since.is_floating_point()):
+            raise ValueError(f"memory.since_reset must be None or a float tensor [{batch_size}] on "
+                             f"{device}, as Memory.reset makes it")
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -658,10 +652,10 @@ class CompressiveTransformer(LanguageModel):
 
     def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
         """x: [batch, T, d_model], the first layer's input h^(1) (forward passes the embedded
-        tokens); memory: the Memory returned by the previous call or None.
-        Returns (the last layer's output [batch, T, d_model] (after the final norm where pre-LN),
-        new Memory, reconstruction loss of f_c (0-dim)). After Memory.reset, the loss still runs
-        on the blocks a forgotten row's zeroed slots make; they carry nothing of its past."""
+        tokens); memory: the Memory returned by the previous call or None. Returns (the last
+        layer's output [batch, T, d_model], after the final norm where pre-LN; the new Memory;
+        f_c's reconstruction loss, 0-dim). After Memory.reset, f_c's loss still counts the blocks
+        a forgotten row's zeroed slots make, which hold nothing of its past."""
         self.check_inputs(x)
         B, T, _ = x.shape
         h = x                                                                 # h^(1)
@@ -674,8 +668,7 @@ class CompressiveTransformer(LanguageModel):
 
         # All layers hold the same number of memories, so positions and the mask are shared.
         n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
-        M = n_c_mem + n_mem
-        K = M + T
+        M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
         attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
         if memory.since_reset is not None:  # hide each row's slots from before its reset
@@ -771,11 +764,9 @@ class FeedbackTransformer(LanguageModel):
         return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
     def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
-        """x: [batch, T, d_model], x^0 of every step (forward passes the embedded tokens); memory:
-        the Memory returned by the previous call or None. Returns (the last layer's output
-        [batch, T, d_model] (after the final norm where pre-LN), new Memory, a zero: there is no
-        auxiliary loss). Gradients flow through the memory vectors made inside the segment, not
-        into the memory."""
+        """x: [batch, T, d_model], x^0 of every step (forward passes the embedded tokens). Returns
+        as section 6's: the outputs [batch, T, d_model], the new Memory and a zero (no auxiliary
+        loss). Gradients flow through the memory vectors made inside the segment, not into it."""
         self.check_inputs(x)
         B, T, _ = x.shape
         embedded = x                                             # x^0 of every step, at once
