@@ -42,8 +42,9 @@ def run(args, ts) -> None:
                         "compressive, xl and vanilla models; this checkpoint holds a Feedback "
                         "Transformer")
     task = recall.checkpoint_task(args, ckpt["args"])  # the validation text it was trained on
-    vocab, _, val, answers, _ = ts.load_data(args, task, vocab=ckpt["vocab"],
-                                             saved_args=ckpt["args"], need_train=False)
+    vocab, _, val, answers, name = ts.load_data(args, task, vocab=ckpt["vocab"],
+                                                saved_args=ckpt["args"], need_train=False)
+    print(f"validation text: {name}")
     if args.analyze:
         streams = ts.make_streams(val, args.batch_size).to(device)
         analysis.analyze(model, streams, ckpt["step"], args.out)
