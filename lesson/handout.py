@@ -113,7 +113,7 @@ EXERCISES: Dict[str, Exercise] = {
     "FeedbackLayer.forward": Exercise(
         "one step of one Feedback layer",
         "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"),
-    "FeedbackTransformer.forward": Exercise(
+    "FeedbackTransformer.hidden_states": Exercise(
         "the recurrence and the memory vectors m_t",
         "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"),
 }
@@ -239,27 +239,29 @@ sys.exit(module.child(sys.argv[2], sys.argv[3] == "trace"))
 """
 
 
+RECORDER = "__handout_called__"  # the builtin an instrumented copy calls on entering a function
+
+
+def instrument(text: str) -> str:
+    """compressive.py whose every function and method first records that it was called."""
+    tree = ast.parse(text)
+    for name, node in functions(tree).items():
+        after_docstring = 1 if ast.get_docstring(node, clean=False) is not None else 0
+        node.body.insert(after_docstring, ast.parse(f"{RECORDER}({name!r})").body[0])
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
 def child(result_path: str, trace: bool) -> int:
     """In the subprocess, in the folder of the copy: run pytest, write outcomes (and calls)."""
-    import threading
+    import builtins
     from collections import defaultdict
 
     import pytest
 
-    target = os.path.realpath("compressive.py")
-    seen_files: Dict[str, bool] = {}
-    record = {"items": [], "outcomes": {}, "calls": defaultdict(set), "errors": []}
+    record = {"items": [], "outcomes": {}, "calls": defaultdict(set), "errors": [], "crashes": {}}
     current = ["<collection>"]
-
-    def tracer(frame, event, arg):
-        code = frame.f_code
-        mine = seen_files.get(code.co_filename)
-        if mine is None:
-            mine = seen_files[code.co_filename] = os.path.realpath(code.co_filename) == target
-        if mine:
-            # a lambda or comprehension inside f counts as f: blanking f removes it too
-            record["calls"][current[0]].add(code.co_qualname.split(".<locals>")[0])
-        return None
+    if trace:  # calls from the instrumented copy: f's body runs, so its first line does
+        setattr(builtins, RECORDER, lambda name: record["calls"][current[0]].add(name))
 
     class Recorder:
         @pytest.hookimpl(hookwrapper=True)
@@ -281,13 +283,12 @@ def child(result_path: str, trace: bool) -> int:
             now = "failed" if report.failed else "skipped" if report.skipped else "passed"
             rank = ["passed", "skipped", "failed"]
             record["outcomes"][report.nodeid] = max(before, now, key=rank.index)
+            crash = getattr(report.longrepr, "reprcrash", None)
+            if report.failed and crash is not None:
+                record["crashes"].setdefault(report.nodeid, crash.message)
 
-    if trace:
-        sys.settrace(tracer)
-        threading.settrace(tracer)
-    args = ["-q", "-p", "no:cacheprovider", "--no-header", "-o", "console_output_style=classic"]
+    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=line"]  # long tracebacks: slow
     code = pytest.main(args + ["test_compressive.py"], plugins=[Recorder()])
-    sys.settrace(None)
     record["calls"] = {k: sorted(v) for k, v in record["calls"].items()}
     record["exit"] = int(code)
     Path(result_path).write_text(json.dumps(record))
@@ -299,6 +300,7 @@ class Run(NamedTuple):
     outcomes: Dict[str, str]         # node id -> passed | failed | skipped
     calls: Dict[str, List[str]]      # node id -> the functions of compressive.py it called
     errors: List[str]                # collection errors (the copy does not import, ...)
+    crashes: Dict[str, str]          # node id -> the exception that failed it
     output: str
 
 
@@ -306,13 +308,14 @@ def run_tests(source_text: str, tests: Path, trace: bool = False) -> Run:
     """Run test_compressive.py on a copy of compressive.py, in a subprocess, in a fresh folder."""
     with tempfile.TemporaryDirectory(prefix="handout-run-") as folder:
         folder = Path(folder)
-        (folder / "compressive.py").write_text(source_text, encoding="utf-8")
+        (folder / "compressive.py").write_text(instrument(source_text) if trace else source_text,
+                                               encoding="utf-8")
         shutil.copyfile(tests, folder / "test_compressive.py")
         (folder / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)  # compressive is the copy's, nothing else
         if trace:
-            env["TORCHDYNAMO_DISABLE"] = "1"  # every call runs as Python, where the trace sees it
+            env["TORCHDYNAMO_DISABLE"] = "1"  # every call runs as Python, and so records itself
         result = folder / "result.json"
         try:
             proc = subprocess.run(
@@ -326,7 +329,7 @@ def run_tests(source_text: str, tests: Path, trace: bool = False) -> Run:
             raise KitError(f"pytest could not run: {last}")
         record = json.loads(result.read_text())
     return Run(record["items"], record["outcomes"], record["calls"], record["errors"],
-               proc.stdout)
+               record["crashes"], proc.stdout)
 
 
 def compute_checks(source_text: str, tests: Path,
@@ -497,6 +500,9 @@ def verify() -> int:
     names = resolve(list(EXERCISES), tree)
     checks, n_tests = compute_checks(text, TESTS, names)
     wrong = 0
+    if table(checks, n_tests) not in (ROOT / "README.md").read_text(encoding="utf-8"):
+        print("the README's table of exercises is stale: python -m lesson.handout --table README.md")
+        wrong += 1
     start = time.perf_counter()
     run = run_tests(text, TESTS)
     failing = [t for t in run.items if run.outcomes.get(t) != "passed"]

@@ -4,6 +4,7 @@ blanked alone fails exactly its check is checked for real by `python -m lesson.h
 (a CI step: minutes), and here for one exercise."""
 import ast
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ handout = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(handout)
 
 ORIGINAL, TREE = handout.read_python(handout.SOURCE, "the original")
+DUMPS = {q: ast.dump(n) for q, n in handout.functions(TREE).items()}
 
 
 def cli(*args, cwd=handout.ROOT):
@@ -23,37 +25,35 @@ def cli(*args, cwd=handout.ROOT):
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def traced():
-    """The checks of every exercise of the table, from one traced run of test_compressive.py."""
-    return handout.compute_checks(ORIGINAL, handout.TESTS, handout.resolve(list(handout.EXERCISES),
-                                                                           TREE))
-
-
-def test_the_readme_table_is_the_one_the_checks_make(traced):
-    checks, n_tests = traced
+def readme_table():
+    """The README's table of exercises: {name: (what the student writes, check size, tests)}."""
     readme = (handout.ROOT / "README.md").read_text()
-    assert handout.table(checks, n_tests) in readme, \
-        "the README's table of exercises is stale: python -m lesson.handout --table README.md"
+    block = readme[readme.index(handout.TABLE_BEGIN):readme.index(handout.TABLE_END)]
+    rows = re.findall(r"^\| `([\w.]+)` \| (.+?) \| (\d+) of (\d+) \|$", block, re.M)
+    return {name: (writes, int(size), int(total)) for name, writes, size, total in rows}
 
 
-def test_a_blanked_exercise_fails_exactly_its_check_and_passes_the_rest(traced):
-    checks, n_tests = traced
+def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_the_file():
+    assert handout.resolve(list(handout.EXERCISES), TREE) == list(handout.EXERCISES)
+    table = readme_table()
+    assert list(table) == list(handout.EXERCISES)
+    assert all(table[name][0] == exercise.writes for name, exercise in handout.EXERCISES.items())
+    assert len({total for _, _, total in table.values()}) == 1
+
+
+def test_a_blanked_exercise_fails_exactly_the_tests_that_call_it_and_passes_the_rest():
+    """relative_shift, blanked as a handout blanks it, for real: every test that fails, fails on
+    its NotImplementedError (so it called it), and as many fail as the README's table counts
+    (the tests that call it, from the traced run: python -m lesson.handout --verify checks the
+    table and every exercise this way, and the traced run behind it, in CI)."""
     name = "relative_shift"
     run = handout.run_tests(handout.blank(ORIGINAL, TREE, [name]), handout.TESTS)
-    assert not run.errors and len(run.items) == n_tests
+    _, size, total = readme_table()[name]
+    assert not run.errors and len(run.items) == total, "stale: python -m lesson.handout --table README.md"
     failed = [t for t in run.items if run.outcomes[t] != "passed"]
-    assert failed == checks[name]
-    assert 0 < len(failed) < n_tests
-
-
-def test_every_exercise_has_a_check_in_file_order(traced):
-    checks, n_tests = traced
-    assert set(checks) == set(handout.EXERCISES)
-    for name, check in checks.items():
-        assert 0 < len(check) < n_tests, name
-        assert len(set(check)) == len(check) and all(t.startswith("test_compressive.py::")
-                                                     for t in check), name
+    assert all(run.crashes[t] == f"NotImplementedError: {name}: the exercise" for t in failed)
+    assert len(failed) == size, "stale: python -m lesson.handout --table README.md"
+    assert 0 < size < total
 
 
 @pytest.mark.parametrize("name", list(handout.functions(TREE)))
@@ -66,9 +66,8 @@ def test_the_student_copy_keeps_everything_but_the_body_and_gives_no_line_of_it_
     assert ast.dump(blanked.args) == ast.dump(node.args)
     assert list(map(ast.dump, blanked.decorator_list)) == list(map(ast.dump, node.decorator_list))
     # every other function is untouched
-    others = {q: ast.dump(n) for q, n in handout.functions(TREE).items() if q != name}
-    assert others == {q: ast.dump(n) for q, n in handout.functions(ast.parse(student)).items()
-                      if q != name}
+    assert {q: n for q, n in DUMPS.items() if q != name} == \
+        {q: ast.dump(n) for q, n in handout.functions(ast.parse(student)).items() if q != name}
     flat = " ".join(doc.split())
     body = node.body[1:] if ast.get_docstring(node) else node.body
     code = "\n".join(ORIGINAL.splitlines()[body[0].lineno - 1:node.end_lineno])
