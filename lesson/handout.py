@@ -10,21 +10,23 @@ The handout is a folder with compressive.py, whose chosen function bodies are re
 for the student, and checks/<function>.txt: the tests that check each exercise, which the
 student runs with `pytest -q @checks/<function>.txt`.
 
-An exercise's check is computed, never picked by hand. test_compressive.py runs once on the
-original with a trace that records which functions of compressive.py each test calls. The
+An exercise's check is computed, never picked by hand. test_compressive.py runs once on a copy
+of the original whose every function first records that it was called, so the run knows which
+functions of compressive.py each test calls (the instrumented copy behaves as the original). The
 student copy differs from the original only inside the blanked functions, so a test that never
 calls f runs none of f's code and passes on it as on the original (unless it reads state that an
 earlier test's call of f left behind; the tests seed the random generator where values matter):
 the tests that call f are the only ones f can fail, and a student who passes them passes every
 test that depends on f. torch.compile is off for the traced run, so every function runs as
-Python, where the trace sees it (a compiled graph is traced from the calls the eager run makes;
-the graph-count test fails there, after its calls, and is checked by --verify like the rest).
+Python and records itself (a compiled graph is traced from the calls the eager run makes; the
+graph-count test fails there, after its calls, and is checked by --verify like the rest).
 --verify checks all of it on real copies: blanked alone, each exercise of the table fails every
 test of its check and passes all the others, and the original passes everything.
 
 A docstring's answer part (a worked example, an index formula) is left out of the student copy:
 it starts at a line that reads MARKER below. Standard library only; the tests run in a
-subprocess (pytest), so a broken student file never breaks the grader.
+subprocess (pytest), so a broken student file never breaks the grader. Exit status: 0, 1 when
+a graded test fails (or --verify disagrees), 2 on bad input, with one error line.
 """
 import argparse
 import ast
@@ -454,7 +456,7 @@ def grade(path: Path) -> int:
     print(f"{'the whole file':<{width}}  {whole}/{max(len(run.items), whole)} passed")
     failed |= whole < len(run.items)
     if run.errors:
-        print(f"error: {path} does not run under the tests: {run.errors[0]}")
+        print(f"error: {path} does not run under the tests: {run.errors[0]}", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -566,6 +568,9 @@ def main(argv=None) -> int:
         make(args.functions, args.out)
         return 0
     except KitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a folder that cannot be written, a full disk
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
