@@ -96,9 +96,8 @@ class Memory(NamedTuple):
     c_mem[i]: [batch, <= n_cm, d_model] compressed memories, f_c of what fell out of mem[i]
     usage[i]: [batch, <= n_m] attention each memory slot received while in memory; only kept
               for the most_used f_c, which keeps the most attended memories (else None)
-    since_reset: [batch] float32, the tokens each row was fed since reset() last emptied it (inf
-              for a row never reset); None until the first reset. It is the per-row account of
-              which slots are still valid (reset_mask), so every tensor keeps its shape.
+    since_reset: [batch] tokens fed to each row since reset() emptied it (inf: never), None before
+              any reset: the per-row account of which slots are valid, so every shape is kept.
     """
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
@@ -106,29 +105,27 @@ class Memory(NamedTuple):
     since_reset: Optional[torch.Tensor] = None
 
     def reset(self, done: torch.Tensor) -> "Memory":
-        """Forget everything the rows where done ([batch] bool) is true held, as at the end of an
-        episode, and leave the other rows exactly as they are. A forgotten row's slots are zeroed,
-        so nothing of its past can reach f_c, f_c's loss or most_used's usage, and its since_reset
-        restarts at 0, which hides them from attention until new tokens replace them."""
+        """Forget all that the rows where done ([batch] bool) is true held (an episode ended); leave
+        the others exactly as they are. A forgotten row's slots are zeroed, so nothing of its past
+        reaches f_c, its loss or usage, and since_reset restarts at 0, hiding them from attention."""
         batch, device = self.mem[0].size(0), self.mem[0].device
         if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
             raise TypeError(f"done must be a bool tensor, got {getattr(done, 'dtype', type(done))}")
         if done.shape != (batch,) or done.device != device:
-            raise ValueError(f"done must have shape [{batch}] (a flag per row) on {device}, like "
-                             f"the memory; got {list(done.shape)} on {done.device}")
+            raise ValueError(f"done must have shape [{batch}] on {device}, like the memory; got "
+                             f"{list(done.shape)} on {done.device}")
         forget = lambda t: torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)  # noqa: E731
         never = torch.full((batch,), math.inf, device=device)  # no row has forgotten anything yet
         since_reset = torch.where(done, 0.0, never if self.since_reset is None else self.since_reset)
-        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem],
-                      None if self.usage is None else [forget(u) for u in self.usage], since_reset)
+        usage = None if self.usage is None else [forget(u) for u in self.usage]
+        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem], usage, since_reset)
 
 
 def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
-    """The attention mask of Memory.reset over the keys [c_mem; mem; n_new new tokens],
-    [batch, 1, 1, K]: -inf on the slots that hold a token older than the row's since_reset.
-    mem holds the latest n_mem tokens, one a slot, so its slot k from the newest lies k back;
-    c_mem's slot k from the newest holds the c tokens before slot k - 1's (slot 1: those before
-    mem's oldest), so it reaches n_mem + k*c back. A block of c that a reset cut is forgotten."""
+    """Memory.reset's attention mask over the keys [c_mem; mem; n_new new tokens], [B, 1, 1, K]:
+    -inf on each slot holding a token older than its row's since_reset. mem's k-th newest slot lies
+    k tokens back; c_mem's k-th newest holds the c tokens before the (k-1)-th's (the 1st: those
+    before mem's oldest), so it reaches n_mem + k*c back. A block of c a reset cut is forgotten."""
     device = since_reset.device
     reaches_back = torch.cat([n_mem + rate * torch.arange(n_c_mem, 0, -1, device=device),
                               torch.arange(n_mem, 0, -1, device=device),
@@ -569,10 +566,9 @@ class LanguageModel(nn.Module):
                             f"got {type(memory).__name__}")
         expected = self.empty_memory(1, device="meta")
         if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
-            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
-                             f"tensors; this model keeps {len(expected.mem)} / "
-                             f"{len(expected.c_mem)} (one of each per layer; a Feedback "
-                             f"Transformer keeps one mem tensor shared by its layers)")
+            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; "
+                             f"this model keeps {len(expected.mem)} / {len(expected.c_mem)} (one of "
+                             f"each per layer; a Feedback Transformer, one mem tensor for all)")
         limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
         for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
             for i, t in enumerate(tensors):
@@ -770,30 +766,29 @@ class FeedbackTransformer(LanguageModel):
         loss). Gradients flow through the memory vectors made inside the segment, not into it."""
         self.check_inputs(x)
         B, T, _ = x.shape
-        embedded = x                                             # x^0 of every step, at once
         if memory is None:
-            memory = self.empty_memory(B, device=embedded.device, dtype=embedded.dtype)
-        self.check_memory(memory, B, embedded.device)
+            memory = self.empty_memory(B, device=x.device, dtype=x.dtype)
+        self.check_memory(memory, B, x.device)
         n_m = self.cfg.mem_len
         keys, values = self.shared_kv(memory.mem[0])
         # R and every layer's W_r R once per segment: step t slices the distances it needs
-        R = sinusoid_positions(n_m + 2, self.cfg.d_model, embedded.device).to(embedded.dtype)
+        R = sinusoid_positions(n_m + 2, self.cfg.d_model, x.device).to(x.dtype)
         r = [layer.attn.project_positions(R) for layer in self.layers]
         mix = self.mix.softmax(dim=0)
         outputs, vectors, attn_mask = [], [], None
         for t in range(T):
-            x = embedded[:, t:t + 1]
-            m = mix[0] * x
-            n_keys = keys.size(2) + 1                            # the memory and x itself
+            x_t = x[:, t:t + 1]                                  # x_t^0, then each layer's output
+            m = mix[0] * x_t
+            n_keys = keys.size(2) + 1                            # the memory and x_t itself
             if memory.since_reset is not None:  # hide each row's vectors from before its reset
                 attn_mask = reset_mask(memory.since_reset + t, 0, n_keys - 1, 1, 1)
             for i, layer in enumerate(self.layers):
-                x = layer(x, keys, values, r[i][:, -(n_keys + 1):], self.shared_kv, attn_mask)
-                m = m + mix[i + 1] * x                           # m_t, built as the layers run
+                x_t = layer(x_t, keys, values, r[i][:, -(n_keys + 1):], self.shared_kv, attn_mask)
+                m = m + mix[i + 1] * x_t                         # m_t, built as the layers run
             k, v = self.shared_kv(m)                             # once per step, for every layer
             keys = torch.cat([keys, k], dim=2)[:, :, -n_m:]
             values = torch.cat([values, v], dim=2)[:, :, -n_m:]
-            outputs.append(x)
+            outputs.append(x_t)
             vectors.append(m)
         h = self.out_norm(torch.cat(outputs, dim=1))
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
