@@ -568,7 +568,7 @@ class LanguageModel(nn.Module):
         if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
             raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; "
                              f"this model keeps {len(expected.mem)} / {len(expected.c_mem)} (one of "
-                             f"each per layer; a Feedback Transformer, one mem tensor for all)")
+                             f"each per layer; a Feedback Transformer, one mem tensor for all layers)")
         limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
         for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
             for i, t in enumerate(tensors):
