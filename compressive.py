@@ -116,9 +116,9 @@ class Memory(NamedTuple):
                              f"{list(done.shape)} on {done.device}")
         forget = lambda t: torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)  # noqa: E731
         never = torch.full((batch,), math.inf, device=device)  # no row has forgotten anything yet
-        since_reset = torch.where(done, 0.0, never if self.since_reset is None else self.since_reset)
+        since = torch.where(done, 0.0, never if self.since_reset is None else self.since_reset)
         usage = None if self.usage is None else [forget(u) for u in self.usage]
-        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem], usage, since_reset)
+        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem], usage, since)
 
 
 def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
@@ -566,9 +566,9 @@ class LanguageModel(nn.Module):
                             f"got {type(memory).__name__}")
         expected = self.empty_memory(1, device="meta")
         if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
-            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; "
-                             f"this model keeps {len(expected.mem)} / {len(expected.c_mem)} (one of "
-                             f"each per layer; a Feedback Transformer, one mem tensor for all layers)")
+            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
+                             f"tensors; this model keeps {len(expected.mem)} / {len(expected.c_mem)} "
+                             f"(one of each per layer; a Feedback Transformer, one mem for all layers)")
         limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
         for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
             for i, t in enumerate(tensors):
