@@ -374,8 +374,9 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
             + "; the largest of each row outlined." + (" " + picture.note if picture.note else ""))
     fig.text(0.1 / fig_w, 1 - (0.55 + 0.2 * len(legend)) / fig_h, note, fontsize=8, va="center")
     cax = fig.add_axes([1 - 2.3 / fig_w, 1 - 0.62 / fig_h, 2.0 / fig_w, 0.1 / fig_h])
-    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax, orientation="horizontal")
-    bar.set_label("attention weight", fontsize=7)
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax, orientation="horizontal",
+                       ticks=[t for t in (0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.8) if t <= vmax])
+    bar.set_label("attention weight (square-root scale)", fontsize=7)
     bar.ax.tick_params(labelsize=6)
     if footer:
         fig.text(0.1 / fig_w, 0.08 / fig_h, footer, fontsize=6.5, color="#555555", va="bottom")
@@ -598,7 +599,8 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
               + "".join(f" --picture-{name} {value}" for name, value in
                         (("start", args.picture_start), ("query", args.picture_query)) if value is not None)
               + (" --picture-heads" if args.picture_heads else "")
-              + f"; torch {torch.__version__}, {torch.get_num_threads()} threads, commit {git_commit()}.")
+              + f" with torch {torch.__version__}, {torch.get_num_threads()} threads, at commit "
+              f"{git_commit()}.")
     png, gif = os.path.join(args.out, "memory.png"), os.path.join(args.out, "memory.gif")
     draw_png(picture, png, footer)
     print(f"wrote {png}")
