@@ -340,10 +340,11 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
                                    edgecolor="#00b4d8", linewidth=1.6))
     line, col = divmod(query - first, width)  # the query
     ax.add_patch(Rectangle((col, line * per_line), 1, 1, fill=False, edgecolor="red", linewidth=1.8))
-    for p in picture.marks:
-        if first <= p <= query:
-            line, col = divmod(p - first, width)
-            ax.plot([col + 0.1, col + 0.9], [line * per_line + 0.97] * 2, color="#d62728", linewidth=2)
+    marked = [p for p in picture.marks if first <= p <= query]
+    if marked:  # a recall fact: its characters outlined in red, dashed
+        for line, a, b in spans(marked, first, width):
+            ax.add_patch(Rectangle((a + 0.05, line * per_line + 0.05), b - a - 0.1, 0.9, fill=False,
+                                   edgecolor="#d62728", linewidth=1.6, linestyle="--"))
     # the title, a legend of the regions with their reach, and the colour scale
     c = cfg.compression_rate
     title = (f"What the query (red box, {shown(picture.text[query - start])!r} at position {query}) "
@@ -463,8 +464,10 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
                     linestyle="--")
         for offset, ch in enumerate(text):
             line, col = divmod(offset, width)
+            marked = start + offset in picture.marks  # a recall fact: red, bold
             ax.text(col + 0.5, line * 1.5 + 0.53, shown(ch), ha="center", va="center", fontsize=7.5,
-                    family=FONT, color=colours.get(start + offset, "#dddddd"))
+                    family=FONT, color="#d62728" if marked else colours.get(start + offset, "#dddddd"),
+                    fontweight="bold" if marked else "normal")
         # the caption: what moved, and the model's own slot counts
         seg = step.segment
         title = (f"Segment {k + 1} of {len(steps)}, positions {seg[0]}-{seg[-1]}: "
@@ -490,7 +493,8 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
         held = picture.held[k]
         state = (f"The model's own memory tensors now hold {held[0]} mem and {held[1]} c_mem slots "
                  f"per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {cfg.compression})."
-                 if after else "Positions of the passage at the left; grey: read and no longer held.")
+                 if after else "Positions of the passage at the left; grey: read and no longer held"
+                 + ("; red: the fact the last query asks for." if picture.marks else "."))
         captions.extend([
             fig.text(0.1 / fig_w, 1 - 0.1 / fig_h, title, fontsize=10, fontweight="bold", va="top"),
             fig.text(0.1 / fig_w, 1 - 0.5 / fig_h, says, fontsize=8.5, va="center"),
@@ -517,10 +521,9 @@ def recall_query(cfg, answers, n: int):
         segment_start = query - n_s + 1
         digit = answer - D
         oldest = segment_start - n_m - c * n_cm  # c_mem's oldest position once full
-        if oldest + c <= digit - 1 and digit < segment_start - n_m - c and answer < n:
-            start = default_start(cfg, query)
-            if start >= 0 and segment_start - start >= n_m + c * n_cm:
-                return start, query, list(range(digit - 4, digit + 1))
+        start = segment_start - (default_segments(cfg) - 1) * n_s  # so the '?' ends a segment
+        if oldest + c <= digit - 1 and digit < segment_start - n_m - c and answer < n and start >= 0:
+            return start, query, list(range(digit - 4, digit + 1))
     return None
 
 
@@ -575,8 +578,8 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
     if query is not None and answers is not None and not marks:
         marks = recall_fact(answers, query)
     if marks:
-        note = (f"The fact this '?' asks for, {picture_text(val, vocab, marks)!r}, is underlined "
-                f"in red.")
+        note = (f"The fact this '?' asks for, {picture_text(val, vocab, marks)!r}, is outlined "
+                f"in red dashes.")
     if start is None:
         start = default_start(cfg, query) if query is not None else 0
     if query is not None and query < start:
