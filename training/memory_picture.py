@@ -391,7 +391,7 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
     the evicted blocks of c compressed into new c_mem slots, what fell off c_mem's end, with the
     slot counts of the model's own memory tensors. footer: how to reproduce it."""
     plt = pyplot_or_error()
-    from matplotlib.animation import FuncAnimation, PillowWriter
+    from matplotlib.animation import PillowWriter
     from matplotlib.patches import Rectangle
     cfg, data, steps = picture.cfg, picture.data, picture.steps
     start, text = data["start"], picture.text
@@ -499,10 +499,12 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
             fig.text(0.1 / fig_w, 1 - 0.1 / fig_h, title, fontsize=10, fontweight="bold", va="top"),
             fig.text(0.1 / fig_w, 1 - 0.5 / fig_h, says, fontsize=8.5, va="center"),
             fig.text(0.1 / fig_w, 1 - 0.72 / fig_h, state, fontsize=8, va="center", color="#444444")])
-        return []
 
-    animation = FuncAnimation(fig, frame, frames=2 * len(steps), blit=False)
-    animation.save(path, writer=PillowWriter(fps=1 / seconds_per_frame), dpi=90)
+    writer = PillowWriter(fps=1 / seconds_per_frame)
+    with writer.saving(fig, path, dpi=90):  # each frame drawn once (an animation would draw twice)
+        for index in range(2 * len(steps)):
+            frame(index)
+            writer.grab_frame()
     plt.close(fig)
 
 

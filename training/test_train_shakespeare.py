@@ -1210,15 +1210,17 @@ def test_picture_without_matplotlib_writes_the_json_and_says_so_in_one_line(
     assert "memory.json" in os.listdir(trained) and "memory.png" not in os.listdir(trained)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--picture-query", "100000"], "the validation text has 600 characters"),
-    (["--picture-start", "50", "--picture-query", "10"], "lies before --picture-start 50"),
-    (["--picture-start", "590"], "the validation text ends 10 characters after it"),
-    (["--picture-start", "-1"], "the validation text has 600 characters")])
-def test_picture_bad_input_is_one_error_line(flags, message, trained, small_text, capsys):
-    assert ts.main(["--out", trained, "--picture", "--data", small_text, "--device", "cpu",
-                    *flags]) == 2
-    assert message in error_line(capsys)
+def test_picture_bad_input_is_one_error_line(trained, small_text, tmp_path, capsys):
+    picture = ["--picture", "--data", small_text, "--device", "cpu"]
+    for flags, message in [
+            (["--picture-query", "100000"], "the validation text has 600 characters"),
+            (["--picture-start", "-1"], "the validation text has 600 characters"),
+            (["--picture-start", "50", "--picture-query", "10"], "lies before --picture-start 50"),
+            (["--picture-start", "590"], "the validation text ends 10 characters after it")]:
+        assert ts.main(["--out", trained, *picture, *flags]) == 2
+        assert message in error_line(capsys)
+    assert ts.main(["--out", str(tmp_path / "none"), *picture]) == 2
+    assert "no checkpoint at" in error_line(capsys)
 
 
 def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
