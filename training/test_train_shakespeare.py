@@ -1179,12 +1179,14 @@ def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_t
         memory_picture.memory_picture(FeedbackTransformer(tiny()), ids, vocab)
 
 
-def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text, capsys):
-    pytest.importorskip("matplotlib")
-    from matplotlib.image import imread
-    from PIL import Image
-    assert ts.main(["--out", trained, "--picture", "--data", small_text, "--device", "cpu"]) == 0
-    printed = capsys.readouterr().out
+def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text, tmp_path, capsys,
+                                                             monkeypatch):
+    picture = ["--picture", "--data", small_text, "--device", "cpu"]
+    with monkeypatch.context() as without:  # no matplotlib: the JSON, and one line saying so
+        without.setitem(sys.modules, "matplotlib", None)
+        assert ts.main(["--out", trained, *picture]) == 2
+        assert "matplotlib is not installed" in error_line(capsys)
+    assert "memory.json" in os.listdir(trained) and "memory.png" not in os.listdir(trained)
     data = json.load(open(os.path.join(trained, "memory.json")))
     # n_s 16, n_m 16, n_cm 8, c 2: by default 5 segments from 0, the query the last character;
     # before the query's segment 64-79, mem holds 48-63 and c_mem the pairs of 32-47
@@ -1194,25 +1196,7 @@ def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text
     val = open(small_text).read()[int(0.9 * 6000):]
     assert all(s["text"] == "".join(val[p] for p in s["positions"]) for s in data["slots"])
     assert all(len(s["attention"]) == 2 for s in data["slots"])
-    for name in ("memory.json", "memory.png", "memory.gif"):
-        assert f"wrote {os.path.join(trained, name)}" in printed
-    image = imread(os.path.join(trained, "memory.png"))
-    assert image.ndim == 3 and min(image.shape[:2]) >= 200 and image.std() > 0.01
-    with Image.open(os.path.join(trained, "memory.gif")) as gif:
-        assert gif.format == "GIF" and gif.n_frames == 2 * 5  # two frames a segment
-
-
-def test_picture_without_matplotlib_writes_the_json_and_says_so_in_one_line(
-        trained, small_text, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert ts.main(["--out", trained, "--picture", "--data", small_text, "--device", "cpu"]) == 2
-    assert "matplotlib is not installed" in error_line(capsys)
-    assert "memory.json" in os.listdir(trained) and "memory.png" not in os.listdir(trained)
-
-
-def test_picture_bad_input_is_one_error_line(trained, small_text, tmp_path, capsys):
-    picture = ["--picture", "--data", small_text, "--device", "cpu"]
-    for flags, message in [
+    for flags, message in [  # bad input: one line each
             (["--picture-query", "100000"], "the validation text has 600 characters"),
             (["--picture-start", "-1"], "the validation text has 600 characters"),
             (["--picture-start", "50", "--picture-query", "10"], "lies before --picture-start 50"),
@@ -1221,6 +1205,17 @@ def test_picture_bad_input_is_one_error_line(trained, small_text, tmp_path, caps
         assert message in error_line(capsys)
     assert ts.main(["--out", str(tmp_path / "none"), *picture]) == 2
     assert "no checkpoint at" in error_line(capsys)
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+    from PIL import Image
+    assert ts.main(["--out", trained, *picture, "--picture-start", "16", "--picture-query", "60"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("memory.json", "memory.png", "memory.gif"):
+        assert f"wrote {os.path.join(trained, name)}" in printed
+    image = imread(os.path.join(trained, "memory.png"))
+    assert image.ndim == 3 and min(image.shape[:2]) >= 200 and image.std() > 0.01
+    with Image.open(os.path.join(trained, "memory.gif")) as gif:
+        assert gif.format == "GIF" and gif.n_frames == 2 * 3  # two frames a segment: 16-63
 
 
 def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
