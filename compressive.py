@@ -3,7 +3,7 @@
 Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for Long-Range Sequence
 Modelling", arXiv:1911.05507.  The file reads in the order of the paper's Algorithm 1:
 
-    1. configuration and the memory state carried between segments
+    1. configuration and the memory state carried between segments (emptied per row by reset)
     2. Transformer-XL relative attention over [compressed memory; memory; segment]
     3. the compression functions f_c (conv, max/mean pooling, overlapping max pooling, dilated
        conv, most-used)
@@ -43,8 +43,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_conv",
-                "most_used")
+COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_conv", "most_used")
 RECONSTRUCTIONS = ("attention", "autoencoding")
 
 
@@ -97,10 +96,45 @@ class Memory(NamedTuple):
     c_mem[i]: [batch, <= n_cm, d_model] compressed memories, f_c of what fell out of mem[i]
     usage[i]: [batch, <= n_m] attention each memory slot received while in memory; only kept
               for the most_used f_c, which keeps the most attended memories (else None)
+    since_reset: [batch] float32, the tokens each row was fed since reset() last emptied it (inf
+              for a row never reset); None until the first reset. It is the per-row account of
+              which slots are still valid (reset_mask), so every tensor keeps its shape.
     """
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
     usage: Optional[List[torch.Tensor]] = None
+    since_reset: Optional[torch.Tensor] = None
+
+    def reset(self, done: torch.Tensor) -> "Memory":
+        """Forget everything the rows where done ([batch] bool) is true held, as at the end of an
+        episode, and leave the other rows exactly as they are. A forgotten row's slots are zeroed,
+        so nothing of its past can reach f_c, f_c's loss or most_used's usage, and its since_reset
+        restarts at 0, which hides them from attention until new tokens replace them."""
+        batch, device = self.mem[0].size(0), self.mem[0].device
+        if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
+            raise TypeError(f"done must be a bool tensor, got {getattr(done, 'dtype', type(done))}")
+        if done.shape != (batch,) or done.device != device:
+            raise ValueError(f"done must have shape [{batch}] (a flag per row) on {device}, like "
+                             f"the memory; got {list(done.shape)} on {done.device}")
+        forget = lambda t: torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)  # noqa: E731
+        never = torch.full((batch,), math.inf, device=device)  # no row has forgotten anything yet
+        since_reset = torch.where(done, 0.0, never if self.since_reset is None else self.since_reset)
+        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem],
+                      None if self.usage is None else [forget(u) for u in self.usage], since_reset)
+
+
+def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
+    """The attention mask of Memory.reset over the keys [c_mem; mem; n_new new tokens],
+    [batch, 1, 1, K]: -inf on the slots that hold a token older than the row's since_reset.
+    mem holds the latest n_mem tokens, one a slot, so its slot k from the newest lies k back;
+    c_mem's slot k from the newest holds the c tokens before slot k - 1's (slot 1: those before
+    mem's oldest), so it reaches n_mem + k*c back. A block of c that a reset cut is forgotten."""
+    device = since_reset.device
+    reaches_back = torch.cat([n_mem + rate * torch.arange(n_c_mem, 0, -1, device=device),
+                              torch.arange(n_mem, 0, -1, device=device),
+                              torch.zeros(n_new, device=device)])                     # [K]
+    mask = torch.zeros(since_reset.size(0), 1, 1, reaches_back.numel(), device=device)
+    return mask.masked_fill_(reaches_back > since_reset[:, None, None, None], float("-inf"))
 
 
 # 2. Transformer-XL relative attention ---------------------------------------------------------
@@ -171,10 +205,11 @@ class RelativeAttention(nn.Module):
         """W_r R: [n, d] -> [H, n, d_head]."""
         return self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)
 
-    def attend(self, q, keys, values, r, causal_bias) -> Attended:
+    def attend(self, q, keys, values, r, attn_mask) -> Attended:
         """q: [B, H, T, d_head] queries, already scaled by 1/sqrt(d_head); keys, values:
-        [B, H, K, d_head]; r: W_r R for the distances K..0, [H, K+1, d_head]; causal_bias: [T, K],
-        -inf where a key lies in the query's future, else 0 (None: every key is visible)."""
+        [B, H, K, d_head]; r: W_r R for the distances K..0, [H, K+1, d_head]; attn_mask: added to
+        the scores, [T, K] or per row [B, 1, T, K]: -inf where a key lies in the query's future
+        or was forgotten by Memory.reset, else 0 (None: every key is visible)."""
         B, H, T, d_head = q.shape
         scale = d_head ** -0.5
         content_q = q + self.content_bias * scale
@@ -185,8 +220,8 @@ class RelativeAttention(nn.Module):
         position_q = (q + self.position_bias * scale).transpose(0, 1).reshape(H, B * T, d_head)
         position = relative_shift(torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1))
         scores = content.add_(position.transpose(0, 1))
-        if causal_bias is not None:  # a -inf bias hides the future (and the shift's wrapped
-            scores.add_(causal_bias)  # entries); cheaper than masked_fill, forwards and backwards
+        if attn_mask is not None:  # a -inf bias hides the future (and the shift's wrapped
+            scores.add_(attn_mask)  # entries); cheaper than masked_fill, forwards and backwards
         weights = scores.float().softmax(dim=-1).to(values.dtype)  # in float32 under fp16/bf16
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
@@ -202,10 +237,10 @@ class RelativeMultiHeadAttention(RelativeAttention):
         # W_q, W_k, W_v in one matrix: the segment needs all three, memories only keys and values
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
 
-    def forward(self, h, memories, positions, causal_bias) -> Attended:
+    def forward(self, h, memories, positions, attn_mask) -> Attended:
         """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
-        positions: R for distances K..0, [K+1, d]; causal_bias: [T, K], -inf where j > M + i, else 0.
-        The keys and values are those of [c_mem; mem; h], K = M + T of them."""
+        positions: R for distances K..0, [K+1, d]; attn_mask: as attend's. The keys and values
+        are those of [c_mem; mem; h], K = M + T of them."""
         d = h.size(-1)
         q, k, v = self.qkv(h).chunk(3, dim=-1)
         # memories need only keys and values: project them with the W_k, W_v rows of the matrix
@@ -216,7 +251,7 @@ class RelativeMultiHeadAttention(RelativeAttention):
         q = self.split_heads(q * self.d_head ** -0.5).contiguous()  # scale folded into q (and u, v)
         k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # of [c_mem; mem; h]
         v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
-        return self.attend(q, k, v, self.project_positions(positions), causal_bias)
+        return self.attend(q, k, v, self.project_positions(positions), attn_mask)
 
 
 # 3. Compression functions f_c -----------------------------------------------------------------
@@ -404,11 +439,11 @@ class CompressiveLayer(nn.Module):
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
 
-    def forward(self, h, memories, positions, causal_bias):
+    def forward(self, h, memories, positions, attn_mask):
         """h: [B, T, d] the layer input h^(i); memories: [B, M, d] = [c_mem; mem] of this layer.
         Returns the layer output [B, T, d] and the Attended of its attention (section 2)."""
         norm = self.attn_norm if self.pre_norm else (lambda x: x)  # pre-LN: normalised inputs
-        attended = self.attn(norm(h), norm(memories), positions, causal_bias)
+        attended = self.attn(norm(h), norm(memories), positions, attn_mask)
         return residual_and_feed_forward(self, h, attended.out), attended
 
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
@@ -461,9 +496,10 @@ class CompressiveLayer(nn.Module):
 class LanguageModel(nn.Module):
     """What the two language models of this file (sections 6 and 7) share. Their contract:
     logits [B, T, vocab], memory, aux_loss = model(tokens [B, T], memory or None), aux_loss
-    being f_c's 0-dim loss to add to the LM loss (0 where there is none); model.reach() ->
-    [(region, distance)], how far back each region of the context reaches from a segment's
-    last token; model.check_memory(memory, batch_size, device) raises what forward would."""
+    being f_c's 0-dim loss to add to the LM loss (0 where there is none); the same without the
+    embedding and the head (inputs that are not token ids, outputs that are not logits): h,
+    memory, aux_loss = model.hidden_states(x [B, T, d_model], memory); model.reach(): how far
+    back each region of the context reaches; model.check_memory raises what forward would."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
@@ -502,6 +538,29 @@ class LanguageModel(nn.Module):
             raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
                              f"[{int(tokens.min())}, {int(tokens.max())}]")
 
+    def check_inputs(self, x) -> None:
+        """The checks hidden_states makes on its inputs x [batch, time, d_model]."""
+        weight = self.embed.weight
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+            raise TypeError(f"x must be a floating-point torch.Tensor (token ids go to forward), "
+                            f"got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.dim() != 3 or x.size(0) == 0 or x.size(1) == 0 or x.size(2) != self.cfg.d_model:
+            raise ValueError(f"x must have shape [batch >= 1, time >= 1, d_model = "
+                             f"{self.cfg.d_model}], got {list(x.shape)}")
+        if x.device != weight.device:
+            raise ValueError(f"x is on {x.device}, the model on {weight.device}")
+        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"x has dtype {x.dtype}, the model {weight.dtype}: convert one, or run "
+                            f"under torch.autocast")
+
+    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
+        """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
+        Returns (logits [batch, T, vocab], new Memory, auxiliary loss (0-dim)): the embedding,
+        then hidden_states, then the head."""
+        self.check_tokens(tokens)
+        h, memory, aux_loss = self.hidden_states(self.dropout(self.embed(tokens)), memory)
+        return self.head(h), memory, aux_loss
+
     def check_memory(self, memory, batch_size: int, device) -> None:
         """The ValueError/TypeError that forward would raise for this memory."""
         if not isinstance(memory, Memory):
@@ -525,6 +584,11 @@ class LanguageModel(nn.Module):
                                      f"must hold the same number, at most {limits[name]}")
                 if t.device != device:
                     raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
+        since = memory.since_reset
+        if since is not None and not (isinstance(since, torch.Tensor) and since.device == device
+                                      and since.shape == (batch_size,) and since.is_floating_point()):
+            raise ValueError(f"memory.since_reset must be None or a float tensor [{batch_size}] on "
+                             f"{device}, as Memory.reset makes it")
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -586,12 +650,15 @@ class CompressiveTransformer(LanguageModel):
             edges.append(("c_mem", cfg.mem_len + cfg.compression_rate * cfg.c_mem_len + cfg.seq_len))
         return edges
 
-    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
-        """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
-        Returns (logits [batch, T, vocab], new Memory, reconstruction loss of f_c (0-dim))."""
-        self.check_tokens(tokens)
-        B, T = tokens.shape
-        h = self.dropout(self.embed(tokens))                                  # h^(1)
+    def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
+        """x: [batch, T, d_model], the first layer's input h^(1) (forward passes the embedded
+        tokens); memory: the Memory returned by the previous call or None. Returns (the last
+        layer's output [batch, T, d_model], after the final norm where pre-LN; the new Memory;
+        f_c's reconstruction loss, 0-dim). After Memory.reset, f_c's loss still counts the blocks
+        a forgotten row's zeroed slots make, which hold nothing of its past."""
+        self.check_inputs(x)
+        B, T, _ = x.shape
+        h = x                                                                 # h^(1)
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
         self.check_memory(memory, B, h.device)
@@ -599,18 +666,21 @@ class CompressiveTransformer(LanguageModel):
         if self.cfg.compression == "most_used":
             usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
-        # All layers hold the same number of memories, so positions and the causal bias are shared.
-        M = memory.c_mem[0].size(1) + memory.mem[0].size(1)
-        K = M + T
+        # All layers hold the same number of memories, so positions and the mask are shared.
+        n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
+        M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
-        causal_bias = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
+        attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
+        if memory.since_reset is not None:  # hide each row's slots from before its reset
+            attn_mask = attn_mask + reset_mask(memory.since_reset, n_c_mem, n_mem,  # [B, 1, T, K]
+                                               self.cfg.compression_rate, T)
 
         new_mem, new_c_mem, new_usage = [], [], []
         recon_loss = h.new_zeros(())
         for i, layer in enumerate(self.layers):  # Algorithm 1, per layer:
             mem, c_mem = memory.mem[i], memory.c_mem[i]
             # attend from the segment over [c_mem; mem; h], then feed forward
-            out, attended = layer(h, torch.cat([c_mem, mem], dim=1), positions, causal_bias)
+            out, attended = layer(h, torch.cat([c_mem, mem], dim=1), positions, attn_mask)
             # then move the layer's inputs h into mem, and what overflows through f_c into c_mem
             mem, c_mem, layer_usage, recon = layer.update_memory(h, mem, c_mem, usage[i], attended)
             new_mem.append(mem)
@@ -618,9 +688,10 @@ class CompressiveTransformer(LanguageModel):
             new_usage.append(layer_usage)
             recon_loss = recon_loss + recon
             h = out                                                           # h^(i+1)
-        logits = self.head(self.out_norm(h))
         tracks_usage = self.cfg.compression == "most_used"
-        return logits, Memory(new_mem, new_c_mem, new_usage if tracks_usage else None), recon_loss
+        since_reset = None if memory.since_reset is None else memory.since_reset + T
+        memory = Memory(new_mem, new_c_mem, new_usage if tracks_usage else None, since_reset)
+        return self.out_norm(h), memory, recon_loss
 
 
 # 7. A relative for comparison: the Feedback Transformer ---------------------------------------
@@ -650,16 +721,17 @@ class FeedbackLayer(nn.Module):
                                 nn.Linear(cfg.d_ff, cfg.d_model))
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, keys, values, r, shared_kv):
+    def forward(self, x, keys, values, r, shared_kv, attn_mask=None):
         """One step of one layer. x: [B, 1, d] its input x_t^(l-1); keys, values: [B, H, W, d_head]
         of the last W memory vectors; r: W_r R for the distances W+1..0 (section 2); shared_kv:
-        the model's W_k, W_v, for the current input, which is a key too."""
+        the model's W_k, W_v, for the current input, which is a key too; attn_mask: None, or
+        [B, 1, 1, W+1] with -inf on the memory vectors a reset forgot."""
         attn = self.attn
         k, v = shared_kv(x)
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
         z = self.attn_norm(x) if self.pre_norm else x
         q = attn.split_heads(self.query(z) * attn.d_head ** -0.5)
-        attended = attn.attend(q, keys, values, r, None).out  # the past and x itself: no mask
+        attended = attn.attend(q, keys, values, r, attn_mask).out  # the past and x itself
         return residual_and_feed_forward(self, x, attended)
 
 
@@ -691,13 +763,13 @@ class FeedbackTransformer(LanguageModel):
         split = self.layers[0].attn.split_heads
         return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
-    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
-        """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
-        Returns (logits [batch, T, vocab], new Memory, a zero: there is no auxiliary loss).
-        Gradients flow through the memory vectors made inside the segment, not into the memory."""
-        self.check_tokens(tokens)
-        B, T = tokens.shape
-        embedded = self.dropout(self.embed(tokens))              # x^0 of every step, at once
+    def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
+        """x: [batch, T, d_model], x^0 of every step (forward passes the embedded tokens). Returns
+        as section 6's: the outputs [batch, T, d_model], the new Memory and a zero (no auxiliary
+        loss). Gradients flow through the memory vectors made inside the segment, not into it."""
+        self.check_inputs(x)
+        B, T, _ = x.shape
+        embedded = x                                             # x^0 of every step, at once
         if memory is None:
             memory = self.empty_memory(B, device=embedded.device, dtype=embedded.dtype)
         self.check_memory(memory, B, embedded.device)
@@ -707,22 +779,25 @@ class FeedbackTransformer(LanguageModel):
         R = sinusoid_positions(n_m + 2, self.cfg.d_model, embedded.device).to(embedded.dtype)
         r = [layer.attn.project_positions(R) for layer in self.layers]
         mix = self.mix.softmax(dim=0)
-        outputs, vectors = [], []
+        outputs, vectors, attn_mask = [], [], None
         for t in range(T):
             x = embedded[:, t:t + 1]
             m = mix[0] * x
             n_keys = keys.size(2) + 1                            # the memory and x itself
+            if memory.since_reset is not None:  # hide each row's vectors from before its reset
+                attn_mask = reset_mask(memory.since_reset + t, 0, n_keys - 1, 1, 1)
             for i, layer in enumerate(self.layers):
-                x = layer(x, keys, values, r[i][:, -(n_keys + 1):], self.shared_kv)
+                x = layer(x, keys, values, r[i][:, -(n_keys + 1):], self.shared_kv, attn_mask)
                 m = m + mix[i + 1] * x                           # m_t, built as the layers run
             k, v = self.shared_kv(m)                             # once per step, for every layer
             keys = torch.cat([keys, k], dim=2)[:, :, -n_m:]
             values = torch.cat([values, v], dim=2)[:, :, -n_m:]
             outputs.append(x)
             vectors.append(m)
-        logits = self.head(self.out_norm(torch.cat(outputs, dim=1)))
+        h = self.out_norm(torch.cat(outputs, dim=1))
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
-        return logits, Memory([new_memory], []), logits.new_zeros(())
+        since_reset = None if memory.since_reset is None else memory.since_reset + T
+        return h, Memory([new_memory], [], None, since_reset), h.new_zeros(())
 
     def reach(self):
         """Every token sees the last n_m memory vectors, wherever it sits in its segment."""

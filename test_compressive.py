@@ -421,6 +421,150 @@ def test_bad_inputs_raise_one_clear_error():
             call()
 
 
+# ---------------------------------------------------------------- any inputs, rows that reset ---
+
+def feed(model, xs, memory=None, reset_before=None, done=None, seq_len=None):
+    """Run float inputs xs [B, L, d] through model.hidden_states in segments of n_s, carrying the
+    memory, and forgetting the rows where done is true before segment reset_before. Returns each
+    segment's (outputs, memory, reconstruction loss) and the last memory."""
+    results = []
+    with torch.no_grad():
+        for n, x in enumerate(xs.split(seq_len or model.cfg.seq_len, dim=1)):
+            if n == reset_before:
+                memory = memory.reset(done)
+            h, memory, recon = model.hidden_states(x, memory)
+            results.append((h, memory, recon))
+    return results, memory
+
+
+def inputs(batch, length, seed=3):
+    return torch.randn(batch, length, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def memory_tensors(memory):
+    return [*memory.mem, *memory.c_mem, *(memory.usage or []), memory.since_reset]
+
+
+@pytest.mark.parametrize("kind", ["compressive", "xl", "pre-LN", "feedback"])
+def test_forward_is_the_embedding_then_hidden_states_then_the_head(kind):
+    model = {"compressive": make, "xl": lambda: make(c_mem_len=0), "feedback": feedback,
+             "pre-LN": lambda: make(pre_norm=True)}[kind]().eval()
+    memory = token_memory = None
+    for segment in tokens(2, 18).split(6, dim=1):
+        logits, token_memory, token_recon = model(segment, token_memory)
+        h, memory, recon = model.hidden_states(model.embed(segment), memory)
+        assert h.shape == (2, 6, 16) and torch.equal(model.head(h), logits)
+        assert torch.equal(recon, token_recon)
+        assert all(a.equal(b) for a, b in zip(memory.mem + memory.c_mem,
+                                              token_memory.mem + token_memory.c_mem))
+    if kind == "pre-LN":  # the outputs come after the final norm
+        assert h.mean(dim=-1).abs().max() < 1e-5
+
+
+FRESH_START = [("compressive", dict(compression=f)) for f in
+               ("conv", "max_pool", "mean_pool", "overlap_max_pool")] + [
+               ("compressive", dict(c_mem_len=0)), ("feedback", {})]
+
+
+@pytest.mark.parametrize("kind, overrides", FRESH_START,
+                         ids=[o.get("compression", "xl" if k == "compressive" else k)
+                              for k, o in FRESH_START])
+def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_computes(kind,
+                                                                                        overrides):
+    # n_s = 4 and n_m = 8 are multiples of c = 2, so the blocks of c fall where a fresh run's do.
+    # At the reset, mem and c_mem are full; after it, c_mem fills (n_m + c*n_cm = 14 tokens) and
+    # overflows again.
+    shape = dict(seq_len=4, mem_len=8, c_mem_len=3, compression_rate=2)
+    model = (feedback if kind == "feedback" else make)(**{**shape, **overrides}).eval()
+    xs = inputs(3, 11 * 4)
+    done = torch.tensor([False, True, False])
+    segments, memory = feed(model, xs, reset_before=4, done=done)
+    fresh_segments, fresh = feed(model, xs[1:2, 4 * 4:])
+    for (h, _, _), (fresh_h, _, _) in zip(segments[4:], fresh_segments):
+        torch.testing.assert_close(h[1:2], fresh_h, rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(memory.mem + memory.c_mem, fresh.mem + fresh.c_mem):
+        torch.testing.assert_close(ours[1:2], theirs, rtol=1e-5, atol=1e-5)  # memories full again
+
+
+@pytest.mark.parametrize("compression, reconstruction",
+                         [(f, "attention") for f in COMPRESSIONS] + [("conv", "autoencoding")])
+def test_nothing_a_row_was_given_before_its_reset_reaches_what_it_computes_after(compression,
+                                                                                 reconstruction):
+    # n_s = 5 is not a multiple of c = 3: blocks of c straddle the reset. After it, 8 segments of
+    # 5 fill c_mem (n_m + c*n_cm = 20 tokens) and overflow it.
+    model = make(compression=compression, reconstruction=reconstruction, seq_len=5).eval()
+    done = torch.tensor([False, True, False])
+    past, other_past, after = inputs(3, 4 * 5), inputs(3, 4 * 5, seed=5), inputs(3, 8 * 5, seed=4)
+    other_past[[0, 2]] = past[[0, 2]]  # only the row that resets was given something else
+    runs = [feed(model, torch.cat([p, after], dim=1), reset_before=4, done=done)
+            for p in (past, other_past)]
+    assert not runs[0][0][3][1].mem[0][1].equal(runs[1][0][3][1].mem[0][1])  # before: they differ
+    for (h, memory, recon), (other_h, other_memory, other_recon) in zip(runs[0][0][4:],
+                                                                        runs[1][0][4:]):
+        assert h.equal(other_h) and recon.equal(other_recon)
+        assert all(a.equal(b) for a, b in zip(memory_tensors(memory), memory_tensors(other_memory)))
+    assert model.layers[0].reconstructs == (compression in ("conv", "dilated_conv"))
+
+
+@pytest.mark.parametrize("kind", ["most_used", "feedback"])
+def test_rows_that_do_not_reset_compute_exactly_what_they_would_without_it(kind):
+    model = (feedback() if kind == "feedback" else make(compression="most_used")).eval()
+    xs = inputs(3, 8 * 6)
+    plain, _ = feed(model, xs)
+    one_row, _ = feed(model, xs, reset_before=3, done=torch.tensor([False, True, False]))
+    no_row, _ = feed(model, xs, reset_before=3, done=torch.zeros(3, dtype=torch.bool))
+    for (h, memory, recon), (h1, memory1, _), (h0, memory0, recon0) in zip(plain, one_row, no_row):
+        assert h[[0, 2]].equal(h1[[0, 2]]) and h.equal(h0) and recon.equal(recon0)
+        for a, b, c in zip(memory.mem + memory.c_mem + (memory.usage or []),
+                           memory1.mem + memory1.c_mem + (memory1.usage or []),
+                           memory0.mem + memory0.c_mem + (memory0.usage or [])):
+            assert a[[0, 2]].equal(b[[0, 2]]) and a.equal(c)
+    assert not plain[-1][0][1].equal(one_row[-1][0][1])  # the row that reset did change
+
+
+def test_a_reset_step_works_under_torch_compile_as_one_graph():
+    torch.compiler.reset()
+    model = make(n_layers=1).eval()
+
+    def step(x, memory, done):
+        return model.hidden_states(x, memory.reset(done))
+    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=False)
+    _, memory = feed(model, inputs(2, 4 * 6))
+    with torch.no_grad():
+        for n in range(2):
+            x, done = inputs(2, 6, seed=n), torch.tensor([n == 0, False])
+            expected, expected_memory, _ = step(x, memory, done)
+            h, memory, _ = compiled(x, memory, done)
+            torch.testing.assert_close(h, expected)
+            torch.testing.assert_close(memory.since_reset, expected_memory.since_reset)
+    assert memory.since_reset.tolist() == [12, math.inf]
+
+
+def test_bad_inputs_and_bad_done_raise_one_clear_error():
+    model = make()
+    _, memory, _ = model(tokens(2, 6))
+    cases = [
+        (lambda: model.hidden_states(tokens(2, 6)), TypeError, "floating-point"),
+        (lambda: model.hidden_states(inputs(2, 6)[0]), ValueError, r"\[batch >= 1"),
+        (lambda: model.hidden_states(torch.randn(2, 6, 8)), ValueError, "d_model = 16"),
+        (lambda: model.hidden_states(inputs(2, 0)), ValueError, "time >= 1"),
+        (lambda: model.hidden_states(inputs(2, 6).double()), TypeError, "float64"),
+        (lambda: model.hidden_states(inputs(2, 6).to("meta")), ValueError, "meta"),
+        (lambda: model.hidden_states([[0.5] * 16]), TypeError, "torch.Tensor"),
+        (lambda: model.hidden_states(inputs(3, 6), memory), ValueError, "batch size"),
+        (lambda: memory.reset([True, False]), TypeError, "bool tensor"),
+        (lambda: memory.reset(torch.tensor([1, 0])), TypeError, "bool tensor"),
+        (lambda: memory.reset(torch.tensor([True, False, True])), ValueError, r"shape \[2\]"),
+        (lambda: memory.reset(torch.tensor(True)), ValueError, r"shape \[2\]"),
+        (lambda: memory.reset(torch.ones(2, dtype=torch.bool, device="meta")), ValueError, "meta"),
+        (lambda: model(tokens(2, 6), memory._replace(since_reset=torch.zeros(3))), ValueError,
+         "since_reset"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+
+
 # ---------------------------------------------------------------- ready for an accelerator --------
 
 @pytest.mark.parametrize("compression", ["conv", "overlap_max_pool"])
@@ -434,6 +578,8 @@ def test_a_training_step_never_waits_for_the_device(compression):
     memory = None
     for n in range(5):
         x = torch.empty(2, 6, dtype=torch.long, device="meta")
+        if n == 3:  # a row's episode ends: Memory.reset reads no value either
+            memory = memory.reset(torch.empty(2, dtype=torch.bool, device="meta"))
         logits, memory, recon = model(x, memory)
         loss = F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon
         loss.backward()

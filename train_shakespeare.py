@@ -1,6 +1,6 @@
 """Train the language models of compressive.py on Tiny Shakespeare, character by character.
 
-    python train_shakespeare.py            # train (CPU: minutes; --data FILE for a local text)
+    python train_shakespeare.py            # train (CPU: minutes; --data FILE for another text)
     python train_shakespeare.py --task code  # on Python's own library sources, where reach matters
     python train_shakespeare.py --sample 500 | --eval-only | --analyze       # use out/ckpt.pt
     python train_shakespeare.py --picture    # the memory drawn from the model's own state
@@ -28,7 +28,7 @@ from compressive import (COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig,  # no
                          CompressiveTransformer, FeedbackTransformer, Memory)
 from training import (analysis, bench, checkpoint, checks, copies, distributed,  # noqa: E402
                       files, memory_picture, modes, plots, recall, sample)
-from training.data import DEFAULT_DATA, encode, load_data  # noqa: E402
+from training.data import encode, load_data  # noqa: E402
 from training.device import (autocast_for, compile_when_full, grad_scaler,  # noqa: E402
                              keep_freed_memory, pick_device)
 from training.checks import UserError, is_out_of_memory, one_line, out_of_memory  # noqa: E402
@@ -76,7 +76,8 @@ def parse_args(argv=None):
                    "of this run, keeping the schedule of --steps (then --resume)")
     t.add_argument("--task", choices=["shakespeare", "code", "recall"], default="shakespeare",
                    help="code: Python's own library sources; recall: the reach benchmark (README)")
-    t.add_argument("--data", help=f"text file (default: {DEFAULT_DATA}, downloaded once)")
+    t.add_argument("--data", help="a UTF-8 text file to train on (default: the Tiny Shakespeare shipped "
+                   "in data/); --eval-only and --analyze default to the checkpoint's own text")
     recall.add_arguments(p)
     r = p.add_argument_group("runtime")
     r.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto",
@@ -99,6 +100,8 @@ def check_args(args) -> None:
     """Every flag, before any data is read or any file written."""
     checks.check_flags(args)
     recall.check_args(args)
+    if args.data is not None:  # saved in the checkpoint as a path that works from anywhere
+        args.data = os.path.abspath(args.data)
     with torch.device("meta"):  # the model flags together, without memory: on the meta device
         make_model(args.model, model_config(args, vocab_size=65))
 

@@ -3,8 +3,9 @@
     checks.py       problems the user can fix: flags checked up front, one line per problem
     device.py       the device, autocast and the float16 gradient scaler, compiling once the
                     memories are full, an allocator setting
-    files.py        crash-safe writes; the data file, downloaded once (checksummed), read as text
-    data.py         the text of each task, as ids: Shakespeare or --data, the code corpus, recall
+    files.py        crash-safe writes; a data file read as text
+    data.py         the text of each task, as ids: the shipped Shakespeare or --data, the code
+                    corpus, recall
     corpus.py       --task code: a corpus of the interpreter's standard-library sources, built once
     copies.py       the loss by copy distance: which characters a longer reach could help with
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit

@@ -1,8 +1,5 @@
-"""Files: writes that a crash cannot leave half done, and the text data file, downloaded once
-with its checksum verified and read as UTF-8."""
-import hashlib
+"""Files: writes that a crash cannot leave half done, and a text data file read as UTF-8."""
 import os
-import urllib.request
 
 from .checks import UserError, one_line
 
@@ -26,22 +23,6 @@ def write_atomically(path: str, write) -> None:
         os.fsync(folder)
     finally:
         os.close(folder)
-
-
-def download(path: str, url: str, sha256: str) -> None:
-    """Fetch url to path, verifying its SHA-256; written atomically, so nothing is half-written."""
-    hint = "download it by hand, or pass --data PATH to a local copy of Tiny Shakespeare"
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            payload = response.read()
-    except (OSError, ValueError) as e:
-        raise UserError(f"could not download {url} ({e}); {hint}") from None
-    digest = hashlib.sha256(payload).hexdigest()
-    if digest != sha256:
-        raise UserError(f"checksum mismatch for {url}: got sha256 {digest[:16]}..., expected "
-                        f"{sha256[:16]}...; {hint}")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_atomically(path, lambda f: f.write(payload))
 
 
 def read_text(path: str) -> str:

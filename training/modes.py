@@ -44,8 +44,9 @@ def run(args, ts) -> None:
     if args.picture and not isinstance(model, CompressiveTransformer):
         raise UserError(memory_picture.NO_FEEDBACK_PICTURE)
     task = recall.checkpoint_task(args, ckpt["args"])  # the validation text it was trained on
-    vocab, _, val, answers, _ = ts.load_data(args, task, vocab=ckpt["vocab"],
-                                             saved_args=ckpt["args"], need_train=False)
+    vocab, _, val, answers, name = ts.load_data(args, task, vocab=ckpt["vocab"],
+                                                saved_args=ckpt["args"], need_train=False)
+    print(f"validation text: {name}")
     if args.picture:
         return memory_picture.run(args, ts, model, ckpt, val, vocab, answers)
     if args.analyze:

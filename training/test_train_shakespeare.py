@@ -18,22 +18,18 @@ import torch.nn.functional as F
 import train_shakespeare as ts
 from compressive import CompressiveTransformer, FeedbackTransformer, Memory
 from test_compressive import make, tiny, tokens  # the model spec's small models
-from training import analysis, files, memory_picture, plots, recall
+from training import analysis, data, files, memory_picture, plots, recall
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
-SHAKESPEARE = ts.DEFAULT_DATA  # where the script keeps the text (a first run downloads it there)
+SHAKESPEARE = data.DEFAULT_DATA  # the text the repository ships
 
 
 @pytest.fixture
 def small_text(tmp_path):
-    """A few thousand characters: real Shakespeare when the file is at hand, else a stand-in."""
-    if os.path.exists(SHAKESPEARE):
-        with open(SHAKESPEARE, encoding="utf-8") as f:
-            text = f.read()[:6000]
-    else:
-        text = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n"
-                "Speak, speak.\n\n") * 80
+    """The first 6000 characters of the shipped Tiny Shakespeare, as a --data file."""
+    with open(SHAKESPEARE, encoding="utf-8") as f:
+        text = f.read()[:6000]
     path = tmp_path / "text.txt"
     path.write_text(text, encoding="utf-8")
     return str(path)
@@ -97,8 +93,9 @@ def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_writes_the_loss_b
                     "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
-    assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu"]) == 0
-    assert "val loss" in capsys.readouterr().out
+    assert ts.main(["--out", out, "--eval-only", "--device", "cpu"]) == 0  # no --data: its own text
+    printed = capsys.readouterr().out
+    assert f"validation text: {small_text}" in printed and "val loss" in printed
     # the loss by copy distance, at the run's end and from --eval-only, and its ablation
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     rows = metrics["loss_by_copy_distance"]
@@ -124,12 +121,12 @@ def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_writes_the_loss_b
         assert says in error_line(capsys)
     assert ts.main(["--out", out, "--eval-mem-len", "8"]) == 2
     assert "for --eval-only" in error_line(capsys)
-    assert ts.main(["--out", out, "--analyze", "--data", small_text, "--device", "cpu",
-                    "--batch-size", "2"]) == 0
+    assert ts.main(["--out", out, "--analyze", "--device", "cpu", "--batch-size", "2"]) == 0
     report = capsys.readouterr().out
+    assert f"validation text: {small_text}" in report
     assert "c_mem 1/4" in report and "segment 4/4" in report and "reconstruction loss" in report
     assert ts.main(["--out", out, "--eval-only", "--task", "recall", "--device", "cpu"]) == 2
-    assert "trained on --task shakespeare" in error_line(capsys)  # not a download attempt
+    assert "trained on --task shakespeare" in error_line(capsys)  # before any text is read
 
 
 def error_line(capsys):
@@ -435,20 +432,32 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(small_text,
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
-def test_download_verifies_the_checksum_and_writes_atomically(tmp_path):
-    source = tmp_path / "source.txt"
-    source.write_bytes(b"hello shakespeare\n" * 100)
-    good = hashlib.sha256(source.read_bytes()).hexdigest()
-    target = tmp_path / "data" / "tiny.txt"
-    files.download(str(target), source.as_uri(), good)
-    assert target.read_bytes() == source.read_bytes()
+def test_the_shipped_text_is_tiny_shakespeare_and_an_altered_copy_is_one_error_line(
+        tmp_path, monkeypatch):
+    with open(SHAKESPEARE, "rb") as f:
+        shipped = f.read()
+    assert len(shipped) == 1_115_394
+    assert hashlib.sha256(shipped).hexdigest() == data.DATA_SHA256
+    assert data.load_text(None).startswith("First Citizen:\n")
+    altered = tmp_path / "tinyshakespeare.txt"
+    altered.write_bytes(shipped.replace(b"ROMEO", b"ROMEA", 1))
+    monkeypatch.setattr(data, "DEFAULT_DATA", str(altered))
+    with pytest.raises(ts.UserError, match="is not the Tiny Shakespeare this repository ships"):
+        data.load_text(None)
+    assert data.load_text(str(altered)).count("ROMEA") == 1  # as --data FILE it is any text
 
-    bad_target = tmp_path / "data" / "bad.txt"
-    with pytest.raises(ts.UserError, match="checksum mismatch.*--data"):
-        files.download(str(bad_target), source.as_uri(), "0" * 64)
-    with pytest.raises(ts.UserError, match="could not download.*--data"):
-        files.download(str(bad_target), (tmp_path / "missing.txt").as_uri(), good)
-    assert sorted(os.listdir(tmp_path / "data")) == ["tiny.txt"]  # nothing half-written
+
+def test_a_checkpoint_trained_on_a_data_file_is_evaluated_on_that_file(small_text, tmp_path,
+                                                                       monkeypatch, capsys):
+    out = str(tmp_path / "run")
+    relative = os.path.relpath(small_text)  # the path as given, from the current folder
+    assert ts.main(["--data", relative, "--out", out, "--steps", "2", *TINY_FLAGS]) == 0
+    monkeypatch.chdir(tmp_path)  # the checkpoint keeps where the file is, not how it was named
+    monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "absent.txt"))  # no default text
+    capsys.readouterr()
+    for mode in (["--eval-only"], ["--analyze", "--batch-size", "2"]):
+        assert ts.main(["--out", out, "--device", "cpu", *mode]) == 0
+        assert f"validation text: {small_text}" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- the recall task -----------------
