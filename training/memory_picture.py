@@ -385,16 +385,21 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     plt.close(fig)
 
 
-def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: float = 2.0) -> None:
-    """The animation: the passage as text, and after each segment two frames, (a) the segment
-    read and appended to mem, what overflows n_m marked for eviction, and (b) the FIFOs updated:
-    the evicted blocks of c compressed into new c_mem slots, what fell off c_mem's end, with the
-    slot counts of the model's own memory tensors. footer: how to reproduce it."""
+def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: float = 2.0,
+             last_segments: int = 16) -> None:
+    """The animation: the passage as text, and after each of its last last_segments segments two
+    frames, (a) the segment read and appended to mem, what overflows n_m marked for eviction, and
+    (b) the FIFOs updated: the evicted blocks of c compressed into new c_mem slots, what fell off
+    c_mem's end, with the slot counts of the model's own memory tensors. footer: how to reproduce
+    it."""
     plt = pyplot_or_error()
     from matplotlib.animation import PillowWriter
     from matplotlib.patches import Rectangle
     cfg, data, steps = picture.cfg, picture.data, picture.steps
-    start, text = data["start"], picture.text
+    first = max(0, len(steps) - last_segments)  # the first segment animated
+    held = steps[first - 1].mem + [p for block in steps[first - 1].c_mem for p in block] if first else []
+    start = min(held + [steps[first].segment[0]])  # the text from the oldest position then held
+    text = picture.text[start - data["start"]:]
     width = min(line_width(cfg), len(text))
     n_lines = math.ceil(len(text) / width)
     c, n_m, n_cm = cfg.compression_rate, cfg.mem_len, cfg.c_mem_len
@@ -502,7 +507,7 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
 
     writer = PillowWriter(fps=1 / seconds_per_frame)
     with writer.saving(fig, path, dpi=90):  # each frame drawn once (an animation would draw twice)
-        for index in range(2 * len(steps)):
+        for index in range(2 * first, 2 * len(steps)):
             frame(index)
             writer.grab_frame()
     plt.close(fig)
