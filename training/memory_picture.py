@@ -296,7 +296,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
     cmap = plt.get_cmap("magma_r")
     cell, left, right = 0.16, 1.2, 1.9  # inches: a character, the row names, the strongest slots
-    fig_w = cell * width + left + right
+    fig_w = max(cell * width + left + right, 11.3)  # the legend's width, at least
     footer = wrapped(footer, fig_w, 6.5) if footer else ""
     foot = 0.15 + 0.13 * (footer.count("\n") + 1) if footer else 0.1
     head = 1.55
@@ -374,7 +374,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
                                                               " (mean over the heads)")
             + "; the largest of each row outlined." + (" " + picture.note if picture.note else ""))
     fig.text(0.1 / fig_w, 1 - (0.55 + 0.2 * len(legend)) / fig_h, note, fontsize=8, va="center")
-    cax = fig.add_axes([1 - 2.3 / fig_w, 1 - 0.62 / fig_h, 2.0 / fig_w, 0.1 / fig_h])
+    cax = fig.add_axes([1 - 2.3 / fig_w, 1 - 0.42 / fig_h, 2.0 / fig_w, 0.1 / fig_h])
     bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax, orientation="horizontal",
                        ticks=[t for t in (0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.8) if t <= vmax])
     bar.set_label("attention weight (square-root scale)", fontsize=7)
@@ -404,7 +404,7 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
     n_lines = math.ceil(len(text) / width)
     c, n_m, n_cm = cfg.compression_rate, cfg.mem_len, cfg.c_mem_len
     cell, left = 0.16, 0.7
-    fig_w = cell * width + left + 0.3
+    fig_w = max(cell * width + left + 0.3, 11.3)  # the legend's width, at least
     footer = wrapped(footer, fig_w, 6.5) if footer else ""
     foot = 0.15 + 0.13 * (footer.count("\n") + 1) if footer else 0.1
     head = 1.45
