@@ -15,7 +15,7 @@ for one query (by default the last character of the last segment) this draws
                      "slots": one entry per key the query sees, oldest first, {"region": "c_mem" |
                      "mem" | "segment", "positions": [the text positions it holds], "text": their
                      characters, "attention": [the query's weight on it, one per layer, the mean
-                     over the heads]}} (with --picture-heads also "attention_by_head", [layer][head])
+                     over the heads]}} (--picture-heads: also "attention_by_head", [layer][head])
 
 Text positions count characters of the validation text. Which positions a slot holds comes from
 the FIFO rule of compressive.py applied to positions (fifo_steps); the tests tie it to the model's
@@ -25,7 +25,8 @@ From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, n
 
     from training.memory_picture import memory_picture, draw_png, draw_gif, write_json
     picture = memory_picture(model, ids, vocab, start=0, query=None)  # ids: LongTensor [N]
-    write_json(picture, "memory.json"); draw_png(picture, "memory.png"); draw_gif(picture, "memory.gif")
+    write_json(picture, "memory.json")
+    draw_png(picture, "memory.png"); draw_gif(picture, "memory.gif")  # need matplotlib
     picture.data        # the JSON's dict; picture.steps: the FIFOs after each segment (FifoStep)
 """
 import json
@@ -201,28 +202,29 @@ def strongest(picture: Picture):
 
 def distance(picture: Picture, slot: dict) -> str:
     """How far back a slot's characters lie from the query: "d" or "near-far"."""
-    near, far = picture.data["query"] - slot["positions"][-1], picture.data["query"] - slot["positions"][0]
+    query = picture.data["query"]
+    near, far = query - slot["positions"][-1], query - slot["positions"][0]
     return str(near) if near == far else f"{near}-{far}"
 
 
 def shown(text: str) -> str:
-    """Characters as the figures and the log print them: a space as a middle dot, a newline as ↵."""
+    """Characters as the figures and the log print them: a space as a middle dot, a newline ↵."""
     return text.replace(" ", "\u00b7").replace("\n", "\u21b5")
 
 
 def describe(picture: Picture) -> List[str]:
     """The lines --picture prints: the regions the query sees and, per layer, its strongest slot."""
-    cfg, slots = picture.cfg, picture.data["slots"]
-    lines = [f"query: position {picture.data['query']} {shown(picture.text[picture.data['query'] - picture.data['start']])!r}, "
-             f"after {len(picture.steps)} segment(s) of n_s={cfg.seq_len} from position "
-             f"{picture.data['start']}"]
+    cfg, slots, query, start = picture.cfg, picture.data["slots"], picture.data["query"], \
+        picture.data["start"]
+    lines = [f"query: position {query} {shown(picture.text[query - start])!r}, after "
+             f"{len(picture.steps)} segment(s) of n_s={cfg.seq_len} from position {start}"]
     for region in ("c_mem", "mem", "segment"):
         inside = [s for s in slots if s["region"] == region]
         if inside:
-            far = picture.data["query"] - inside[0]["positions"][0]
-            near = picture.data["query"] - inside[-1]["positions"][-1]
-            lines.append(f"  {region:<8}{len(inside):>4} slots, {sum(len(s['positions']) for s in inside):>4} "
-                         f"characters, {near}-{far} back")
+            far, near = query - inside[0]["positions"][0], query - inside[-1]["positions"][-1]
+            n_chars = sum(len(s["positions"]) for s in inside)
+            lines.append(f"  {region:<8}{len(inside):>4} slots, {n_chars:>4} characters, "
+                         f"{near}-{far} back")
     for layer, (k, weight) in enumerate(strongest(picture)):
         slot = slots[k]
         lines.append(f"  layer {layer}: largest weight {weight:.3f} on {slot['region']} slot "
@@ -397,7 +399,7 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
     from matplotlib.patches import Rectangle
     cfg, data, steps = picture.cfg, picture.data, picture.steps
     first = max(0, len(steps) - last_segments)  # the first segment animated
-    held = steps[first - 1].mem + [p for block in steps[first - 1].c_mem for p in block] if first else []
+    held = [] if not first else steps[first - 1].mem + [p for b in steps[first - 1].c_mem for p in b]
     start = min(held + [steps[first].segment[0]])  # the text from the oldest position then held
     text = picture.text[start - data["start"]:]
     width = min(line_width(cfg), len(text))
@@ -558,7 +560,9 @@ def training_command(ts, saved_args: dict) -> str:
     defaults = vars(ts.parse_args([]))
     flags = []
     for name, value in saved_args.items():
-        if name in defaults and value != defaults[name] and name not in ("out", "resume", "stop_after"):
+        if name in ("out", "resume", "stop_after") or name not in defaults:
+            continue
+        if value != defaults[name]:
             flag = "--" + name.replace("_", "-")
             if value is True:
                 flags.append(flag)
@@ -607,7 +611,8 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
     footer = (f"Checkpoint: {training_command(ts, ckpt['args'])} (seed {ckpt['args'].get('seed')}, "
               f"step {ckpt['step']}). Drawn by: python train_shakespeare.py --picture"
               + "".join(f" --picture-{name} {value}" for name, value in
-                        (("start", args.picture_start), ("query", args.picture_query)) if value is not None)
+                        (("start", args.picture_start), ("query", args.picture_query))
+                        if value is not None)
               + (" --picture-heads" if args.picture_heads else "")
               + f" with torch {torch.__version__}, {torch.get_num_threads()} threads, at commit "
               f"{git_commit()}.")
@@ -628,7 +633,8 @@ def fact_report(picture: Picture, marks) -> str:
     holding = sorted({k for k, s in enumerate(slots) for p in marks[-2:] if p in s["positions"]})
     if not holding:
         return "the fact is no longer held: it lies beyond the query's reach"
-    lines = [f"the fact's '=' and digit are held in {', '.join(slots[k]['region'] + ' slot ' + repr(shown(slots[k]['text'])) for k in holding)}"]
+    where = ", ".join(f"{slots[k]['region']} slot {shown(slots[k]['text'])!r}" for k in holding)
+    lines = [f"the fact's '=' and digit are held in {where}"]
     for layer, (k, weight) in enumerate(strongest(picture)):
         on = sum(slots[j]["attention"][layer] for j in holding)
         lines.append(f"  layer {layer}: {on:.3f} on the fact's slot(s); its largest weight is "
