@@ -19,7 +19,10 @@ for one query (by default the last character of the last segment) this draws
 
 Text positions count characters of the validation text. Which positions a slot holds comes from
 the FIFO rule of compressive.py applied to positions (fifo_steps); the tests tie it to the model's
-own update_memory, and every run checks its slot counts against the model's memory tensors.
+own update_memory, and every run checks its slot counts against the model's memory tensors. A
+c_mem slot's positions are its evicted block of c (overlap_max_pool also pools the character after
+the block, which the figure says). The Feedback Transformer has no such picture: one memory shared
+by its layers, made token by token, nothing compressed (one error line).
 
 From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, no memory):
 
@@ -28,6 +31,7 @@ From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, n
     write_json(picture, "memory.json")
     draw_png(picture, "memory.png"); draw_gif(picture, "memory.gif")  # need matplotlib
     picture.data        # the JSON's dict; picture.steps: the FIFOs after each segment (FifoStep)
+    fifo_steps(start=0, lengths=[64] * 6, n_m=64, n_cm=32, c=4)  # the rule alone, without a model
 """
 import json
 import math
