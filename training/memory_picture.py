@@ -381,8 +381,12 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
             + "; the largest of each row outlined." + (" " + picture.note if picture.note else ""))
     fig.text(0.1 / fig_w, 1 - (0.55 + 0.2 * len(legend)) / fig_h, note, fontsize=8, va="center")
     cax = fig.add_axes([1 - 2.3 / fig_w, 1 - 0.42 / fig_h, 2.0 / fig_w, 0.1 / fig_h])
-    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax, orientation="horizontal",
-                       ticks=[t for t in (0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.8) if t <= vmax])
+    ticks = [0.0]
+    for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8):  # at least a seventh of the bar apart
+        if t <= vmax and norm(t) - norm(ticks[-1]) >= 1 / 7:
+            ticks.append(t)
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax,
+                       orientation="horizontal", ticks=ticks)
     bar.set_label("attention weight (square-root scale)", fontsize=7)
     bar.ax.tick_params(labelsize=6)
     if footer:
