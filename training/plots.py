@@ -50,7 +50,7 @@ def plot_history(history, path: str, train_log=()) -> None:
                  label="train (the batch at each evaluation)")
     if history:
         plt.plot([h["step"] for h in history], [h["val_loss"] for h in history], marker="o",
-                 label="validation (all of it)")
+                 label="validation (the whole split)")
     plt.xlabel("step")
     plt.ylabel("loss (nats/char)")
     plt.legend()
