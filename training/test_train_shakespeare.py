@@ -1214,6 +1214,8 @@ def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text
         assert message in error_line(capsys)
     assert ts.main(["--out", str(tmp_path / "none"), *picture]) == 2
     assert "no checkpoint at" in error_line(capsys)
+    assert ts.main(["--out", trained, "--picture-query", "5"]) == 2
+    assert "are for --picture" in error_line(capsys)
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
     from PIL import Image
