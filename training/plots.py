@@ -138,6 +138,9 @@ def redraw(out: str) -> None:
     if isinstance(recall, dict) and recall.get("by_distance") and "reach" in recall:
         plot_recall(recall["by_distance"], recall["reach"], recall["by_phase"], recall["title"],
                     os.path.join(out, "recall.png"))
+    elif isinstance(recall, dict):
+        print(f"note: {where} predates the recall plot's record (its reach), so recall.png is not "
+              f"drawn again; --eval-only on the checkpoint draws it")
 
 
 def main(argv=None) -> int:
