@@ -96,8 +96,8 @@ class Memory(NamedTuple):
     c_mem[i]: [batch, <= n_cm, d_model] compressed memories, f_c of what fell out of mem[i]
     usage[i]: [batch, <= n_m] attention each memory slot received while in memory; only kept
               for the most_used f_c, which keeps the most attended memories (else None)
-    since_reset: [batch] tokens fed to each row since reset() emptied it (inf: never), None before
-              any reset: the per-row account of which slots are valid, so every shape is kept.
+    since_reset: [batch] tokens fed to each row since reset() emptied it (inf: never); None
+              before any reset. The per-row account of the valid slots: every shape is kept.
     """
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
@@ -105,9 +105,10 @@ class Memory(NamedTuple):
     since_reset: Optional[torch.Tensor] = None
 
     def reset(self, done: torch.Tensor) -> "Memory":
-        """Forget all that the rows where done ([batch] bool) is true held (an episode ended); leave
-        the others exactly as they are. A forgotten row's slots are zeroed, so nothing of its past
-        reaches f_c, its loss or usage, and since_reset restarts at 0, hiding them from attention."""
+        """Forget all that the rows where done ([batch] bool) is true held (an episode ended);
+        leave the others exactly as they are. A forgotten row's slots are zeroed, so nothing of its
+        past reaches f_c, its loss or usage; since_reset restarts at 0, which hides them from
+        attention."""
         batch, device = self.mem[0].size(0), self.mem[0].device
         if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
             raise TypeError(f"done must be a bool tensor, got {getattr(done, 'dtype', type(done))}")
@@ -115,10 +116,9 @@ class Memory(NamedTuple):
             raise ValueError(f"done must have shape [{batch}] on {device}, like the memory; got "
                              f"{list(done.shape)} on {done.device}")
         forget = lambda t: torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)  # noqa: E731
-        never = torch.full((batch,), math.inf, device=device)  # no row has forgotten anything yet
-        since_reset = torch.where(done, 0.0, never if self.since_reset is None else self.since_reset)
+        since = torch.where(done, 0.0, math.inf if self.since_reset is None else self.since_reset)
         usage = None if self.usage is None else [forget(u) for u in self.usage]
-        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem], usage, since_reset)
+        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem], usage, since)
 
 
 def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
@@ -566,9 +566,9 @@ class LanguageModel(nn.Module):
                             f"got {type(memory).__name__}")
         expected = self.empty_memory(1, device="meta")
         if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
-            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; "
-                             f"this model keeps {len(expected.mem)} / {len(expected.c_mem)} (one of "
-                             f"each per layer; a Feedback Transformer, one mem tensor for all layers)")
+            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
+                             f"tensors; this model keeps {len(expected.mem)} / {len(expected.c_mem)} "
+                             f"(one of each per layer; Feedback: one mem tensor for all layers)")
         limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
         for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
             for i, t in enumerate(tensors):

@@ -3,6 +3,7 @@
     python train_shakespeare.py            # train (CPU: minutes; --data FILE for another text)
     python train_shakespeare.py --task code  # on Python's own library sources, where reach matters
     python train_shakespeare.py --sample 500 | --eval-only | --analyze       # use out/ckpt.pt
+    python train_shakespeare.py --picture    # the memory drawn from the model's own state
     python train_shakespeare.py --task recall --no-post-norm --seq-len 32    # the reach benchmark
     torchrun --nproc_per_node=2 train_shakespeare.py                         # data parallel
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 from compressive import (COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig,  # noqa: E402
                          CompressiveTransformer, FeedbackTransformer, Memory)
 from training import (analysis, bench, checkpoint, checks, copies, distributed,  # noqa: E402
-                      files, modes, plots, recall, sample)
+                      files, memory_picture, modes, plots, recall, sample)
 from training.data import encode, load_data  # noqa: E402
 from training.device import (autocast_for, compile_when_full, grad_scaler,  # noqa: E402
                              keep_freed_memory, pick_device)
@@ -90,7 +91,7 @@ def parse_args(argv=None):
     r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and the plots "
                    "(loss.png; recall.png, attention.png), drawn when matplotlib is installed")
     r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    for module in (modes, sample, analysis, bench):  # each mode's own flags
+    for module in (modes, sample, analysis, memory_picture, bench):  # each mode's own flags
         module.add_arguments(p)
     return p.parse_args(argv)
 
@@ -226,7 +227,7 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     except OSError as e:
         raise UserError(f"cannot create --out {args.out} ({one_line(e)})") from None
     ckpt_path = os.path.join(args.out, "ckpt.pt")
-    memory, run = None, {"step": 0, "history": [], "seconds": 0.0}
+    memory, run = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
     if args.resume:
         memory, run = checkpoint.resume(ckpt_path, args, model, optimizer, rank, world, device)
         say(f"resuming from {ckpt_path} at step {run['step']}/{args.steps}")
@@ -274,6 +275,9 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
             if not distributed.all_ranks_agree(bool(all_finite), world, device):
                 stop("the training loss", f"seen within steps {logged_step + 1}-{step}")
             train_loss, recon_loss = train_loss.item(), recon_loss.item()
+            run["train_log"].append({"step": step, "train_loss": train_loss, "recon_loss": recon_loss,
+                                     "lr": lr_at(step - 1, args),
+                                     "seconds": seconds_before + time.time() - t0})
             rate = (step - logged_step) * tokens_per_step / max(time.time() - last_log, 1e-9)
             eta = (args.steps - step) * tokens_per_step / max(rate, 1e-9)
             say(f"step {step}/{args.steps} | loss {train_loss:.4f} | recon {recon_loss:.5f} | "
@@ -289,7 +293,7 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
             val = distributed.broadcast_number(val, world, device)
             if not math.isfinite(val):
                 stop("the validation loss", val)
-            run = {"step": step, "history": run["history"], "seconds": seconds_before + time.time() - t0}
+            run = {**run, "step": step, "seconds": seconds_before + time.time() - t0}
             if rank == 0:
                 run["history"].append({"step": step, "train_loss": train_loss, "val_loss": val,
                                        "seconds": run["seconds"]})
@@ -313,7 +317,8 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
         val = run["history"][-1]["val_loss"]  # the loop always validates at the last step
         metrics = {"val_loss": val, "val_bpc": val / math.log(2), "train_loss": train_loss,
                    "step": step, "tokens_seen": step * tokens_per_step,
-                   "seconds": seconds_before + time.time() - t0, "history": run["history"]}
+                   "seconds": seconds_before + time.time() - t0, "history": run["history"],
+                   "train_log": run["train_log"]}
         if scored is not None:
             metrics["recall"] = recall.report(scored, model, args.out)
         if geometry is not None:
@@ -323,7 +328,7 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
                                lambda f: f.write(json.dumps(metrics, indent=1).encode()))
         say(f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val:.4f} nats/char "
             f"({metrics['val_bpc']:.4f} bpc); checkpoint {ckpt_path}")
-        plots.plot_history(run["history"], os.path.join(args.out, "loss.png"))
+        plots.plot_history(run["history"], os.path.join(args.out, "loss.png"), run["train_log"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -382,7 +387,7 @@ def main(argv=None) -> int:
     keep_freed_memory()
     try:
         check_args(args)
-        if args.bench or args.sample is not None or args.eval_only or args.analyze:
+        if args.bench or args.sample is not None or args.eval_only or args.analyze or args.picture:
             modes.run(args, sys.modules[__name__])
         else:
             rank, world, local_rank = distributed.init()

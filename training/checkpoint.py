@@ -15,7 +15,8 @@ from .checks import UserError, one_line
 
 
 def save(path, model, optimizer, memory, run, vocab, args, rank: int, world: int, device) -> None:
-    """A collective: every process calls it, and rank 0 writes. run: {step, history, seconds}."""
+    """A collective: every process calls it, and rank 0 writes. run: {step, history, train_log,
+    seconds}."""
     memories = distributed.gather_memories(memory, world, device)
     states = [torch.get_rng_state()] + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
     rngs = distributed.gather_tensors(states, world, device)
@@ -64,7 +65,8 @@ def read(path: str, device) -> dict:
 
 def resume(path: str, args, model, optimizer, rank: int, world: int, device):
     """Load weights, optimizer state, this process's memory and random state into a run about to
-    continue; returns the memory and the run's progress {step, history, seconds}."""
+    continue; returns the memory and the run's progress {step, history, train_log, seconds}
+    (train_log empty for a checkpoint written before the log lines were recorded)."""
     ckpt = read(path, device)
     if ckpt["args"].get("task", "shakespeare") != args.task:
         raise UserError(f"--resume: the checkpoint was trained on --task "
@@ -95,7 +97,11 @@ def resume(path: str, args, model, optimizer, rank: int, world: int, device):
                 torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"], device)
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
         raise UserError(f"--resume: {path} does not fit this run ({one_line(e)})") from None
-    return memory, {name: ckpt[name] for name in ("step", "history", "seconds")}
+    train_log = ckpt.get("train_log", [])
+    if not isinstance(train_log, list):
+        raise UserError(f"--resume: {path} is not a checkpoint of this script (malformed: train_log)")
+    return memory, {**{name: ckpt[name] for name in ("step", "history", "seconds")},
+                    "train_log": train_log}
 
 
 def load_model(out: str, device, make_model):

@@ -55,6 +55,9 @@ def check_flags(args) -> None:
         raise UserError(f"--bench-reach must be positive reaches, got {args.bench_reach}")
     if (args.eval_mem_len is not None or args.eval_c_mem_len is not None) and not args.eval_only:
         raise UserError("--eval-mem-len and --eval-c-mem-len are for --eval-only")
+    if (args.picture_start is not None or args.picture_query is not None or args.picture_heads) \
+            and not args.picture:
+        raise UserError("--picture-start, --picture-query and --picture-heads are for --picture")
     if args.task != "shakespeare" and args.data is not None:
         raise UserError(f"--data is for --task shakespeare; --task {args.task} makes its own text")
     if os.path.exists(args.out) and not os.path.isdir(args.out):

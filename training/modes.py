@@ -10,7 +10,7 @@ import torch
 
 from compressive import CompressiveTransformer
 
-from . import analysis, bench, checkpoint, copies, files, reach_cost, recall, sample
+from . import analysis, bench, checkpoint, copies, files, memory_picture, reach_cost, recall, sample
 from .checks import UserError
 from .device import DTYPES, autocast_for, pick_device
 
@@ -41,10 +41,14 @@ def run(args, ts) -> None:
         raise UserError("--analyze reads the attention over [c_mem; mem; segment] of the "
                         "compressive, xl and vanilla models; this checkpoint holds a Feedback "
                         "Transformer")
+    if args.picture and not isinstance(model, CompressiveTransformer):
+        raise UserError(memory_picture.NO_FEEDBACK_PICTURE)
     task = recall.checkpoint_task(args, ckpt["args"])  # the validation text it was trained on
     vocab, _, val, answers, name = ts.load_data(args, task, vocab=ckpt["vocab"],
                                                 saved_args=ckpt["args"], need_train=False)
     print(f"validation text: {name}")
+    if args.picture:
+        return memory_picture.run(args, ts, model, ckpt, val, vocab, answers)
     if args.analyze:
         streams = ts.make_streams(val, args.batch_size).to(device)
         analysis.analyze(model, streams, ckpt["step"], args.out)

@@ -80,7 +80,8 @@ def foreign_flags(args, task: str):
 
 
 def check_args(args) -> None:
-    training = not (args.bench or args.sample is not None or args.eval_only or args.analyze)
+    training = not (args.bench or args.sample is not None or args.eval_only or args.analyze
+                    or args.picture)
     if training and args.task != "recall" and foreign_flags(args, args.task):
         raise UserError(f"{', '.join(foreign_flags(args, args.task))}: for --task recall only")
     if args.live_facts is not None and args.live_facts <= 0:
@@ -475,4 +476,4 @@ def report(scored: Scored, model, out: str) -> dict:
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + \
         (f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else "")
     plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
-    return {"by_distance": rows, "by_phase": phases, "key_use": keys}
+    return {"by_distance": rows, "by_phase": phases, "key_use": keys, "reach": edges, "title": title}

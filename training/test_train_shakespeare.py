@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import train_shakespeare as ts
 from compressive import CompressiveTransformer, FeedbackTransformer, Memory
 from test_compressive import make, tiny, tokens  # the model spec's small models
-from training import analysis, data, files, plots, recall
+from training import analysis, data, files, memory_picture, plots, recall
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
@@ -56,9 +56,12 @@ def test_streams_stay_contiguous_across_steps():
 def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
     out = str(tmp_path / "run")
     assert ts.main(["--data", small_text, "--out", out, "--steps", "60", "--eval-every", "60",
-                    *TINY_FLAGS]) == 0
+                    "--log-every", "20", *TINY_FLAGS]) == 0
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["step"] == 60 and metrics["tokens_seen"] == 60 * 4 * 16
+    log = metrics["train_log"]  # the training loss at every log line
+    assert [row["step"] for row in log] == [20, 40, 60] and log[-1]["train_loss"] == metrics["train_loss"]
+    assert all(math.isfinite(row["train_loss"]) and row["recon_loss"] >= 0 for row in log)
     assert metrics["val_loss"] < math.log(len(set(open(small_text).read()))) - 0.5
     assert abs(metrics["val_bpc"] - metrics["val_loss"] / math.log(2)) < 1e-9
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
@@ -76,6 +79,7 @@ def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
     a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
     b = torch.load(os.path.join(split, "ckpt.pt"), weights_only=True)
     assert a["step"] == b["step"] == 24
+    assert [row["step"] for row in b["train_log"]] == [12, 24]  # the log is carried on
     for name, tensor in a["model"].items():
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
@@ -764,6 +768,16 @@ def test_every_plot_the_readme_promises_is_a_valid_png(fresh_pyplot, tmp_path, c
         assert image.ndim == 3 and min(image.shape[:2]) >= 200
         assert image.std() > 0.01, f"{name} is blank"
     assert "matplotlib is not installed" not in printed
+    # the plots of the finished run are drawn again from its files
+    for name in ("loss.png", "recall.png"):
+        os.remove(os.path.join(out, name))
+    assert plots.main([out]) == 0
+    printed = capsys.readouterr().out
+    for name in ("loss.png", "recall.png"):
+        assert f"wrote {os.path.join(out, name)}" in printed
+        assert imread(os.path.join(out, name)).std() > 0.01
+    assert plots.main([str(tmp_path / "nothing")]) == 2
+    assert "no metrics.json or ckpt.pt in" in error_line(capsys)
 
 
 def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(fresh_pyplot, tmp_path, capsys,
@@ -774,6 +788,8 @@ def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(fresh_pyplot,
         assert printed.count("matplotlib is not installed, so no plots are drawn") == 1
         assert "wrote" not in printed
     assert not set(PLOTS) & set(os.listdir(out))
+    assert plots.main([out]) == 2  # drawing them again needs matplotlib, and says so
+    assert "matplotlib is not installed" in error_line(capsys)
 
 
 def test_recall_flags_need_the_recall_task(small_text, tmp_path, capsys):
@@ -1089,3 +1105,134 @@ def test_a_characters_zone_is_what_a_one_layer_model_can_see():
         assert moved == seen, q
 
 
+
+
+# ---------------------------------------------------------------- the memory picture --------------
+
+def position_coded(**overrides):
+    """A model whose layer-0 memories say which text positions they hold: the token at position p
+    is p, embedded one-hot (post-LN, layer 0 stores its raw inputs in mem), and a pooling f_c, so
+    a c_mem slot is the mean (or max) of its block's one-hots."""
+    model = make(vocab_size=64, d_model=64, n_heads=2, n_layers=1, seq_len=5, **overrides).eval()
+    with torch.no_grad():
+        model.embed.weight.copy_(torch.eye(64))
+    return model
+
+
+def held_positions(memory):
+    """(mem, c_mem) of layer 0, row 0, decoded into text positions."""
+    mem = [int(v.argmax()) for v in memory.mem[0][0]]
+    c_mem = [(row > 0).nonzero().flatten().tolist() for row in memory.c_mem[0][0]]
+    return mem, c_mem
+
+
+@pytest.mark.parametrize("n_m, n_cm, c, f_c", [(7, 3, 3, "mean_pool"), (8, 2, 4, "max_pool"),
+                                               (7, 0, 3, "mean_pool"), (0, 0, 3, "mean_pool")])
+def test_the_pictures_fifo_bookkeeping_is_the_models_own_update_memory(n_m, n_cm, c, f_c):
+    model = position_coded(mem_len=n_m, c_mem_len=n_cm, compression_rate=c, compression=f_c)
+    lengths, start = [5, 5, 2, 5, 5, 5, 4, 5, 5], 3  # T = 2, 4, 5: not multiples of c
+    steps = memory_picture.fifo_steps(start, lengths, n_m, n_cm, c)
+    memory, position, overflowed = None, start, False
+    with torch.no_grad():
+        for length, step in zip(lengths, steps):
+            _, memory, _ = model(torch.arange(position, position + length)[None], memory)
+            position += length
+            mem, c_mem = held_positions(memory)
+            assert (mem, c_mem) == (step.mem, step.c_mem)
+            for slot, block in zip(memory.c_mem[0][0] if n_cm else [], step.c_mem):
+                expected = torch.zeros(64)
+                expected[block] = 1.0 / c if f_c == "mean_pool" else 1.0
+                torch.testing.assert_close(slot, expected)  # exactly the c characters of its block
+            overflowed |= bool(step.dropped)
+    assert overflowed == (n_cm > 0)  # c_mem filled and overflowed where there is one
+
+
+def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_them():
+    model = position_coded(mem_len=7, c_mem_len=3, compression_rate=3, compression="mean_pool")
+    ids, vocab = torch.arange(64), [chr(48 + i) for i in range(64)]
+    picture = memory_picture.memory_picture(model, ids, vocab, start=3, query=40)
+    data = picture.data
+    assert set(data) == {"start", "seq_len", "query", "slots"} and data["seq_len"] == 5
+    slots = data["slots"]
+    # n_m = 7 is not a multiple of c = 3: eviction in whole blocks leaves mem 5 of 7 here
+    assert [s["region"] for s in slots] == ["c_mem"] * 3 + ["mem"] * 5 + ["segment"] * 3
+    positions = [p for s in slots for p in s["positions"]]
+    assert positions == list(range(positions[0], 41))  # contiguous, oldest first, up to the query
+    memory = None
+    with torch.no_grad():  # the model's own memory before the query's segment (38-42)
+        for a in range(3, 38, 5):
+            _, memory, _ = model(ids[a:a + 5][None], memory)
+    mem, c_mem = held_positions(memory)
+    assert [s["positions"] for s in slots[:3]] == c_mem and [s["positions"][0] for s in slots[3:8]] == mem
+    assert all(s["text"] == "".join(vocab[p] for p in s["positions"]) for s in slots)
+    assert math.isclose(sum(s["attention"][0] for s in slots), 1.0, rel_tol=1e-6)  # no key missing
+    # a layer made to look for one position's feature puts its largest weight on the slot of it
+    d_head = 32
+    with torch.no_grad():
+        attn = model.layers[0].attn
+        attn.qkv.weight.zero_()
+        attn.position.weight.zero_()
+        attn.content_bias.zero_()
+        attn.content_bias[:, 0, 0] = 400.0
+        for target in (25, 35):  # in c_mem, in mem
+            attn.qkv.weight[64:64 + 2 * d_head:d_head] = 0.0
+            attn.qkv.weight[[64, 64 + d_head], target] = 1.0
+            picture = memory_picture.memory_picture(model, ids, vocab, start=3, query=40, heads=True)
+            (k, weight), = memory_picture.strongest(picture)
+            assert target in picture.data["slots"][k]["positions"] and weight > 0.9
+            by_head = picture.data["slots"][k]["attention_by_head"][0]
+            assert math.isclose(sum(by_head) / 2, weight, rel_tol=1e-6)
+    with pytest.raises(ValueError, match="outside the passage"):
+        memory_picture.memory_picture(model, ids, vocab, start=10, query=5)
+    with pytest.raises(ValueError, match="Feedback Transformer"):
+        memory_picture.memory_picture(FeedbackTransformer(tiny()), ids, vocab)
+
+
+def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text, tmp_path, capsys,
+                                                             monkeypatch):
+    picture = ["--picture", "--data", small_text, "--device", "cpu"]
+    with monkeypatch.context() as without:  # no matplotlib: the JSON, and one line saying so
+        without.setitem(sys.modules, "matplotlib", None)
+        assert ts.main(["--out", trained, *picture]) == 2
+        assert "matplotlib is not installed" in error_line(capsys)
+    assert "memory.json" in os.listdir(trained) and "memory.png" not in os.listdir(trained)
+    data = json.load(open(os.path.join(trained, "memory.json")))
+    # n_s 16, n_m 16, n_cm 8, c 2: by default 5 segments from 0, the query the last character;
+    # before the query's segment 64-79, mem holds 48-63 and c_mem the pairs of 32-47
+    assert (data["start"], data["seq_len"], data["query"]) == (0, 16, 79)
+    assert [s["positions"] for s in data["slots"]] == ([[p, p + 1] for p in range(32, 48, 2)]
+                                                       + [[p] for p in range(48, 80)])
+    val = open(small_text).read()[int(0.9 * 6000):]
+    assert all(s["text"] == "".join(val[p] for p in s["positions"]) for s in data["slots"])
+    assert all(len(s["attention"]) == 2 for s in data["slots"])
+    for flags, message in [  # bad input: one line each
+            (["--picture-query", "100000"], "the validation text has 600 characters"),
+            (["--picture-start", "-1"], "the validation text has 600 characters"),
+            (["--picture-start", "50", "--picture-query", "10"], "lies before --picture-start 50"),
+            (["--picture-start", "590"], "the validation text ends 10 characters after it")]:
+        assert ts.main(["--out", trained, *picture, *flags]) == 2
+        assert message in error_line(capsys)
+    assert ts.main(["--out", str(tmp_path / "none"), *picture]) == 2
+    assert "no checkpoint at" in error_line(capsys)
+    assert ts.main(["--out", trained, "--picture-query", "5"]) == 2
+    assert "are for --picture" in error_line(capsys)
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+    from PIL import Image
+    assert ts.main(["--out", trained, *picture, "--picture-start", "16", "--picture-query", "60"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("memory.json", "memory.png", "memory.gif"):
+        assert f"wrote {os.path.join(trained, name)}" in printed
+    image = imread(os.path.join(trained, "memory.png"))
+    assert image.ndim == 3 and min(image.shape[:2]) >= 200 and image.std() > 0.01
+    with Image.open(os.path.join(trained, "memory.gif")) as gif:
+        assert gif.format == "GIF" and gif.n_frames == 2 * 3  # two frames a segment: 16-63
+
+
+def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
+    cfg = tiny(seq_len=8, mem_len=8, c_mem_len=4, compression_rate=2)  # c_mem: 9-16 before a segment
+    answers = torch.tensor([[30, 12], [60, 13], [90, 20]])  # (the answer digit's position, D)
+    start, query, fact = memory_picture.recall_query(cfg, answers, 200)
+    # the '?' at 89 ends the segment 82-89; mem holds 74-81, c_mem 66-73; the fact's digit is 70
+    assert (query, fact) == (89, [66, 67, 68, 69, 70]) and start == 89 - 7 - 4 * 8  # 5 segments
+    assert memory_picture.recall_fact(answers, 59) == [43, 44, 45, 46, 47]
