@@ -1,0 +1,49 @@
+"""The lesson notebook (lesson/lesson.ipynb) as a file: what keeps it reviewable and runnable.
+
+CI executes it top to bottom in a fresh kernel with QUICK = True (papermill, in .ci/run); these
+checks need nothing beyond the standard library."""
+import ast
+import json
+from pathlib import Path
+
+NOTEBOOK = Path(__file__).resolve().parent / "lesson.ipynb"
+
+
+def cells(kind):
+    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    return [c for c in notebook["cells"] if c["cell_type"] == kind]
+
+
+def source(cell) -> str:
+    return "".join(cell["source"])
+
+
+def test_the_notebook_is_kept_without_outputs_so_a_diff_shows_only_the_lesson():
+    notebook = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    assert notebook["nbformat"] == 4 and notebook["metadata"]["kernelspec"]["name"] == "python3"
+    for cell in cells("code"):
+        assert cell["outputs"] == [] and cell["execution_count"] is None, source(cell)[:60]
+
+
+def test_one_parameters_cell_sets_quick_to_false():
+    tagged = [c for c in cells("code") if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) == 1
+    assigned = {node.targets[0].id: ast.literal_eval(node.value)
+                for node in ast.parse(source(tagged[0])).body if isinstance(node, ast.Assign)}
+    assert assigned == {"QUICK": False}
+    assert cells("code").index(tagged[0]) == 0  # before anything runs
+
+
+def test_every_code_cell_is_python_and_none_defines_a_model_or_a_class():
+    for cell in cells("code"):
+        tree = ast.parse(source(cell))
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)], source(cell)[:60]
+        assert "nn.Module" not in source(cell)
+
+
+def test_every_run_the_notebook_starts_has_a_quick_form():
+    """Each training or benchmark run goes through train_shakespeare.main and is made small when
+    QUICK is set (the step counts CI relies on to stay under a minute)."""
+    runs = [source(c) for c in cells("code") if "--steps" in source(c) or "--bench" in source(c)]
+    assert len(runs) == 3  # Shakespeare, the reach benchmark, the cost of reach
+    assert all("QUICK" in run for run in runs)
