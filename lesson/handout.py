@@ -316,6 +316,9 @@ def run_tests(source_text: str, tests: Path, trace: bool = False) -> Run:
         (folder / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)  # compressive is the copy's, nothing else
+        # pytest alone: a plugin of the machine's (one that reorders or reseeds the tests, say)
+        # must not change what a check finds
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         if trace:
             env["TORCHDYNAMO_DISABLE"] = "1"  # every call runs as Python, and so records itself
         result = folder / "result.json"

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +34,15 @@ def small_text(tmp_path):
     path = tmp_path / "text.txt"
     path.write_text(text, encoding="utf-8")
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def plots_only_where_tested(request, monkeypatch):
+    """With matplotlib installed every run would draw its loss curve, a few tenths of a second
+    each; the runs here draw none (as without matplotlib, but silently), except in the tests of
+    the plots themselves, which ask for fresh_pyplot. The picture's drawing is tested apart."""
+    if "fresh_pyplot" not in request.fixturenames:
+        monkeypatch.setattr(plots, "pyplot", lambda: None)
 
 
 TINY_FLAGS = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64",
@@ -275,12 +285,23 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
 
 # ---------------------------------------------------------------- hostile files, bad flags ---------
 
+@pytest.fixture(scope="session")
+def trained_once(tmp_path_factory):
+    """A real checkpoint after 2 steps on small_text's characters, trained once per session."""
+    folder = tmp_path_factory.mktemp("trained_once")
+    with open(SHAKESPEARE, encoding="utf-8") as f:
+        (folder / "text.txt").write_text(f.read()[:6000], encoding="utf-8")
+    out = str(folder / "trained")
+    assert ts.main(["--data", str(folder / "text.txt"), "--out", out, "--steps", "2",
+                    "--eval-every", "2", *TINY_FLAGS]) == 0
+    return out
+
+
 @pytest.fixture
-def trained(small_text, tmp_path):
-    """A folder with a real checkpoint after 2 steps (and its metrics)."""
+def trained(trained_once, tmp_path):
+    """A folder of this test's own with that checkpoint (and its metrics), to damage at will."""
     out = str(tmp_path / "trained")
-    assert ts.main(["--data", small_text, "--out", out, "--steps", "2", "--eval-every", "2",
-                    *TINY_FLAGS]) == 0
+    shutil.copytree(trained_once, out)
     return out
 
 
