@@ -97,8 +97,7 @@ class Memory(NamedTuple):
     usage[i]: [batch, <= n_m] attention each memory slot received while in memory; only kept
               for the most_used f_c, which keeps the most attended memories (else None)
     since_reset: [batch] tokens fed to each row since reset() emptied it (inf: never); None
-              before any reset. The per-row account of the valid slots: every shape is kept.
-    """
+              before any reset. The per-row account of the valid slots: every shape is kept."""
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
     usage: Optional[List[torch.Tensor]] = None
@@ -164,8 +163,7 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
         skip T = 2, read 2 rows of K = 3:  [1 0 3] [2 1 0]
         q0 sees keys 0, 1 at distances 1, 0 (key 2 is its future: the causal mask hides the 3 that
         wrapped in); q1 sees keys 0, 1, 2 at distances 2, 1, 0. Transformer-XL pads a zero column
-        and re-views; the spare distance-K column plays the pad's role, so nothing is copied.
-    """
+        and re-views; the spare distance-K column plays the pad's role, so nothing is copied."""
     *batch, T, K_plus_1 = position_scores.shape
     K = K_plus_1 - 1
     flat = position_scores.reshape(*batch, T * K_plus_1)          # [..., T*(K+1)]
@@ -445,11 +443,13 @@ class CompressiveLayer(nn.Module):
         return residual_and_feed_forward(self, h, attended.out), attended
 
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
-        """The two FIFOs (paper, Algorithm 1): append the layer inputs h of the new tokens to mem;
-        what overflows n_m is evicted in whole blocks of c, compressed by f_c and appended to
-        c_mem, which keeps its newest n_cm. attended: this layer's attention over [c_mem; mem; h]
-        (the reconstruction loss reuses it); usage: attention per mem slot (most_used, else None).
-        Returns the new (mem, c_mem, usage) and the reconstruction loss of f_c (0-dim)."""
+        """The two FIFOs (paper, Algorithm 1): append the layer inputs h of the new tokens to mem,
+        detached; what overflows n_m is evicted in whole blocks of c (n_cm = 0, Transformer-XL:
+        exactly the overflow, dropped), compressed by f_c(old_mem, the mem left after it, their
+        usage) and appended, detached, to c_mem, which keeps its newest n_cm (n_m = 0: nothing is
+        kept). attended: this layer's attention over [c_mem; mem; h]; usage: attention per mem slot
+        (most_used's, else None: add_usage below). Returns the new (mem, c_mem, usage) and f_c's
+        loss (0-dim; 0 unless self.reconstructs: reconstruction_loss below, n_held = len(c_mem))."""
         n_m, n_cm, c = self.cfg.mem_len, self.cfg.c_mem_len, self.cfg.compression_rate
         recon = h.new_zeros(())
         if n_m == 0:                                                    # no memory at all

@@ -374,7 +374,7 @@ def make(names: List[str], out: Path) -> None:
         (staging / "checks").mkdir()
         for name in names:
             (staging / "checks" / f"{name}.txt").write_text("".join(t + "\n" for t in checks[name]))
-        (staging / "README.md").write_text(student_readme(names, checks, tree))
+        (staging / "README.md").write_text(student_readme(names, checks, ast.parse(student)))
         imports = subprocess.run([sys.executable, "-c", "import compressive"], cwd=staging,
                                  capture_output=True, text=True, timeout=TIMEOUT_S)
         if imports.returncode:
@@ -394,6 +394,7 @@ def make(names: List[str], out: Path) -> None:
 
 
 def student_readme(names: List[str], checks: Dict[str, List[str]], tree: ast.Module) -> str:
+    """The handout's README; tree: the student copy's (its line numbers)."""
     known = functions(tree)
     rows = []
     for name in names:
@@ -407,6 +408,11 @@ def student_readme(names: List[str], checks: Dict[str, List[str]], tree: ast.Mod
     if len(names) > 1:
         shared = ("\nA test that calls two of your functions is in both checks: it passes once "
                   "both are written.\n")
+        for later in names:  # where one check lies inside another's, the order to write them
+            for first in names:
+                if first != later and set(checks[later]) < set(checks[first]):
+                    shared += (f"Write `{first}` first: every test of `{later}`'s check calls it "
+                               f"too.\n")
     return f"""# Compressive Transformer: the exercise
 
 In `compressive.py` the body of each function below is `raise NotImplementedError`. Its

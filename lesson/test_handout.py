@@ -94,6 +94,17 @@ def test_the_handout_is_deterministic_and_blanks_several_functions_at_once():
     checks = {n: [f"test_compressive.py::test_{i}"] for i, n in enumerate(names)}
     assert handout.student_readme(names, checks, TREE) == handout.student_readme(names, checks, TREE)
     assert "@checks/relative_shift.txt" in handout.student_readme(names, checks, TREE)
+    # the README points into the student's copy, and says which to write first where one
+    # exercise's tests all call the other
+    student_tree = ast.parse(first)
+    checks["relative_shift"].append(checks["CompressiveLayer.update_memory"][0])
+    readme = handout.student_readme(names, checks, student_tree)
+    for name in names:
+        line = handout.functions(student_tree)[name].lineno
+        assert first.splitlines()[line - 1].lstrip().startswith(f"def {name.split('.')[-1]}(")
+        assert f"`{name}` (compressive.py, line {line})" in readme
+    assert ("Write `relative_shift` first: every test of `CompressiveLayer.update_memory`'s check "
+            "calls it too.") in readme
 
 
 def test_a_short_name_resolves_and_an_unknown_one_is_one_clear_error(tmp_path):
