@@ -508,8 +508,9 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
         held = picture.held[k]
         state = (f"The model's own memory tensors now hold {held[0]} mem and {held[1]} c_mem slots "
                  f"per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {cfg.compression})."
-                 if after else "Positions of the passage at the left; grey: read and no longer held"
-                 + ("; red: the fact the last query asks for." if picture.marks else "."))
+                 if after else "Positions of the passage at the left; grey: not read yet, or no "
+                 "longer held" + ("; red: the fact the last query asks for."
+                                  if picture.marks else "."))
         captions.extend([
             fig.text(0.1 / fig_w, 1 - 0.1 / fig_h, title, fontsize=10, fontweight="bold", va="top"),
             fig.text(0.1 / fig_w, 1 - 0.5 / fig_h, says, fontsize=8.5, va="center"),
