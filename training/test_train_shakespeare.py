@@ -287,7 +287,7 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
 
 @pytest.fixture(scope="session")
 def trained_once(tmp_path_factory):
-    """A real checkpoint after 2 steps on small_text's characters, trained once for the whole run."""
+    """A real checkpoint after 2 steps on small_text's characters, trained once per test run."""
     folder = tmp_path_factory.mktemp("trained_once")
     with open(SHAKESPEARE, encoding="utf-8") as f:
         (folder / "text.txt").write_text(f.read()[:6000], encoding="utf-8")
