@@ -49,6 +49,7 @@ RECONSTRUCTIONS = ("attention", "autoencoding")
 
 # 1. Configuration and memory state ------------------------------------------------------------
 
+
 @dataclass
 class CompressiveConfig:
     vocab_size: int = 65
@@ -57,36 +58,53 @@ class CompressiveConfig:
     n_layers: int = 4
     d_ff: int = 512
     dropout: float = 0.0
-    seq_len: int = 64            # n_s: training segment length
-    mem_len: int = 64            # n_m: 0 -> no memory at all (relative-attention transformer)
-    c_mem_len: int = 32          # n_cm: 0 -> Transformer-XL (evicted memories are dropped)
-    compression_rate: int = 4    # c
-    compression: str = "conv"    # f_c: one of COMPRESSIONS
+    seq_len: int = 64  # n_s: training segment length
+    mem_len: int = 64  # n_m: 0 -> no memory at all (relative-attention transformer)
+    c_mem_len: int = 32  # n_cm: 0 -> Transformer-XL (evicted memories are dropped)
+    compression_rate: int = 4  # c
+    compression: str = "conv"  # f_c: one of COMPRESSIONS
     reconstruction: str = "attention"  # loss that trains f_c: attention | autoencoding
-    pre_norm: bool = False       # post-LN, as in the paper and Transformer-XL; True -> pre-LN
+    pre_norm: bool = False  # post-LN, as in the paper and Transformer-XL; True -> pre-LN
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len",
-                     "compression_rate", "mem_len", "c_mem_len"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_heads",
+            "n_layers",
+            "d_ff",
+            "seq_len",
+            "compression_rate",
+            "mem_len",
+            "c_mem_len",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < (0 if name in ("mem_len", "c_mem_len") else 1):
-                raise ValueError(f"{name} must be {'>= 0' if 'mem' in name else 'positive'}, "
-                                 f"got {value}")
+                raise ValueError(
+                    f"{name} must be {'>= 0' if 'mem' in name else 'positive'}, got {value}"
+                )
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.compression not in COMPRESSIONS:
-            raise ValueError(f"unknown compression {self.compression!r}; choose one of {COMPRESSIONS}")
+            raise ValueError(
+                f"unknown compression {self.compression!r}; choose one of {COMPRESSIONS}"
+            )
         if self.reconstruction not in RECONSTRUCTIONS:
-            raise ValueError(f"unknown reconstruction {self.reconstruction!r}; "
-                             f"choose one of {RECONSTRUCTIONS}")
+            raise ValueError(
+                f"unknown reconstruction {self.reconstruction!r}; choose one of {RECONSTRUCTIONS}"
+            )
         if 0 < self.mem_len < self.compression_rate and self.c_mem_len > 0:
             # Eviction happens in whole blocks of c, so the memory must be able to hold a block.
-            raise ValueError(f"mem_len ({self.mem_len}) must be >= compression_rate "
-                             f"({self.compression_rate}) when c_mem_len > 0")
+            raise ValueError(
+                f"mem_len ({self.mem_len}) must be >= compression_rate "
+                f"({self.compression_rate}) when c_mem_len > 0"
+            )
 
 
 class Memory(NamedTuple):
@@ -98,6 +116,7 @@ class Memory(NamedTuple):
               for the most_used f_c, which keeps the most attended memories (else None)
     since_reset: [batch] tokens fed to each row since reset() emptied it (inf: never); None
               before any reset. The per-row account of the valid slots: every shape is kept."""
+
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
     usage: Optional[List[torch.Tensor]] = None
@@ -112,8 +131,10 @@ class Memory(NamedTuple):
         if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
             raise TypeError(f"done must be a bool tensor, got {getattr(done, 'dtype', type(done))}")
         if done.shape != (batch,) or done.device != device:
-            raise ValueError(f"done must have shape [{batch}] on {device}, like the memory; got "
-                             f"{list(done.shape)} on {done.device}")
+            raise ValueError(
+                f"done must have shape [{batch}] on {device}, like the memory; got "
+                f"{list(done.shape)} on {done.device}"
+            )
         forget = lambda t: torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)  # noqa: E731
         since = torch.where(done, 0.0, math.inf if self.since_reset is None else self.since_reset)
         usage = None if self.usage is None else [forget(u) for u in self.usage]
@@ -126,9 +147,13 @@ def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> 
     k tokens back; c_mem's k-th newest holds the c tokens before the (k-1)-th's (the 1st: those
     before mem's oldest), so it reaches n_mem + k*c back. A block of c a reset cut is forgotten."""
     device = since_reset.device
-    reaches_back = torch.cat([n_mem + rate * torch.arange(n_c_mem, 0, -1, device=device),
-                              torch.arange(n_mem, 0, -1, device=device),
-                              torch.zeros(n_new, device=device)])                     # [K]
+    reaches_back = torch.cat(
+        [
+            n_mem + rate * torch.arange(n_c_mem, 0, -1, device=device),
+            torch.arange(n_mem, 0, -1, device=device),
+            torch.zeros(n_new, device=device),
+        ]
+    )  # [K]
     mask = torch.zeros(since_reset.size(0), 1, 1, reaches_back.numel(), device=device)
     return mask.masked_fill_(reaches_back > since_reset[:, None, None, None], float("-inf"))
 
@@ -140,6 +165,7 @@ def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> 
 # The score is (Transformer-XL eq. in Dai et al. 2019, terms (a)+(c) and (b)+(d)):
 #     A_ij = (q_i + u) . k_j  +  (q_i + v) . W_r R_{M+i-j}
 # with sinusoidal R, learned projection W_r and learned biases u, v.
+
 
 def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Tensor:
     """R for the distances n_positions-1, ..., 1, 0 (descending): [n_positions, d_model]."""
@@ -166,18 +192,19 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
         and re-views; the spare distance-K column plays the pad's role, so nothing is copied."""
     *batch, T, K_plus_1 = position_scores.shape
     K = K_plus_1 - 1
-    flat = position_scores.reshape(*batch, T * K_plus_1)          # [..., T*(K+1)]
-    return flat[..., T:T + T * K].view(*batch, T, K)              # [..., T, K]
+    flat = position_scores.reshape(*batch, T * K_plus_1)  # [..., T*(K+1)]
+    return flat[..., T : T + T * K].view(*batch, T, K)  # [..., T, K]
 
 
 class Attended(NamedTuple):
     """What one attention call computed. f_c's reconstruction loss reuses the content queries, keys
     and values (detached there), and --analyze reads the weights (through a forward hook)."""
-    out: torch.Tensor               # [B, T, d] the attention's output, after W_o
-    weights: torch.Tensor           # [B, H, T, K] softmax over the keys [c_mem; mem; segment]
-    content_queries: torch.Tensor   # [B, H, T, d_head] (q + u) / sqrt(d_head)
-    keys: torch.Tensor              # [B, H, K, d_head]
-    values: torch.Tensor            # [B, H, K, d_head]
+
+    out: torch.Tensor  # [B, T, d] the attention's output, after W_o
+    weights: torch.Tensor  # [B, H, T, K] softmax over the keys [c_mem; mem; segment]
+    content_queries: torch.Tensor  # [B, H, T, d_head] (q + u) / sqrt(d_head)
+    keys: torch.Tensor  # [B, H, K, d_head]
+    values: torch.Tensor  # [B, H, K, d_head]
 
 
 class RelativeAttention(nn.Module):
@@ -189,7 +216,7 @@ class RelativeAttention(nn.Module):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
         self.position = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_r
-        self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))   # u
+        self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # u
         self.position_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # v
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
@@ -207,9 +234,9 @@ class RelativeAttention(nn.Module):
         the scores, [T, K] or per row [B, 1, T, K]: -inf where a key lies in the query's future
         or was forgotten by Memory.reset, else 0 (None: every key is visible)."""
         B, H, T, d_head = q.shape
-        scale = d_head ** -0.5
+        scale = d_head**-0.5
         content_q = q + self.content_bias * scale
-        content = torch.matmul(content_q, keys.transpose(-1, -2))                    # (a) + (c)
+        content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c)
         # (b) + (d). W_r R is the same for every row of the batch, so fold the batch into the rows
         # of one product per head ([H, B*T, d_head] x [H, d_head, K+1]); broadcasting it instead
         # would copy W_r R once per row, which costs as much as the product when T is 1.
@@ -244,7 +271,7 @@ class RelativeMultiHeadAttention(RelativeAttention):
         # The batched matmuls run fastest on head-major, contiguous [B, H, time, d_head] operands:
         # split the heads before concatenating, so the cat writes keys and values in that layout,
         # and copy q into it once (2-3% of a step at the README's reference size).
-        q = self.split_heads(q * self.d_head ** -0.5).contiguous()  # scale folded into q (and u, v)
+        q = self.split_heads(q * self.d_head**-0.5).contiguous()  # scale folded into q (and u, v)
         k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # of [c_mem; mem; h]
         v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
         return self.attend(q, k, v, self.project_positions(positions), attn_mask)
@@ -256,6 +283,7 @@ class RelativeMultiHeadAttention(RelativeAttention):
 #     following  [B, >= 1, d] the memories still in mem after them (only overlap_max_pool reads it)
 #     usage      [B, k*c]     attention each evicted memory received (only most_used reads it)
 #     compressed [B, k, d]    one compressed memory per block of c
+
 
 class ConvCompress(nn.Module):
     """The paper's best f_c: a 1-D convolution with kernel = stride = c.
@@ -269,14 +297,14 @@ class ConvCompress(nn.Module):
         self.rate = rate
         # Start as mean pooling (plus noise) so compressed memories carry meaning from step one;
         # the reconstruction loss then moves it wherever helps attention most.
-        mean_pool = torch.eye(d_model).repeat(1, rate) / rate                  # [d, c*d]
+        mean_pool = torch.eye(d_model).repeat(1, rate) / rate  # [d, c*d]
         self.weight = nn.Parameter(mean_pool + torch.randn(d_model, rate * d_model) * 0.02 / rate)
         self.bias = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
         B, length, d = old_mem.shape
-        blocks = old_mem.reshape(B, length // self.rate, self.rate * d)        # [B, k, c*d]
-        return F.linear(blocks, self.weight, self.bias)                        # [B, k, d]
+        blocks = old_mem.reshape(B, length // self.rate, self.rate * d)  # [B, k, c*d]
+        return F.linear(blocks, self.weight, self.bias)  # [B, k, d]
 
 
 class DilatedConvCompress(nn.Module):
@@ -287,17 +315,18 @@ class DilatedConvCompress(nn.Module):
         super().__init__()
         self.dilated = nn.ModuleList(
             nn.Conv1d(d_model, d_model, kernel_size=3, dilation=dilation, padding=dilation)
-            for dilation in (1, 2))
+            for dilation in (1, 2)
+        )
         for conv in self.dilated:  # start as identity: the residual branch begins near zero
             nn.init.normal_(conv.weight, 0.0, 0.02 / math.sqrt(3 * d_model))
             nn.init.zeros_(conv.bias)
         self.reduce = ConvCompress(d_model, rate)
 
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
-        x = old_mem.transpose(1, 2)                              # Conv1d wants [B, d, k*c]
+        x = old_mem.transpose(1, 2)  # Conv1d wants [B, d, k*c]
         for conv in self.dilated:
             x = x + F.gelu(conv(x))
-        return self.reduce(x.transpose(1, 2))                    # [B, k, d]
+        return self.reduce(x.transpose(1, 2))  # [B, k, d]
 
 
 class PoolCompress(nn.Module):
@@ -327,8 +356,8 @@ class OverlapMaxPoolCompress(nn.Module):
         self.rate = rate
 
     def forward(self, old_mem, following, usage=None) -> torch.Tensor:
-        windows = torch.cat([old_mem, following[:, :1]], dim=1)               # [B, k*c + 1, d]
-        return windows.unfold(1, self.rate + 1, self.rate).amax(dim=-1)       # [B, k, d]
+        windows = torch.cat([old_mem, following[:, :1]], dim=1)  # [B, k*c + 1, d]
+        return windows.unfold(1, self.rate + 1, self.rate).amax(dim=-1)  # [B, k, d]
 
 
 class MostUsedCompress(nn.Module):
@@ -341,7 +370,7 @@ class MostUsedCompress(nn.Module):
 
     def forward(self, old_mem, following, usage) -> torch.Tensor:
         keep = old_mem.size(1) // self.rate
-        index = usage.topk(keep, dim=1).indices.sort(dim=1).values          # [B, k], in time order
+        index = usage.topk(keep, dim=1).indices.sort(dim=1).values  # [B, k], in time order
         return old_mem.gather(1, index.unsqueeze(-1).expand(-1, -1, old_mem.size(-1)))
 
 
@@ -364,14 +393,16 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
 # every parameter other than f_c's (and the auto-encoder's decoder) is detached, so this loss
 # cannot change what the rest of the network does.
 
+
 def content_attention(queries, keys, values):
     """Attention without positions (term (a)+(c) only): [B, H, T, d_head] over [B, H, M, d_head].
     The queries arrive already scaled by 1/sqrt(d_head)."""
     return torch.matmul(torch.matmul(queries, keys.transpose(-1, -2)).softmax(dim=-1), values)
 
 
-def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, old_values,
-                                  compressed):
+def attention_reconstruction_loss(
+    layer: "CompressiveLayer", queries, old_keys, old_values, compressed
+):
     """Paper, Algorithm 2: || attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 (mean over elements),
     with the layer's own content attention, frozen.
 
@@ -385,8 +416,9 @@ def attention_reconstruction_loss(layer: "CompressiveLayer", queries, old_keys, 
     attn = layer.attn
     if layer.pre_norm:  # attention sees normalised memories: use the layer's norm, frozen
         norm = layer.attn_norm
-        compressed = F.layer_norm(compressed, norm.normalized_shape, norm.weight.detach(),
-                                  norm.bias.detach(), norm.eps)
+        compressed = F.layer_norm(
+            compressed, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps
+        )
     d = compressed.size(-1)
     k, v = F.linear(compressed, attn.qkv.weight[d:].detach()).chunk(2, dim=-1)
     with torch.no_grad():
@@ -402,6 +434,7 @@ def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
 
 
 # 5. One layer: attention over [c_mem; mem; h] and the feed-forward, then the memory update ----
+
 
 def residual_and_feed_forward(layer, x, attended):
     """The rest of a layer after attention. Post-LN, as in the paper: a = LN(x + attn),
@@ -422,8 +455,9 @@ class CompressiveLayer(nn.Module):
         self.attn_norm = nn.LayerNorm(cfg.d_model)
         self.attn = RelativeMultiHeadAttention(cfg)
         self.ff_norm = nn.LayerNorm(cfg.d_model)
-        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
-                                nn.Linear(cfg.d_ff, cfg.d_model))
+        self.ff = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model)
+        )
         self.dropout = nn.Dropout(cfg.dropout)
         # f_c, only where something is ever compressed (not for Transformer-XL, n_cm = 0, nor
         # without memory), so those models carry no idle weights
@@ -452,22 +486,26 @@ class CompressiveLayer(nn.Module):
         loss (0-dim; 0 unless self.reconstructs: reconstruction_loss below, n_held = len(c_mem))."""
         n_m, n_cm, c = self.cfg.mem_len, self.cfg.c_mem_len, self.cfg.compression_rate
         recon = h.new_zeros(())
-        if n_m == 0:                                                    # no memory at all
+        if n_m == 0:  # no memory at all
             return mem, c_mem, usage, recon
         usage = self.add_usage(usage, attended, c_mem.size(1), h.size(1))
-        mem = torch.cat([mem, h.detach()], dim=1)                       # append: [B, len + T, d]
+        mem = torch.cat([mem, h.detach()], dim=1)  # append: [B, len + T, d]
         overflow = mem.size(1) - n_m
         if overflow <= 0:
             return mem, c_mem, usage, recon
         n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c  # whole blocks of c
         old_mem, mem = mem[:, :n_evict], mem[:, n_evict:].contiguous()  # evict the oldest
-        old_usage, usage = (None, None) if usage is None else (usage[:, :n_evict], usage[:, n_evict:])
-        if n_cm == 0:                                                   # Transformer-XL: forget
+        old_usage, usage = (
+            (None, None) if usage is None else (usage[:, :n_evict], usage[:, n_evict:])
+        )
+        if n_cm == 0:  # Transformer-XL: forget
             return mem, c_mem, usage, recon
-        compressed = self.compress(old_mem, mem, old_usage)             # f_c: [B, n_evict / c, d]
+        compressed = self.compress(old_mem, mem, old_usage)  # f_c: [B, n_evict / c, d]
         if self.reconstructs:
             recon = self.reconstruction_loss(old_mem, compressed, attended, c_mem.size(1))
-        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[:, -n_cm:].contiguous()  # newest n_cm
+        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[
+            :, -n_cm:
+        ].contiguous()  # newest n_cm
         return mem, c_mem, usage, recon
 
     @staticmethod
@@ -476,7 +514,7 @@ class CompressiveLayer(nn.Module):
         keys come after the n_held of c_mem), then open a zero slot for each of the n_new inputs."""
         if usage is None:
             return None
-        received = attended.weights[..., n_held:n_held + usage.size(1)].detach().sum(dim=(1, 2))
+        received = attended.weights[..., n_held : n_held + usage.size(1)].detach().sum(dim=(1, 2))
         return torch.cat([usage + received, usage.new_zeros(usage.size(0), n_new)], dim=1)
 
     def reconstruction_loss(self, old_mem, compressed, attended: Attended, n_held: int):
@@ -484,12 +522,17 @@ class CompressiveLayer(nn.Module):
         if self.decoder is not None:
             return autoencoding_loss(self.decoder, old_mem, compressed)
         old = slice(n_held, n_held + old_mem.size(1))  # the evicted memories are the first keys
-        return attention_reconstruction_loss(          # after c_mem's
-            self, attended.content_queries.detach(), attended.keys[:, :, old].detach(),
-            attended.values[:, :, old].detach(), compressed)
+        return attention_reconstruction_loss(  # after c_mem's
+            self,
+            attended.content_queries.detach(),
+            attended.keys[:, :, old].detach(),
+            attended.values[:, :, old].detach(),
+            compressed,
+        )
 
 
 # 6. The language model ------------------------------------------------------------------------
+
 
 class LanguageModel(nn.Module):
     """What the two language models of this file (sections 6 and 7) share. Their contract:
@@ -528,28 +571,37 @@ class LanguageModel(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be 2-D [batch, time], got shape {tuple(tokens.shape)}")
         if tokens.size(0) == 0 or tokens.size(1) == 0:
-            raise ValueError(f"tokens must hold at least one token per row, got shape "
-                             f"{tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens must hold at least one token per row, got shape {tuple(tokens.shape)}"
+            )
         if not (check_ids or tokens.device.type == "cpu" and not torch.compiler.is_compiling()):
             return
         if bool(((tokens < 0) | (tokens >= self.cfg.vocab_size)).any()):
-            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
-                             f"[{int(tokens.min())}, {int(tokens.max())}]")
+            raise ValueError(
+                f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
+                f"[{int(tokens.min())}, {int(tokens.max())}]"
+            )
 
     def check_inputs(self, x) -> None:
         """The checks hidden_states makes on its inputs x [batch, time, d_model]."""
         weight = self.embed.weight
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-            raise TypeError(f"x must be a floating-point torch.Tensor (token ids go to forward), "
-                            f"got {getattr(x, 'dtype', type(x).__name__)}")
+            raise TypeError(
+                f"x must be a floating-point torch.Tensor (token ids go to forward), "
+                f"got {getattr(x, 'dtype', type(x).__name__)}"
+            )
         if x.dim() != 3 or x.size(0) == 0 or x.size(1) == 0 or x.size(2) != self.cfg.d_model:
-            raise ValueError(f"x must have shape [batch >= 1, time >= 1, d_model = "
-                             f"{self.cfg.d_model}], got {list(x.shape)}")
+            raise ValueError(
+                f"x must have shape [batch >= 1, time >= 1, d_model = "
+                f"{self.cfg.d_model}], got {list(x.shape)}"
+            )
         if x.device != weight.device:
             raise ValueError(f"x is on {x.device}, the model on {weight.device}")
         if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(f"x has dtype {x.dtype}, the model {weight.dtype}: convert one, or run "
-                            f"under torch.autocast")
+            raise TypeError(
+                f"x has dtype {x.dtype}, the model {weight.dtype}: convert one, or run "
+                f"under torch.autocast"
+            )
 
     def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
         """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
@@ -562,34 +614,53 @@ class LanguageModel(nn.Module):
     def check_memory(self, memory, batch_size: int, device) -> None:
         """The ValueError/TypeError that forward would raise for this memory."""
         if not isinstance(memory, Memory):
-            raise TypeError(f"memory must be a Memory returned by the model or None, "
-                            f"got {type(memory).__name__}")
+            raise TypeError(
+                f"memory must be a Memory returned by the model or None, "
+                f"got {type(memory).__name__}"
+            )
         expected = self.empty_memory(1, device="meta")
         if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
-            raise ValueError(f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
-                             f"tensors; this model keeps {len(expected.mem)} / {len(expected.c_mem)} "
-                             f"(one of each per layer; Feedback: one mem tensor for all layers)")
+            raise ValueError(
+                f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
+                f"tensors; this model keeps {len(expected.mem)} / {len(expected.c_mem)} "
+                f"(one of each per layer; Feedback: one mem tensor for all layers)"
+            )
         limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
         for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
             for i, t in enumerate(tensors):
                 if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != self.cfg.d_model:
-                    raise ValueError(f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
-                                     f"[{batch_size}, <= {limits[name]}, {self.cfg.d_model}] "
-                                     f"(batch size and d_model must match the tokens and model)")
+                    raise ValueError(
+                        f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
+                        f"[{batch_size}, <= {limits[name]}, {self.cfg.d_model}] "
+                        f"(batch size and d_model must match the tokens and model)"
+                    )
                 if t.size(1) != tensors[0].size(1) or t.size(1) > limits[name]:
-                    raise ValueError(f"memory.{name}[{i}] holds {t.size(1)} entries; all layers "
-                                     f"must hold the same number, at most {limits[name]}")
+                    raise ValueError(
+                        f"memory.{name}[{i}] holds {t.size(1)} entries; all layers "
+                        f"must hold the same number, at most {limits[name]}"
+                    )
                 if t.device != device:
                     raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
         since = memory.since_reset
-        if since is not None and not (isinstance(since, torch.Tensor) and since.device == device
-                                      and since.shape == (batch_size,) and since.is_floating_point()):
-            raise ValueError(f"memory.since_reset must be None or a float tensor [{batch_size}] on "
-                             f"{device}, as Memory.reset makes it")
+        if since is not None and not (
+            isinstance(since, torch.Tensor)
+            and since.device == device
+            and since.shape == (batch_size,)
+            and since.is_floating_point()
+        ):
+            raise ValueError(
+                f"memory.since_reset must be None or a float tensor [{batch_size}] on "
+                f"{device}, as Memory.reset makes it"
+            )
 
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: Optional[int] = None) -> torch.Tensor:
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+    ) -> torch.Tensor:
         """Feed the prompt in segments of n_s, then sample one token at a time through the
         memory, so each new token costs the same however long the text grows.
         Returns [batch, T0 + max_new_tokens]."""
@@ -632,8 +703,9 @@ class CompressiveTransformer(LanguageModel):
         self.apply(self.init_weights)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
-        empty = lambda: self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
-                                                    dtype=dtype)
+        empty = lambda: self.embed.weight.new_zeros(
+            batch_size, 0, self.cfg.d_model, device=device, dtype=dtype
+        )
         return Memory([empty() for _ in self.layers], [empty() for _ in self.layers])
 
     def reach(self):
@@ -644,7 +716,9 @@ class CompressiveTransformer(LanguageModel):
         if cfg.mem_len:
             edges.append(("mem", cfg.mem_len + cfg.seq_len))
         if cfg.mem_len and cfg.c_mem_len:
-            edges.append(("c_mem", cfg.mem_len + cfg.compression_rate * cfg.c_mem_len + cfg.seq_len))
+            edges.append(
+                ("c_mem", cfg.mem_len + cfg.compression_rate * cfg.c_mem_len + cfg.seq_len)
+            )
         return edges
 
     def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
@@ -655,7 +729,7 @@ class CompressiveTransformer(LanguageModel):
         a forgotten row's zeroed slots make, which hold nothing of its past."""
         self.check_inputs(x)
         B, T, _ = x.shape
-        h = x                                                                 # h^(1)
+        h = x  # h^(1)
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
         self.check_memory(memory, B, h.device)
@@ -669,8 +743,13 @@ class CompressiveTransformer(LanguageModel):
         positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
         attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
         if memory.since_reset is not None:  # hide each row's slots from before its reset
-            attn_mask = attn_mask + reset_mask(memory.since_reset, n_c_mem, n_mem,  # [B, 1, T, K]
-                                               self.cfg.compression_rate, T)
+            attn_mask = attn_mask + reset_mask(
+                memory.since_reset,
+                n_c_mem,
+                n_mem,  # [B, 1, T, K]
+                self.cfg.compression_rate,
+                T,
+            )
 
         new_mem, new_c_mem, new_usage = [], [], []
         recon_loss = h.new_zeros(())
@@ -684,7 +763,7 @@ class CompressiveTransformer(LanguageModel):
             new_c_mem.append(c_mem)
             new_usage.append(layer_usage)
             recon_loss = recon_loss + recon
-            h = out                                                           # h^(i+1)
+            h = out  # h^(i+1)
         tracks_usage = self.cfg.compression == "most_used"
         since_reset = None if memory.since_reset is None else memory.since_reset + T
         memory = Memory(new_mem, new_c_mem, new_usage if tracks_usage else None, since_reset)
@@ -704,6 +783,7 @@ class CompressiveTransformer(LanguageModel):
 # once, when it is made. The memory is a Memory holding one tensor, mem = [the last n_m memory
 # vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
 
+
 class FeedbackLayer(nn.Module):
     """One layer of the Feedback Transformer, run one time step at a time."""
 
@@ -714,8 +794,9 @@ class FeedbackLayer(nn.Module):
         self.attn = RelativeAttention(cfg)
         self.attn_norm = nn.LayerNorm(cfg.d_model)
         self.ff_norm = nn.LayerNorm(cfg.d_model)
-        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(),
-                                nn.Linear(cfg.d_ff, cfg.d_model))
+        self.ff = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model)
+        )
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, keys, values, r, shared_kv, attn_mask=None):
@@ -727,7 +808,7 @@ class FeedbackLayer(nn.Module):
         k, v = shared_kv(x)
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
         z = self.attn_norm(x) if self.pre_norm else x
-        q = attn.split_heads(self.query(z) * attn.d_head ** -0.5)
+        q = attn.split_heads(self.query(z) * attn.d_head**-0.5)
         attended = attn.attend(q, keys, values, r, attn_mask).out  # the past and x itself
         return residual_and_feed_forward(self, x, attended)
 
@@ -751,8 +832,9 @@ class FeedbackTransformer(LanguageModel):
         self.apply(self.init_weights)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
-        empty = self.embed.weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device,
-                                            dtype=dtype)
+        empty = self.embed.weight.new_zeros(
+            batch_size, 0, self.cfg.d_model, device=device, dtype=dtype
+        )
         return Memory([empty], [])
 
     def shared_kv(self, x):
@@ -777,15 +859,15 @@ class FeedbackTransformer(LanguageModel):
         mix = self.mix.softmax(dim=0)
         outputs, vectors, attn_mask = [], [], None
         for t in range(T):
-            x_t = x[:, t:t + 1]                                  # x_t^0, then each layer's output
+            x_t = x[:, t : t + 1]  # x_t^0, then each layer's output
             m = mix[0] * x_t
-            n_keys = keys.size(2) + 1                            # the memory and x_t itself
+            n_keys = keys.size(2) + 1  # the memory and x_t itself
             if memory.since_reset is not None:  # hide each row's vectors from before its reset
                 attn_mask = reset_mask(memory.since_reset + t, 0, n_keys - 1, 1, 1)
             for i, layer in enumerate(self.layers):
-                x_t = layer(x_t, keys, values, r[i][:, -(n_keys + 1):], self.shared_kv, attn_mask)
-                m = m + mix[i + 1] * x_t                         # m_t, built as the layers run
-            k, v = self.shared_kv(m)                             # once per step, for every layer
+                x_t = layer(x_t, keys, values, r[i][:, -(n_keys + 1) :], self.shared_kv, attn_mask)
+                m = m + mix[i + 1] * x_t  # m_t, built as the layers run
+            k, v = self.shared_kv(m)  # once per step, for every layer
             keys = torch.cat([keys, k], dim=2)[:, :, -n_m:]
             values = torch.cat([values, v], dim=2)[:, :, -n_m:]
             outputs.append(x_t)

@@ -1,22 +1,43 @@
 """The specification of compressive.py, as tests. Run: pytest -q
 
 This file needs only compressive.py, torch and pytest: a teacher can hand out the two files alone."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from compressive import (COMPRESSIONS, CompressiveConfig, CompressiveTransformer, DilatedConvCompress,
-                         FeedbackTransformer, Memory, MostUsedCompress, OverlapMaxPoolCompress,
-                         PoolCompress, attention_reconstruction_loss, relative_shift)
+from compressive import (
+    COMPRESSIONS,
+    CompressiveConfig,
+    CompressiveTransformer,
+    DilatedConvCompress,
+    FeedbackTransformer,
+    Memory,
+    MostUsedCompress,
+    OverlapMaxPoolCompress,
+    PoolCompress,
+    attention_reconstruction_loss,
+    relative_shift,
+)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 def tiny(**overrides) -> CompressiveConfig:
-    base = dict(vocab_size=13, d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0,
-                seq_len=6, mem_len=8, c_mem_len=4, compression_rate=3)
+    base = dict(
+        vocab_size=13,
+        d_model=16,
+        n_heads=2,
+        n_layers=2,
+        d_ff=32,
+        dropout=0.0,
+        seq_len=6,
+        mem_len=8,
+        c_mem_len=4,
+        compression_rate=3,
+    )
     base.update(overrides)
     return CompressiveConfig(**base)
 
@@ -40,6 +61,7 @@ def capture_layer_inputs(model):
 
 # ---------------------------------------------------------------- shapes -------------------------
 
+
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 @pytest.mark.parametrize("reconstruction", ["attention", "autoencoding"])
 def test_shapes_for_every_compression(compression, reconstruction):
@@ -52,13 +74,23 @@ def test_shapes_for_every_compression(compression, reconstruction):
     assert all(m.shape == (3, 8, 16) or m.shape[1] > 8 - 3 for m in memory.mem)
     assert all(c.shape == (3, 4, 16) for c in memory.c_mem)
     f_c = model.layers[0].compress  # every f_c: f_c(old_mem, following, usage) -> [B, k, d]
-    assert f_c(torch.randn(3, 2 * 3, 16), torch.randn(3, 1, 16), torch.rand(3, 6)).shape == (3, 2, 16)
+    assert f_c(torch.randn(3, 2 * 3, 16), torch.randn(3, 1, 16), torch.rand(3, 6)).shape == (
+        3,
+        2,
+        16,
+    )
 
 
 def test_parameter_free_compression_gives_zero_recon_and_conv_does_not():
     seq = tokens(2, 30)
-    for compression, zero in (("max_pool", True), ("mean_pool", True), ("most_used", True),
-                              ("overlap_max_pool", True), ("conv", False), ("dilated_conv", False)):
+    for compression, zero in (
+        ("max_pool", True),
+        ("mean_pool", True),
+        ("most_used", True),
+        ("overlap_max_pool", True),
+        ("conv", False),
+        ("dilated_conv", False),
+    ):
         model, memory, total = make(compression=compression), None, 0.0
         for segment in seq.split(6, dim=1):
             _, memory, recon = model(segment, memory)
@@ -109,7 +141,7 @@ def test_overlap_max_pool_takes_the_max_of_each_block_and_the_memory_after_it():
     f_c = OverlapMaxPoolCompress(rate=3)
     old, following = torch.randn(2, 4 * 3, 5), torch.randn(2, 2, 5)
     seq = torch.cat([old, following[:, :1]], dim=1)
-    expected = torch.stack([seq[:, 3 * j:3 * j + 4].amax(dim=1) for j in range(4)], dim=1)
+    expected = torch.stack([seq[:, 3 * j : 3 * j + 4].amax(dim=1) for j in range(4)], dim=1)
     torch.testing.assert_close(f_c(old, following), expected)
     # any two neighbouring memories lie whole in one window, wherever they start (kernel = stride
     # = c splits one pair in c: the pair that straddles a block boundary)
@@ -127,10 +159,13 @@ def test_attention_reconstruction_loss_is_the_papers_content_attention_mse():
     heads = lambda x: x.view(2, -1, H, dh).transpose(1, 2)
     W_q, W_k, W_v = attn.qkv.weight.split(d)
     queries = (heads(h @ W_q.T) + attn.content_bias) / math.sqrt(dh)
-    attend = lambda mem: (queries @ heads(mem @ W_k.T).transpose(-1, -2)).softmax(-1) @ heads(mem @ W_v.T)
+    attend = lambda mem: (
+        (queries @ heads(mem @ W_k.T).transpose(-1, -2)).softmax(-1) @ heads(mem @ W_v.T)
+    )
     expected = ((attend(old) - attend(compressed)) ** 2).mean()
-    got = attention_reconstruction_loss(layer, queries, heads(old @ W_k.T), heads(old @ W_v.T),
-                                        compressed)
+    got = attention_reconstruction_loss(
+        layer, queries, heads(old @ W_k.T), heads(old @ W_v.T), compressed
+    )
     torch.testing.assert_close(got, expected)
 
 
@@ -141,13 +176,15 @@ def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
     assert len(linears) == 1 + 5 * model.cfg.n_layers  # head; qkv, W_r, out, two feed-forward
     for linear in linears:
         fan_out, fan_in = linear.weight.shape
-        assert linear.weight.std().item() == pytest.approx(math.sqrt(2 / (fan_in + fan_out)),
-                                                           rel=0.1)
+        assert linear.weight.std().item() == pytest.approx(
+            math.sqrt(2 / (fan_in + fan_out)), rel=0.1
+        )
         assert linear.bias is None or not linear.bias.any()
     assert model.embed.weight.std().item() == pytest.approx(1.0, rel=0.1)
 
 
 # ---------------------------------------------------------------- memory rules -------------------
+
 
 def reference_fifo(inputs, n_m, n_cm, c, compress):
     """Plain re-statement of the FIFO rule for one layer: inputs is the list of h per call; f_c
@@ -220,7 +257,9 @@ def test_memory_never_requires_grad_and_stays_bounded(compression):
     memory = None
     for n in range(40):
         logits, memory, recon = model(tokens(2, 6, seed=n), memory)
-        (F.cross_entropy(logits.flatten(0, 1), tokens(2, 6, seed=n + 1).flatten()) + recon).backward()
+        (
+            F.cross_entropy(logits.flatten(0, 1), tokens(2, 6, seed=n + 1).flatten()) + recon
+        ).backward()
         assert not any(t.requires_grad or t.grad_fn is not None for t in memory.mem + memory.c_mem)
     assert all(m.size(1) <= 8 for m in memory.mem) and all(c.size(1) <= 4 for c in memory.c_mem)
 
@@ -249,6 +288,7 @@ def test_most_used_tracks_usage_per_memory_slot():
 
 # ---------------------------------------------------------------- gradient isolation -------------
 
+
 def lm_loss(model, memory, seed):
     seq = tokens(2, 7, seed=seed)
     logits, memory, recon = model(seq[:, :-1], memory)
@@ -260,9 +300,16 @@ def belongs_to_f_c(name):  # layers.<i>.compress.* and layers.<i>.decoder.*
     return parts[0] == "layers" and parts[2] in ("compress", "decoder")
 
 
-@pytest.mark.parametrize("compression,reconstruction,pre_norm", [
-    ("conv", "attention", False), ("conv", "attention", True), ("dilated_conv", "attention", False),
-    ("conv", "autoencoding", False), ("dilated_conv", "autoencoding", True)])
+@pytest.mark.parametrize(
+    "compression,reconstruction,pre_norm",
+    [
+        ("conv", "attention", False),
+        ("conv", "attention", True),
+        ("dilated_conv", "attention", False),
+        ("conv", "autoencoding", False),
+        ("dilated_conv", "autoencoding", True),
+    ],
+)
 def test_gradient_isolation_both_directions(compression, reconstruction, pre_norm):
     model = make(compression=compression, reconstruction=reconstruction, pre_norm=pre_norm)
     memory = None
@@ -287,6 +334,7 @@ def test_gradient_isolation_both_directions(compression, reconstruction, pre_nor
 
 # ---------------------------------------------------------------- attention ----------------------
 
+
 def test_relative_shift_matches_brute_force():
     T, M = 5, 7
     K = M + T
@@ -305,7 +353,9 @@ def test_attention_weights_match_a_brute_force_transformer_xl_score(pre_norm):
     _, memory, _ = model(tokens(1, 6, seed=2), memory)
     h = model.embed(tokens(1, 4, seed=3))
     attention = []
-    handle = model.layers[0].attn.register_forward_hook(lambda m, a, out: attention.append(out.weights))
+    handle = model.layers[0].attn.register_forward_hook(
+        lambda m, a, out: attention.append(out.weights)
+    )
     model(tokens(1, 4, seed=3), memory)
     handle.remove()
     layer, attn = model.layers[0], model.layers[0].attn
@@ -315,14 +365,17 @@ def test_attention_weights_match_a_brute_force_transformer_xl_score(pre_norm):
     M, T, K, H, dh = keys.size(0) - 4, 4, keys.size(0), 2, 8
     q, k, _ = attn.qkv(keys).view(K, 3, H, dh).unbind(1)
     from compressive import sinusoid_positions
+
     R = sinusoid_positions(K, 16).flip(0)  # R[d] = encoding of distance d
     r = attn.position(R).view(K, H, dh)
     scores = torch.full((H, T, K), float("-inf"))
     for i in range(T):
         for j in range(M + i + 1):
             qi = q[M + i]
-            scores[:, i, j] = (((qi + attn.content_bias[:, 0]) * k[j]).sum(-1)
-                               + ((qi + attn.position_bias[:, 0]) * r[M + i - j]).sum(-1)) / math.sqrt(dh)
+            scores[:, i, j] = (
+                ((qi + attn.content_bias[:, 0]) * k[j]).sum(-1)
+                + ((qi + attn.position_bias[:, 0]) * r[M + i - j]).sum(-1)
+            ) / math.sqrt(dh)
     torch.testing.assert_close(attention[0][0], scores.softmax(-1), rtol=1e-4, atol=1e-5)
 
 
@@ -358,6 +411,7 @@ def test_transformer_xl_equivalence_segments_with_memory_equal_one_pass(pre_norm
 
 
 # ---------------------------------------------------------------- parameters & loading ----------
+
 
 def test_state_dict_loads_into_a_model_with_longer_memories():
     short = make(mem_len=8, c_mem_len=4, seq_len=6)
@@ -423,6 +477,7 @@ def test_bad_inputs_raise_one_clear_error():
 
 # ---------------------------------------------------------------- any inputs, rows that reset ---
 
+
 def feed(model, xs, memory=None, reset_before=None, done=None, seq_len=None):
     """Run float inputs xs [B, L, d] through model.hidden_states in segments of n_s, carrying the
     memory, and forgetting the rows where done is true before segment reset_before. Returns each
@@ -447,30 +502,40 @@ def memory_tensors(memory):
 
 @pytest.mark.parametrize("kind", ["compressive", "xl", "pre-LN", "feedback"])
 def test_forward_is_the_embedding_then_hidden_states_then_the_head(kind):
-    model = {"compressive": make, "xl": lambda: make(c_mem_len=0), "feedback": feedback,
-             "pre-LN": lambda: make(pre_norm=True)}[kind]().eval()
+    model = {
+        "compressive": make,
+        "xl": lambda: make(c_mem_len=0),
+        "feedback": feedback,
+        "pre-LN": lambda: make(pre_norm=True),
+    }[kind]().eval()
     memory = token_memory = None
     for segment in tokens(2, 18).split(6, dim=1):
         logits, token_memory, token_recon = model(segment, token_memory)
         h, memory, recon = model.hidden_states(model.embed(segment), memory)
         assert h.shape == (2, 6, 16) and torch.equal(model.head(h), logits)
         assert torch.equal(recon, token_recon)
-        assert all(a.equal(b) for a, b in zip(memory.mem + memory.c_mem,
-                                              token_memory.mem + token_memory.c_mem))
+        assert all(
+            a.equal(b)
+            for a, b in zip(memory.mem + memory.c_mem, token_memory.mem + token_memory.c_mem)
+        )
     if kind == "pre-LN":  # the outputs come after the final norm
         assert h.mean(dim=-1).abs().max() < 1e-5
 
 
-FRESH_START = [("compressive", dict(compression=f)) for f in
-               ("conv", "max_pool", "mean_pool", "overlap_max_pool")] + [
-               ("compressive", dict(c_mem_len=0)), ("feedback", {})]
+FRESH_START = [
+    ("compressive", dict(compression=f))
+    for f in ("conv", "max_pool", "mean_pool", "overlap_max_pool")
+] + [("compressive", dict(c_mem_len=0)), ("feedback", {})]
 
 
-@pytest.mark.parametrize("kind, overrides", FRESH_START,
-                         ids=[o.get("compression", "xl" if k == "compressive" else k)
-                              for k, o in FRESH_START])
-def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_computes(kind,
-                                                                                        overrides):
+@pytest.mark.parametrize(
+    "kind, overrides",
+    FRESH_START,
+    ids=[o.get("compression", "xl" if k == "compressive" else k) for k, o in FRESH_START],
+)
+def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_computes(
+    kind, overrides
+):
     # n_s = 4 and n_m = 8 are multiples of c = 2, so the blocks of c fall where a fresh run's do.
     # At the reset, mem and c_mem are full; after it, c_mem fills (n_m + c*n_cm = 14 tokens) and
     # overflows again.
@@ -479,28 +544,34 @@ def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_com
     xs = inputs(3, 11 * 4)
     done = torch.tensor([False, True, False])
     segments, memory = feed(model, xs, reset_before=4, done=done)
-    fresh_segments, fresh = feed(model, xs[1:2, 4 * 4:])
+    fresh_segments, fresh = feed(model, xs[1:2, 4 * 4 :])
     for (h, _, _), (fresh_h, _, _) in zip(segments[4:], fresh_segments):
         torch.testing.assert_close(h[1:2], fresh_h, rtol=1e-5, atol=1e-5)
     for ours, theirs in zip(memory.mem + memory.c_mem, fresh.mem + fresh.c_mem):
         torch.testing.assert_close(ours[1:2], theirs, rtol=1e-5, atol=1e-5)  # memories full again
 
 
-@pytest.mark.parametrize("compression, reconstruction",
-                         [(f, "attention") for f in COMPRESSIONS] + [("conv", "autoencoding")])
-def test_nothing_a_row_was_given_before_its_reset_reaches_what_it_computes_after(compression,
-                                                                                 reconstruction):
+@pytest.mark.parametrize(
+    "compression, reconstruction",
+    [(f, "attention") for f in COMPRESSIONS] + [("conv", "autoencoding")],
+)
+def test_nothing_a_row_was_given_before_its_reset_reaches_what_it_computes_after(
+    compression, reconstruction
+):
     # n_s = 5 is not a multiple of c = 3: blocks of c straddle the reset. After it, 8 segments of
     # 5 fill c_mem (n_m + c*n_cm = 20 tokens) and overflow it.
     model = make(compression=compression, reconstruction=reconstruction, seq_len=5).eval()
     done = torch.tensor([False, True, False])
     past, other_past, after = inputs(3, 4 * 5), inputs(3, 4 * 5, seed=5), inputs(3, 8 * 5, seed=4)
     other_past[[0, 2]] = past[[0, 2]]  # only the row that resets was given something else
-    runs = [feed(model, torch.cat([p, after], dim=1), reset_before=4, done=done)
-            for p in (past, other_past)]
+    runs = [
+        feed(model, torch.cat([p, after], dim=1), reset_before=4, done=done)
+        for p in (past, other_past)
+    ]
     assert not runs[0][0][3][1].mem[0][1].equal(runs[1][0][3][1].mem[0][1])  # before: they differ
-    for (h, memory, recon), (other_h, other_memory, other_recon) in zip(runs[0][0][4:],
-                                                                        runs[1][0][4:]):
+    for (h, memory, recon), (other_h, other_memory, other_recon) in zip(
+        runs[0][0][4:], runs[1][0][4:]
+    ):
         assert h.equal(other_h) and recon.equal(other_recon)
         assert all(a.equal(b) for a, b in zip(memory_tensors(memory), memory_tensors(other_memory)))
     assert model.layers[0].reconstructs == (compression in ("conv", "dilated_conv"))
@@ -515,9 +586,11 @@ def test_rows_that_do_not_reset_compute_exactly_what_they_would_without_it(kind)
     no_row, _ = feed(model, xs, reset_before=3, done=torch.zeros(3, dtype=torch.bool))
     for (h, memory, recon), (h1, memory1, _), (h0, memory0, recon0) in zip(plain, one_row, no_row):
         assert h[[0, 2]].equal(h1[[0, 2]]) and h.equal(h0) and recon.equal(recon0)
-        for a, b, c in zip(memory.mem + memory.c_mem + (memory.usage or []),
-                           memory1.mem + memory1.c_mem + (memory1.usage or []),
-                           memory0.mem + memory0.c_mem + (memory0.usage or [])):
+        for a, b, c in zip(
+            memory.mem + memory.c_mem + (memory.usage or []),
+            memory1.mem + memory1.c_mem + (memory1.usage or []),
+            memory0.mem + memory0.c_mem + (memory0.usage or []),
+        ):
             assert a[[0, 2]].equal(b[[0, 2]]) and a.equal(c)
     assert not plain[-1][0][1].equal(one_row[-1][0][1])  # the row that reset did change
 
@@ -528,6 +601,7 @@ def test_a_reset_step_works_under_torch_compile_as_one_graph():
 
     def step(x, memory, done):
         return model.hidden_states(x, memory.reset(done))
+
     compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=False)
     _, memory = feed(model, inputs(2, 4 * 6))
     with torch.no_grad():
@@ -557,8 +631,11 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
         (lambda: memory.reset(torch.tensor([True, False, True])), ValueError, r"shape \[2\]"),
         (lambda: memory.reset(torch.tensor(True)), ValueError, r"shape \[2\]"),
         (lambda: memory.reset(torch.ones(2, dtype=torch.bool, device="meta")), ValueError, "meta"),
-        (lambda: model(tokens(2, 6), memory._replace(since_reset=torch.zeros(3))), ValueError,
-         "since_reset"),
+        (
+            lambda: model(tokens(2, 6), memory._replace(since_reset=torch.zeros(3))),
+            ValueError,
+            "since_reset",
+        ),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
@@ -566,6 +643,7 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
 
 
 # ---------------------------------------------------------------- ready for an accelerator --------
+
 
 @pytest.mark.parametrize("compression", ["conv", "overlap_max_pool"])
 def test_a_training_step_never_waits_for_the_device(compression):
@@ -601,6 +679,7 @@ def test_torch_compile_traces_one_whole_graph_per_memory_size_then_no_more():
     def counting_backend(graph_module, example_inputs):
         graphs.append(graph_module)
         return graph_module.forward
+
     compiled = torch.compile(model, backend=counting_backend, fullgraph=True, dynamic=False)
     memory = compiled_memory = None
     sizes = set()
@@ -636,6 +715,7 @@ def test_torch_compile_traces_forward_and_backward_in_steady_state():
 
 # ---------------------------------------------------------------- generation ---------------------
 
+
 def test_generate_extends_the_prompt_greedily_and_restores_training_mode():
     model = make()
     model.train()
@@ -652,13 +732,15 @@ def test_generate_extends_the_prompt_greedily_and_restores_training_mode():
             logits, memory, _ = model(segment, memory)
         for t in range(9, 21):
             assert out[:, t].equal(logits[:, -1].argmax(-1))
-            logits, memory, _ = model(out[:, t:t + 1], memory)
+            logits, memory, _ = model(out[:, t : t + 1], memory)
 
 
 def test_generate_cost_per_token_is_bounded_by_the_memory():
     model = make()
     key_lengths = []
-    model.layers[0].attn.register_forward_hook(lambda m, a, out: key_lengths.append(out.weights.size(-1)))
+    model.layers[0].attn.register_forward_hook(
+        lambda m, a, out: key_lengths.append(out.weights.size(-1))
+    )
     model.generate(tokens(1, 4), 50, temperature=0.8, top_k=5)
     assert len(key_lengths) == 1 + 49
     assert max(key_lengths[1:]) <= 8 + 4 + 1
@@ -666,22 +748,33 @@ def test_generate_cost_per_token_is_bounded_by_the_memory():
 
 # ---------------------------------------------------------------- training smoke -----------------
 
+
 def test_tiny_training_run_lowers_the_loss():
     text = "to be or not to be that is the question " * 40
     vocab = sorted(set(text))
     data = torch.tensor([vocab.index(ch) for ch in text])
     torch.manual_seed(0)
-    model = CompressiveTransformer(tiny(vocab_size=len(vocab), d_model=32, n_heads=4, d_ff=64,
-                                        seq_len=16, mem_len=16, c_mem_len=8, compression_rate=2))
+    model = CompressiveTransformer(
+        tiny(
+            vocab_size=len(vocab),
+            d_model=32,
+            n_heads=4,
+            d_ff=64,
+            seq_len=16,
+            mem_len=16,
+            c_mem_len=8,
+            compression_rate=2,
+        )
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     streams = data[: (len(data) - 1) // 4 * 4 + 1]
     n = (len(streams) - 1) // 4
-    rows = torch.stack([data[b * n: b * n + n + 1] for b in range(4)])
+    rows = torch.stack([data[b * n : b * n + n + 1] for b in range(4)])
     losses, memory = [], None
     for epoch in range(3):
         memory = None
         for start in range(0, n - 16 + 1, 16):
-            x, y = rows[:, start:start + 16], rows[:, start + 1:start + 17]
+            x, y = rows[:, start : start + 16], rows[:, start + 1 : start + 17]
             logits, memory, recon = model(x, memory)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             opt.zero_grad()
@@ -692,6 +785,7 @@ def test_tiny_training_run_lowers_the_loss():
 
 
 # ---------------------------------------------------------------- the Feedback Transformer -------
+
 
 def feedback(seed=0, **overrides) -> FeedbackTransformer:
     torch.manual_seed(seed)
@@ -715,9 +809,11 @@ def test_feedback_segment_equals_one_token_at_a_time_through_the_memory(pre_norm
             assert aux.dim() == 0 and aux.item() == 0.0
         steps, step_memory = [], None
         for t in range(20):
-            logits, step_memory, _ = model(seq[:, t:t + 1], step_memory)
+            logits, step_memory, _ = model(seq[:, t : t + 1], step_memory)
             steps.append(logits)
-    torch.testing.assert_close(torch.cat(parts, dim=1), torch.cat(steps, dim=1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.cat(parts, dim=1), torch.cat(steps, dim=1), rtol=1e-5, atol=1e-5
+    )
     torch.testing.assert_close(memory.mem[0], step_memory.mem[0], rtol=1e-5, atol=1e-5)
 
 
@@ -733,7 +829,9 @@ def test_feedback_memory_vector_is_the_softmax_weighted_sum_of_every_layer_outpu
     with torch.no_grad():
         _, memory, _ = model(seq)
     w = torch.tensor([0.3, -1.0, 2.0]).softmax(0)
-    expected = w[0] * outputs["x0"] + w[1] * torch.cat(outputs[0], 1) + w[2] * torch.cat(outputs[1], 1)
+    expected = (
+        w[0] * outputs["x0"] + w[1] * torch.cat(outputs[0], 1) + w[2] * torch.cat(outputs[1], 1)
+    )
     torch.testing.assert_close(memory.mem[0], expected)
 
 
@@ -764,7 +862,7 @@ def test_feedback_projects_each_memory_vector_once_for_every_layer():
     # together at the start, each new one once when made; the rest are the layers' own inputs
     old, new = memory.mem[0][:, :4], memory.mem[0][:, 4:]
     assert inputs[0].equal(old)
-    made = [x for x in inputs[1:] if any(x.equal(new[:, t:t + 1]) for t in range(4))]
+    made = [x for x in inputs[1:] if any(x.equal(new[:, t : t + 1]) for t in range(4))]
     assert len(made) == 4
     assert len(inputs) == 1 + 4 + 4 * 3  # + one input per layer per step
 

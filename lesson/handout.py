@@ -28,6 +28,7 @@ it starts at a line that reads MARKER below. Standard library only; the tests ru
 subprocess (pytest), so a broken student file never breaks the grader. Exit status: 0, 1 when
 a graded test fails (or --verify disagrees), 2 on bad input, with one error line.
 """
+
 import argparse
 import ast
 import difflib
@@ -53,16 +54,17 @@ TIMEOUT_S = 900  # one pytest run; a student's endless loop ends here
 
 
 class Exercise(NamedTuple):
-    writes: str             # what the student writes, in a few words (the README's table)
-    paper: str              # where to read about it
-    contract: str = ""      # the contract, where the docstring's own stops at MARKER or is absent
+    writes: str  # what the student writes, in a few words (the README's table)
+    paper: str  # where to read about it
+    contract: str = ""  # the contract, where the docstring's own stops at MARKER or is absent
 
 
 RAE = "Rae et al. 2019"
 EXERCISES: Dict[str, Exercise] = {
     "sinusoid_positions": Exercise(
         "R for the distances K..0, in descending order",
-        "Dai et al. 2019 (Transformer-XL), section 3.3; the sinusoids of Vaswani et al. 2017"),
+        "Dai et al. 2019 (Transformer-XL), section 3.3; the sinusoids of Vaswani et al. 2017",
+    ),
     "relative_shift": Exercise(
         "the shift from (query, distance) to (query, key), as a view",
         "Dai et al. 2019 (Transformer-XL), section 3.3 and appendix B",
@@ -71,53 +73,64 @@ EXERCISES: Dict[str, Exercise] = {
         "Return [..., T, K] whose entry (i, j) is query i's score at its distance from key j, "
         "M + i - j, with M = K - T memories before the queries. Where key j lies in query i's "
         "future (j > M + i) any value will do: the causal mask hides it. Return a view of the "
-        "input's storage, no copy."),
+        "input's storage, no copy.",
+    ),
     "RelativeAttention.attend": Exercise(
         "the four score terms, the causal bias, the softmax, the values",
-        "Dai et al. 2019 (Transformer-XL), section 3.3; the comment above relative_shift"),
+        "Dai et al. 2019 (Transformer-XL), section 3.3; the comment above relative_shift",
+    ),
     "CompressiveLayer.update_memory": Exercise(
         "the two FIFOs: append, evict in blocks of c, compress, trim",
-        f"{RAE}, section 3.1 and Algorithm 1"),
+        f"{RAE}, section 3.1 and Algorithm 1",
+    ),
     "ConvCompress.forward": Exercise(
         "a kernel = stride = c convolution as one matmul",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 3's comment)."),
+        "class docstring and section 3's comment).",
+    ),
     "PoolCompress.forward": Exercise(
         "max or mean pooling over blocks of c",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 3's comment)."),
+        "class docstring and section 3's comment).",
+    ),
     "OverlapMaxPoolCompress.forward": Exercise(
         "max over windows of c + 1, stride c",
         "not in the paper: this file's own f_c (its class docstring)",
         "old_mem: [B, k*c, d]; following: [B, >= 1, d], the memories after them; return "
-        "[B, k, d] (the class docstring and section 3's comment)."),
+        "[B, k, d] (the class docstring and section 3's comment).",
+    ),
     "MostUsedCompress.forward": Exercise(
         "keep the most attended memories, in time order",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; usage: [B, k*c], the attention each received; return [B, k, d] "
-        "(the class docstring and section 3's comment)."),
+        "(the class docstring and section 3's comment).",
+    ),
     "DilatedConvCompress.forward": Exercise(
         "dilated convolutions, then the rate-c one",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d] (the class docstring, its __init__ and section "
-        "3's comment)."),
+        "3's comment).",
+    ),
     "content_attention": Exercise(
-        "attention without positions", f"{RAE}, section 3.2 and Algorithm 2"),
+        "attention without positions", f"{RAE}, section 3.2 and Algorithm 2"
+    ),
     "attention_reconstruction_loss": Exercise(
-        "the paper's Algorithm 2, f_c the only thing trained", f"{RAE}, section 3.2 and Algorithm 2"),
-    "autoencoding_loss": Exercise(
-        "the alternative loss", f"{RAE}, section 3.2"),
+        "the paper's Algorithm 2, f_c the only thing trained", f"{RAE}, section 3.2 and Algorithm 2"
+    ),
+    "autoencoding_loss": Exercise("the alternative loss", f"{RAE}, section 3.2"),
     "LanguageModel.generate": Exercise(
         "sampling one token at a time through the memory",
-        "Dai et al. 2019 (Transformer-XL), section 3.2: evaluation reuses the memory"),
+        "Dai et al. 2019 (Transformer-XL), section 3.2: evaluation reuses the memory",
+    ),
     "FeedbackLayer.forward": Exercise(
-        "one step of one Feedback layer",
-        "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"),
+        "one step of one Feedback layer", "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"
+    ),
     "FeedbackTransformer.hidden_states": Exercise(
         "the recurrence and the memory vectors m_t",
-        "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"),
+        "Fan et al. 2020 (arXiv 2002.09402); section 7's comment",
+    ),
 }
 
 
@@ -126,6 +139,7 @@ class KitError(Exception):
 
 
 # ---------------------------------------------------------------- the student copy ----------
+
 
 def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
     """The text and syntax tree of a Python file (parsed, never run), or a KitError."""
@@ -138,8 +152,10 @@ def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
         raise KitError(f"{what} {path} is not Python source: it is not UTF-8 text") from None
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
-        raise KitError(f"{what} {path} is not Python source: {e.msg if isinstance(e, SyntaxError) else e}"
-                       f"{where}") from None
+        raise KitError(
+            f"{what} {path} is not Python source: {e.msg if isinstance(e, SyntaxError) else e}"
+            f"{where}"
+        ) from None
 
 
 def functions(tree: ast.Module) -> Dict[str, ast.FunctionDef]:
@@ -163,12 +179,18 @@ def resolve(names: List[str], tree: ast.Module) -> List[str]:
         matches = [q for q in known if q == name] or [q for q in known if q.split(".")[-1] == name]
         if len(matches) != 1:
             close = difflib.get_close_matches(name, list(known), n=3)
-            hint = (f"it could be {', '.join(matches)}" if matches else
-                    f"did you mean {', '.join(close)}?" if close else
-                    "name a function or method of compressive.py, such as relative_shift or "
-                    "CompressiveLayer.update_memory")
-            raise KitError(f"compressive.py has {'more than one' if matches else 'no'} function "
-                           f"{name!r}: {hint}")
+            hint = (
+                f"it could be {', '.join(matches)}"
+                if matches
+                else f"did you mean {', '.join(close)}?"
+                if close
+                else "name a function or method of compressive.py, such as relative_shift or "
+                "CompressiveLayer.update_memory"
+            )
+            raise KitError(
+                f"compressive.py has {'more than one' if matches else 'no'} function "
+                f"{name!r}: {hint}"
+            )
         if matches[0] not in resolved:
             resolved.append(matches[0])
     return resolved
@@ -179,7 +201,7 @@ def student_docstring(name: str, node: ast.FunctionDef) -> str:
     doc = ast.get_docstring(node, clean=True) or ""
     lines = doc.splitlines()
     if MARKER in (line.strip() for line in lines):
-        lines = lines[:[line.strip() for line in lines].index(MARKER)]
+        lines = lines[: [line.strip() for line in lines].index(MARKER)]
     text = "\n".join(lines).strip()
     exercise = EXERCISES.get(name)
     parts = [text] if text else []
@@ -194,7 +216,7 @@ def header_end(text: str, node: ast.FunctionDef) -> Tuple[int, int]:
     """(line, column) just after the ':' that ends the def's signature."""
     lines = text.splitlines(keepends=True)
     start = node.lineno  # the `def` line (decorators come before it)
-    source = "".join(lines[start - 1:])
+    source = "".join(lines[start - 1 :])
     depth = 0
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.OP and tok.string in "([{":
@@ -216,17 +238,22 @@ def blank(text: str, tree: ast.Module, names: List[str]) -> str:
         end = node.end_lineno
         body_indent = " " * (node.col_offset + 4)
         # comment lines right after the body, indented as the body, go with it
-        while end < len(lines) and lines[end].strip().startswith("#") and \
-                len(lines[end]) - len(lines[end].lstrip()) > node.col_offset:
+        while (
+            end < len(lines)
+            and lines[end].strip().startswith("#")
+            and len(lines[end]) - len(lines[end].lstrip()) > node.col_offset
+        ):
             end += 1
         doc = student_docstring(name, node).replace("\\", "\\\\").replace('"""', '\\"""')
         doc = textwrap.indent(doc, body_indent).lstrip()
-        body = (f'{body_indent}"""{doc}\n{body_indent}"""\n'
-                f'{body_indent}raise NotImplementedError("{name}: the exercise")\n')
+        body = (
+            f'{body_indent}"""{doc}\n{body_indent}"""\n'
+            f'{body_indent}raise NotImplementedError("{name}: the exercise")\n'
+        )
         head = lines[line - 1][:column]
         comment = lines[line - 1][column:].strip()  # a comment on the signature's line stays
         head = head + (f"  {comment}" if comment.startswith("#") else "") + "\n"
-        lines[line - 1:end] = [head, body]
+        lines[line - 1 : end] = [head, body]
     return "".join(lines)
 
 
@@ -298,11 +325,11 @@ def child(result_path: str, trace: bool) -> int:
 
 
 class Run(NamedTuple):
-    items: List[str]                 # every test of the file, in order
-    outcomes: Dict[str, str]         # node id -> passed | failed | skipped
-    calls: Dict[str, List[str]]      # node id -> the functions of compressive.py it called
-    errors: List[str]                # collection errors (the copy does not import, ...)
-    crashes: Dict[str, str]          # node id -> the exception that failed it
+    items: List[str]  # every test of the file, in order
+    outcomes: Dict[str, str]  # node id -> passed | failed | skipped
+    calls: Dict[str, List[str]]  # node id -> the functions of compressive.py it called
+    errors: List[str]  # collection errors (the copy does not import, ...)
+    crashes: Dict[str, str]  # node id -> the exception that failed it
     output: str
 
 
@@ -310,8 +337,9 @@ def run_tests(source_text: str, tests: Path, trace: bool = False) -> Run:
     """Run test_compressive.py on a copy of compressive.py, in a subprocess, in a fresh folder."""
     with tempfile.TemporaryDirectory(prefix="handout-run-") as folder:
         folder = Path(folder)
-        (folder / "compressive.py").write_text(instrument(source_text) if trace else source_text,
-                                               encoding="utf-8")
+        (folder / "compressive.py").write_text(
+            instrument(source_text) if trace else source_text, encoding="utf-8"
+        )
         shutil.copyfile(tests, folder / "test_compressive.py")
         (folder / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir
         env = dict(os.environ)
@@ -324,32 +352,56 @@ def run_tests(source_text: str, tests: Path, trace: bool = False) -> Run:
         result = folder / "result.json"
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", CHILD, str(Path(__file__).resolve()), str(result),
-                 "trace" if trace else "run"],
-                cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD,
+                    str(Path(__file__).resolve()),
+                    str(result),
+                    "trace" if trace else "run",
+                ],
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
-            raise KitError(f"the tests did not finish within {TIMEOUT_S} s (an endless loop?)") from None
+            raise KitError(
+                f"the tests did not finish within {TIMEOUT_S} s (an endless loop?)"
+            ) from None
         if not result.is_file():
             last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
             raise KitError(f"pytest could not run: {last}")
         record = json.loads(result.read_text())
-    return Run(record["items"], record["outcomes"], record["calls"], record["errors"],
-               record["crashes"], proc.stdout)
+    return Run(
+        record["items"],
+        record["outcomes"],
+        record["calls"],
+        record["errors"],
+        record["crashes"],
+        proc.stdout,
+    )
 
 
-def compute_checks(source_text: str, tests: Path,
-                   names: List[str]) -> Tuple[Dict[str, List[str]], int]:
+def compute_checks(
+    source_text: str, tests: Path, names: List[str]
+) -> Tuple[Dict[str, List[str]], int]:
     """For each function, the tests of the file that call it (see the module docstring), and
     how many tests the file has."""
     run = run_tests(source_text, tests, trace=True)
     if run.errors or not run.items:
-        raise KitError(f"the tests do not collect on the original: {'; '.join(run.errors) or 'no test'}")
+        raise KitError(
+            f"the tests do not collect on the original: {'; '.join(run.errors) or 'no test'}"
+        )
     at_import = set(run.calls.get("<collection>", []))
     checks = {}
     for name in names:
         if name in at_import:
-            raise KitError(f"{name} runs when compressive.py is imported: a blanked copy would "
-                           f"not import, so it cannot be an exercise")
+            raise KitError(
+                f"{name} runs when compressive.py is imported: a blanked copy would "
+                f"not import, so it cannot be an exercise"
+            )
         checks[name] = [t for t in run.items if name in run.calls.get(t, ())]
         if not checks[name]:
             raise KitError(f"no test of {tests.name} calls {name}: it would have no check")
@@ -358,12 +410,15 @@ def compute_checks(source_text: str, tests: Path,
 
 # ---------------------------------------------------------------- the commands --------------
 
+
 def make(names: List[str], out: Path) -> None:
     text, tree = read_python(SOURCE, "the original")
     names = resolve(names, tree)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise KitError(f"{out} already exists and is not an empty folder: nothing was written "
-                       f"(choose another --out, or remove it)")
+        raise KitError(
+            f"{out} already exists and is not an empty folder: nothing was written "
+            f"(choose another --out, or remove it)"
+        )
     checks, _ = compute_checks(text, TESTS, names)
     student = blank(text, tree, names)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -375,8 +430,13 @@ def make(names: List[str], out: Path) -> None:
         for name in names:
             (staging / "checks" / f"{name}.txt").write_text("".join(t + "\n" for t in checks[name]))
         (staging / "README.md").write_text(student_readme(names, checks, ast.parse(student)))
-        imports = subprocess.run([sys.executable, "-c", "import compressive"], cwd=staging,
-                                 capture_output=True, text=True, timeout=TIMEOUT_S)
+        imports = subprocess.run(
+            [sys.executable, "-c", "import compressive"],
+            cwd=staging,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
         if imports.returncode:
             last = imports.stderr.strip().splitlines()[-1]
             raise KitError(f"the student copy does not import: {last}")
@@ -389,8 +449,10 @@ def make(names: List[str], out: Path) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for name in names:
-        print(f"{name}: blanked; its check is {len(checks[name])} tests "
-              f"(pytest -q @checks/{name}.txt in {out})")
+        print(
+            f"{name}: blanked; its check is {len(checks[name])} tests "
+            f"(pytest -q @checks/{name}.txt in {out})"
+        )
 
 
 def student_readme(names: List[str], checks: Dict[str, List[str]], tree: ast.Module) -> str:
@@ -400,19 +462,27 @@ def student_readme(names: List[str], checks: Dict[str, List[str]], tree: ast.Mod
     for name in names:
         exercise = EXERCISES.get(name)
         line = known[name].lineno
-        what = (f"{exercise.writes}; read {exercise.paper}" if exercise else
-                "what its docstring and the comments around it say")
-        rows.append(f"- `{name}` (compressive.py, line {line}): {what}.\n"
-                    f"  Check it: `pytest -q @checks/{name}.txt` ({len(checks[name])} tests).")
+        what = (
+            f"{exercise.writes}; read {exercise.paper}"
+            if exercise
+            else "what its docstring and the comments around it say"
+        )
+        rows.append(
+            f"- `{name}` (compressive.py, line {line}): {what}.\n"
+            f"  Check it: `pytest -q @checks/{name}.txt` ({len(checks[name])} tests)."
+        )
     shared = ""
     if len(names) > 1:
-        shared = ("\nA test that calls two of your functions is in both checks: it passes once "
-                  "both are written.\n")
+        shared = (
+            "\nA test that calls two of your functions is in both checks: it passes once "
+            "both are written.\n"
+        )
         for later in names:  # where one check lies inside another's, the order to write them
             for first in names:
                 if first != later and set(checks[later]) < set(checks[first]):
-                    shared += (f"Write `{first}` first: every test of `{later}`'s check calls it "
-                               f"too.\n")
+                    shared += (
+                        f"Write `{first}` first: every test of `{later}`'s check calls it too.\n"
+                    )
     return f"""# Compressive Transformer: the exercise
 
 In `compressive.py` the body of each function below is `raise NotImplementedError`. Its
@@ -470,9 +540,11 @@ def grade(path: Path) -> int:
 
 
 def table(checks: Dict[str, List[str]], n_tests: int) -> str:
-    rows = [TABLE_BEGIN,
-            "| exercise | what the student writes | its check: the tests that call it |",
-            "| --- | --- | --- |"]
+    rows = [
+        TABLE_BEGIN,
+        "| exercise | what the student writes | its check: the tests that call it |",
+        "| --- | --- | --- |",
+    ]
     for name, exercise in EXERCISES.items():
         rows.append(f"| `{name}` | {exercise.writes} | {len(checks[name])} of {n_tests} |")
     rows.append(TABLE_END)
@@ -491,35 +563,48 @@ def write_table(readme: Optional[Path]) -> None:
         old = readme.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise KitError(f"cannot read {readme}: {e}") from None
-    if old.count(TABLE_BEGIN) != 1 or old.count(TABLE_END) != 1 or \
-            old.index(TABLE_BEGIN) > old.index(TABLE_END):
-        raise KitError(f"{readme} has no table to rewrite: it needs the lines {TABLE_BEGIN} and "
-                       f"{TABLE_END} once each")
-    new = old[:old.index(TABLE_BEGIN)] + block + old[old.index(TABLE_END) + len(TABLE_END) + 1:]
+    if (
+        old.count(TABLE_BEGIN) != 1
+        or old.count(TABLE_END) != 1
+        or old.index(TABLE_BEGIN) > old.index(TABLE_END)
+    ):
+        raise KitError(
+            f"{readme} has no table to rewrite: it needs the lines {TABLE_BEGIN} and "
+            f"{TABLE_END} once each"
+        )
+    new = old[: old.index(TABLE_BEGIN)] + block + old[old.index(TABLE_END) + len(TABLE_END) + 1 :]
     if new != old:
         staging = readme.with_name(f".{readme.name}.tmp")
         staging.write_text(new, encoding="utf-8")
         os.replace(staging, readme)
-    print(f"{readme}: the table of {len(checks)} exercises {'rewritten' if new != old else 'unchanged'}")
+    print(
+        f"{readme}: the table of {len(checks)} exercises {'rewritten' if new != old else 'unchanged'}"
+    )
 
 
 def verify() -> int:
     """Every exercise of the table blanked alone, for real: its copy must fail exactly its check
     and pass the rest of the file; the original must pass everything. One line each."""
     import time
+
     began = time.perf_counter()
     text, tree = read_python(SOURCE, "the original")
     names = resolve(list(EXERCISES), tree)
     checks, n_tests = compute_checks(text, TESTS, names)
     wrong = 0
     if table(checks, n_tests) not in (ROOT / "README.md").read_text(encoding="utf-8"):
-        print("the README's table of exercises is stale: python -m lesson.handout --table README.md")
+        print(
+            "the README's table of exercises is stale: python -m lesson.handout --table README.md"
+        )
         wrong += 1
     start = time.perf_counter()
     run = run_tests(text, TESTS)
     failing = [t for t in run.items if run.outcomes.get(t) != "passed"]
-    print(f"the original: {len(run.items) - len(failing)}/{len(run.items)} passed "
-          f"({time.perf_counter() - start:.0f} s)", flush=True)
+    print(
+        f"the original: {len(run.items) - len(failing)}/{len(run.items)} passed "
+        f"({time.perf_counter() - start:.0f} s)",
+        flush=True,
+    )
     wrong += bool(failing or run.errors or len(run.items) != n_tests)
     for name in names:
         start = time.perf_counter()
@@ -527,9 +612,12 @@ def verify() -> int:
         failed = {t for t in run.items if run.outcomes.get(t) != "passed"}
         check = set(checks[name])
         survived, extra = sorted(check - failed), sorted(failed - check)
-        print(f"{name}: blanked, fails {len(check & failed)}/{len(check)} of its check and "
-              f"passes {len(run.items) - len(failed)}/{len(run.items) - len(check)} others "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
+        print(
+            f"{name}: blanked, fails {len(check & failed)}/{len(check)} of its check and "
+            f"passes {len(run.items) - len(failed)}/{len(run.items) - len(check)} others "
+            f"({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
         for t in survived:
             print(f"  calls {name} yet passes with it blanked: {t}")
         for t in extra:
@@ -537,9 +625,12 @@ def verify() -> int:
         if run.errors:
             print(f"  the blanked copy does not collect: {run.errors[0]}")
         wrong += bool(survived or extra or run.errors or len(run.items) != n_tests)
-    print(f"verified in {time.perf_counter() - began:.0f} s: every check is exactly what blanking "
-          f"its function fails" if not wrong else
-          f"error: {wrong} of {len(names) + 2} checks disagree (the table, the original, each exercise)")
+    print(
+        f"verified in {time.perf_counter() - began:.0f} s: every check is exactly what blanking "
+        f"its function fails"
+        if not wrong
+        else f"error: {wrong} of {len(names) + 2} checks disagree (the table, the original, each exercise)"
+    )
     return 1 if wrong else 0
 
 
@@ -550,20 +641,43 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(prog="python -m lesson.handout", description=__doc__.split("\n\n")[0],
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("functions", nargs="*", help="functions or methods of compressive.py to "
-                        "blank, e.g. relative_shift CompressiveLayer.update_memory")
+    parser = OneLineParser(
+        prog="python -m lesson.handout",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "functions",
+        nargs="*",
+        help="functions or methods of compressive.py to "
+        "blank, e.g. relative_shift CompressiveLayer.update_memory",
+    )
     parser.add_argument("--out", type=Path, help="the handout folder to write (new or empty)")
-    parser.add_argument("--grade", type=Path, metavar="FILE",
-                        help="a student's compressive.py: run each exercise's check")
-    parser.add_argument("--table", nargs="?", const="-", metavar="README",
-                        help="print the table of exercises, or rewrite it in README")
-    parser.add_argument("--verify", action="store_true",
-                        help="blank each exercise of the table for real and check its check")
+    parser.add_argument(
+        "--grade",
+        type=Path,
+        metavar="FILE",
+        help="a student's compressive.py: run each exercise's check",
+    )
+    parser.add_argument(
+        "--table",
+        nargs="?",
+        const="-",
+        metavar="README",
+        help="print the table of exercises, or rewrite it in README",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="blank each exercise of the table for real and check its check",
+    )
     args = parser.parse_args(argv)
-    modes = [bool(args.functions or args.out), args.grade is not None, args.table is not None,
-             args.verify]
+    modes = [
+        bool(args.functions or args.out),
+        args.grade is not None,
+        args.table is not None,
+        args.verify,
+    ]
     if sum(modes) != 1:
         parser.error("give functions and --out, or --grade FILE, or --table, or --verify")
     try:

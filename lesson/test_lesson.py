@@ -2,6 +2,7 @@
 
 CI executes it top to bottom in a fresh kernel with QUICK = True (papermill, in .ci/run); these
 checks need nothing beyond the standard library."""
+
 import ast
 import json
 from pathlib import Path
@@ -28,8 +29,11 @@ def test_the_notebook_is_kept_without_outputs_so_a_diff_shows_only_the_lesson():
 def test_one_parameters_cell_sets_quick_to_false():
     tagged = [c for c in cells("code") if "parameters" in c["metadata"].get("tags", [])]
     assert len(tagged) == 1
-    assigned = {node.targets[0].id: ast.literal_eval(node.value)
-                for node in ast.parse(source(tagged[0])).body if isinstance(node, ast.Assign)}
+    assigned = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse(source(tagged[0])).body
+        if isinstance(node, ast.Assign)
+    }
     assert assigned == {"QUICK": False}
     assert cells("code").index(tagged[0]) == 0  # before anything runs
 

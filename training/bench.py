@@ -1,5 +1,6 @@
 """--bench: time training steps on random tokens, once both memories are full, and report
 tokens/s, ms per step, peak memory and mfu (model FLOPs over the best matmul rate measured here)."""
+
 import math
 import resource
 import time
@@ -14,11 +15,21 @@ from .device import autocast_for, compile_when_full, grad_scaler
 def add_arguments(parser) -> None:
     m = parser.add_argument_group("--bench")
     m.add_argument("--bench", action="store_true", help="time training steps on random tokens")
-    m.add_argument("--bench-steps", type=int, default=10, help="timed steps for --bench (rounds "
-                   "for --bench-reach)")
-    m.add_argument("--bench-reach", type=int, nargs="*", metavar="N", help="--bench: the cost of "
-                   "reach, Transformer-XL against the compressive model at reaches N (default "
-                   "256 512 1024 2048) and at equal slots (training/reach_cost.py)")
+    m.add_argument(
+        "--bench-steps",
+        type=int,
+        default=10,
+        help="timed steps for --bench (rounds for --bench-reach)",
+    )
+    m.add_argument(
+        "--bench-reach",
+        type=int,
+        nargs="*",
+        metavar="N",
+        help="--bench: the cost of "
+        "reach, Transformer-XL against the compressive model at reaches N (default "
+        "256 512 1024 2048) and at equal slots (training/reach_cost.py)",
+    )
 
 
 def make_step(ts, args, device):
@@ -29,8 +40,18 @@ def make_step(ts, args, device):
     optimizer, groups = ts.make_optimizer(model, args), ts.clip_groups(model)
     step_model = compile_when_full(model) if args.compile else model
     autocast, scaler = autocast_for(device, args.dtype), grad_scaler(device, args.dtype)
-    step = lambda x, y, memory: ts.train_step(step_model, optimizer, scaler, groups, x, y,  # noqa
-                                              memory, autocast, args.grad_clip, 1)[2]
+    step = lambda x, y, memory: ts.train_step(
+        step_model,
+        optimizer,
+        scaler,
+        groups,
+        x,
+        y,  # noqa
+        memory,
+        autocast,
+        args.grad_clip,
+        1,
+    )[2]
     return model, step
 
 
@@ -41,19 +62,22 @@ def train_flops_per_step(model, batch: int) -> float:
     d, T = cfg.d_model, cfg.seq_len
     head = batch * 2 * d * cfg.vocab_size * T
     if isinstance(model, FeedbackTransformer):  # per step and layer: q, the input's k and v,
-        K = cfg.mem_len + 1                       # output, feed-forward, attention over K keys
-        per_step = cfg.n_layers * (2 * 4 * d * d + 2 * 2 * d * cfg.d_ff + 3 * 2 * K * d) \
-            + 2 * 2 * d * d  # the memory vector's k and v, once for every layer
+        K = cfg.mem_len + 1  # output, feed-forward, attention over K keys
+        per_step = (
+            cfg.n_layers * (2 * 4 * d * d + 2 * 2 * d * cfg.d_ff + 3 * 2 * K * d) + 2 * 2 * d * d
+        )  # the memory vector's k and v, once for every layer
         per_row = T * per_step + 2 * 2 * d * d * cfg.mem_len  # the carried memory's k and v
         positions = cfg.n_layers * 2 * d * d * (cfg.mem_len + 2)  # W_r R, shared by the batch
         return 3.0 * (batch * per_row + positions + head)
     M = cfg.mem_len + cfg.c_mem_len
     K = M + T
-    per_row = (2 * 3 * d * d * T          # q, k, v of the segment
-               + 2 * 2 * d * d * M        # k, v of the memories
-               + 2 * d * d * T            # output projection
-               + 2 * 2 * d * cfg.d_ff * T  # feed-forward
-               + 3 * 2 * T * K * d)       # content scores, position scores, weighted values
+    per_row = (
+        2 * 3 * d * d * T  # q, k, v of the segment
+        + 2 * 2 * d * d * M  # k, v of the memories
+        + 2 * d * d * T  # output projection
+        + 2 * 2 * d * cfg.d_ff * T  # feed-forward
+        + 3 * 2 * T * K * d
+    )  # content scores, position scores, weighted values
     per_layer = batch * per_row + 2 * d * d * (K + 1)  # W_r R is shared by the batch
     return 3.0 * (cfg.n_layers * per_layer + head)
 
@@ -79,7 +103,7 @@ def matmul_peak_flops(device, dtype) -> float:
             sync(device)
             best = min(best, time.perf_counter() - t)
         if n >= 2048 or best > 0.02:
-            return 2 * n ** 3 / best
+            return 2 * n**3 / best
         n *= 2
 
 
@@ -87,8 +111,10 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
     """train_step(x, y, memory) -> memory does one whole optimizer step, as in training."""
     cfg = model.cfg
     g = torch.Generator(device="cpu").manual_seed(seed)
-    batches = [torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
-               for _ in range(4)]
+    batches = [
+        torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
+        for _ in range(4)
+    ]
     memory = None
     # warm up until both memories are full, so the timed steps do the steady-state work
     warmup = 3 + math.ceil((cfg.mem_len + cfg.c_mem_len * cfg.compression_rate) / cfg.seq_len)
@@ -106,14 +132,18 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
     seconds = (time.perf_counter() - start) / steps
     peak = matmul_peak_flops(device, dtype)
     if device.type == "cuda":
-        peak_mem = torch.cuda.max_memory_allocated(device) / 2 ** 20
+        peak_mem = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     flops = train_flops_per_step(model, batch_size)
     print(f"config: {cfg}")
-    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak "
-          f"{peak / 1e9:.1f} GFLOP/s, model {flops / 1e9:.2f} GFLOP/step; warm-up {warmup} "
-          f"steps in {warm_seconds:.1f} s (with --compile: the compile)")
-    print(f"bench tokens_per_s={batch_size * cfg.seq_len / seconds:.1f} "
-          f"ms_per_step={seconds * 1000:.2f} peak_mem_mb={peak_mem:.1f} "
-          f"mfu={flops / seconds / peak:.4f}")
+    print(
+        f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s, model {flops / 1e9:.2f} GFLOP/step; warm-up {warmup} "
+        f"steps in {warm_seconds:.1f} s (with --compile: the compile)"
+    )
+    print(
+        f"bench tokens_per_s={batch_size * cfg.seq_len / seconds:.1f} "
+        f"ms_per_step={seconds * 1000:.2f} peak_mem_mb={peak_mem:.1f} "
+        f"mfu={flops / seconds / peak:.4f}"
+    )

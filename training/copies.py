@@ -22,6 +22,7 @@ that only the compressed memory (or a Transformer-XL as long as its reach) can c
 
     python -m training.copies FILE [FILE ...]      # a text's share of characters by copy distance
 """
+
 import sys
 
 import torch
@@ -38,7 +39,7 @@ def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
     distances = [NEVER] * len(text)
     last = {}
     for p in range(n - 1, len(text)):
-        gram = text[p - n + 1:p + 1]
+        gram = text[p - n + 1 : p + 1]
         q = last.get(gram)
         if q is not None:
             distances[p] = p - q
@@ -70,10 +71,10 @@ def evaluation_geometry(text: str, n_streams: int, seq_len: int, n: int = NGRAM)
     for b in range(n_streams):
         start = b * length
         end = start + length + 1 if b < n_streams - 1 else len(text)  # the last takes the tail
-        distance[start + 1:end] = copy_distances(text[start:end], n)[1:]
-        index[start + 1:start + length + 1] = torch.arange(length) % seq_len
+        distance[start + 1 : end] = copy_distances(text[start:end], n)[1:]
+        index[start + 1 : start + length + 1] = torch.arange(length) % seq_len
     tail = len(text) - (n_streams * length + 1)
-    index[n_streams * length + 1:] = torch.arange(tail)
+    index[n_streams * length + 1 :] = torch.arange(tail)
     return distance, index
 
 
@@ -87,13 +88,18 @@ def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Te
     for k, name in enumerate(bucket_names(edges)):
         chosen = bucket == k
         n = int(chosen.sum())
-        out[name] = {"loss": float(losses[chosen].mean()) if n else None,
-                     "share": n / max(1, len(losses)), "chars": n}
+        out[name] = {
+            "loss": float(losses[chosen].mean()) if n else None,
+            "share": n / max(1, len(losses)),
+            "chars": n,
+        }
     return out
 
 
 def summary(rows: dict) -> str:
-    return ", ".join(f"{name} {row['loss']:.3f}" for name, row in rows.items() if row["loss"] is not None)
+    return ", ".join(
+        f"{name} {row['loss']:.3f}" for name, row in rows.items() if row["loss"] is not None
+    )
 
 
 def regions_of(model_reach, seq_len: int, edges=EDGES):
@@ -106,8 +112,10 @@ def regions_of(model_reach, seq_len: int, edges=EDGES):
 
 
 def print_by_bucket(rows: dict, regions, label: str = "") -> None:
-    print(f"validation loss by copy distance{label} ({NGRAM}-gram; the buckets count how far the "
-          f"copy lies beyond the query's own segment)")
+    print(
+        f"validation loss by copy distance{label} ({NGRAM}-gram; the buckets count how far the "
+        f"copy lies beyond the query's own segment)"
+    )
     print(f"{'bucket':>10} {'region':>8} {'share':>7} {'loss':>7}")
     for (name, row), region in zip(rows.items(), regions):
         loss = "-" if row["loss"] is None else f"{row['loss']:.3f}"
@@ -118,9 +126,15 @@ def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:
     """Share of a text's characters by plain copy distance (the corpus's own profile)."""
     distance = copy_distances(text, n)
     bucket = torch.bucketize(distance, torch.tensor(edges), right=True)  # d in [lo, hi)
-    names = [f"<{edges[0]}", *(f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])), f">={edges[-1]}"]
-    out = {name: float(((bucket == k) & (distance != NEVER)).double().mean())
-           for k, name in enumerate(names)}
+    names = [
+        f"<{edges[0]}",
+        *(f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])),
+        f">={edges[-1]}",
+    ]
+    out = {
+        name: float(((bucket == k) & (distance != NEVER)).double().mean())
+        for k, name in enumerate(names)
+    }
     out["never"] = float((distance == NEVER).double().mean())
     return out
 
@@ -131,8 +145,10 @@ def main(paths) -> int:
             with open(path, encoding="utf-8") as f:
                 shares = profile(f.read())
         except (OSError, UnicodeDecodeError) as e:
-            print(f"error: cannot read {path} as UTF-8 text ({' '.join(str(e).split())})",
-                  file=sys.stderr)
+            print(
+                f"error: cannot read {path} as UTF-8 text ({' '.join(str(e).split())})",
+                file=sys.stderr,
+            )
             return 2
         print(f"{path}: " + ", ".join(f"{name} {share:.1%}" for name, share in shares.items()))
     return 0

@@ -21,6 +21,7 @@ file counts, characters, SHA-256 of both texts). Each file is written atomically
 last, and a later run trusts the texts only where the manifest names its interpreter and the
 texts' digests match: an interrupted build is rebuilt, and so is a corpus made by another Python.
 """
+
 import hashlib
 import json
 import os
@@ -37,7 +38,9 @@ from . import files
 from .checks import UserError, one_line
 
 PLACEHOLDER = "\x1a"  # ASCII SUB, "substitute": stands for any character outside the alphabet
-VOCAB = sorted("\n" + PLACEHOLDER + "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c"))
+VOCAB = sorted(
+    "\n" + PLACEHOLDER + "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c")
+)
 EXCLUDED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 FORMAT = 1  # bump when the rules above change, so that old corpora are rebuilt
 _KEEP = frozenset(VOCAB)
@@ -58,7 +61,9 @@ def source_files(root: str):
     """The relative paths of the library's .py files, sorted, exclusions left out."""
     found = []
     for folder, subfolders, names in os.walk(root):
-        subfolders[:] = [s for s in subfolders if s not in EXCLUDED_FOLDERS and not s.startswith("config-")]
+        subfolders[:] = [
+            s for s in subfolders if s not in EXCLUDED_FOLDERS and not s.startswith("config-")
+        ]
         for name in names:
             if name.endswith(".py") and not name.startswith("_sysconfigdata_"):
                 found.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/"))
@@ -69,8 +74,10 @@ def build(root: str):
     """(train text, val text, manifest) of the library under root."""
     paths = source_files(root)
     if not paths:
-        raise UserError(f"no Python sources under {root}: this interpreter was installed without "
-                        f"its standard library's .py files, so --task code has nothing to read")
+        raise UserError(
+            f"no Python sources under {root}: this interpreter was installed without "
+            f"its standard library's .py files, so --task code has nothing to read"
+        )
     parts = {"train": [], "val": []}
     for path in paths:
         try:
@@ -82,12 +89,18 @@ def build(root: str):
         parts[split].append(normalise(f"# file: {path}\n{text.rstrip()}\n\n"))
     texts = {split: "".join(chunks) for split, chunks in parts.items()}
     if not texts["train"] or not texts["val"]:
-        raise UserError(f"too few Python sources under {root} ({len(paths)} files) for a "
-                        f"training and a validation split")
-    manifest = {"format": FORMAT, "python": python_version(), "root": root,
-                "files": {split: len(chunks) for split, chunks in parts.items()},
-                "chars": {split: len(text) for split, text in texts.items()},
-                "sha256": {split: sha256(text) for split, text in texts.items()}}
+        raise UserError(
+            f"too few Python sources under {root} ({len(paths)} files) for a "
+            f"training and a validation split"
+        )
+    manifest = {
+        "format": FORMAT,
+        "python": python_version(),
+        "root": root,
+        "files": {split: len(chunks) for split, chunks in parts.items()},
+        "chars": {split: len(text) for split, text in texts.items()},
+        "sha256": {split: sha256(text) for split, text in texts.items()},
+    }
     return texts["train"], texts["val"], manifest
 
 
@@ -104,7 +117,9 @@ def stdlib_root() -> str:
 
 
 def folder_for(data_dir: str) -> str:
-    return os.path.join(data_dir, "python" + ".".join(platform.python_version_tuple()[:2]) + "-stdlib")
+    return os.path.join(
+        data_dir, "python" + ".".join(platform.python_version_tuple()[:2]) + "-stdlib"
+    )
 
 
 def cached(folder: str, root: str):
@@ -154,10 +169,13 @@ def load_or_build(folder: str, root: str, say):
     if os.path.exists(os.path.join(folder, "manifest.json")):
         os.remove(os.path.join(folder, "manifest.json"))
     for split, text in (("train", train), ("val", val)):
-        files.write_atomically(os.path.join(folder, f"{split}.txt"),
-                               lambda f, text=text: f.write(text.encode()))
-    files.write_atomically(os.path.join(folder, "manifest.json"),
-                           lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        files.write_atomically(
+            os.path.join(folder, f"{split}.txt"), lambda f, text=text: f.write(text.encode())
+        )
+    files.write_atomically(
+        os.path.join(folder, "manifest.json"),
+        lambda f: f.write(json.dumps(manifest, indent=1).encode()),
+    )
     return train, val, manifest
 
 
@@ -165,9 +183,11 @@ def first_files(val: str, n_chars: int) -> str:
     """The validation text up to the first file that begins at or after n_chars: whole files, so
     that a model is evaluated as it would read them (the whole split is long to evaluate often)."""
     cut = val.find("\n# file: ", max(0, n_chars - 1))
-    return val if cut < 0 else val[:cut + 1]
+    return val if cut < 0 else val[: cut + 1]
 
 
 def describe(manifest) -> str:
-    return (f"code: the {manifest['python']} standard library, {sum(manifest['files'].values())} "
-            f"files ({manifest['files']['val']} for validation)")
+    return (
+        f"code: the {manifest['python']} standard library, {sum(manifest['files'].values())} "
+        f"files ({manifest['files']['val']} for validation)"
+    )

@@ -2,6 +2,7 @@
 Shakespeare (shipped in data/) or a --data text, split as nanoGPT splits it (the first 90% to train,
 the last 10% to validate); the code corpus of corpus.py (whole files held out); or the recall
 task's generated text (recall.py)."""
+
 import hashlib
 import os
 
@@ -24,9 +25,11 @@ def load_text(path) -> str:
     text = files.read_text(DEFAULT_DATA)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if digest != DATA_SHA256:
-        raise UserError(f"{DEFAULT_DATA} is not the Tiny Shakespeare this repository ships (sha256 "
-                        f"{digest[:12]}..., expected {DATA_SHA256[:12]}...); restore it with "
-                        f"git checkout -- data/tinyshakespeare.txt, or pass --data FILE")
+        raise UserError(
+            f"{DEFAULT_DATA} is not the Tiny Shakespeare this repository ships (sha256 "
+            f"{digest[:12]}..., expected {DATA_SHA256[:12]}...); restore it with "
+            f"git checkout -- data/tinyshakespeare.txt, or pass --data FILE"
+        )
     return text
 
 
@@ -43,13 +46,21 @@ def load_data(args, task: str, n_streams: int = 1, vocab=None, saved_args=None, 
     name: what the text is, for the log. vocab and saved_args: a checkpoint's, when evaluating one
     (without --data, its own text: the --data it was trained with, else Tiny Shakespeare)."""
     if task == "recall":
-        return (recall.VOCAB, *recall.load(args, n_streams, encode, saved_args, need_train),
-                "the recall task's generated text")
+        return (
+            recall.VOCAB,
+            *recall.load(args, n_streams, encode, saved_args, need_train),
+            "the recall task's generated text",
+        )
     if task == "code":  # the validation text: whole files, the first --val-chars or a little more
         train, val, manifest = corpus.load(os.path.dirname(DEFAULT_DATA))
         val = corpus.first_files(val, recall.settings(args, saved_args)["val_chars"])
-        return (corpus.VOCAB, encode(train, corpus.VOCAB) if need_train else None,
-                encode(val, corpus.VOCAB), None, corpus.describe(manifest))
+        return (
+            corpus.VOCAB,
+            encode(train, corpus.VOCAB) if need_train else None,
+            encode(val, corpus.VOCAB),
+            None,
+            corpus.describe(manifest),
+        )
     path = args.data
     if path is None and saved_args is not None:  # a checkpoint is evaluated on its own text
         path = saved_args.get("data")

@@ -1,5 +1,6 @@
 """Where and in what precision the script runs: the device, autocast and the gradient scaler, the
 compiled model, and one allocator setting."""
+
 import ctypes
 from contextlib import nullcontext
 
@@ -39,8 +40,9 @@ def memories_full(memory, cfg) -> bool:
     graph; each memory size while they fill would be a graph of its own."""
     if memory is None:
         return False
-    return all(m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem) and \
-        all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
+    return all(m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem) and all(
+        c.size(1) == cfg.c_mem_len for c in memory.c_mem
+    )
 
 
 def compile_when_full(model):
@@ -58,5 +60,5 @@ def keep_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc: nothing to tune
         return
-    libc.mallopt(-3, 32 * 2 ** 20)  # M_MMAP_THRESHOLD: blocks up to 32 MiB from the heap
-    libc.mallopt(-1, 2 ** 30)       # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap
+    libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: blocks up to 32 MiB from the heap
+    libc.mallopt(-1, 2**30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap

@@ -7,6 +7,7 @@ This is what DistributedDataParallel does, written out with one all_reduce. DDP 
 to search every step for parameters without a gradient: f_c's, which only the reconstruction loss
 trains and which get none until the memory first overflows. Averaging by hand has no such case:
 the processes step in lockstep, so each one has gradients for the same parameters."""
+
 import os
 
 import torch
@@ -88,6 +89,6 @@ def gather_memories(memory, world: int, device):
     lengths = [len(part) for part in parts]
     out = []
     for tensors in gather_tensors([t for part in parts for t in part], world, device):
-        mem, c_mem, usage = (tensors[sum(lengths[:i]):sum(lengths[:i + 1])] for i in range(3))
+        mem, c_mem, usage = (tensors[sum(lengths[:i]) : sum(lengths[: i + 1])] for i in range(3))
         out.append([mem, c_mem, usage if memory.usage is not None else None])
     return out

@@ -1,4 +1,5 @@
 """Files: writes that a crash cannot leave half done, and a text data file read as UTF-8."""
+
 import os
 
 from .checks import UserError, one_line
@@ -32,7 +33,9 @@ def read_text(path: str) -> str:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError as e:
-        raise UserError(f"data file {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+        raise UserError(
+            f"data file {path} is not UTF-8 text (byte {e.start}: {e.reason})"
+        ) from None
     except OSError as e:
         raise UserError(f"cannot read data file {path} ({one_line(e)})") from None
     if len(text) < 1000:

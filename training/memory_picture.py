@@ -33,6 +33,7 @@ From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, n
     picture.data        # the JSON's dict; picture.steps: the FIFOs after each segment (FifoStep)
     fifo_steps(start=0, lengths=[64] * 6, n_m=64, n_cm=32, c=4)  # the rule alone, without a model
 """
+
 import json
 import math
 import os
@@ -51,30 +52,49 @@ from .checks import UserError
 
 def add_arguments(parser) -> None:
     m = parser.add_argument_group("--picture (on OUT/ckpt.pt)")
-    m.add_argument("--picture", action="store_true", help="draw the memory from the model's own "
-                   "state over a passage of the validation text: OUT/memory.png (where one query "
-                   "looks), memory.gif (the FIFOs moving), memory.json (the data)")
-    m.add_argument("--picture-start", type=int, metavar="POS", help="the validation text position "
-                   "where the passage starts, the memory empty before it (default: enough segments "
-                   "before the query to fill both memories and a few more)")
-    m.add_argument("--picture-query", type=int, metavar="POS", help="the query's validation text "
-                   "position (default: the last character of the last segment; on --task recall "
-                   "the first '?' whose fact is held in c_mem)")
-    m.add_argument("--picture-heads", action="store_true", help="the attention per layer and head, "
-                   "not only per layer (the mean over the heads)")
+    m.add_argument(
+        "--picture",
+        action="store_true",
+        help="draw the memory from the model's own "
+        "state over a passage of the validation text: OUT/memory.png (where one query "
+        "looks), memory.gif (the FIFOs moving), memory.json (the data)",
+    )
+    m.add_argument(
+        "--picture-start",
+        type=int,
+        metavar="POS",
+        help="the validation text position "
+        "where the passage starts, the memory empty before it (default: enough segments "
+        "before the query to fill both memories and a few more)",
+    )
+    m.add_argument(
+        "--picture-query",
+        type=int,
+        metavar="POS",
+        help="the query's validation text "
+        "position (default: the last character of the last segment; on --task recall "
+        "the first '?' whose fact is held in c_mem)",
+    )
+    m.add_argument(
+        "--picture-heads",
+        action="store_true",
+        help="the attention per layer and head, not only per layer (the mean over the heads)",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 # The FIFO rule, applied to text positions
 
+
 class FifoStep(NamedTuple):
     """The two FIFOs of every layer after one segment, as the text positions they stand for."""
-    segment: List[int]             # the positions of the segment just fed
-    mem: List[int]                 # mem afterwards, oldest first, one position a slot
-    c_mem: List[List[int]]         # c_mem afterwards, oldest first, the c positions of each slot
-    evicted: List[int]             # what overflowed n_m and left mem in this step
-    compressed: List[List[int]]    # the c_mem slots made of it by f_c (none without c_mem: dropped)
-    dropped: List[List[int]]       # the c_mem slots that fell off its end
+
+    segment: List[int]  # the positions of the segment just fed
+    mem: List[int]  # mem afterwards, oldest first, one position a slot
+    c_mem: List[List[int]]  # c_mem afterwards, oldest first, the c positions of each slot
+    evicted: List[int]  # what overflowed n_m and left mem in this step
+    compressed: List[List[int]]  # the c_mem slots made of it by f_c (none without c_mem: dropped)
+    dropped: List[List[int]]  # the c_mem slots that fell off its end
 
 
 def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoStep]:
@@ -95,9 +115,9 @@ def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoSte
                 n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c
                 evicted, mem = mem[:n_evict], mem[n_evict:]
                 if n_cm:
-                    compressed = [evicted[i:i + c] for i in range(0, n_evict, c)]
+                    compressed = [evicted[i : i + c] for i in range(0, n_evict, c)]
                     c_mem = c_mem + compressed
-                    dropped, c_mem = c_mem[:max(0, len(c_mem) - n_cm)], c_mem[-n_cm:]
+                    dropped, c_mem = c_mem[: max(0, len(c_mem) - n_cm)], c_mem[-n_cm:]
         steps.append(FifoStep(segment, mem, c_mem, evicted, compressed, dropped))
     return steps
 
@@ -105,15 +125,16 @@ def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoSte
 # --------------------------------------------------------------------------------------------------
 # The picture's data: the model run over the passage, the query's attention on every slot
 
+
 @dataclass
 class Picture:
-    data: dict                     # what memory.json holds (see the module's docstring)
-    steps: List[FifoStep]          # the FIFOs after each segment of the passage
-    text: str                      # the passage's characters, from data["start"]
-    cfg: object                    # the model's CompressiveConfig
-    held: List[tuple]              # (len(mem[0]), len(c_mem[0])) of the model's memory per segment
+    data: dict  # what memory.json holds (see the module's docstring)
+    steps: List[FifoStep]  # the FIFOs after each segment of the passage
+    text: str  # the passage's characters, from data["start"]
+    cfg: object  # the model's CompressiveConfig
+    held: List[tuple]  # (len(mem[0]), len(c_mem[0])) of the model's memory per segment
     marks: List[int] = field(default_factory=list)  # positions to point out (a recall fact)
-    note: str = ""                 # one line under the title (what the marks are)
+    note: str = ""  # one line under the title (what the marks are)
 
 
 def default_segments(cfg) -> int:
@@ -127,9 +148,11 @@ def default_start(cfg, query: int) -> int:
     return max(0, query - cfg.seq_len + 1 - (default_segments(cfg) - 1) * cfg.seq_len)
 
 
-NO_FEEDBACK_PICTURE = ("the picture draws the per-layer memories [c_mem; mem] of the compressive, "
-                       "xl and vanilla models; a Feedback Transformer keeps one memory shared by "
-                       "all its layers, made token by token, with nothing compressed")
+NO_FEEDBACK_PICTURE = (
+    "the picture draws the per-layer memories [c_mem; mem] of the compressive, "
+    "xl and vanilla models; a Feedback Transformer keeps one memory shared by "
+    "all its layers, made token by token, with nothing compressed"
+)
 
 
 def check_model(model) -> None:
@@ -138,8 +161,14 @@ def check_model(model) -> None:
 
 
 @torch.no_grad()
-def memory_picture(model, ids: torch.Tensor, vocab, start: int = 0, query: Optional[int] = None,
-                   heads: bool = False) -> Picture:
+def memory_picture(
+    model,
+    ids: torch.Tensor,
+    vocab,
+    start: int = 0,
+    query: Optional[int] = None,
+    heads: bool = False,
+) -> Picture:
     """Run model (a CompressiveTransformer) over ids[start:] in segments of n_s, memory carried
     from an empty one, up to the segment that holds the query (default: the last character of
     default_segments(cfg) segments), and return the Picture of the query's view: every key it
@@ -154,8 +183,10 @@ def memory_picture(model, ids: torch.Tensor, vocab, start: int = 0, query: Optio
     if not 0 <= start < n:
         raise ValueError(f"the passage start {start} lies outside the text (0 to {n - 1})")
     if not start <= query < n:
-        raise ValueError(f"the query {query} lies outside the passage: it must be in "
-                         f"[{start}, {n - 1}], from the start to the end of the text")
+        raise ValueError(
+            f"the query {query} lies outside the passage: it must be in "
+            f"[{start}, {n - 1}], from the start to the end of the text"
+        )
     end = min(n, start + ((query - start) // n_s + 1) * n_s)  # the end of the query's segment
     lengths = [min(n_s, end - s) for s in range(start, end, n_s)]
     steps = fifo_steps(start, lengths, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
@@ -167,24 +198,32 @@ def memory_picture(model, ids: torch.Tensor, vocab, start: int = 0, query: Optio
     try:
         with analysis.recorded_attention(model) as attention:
             for k, (offset, step) in enumerate(zip(range(0, end - start, n_s), steps)):
-                _, memory, _ = model(passage[:, offset:offset + n_s], memory)
+                _, memory, _ = model(passage[:, offset : offset + n_s], memory)
                 held.append((memory.mem[0].size(1), memory.c_mem[0].size(1)))
                 if held[-1] != (len(step.mem), len(step.c_mem)):  # a bug, not the user's
-                    raise RuntimeError(f"after segment {k} the model holds {held[-1]} (mem, c_mem) "
-                                       f"slots, the FIFO rule {len(step.mem), len(step.c_mem)}")
+                    raise RuntimeError(
+                        f"after segment {k} the model holds {held[-1]} (mem, c_mem) "
+                        f"slots, the FIFO rule {len(step.mem), len(step.c_mem)}"
+                    )
     finally:
         model.train(was_training)
     before = steps[-2] if len(steps) > 1 else FifoStep([], [], [], [], [], [])
     i = query - steps[-1].segment[0]  # the query's row in its segment
-    keys = ([("c_mem", block) for block in before.c_mem] + [("mem", [p]) for p in before.mem]
-            + [("segment", [p]) for p in steps[-1].segment[:i + 1]])
-    weights = torch.stack([w[0, :, i, :len(keys)] for w in attention]).double().cpu()  # [L, H, K]
+    keys = (
+        [("c_mem", block) for block in before.c_mem]
+        + [("mem", [p]) for p in before.mem]
+        + [("segment", [p]) for p in steps[-1].segment[: i + 1]]
+    )
+    weights = torch.stack([w[0, :, i, : len(keys)] for w in attention]).double().cpu()  # [L, H, K]
     text = "".join(vocab[t] for t in ids[start:end].tolist())
     slots = []
     for k, (region, positions) in enumerate(keys):
-        slot = {"region": region, "positions": positions,
-                "text": "".join(text[p - start] for p in positions),
-                "attention": weights[:, :, k].mean(dim=1).tolist()}
+        slot = {
+            "region": region,
+            "positions": positions,
+            "text": "".join(text[p - start] for p in positions),
+            "attention": weights[:, :, k].mean(dim=1).tolist(),
+        }
         if heads:
             slot["attention_by_head"] = weights[:, :, k].tolist()
         slots.append(slot)
@@ -200,8 +239,10 @@ def strongest(picture: Picture):
     """Per layer: (index of the slot with the largest weight, that weight)."""
     slots = picture.data["slots"]
     n_layers = len(slots[0]["attention"])
-    return [max(((k, s["attention"][layer]) for k, s in enumerate(slots)), key=lambda t: t[1])
-            for layer in range(n_layers)]
+    return [
+        max(((k, s["attention"][layer]) for k, s in enumerate(slots)), key=lambda t: t[1])
+        for layer in range(n_layers)
+    ]
 
 
 def distance(picture: Picture, slot: dict) -> str:
@@ -218,21 +259,30 @@ def shown(text: str) -> str:
 
 def describe(picture: Picture) -> List[str]:
     """The lines --picture prints: the regions the query sees and, per layer, its strongest slot."""
-    cfg, slots, query, start = picture.cfg, picture.data["slots"], picture.data["query"], \
-        picture.data["start"]
-    lines = [f"query: position {query} {shown(picture.text[query - start])!r}, after "
-             f"{len(picture.steps)} segment(s) of n_s={cfg.seq_len} from position {start}"]
+    cfg, slots, query, start = (
+        picture.cfg,
+        picture.data["slots"],
+        picture.data["query"],
+        picture.data["start"],
+    )
+    lines = [
+        f"query: position {query} {shown(picture.text[query - start])!r}, after "
+        f"{len(picture.steps)} segment(s) of n_s={cfg.seq_len} from position {start}"
+    ]
     for region in ("c_mem", "mem", "segment"):
         inside = [s for s in slots if s["region"] == region]
         if inside:
             far, near = query - inside[0]["positions"][0], query - inside[-1]["positions"][-1]
             n_chars = sum(len(s["positions"]) for s in inside)
-            lines.append(f"  {region:<8}{len(inside):>4} slots, {n_chars:>4} characters, "
-                         f"{near}-{far} back")
+            lines.append(
+                f"  {region:<8}{len(inside):>4} slots, {n_chars:>4} characters, {near}-{far} back"
+            )
     for layer, (k, weight) in enumerate(strongest(picture)):
         slot = slots[k]
-        lines.append(f"  layer {layer}: largest weight {weight:.3f} on {slot['region']} slot "
-                     f"{shown(slot['text'])!r} ({distance(picture, slot)} back)")
+        lines.append(
+            f"  layer {layer}: largest weight {weight:.3f} on {slot['region']} slot "
+            f"{shown(slot['text'])!r} ({distance(picture, slot)} back)"
+        )
     return lines
 
 
@@ -266,10 +316,13 @@ def pyplot_or_error():
     try:
         import matplotlib
     except ImportError:
-        raise UserError("matplotlib is not installed, so no picture is drawn (pip install "
-                        "matplotlib); the data is in memory.json") from None
+        raise UserError(
+            "matplotlib is not installed, so no picture is drawn (pip install "
+            "matplotlib); the data is in memory.json"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -287,13 +340,17 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     plt = pyplot_or_error()
     from matplotlib.colors import PowerNorm
     from matplotlib.patches import Rectangle
+
     cfg, data = picture.cfg, picture.data
     slots, query, start = data["slots"], data["query"], data["start"]
     by_head = "attention_by_head" in slots[0]
     rows = [(f"layer {l}", [s["attention"][l] for s in slots]) for l in range(cfg.n_layers)]
     if by_head:
-        rows = [(f"layer {l} head {h}", [s["attention_by_head"][l][h] for s in slots])
-                for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+        rows = [
+            (f"layer {l} head {h}", [s["attention_by_head"][l][h] for s in slots])
+            for l in range(cfg.n_layers)
+            for h in range(cfg.n_heads)
+        ]
     first = slots[0]["positions"][0]
     width = min(line_width(cfg), query - first + 1)
     n_lines = (query - first) // width + 1
@@ -308,8 +365,9 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     head = 1.55
     fig_h = head + 0.2 * per_line * n_lines + foot
     fig = plt.figure(figsize=(fig_w, fig_h))
-    ax = fig.add_axes([left / fig_w, foot / fig_h, cell * width / fig_w,
-                       0.2 * per_line * n_lines / fig_h])
+    ax = fig.add_axes(
+        [left / fig_w, foot / fig_h, cell * width / fig_w, 0.2 * per_line * n_lines / fig_h]
+    )
     ax.set_xlim(0, width)
     ax.set_ylim(per_line * n_lines - 0.9, 0)
     ax.axis("off")
@@ -323,38 +381,88 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     for r, (name, values) in enumerate(rows):  # each row's strongest slot, at the right
         k = best[r]
         line = (slots[k]["positions"][-1] - first) // width
-        ax.text(width + 0.6, line * per_line + 1.5 + r, f"max {values[k]:.2f}: "
-                f"{slots[k]['region']}, {distance(picture, slots[k])} back", ha="left",
-                va="center", fontsize=6.5, color="#0077b6")
+        ax.text(
+            width + 0.6,
+            line * per_line + 1.5 + r,
+            f"max {values[k]:.2f}: {slots[k]['region']}, {distance(picture, slots[k])} back",
+            ha="left",
+            va="center",
+            fontsize=6.5,
+            color="#0077b6",
+        )
     for k, slot in enumerate(slots):
         region = slot["region"]
         for line, a, b in spans(slot["positions"], first, width):
             y = line * per_line
-            ax.add_patch(Rectangle((a, y), b - a, 1, facecolor=REGION_FILLS[region],
-                                   edgecolor=REGION_COLORS[region] if region == "c_mem" else "none",
-                                   linewidth=1.0))
+            ax.add_patch(
+                Rectangle(
+                    (a, y),
+                    b - a,
+                    1,
+                    facecolor=REGION_FILLS[region],
+                    edgecolor=REGION_COLORS[region] if region == "c_mem" else "none",
+                    linewidth=1.0,
+                )
+            )
             for r, (_, values) in enumerate(rows):
-                ax.add_patch(Rectangle((a, y + 1 + r), b - a, 1, facecolor=cmap(norm(values[k])),
-                                       edgecolor="white", linewidth=0.3))
+                ax.add_patch(
+                    Rectangle(
+                        (a, y + 1 + r),
+                        b - a,
+                        1,
+                        facecolor=cmap(norm(values[k])),
+                        edgecolor="white",
+                        linewidth=0.3,
+                    )
+                )
         for p, ch in zip(slot["positions"], slot["text"]):
             line, col = divmod(p - first, width)
-            ax.text(col + 0.5, line * per_line + 0.55, shown(ch), ha="center", va="center",
-                    fontsize=7.5, family=FONT, color="#222222" if ch != " " else "#999999")
+            ax.text(
+                col + 0.5,
+                line * per_line + 0.55,
+                shown(ch),
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                family=FONT,
+                color="#222222" if ch != " " else "#999999",
+            )
     for r, k in enumerate(best):
         for line, a, b in spans(slots[k]["positions"], first, width):
-            ax.add_patch(Rectangle((a, line * per_line + 1 + r), b - a, 1, fill=False,
-                                   edgecolor="#00b4d8", linewidth=1.6))
+            ax.add_patch(
+                Rectangle(
+                    (a, line * per_line + 1 + r),
+                    b - a,
+                    1,
+                    fill=False,
+                    edgecolor="#00b4d8",
+                    linewidth=1.6,
+                )
+            )
     line, col = divmod(query - first, width)  # the query
-    ax.add_patch(Rectangle((col, line * per_line), 1, 1, fill=False, edgecolor="red", linewidth=1.8))
+    ax.add_patch(
+        Rectangle((col, line * per_line), 1, 1, fill=False, edgecolor="red", linewidth=1.8)
+    )
     marked = [p for p in picture.marks if first <= p <= query]
     if marked:  # a recall fact: its characters outlined in red, dashed
         for line, a, b in spans(marked, first, width):
-            ax.add_patch(Rectangle((a + 0.05, line * per_line + 0.05), b - a - 0.1, 0.9, fill=False,
-                                   edgecolor="#d62728", linewidth=1.6, linestyle="--"))
+            ax.add_patch(
+                Rectangle(
+                    (a + 0.05, line * per_line + 0.05),
+                    b - a - 0.1,
+                    0.9,
+                    fill=False,
+                    edgecolor="#d62728",
+                    linewidth=1.6,
+                    linestyle="--",
+                )
+            )
     # the title, a legend of the regions with their reach, and the colour scale
     c = cfg.compression_rate
-    title = (f"What the query (red box, {shown(picture.text[query - start])!r} at position {query}) "
-             f"sees, oldest first, and where each layer looks")
+    title = (
+        f"What the query (red box, {shown(picture.text[query - start])!r} at position {query}) "
+        f"sees, oldest first, and where each layer looks"
+    )
     fig.text(0.1 / fig_w, 1 - 0.12 / fig_h, title, fontsize=10, fontweight="bold", va="top")
     legend = []
     for region in ("c_mem", "mem", "segment"):
@@ -363,30 +471,44 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
             continue
         far = query - inside[0]["positions"][0]
         near = query - inside[-1]["positions"][-1]
-        what = {"c_mem": f"{len(inside)} slots, each f_c ({cfg.compression}) of the c = {c} "
-                         f"characters in its box" + (" and the one after them" if
-                                                     cfg.compression == "overlap_max_pool" else ""),
-                "mem": f"{len(inside)} slots, one character each",
-                "segment": f"{len(inside)} characters, up to the query itself"}[region]
+        what = {
+            "c_mem": f"{len(inside)} slots, each f_c ({cfg.compression}) of the c = {c} "
+            f"characters in its box"
+            + (" and the one after them" if cfg.compression == "overlap_max_pool" else ""),
+            "mem": f"{len(inside)} slots, one character each",
+            "segment": f"{len(inside)} characters, up to the query itself",
+        }[region]
         legend.append((region, f"{region}: {what}; {near}-{far} characters back"))
     for j, (region, words) in enumerate(legend):
         y = 1 - (0.5 + 0.2 * j) / fig_h
-        fig.patches.append(Rectangle((0.1 / fig_w, y - 0.06 / fig_h), 0.14 / fig_w, 0.12 / fig_h,
-                                     facecolor=REGION_FILLS[region], edgecolor=REGION_COLORS[region],
-                                     transform=fig.transFigure))
+        fig.patches.append(
+            Rectangle(
+                (0.1 / fig_w, y - 0.06 / fig_h),
+                0.14 / fig_w,
+                0.12 / fig_h,
+                facecolor=REGION_FILLS[region],
+                edgecolor=REGION_COLORS[region],
+                transform=fig.transFigure,
+            )
+        )
         fig.text(0.32 / fig_w, y, words, fontsize=8, va="center")
-    note = ("Under each line of text, one row per layer" + (" and head" if by_head else "")
-            + ": the query's attention weight on each slot" + ("" if by_head else
-                                                              " (mean over the heads)")
-            + "; the largest of each row outlined." + (" " + picture.note if picture.note else ""))
+    note = (
+        "Under each line of text, one row per layer"
+        + (" and head" if by_head else "")
+        + ": the query's attention weight on each slot"
+        + ("" if by_head else " (mean over the heads)")
+        + "; the largest of each row outlined."
+        + (" " + picture.note if picture.note else "")
+    )
     fig.text(0.1 / fig_w, 1 - (0.55 + 0.2 * len(legend)) / fig_h, note, fontsize=8, va="center")
     cax = fig.add_axes([1 - 2.3 / fig_w, 1 - 0.42 / fig_h, 2.0 / fig_w, 0.1 / fig_h])
     ticks = [0.0]
     for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8):  # at least a seventh of the bar apart
         if t <= vmax and norm(t) - norm(ticks[-1]) >= 1 / 7:
             ticks.append(t)
-    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax,
-                       orientation="horizontal", ticks=ticks)
+    bar = fig.colorbar(
+        plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=cax, orientation="horizontal", ticks=ticks
+    )
     bar.set_label("attention weight (square-root scale)", fontsize=7)
     bar.ax.tick_params(labelsize=6)
     if footer:
@@ -395,8 +517,13 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     plt.close(fig)
 
 
-def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: float = 2.0,
-             last_segments: int = 16) -> None:
+def draw_gif(
+    picture: Picture,
+    path: str,
+    footer: str = "",
+    seconds_per_frame: float = 2.0,
+    last_segments: int = 16,
+) -> None:
     """The animation: the passage as text, and after each of its last last_segments segments two
     frames, (a) the segment read and appended to mem, what overflows n_m marked for eviction, and
     (b) the FIFOs updated: the evicted blocks of c compressed into new c_mem slots, what fell off
@@ -405,11 +532,14 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
     plt = pyplot_or_error()
     from matplotlib.animation import PillowWriter
     from matplotlib.patches import Rectangle
+
     cfg, data, steps = picture.cfg, picture.data, picture.steps
     first = max(0, len(steps) - last_segments)  # the first segment animated
-    held = [] if not first else steps[first - 1].mem + [p for b in steps[first - 1].c_mem for p in b]
+    held = (
+        [] if not first else steps[first - 1].mem + [p for b in steps[first - 1].c_mem for p in b]
+    )
     start = min(held + [steps[first].segment[0]])  # the text from the oldest position then held
-    text = picture.text[start - data["start"]:]
+    text = picture.text[start - data["start"] :]
     width = min(line_width(cfg), len(text))
     n_lines = math.ceil(len(text) / width)
     c, n_m, n_cm = cfg.compression_rate, cfg.mem_len, cfg.c_mem_len
@@ -421,11 +551,13 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
     fig_h = head + 0.3 * n_lines + foot
     fig = plt.figure(figsize=(fig_w, fig_h))
     ax = fig.add_axes([left / fig_w, foot / fig_h, cell * width / fig_w, 0.3 * n_lines / fig_h])
-    legend = [("#dbe6f1", REGION_COLORS["c_mem"], "-", "c_mem slot: the c characters compressed into it"),
-              ("#fde4cc", "none", "-", "mem: one character a slot"),
-              ("none", REGION_COLORS["segment"], "-", "the segment just read"),
-              ("none", "#d62728", "--", "evicted from mem"),
-              ("#eeeeee", "#d62728", ":", "fell off c_mem (or, without c_mem, forgotten)")]
+    legend = [
+        ("#dbe6f1", REGION_COLORS["c_mem"], "-", "c_mem slot: the c characters compressed into it"),
+        ("#fde4cc", "none", "-", "mem: one character a slot"),
+        ("none", REGION_COLORS["segment"], "-", "the segment just read"),
+        ("none", "#d62728", "--", "evicted from mem"),
+        ("#eeeeee", "#d62728", ":", "fell off c_mem (or, without c_mem, forgotten)"),
+    ]
 
     def box(positions, pad, **style):
         for line, a, b in spans(positions, start, width):
@@ -433,9 +565,18 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
 
     x = 0.1  # the legend and the footer stay; the captions change from frame to frame
     for face, edge, style, words in legend:
-        fig.patches.append(Rectangle((x / fig_w, 1 - 1.08 / fig_h), 0.22 / fig_w, 0.16 / fig_h,
-                                     facecolor=face, edgecolor=edge, linestyle=style,
-                                     linewidth=1.4, transform=fig.transFigure))
+        fig.patches.append(
+            Rectangle(
+                (x / fig_w, 1 - 1.08 / fig_h),
+                0.22 / fig_w,
+                0.16 / fig_h,
+                facecolor=face,
+                edgecolor=edge,
+                linestyle=style,
+                linewidth=1.4,
+                transform=fig.transFigure,
+            )
+        )
         fig.text((x + 0.3) / fig_w, 1 - 1.0 / fig_h, words, fontsize=7, va="center")
         x += 0.45 + 0.055 * len(words)
     if footer:
@@ -458,63 +599,129 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
             mem, c_mem = (before.mem + step.segment) if n_m else [], before.c_mem
         colours = {p: "#aaaaaa" for p in range(start, step.segment[-1] + 1)}  # read, not held
         for line in range(n_lines):
-            ax.text(-0.5, line * 1.5 + 0.5, f"{start + line * width}", ha="right", va="center",
-                    fontsize=7, color="#555555")
+            ax.text(
+                -0.5,
+                line * 1.5 + 0.5,
+                f"{start + line * width}",
+                ha="right",
+                va="center",
+                fontsize=7,
+                color="#555555",
+            )
         for block in c_mem:
-            box(block, 0.0, facecolor=REGION_FILLS["c_mem"], edgecolor=REGION_COLORS["c_mem"],
-                linewidth=1.0)
+            box(
+                block,
+                0.0,
+                facecolor=REGION_FILLS["c_mem"],
+                edgecolor=REGION_COLORS["c_mem"],
+                linewidth=1.0,
+            )
             colours.update((p, "#222222") for p in block)
         for p in mem:
             box([p], 0.0, facecolor=REGION_FILLS["mem"], edgecolor="none")
             colours[p] = "#222222"
         if after:
             for block in step.compressed:  # the new c_mem slots
-                box(block, 0.0, facecolor="#a9c9ea", edgecolor=REGION_COLORS["c_mem"], linewidth=2.2)
+                box(
+                    block, 0.0, facecolor="#a9c9ea", edgecolor=REGION_COLORS["c_mem"], linewidth=2.2
+                )
             for block in step.dropped + ([step.evicted] if step.evicted and not n_cm else []):
-                box(block, 0.0, facecolor="#eeeeee", edgecolor="#d62728", linewidth=1.2, linestyle=":")
+                box(
+                    block,
+                    0.0,
+                    facecolor="#eeeeee",
+                    edgecolor="#d62728",
+                    linewidth=1.2,
+                    linestyle=":",
+                )
         else:
-            box(step.segment, 0.0, facecolor="none", edgecolor=REGION_COLORS["segment"], linewidth=2.2)
+            box(
+                step.segment,
+                0.0,
+                facecolor="none",
+                edgecolor=REGION_COLORS["segment"],
+                linewidth=2.2,
+            )
             if step.evicted:
-                box(step.evicted, 0.08, facecolor="none", edgecolor="#d62728", linewidth=1.6,
-                    linestyle="--")
+                box(
+                    step.evicted,
+                    0.08,
+                    facecolor="none",
+                    edgecolor="#d62728",
+                    linewidth=1.6,
+                    linestyle="--",
+                )
         for offset, ch in enumerate(text):
             line, col = divmod(offset, width)
             marked = start + offset in picture.marks  # a recall fact: red, bold
-            ax.text(col + 0.5, line * 1.5 + 0.53, shown(ch), ha="center", va="center", fontsize=7.5,
-                    family=FONT, color="#d62728" if marked else colours.get(start + offset, "#dddddd"),
-                    fontweight="bold" if marked else "normal")
+            ax.text(
+                col + 0.5,
+                line * 1.5 + 0.53,
+                shown(ch),
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                family=FONT,
+                color="#d62728" if marked else colours.get(start + offset, "#dddddd"),
+                fontweight="bold" if marked else "normal",
+            )
         # the caption: what moved, and the model's own slot counts
         seg = step.segment
-        title = (f"Segment {k + 1} of {len(steps)}, positions {seg[0]}-{seg[-1]}: "
-                 + ("(b) the FIFOs updated" if after else "(a) read, and appended to mem"))
+        title = f"Segment {k + 1} of {len(steps)}, positions {seg[0]}-{seg[-1]}: " + (
+            "(b) the FIFOs updated" if after else "(a) read, and appended to mem"
+        )
         if not n_m:
             says = "No memory (n_m = 0): each segment sees only itself, and nothing is kept."
         elif not after:
-            says = (f"mem would hold {len(mem)}, n_m = {n_m}: "
-                    + (f"the oldest {len(step.evicted)} overflow (red dashes)"
-                       + (f", {len(step.evicted) // c} whole blocks of c = {c}" if n_cm else "")
-                       if step.evicted else "nothing overflows") + ".")
+            says = (
+                f"mem would hold {len(mem)}, n_m = {n_m}: "
+                + (
+                    f"the oldest {len(step.evicted)} overflow (red dashes)"
+                    + (f", {len(step.evicted) // c} whole blocks of c = {c}" if n_cm else "")
+                    if step.evicted
+                    else "nothing overflows"
+                )
+                + "."
+            )
         elif step.evicted and n_cm:
-            says = (f"The {len(step.evicted)} evicted (positions {step.evicted[0]}-"
-                    f"{step.evicted[-1]}) went through f_c: {len(step.compressed)} new c_mem slots "
-                    f"(bold boxes)" + (f"; c_mem over n_cm = {n_cm}, so its oldest "
-                                       f"{len(step.dropped)} fell off (red dots)" if step.dropped
-                                       else "") + ".")
+            says = (
+                f"The {len(step.evicted)} evicted (positions {step.evicted[0]}-"
+                f"{step.evicted[-1]}) went through f_c: {len(step.compressed)} new c_mem slots "
+                f"(bold boxes)"
+                + (
+                    f"; c_mem over n_cm = {n_cm}, so its oldest "
+                    f"{len(step.dropped)} fell off (red dots)"
+                    if step.dropped
+                    else ""
+                )
+                + "."
+            )
         elif step.evicted:
-            says = (f"Transformer-XL (n_cm = 0): the {len(step.evicted)} evicted (positions "
-                    f"{step.evicted[0]}-{step.evicted[-1]}) are forgotten (red dots).")
+            says = (
+                f"Transformer-XL (n_cm = 0): the {len(step.evicted)} evicted (positions "
+                f"{step.evicted[0]}-{step.evicted[-1]}) are forgotten (red dots)."
+            )
         else:
             says = "Nothing overflowed, so nothing was evicted."
         held = picture.held[k]
-        state = (f"The model's own memory tensors now hold {held[0]} mem and {held[1]} c_mem slots "
-                 f"per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {cfg.compression})."
-                 if after else "Positions of the passage at the left; grey: not read yet, or no "
-                 "longer held" + ("; red: the fact the last query asks for."
-                                  if picture.marks else "."))
-        captions.extend([
-            fig.text(0.1 / fig_w, 1 - 0.1 / fig_h, title, fontsize=10, fontweight="bold", va="top"),
-            fig.text(0.1 / fig_w, 1 - 0.5 / fig_h, says, fontsize=8.5, va="center"),
-            fig.text(0.1 / fig_w, 1 - 0.72 / fig_h, state, fontsize=8, va="center", color="#444444")])
+        state = (
+            f"The model's own memory tensors now hold {held[0]} mem and {held[1]} c_mem slots "
+            f"per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {cfg.compression})."
+            if after
+            else "Positions of the passage at the left; grey: not read yet, or no "
+            "longer held" + ("; red: the fact the last query asks for." if picture.marks else ".")
+        )
+        captions.extend(
+            [
+                fig.text(
+                    0.1 / fig_w, 1 - 0.1 / fig_h, title, fontsize=10, fontweight="bold", va="top"
+                ),
+                fig.text(0.1 / fig_w, 1 - 0.5 / fig_h, says, fontsize=8.5, va="center"),
+                fig.text(
+                    0.1 / fig_w, 1 - 0.72 / fig_h, state, fontsize=8, va="center", color="#444444"
+                ),
+            ]
+        )
 
     writer = PillowWriter(fps=1 / seconds_per_frame)
     with writer.saving(fig, path, dpi=90):  # each frame drawn once (an animation would draw twice)
@@ -526,6 +733,7 @@ def draw_gif(picture: Picture, path: str, footer: str = "", seconds_per_frame: f
 
 # --------------------------------------------------------------------------------------------------
 # The command: --picture on OUT/ckpt.pt
+
 
 def recall_query(cfg, answers, n: int):
     """On the recall task: the first query whose whole fact (its '=' and digit) is held in c_mem
@@ -540,7 +748,12 @@ def recall_query(cfg, answers, n: int):
         digit = answer - D
         oldest = segment_start - n_m - c * n_cm  # c_mem's oldest position once full
         start = segment_start - (default_segments(cfg) - 1) * n_s  # so the '?' ends a segment
-        if oldest + c <= digit - 1 and digit < segment_start - n_m - c and answer < n and start >= 0:
+        if (
+            oldest + c <= digit - 1
+            and digit < segment_start - n_m - c
+            and answer < n
+            and start >= 0
+        ):
             return start, query, list(range(digit - 4, digit + 1))
     return None
 
@@ -556,8 +769,13 @@ def recall_fact(answers, query: int):
 def git_commit() -> str:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                               text=True, timeout=10)
+        found = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return found.stdout.strip() if found.returncode == 0 else "unknown"
@@ -589,8 +807,10 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
     start, query, marks, note = args.picture_start, args.picture_query, [], ""
     for flag, value in (("--picture-start", start), ("--picture-query", query)):
         if value is not None and not 0 <= value < len(val):
-            raise UserError(f"{flag} {value}: the validation text has {len(val)} characters "
-                            f"(positions 0 to {len(val) - 1})")
+            raise UserError(
+                f"{flag} {value}: the validation text has {len(val)} characters "
+                f"(positions 0 to {len(val) - 1})"
+            )
     if answers is not None and start is None and query is None:
         found = recall_query(cfg, answers, len(val))
         if found:
@@ -598,16 +818,20 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
     if query is not None and answers is not None and not marks:
         marks = recall_fact(answers, query)
     if marks:
-        note = (f"The fact this '?' asks for, {picture_text(val, vocab, marks)!r}, is outlined "
-                f"in red dashes.")
+        note = (
+            f"The fact this '?' asks for, {picture_text(val, vocab, marks)!r}, is outlined "
+            f"in red dashes."
+        )
     if start is None:
         start = default_start(cfg, query) if query is not None else 0
     if query is not None and query < start:
         raise UserError(f"--picture-query {query} lies before --picture-start {start}")
     if query is None and start + default_segments(cfg) * cfg.seq_len > len(val):
-        raise UserError(f"--picture-start {start}: the passage needs {default_segments(cfg)} "
-                        f"segments of {cfg.seq_len} characters, and the validation text ends "
-                        f"{len(val) - start} characters after it")
+        raise UserError(
+            f"--picture-start {start}: the passage needs {default_segments(cfg)} "
+            f"segments of {cfg.seq_len} characters, and the validation text ends "
+            f"{len(val) - start} characters after it"
+        )
     picture = memory_picture(model, val, vocab, start, query, heads=args.picture_heads)
     picture.marks, picture.note = marks, note
     os.makedirs(args.out, exist_ok=True)
@@ -617,14 +841,18 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
     if marks:
         print(fact_report(picture, marks))
     print(f"wrote {json_path}")
-    footer = (f"Checkpoint: {training_command(ts, ckpt['args'])} (seed {ckpt['args'].get('seed')}, "
-              f"step {ckpt['step']}). Drawn by: python train_shakespeare.py --picture"
-              + "".join(f" --picture-{name} {value}" for name, value in
-                        (("start", args.picture_start), ("query", args.picture_query))
-                        if value is not None)
-              + (" --picture-heads" if args.picture_heads else "")
-              + f" with torch {torch.__version__}, {torch.get_num_threads()} threads, at commit "
-              f"{git_commit()}.")
+    footer = (
+        f"Checkpoint: {training_command(ts, ckpt['args'])} (seed {ckpt['args'].get('seed')}, "
+        f"step {ckpt['step']}). Drawn by: python train_shakespeare.py --picture"
+        + "".join(
+            f" --picture-{name} {value}"
+            for name, value in (("start", args.picture_start), ("query", args.picture_query))
+            if value is not None
+        )
+        + (" --picture-heads" if args.picture_heads else "")
+        + f" with torch {torch.__version__}, {torch.get_num_threads()} threads, at commit "
+        f"{git_commit()}."
+    )
     png, gif = os.path.join(args.out, "memory.png"), os.path.join(args.out, "memory.gif")
     draw_png(picture, png, footer)
     print(f"wrote {png}")
@@ -633,7 +861,7 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
 
 
 def picture_text(val, vocab, positions) -> str:
-    return "".join(vocab[i] for i in val[positions[0]:positions[-1] + 1].tolist())
+    return "".join(vocab[i] for i in val[positions[0] : positions[-1] + 1].tolist())
 
 
 def fact_report(picture: Picture, marks) -> str:
@@ -646,7 +874,12 @@ def fact_report(picture: Picture, marks) -> str:
     lines = [f"the fact's '=' and digit are held in {where}"]
     for layer, (k, weight) in enumerate(strongest(picture)):
         on = sum(slots[j]["attention"][layer] for j in holding)
-        lines.append(f"  layer {layer}: {on:.3f} on the fact's slot(s); its largest weight is "
-                     + ("there" if k in holding else f"elsewhere ({weight:.3f} on "
-                        f"{slots[k]['region']} {shown(slots[k]['text'])!r})"))
+        lines.append(
+            f"  layer {layer}: {on:.3f} on the fact's slot(s); its largest weight is "
+            + (
+                "there"
+                if k in holding
+                else f"elsewhere ({weight:.3f} on {slots[k]['region']} {shown(slots[k]['text'])!r})"
+            )
+        )
     return "\n".join(lines)

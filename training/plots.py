@@ -8,6 +8,7 @@ ckpt.pt), for instance once matplotlib is installed after training:
     python -m training.plots OUT        # OUT/loss.png, and OUT/recall.png on --task recall
 
 (attention.png is --analyze's own: run it again.)"""
+
 import functools
 import json
 import os
@@ -20,6 +21,7 @@ def pyplot():
     optional, and their absence is said once per run, not once per plot."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -43,14 +45,25 @@ def plot_history(history, path: str, train_log=()) -> None:
         return
     plt.figure(figsize=(6, 4))
     if train_log:
-        plt.plot([h["step"] for h in train_log], [h["train_loss"] for h in train_log], linewidth=1,
-                 label="train (the batch at each log line)")
+        plt.plot(
+            [h["step"] for h in train_log],
+            [h["train_loss"] for h in train_log],
+            linewidth=1,
+            label="train (the batch at each log line)",
+        )
     else:  # a run from before the log lines were recorded: the batch at each evaluation
-        plt.plot([h["step"] for h in history], [h["train_loss"] for h in history],
-                 label="train (the batch at each evaluation)")
+        plt.plot(
+            [h["step"] for h in history],
+            [h["train_loss"] for h in history],
+            label="train (the batch at each evaluation)",
+        )
     if history:
-        plt.plot([h["step"] for h in history], [h["val_loss"] for h in history], marker="o",
-                 label="validation (the whole split)")
+        plt.plot(
+            [h["step"] for h in history],
+            [h["val_loss"] for h in history],
+            marker="o",
+            label="validation (the whole split)",
+        )
     plt.xlabel("step")
     plt.ylabel("loss (nats/char)")
     plt.legend()
@@ -72,8 +85,14 @@ def plot_recall(rows, edges, phases, title: str, path: str) -> None:
         plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
         if name == "c_mem":
             for p in phases[1:]:  # phases[0] is all of them together
-                plt.hlines(p["accuracy"], lo, edge, colors=f"C{p['phase'] + 1}", linewidth=1.5,
-                           label=f"held in c_mem, digit at phase {p['phase']}")
+                plt.hlines(
+                    p["accuracy"],
+                    lo,
+                    edge,
+                    colors=f"C{p['phase'] + 1}",
+                    linewidth=1.5,
+                    label=f"held in c_mem, digit at phase {p['phase']}",
+                )
     plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
     plt.ylim(0, 1.05)
     plt.title(title, fontsize=9, loc="left")
@@ -103,11 +122,13 @@ def redraw(out: str) -> None:
     from OUT/ckpt.pt (a stopped one). One UserError line when there is nothing to draw from or
     matplotlib is missing."""
     from .checks import UserError
+
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UserError("matplotlib is not installed, so no plot can be drawn (pip install "
-                        "matplotlib)") from None
+        raise UserError(
+            "matplotlib is not installed, so no plot can be drawn (pip install matplotlib)"
+        ) from None
     metrics_path, ckpt_path = os.path.join(out, "metrics.json"), os.path.join(out, "ckpt.pt")
     if os.path.exists(metrics_path):
         try:
@@ -118,42 +139,64 @@ def redraw(out: str) -> None:
         where = metrics_path
     elif os.path.exists(ckpt_path):
         import torch
+
         from . import checkpoint
+
         run, where = checkpoint.read(ckpt_path, torch.device("cpu")), ckpt_path
     else:
-        raise UserError(f"no metrics.json or ckpt.pt in {out}: nothing to draw from (pass the run's "
-                        f"--out folder)")
+        raise UserError(
+            f"no metrics.json or ckpt.pt in {out}: nothing to draw from (pass the run's "
+            f"--out folder)"
+        )
     history, train_log = run.get("history") if isinstance(run, dict) else None, None
     if isinstance(run, dict):
         train_log = run.get("train_log", [])
-    rows = lambda x: isinstance(x, list) and all(isinstance(h, dict) and isinstance(h.get("step"), int)
-                                                 for h in x)
-    if not (rows(history) and rows(train_log)) or \
-            not all(isinstance(h.get("val_loss"), (int, float)) for h in history) or \
-            not all(isinstance(h.get("train_loss"), (int, float)) for h in history + train_log):
-        raise UserError(f"{where} is not the record of a run of this script (its history is "
-                        f"missing or malformed)")
+    rows = lambda x: (
+        isinstance(x, list)
+        and all(isinstance(h, dict) and isinstance(h.get("step"), int) for h in x)
+    )
+    if (
+        not (rows(history) and rows(train_log))
+        or not all(isinstance(h.get("val_loss"), (int, float)) for h in history)
+        or not all(isinstance(h.get("train_loss"), (int, float)) for h in history + train_log)
+    ):
+        raise UserError(
+            f"{where} is not the record of a run of this script (its history is "
+            f"missing or malformed)"
+        )
     plot_history(history, os.path.join(out, "loss.png"), train_log)
     recall = run.get("recall")
     if isinstance(recall, dict) and recall.get("by_distance") and "reach" in recall:
-        plot_recall(recall["by_distance"], recall["reach"], recall["by_phase"], recall["title"],
-                    os.path.join(out, "recall.png"))
+        plot_recall(
+            recall["by_distance"],
+            recall["reach"],
+            recall["by_phase"],
+            recall["title"],
+            os.path.join(out, "recall.png"),
+        )
     elif isinstance(recall, dict):
-        print(f"note: {where} predates the recall plot's record (its reach), so recall.png is not "
-              f"drawn again; --eval-only on the checkpoint draws it")
+        print(
+            f"note: {where} predates the recall plot's record (its reach), so recall.png is not "
+            f"drawn again; --eval-only on the checkpoint draws it"
+        )
 
 
 def main(argv=None) -> int:
     """python -m training.plots [OUT]: draw the plots of the run in OUT (default out) again."""
     from .checks import UserError
+
     args = sys.argv[1:] if argv is None else argv
     if args[:1] in (["-h"], ["--help"]):
-        print("usage: python -m training.plots [OUT]: draw the plots of the run in OUT (its --out "
-              "folder, default out) again, from its metrics.json or ckpt.pt")
+        print(
+            "usage: python -m training.plots [OUT]: draw the plots of the run in OUT (its --out "
+            "folder, default out) again, from its metrics.json or ckpt.pt"
+        )
         return 0
     if len(args) > 1:
-        print(f"error: one folder expected (the run's --out), got {len(args)} arguments",
-              file=sys.stderr)
+        print(
+            f"error: one folder expected (the run's --out), got {len(args)} arguments",
+            file=sys.stderr,
+        )
         return 2
     try:
         redraw(args[0] if args else "out")

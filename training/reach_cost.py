@@ -19,6 +19,7 @@ the count from the shapes: keys per query, slots per layer, and the FLOPs of a t
 split into the model's own work and the compression's (f_c and its reconstruction loss, which
 attends over the evicted memories once per layer and segment).
 """
+
 import argparse
 import ctypes
 import os
@@ -42,19 +43,37 @@ def pairs(args):
     c = args.compression_rate
 
     def flags(model, mem_len, c_mem_len):
-        return argparse.Namespace(**{**vars(args), "model": model, "mem_len": mem_len,
-                                     "c_mem_len": c_mem_len})
+        return argparse.Namespace(
+            **{**vars(args), "model": model, "mem_len": mem_len, "c_mem_len": c_mem_len}
+        )
+
     slots = args.mem_len + args.c_mem_len
-    out = [(f"{slots} slots", {"xl": flags("xl", slots, 0),
-                                "compressive": flags("compressive", args.mem_len, args.c_mem_len)})]
+    out = [
+        (
+            f"{slots} slots",
+            {
+                "xl": flags("xl", slots, 0),
+                "compressive": flags("compressive", args.mem_len, args.c_mem_len),
+            },
+        )
+    ]
     for reach in args.bench_reach or REACHES:
         mem_len = reach // 4
         if reach % 4 or (reach - mem_len) % c or mem_len < c:
-            raise UserError(f"--bench-reach {reach}: a reach splits as n_m = reach/4 and n_cm = "
-                            f"3 reach/(4c), so it must be a multiple of 4 with 3/4 of it a "
-                            f"multiple of c = {c}, and reach/4 >= c")
-        out.append((f"reach {reach}", {"xl": flags("xl", reach, 0),
-                                       "compressive": flags("compressive", mem_len, (reach - mem_len) // c)}))
+            raise UserError(
+                f"--bench-reach {reach}: a reach splits as n_m = reach/4 and n_cm = "
+                f"3 reach/(4c), so it must be a multiple of 4 with 3/4 of it a "
+                f"multiple of c = {c}, and reach/4 >= c"
+            )
+        out.append(
+            (
+                f"reach {reach}",
+                {
+                    "xl": flags("xl", reach, 0),
+                    "compressive": flags("compressive", mem_len, (reach - mem_len) // c),
+                },
+            )
+        )
     return out
 
 
@@ -62,10 +81,16 @@ def full_memory(model, batch: int, device) -> Memory:
     """A full memory state of random values: the steady state's shapes from the first step."""
     cfg = model.cfg
     make = lambda n: torch.randn(batch, n, cfg.d_model, device=device)
-    usage = [torch.zeros(batch, cfg.mem_len, device=device) for _ in model.layers] \
-        if cfg.compression == "most_used" else None
-    return Memory([make(cfg.mem_len) for _ in model.layers], [make(cfg.c_mem_len) for _ in model.layers],
-                  usage)
+    usage = (
+        [torch.zeros(batch, cfg.mem_len, device=device) for _ in model.layers]
+        if cfg.compression == "most_used"
+        else None
+    )
+    return Memory(
+        [make(cfg.mem_len) for _ in model.layers],
+        [make(cfg.c_mem_len) for _ in model.layers],
+        usage,
+    )
 
 
 def state_bytes(memory: Memory) -> int:
@@ -84,18 +109,23 @@ def compression_flops_per_step(cfg, batch: int) -> float:
     d, T, c = cfg.d_model, cfg.seq_len, cfg.compression_rate
     f_c = 2 * T * d * d if cfg.compression in ("conv", "dilated_conv") else 0
     keys_values = 2 * 2 * (T // c) * d * d
-    target = 2 * 2 * T * T * d             # scores and weighted values over the T evicted memories
+    target = 2 * 2 * T * T * d  # scores and weighted values over the T evicted memories
     prediction = 2 * 2 * T * (T // c) * d  # the same over their T / c compressions
-    reconstruction = 0 if cfg.reconstruction != "attention" else 2 * keys_values + target + 2 * prediction
+    reconstruction = (
+        0 if cfg.reconstruction != "attention" else 2 * keys_values + target + 2 * prediction
+    )
     return float(batch * cfg.n_layers * (3 * f_c + reconstruction))
 
 
 def count(model, batch: int) -> dict:
     cfg = model.cfg
     slots = cfg.mem_len + cfg.c_mem_len
-    return {"slots": slots, "keys": slots + cfg.seq_len,  # the segment's last query
-            "model_gflop": bench.train_flops_per_step(model, batch) / 1e9,
-            "f_c_gflop": compression_flops_per_step(cfg, batch) / 1e9}
+    return {
+        "slots": slots,
+        "keys": slots + cfg.seq_len,  # the segment's last query
+        "model_gflop": bench.train_flops_per_step(model, batch) / 1e9,
+        "f_c_gflop": compression_flops_per_step(cfg, batch) / 1e9,
+    }
 
 
 def status_mib(field: str) -> float:
@@ -115,10 +145,10 @@ def step_peak_mib(train, device, steps: int = 3):
     for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            before = torch.cuda.memory_allocated(device) / 2 ** 20
+            before = torch.cuda.memory_allocated(device) / 2**20
             torch.cuda.reset_peak_memory_stats(device)
             train()
-            peaks.append(torch.cuda.max_memory_allocated(device) / 2 ** 20 - before)
+            peaks.append(torch.cuda.max_memory_allocated(device) / 2**20 - before)
             continue
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -138,7 +168,7 @@ def median_round_times(runs: dict, rounds: int, device) -> dict:
     times = {name: [] for name in runs}
     names = list(runs)
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        for name in names if r % 2 == 0 else names[::-1]:
             bench.sync(device)
             start = time.perf_counter()
             runs[name]()
@@ -158,6 +188,7 @@ def measure_pair(ts, models_flags: dict, device, rounds: int) -> dict:
 
         def train(step=step, state=state, tokens=tokens):
             state["memory"] = step(tokens[:, :-1], tokens[:, 1:], state["memory"])
+
         gen_state = {"memory": full_memory(model, 1, device)}
         token = tokens[:1, :1]
 
@@ -167,12 +198,17 @@ def measure_pair(ts, models_flags: dict, device, rounds: int) -> dict:
             for _ in range(GENERATED):
                 _, gen_state["memory"], _ = model(token, gen_state["memory"])
             model.train()
+
         for _ in range(3):  # warm-up: the allocator, the optimizer's state
             train()
         generate()
         trainers[kind], generators[kind] = train, generate
-        rows[kind] = {**count(model, flags.batch_size), "state_bytes": state_bytes(state["memory"]),
-                      "n_m": model.cfg.mem_len, "n_cm": model.cfg.c_mem_len}
+        rows[kind] = {
+            **count(model, flags.batch_size),
+            "state_bytes": state_bytes(state["memory"]),
+            "n_m": model.cfg.mem_len,
+            "n_cm": model.cfg.c_mem_len,
+        }
     train_s = median_round_times(trainers, rounds, device)
     gen_s = median_round_times(generators, rounds, device)
     for kind in rows:
@@ -186,44 +222,59 @@ def run(args, ts) -> list:
     """Measure every pair, print the table, draw OUT/reach_cost.png; returns the rows."""
     device = pick_device(args.device)
     if args.model != "compressive" or not (args.mem_len and args.c_mem_len):
-        raise UserError("--bench-reach compares Transformer-XL with the compressive model: leave "
-                        "--model compressive and give it memory (--mem-len, --c-mem-len > 0)")
-    results = [{"label": label, **measure_pair(ts, models_flags, device, args.bench_steps)}
-               for label, models_flags in pairs(args)]
+        raise UserError(
+            "--bench-reach compares Transformer-XL with the compressive model: leave "
+            "--model compressive and give it memory (--mem-len, --c-mem-len > 0)"
+        )
+    results = [
+        {"label": label, **measure_pair(ts, models_flags, device, args.bench_steps)}
+        for label, models_flags in pairs(args)
+    ]
     print_table(results, args, device)
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create --out {args.out} ({e.strerror})") from None
-    plot(results, os.path.join(args.out, "reach_cost.png"),
-         f"python train_shakespeare.py --bench --bench-reach (n_s {args.seq_len}, d_model "
-         f"{args.d_model}, {args.n_layers} layers, batch {args.batch_size}, c {args.compression_rate}); "
-         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {device}")
+    plot(
+        results,
+        os.path.join(args.out, "reach_cost.png"),
+        f"python train_shakespeare.py --bench --bench-reach (n_s {args.seq_len}, d_model "
+        f"{args.d_model}, {args.n_layers} layers, batch {args.batch_size}, c {args.compression_rate}); "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {device}",
+    )
     return results
 
 
 def print_table(results, args, device) -> None:
-    print(f"reach cost: n_s={args.seq_len} d_model={args.d_model} {args.n_layers} layers "
-          f"batch {args.batch_size} f_c={args.compression} c={args.compression_rate}; compressive "
-          f"at reach N: n_m = N/4, n_cm = 3N/(4c); device {device}, {torch.get_num_threads()} "
-          f"thread(s), torch {torch.__version__}; median of {args.bench_steps} interleaved rounds")
-    head = (f"{'':<11}{'model':<13}{'n_m+n_cm':>9}{'keys':>6}{'GFLOP/step':>11}{'of it f_c':>10}"
-            f"{'train ms':>10}{'gen ms/tok':>11}{'state KiB':>10}{'peak MiB':>10}")
+    print(
+        f"reach cost: n_s={args.seq_len} d_model={args.d_model} {args.n_layers} layers "
+        f"batch {args.batch_size} f_c={args.compression} c={args.compression_rate}; compressive "
+        f"at reach N: n_m = N/4, n_cm = 3N/(4c); device {device}, {torch.get_num_threads()} "
+        f"thread(s), torch {torch.__version__}; median of {args.bench_steps} interleaved rounds"
+    )
+    head = (
+        f"{'':<11}{'model':<13}{'n_m+n_cm':>9}{'keys':>6}{'GFLOP/step':>11}{'of it f_c':>10}"
+        f"{'train ms':>10}{'gen ms/tok':>11}{'state KiB':>10}{'peak MiB':>10}"
+    )
     print(head)
     for r in results:
         xl, comp = r["xl"], r["compressive"]
         for kind, row in (("xl", xl), ("compressive", comp)):
-            print(f"{r['label'] if kind == 'xl' else '':<11}{kind:<13}"
-                  f"{str(row['n_m']) + ('+' + str(row['n_cm']) if row['n_cm'] else ''):>9}"
-                  f"{row['keys']:>6}{row['model_gflop'] + row['f_c_gflop']:>11.2f}{row['f_c_gflop']:>10.2f}"
-                  f"{row['train_ms']:>10.1f}{row['gen_ms']:>11.2f}{row['state_bytes'] / 1024:>10.0f}"
-                  f"{'-' if row['peak_mib'] is None else format(row['peak_mib'], '.1f'):>10}")
+            print(
+                f"{r['label'] if kind == 'xl' else '':<11}{kind:<13}"
+                f"{str(row['n_m']) + ('+' + str(row['n_cm']) if row['n_cm'] else ''):>9}"
+                f"{row['keys']:>6}{row['model_gflop'] + row['f_c_gflop']:>11.2f}{row['f_c_gflop']:>10.2f}"
+                f"{row['train_ms']:>10.1f}{row['gen_ms']:>11.2f}{row['state_bytes'] / 1024:>10.0f}"
+                f"{'-' if row['peak_mib'] is None else format(row['peak_mib'], '.1f'):>10}"
+            )
         ratio = lambda key: comp[key] / xl[key] if xl[key] else float("nan")  # noqa: E731
         peak = "-" if xl["peak_mib"] is None else f"{comp['peak_mib'] / xl['peak_mib']:.2f}"
         flops = (comp["model_gflop"] + comp["f_c_gflop"]) / xl["model_gflop"]
-        print(f"{'':<11}{'ratio':<13}{ratio('slots'):>9.2f}{ratio('keys'):>6.2f}{flops:>11.2f}"
-              f"{'':>10}{ratio('train_ms'):>10.2f}{ratio('gen_ms'):>11.2f}"
-              f"{ratio('state_bytes'):>10.2f}{peak:>10}")
+        print(
+            f"{'':<11}{'ratio':<13}{ratio('slots'):>9.2f}{ratio('keys'):>6.2f}{flops:>11.2f}"
+            f"{'':>10}{ratio('train_ms'):>10.2f}{ratio('gen_ms'):>11.2f}"
+            f"{ratio('state_bytes'):>10.2f}{peak:>10}"
+        )
 
 
 def plot(results, path: str, caption: str) -> None:
@@ -235,15 +286,28 @@ def plot(results, path: str, caption: str) -> None:
         return
     x = [int(r["label"].split()[1]) for r in reach]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
-    for ax, key, title in zip(axes, ("train_ms", "gen_ms", "state_bytes"),
-                              ("training step (ms)", "generation (ms/token)", "memory state (KiB)")):
+    for ax, key, title in zip(
+        axes,
+        ("train_ms", "gen_ms", "state_bytes"),
+        ("training step (ms)", "generation (ms/token)", "memory state (KiB)"),
+    ):
         for kind, style in (("xl", "o-"), ("compressive", "s-")):
             scale = 1024 if key == "state_bytes" else 1
             ax.plot(x, [r[kind][key] / scale for r in reach], style, label=kind)
         if key == "train_ms":  # what the FLOP count alone would predict from XL's measured step
-            ax.plot(x, [r["xl"]["train_ms"] * (r["compressive"]["model_gflop"] + r["compressive"]
-                                                 ["f_c_gflop"]) / r["xl"]["model_gflop"]
-                        for r in reach], "s:", color="C1", alpha=0.5, label="compressive, by the count")
+            ax.plot(
+                x,
+                [
+                    r["xl"]["train_ms"]
+                    * (r["compressive"]["model_gflop"] + r["compressive"]["f_c_gflop"])
+                    / r["xl"]["model_gflop"]
+                    for r in reach
+                ],
+                "s:",
+                color="C1",
+                alpha=0.5,
+                label="compressive, by the count",
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(x)
         ax.set_xticklabels(x)

@@ -10,6 +10,7 @@ region by the phase of the fact's digit inside its compression block: the FIFO e
 blocks of c aligned to the start of each stream, so a digit at stream offset p lands at place
 p mod c of its block, and an f_c that keeps one place of a block better than another shows up as
 one phase answered and another at chance."""
+
 import heapq
 import math
 import random
@@ -26,37 +27,79 @@ KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
 VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ever trained on
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
-DEFAULTS = {"min_distance": 8, "max_distance": 400, "fact_gap": 5, "live_facts": 1,
-            "distractors": False, "curriculum": 0.5, "curriculum_hold": 0.0, "val_chars": 300_000,
-            "loss_on": "all"}
+DEFAULTS = {
+    "min_distance": 8,
+    "max_distance": 400,
+    "fact_gap": 5,
+    "live_facts": 1,
+    "distractors": False,
+    "curriculum": 0.5,
+    "curriculum_hold": 0.0,
+    "val_chars": 300_000,
+    "loss_on": "all",
+}
 IGNORE = -100  # a target that F.cross_entropy skips
 
 
 def add_arguments(parser) -> None:
     """The task's flags. They default to None so that a checkpoint's own settings can fill them."""
     r = parser.add_argument_group("recall task (--task recall)")
-    r.add_argument("--min-distance", type=int, help=f"shortest fact-to-query distance D "
-                   f"(default {DEFAULTS['min_distance']}; evaluation modes default to the checkpoint's)")
-    r.add_argument("--max-distance", type=int,
-                   help=f"longest D, drawn log-uniform in between (default {DEFAULTS['max_distance']})")
-    r.add_argument("--fact-gap", type=int,
-                   help=f"mean filler characters between facts (default {DEFAULTS['fact_gap']})")
-    r.add_argument("--live-facts", type=int, help="most facts waiting for their query at once; with "
-                   f"more than one, a query must be matched to its key (default {DEFAULTS['live_facts']})")
-    r.add_argument("--distractors", action="store_true", default=None, help="go on stating facts "
-                   "while --live-facts wait, never to be asked: the latest fact is then seldom the "
-                   "one asked for, and only its key finds it")
-    r.add_argument("--curriculum", type=float, help="the longest D grows from --min-distance to "
-                   f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})")
-    r.add_argument("--curriculum-hold", type=float, help="first hold every fact inside the segment "
-                   "(D < n_s) for this fraction of training, then widen from there over "
-                   "--curriculum: keys are learned where gradients reach both fact and query "
-                   "(default 0)")
-    r.add_argument("--val-chars", type=int,
-                   help=f"length of the validation text (default {DEFAULTS['val_chars']})")
-    r.add_argument("--loss-on", choices=["all", "answers"], help="the characters the loss (and "
-                   "the validation loss) is taken on: all, or only the answer digit after each "
-                   "'?', as associative-recall benchmarks train (default all)")
+    r.add_argument(
+        "--min-distance",
+        type=int,
+        help=f"shortest fact-to-query distance D "
+        f"(default {DEFAULTS['min_distance']}; evaluation modes default to the checkpoint's)",
+    )
+    r.add_argument(
+        "--max-distance",
+        type=int,
+        help=f"longest D, drawn log-uniform in between (default {DEFAULTS['max_distance']})",
+    )
+    r.add_argument(
+        "--fact-gap",
+        type=int,
+        help=f"mean filler characters between facts (default {DEFAULTS['fact_gap']})",
+    )
+    r.add_argument(
+        "--live-facts",
+        type=int,
+        help="most facts waiting for their query at once; with "
+        f"more than one, a query must be matched to its key (default {DEFAULTS['live_facts']})",
+    )
+    r.add_argument(
+        "--distractors",
+        action="store_true",
+        default=None,
+        help="go on stating facts "
+        "while --live-facts wait, never to be asked: the latest fact is then seldom the "
+        "one asked for, and only its key finds it",
+    )
+    r.add_argument(
+        "--curriculum",
+        type=float,
+        help="the longest D grows from --min-distance to "
+        f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})",
+    )
+    r.add_argument(
+        "--curriculum-hold",
+        type=float,
+        help="first hold every fact inside the segment "
+        "(D < n_s) for this fraction of training, then widen from there over "
+        "--curriculum: keys are learned where gradients reach both fact and query "
+        "(default 0)",
+    )
+    r.add_argument(
+        "--val-chars",
+        type=int,
+        help=f"length of the validation text (default {DEFAULTS['val_chars']})",
+    )
+    r.add_argument(
+        "--loss-on",
+        choices=["all", "answers"],
+        help="the characters the loss (and "
+        "the validation loss) is taken on: all, or only the answer digit after each "
+        "'?', as associative-recall benchmarks train (default all)",
+    )
 
 
 def settings(args, saved_args=None) -> dict:
@@ -80,8 +123,9 @@ def foreign_flags(args, task: str):
 
 
 def check_args(args) -> None:
-    training = not (args.bench or args.sample is not None or args.eval_only or args.analyze
-                    or args.picture)
+    training = not (
+        args.bench or args.sample is not None or args.eval_only or args.analyze or args.picture
+    )
     if training and args.task != "recall" and foreign_flags(args, args.task):
         raise UserError(f"{', '.join(foreign_flags(args, args.task))}: for --task recall only")
     if args.live_facts is not None and args.live_facts <= 0:
@@ -95,15 +139,25 @@ def check_args(args) -> None:
     if args.val_chars is not None and args.val_chars < 1000:
         raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
     if args.min_distance is not None and args.min_distance < 5:
-        raise UserError(f"--min-distance must be >= 5 (a fact is 5 characters), got {args.min_distance}")
+        raise UserError(
+            f"--min-distance must be >= 5 (a fact is 5 characters), got {args.min_distance}"
+        )
     s = settings(args)
-    if args.min_distance is not None and s["max_distance"] < args.min_distance or \
-            args.max_distance is not None and args.max_distance < s["min_distance"]:
-        raise UserError(f"--max-distance must be >= --min-distance, got {s['min_distance']} "
-                        f"and {s['max_distance']}")
+    if (
+        args.min_distance is not None
+        and s["max_distance"] < args.min_distance
+        or args.max_distance is not None
+        and args.max_distance < s["min_distance"]
+    ):
+        raise UserError(
+            f"--max-distance must be >= --min-distance, got {s['min_distance']} "
+            f"and {s['max_distance']}"
+        )
     if args.curriculum_hold and args.seq_len - 1 < s["min_distance"]:
-        raise UserError(f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
-                        f"characters (D >= --min-distance {s['min_distance']})")
+        raise UserError(
+            f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
+            f"characters (D >= --min-distance {s['min_distance']})"
+        )
 
 
 def loss_targets(args, saved_args=None, task: str = "recall"):
@@ -123,10 +177,14 @@ def checkpoint_task(args, saved_args) -> str:
     if task != args.task and args.task != "shakespeare":  # the default names no task
         raise UserError(f"--task {args.task}: this checkpoint was trained on --task {task}")
     if task != "recall" and foreign_flags(args, task):
-        raise UserError(f"{', '.join(foreign_flags(args, task))}: for --task recall only, and this "
-                        f"checkpoint was trained on --task {task}")
+        raise UserError(
+            f"{', '.join(foreign_flags(args, task))}: for --task recall only, and this "
+            f"checkpoint was trained on --task {task}"
+        )
     if task == "code" and args.data is not None:
-        raise UserError("--data: this checkpoint was trained on --task code, which makes its own text")
+        raise UserError(
+            "--data: this checkpoint was trained on --task code, which makes its own text"
+        )
     return task
 
 
@@ -134,14 +192,25 @@ def checkpoint_task(args, saved_args) -> str:
 # The text
 # ----------------------------------------------------------------------------------------------
 
+
 class RecallText(NamedTuple):
     text: str
     answers: torch.Tensor  # [n_queries, 2]: position of each answer digit, and its distance D
 
 
-def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, gap: int,
-                     live_facts: int, seed: str, widen_over: int = 0, distractors: bool = False,
-                     hold_over: int = 0, hold_distance: int = 0) -> RecallText:
+def make_recall_text(
+    n_chars: int,
+    keys,
+    min_distance: int,
+    max_distance: int,
+    gap: int,
+    live_facts: int,
+    seed: str,
+    widen_over: int = 0,
+    distractors: bool = False,
+    hold_over: int = 0,
+    hold_distance: int = 0,
+) -> RecallText:
     """Facts at random places, about gap filler characters apart on average, each asked for once
     D characters later (D log-uniform in [min_distance, max_distance], from the fact's digit to the
     answer's), with at most live_facts facts waiting for their query at any time. A key is not
@@ -165,27 +234,33 @@ def make_recall_text(n_chars: int, keys, min_distance: int, max_distance: int, g
         while busy_keys and busy_keys[0][0] <= pos:
             free_keys.append(heapq.heappop(busy_keys)[1])
         if len(busy_keys) >= live_facts:  # a distractor: a free key, which stays free
-            if not any(taken[pos:pos + 5]) and free_keys:
-                chars[pos:pos + 5] = f" {rng.choice(free_keys)}={rng.choice(string.digits)}"
-                taken[pos:pos + 5] = b"\x01" * 5
+            if not any(taken[pos : pos + 5]) and free_keys:
+                chars[pos : pos + 5] = f" {rng.choice(free_keys)}={rng.choice(string.digits)}"
+                taken[pos : pos + 5] = b"\x01" * 5
                 pos += 4
             pos += 1
             continue
         if widen_over:
             start = hold_distance if hold_over else min_distance
-            longest = start + (max_distance - start) * min(1.0, max(0, pos - hold_over) / widen_over)
+            longest = start + (max_distance - start) * min(
+                1.0, max(0, pos - hold_over) / widen_over
+            )
             log_max = math.log(longest + 1)
         distance = min(max_distance, int(math.exp(rng.uniform(log_min, log_max))))
         query = pos + distance
-        if any(taken[pos:pos + 5]) or query + 5 > n_chars or any(taken[query:query + 5]) \
-                or not free_keys:
+        if (
+            any(taken[pos : pos + 5])
+            or query + 5 > n_chars
+            or any(taken[query : query + 5])
+            or not free_keys
+        ):
             pos += 1
             continue
         key = free_keys.pop(rng.randrange(len(free_keys)))
         digit = rng.choice(string.digits)
-        chars[pos:pos + 5] = f" {key}={digit}"
-        chars[query:query + 5] = f" {key}?{digit}"
-        taken[pos:pos + 5] = taken[query:query + 5] = b"\x01" * 5
+        chars[pos : pos + 5] = f" {key}={digit}"
+        chars[query : query + 5] = f" {key}?{digit}"
+        taken[pos : pos + 5] = taken[query : query + 5] = b"\x01" * 5
         heapq.heappush(busy_keys, (query + 5, key))
         answers.append((query + 4, distance))
         pos += 5
@@ -202,15 +277,23 @@ def load(args, n_train_streams: int, encode, saved_args=None, need_train: bool =
     train = None
     if need_train:
         length = min(args.steps * args.seq_len, MAX_TRAIN_CHARS // n_train_streams)
-        strands = [make_recall_text(length, TRAINING_KEYS, *task, seed=f"train {args.seed} {b}",
-                                    widen_over=int(s["curriculum"] * length),
-                                    distractors=s["distractors"],
-                                    hold_over=int(s["curriculum_hold"] * length),
-                                    hold_distance=args.seq_len - 1).text
-                   for b in range(n_train_streams)]
+        strands = [
+            make_recall_text(
+                length,
+                TRAINING_KEYS,
+                *task,
+                seed=f"train {args.seed} {b}",
+                widen_over=int(s["curriculum"] * length),
+                distractors=s["distractors"],
+                hold_over=int(s["curriculum_hold"] * length),
+                hold_distance=args.seq_len - 1,
+            ).text
+            for b in range(n_train_streams)
+        ]
         train = encode("".join(strands) + ".", VOCAB)
-    val = make_recall_text(s["val_chars"], VALIDATION_KEYS, *task, seed="validation",
-                           distractors=s["distractors"])
+    val = make_recall_text(
+        s["val_chars"], VALIDATION_KEYS, *task, seed="validation", distractors=s["distractors"]
+    )
     return train, encode(val.text, VOCAB), val.answers
 
 
@@ -218,11 +301,12 @@ def load(args, n_train_streams: int, encode, saved_args=None, need_train: bool =
 # Scoring
 # ----------------------------------------------------------------------------------------------
 
+
 class Scored(NamedTuple):
-    distance: torch.Tensor     # D of every scored query
-    correct: torch.Tensor      # whether the model's most likely character was the answer
+    distance: torch.Tensor  # D of every scored query
+    correct: torch.Tensor  # whether the model's most likely character was the answer
     fact_offset: torch.Tensor  # where the fact's digit sits in its stream (its phase: mod c)
-    fact_back: torch.Tensor    # how far the digit lies before the segment its query is read in
+    fact_back: torch.Tensor  # how far the digit lies before the segment its query is read in
     latest_right: torch.Tensor  # whether the latest fact stated before the query (asked or a
     #                             distractor) has its answer: what a reader blind to keys gets right
     said_latest: torch.Tensor  # whether the model answered with the latest fact's digit
@@ -258,8 +342,15 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     latest_right = (before >= 0) & (latest == data[position])
     said_latest = (before >= 0) & (predictions[position] == latest)
     facts_after = before - torch.searchsorted(digits, position - distance)  # digits in between
-    return Scored(distance[whole], correct[whole], fact[whole], back[whole], latest_right[whole],
-                  said_latest[whole], facts_after[whole])
+    return Scored(
+        distance[whole],
+        correct[whole],
+        fact[whole],
+        back[whole],
+        latest_right[whole],
+        said_latest[whole],
+        facts_after[whole],
+    )
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -273,8 +364,15 @@ def by_distance(scored: Scored, edges, width: int):
         inside = (scored.distance >= lo) & (scored.distance < hi)
         if inside.any():
             region = next((name for name, edge in edges if hi <= edge), "beyond")
-            rows.append({"from": lo, "to": hi - 1, "region": region, "queries": int(inside.sum()),
-                         "accuracy": scored.correct[inside].float().mean().item()})
+            rows.append(
+                {
+                    "from": lo,
+                    "to": hi - 1,
+                    "region": region,
+                    "queries": int(inside.sum()),
+                    "accuracy": scored.correct[inside].float().mean().item(),
+                }
+            )
     return rows
 
 
@@ -286,14 +384,18 @@ def regions(edges):
 
 def in_regions(scored: Scored, edges):
     """(name, mask) of the queries whose distance falls in each region of the model's reach."""
-    return [(name, (scored.distance >= lo) & (scored.distance <= hi))
-            for name, lo, hi in regions(edges)]
+    return [
+        (name, (scored.distance >= lo) & (scored.distance <= hi)) for name, lo, hi in regions(edges)
+    ]
 
 
 def by_region(scored: Scored, edges) -> dict:
     """Accuracy over all the queries whose distance falls in each region of the model's reach."""
-    return {name: scored.correct[inside].float().mean().item()
-            for name, inside in in_regions(scored, edges) if inside.any()}
+    return {
+        name: scored.correct[inside].float().mean().item()
+        for name, inside in in_regions(scored, edges)
+        if inside.any()
+    }
 
 
 def held_in_c_mem(fact_back: torch.Tensor, edges):
@@ -320,8 +422,13 @@ def by_phase(scored: Scored, edges, rate: int):
     for phase in ["all", *range(rate)]:
         chosen = held if phase == "all" else held & (scored.fact_offset % rate == phase)
         if chosen.any():
-            rows.append({"phase": phase, "queries": int(chosen.sum()),
-                         "accuracy": scored.correct[chosen].float().mean().item()})
+            rows.append(
+                {
+                    "phase": phase,
+                    "queries": int(chosen.sum()),
+                    "accuracy": scored.correct[chosen].float().mean().item(),
+                }
+            )
     return rows
 
 
@@ -346,12 +453,18 @@ def key_use(scored: Scored, edges) -> list:
     if held is not None:
         chosen.append(("held in c_mem", held))
     after = scored.facts_after.clamp(max=AFTER[-1])
-    return [{"region": name, "queries": int(inside.sum()),
-             "accuracy": accuracy(scored.correct[inside]),
-             "latest_fact_right": accuracy(scored.latest_right[inside]),
-             "said_latest": accuracy(scored.said_latest[inside]),
-             "by_facts_after": [accuracy(scored.correct[inside & (after == n)]) for n in AFTER]}
-            for name, inside in chosen if inside.any()]
+    return [
+        {
+            "region": name,
+            "queries": int(inside.sum()),
+            "accuracy": accuracy(scored.correct[inside]),
+            "latest_fact_right": accuracy(scored.latest_right[inside]),
+            "said_latest": accuracy(scored.said_latest[inside]),
+            "by_facts_after": [accuracy(scored.correct[inside & (after == n)]) for n in AFTER],
+        }
+        for name, inside in chosen
+        if inside.any()
+    ]
 
 
 def summary(scored: Scored, edges, rate: int) -> str:
@@ -361,8 +474,11 @@ def summary(scored: Scored, edges, rate: int) -> str:
     held, *phases = by_phase(scored, edges, rate) or [None]
     if held is None:
         return line
-    return line + (f"; held in c_mem {held['accuracy']:.3f} (by phase "
-                   + " / ".join(f"{row['accuracy']:.3f}" for row in phases) + ")")
+    return line + (
+        f"; held in c_mem {held['accuracy']:.3f} (by phase "
+        + " / ".join(f"{row['accuracy']:.3f}" for row in phases)
+        + ")"
+    )
 
 
 def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
@@ -370,7 +486,7 @@ def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
     first) of the slot holding its digit and of the slot holding the '=' before it; the same slot
     unless the digit opens its block (phase 0). The newest slot holds the c characters just before
     mem, which holds the n_m just before the segment."""
-    digit_from_newest = -(-(fact_back - n_m) // rate)         # ceil
+    digit_from_newest = -(-(fact_back - n_m) // rate)  # ceil
     marker_from_newest = -(-(fact_back + 1 - n_m) // rate)
     return n_held - digit_from_newest, n_held - marker_from_newest
 
@@ -403,7 +519,7 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> list:
         for segment in range(length // n_s):
             n_held = 0 if memory is None else memory.c_mem[0].size(1)
             n_mem = 0 if memory is None else memory.mem[0].size(1)
-            _, memory, _ = model(streams[:, segment * n_s:(segment + 1) * n_s], memory)
+            _, memory, _ = model(streams[:, segment * n_s : (segment + 1) * n_s], memory)
             for b, i, group, k in by_segment.get(segment, []):
                 if group == c:  # held in mem: the digit k before the segment, its '=' one before
                     if k >= n_mem:
@@ -414,66 +530,101 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> list:
                     if marker < 0:  # the '=' has already left c_mem
                         continue
                 for layer, weights in enumerate(attention):
-                    w = weights[b, :, i].double().mean(dim=0).cpu()    # [K], keys [c_mem; mem; h]
+                    w = weights[b, :, i].double().mean(dim=0).cpu()  # [K], keys [c_mem; mem; h]
                     on_marker = w[marker] if marker != digit else 0.0
                     sums[group, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
                 counts[group] += 1
-    return [{"phase": p if p < c else "mem", "layer": layer, "queries": int(counts[p]),
-             **dict(zip(("digit_slot", "marker_slot", "c_mem"), (sums[p, layer] / counts[p]).tolist()))}
-            for p in range(c + 1) if counts[p] for layer in range(cfg.n_layers)]
+    return [
+        {
+            "phase": p if p < c else "mem",
+            "layer": layer,
+            "queries": int(counts[p]),
+            **dict(
+                zip(("digit_slot", "marker_slot", "c_mem"), (sums[p, layer] / counts[p]).tolist())
+            ),
+        }
+        for p in range(c + 1)
+        if counts[p]
+        for layer in range(cfg.n_layers)
+    ]
 
 
 def print_where_queries_look(rows) -> None:
     if not rows:
-        print("no query held in c_mem or mem was read in full segments: nothing to show of where "
-              "they look")
+        print(
+            "no query held in c_mem or mem was read in full segments: nothing to show of where "
+            "they look"
+        )
         return
-    print("where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
-          "slot of the\nfact's digit, on the slot of its '=' when the block boundary parts them "
-          "(phase 0), and on all of c_mem;\nphase mem: the queries whose fact is held in mem, on "
-          "the digit's slot and on the '='s")
+    print(
+        "where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
+        "slot of the\nfact's digit, on the slot of its '=' when the block boundary parts them "
+        "(phase 0), and on all of c_mem;\nphase mem: the queries whose fact is held in mem, on "
+        "the digit's slot and on the '='s"
+    )
     print(f"{'phase':>5}{'queries':>9}{'layer':>7}{'digit slot':>12}{'= slot':>8}{'c_mem':>8}")
     for row in rows:
         marker = f"{row['marker_slot']:.3f}" if row["phase"] in (0, "mem") else "-"
-        print(f"{row['phase']:>5}{row['queries']:>9}{row['layer']:>7}{row['digit_slot']:>12.3f}"
-              f"{marker:>8}{row['c_mem']:>8.3f}")
+        print(
+            f"{row['phase']:>5}{row['queries']:>9}{row['layer']:>7}{row['digit_slot']:>12.3f}"
+            f"{marker:>8}{row['c_mem']:>8.3f}"
+        )
 
 
 def report(scored: Scored, model, out: str) -> dict:
     """Print the accuracy-by-distance table and the phase split, plot them to OUT/recall.png, and
     return them for metrics.json."""
     if len(scored.distance) == 0:
-        print("recall accuracy by distance: no query in the validation text could be scored "
-              "(raise --val-chars or lower --max-distance)")
+        print(
+            "recall accuracy by distance: no query in the validation text could be scored "
+            "(raise --val-chars or lower --max-distance)"
+        )
         return {"by_distance": [], "by_phase": [], "key_use": []}
     cfg, edges = model.cfg, model.reach()
     rows = by_distance(scored, edges, cfg.seq_len)
     phases = by_phase(scored, edges, cfg.compression_rate)
     reach = ", ".join(f"{name} < {edge}" for name, edge in edges)
-    print(f"recall accuracy by distance (chance 0.10; n_s={cfg.seq_len} n_m={cfg.mem_len} "
-          f"n_cm={cfg.c_mem_len} c={cfg.compression_rate}: {reach})")
+    print(
+        f"recall accuracy by distance (chance 0.10; n_s={cfg.seq_len} n_m={cfg.mem_len} "
+        f"n_cm={cfg.c_mem_len} c={cfg.compression_rate}: {reach})"
+    )
     print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
     for row in rows:
         span = f"{row['from']}-{row['to']}"
         print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
     if phases:
         held, *split = phases
-        print(f"facts held in c_mem when asked: {held['accuracy']:.3f} ({held['queries']} queries); "
-              f"by the phase of the digit in its block of c={cfg.compression_rate}: " + ", ".join(
-                  f"{p['phase']}: {p['accuracy']:.3f} ({p['queries']})" for p in split))
+        print(
+            f"facts held in c_mem when asked: {held['accuracy']:.3f} ({held['queries']} queries); "
+            f"by the phase of the digit in its block of c={cfg.compression_rate}: "
+            + ", ".join(f"{p['phase']}: {p['accuracy']:.3f} ({p['queries']})" for p in split)
+        )
     keys = key_use(scored, edges)
     if keys:
-        print("finding the fact by its key, with several waiting: accuracy, what answering with the "
-              "latest fact\nstated would score, how often the model answered with its digit, and "
-              "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for")
+        print(
+            "finding the fact by its key, with several waiting: accuracy, what answering with the "
+            "latest fact\nstated would score, how often the model answered with its digit, and "
+            "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for"
+        )
         columns = [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"]
-        print(f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
-              + "".join(f"{column:>7}" for column in columns))
+        print(
+            f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
+            + "".join(f"{column:>7}" for column in columns)
+        )
         for row in keys:
-            print(f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
-                  f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}" + "".join(
-                      f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]))
-    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + \
-        (f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else "")
+            print(
+                f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
+                f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}"
+                + "".join(f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"])
+            )
+    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + (
+        f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else ""
+    )
     plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
-    return {"by_distance": rows, "by_phase": phases, "key_use": keys, "reach": edges, "title": title}
+    return {
+        "by_distance": rows,
+        "by_phase": phases,
+        "key_use": keys,
+        "reach": edges,
+        "title": title,
+    }

@@ -1,6 +1,7 @@
 """The specification of train_shakespeare.py and its helpers in training/, as tests: flags, data,
 checkpoints, the recall task, --analyze, --bench, plots and torchrun. The model's own
 specification is test_compressive.py at the top of the repository. Run: pytest -q"""
+
 import hashlib
 import inspect
 import json
@@ -45,9 +46,32 @@ def plots_only_where_tested(request, monkeypatch):
         monkeypatch.setattr(plots, "pyplot", lambda: None)
 
 
-TINY_FLAGS = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--d-ff", "64",
-              "--seq-len", "16", "--mem-len", "16", "--c-mem-len", "8", "--compression-rate", "2",
-              "--batch-size", "4", "--lr", "3e-3", "--warmup", "5", "--device", "cpu"]
+TINY_FLAGS = [
+    "--d-model",
+    "32",
+    "--n-layers",
+    "2",
+    "--n-heads",
+    "2",
+    "--d-ff",
+    "64",
+    "--seq-len",
+    "16",
+    "--mem-len",
+    "16",
+    "--c-mem-len",
+    "8",
+    "--compression-rate",
+    "2",
+    "--batch-size",
+    "4",
+    "--lr",
+    "3e-3",
+    "--warmup",
+    "5",
+    "--device",
+    "cpu",
+]
 
 
 def test_streams_stay_contiguous_across_steps():
@@ -65,12 +89,30 @@ def test_streams_stay_contiguous_across_steps():
 
 def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
     out = str(tmp_path / "run")
-    assert ts.main(["--data", small_text, "--out", out, "--steps", "60", "--eval-every", "60",
-                    "--log-every", "20", *TINY_FLAGS]) == 0
+    assert (
+        ts.main(
+            [
+                "--data",
+                small_text,
+                "--out",
+                out,
+                "--steps",
+                "60",
+                "--eval-every",
+                "60",
+                "--log-every",
+                "20",
+                *TINY_FLAGS,
+            ]
+        )
+        == 0
+    )
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["step"] == 60 and metrics["tokens_seen"] == 60 * 4 * 16
     log = metrics["train_log"]  # the training loss at every log line
-    assert [row["step"] for row in log] == [20, 40, 60] and log[-1]["train_loss"] == metrics["train_loss"]
+    assert [row["step"] for row in log] == [20, 40, 60] and log[-1]["train_loss"] == metrics[
+        "train_loss"
+    ]
     assert all(math.isfinite(row["train_loss"]) and row["recon_loss"] >= 0 for row in log)
     assert metrics["val_loss"] < math.log(len(set(open(small_text).read()))) - 0.5
     assert abs(metrics["val_bpc"] - metrics["val_loss"] / math.log(2)) < 1e-9
@@ -95,12 +137,17 @@ def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
 
 
 def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_writes_the_loss_by_copy_distance(
-        small_text, tmp_path, capsys):
+    small_text, tmp_path, capsys
+):
     out = str(tmp_path / "run")
     assert ts.main(["--data", small_text, "--out", out, "--steps", "5", *TINY_FLAGS]) == 0
     capsys.readouterr()
-    assert ts.main(["--out", out, "--sample", "40", "--prompt", "First", "--top-k", "5",
-                    "--device", "cpu"]) == 0
+    assert (
+        ts.main(
+            ["--out", out, "--sample", "40", "--prompt", "First", "--top-k", "5", "--device", "cpu"]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
     assert ts.main(["--out", out, "--eval-only", "--device", "cpu"]) == 0  # no --data: its own text
@@ -111,21 +158,42 @@ def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_writes_the_loss_b
     rows = metrics["loss_by_copy_distance"]
     assert list(rows) == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
     assert abs(sum(r["share"] for r in rows.values()) - 1) < 1e-9
-    assert abs(sum(r["loss"] * r["share"] for r in rows.values() if r["chars"]) -
-               metrics["eval_only"]["val_loss"]) < 1e-4  # the buckets part the validation text
+    assert (
+        abs(
+            sum(r["loss"] * r["share"] for r in rows.values() if r["chars"])
+            - metrics["eval_only"]["val_loss"]
+        )
+        < 1e-4
+    )  # the buckets part the validation text
     end_of_run = metrics["history"][-1]["loss_by_copy_distance"]  # 4 streams there, 12 here
     assert sum(r["chars"] for r in end_of_run.values()) == sum(r["chars"] for r in rows.values())
-    assert ts.main(["--out", out, "--eval-only", "--data", small_text, "--device", "cpu",
-                    "--eval-c-mem-len", "0"]) == 0
+    assert (
+        ts.main(
+            [
+                "--out",
+                out,
+                "--eval-only",
+                "--data",
+                small_text,
+                "--device",
+                "cpu",
+                "--eval-c-mem-len",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["loss_by_copy_distance"] == rows  # the full-memory figures are kept
     cut = metrics["ablations"]["n_m=16 n_cm=0"]
     assert cut["loss_by_copy_distance"]["segment"]["chars"] == rows["segment"]["chars"]
     assert cut["val_loss"] != metrics["eval_only"]["val_loss"]
-    for bad, says in ((["--eval-mem-len", "17"], "trained with 16"),
-                      (["--eval-mem-len", "1"], "at least c = 2"),
-                      (["--eval-only", "--task", "code"], "trained on --task shakespeare")):
+    for bad, says in (
+        (["--eval-mem-len", "17"], "trained with 16"),
+        (["--eval-mem-len", "1"], "at least c = 2"),
+        (["--eval-only", "--task", "code"], "trained on --task shakespeare"),
+    ):
         args = bad if "--eval-only" in bad else ["--eval-only", "--data", small_text, *bad]
         assert ts.main(["--out", out, "--device", "cpu", *args]) == 2
         assert says in error_line(capsys)
@@ -145,20 +213,34 @@ def error_line(capsys):
     return err[0]
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--seq-len", "0"], "--seq-len must be positive"),
-    (["--mem-len", "-3"], "--mem-len must be >= 0"),
-    (["--d-model", "30", "--n-heads", "4"], "divisible"),
-    (["--data", "/nonexistent/file.txt"], "data file not found"),
-    (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
-    (["--batch-size", "100000"], "cannot feed"),
-    (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
-    (["--log-every", "0"], "--log-every must be positive"),
-    (["--task", "recall", "--curriculum-hold", "1.5"], "--curriculum-hold must be a fraction in [0, 1]"),
-    (["--task", "recall", "--curriculum-hold", "0.5", "--seq-len", "6"], "no fact fits inside a segment"),
-    pytest.param(["--device", "mps"], "no usable mps backend", marks=pytest.mark.skipif(
-        torch.backends.mps.is_available(), reason="this machine has mps")),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--seq-len", "0"], "--seq-len must be positive"),
+        (["--mem-len", "-3"], "--mem-len must be >= 0"),
+        (["--d-model", "30", "--n-heads", "4"], "divisible"),
+        (["--data", "/nonexistent/file.txt"], "data file not found"),
+        (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
+        (["--batch-size", "100000"], "cannot feed"),
+        (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
+        (["--log-every", "0"], "--log-every must be positive"),
+        (
+            ["--task", "recall", "--curriculum-hold", "1.5"],
+            "--curriculum-hold must be a fraction in [0, 1]",
+        ),
+        (
+            ["--task", "recall", "--curriculum-hold", "0.5", "--seq-len", "6"],
+            "no fact fits inside a segment",
+        ),
+        pytest.param(
+            ["--device", "mps"],
+            "no usable mps backend",
+            marks=pytest.mark.skipif(
+                torch.backends.mps.is_available(), reason="this machine has mps"
+            ),
+        ),
+    ],
+)
 def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tmp_path, capsys):
     if "--data" not in flags and "recall" not in flags:  # never reach for the network
         flags = [*flags, "--data", small_text]
@@ -171,26 +253,47 @@ def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tm
 def test_a_model_too_large_for_the_machine_gives_one_error_line(small_text, tmp_path, capsys):
     out = tmp_path / "run"
     # about 3e11 floats for W_q, W_k, W_v: far beyond this machine's memory, refused at once
-    assert ts.main(["--data", small_text, "--out", str(out), *TINY_FLAGS, "--d-model", "300000",
-                    "--n-heads", "1"]) == 2
+    assert (
+        ts.main(
+            [
+                "--data",
+                small_text,
+                "--out",
+                str(out),
+                *TINY_FLAGS,
+                "--d-model",
+                "300000",
+                "--n-heads",
+                "1",
+            ]
+        )
+        == 2
+    )
     line = error_line(capsys)
     assert "out of memory" in line and "GiB" in line and "lower --d-model" in line
     assert not out.exists()
     cuda_error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert "lower --d-model" in str(ts.out_of_memory(cuda_error)) and ts.is_out_of_memory(cuda_error)
+    assert "lower --d-model" in str(ts.out_of_memory(cuda_error)) and ts.is_out_of_memory(
+        cuda_error
+    )
     assert not ts.is_out_of_memory(RuntimeError("shape mismatch"))
 
 
 def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
     script = os.path.join(HERE, "train_shakespeare.py")
     # one process (each costs a Python and torch start-up); argparse's own errors exit 2 alike
-    result = subprocess.run([sys.executable, script, "--data", str(tmp_path / "missing.txt")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, script, "--data", str(tmp_path / "missing.txt")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "data file not found" in result.stderr
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr
 
 
 # ---------------------------------------------------------------- device, precision, compile ------
+
 
 def test_half_precision_training_stays_finite_and_close_to_float32(small_text, tmp_path):
     """bfloat16 keeps 8 bits of mantissa, float16 11 (with its gradient scaler): over 20 steps
@@ -198,8 +301,24 @@ def test_half_precision_training_stays_finite_and_close_to_float32(small_text, t
     val = {}
     for dtype in ("float32", "bfloat16", "float16"):
         out = str(tmp_path / dtype)
-        assert ts.main(["--data", small_text, "--out", out, "--steps", "20", "--eval-every", "20",
-                        *TINY_FLAGS, "--dtype", dtype]) == 0
+        assert (
+            ts.main(
+                [
+                    "--data",
+                    small_text,
+                    "--out",
+                    out,
+                    "--steps",
+                    "20",
+                    "--eval-every",
+                    "20",
+                    *TINY_FLAGS,
+                    "--dtype",
+                    dtype,
+                ]
+            )
+            == 0
+        )
         val[dtype] = json.load(open(os.path.join(out, "metrics.json")))["val_loss"]
     assert val["float32"] < math.log(len(set(open(small_text).read()))) - 0.3
     for dtype in ("bfloat16", "float16"):
@@ -212,10 +331,12 @@ def count_host_reads(monkeypatch):
     waits for nothing; test_compressive.py proves forward reads nothing on an accelerator)."""
     reads = []
     for name in ("item", "__bool__"):
+
         def counted(self, _original=getattr(torch.Tensor, name)):
             if not inspect.currentframe().f_back.f_code.co_filename.endswith("compressive.py"):
                 reads.append(1)
             return _original(self)
+
         monkeypatch.setattr(torch.Tensor, name, counted)
     return reads
 
@@ -225,9 +346,24 @@ def test_the_loop_reads_the_device_per_log_line_not_per_step(small_text, tmp_pat
     counts = {}
     for steps, log_every in ((4, 4), (8, 8), (8, 2)):
         reads.clear()
-        assert ts.main(["--data", small_text, "--out", str(tmp_path / f"{steps}_{log_every}"),
-                        "--steps", str(steps), "--eval-every", "100", "--log-every",
-                        str(log_every), *TINY_FLAGS]) == 0
+        assert (
+            ts.main(
+                [
+                    "--data",
+                    small_text,
+                    "--out",
+                    str(tmp_path / f"{steps}_{log_every}"),
+                    "--steps",
+                    str(steps),
+                    "--eval-every",
+                    "100",
+                    "--log-every",
+                    str(log_every),
+                    *TINY_FLAGS,
+                ]
+            )
+            == 0
+        )
         counts[steps, log_every] = len(reads)
     assert counts[8, 8] == counts[4, 4]  # twice the steps, the same reads
     assert counts[8, 2] == counts[8, 8] + 3 * 3  # three more log lines, three reads each
@@ -237,8 +373,10 @@ def test_resuming_a_finished_run_says_nothing_is_left_to_train(trained, small_te
     path = os.path.join(trained, "ckpt.pt")
     good = open(path, "rb").read()
     capsys.readouterr()
-    assert ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", "2",
-                    *TINY_FLAGS]) == 2
+    assert (
+        ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", "2", *TINY_FLAGS])
+        == 2
+    )
     assert "has already trained 2 steps, and --steps is 2: nothing is left" in error_line(capsys)
     assert open(path, "rb").read() == good
 
@@ -249,8 +387,27 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_log_line(trained, small_tex
     capsys.readouterr()
     # resumed at step 2: step 3 blows the weights up, step 4's loss is not finite; the log line
     # of step 5 sees it and stops, before any checkpoint could be written
-    assert ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", "12",
-                    "--log-every", "5", "--eval-every", "100", *TINY_FLAGS, "--lr", "1e30"]) == 2
+    assert (
+        ts.main(
+            [
+                "--data",
+                small_text,
+                "--out",
+                trained,
+                "--resume",
+                "--steps",
+                "12",
+                "--log-every",
+                "5",
+                "--eval-every",
+                "100",
+                *TINY_FLAGS,
+                "--lr",
+                "1e30",
+            ]
+        )
+        == 2
+    )
     line = error_line(capsys)
     assert "step 5: the training loss is not finite (seen within steps 3-5)" in line
     assert f"the last good checkpoint is kept at {path} (step 2)" in line
@@ -263,17 +420,36 @@ def test_compile_traces_one_graph_once_the_memories_are_full(small_text, tmp_pat
     def counting_backend(graph_module, example_inputs):
         graphs.append(graph_module)
         return graph_module.forward
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile(model, backend=counting_backend, **kw))
+
+    monkeypatch.setattr(
+        torch, "compile", lambda model, **kw: compile(model, backend=counting_backend, **kw)
+    )
     torch.compiler.reset()
     out = str(tmp_path / "compiled")
-    assert ts.main(["--data", small_text, "--out", out, "--steps", "12", "--eval-every", "12",
-                    *TINY_FLAGS, "--compile"]) == 0
+    assert (
+        ts.main(
+            [
+                "--data",
+                small_text,
+                "--out",
+                out,
+                "--steps",
+                "12",
+                "--eval-every",
+                "12",
+                *TINY_FLAGS,
+                "--compile",
+            ]
+        )
+        == 0
+    )
     assert len(graphs) == 1
     assert math.isfinite(json.load(open(os.path.join(out, "metrics.json")))["val_loss"])
 
 
 def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
     from training import device
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(device, "mps_available", lambda: False)
     assert device.pick_device("auto") == torch.device("cpu")
@@ -285,6 +461,7 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
 
 # ---------------------------------------------------------------- hostile files, bad flags ---------
 
+
 @pytest.fixture(scope="session")
 def trained_once(tmp_path_factory):
     """A real checkpoint after 2 steps on small_text's characters, trained once per test run."""
@@ -292,8 +469,22 @@ def trained_once(tmp_path_factory):
     with open(SHAKESPEARE, encoding="utf-8") as f:
         (folder / "text.txt").write_text(f.read()[:6000], encoding="utf-8")
     out = str(folder / "trained")
-    assert ts.main(["--data", str(folder / "text.txt"), "--out", out, "--steps", "2",
-                    "--eval-every", "2", *TINY_FLAGS]) == 0
+    assert (
+        ts.main(
+            [
+                "--data",
+                str(folder / "text.txt"),
+                "--out",
+                out,
+                "--steps",
+                "2",
+                "--eval-every",
+                "2",
+                *TINY_FLAGS,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -307,6 +498,7 @@ def trained(trained_once, tmp_path):
 
 class CreatesAFile:
     """Unpickling this calls open(path, "w"): what a crafted checkpoint could do with any call."""
+
     def __init__(self, path):
         self.path = path
 
@@ -314,8 +506,12 @@ class CreatesAFile:
         return open, (self.path, "w")
 
 
-MODES = {"sample": ["--sample", "5"], "eval-only": ["--eval-only"], "analyze": ["--analyze"],
-         "resume": ["--resume", "--steps", "4"]}
+MODES = {
+    "sample": ["--sample", "5"],
+    "eval-only": ["--eval-only"],
+    "analyze": ["--analyze"],
+    "resume": ["--resume", "--steps", "4"],
+}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -342,7 +538,7 @@ def test_a_damaged_checkpoint_gives_one_error_line(mode, damage, trained, small_
         del ckpt["model"]
         torch.save(ckpt, path)
     else:
-        payload = {"truncated": good[:len(good) // 2], "garbage": os.urandom(4096), "empty": b""}
+        payload = {"truncated": good[: len(good) // 2], "garbage": os.urandom(4096), "empty": b""}
         open(path, "wb").write(payload[damage])
     damaged = open(path, "rb").read()
     capsys.readouterr()
@@ -351,8 +547,9 @@ def test_a_damaged_checkpoint_gives_one_error_line(mode, damage, trained, small_
     assert open(path, "rb").read() == damaged  # nothing overwritten
 
 
-def test_a_checkpoint_whose_weights_do_not_fit_its_config_gives_one_error_line(trained, small_text,
-                                                                               capsys):
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_gives_one_error_line(
+    trained, small_text, capsys
+):
     path = os.path.join(trained, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
     ckpt["model"]["head.weight"] = ckpt["model"]["head.weight"][:, :3]
@@ -378,23 +575,30 @@ def test_out_naming_a_file_gives_one_error_line(mode, small_text, tmp_path, caps
     assert path.read_text() == "keep me"
 
 
-@pytest.mark.parametrize("flag", ["--lr", "--min-lr", "--weight-decay", "--grad-clip", "--dropout",
-                                  "--temperature"])
+@pytest.mark.parametrize(
+    "flag", ["--lr", "--min-lr", "--weight-decay", "--grad-clip", "--dropout", "--temperature"]
+)
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
-def test_non_finite_hyper_parameters_are_rejected_up_front(flag, value, small_text, tmp_path,
-                                                           capsys):
+def test_non_finite_hyper_parameters_are_rejected_up_front(
+    flag, value, small_text, tmp_path, capsys
+):
     out = tmp_path / "run"
     assert ts.main(["--data", small_text, "--out", str(out), *TINY_FLAGS, f"{flag}={value}"]) == 2
     assert f"{flag} must be a finite number" in error_line(capsys)
     assert not out.exists()
 
 
-def test_a_diverging_run_stops_and_writes_nothing_when_it_has_no_checkpoint(small_text, tmp_path,
-                                                                          capsys):
+def test_a_diverging_run_stops_and_writes_nothing_when_it_has_no_checkpoint(
+    small_text, tmp_path, capsys
+):
     out = tmp_path / "run"
     # lr 1e30 is finite, so it passes the flag checks; one AdamW step then makes the weights huge
-    assert ts.main(["--data", small_text, "--out", str(out), "--steps", "1", *TINY_FLAGS,
-                    "--lr", "1e30"]) == 2
+    assert (
+        ts.main(
+            ["--data", small_text, "--out", str(out), "--steps", "1", *TINY_FLAGS, "--lr", "1e30"]
+        )
+        == 2
+    )
     line = error_line(capsys)
     assert "validation loss is not finite" in line and "no checkpoint was written" in line
     assert os.listdir(out) == []
@@ -408,8 +612,23 @@ def test_a_diverging_run_keeps_the_last_good_checkpoint(steps, what, trained, sm
     capsys.readouterr()
     # resumed at step 2: step 3 blows the weights up; --steps 3 validates right after it (the
     # training loss it saw was still finite), --steps 4 first sees a non-finite training loss
-    assert ts.main(["--data", small_text, "--out", trained, "--resume", "--steps", str(steps),
-                    *TINY_FLAGS, "--lr", "1e30"]) == 2
+    assert (
+        ts.main(
+            [
+                "--data",
+                small_text,
+                "--out",
+                trained,
+                "--resume",
+                "--steps",
+                str(steps),
+                *TINY_FLAGS,
+                "--lr",
+                "1e30",
+            ]
+        )
+        == 2
+    )
     line = error_line(capsys)
     assert f"{what} is not finite" in line
     assert f"the last good checkpoint is kept at {path} (step 2)" in line
@@ -420,10 +639,16 @@ def test_a_diverging_run_keeps_the_last_good_checkpoint(steps, what, trained, sm
 def test_checkpoints_reach_the_disk_before_they_replace_the_old_one(tmp_path, monkeypatch):
     events = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(
-        f"/proc/self/fd/{fd}"))), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", b)),
-                                                     real_replace(a, b))[1])
+    monkeypatch.setattr(
+        os,
+        "fsync",
+        lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[
+            1
+        ],
+    )
+    monkeypatch.setattr(
+        os, "replace", lambda a, b: (events.append(("replace", b)), real_replace(a, b))[1]
+    )
     path = str(tmp_path / "ckpt.pt")
     files.write_atomically(path, lambda f: torch.save({"x": torch.ones(3)}, f))
     assert events == [("fsync", path + ".tmp"), ("replace", path), ("fsync", str(tmp_path))]
@@ -435,9 +660,12 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(small_text,
     common = ["--data", small_text, "--steps", "20", "--eval-every", "5", *TINY_FLAGS]
     whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
     threads = str(torch.get_num_threads())  # as in this process, so the arithmetic is the same
-    run = subprocess.Popen([sys.executable, os.path.join(HERE, "train_shakespeare.py"), *common,
-                            "--out", killed], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           env=dict(os.environ, OMP_NUM_THREADS=threads))
+    run = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "train_shakespeare.py"), *common, "--out", killed],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS=threads),
+    )
     ckpt = os.path.join(killed, "ckpt.pt")
     while not os.path.exists(ckpt) and run.poll() is None:
         time.sleep(0.005)
@@ -454,7 +682,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(small_text,
 
 
 def test_the_shipped_text_is_tiny_shakespeare_and_an_altered_copy_is_one_error_line(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     with open(SHAKESPEARE, "rb") as f:
         shipped = f.read()
     assert len(shipped) == 1_115_394
@@ -468,8 +697,9 @@ def test_the_shipped_text_is_tiny_shakespeare_and_an_altered_copy_is_one_error_l
     assert data.load_text(str(altered)).count("ROMEA") == 1  # as --data FILE it is any text
 
 
-def test_a_checkpoint_trained_on_a_data_file_is_evaluated_on_that_file(small_text, tmp_path,
-                                                                       monkeypatch, capsys):
+def test_a_checkpoint_trained_on_a_data_file_is_evaluated_on_that_file(
+    small_text, tmp_path, monkeypatch, capsys
+):
     out = str(tmp_path / "run")
     relative = os.path.relpath(small_text)  # the path as given, from the current folder
     assert ts.main(["--data", relative, "--out", out, "--steps", "2", *TINY_FLAGS]) == 0
@@ -483,11 +713,14 @@ def test_a_checkpoint_trained_on_a_data_file_is_evaluated_on_that_file(small_tex
 
 # ---------------------------------------------------------------- the recall task -----------------
 
+
 @pytest.mark.parametrize("live_facts, distractors", [(1, False), (3, False), (3, True)])
 def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_before_it(
-        live_facts, distractors):
-    make = lambda seed: recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, live_facts,
-                                                seed, distractors=distractors)
+    live_facts, distractors
+):
+    make = lambda seed: recall.make_recall_text(
+        20000, recall.TRAINING_KEYS, 8, 300, 20, live_facts, seed, distractors=distractors
+    )
     a, b, c = make("s"), make("s"), make("t")
     assert a.text == b.text and a.answers.equal(b.answers) and a.text != c.text
     text, answers = a.text, a.answers.tolist()
@@ -495,8 +728,10 @@ def test_recall_text_is_deterministic_in_range_and_every_answer_is_in_the_text_b
     pending = 0
     for position, distance in answers:
         assert 8 <= distance <= 300
-        key = text[position - 3:position - 1]
-        assert text[position - 4] == " " and text[position - 1] == "?" and key in recall.TRAINING_KEYS
+        key = text[position - 3 : position - 1]
+        assert (
+            text[position - 4] == " " and text[position - 1] == "?" and key in recall.TRAINING_KEYS
+        )
         # the latest statement of this key before the query is the fact, and its digit the answer
         fact = text.rfind(f" {key}=", 0, position - 4)
         assert fact + 4 == position - distance and text[fact + 4] == text[position]
@@ -517,7 +752,7 @@ def test_recall_with_k_facts_waiting_each_answer_needs_its_key():
         made = recall.make_recall_text(100_000, recall.TRAINING_KEYS, 8, 400, 5, live_facts, "k")
         text, hits, between = made.text, [], []
         for position, distance in made.answers.tolist():
-            key = text[position - 3:position - 1]
+            key = text[position - 3 : position - 1]
             assert text[text.rfind(f" {key}=", 0, position - 4) + 4] == text[position]
             hits.append(text[text.rfind("=", 0, position - 4) + 1] == text[position])
             between.append(text.count("=", position - distance, position))
@@ -537,9 +772,11 @@ def test_recall_distractors_leave_only_the_key_to_find_a_fact_beyond_the_segment
     """Facts stated while K wait and never asked: the latest fact stated before a query is then
     seldom its own, and from D = 32 on (a segment of the recipes) about as often right as a
     random digit. Without them, short distances are nearly all answered by the latest fact."""
+
     def latest_right(distractors):
-        made = recall.make_recall_text(100_000, recall.TRAINING_KEYS, 8, 400, 5, 4, "d",
-                                       distractors=distractors)
+        made = recall.make_recall_text(
+            100_000, recall.TRAINING_KEYS, 8, 400, 5, 4, "d", distractors=distractors
+        )
         ids = ts.encode(made.text, recall.VOCAB)
         scored = recall.score(ids, ids, made.answers, n_streams=1, seq_len=32)
         far = scored.distance >= 32
@@ -559,14 +796,16 @@ def test_recall_loss_on_answers_keeps_exactly_the_answer_digits():
     x, y = ids[:-1], ids[1:]
     args = ts.parse_args(["--task", "recall", "--loss-on", "answers"])
     kept = recall.loss_targets(args)(x, y)
-    assert set((kept != recall.IGNORE).nonzero().flatten().add(1).tolist()) == \
-        set(made.answers[:, 0].tolist())  # y[t] is the character at t + 1
+    assert set((kept != recall.IGNORE).nonzero().flatten().add(1).tolist()) == set(
+        made.answers[:, 0].tolist()
+    )  # y[t] is the character at t + 1
     assert kept[kept != recall.IGNORE].equal(y[kept != recall.IGNORE])
     assert recall.loss_targets(ts.parse_args(["--task", "recall"]))(x, y) is y
 
 
 def test_validation_loss_on_answers_is_the_mean_loss_over_the_answer_digits():
     from contextlib import nullcontext
+
     made = recall.make_recall_text(400, recall.TRAINING_KEYS, 8, 60, 5, 1, "v")
     data = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
     model = make(vocab_size=len(recall.VOCAB), seq_len=len(data) - 1).eval()
@@ -584,7 +823,7 @@ def test_recall_validation_shares_no_fact_with_training():
     assert len(recall.VALIDATION_KEYS) + len(recall.TRAINING_KEYS) == 26 * 26
     val = recall.make_recall_text(20000, recall.VALIDATION_KEYS, 8, 300, 20, 2, "validation")
     train = recall.make_recall_text(20000, recall.TRAINING_KEYS, 8, 300, 20, 2, "train")
-    facts = lambda text: {text[i + 1:i + 5] for i in range(len(text) - 4) if text[i + 3] == "="}
+    facts = lambda text: {text[i + 1 : i + 5] for i in range(len(text) - 4) if text[i + 3] == "="}
     assert facts(val.text) and facts(train.text) and not facts(val.text) & facts(train.text)
 
 
@@ -594,8 +833,18 @@ def test_recall_curriculum_widens_the_distances_along_the_text():
     early = distance[position - distance < 5000]
     assert early.max() <= 8 + (400 - 8) * 5000 / 20000 and distance.max() > 300
     # held inside a segment of 32 for the first 10,000 characters, then widened from D = 31
-    r = recall.make_recall_text(40000, recall.TRAINING_KEYS, 8, 400, 10, 1, "c", widen_over=20000,
-                                hold_over=10000, hold_distance=31)
+    r = recall.make_recall_text(
+        40000,
+        recall.TRAINING_KEYS,
+        8,
+        400,
+        10,
+        1,
+        "c",
+        widen_over=20000,
+        hold_over=10000,
+        hold_distance=31,
+    )
     position, distance = r.answers.unbind(1)
     fact = position - distance
     assert distance[fact < 10000].max() <= 31 and distance[fact < 10000].min() == 8
@@ -622,12 +871,21 @@ def test_recall_accuracy_by_distance_on_a_hand_made_case():
     cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # reach 16, 32, 48
     rows = recall.by_distance(scored, CompressiveTransformer(cfg).reach(), cfg.seq_len)
     got = [(r["from"], r["to"], r["region"], r["queries"], r["accuracy"]) for r in rows]
-    assert got == [(10, 15, "segment", 2, 1.0), (16, 31, "mem", 1, 0.0), (32, 47, "c_mem", 1, 1.0),
-                   (64, 70, "beyond", 1, 1.0)]
+    assert got == [
+        (10, 15, "segment", 2, 1.0),
+        (16, 31, "mem", 1, 0.0),
+        (32, 47, "c_mem", 1, 1.0),
+        (64, 70, "beyond", 1, 1.0),
+    ]
     # a Feedback token sees the last n_m memory vectors wherever it sits: one edge, at n_m
     rows = recall.by_distance(scored, FeedbackTransformer(tiny(seq_len=16, mem_len=16)).reach(), 16)
     got = [(r["from"], r["to"], r["region"], r["queries"]) for r in rows]
-    assert got == [(10, 15, "mem", 2), (16, 31, "beyond", 1), (32, 47, "beyond", 1), (64, 70, "beyond", 1)]
+    assert got == [
+        (10, 15, "mem", 2),
+        (16, 31, "beyond", 1),
+        (32, 47, "beyond", 1),
+        (64, 70, "beyond", 1),
+    ]
 
 
 def test_recall_scoring_finds_the_segment_of_a_query_read_in_the_tail():
@@ -636,7 +894,10 @@ def test_recall_scoring_finds_the_segment_of_a_query_read_in_the_tail():
     data = torch.zeros(204, dtype=torch.long)
     answers = torch.tensor([[203, 30], [199, 30]])  # '?' at offsets 52 and 48; digits at 23, 19
     scored = recall.score(data.clone(), data, answers, n_streams=4, seq_len=16)
-    assert scored.fact_offset.tolist() == [23, 19] and scored.fact_back.tolist() == [50 - 23, 48 - 19]
+    assert scored.fact_offset.tolist() == [23, 19] and scored.fact_back.tolist() == [
+        50 - 23,
+        48 - 19,
+    ]
 
 
 def test_recall_phase_split_on_a_hand_made_case():
@@ -644,25 +905,30 @@ def test_recall_phase_split_on_a_hand_made_case():
     all together and split by where the digit sits in its block of c (its stream offset mod c)."""
     cfg = tiny(seq_len=16, mem_len=16, c_mem_len=4, compression_rate=4)  # c_mem: D 32-47
     edges = CompressiveTransformer(cfg).reach()
-    scored = recall.Scored(distance=torch.tensor([33, 40, 47, 35, 44, 38, 20, 60, 30]),
-                           correct=torch.tensor([True, True, False, False, False, True, True, True,
-                                                 True]),
-                           fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3, 7]),
-                           fact_back=torch.tensor([20, 32, 31, 25, 28, 22, 16, 33, 17]),
-                           latest_right=torch.ones(9, dtype=torch.bool),
-                           said_latest=torch.ones(9, dtype=torch.bool),
-                           facts_after=torch.zeros(9, dtype=torch.long))
+    scored = recall.Scored(
+        distance=torch.tensor([33, 40, 47, 35, 44, 38, 20, 60, 30]),
+        correct=torch.tensor([True, True, False, False, False, True, True, True, True]),
+        fact_offset=torch.tensor([8, 12, 4, 9, 13, 2, 1, 3, 7]),
+        fact_back=torch.tensor([20, 32, 31, 25, 28, 22, 16, 33, 17]),
+        latest_right=torch.ones(9, dtype=torch.bool),
+        said_latest=torch.ones(9, dtype=torch.bool),
+        facts_after=torch.zeros(9, dtype=torch.long),
+    )
     # D 20 and 60 are held in mem (16) and beyond (33); D 30, in the mem region by distance, was
     # asked early in its segment and is held in c_mem (17)
     phases = recall.by_phase(scored, edges, rate=4)
-    assert phases == [{"phase": "all", "queries": 7, "accuracy": pytest.approx(4 / 7)},
-                      {"phase": 0, "queries": 3, "accuracy": pytest.approx(2 / 3)},
-                      {"phase": 1, "queries": 2, "accuracy": 0.0},
-                      {"phase": 2, "queries": 1, "accuracy": 1.0},
-                      {"phase": 3, "queries": 1, "accuracy": 1.0}]
+    assert phases == [
+        {"phase": "all", "queries": 7, "accuracy": pytest.approx(4 / 7)},
+        {"phase": 0, "queries": 3, "accuracy": pytest.approx(2 / 3)},
+        {"phase": 1, "queries": 2, "accuracy": 0.0},
+        {"phase": 2, "queries": 1, "accuracy": 1.0},
+        {"phase": 3, "queries": 1, "accuracy": 1.0},
+    ]
     assert recall.by_phase(scored, CompressiveTransformer(tiny(c_mem_len=0)).reach(), 4) == []
-    assert recall.summary(scored, edges, 4) == ("mem 1.000, c_mem 0.500, beyond 1.000; held in c_mem "
-                                                "0.571 (by phase 0.667 / 0.000 / 1.000 / 1.000)")
+    assert recall.summary(scored, edges, 4) == (
+        "mem 1.000, c_mem 0.500, beyond 1.000; held in c_mem "
+        "0.571 (by phase 0.667 / 0.000 / 1.000 / 1.000)"
+    )
 
 
 def test_recall_key_use_sets_the_model_against_a_reader_blind_to_the_key():
@@ -674,13 +940,23 @@ def test_recall_key_use_sets_the_model_against_a_reader_blind_to_the_key():
     predictions = data.clone()
     predictions[30] = 5  # the model answers both with the latest fact stated
     scored = recall.score(predictions, data, answers, n_streams=1, seq_len=16)
-    assert scored.latest_right.tolist() == [False, True] and scored.said_latest.tolist() == [True, True]
+    assert scored.latest_right.tolist() == [False, True] and scored.said_latest.tolist() == [
+        True,
+        True,
+    ]
     edges = CompressiveTransformer(tiny(seq_len=16, mem_len=16, c_mem_len=0)).reach()
     assert scored.facts_after.tolist() == [1, 0]  # the fact at 20 was stated after the one at 10
     # a reader of recency: right where the asked fact is the latest, wrong behind one more
-    assert recall.key_use(scored, edges) == [{"region": "mem", "queries": 2, "accuracy": 0.5,
-                                              "latest_fact_right": 0.5, "said_latest": 1.0,
-                                              "by_facts_after": [1.0, 0.0, None, None]}]
+    assert recall.key_use(scored, edges) == [
+        {
+            "region": "mem",
+            "queries": 2,
+            "accuracy": 0.5,
+            "latest_fact_right": 0.5,
+            "said_latest": 1.0,
+            "by_facts_after": [1.0, 0.0, None, None],
+        }
+    ]
     # one fact waiting at a time: the latest fact is always the one asked for, nothing to show
     assert recall.key_use(recall.score(predictions, data, answers[1:], 1, 16), edges) == []
 
@@ -688,7 +964,10 @@ def test_recall_key_use_sets_the_model_against_a_reader_blind_to_the_key():
 def test_recall_fact_slots_find_the_digit_and_its_marker_in_c_mem():
     # n_m 16, c 4, 4 slots held: the newest slot (3) holds the 4 characters 17-20 before the
     # segment, the oldest (0) those 29-32
-    assert recall.fact_slots(17, n_m=16, rate=4, n_held=4) == (3, 3)  # '=' (18 back) in the same slot
+    assert recall.fact_slots(17, n_m=16, rate=4, n_held=4) == (
+        3,
+        3,
+    )  # '=' (18 back) in the same slot
     assert recall.fact_slots(20, n_m=16, rate=4, n_held=4) == (3, 2)  # the digit opens its block
     assert recall.fact_slots(25, n_m=16, rate=4, n_held=4) == (1, 1)
     assert recall.fact_slots(32, n_m=16, rate=4, n_held=4) == (0, -1)  # its '=' has left c_mem
@@ -700,23 +979,43 @@ def recall_table_rows(printed: str):
     lines = printed.splitlines()
     start = max(i for i, line in enumerate(lines) if line.startswith("recall accuracy by distance"))
     rows = []
-    for line in lines[start + 2:]:  # after the title and the column names
+    for line in lines[start + 2 :]:  # after the title and the column names
         match = re.fullmatch(r"\s*(\d+)-(\d+)\s+(\w+)\s+(\d+)\s+([\d.]+)", line)
         if not match:
             break
-        rows.append({"from": int(match[1]), "to": int(match[2]), "region": match[3],
-                     "queries": int(match[4]), "accuracy": float(match[5])})
+        rows.append(
+            {
+                "from": int(match[1]),
+                "to": int(match[2]),
+                "region": match[3],
+                "queries": int(match[4]),
+                "accuracy": float(match[5]),
+            }
+        )
     return rows
 
 
 def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     out = str(tmp_path / "recall")
-    flags = ["--task", "recall", "--out", out, "--steps", "30", "--eval-every", "30",
-             "--val-chars", "4000", "--max-distance", "120", *TINY_FLAGS]
+    flags = [
+        "--task",
+        "recall",
+        "--out",
+        out,
+        "--steps",
+        "30",
+        "--eval-every",
+        "30",
+        "--val-chars",
+        "4000",
+        "--max-distance",
+        "120",
+        *TINY_FLAGS,
+    ]
     assert ts.main(flags) == 0
     printed = capsys.readouterr().out
     assert "recall accuracy by distance" in printed and "recall accuracy:" in printed
-    table = printed[printed.index("recall accuracy by distance"):].splitlines()
+    table = printed[printed.index("recall accuracy by distance") :].splitlines()
     assert "segment < 16, mem < 32, c_mem < 48" in table[0]
     rows = recall_table_rows(printed)
     assert (rows[0]["from"], rows[0]["to"], rows[0]["region"]) == (8, 15, "segment")
@@ -730,8 +1029,14 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     # --analyze shows, per phase and layer, where the '?' of queries held in c_mem looks
     assert ts.main(["--out", out, "--analyze", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
-    looks = printed[printed.index("where the '?' of a query held in c_mem looks"):].splitlines()[3:]
-    rows = [line.split() for line in looks if re.fullmatch(r"\s*\d+\s+\d+\s+\d+\s+[\d.]+\s+\S+\s+[\d.]+", line)]
+    looks = printed[printed.index("where the '?' of a query held in c_mem looks") :].splitlines()[
+        3:
+    ]
+    rows = [
+        line.split()
+        for line in looks
+        if re.fullmatch(r"\s*\d+\s+\d+\s+\d+\s+[\d.]+\s+\S+\s+[\d.]+", line)
+    ]
     assert {(int(r[0]), int(r[2])) for r in rows} == {(p, l) for p in range(2) for l in range(2)}
     for phase, _, _, digit, marker, c_mem in rows:
         assert 0.0 <= float(digit) + (float(marker) if phase == "0" else 0.0) <= float(c_mem) + 1e-3
@@ -745,8 +1050,24 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(tmp_path, capsys):
     assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
     assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)
     # --eval-only takes the task from the checkpoint; the distance flags may widen it
-    assert ts.main(["--out", out, "--eval-only", "--device", "cpu", "--batch-size", "4",
-                    "--val-chars", "4000", "--max-distance", "200"]) == 0
+    assert (
+        ts.main(
+            [
+                "--out",
+                out,
+                "--eval-only",
+                "--device",
+                "cpu",
+                "--batch-size",
+                "4",
+                "--val-chars",
+                "4000",
+                "--max-distance",
+                "200",
+            ]
+        )
+        == 0
+    )
     rows = recall_table_rows(capsys.readouterr().out)
     assert rows and rows[-1]["to"] > 120  # the farthest bucket lies beyond what training asked
 
@@ -767,8 +1088,26 @@ def fresh_pyplot():
 def draw_every_plot(out, capsys):
     """A few recall steps (loss.png, recall.png), then --analyze (attention.png): what each of the
     two runs printed."""
-    assert ts.main(["--task", "recall", "--out", out, "--steps", "4", "--eval-every", "4",
-                    "--val-chars", "4000", "--max-distance", "60", *TINY_FLAGS]) == 0
+    assert (
+        ts.main(
+            [
+                "--task",
+                "recall",
+                "--out",
+                out,
+                "--steps",
+                "4",
+                "--eval-every",
+                "4",
+                "--val-chars",
+                "4000",
+                "--max-distance",
+                "60",
+                *TINY_FLAGS,
+            ]
+        )
+        == 0
+    )
     trained = capsys.readouterr().out
     plots.pyplot.cache_clear()  # a second run in this process
     assert ts.main(["--out", out, "--analyze", "--device", "cpu", "--batch-size", "2"]) == 0
@@ -778,6 +1117,7 @@ def draw_every_plot(out, capsys):
 def test_every_plot_the_readme_promises_is_a_valid_png(fresh_pyplot, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
+
     out = str(tmp_path / "plots")
     printed = "".join(draw_every_plot(out, capsys))
     for name in PLOTS:
@@ -801,8 +1141,9 @@ def test_every_plot_the_readme_promises_is_a_valid_png(fresh_pyplot, tmp_path, c
     assert "no metrics.json or ckpt.pt in" in error_line(capsys)
 
 
-def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(fresh_pyplot, tmp_path, capsys,
-                                                                    monkeypatch):
+def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(
+    fresh_pyplot, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # "import matplotlib" raises ImportError
     out = str(tmp_path / "plots")
     for printed in draw_every_plot(out, capsys):
@@ -814,14 +1155,27 @@ def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(fresh_pyplot,
 
 
 def test_recall_flags_need_the_recall_task(small_text, tmp_path, capsys):
-    assert ts.main(["--data", small_text, "--out", str(tmp_path / "x"), "--max-distance", "50",
-                    *TINY_FLAGS]) == 2
+    assert (
+        ts.main(
+            [
+                "--data",
+                small_text,
+                "--out",
+                str(tmp_path / "x"),
+                "--max-distance",
+                "50",
+                *TINY_FLAGS,
+            ]
+        )
+        == 2
+    )
     assert "for --task recall only" in error_line(capsys)
     assert ts.main(["--task", "recall", "--data", small_text, *TINY_FLAGS]) == 2
     assert "--data is for --task shakespeare" in error_line(capsys)
 
 
 # ---------------------------------------------------------------- attention analysis -------------
+
 
 def full_memory_model(pre_norm=False):
     model = make(pre_norm=pre_norm).eval()
@@ -845,7 +1199,9 @@ def test_attention_buckets_sum_to_one_for_every_query():
 
 def test_attention_buckets_line_up_with_the_memory_layout():
     model, memory = full_memory_model()
-    with torch.no_grad():  # no content or position signal: each query spreads evenly over what it sees
+    with (
+        torch.no_grad()
+    ):  # no content or position signal: each query spreads evenly over what it sees
         for layer in model.layers:
             layer.attn.qkv.weight.zero_()
             layer.attn.position.weight.zero_()
@@ -856,9 +1212,9 @@ def test_attention_buckets_line_up_with_the_memory_layout():
     for i in range(6):
         visible = 4 + 6 + i + 1
         assert math.isclose(buckets[i, :n].sum().item(), 4 / visible, rel_tol=1e-5)
-        assert math.isclose(buckets[i, n:2 * n].sum().item(), 6 / visible, rel_tol=1e-5)
-        assert math.isclose(buckets[i, 2 * n:].sum().item(), (i + 1) / visible, rel_tol=1e-5)
-    assert buckets[0, 2 * n + 1:].sum() == 0  # the first query sees only the first segment bucket
+        assert math.isclose(buckets[i, n : 2 * n].sum().item(), 6 / visible, rel_tol=1e-5)
+        assert math.isclose(buckets[i, 2 * n :].sum().item(), (i + 1) / visible, rel_tol=1e-5)
+    assert buckets[0, 2 * n + 1 :].sum() == 0  # the first query sees only the first segment bucket
 
 
 def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
@@ -871,11 +1227,11 @@ def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
             attn.qkv.weight.zero_()
             attn.position.weight.zero_()
             attn.content_bias.zero_()
-            attn.content_bias[:, 0, 0] = 40.0                  # every head's content bias looks along key dim 0
+            attn.content_bias[:, 0, 0] = 40.0  # every head's content bias looks along key dim 0
             for h in range(2):
                 attn.qkv.weight[d + h * dh, 0] = 1.0  # key dim 0 of each head reads feature 0
         mem = torch.randn(2, 8, d)
-        mem[..., 0] = 1.0                           # only memories carry feature 0
+        mem[..., 0] = 1.0  # only memories carry feature 0
         c_mem = torch.randn(2, 4, d)
         c_mem[..., 0] = 0.0
         memory = Memory([mem, mem], [c_mem, c_mem])
@@ -883,8 +1239,8 @@ def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
             model(tokens(2, 6), memory)
     buckets = analysis.attention_buckets(attention[0], 4, 8).mean(dim=(0, 1, 2))
     n = analysis.BUCKETS_PER_REGION
-    assert buckets[n:2 * n].sum() > 0.99
-    assert buckets[:n].sum() < 0.01 and buckets[2 * n:].sum() < 0.01
+    assert buckets[n : 2 * n].sum() > 0.99
+    assert buckets[:n].sum() < 0.01 and buckets[2 * n :].sum() < 0.01
 
 
 def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_text, tmp_path):
@@ -893,8 +1249,17 @@ def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_
     every step, f_c's included), and DDP has nothing to warn about."""
     ddp, single = str(tmp_path / "ddp"), str(tmp_path / "single")
     common = ["--data", small_text, "--steps", "4", "--eval-every", "4", *TINY_FLAGS]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(HERE, "train_shakespeare.py"), *common, "--out", ddp]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        os.path.join(HERE, "train_shakespeare.py"),
+        *common,
+        "--out",
+        ddp,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -906,23 +1271,30 @@ def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_
     b = torch.load(os.path.join(single, "ckpt.pt"), weights_only=True)
     assert len(a["memory"]) == 2 and len(b["memory"]) == 1
     for part in (0, 1):  # mem, c_mem of every layer
-        for rows, whole in zip(zip(a["memory"][0][part], a["memory"][1][part]), b["memory"][0][part]):
+        for rows, whole in zip(
+            zip(a["memory"][0][part], a["memory"][1][part]), b["memory"][0][part]
+        ):
             torch.testing.assert_close(torch.cat(rows), whole, rtol=1e-4, atol=1e-5)
     # AdamW's state follows make_optimizer's order: matrices (decayed) first, then the rest
     names = sorted(b["model"], key=lambda name: b["model"][name].dim() < 2)
-    for i, (sa, sb) in enumerate(zip(a["optimizer"]["state"].values(),
-                                     b["optimizer"]["state"].values())):
+    for i, (sa, sb) in enumerate(
+        zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values())
+    ):
         scale = sb["exp_avg"].abs().max().item()
         assert scale > 0, names[i]  # every parameter was trained, f_c's by its own loss
-        torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], rtol=1e-3, atol=1e-4 * scale,
-                                   msg=names[i])
+        torch.testing.assert_close(
+            sa["exp_avg"], sb["exp_avg"], rtol=1e-3, atol=1e-4 * scale, msg=names[i]
+        )
 
 
 def test_bench_prints_its_summary_as_the_last_line(capsys):
     assert ts.main(["--bench", "--bench-steps", "2", *TINY_FLAGS]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    match = re.fullmatch(r"bench tokens_per_s=([\d.]+) ms_per_step=([\d.]+) peak_mem_mb=([\d.]+) "
-                         r"mfu=([\d.]+)", last)
+    match = re.fullmatch(
+        r"bench tokens_per_s=([\d.]+) ms_per_step=([\d.]+) peak_mem_mb=([\d.]+) "
+        r"mfu=([\d.]+)",
+        last,
+    )
     assert match, last
     tokens_per_s, ms_per_step = float(match[1]), float(match[2])
     # the same rate twice, each rounded as printed: ms_per_step to 0.01 ms, tokens_per_s to 0.1,
@@ -936,19 +1308,39 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     """The study's summary on hand-made results: the compressed memory's worth in the zone beyond
     XL-96 and within the compressive model's reach, and the share of XL-192's it keeps."""
     from training import copies, study
+
     def rows(loss, zone=0.0):
-        return {b: {"loss": loss + (zone if b == study.ZONE else 0.0), "share": 1 / 7, "chars": 9}
-                for b in copies.bucket_names()}
+        return {
+            b: {"loss": loss + (zone if b == study.ZONE else 0.0), "share": 1 / 7, "chars": 9}
+            for b in copies.bucket_names()
+        }
+
     def run(model, ablations):
-        return {"model": model, "budget": "default", "seed": 1, "extra": [], "commit": "c",
-                "val_loss": 1.0, "loss_by_copy_distance": rows(1.0),
-                "history": [{"step": 5, "loss_by_copy_distance": rows(1.2, -0.1)}],
-                "ablations": {k: {"val_loss": 1.0, "loss_by_copy_distance": v}
-                              for k, v in ablations.items()}}
-    results = {"conv": run("conv", {"no c_mem": rows(1.0, 0.02), "no mem": rows(1.3)}),
-               "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}), "xl96": run("xl96", {}),
-               "lever": {**run("conv", {"no c_mem": rows(0.95, 0.08)}), "val_loss": 0.9,
-                         "extra": ["--lr", "1e-3"], "loss_by_copy_distance": rows(0.9, 0.01)}}
+        return {
+            "model": model,
+            "budget": "default",
+            "seed": 1,
+            "extra": [],
+            "commit": "c",
+            "val_loss": 1.0,
+            "loss_by_copy_distance": rows(1.0),
+            "history": [{"step": 5, "loss_by_copy_distance": rows(1.2, -0.1)}],
+            "ablations": {
+                k: {"val_loss": 1.0, "loss_by_copy_distance": v} for k, v in ablations.items()
+            },
+        }
+
+    results = {
+        "conv": run("conv", {"no c_mem": rows(1.0, 0.02), "no mem": rows(1.3)}),
+        "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}),
+        "xl96": run("xl96", {}),
+        "lever": {
+            **run("conv", {"no c_mem": rows(0.95, 0.08)}),
+            "val_loss": 0.9,
+            "extra": ["--lr", "1e-3"],
+            "loss_by_copy_distance": rows(0.9, 0.01),
+        },
+    }
     worth = study.worth(results["xl192"], "mem 96")
     assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
     study.tables(results, figure=None)
@@ -957,27 +1349,44 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
     assert "conv     default  seed 1: 5: -0.100" in printed  # the zone against beyond every reach
     # the means over seeds, and their differences from XL-96 trained alike
-    assert ("| conv | default | 1 | 1.0000 (1.000-1.000) | 1.0000 (1.000-1.000) | +0.0000 | +0.0000 "
-            "| 0.0200 (0.020-0.020) |") in printed
+    assert (
+        "| conv | default | 1 | 1.0000 (1.000-1.000) | 1.0000 (1.000-1.000) | +0.0000 | +0.0000 "
+        "| 0.0200 (0.020-0.020) |"
+    ) in printed
     # a lever against its model trained alike without it, on the same seed
-    assert "| conv --lr 1e-3 | default | 1 | 0.9000 | -0.1000 | -0.0900 | +0.1200 (+0.0200) |" in printed
+    assert (
+        "| conv --lr 1e-3 | default | 1 | 0.9000 | -0.1000 | -0.0900 | +0.1200 (+0.0200) |"
+        in printed
+    )
 
 
 def test_the_study_evaluates_a_finished_run_again_without_training_it_again(trained):
     """A run whose training finished (its checkpoint at the last step, metrics.json written) but
     whose ablations failed is only evaluated again; a checkpoint short of its steps is retrained."""
     from training import study
+
     assert study.trained_config(trained, 2)["mem_len"] == 16  # TINY_FLAGS
     assert study.trained_config(trained, 3) is None  # stopped before the last step
     os.remove(os.path.join(trained, "metrics.json"))
     assert study.trained_config(trained, 2) is None  # training did not get to its end
 
 
-def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_path, capsys,
-                                                                          monkeypatch):
+def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(
+    tmp_path, capsys, monkeypatch
+):
     from training import reach_cost
+
     monkeypatch.setattr(reach_cost, "plot", lambda *a: None)  # the figure: a test of plots
-    flags = [*TINY_FLAGS, "--bench", "--bench-reach", "16", "--bench-steps", "1", "--out", str(tmp_path)]
+    flags = [
+        *TINY_FLAGS,
+        "--bench",
+        "--bench-reach",
+        "16",
+        "--bench-steps",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     args = ts.parse_args(flags)
     (_, equal), (_, reach) = reach_cost.pairs(args)
     assert (reach["xl"].mem_len, reach["xl"].c_mem_len) == (16, 0)
@@ -990,9 +1399,11 @@ def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_
         model = ts.make_model(kind, ts.model_config(flags_, 65))
         memory = reach_cost.full_memory(model, 4, torch.device("cpu"))
         # the state figure: every memory tensor's bytes, n_m + n_cm vectors of d_model floats a row
-        assert reach_cost.state_bytes(memory) == \
-            sum(t.numel() * t.element_size() for t in memory.mem + memory.c_mem) == \
-            4 * 2 * (flags_.mem_len + flags_.c_mem_len) * 32 * 4
+        assert (
+            reach_cost.state_bytes(memory)
+            == sum(t.numel() * t.element_size() for t in memory.mem + memory.c_mem)
+            == 4 * 2 * (flags_.mem_len + flags_.c_mem_len) * 32 * 4
+        )
         row = reach_rows[kind]
         assert row["state_bytes"] == reach_cost.state_bytes(memory)
         assert row["train_ms"] > 0 and row["gen_ms"] > 0
@@ -1008,14 +1419,19 @@ def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(tmp_
 
 # ---------------------------------------------------------------- the teachers' handout -----------
 
+
 def test_handout_the_model_and_its_specification_import_only_torch_pytest_and_the_stdlib():
     """A teacher hands out compressive.py and test_compressive.py alone (.ci/run runs them so)."""
     import ast
+
     for name in ("compressive.py", "test_compressive.py"):
         with open(os.path.join(HERE, name), encoding="utf-8") as f:
             tree = ast.parse(f.read())
-        imported = {(node.names[0].name if isinstance(node, ast.Import) else node.module).split(".")[0]
-                    for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))}
+        imported = {
+            (node.names[0].name if isinstance(node, ast.Import) else node.module).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        }
         assert imported <= set(sys.stdlib_module_names) | {"torch", "pytest", "compressive"}, name
         with open(os.path.join(HERE, name), encoding="utf-8") as f:
             assert "../" not in f.read(), f"{name} names a path outside the repository"
@@ -1024,13 +1440,21 @@ def test_handout_the_model_and_its_specification_import_only_torch_pytest_and_th
 # --------------------------------------------------------------------------------------------------
 # The code corpus (--task code) and the loss by copy distance
 
+
 def make_source_tree(root):
     """A made-up standard library: sources, tests, third-party code, build files."""
-    sources = {"b.py": "x = 1\n", "a/mod.py": "def f():\n\treturn 'caf\u00e9'\r\n",
-               "a/test/test_mod.py": "assert True\n", "tests/t.py": "pass\n",
-               "site-packages/pkg.py": "pass\n", "__pycache__/c.py": "pass\n",
-               "config-3.11-x86_64/p.py": "pass\n", "_sysconfigdata__linux.py": "build = {}\n",
-               "a/data.txt": "not python\n", **{f"m{k:02d}.py": f"n = {k}\n" for k in range(30)}}
+    sources = {
+        "b.py": "x = 1\n",
+        "a/mod.py": "def f():\n\treturn 'caf\u00e9'\r\n",
+        "a/test/test_mod.py": "assert True\n",
+        "tests/t.py": "pass\n",
+        "site-packages/pkg.py": "pass\n",
+        "__pycache__/c.py": "pass\n",
+        "config-3.11-x86_64/p.py": "pass\n",
+        "_sysconfigdata__linux.py": "build = {}\n",
+        "a/data.txt": "not python\n",
+        **{f"m{k:02d}.py": f"n = {k}\n" for k in range(30)},
+    }
     for path, text in sources.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text, encoding="utf-8")
@@ -1038,14 +1462,16 @@ def make_source_tree(root):
 
 def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(tmp_path):
     from training import corpus
+
     root = tmp_path / "lib"
     make_source_tree(root)
     train, val, manifest = corpus.load(str(tmp_path / "data"), str(root), say=lambda *a: None)
     headers = re.findall(r"^# file: (.*)$", train + val, flags=re.M)
     kept = ["a/mod.py", "b.py", *(f"m{k:02d}.py" for k in range(30))]
     assert sorted(headers) == kept  # no tests, site-packages, caches, build files or non-.py
-    assert [h for h in headers if h in re.findall(r"^# file: (.*)$", train, flags=re.M)] == \
-        [h for h in kept if not corpus.is_validation(h)]  # sorted order, whole files per split
+    assert [h for h in headers if h in re.findall(r"^# file: (.*)$", train, flags=re.M)] == [
+        h for h in kept if not corpus.is_validation(h)
+    ]  # sorted order, whole files per split
     assert 0 < manifest["files"]["val"] < manifest["files"]["train"]
     assert "\t" not in train + val and "\r" not in train + val  # tabs and CRLF normalised
     assert "return 'caf\x1a'" in train + val  # outside the alphabet: the placeholder
@@ -1059,12 +1485,15 @@ def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(t
     with open(os.path.join(folder, "val.txt"), "a") as f:
         f.write("half")
     said = []
-    assert "changed = True" in "".join(corpus.load(str(tmp_path / "data"), str(root), say=said.append)[:2])
+    assert "changed = True" in "".join(
+        corpus.load(str(tmp_path / "data"), str(root), say=said.append)[:2]
+    )
     assert "do not match their manifest" in said[0]
 
 
 def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, capsys):
     from training import corpus, data
+
     (tmp_path / "lib" / "test").mkdir(parents=True)
     (tmp_path / "lib" / "test" / "t.py").write_text("pass\n")
     monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
@@ -1077,6 +1506,7 @@ def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, ca
 
 def test_copy_distance_on_a_hand_made_string():
     from training import copies
+
     #       0123456789012345
     text = "abcXabcYabcZzabc"
     got = copies.copy_distances(text, n=3).tolist()
@@ -1088,17 +1518,34 @@ def test_copy_distance_on_a_hand_made_string():
 
 def test_copy_buckets_are_drawn_beyond_the_segment():
     from training import copies
+
     names = copies.bucket_names()
     assert names == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
     beyond = torch.tensor([-5, 0, 1, 64, 65, 96, 97, 192, 193, 1000, 1001, 7])
     distance = torch.tensor([1] * 11 + [copies.NEVER])
     assert [names[k] for k in copies.bucket_of(beyond, distance)] == [
-        "segment", "segment", "1-64", "1-64", "65-96", "65-96", "97-192", "97-192", "193-1000",
-        "193-1000", ">1000", "never"]
+        "segment",
+        "segment",
+        "1-64",
+        "1-64",
+        "65-96",
+        "65-96",
+        "97-192",
+        "97-192",
+        "193-1000",
+        "193-1000",
+        ">1000",
+        "never",
+    ]
     # the study's geometries: what holds each bucket's copy (n_s 64)
     regions = lambda **kw: copies.regions_of(make(seq_len=64, **kw).reach(), 64)
-    assert regions(mem_len=64, c_mem_len=32, compression_rate=4)[:5] == \
-        ["segment", "mem", "c_mem", "c_mem", "beyond"]
+    assert regions(mem_len=64, c_mem_len=32, compression_rate=4)[:5] == [
+        "segment",
+        "mem",
+        "c_mem",
+        "c_mem",
+        "beyond",
+    ]
     assert regions(mem_len=96, c_mem_len=0)[:5] == ["segment", "mem", "mem", "beyond", "beyond"]
     assert regions(mem_len=192, c_mem_len=0)[:5] == ["segment", "mem", "mem", "mem", "beyond"]
 
@@ -1108,7 +1555,9 @@ def test_a_characters_zone_is_what_a_one_layer_model_can_see():
     segment, then n_m = 4, then c * n_cm = 4 more beyond it) change their loss, in its stream
     (the changed character itself, now another target, aside)."""
     from contextlib import nullcontext
+
     from training import copies
+
     torch.manual_seed(0)
     model = make(n_layers=1, seq_len=4, mem_len=4, c_mem_len=2, compression_rate=2).eval()
     data = torch.randint(0, model.cfg.vocab_size, (61,))
@@ -1126,9 +1575,8 @@ def test_a_characters_zone_is_what_a_one_layer_model_can_see():
         assert moved == seen, q
 
 
-
-
 # ---------------------------------------------------------------- the memory picture --------------
+
 
 def position_coded(**overrides):
     """A model whose layer-0 memories say which text positions they hold: the token at position p
@@ -1147,8 +1595,10 @@ def held_positions(memory):
     return mem, c_mem
 
 
-@pytest.mark.parametrize("n_m, n_cm, c, f_c", [(7, 3, 3, "mean_pool"), (8, 2, 4, "max_pool"),
-                                               (7, 0, 3, "mean_pool"), (0, 0, 3, "mean_pool")])
+@pytest.mark.parametrize(
+    "n_m, n_cm, c, f_c",
+    [(7, 3, 3, "mean_pool"), (8, 2, 4, "max_pool"), (7, 0, 3, "mean_pool"), (0, 0, 3, "mean_pool")],
+)
 def test_the_pictures_fifo_bookkeeping_is_the_models_own_update_memory(n_m, n_cm, c, f_c):
     model = position_coded(mem_len=n_m, c_mem_len=n_cm, compression_rate=c, compression=f_c)
     lengths, start = [5, 5, 2, 5, 5, 5, 4, 5, 5], 3  # T = 2, 4, 5: not multiples of c
@@ -1182,9 +1632,11 @@ def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_t
     memory = None
     with torch.no_grad():  # the model's own memory before the query's segment (38-42)
         for a in range(3, 38, 5):
-            _, memory, _ = model(ids[a:a + 5][None], memory)
+            _, memory, _ = model(ids[a : a + 5][None], memory)
     mem, c_mem = held_positions(memory)
-    assert [s["positions"] for s in slots[:3]] == c_mem and [s["positions"][0] for s in slots[3:8]] == mem
+    assert [s["positions"] for s in slots[:3]] == c_mem and [
+        s["positions"][0] for s in slots[3:8]
+    ] == mem
     assert all(s["text"] == "".join(vocab[p] for p in s["positions"]) for s in slots)
     assert math.isclose(sum(s["attention"][0] for s in slots), 1.0, rel_tol=1e-6)  # no key missing
     # a layer made to look for one position's feature puts its largest weight on the slot of it
@@ -1196,10 +1648,12 @@ def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_t
         attn.content_bias.zero_()
         attn.content_bias[:, 0, 0] = 400.0
         for target in (25, 35):  # in c_mem, in mem
-            attn.qkv.weight[64:64 + 2 * d_head:d_head] = 0.0
+            attn.qkv.weight[64 : 64 + 2 * d_head : d_head] = 0.0
             attn.qkv.weight[[64, 64 + d_head], target] = 1.0
-            picture = memory_picture.memory_picture(model, ids, vocab, start=3, query=40, heads=True)
-            (k, weight), = memory_picture.strongest(picture)
+            picture = memory_picture.memory_picture(
+                model, ids, vocab, start=3, query=40, heads=True
+            )
+            ((k, weight),) = memory_picture.strongest(picture)
             assert target in picture.data["slots"][k]["positions"] and weight > 0.9
             by_head = picture.data["slots"][k]["attention_by_head"][0]
             assert math.isclose(sum(by_head) / 2, weight, rel_tol=1e-6)
@@ -1209,8 +1663,9 @@ def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_t
         memory_picture.memory_picture(FeedbackTransformer(tiny()), ids, vocab)
 
 
-def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text, tmp_path, capsys,
-                                                             monkeypatch):
+def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(
+    trained, small_text, tmp_path, capsys, monkeypatch
+):
     picture = ["--picture", "--data", small_text, "--device", "cpu"]
     with monkeypatch.context() as without:  # no matplotlib: the JSON, and one line saying so
         without.setitem(sys.modules, "matplotlib", None)
@@ -1221,16 +1676,18 @@ def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text
     # n_s 16, n_m 16, n_cm 8, c 2: by default 5 segments from 0, the query the last character;
     # before the query's segment 64-79, mem holds 48-63 and c_mem the pairs of 32-47
     assert (data["start"], data["seq_len"], data["query"]) == (0, 16, 79)
-    assert [s["positions"] for s in data["slots"]] == ([[p, p + 1] for p in range(32, 48, 2)]
-                                                       + [[p] for p in range(48, 80)])
-    val = open(small_text).read()[int(0.9 * 6000):]
+    assert [s["positions"] for s in data["slots"]] == (
+        [[p, p + 1] for p in range(32, 48, 2)] + [[p] for p in range(48, 80)]
+    )
+    val = open(small_text).read()[int(0.9 * 6000) :]
     assert all(s["text"] == "".join(val[p] for p in s["positions"]) for s in data["slots"])
     assert all(len(s["attention"]) == 2 for s in data["slots"])
     for flags, message in [  # bad input: one line each
-            (["--picture-query", "100000"], "the validation text has 600 characters"),
-            (["--picture-start", "-1"], "the validation text has 600 characters"),
-            (["--picture-start", "50", "--picture-query", "10"], "lies before --picture-start 50"),
-            (["--picture-start", "590"], "the validation text ends 10 characters after it")]:
+        (["--picture-query", "100000"], "the validation text has 600 characters"),
+        (["--picture-start", "-1"], "the validation text has 600 characters"),
+        (["--picture-start", "50", "--picture-query", "10"], "lies before --picture-start 50"),
+        (["--picture-start", "590"], "the validation text ends 10 characters after it"),
+    ]:
         assert ts.main(["--out", trained, *picture, *flags]) == 2
         assert message in error_line(capsys)
     assert ts.main(["--out", str(tmp_path / "none"), *picture]) == 2
@@ -1240,7 +1697,10 @@ def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
     from PIL import Image
-    assert ts.main(["--out", trained, *picture, "--picture-start", "16", "--picture-query", "60"]) == 0
+
+    assert (
+        ts.main(["--out", trained, *picture, "--picture-start", "16", "--picture-query", "60"]) == 0
+    )
     printed = capsys.readouterr().out
     for name in ("memory.json", "memory.png", "memory.gif"):
         assert f"wrote {os.path.join(trained, name)}" in printed
@@ -1251,7 +1711,9 @@ def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(trained, small_text
 
 
 def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
-    cfg = tiny(seq_len=8, mem_len=8, c_mem_len=4, compression_rate=2)  # c_mem: 9-16 before a segment
+    cfg = tiny(
+        seq_len=8, mem_len=8, c_mem_len=4, compression_rate=2
+    )  # c_mem: 9-16 before a segment
     answers = torch.tensor([[30, 12], [60, 13], [90, 20]])  # (the answer digit's position, D)
     start, query, fact = memory_picture.recall_query(cfg, answers, 200)
     # the '?' at 89 ends the segment 82-89; mem holds 74-81, c_mem 66-73; the fact's digit is 70
