@@ -1,6 +1,7 @@
 """The specification of compressive.py, as tests. Run: pytest -q
 
-This file needs only compressive.py, torch and pytest: a teacher can hand out the two files alone."""
+This file needs only compressive.py, torch and pytest: a teacher can hand out the two files
+alone."""
 
 import math
 
@@ -663,7 +664,7 @@ def test_a_training_step_never_waits_for_the_device(compression):
         loss.backward()
     assert memory.c_mem[0].shape == (2, 4, 16) and memory.c_mem[0].device.type == "meta"
     assert model.layers[0].attn.qkv.weight.grad.device.type == "meta"
-    with pytest.raises(Exception):  # what the meta device does to a host sync
+    with pytest.raises((RuntimeError, NotImplementedError)):  # a host sync on meta
         loss.item()
 
 
@@ -771,7 +772,7 @@ def test_tiny_training_run_lowers_the_loss():
     n = (len(streams) - 1) // 4
     rows = torch.stack([data[b * n : b * n + n + 1] for b in range(4)])
     losses, memory = [], None
-    for epoch in range(3):
+    for _ in range(3):  # epochs
         memory = None
         for start in range(0, n - 16 + 1, 16):
             x, y = rows[:, start : start + 16], rows[:, start + 1 : start + 17]

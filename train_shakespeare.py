@@ -179,8 +179,8 @@ def check_args(args) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Data (training/data.py: Tiny Shakespeare or --data FILE, split as nanoGPT's, the code corpus, or the
-# recall task's generated text), cut into parallel contiguous streams
+# Data (training/data.py: Tiny Shakespeare or --data FILE, split as nanoGPT's, the code corpus, or
+# the recall task's generated text), cut into parallel contiguous streams
 
 
 def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:

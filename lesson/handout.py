@@ -577,9 +577,8 @@ def write_table(readme: Optional[Path]) -> None:
         staging = readme.with_name(f".{readme.name}.tmp")
         staging.write_text(new, encoding="utf-8")
         os.replace(staging, readme)
-    print(
-        f"{readme}: the table of {len(checks)} exercises {'rewritten' if new != old else 'unchanged'}"
-    )
+    state = "rewritten" if new != old else "unchanged"
+    print(f"{readme}: the table of {len(checks)} exercises {state}")
 
 
 def verify() -> int:
@@ -629,7 +628,8 @@ def verify() -> int:
         f"verified in {time.perf_counter() - began:.0f} s: every check is exactly what blanking "
         f"its function fails"
         if not wrong
-        else f"error: {wrong} of {len(names) + 2} checks disagree (the table, the original, each exercise)"
+        else f"error: {wrong} of {len(names) + 2} checks disagree "
+        "(the table, the original, each exercise)"
     )
     return 1 if wrong else 0
 

@@ -344,11 +344,11 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     cfg, data = picture.cfg, picture.data
     slots, query, start = data["slots"], data["query"], data["start"]
     by_head = "attention_by_head" in slots[0]
-    rows = [(f"layer {l}", [s["attention"][l] for s in slots]) for l in range(cfg.n_layers)]
+    rows = [(f"layer {i}", [s["attention"][i] for s in slots]) for i in range(cfg.n_layers)]
     if by_head:
         rows = [
-            (f"layer {l} head {h}", [s["attention_by_head"][l][h] for s in slots])
-            for l in range(cfg.n_layers)
+            (f"layer {i} head {h}", [s["attention_by_head"][i][h] for s in slots])
+            for i in range(cfg.n_layers)
             for h in range(cfg.n_heads)
         ]
     first = slots[0]["positions"][0]
@@ -376,7 +376,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         y = line * per_line
         back = query - (first + line * width)
         ax.text(-0.6, y + 0.5, f"{back} back", ha="right", va="center", fontsize=7, color="#555555")
-        for r, (name, values) in enumerate(rows):
+        for r, (name, _) in enumerate(rows):
             ax.text(-0.6, y + 1.5 + r, name, ha="right", va="center", fontsize=7)
     for r, (name, values) in enumerate(rows):  # each row's strongest slot, at the right
         k = best[r]
