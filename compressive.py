@@ -446,6 +446,16 @@ def residual_and_feed_forward(layer, x, attended):
     return layer.ff_norm(a + layer.dropout(layer.ff(a)))
 
 
+def n_evicted(length: int, n_m: int, n_cm: int, c: int) -> int:
+    """How many of the oldest memories leave mem when it holds length of them after the append:
+    none while length <= n_m; beyond that the overflow, rounded up to whole blocks of c when they
+    are compressed (n_cm > 0), or exactly the overflow when they are dropped (n_cm = 0)."""
+    overflow = length - n_m
+    if overflow <= 0:
+        return 0
+    return overflow if n_cm == 0 else math.ceil(overflow / c) * c
+
+
 class CompressiveLayer(nn.Module):
     """One layer: attention over [c_mem; mem; h] and the feed-forward, its f_c, its FIFOs."""
 
@@ -490,10 +500,9 @@ class CompressiveLayer(nn.Module):
             return mem, c_mem, usage, recon
         usage = self.add_usage(usage, attended, c_mem.size(1), h.size(1))
         mem = torch.cat([mem, h.detach()], dim=1)  # append: [B, len + T, d]
-        overflow = mem.size(1) - n_m
-        if overflow <= 0:
+        n_evict = n_evicted(mem.size(1), n_m, n_cm, c)
+        if n_evict == 0:
             return mem, c_mem, usage, recon
-        n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c  # whole blocks of c
         old_mem, mem = mem[:, :n_evict], mem[:, n_evict:].contiguous()  # evict the oldest
         old_usage, usage = (
             (None, None) if usage is None else (usage[:, :n_evict], usage[:, n_evict:])

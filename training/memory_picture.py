@@ -44,7 +44,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from compressive import CompressiveTransformer
+from compressive import CompressiveTransformer, n_evicted
 
 from . import analysis, files
 from .checks import UserError
@@ -110,9 +110,8 @@ def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoSte
         evicted, compressed, dropped = [], [], []
         if n_m:
             mem = mem + segment
-            overflow = len(mem) - n_m
-            if overflow > 0:
-                n_evict = overflow if n_cm == 0 else math.ceil(overflow / c) * c
+            n_evict = n_evicted(len(mem), n_m, n_cm, c)
+            if n_evict:
                 evicted, mem = mem[:n_evict], mem[n_evict:]
                 if n_cm:
                     compressed = [evicted[i : i + c] for i in range(0, n_evict, c)]
