@@ -1,38 +1,57 @@
 """The Compressive Transformer in one file.
 
 Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for Long-Range Sequence
-Modelling", arXiv:1911.05507.  The file reads in the order of the paper's Algorithm 1:
+Modelling", arXiv:1911.05507.
 
-    1. configuration and the memory state carried between segments (emptied per row by reset)
-    2. Transformer-XL relative attention over [compressed memory; memory; segment]
-    3. the compression functions f_c (conv, max/mean pooling, overlapping max pooling, dilated
-       conv, most-used)
-    4. the reconstruction losses that train f_c (attention reconstruction, auto-encoding)
-    5. one layer: attend and feed forward, then update the two FIFOs
-    6. the language model, with generation
-    7. a relative for comparison: the Feedback Transformer (Fan et al. 2020), one memory shared
-       by all layers instead of one per layer
+The file follows the paper's Algorithm 1 from top to bottom:
+
+    1. the configuration
+    2. the memory state that one segment hands to the next
+    3. Transformer-XL relative attention over [compressed memory; memory; segment]
+    4. the compression functions f_c
+    5. the reconstruction losses that train f_c
+    6. one layer: attention and feed-forward, then the update of its two FIFOs
+    7. the language model, with generation
+
+What goes beyond the paper comes after, each part in a section of its own that a reader may skip:
+
+    8. episodes: rows of a batch that forget their past (Memory.reset)
+    9. a relative to compare with: the Feedback Transformer (Fan et al. 2020)
+    10. the checks of the public entry points, one clear error per mistake
 
 Symbols used throughout (the paper's):
-    n_s   segment length (tokens per forward during training; any T >= 1 is accepted)
+
+    n_s   segment length: tokens per forward in training (any T >= 1 is accepted)
     n_m   memory length: the most recent layer inputs h^(i), kept without gradient
     n_cm  compressed-memory length
     c     compression rate: c evicted memories become one compressed memory
-    f_c   the compression function, one per layer (``model.layers[i].compress``)
+    f_c   the compression function, one per layer (model.layers[i].compress)
 
 Tensors are batch first: [batch, time, d_model]. Memories are stored oldest first.
 
 Where this departs from the paper (each a choice a reader may want to undo):
-    - post-LN as in the paper, with a pre-LN option (``pre_norm=True``); GELU in the feed-forward
+
+    - post-LN as in the paper, with a pre-LN option (pre_norm=True); GELU in the feed-forward
     - Xavier-scale initialisation of every linear layer, an N(0, 1) embedding and an untied head
-    - a compressed slot sits at the relative distance of one position, like any memory: positions
-      count slots, not the c tokens behind each one
-    - overflow is evicted in whole blocks of c, so with T not a multiple of c mem may hold up to
-      c - 1 fewer than n_m for a while
+    - a compressed slot sits at the relative distance of one position, like any memory:
+      positions count slots, not the c tokens behind each one
+    - overflow is evicted in whole blocks of c, so when T is not a multiple of c, mem may hold
+      up to c - 1 fewer than n_m for a while
     - the conv f_c has a bias and starts as mean pooling plus noise
     - the attention reconstruction uses the layer's content queries q + u (the authors' code: q)
-    - two f_c not in the paper: ``overlap_max_pool`` (windows of c + 1, see its class) and the
-      residual ``dilated_conv`` stack
+    - two f_c that are not in the paper: overlap_max_pool (windows of c + 1, see its class) and
+      the residual dilated_conv stack
+
+Why it is fast (none of this changes what is computed):
+
+    - the queries are scaled by 1/sqrt(d_head) once, before the scores, and u and v with them
+    - W_r R is the same for every row of a batch, so the position scores fold the batch into the
+      rows of one product per head instead of copying W_r R once per row
+    - queries, keys and values are laid out head-major and contiguous, [B, H, time, d_head],
+      which the batched matmuls read fastest; keys and values are concatenated in that layout
+    - the causal mask is added to the scores (-inf hides a key) rather than applied with
+      masked_fill, which is cheaper forwards and backwards
+    - the conv f_c is one matmul over blocks of c laid side by side, not a Conv1d
 """
 
 import math
@@ -47,7 +66,7 @@ COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_co
 RECONSTRUCTIONS = ("attention", "autoencoding")
 
 
-# 1. Configuration and memory state ------------------------------------------------------------
+# 1. Configuration ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -58,64 +77,34 @@ class CompressiveConfig:
     n_layers: int = 4
     d_ff: int = 512
     dropout: float = 0.0
-    seq_len: int = 64  # n_s: training segment length
-    mem_len: int = 64  # n_m: 0 -> no memory at all (relative-attention transformer)
-    c_mem_len: int = 32  # n_cm: 0 -> Transformer-XL (evicted memories are dropped)
+    seq_len: int = 64  # n_s: the training segment length
+    mem_len: int = 64  # n_m; 0: no memory at all (a relative-attention transformer)
+    c_mem_len: int = 32  # n_cm; 0: Transformer-XL (evicted memories are dropped)
     compression_rate: int = 4  # c
     compression: str = "conv"  # f_c: one of COMPRESSIONS
-    reconstruction: str = "attention"  # loss that trains f_c: attention | autoencoding
-    pre_norm: bool = False  # post-LN, as in the paper and Transformer-XL; True -> pre-LN
+    reconstruction: str = "attention"  # the loss that trains f_c: one of RECONSTRUCTIONS
+    pre_norm: bool = False  # False: post-LN, as in the paper and Transformer-XL; True: pre-LN
 
     def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "d_model",
-            "n_heads",
-            "n_layers",
-            "d_ff",
-            "seq_len",
-            "compression_rate",
-            "mem_len",
-            "c_mem_len",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-            if value < (0 if name in ("mem_len", "c_mem_len") else 1):
-                raise ValueError(
-                    f"{name} must be {'>= 0' if 'mem' in name else 'positive'}, got {value}"
-                )
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(
-                f"unknown compression {self.compression!r}; choose one of {COMPRESSIONS}"
-            )
-        if self.reconstruction not in RECONSTRUCTIONS:
-            raise ValueError(
-                f"unknown reconstruction {self.reconstruction!r}; choose one of {RECONSTRUCTIONS}"
-            )
-        if 0 < self.mem_len < self.compression_rate and self.c_mem_len > 0:
-            # Eviction happens in whole blocks of c, so the memory must be able to hold a block.
-            raise ValueError(
-                f"mem_len ({self.mem_len}) must be >= compression_rate "
-                f"({self.compression_rate}) when c_mem_len > 0"
-            )
+        check_config(self)  # section 10
+
+
+# 2. The memory state ------------------------------------------------------------------------------
 
 
 class Memory(NamedTuple):
-    """What one forward hands to the next, per layer i (oldest first, never requiring grad).
+    """What one forward hands to the next. Per layer i, oldest first, never requiring grad:
 
-    mem[i]:   [batch, <= n_m, d_model]  inputs h^(i) of layer i for the most recent tokens
-    c_mem[i]: [batch, <= n_cm, d_model] compressed memories, f_c of what fell out of mem[i]
-    usage[i]: [batch, <= n_m] attention each memory slot received while in memory; only kept
-              for the most_used f_c, which keeps the most attended memories (else None)
-    since_reset: [batch] tokens fed to each row since reset() emptied it (inf: never); None
-              before any reset. The per-row account of the valid slots: every shape is kept."""
+    mem[i]:   [batch, <= n_m, d_model], the inputs h^(i) of layer i for the most recent tokens
+    c_mem[i]: [batch, <= n_cm, d_model], the compressed memories: f_c of what fell out of mem[i]
+
+    Two fields serve the extras of sections 4 and 8 and are None otherwise:
+
+    usage[i]:    [batch, <= n_m], the attention each mem slot has received; kept only for the
+                 most_used f_c, which keeps the most attended memories
+    since_reset: [batch], the tokens each row has been fed since Memory.reset emptied it
+                 (inf: never); None before any reset
+    """
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
@@ -123,52 +112,27 @@ class Memory(NamedTuple):
     since_reset: Optional[torch.Tensor] = None
 
     def reset(self, done: torch.Tensor) -> "Memory":
-        """Forget all that the rows where done ([batch] bool) is true held (an episode ended);
-        leave the others exactly as they are. A forgotten row's slots are zeroed, so nothing of its
-        past reaches f_c, its loss or usage; since_reset restarts at 0, which hides them from
-        attention."""
-        batch, device = self.mem[0].size(0), self.mem[0].device
-        if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
-            raise TypeError(f"done must be a bool tensor, got {getattr(done, 'dtype', type(done))}")
-        if done.shape != (batch,) or done.device != device:
-            raise ValueError(
-                f"done must have shape [{batch}] on {device}, like the memory; got "
-                f"{list(done.shape)} on {done.device}"
-            )
-        forget = lambda t: torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)  # noqa: E731
-        since = torch.where(done, 0.0, math.inf if self.since_reset is None else self.since_reset)
-        usage = None if self.usage is None else [forget(u) for u in self.usage]
-        return Memory([forget(t) for t in self.mem], [forget(t) for t in self.c_mem], usage, since)
+        """Forget everything the rows where done is true hold; section 8 says how."""
+        return forget_rows(self, done)
 
 
-def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
-    """Memory.reset's attention mask over the keys [c_mem; mem; n_new new tokens], [B, 1, 1, K]:
-    -inf on each slot holding a token older than its row's since_reset. mem's k-th newest slot lies
-    k tokens back; c_mem's k-th newest holds the c tokens before the (k-1)-th's (the 1st: those
-    before mem's oldest), so it reaches n_mem + k*c back. A block of c a reset cut is forgotten."""
-    device = since_reset.device
-    reaches_back = torch.cat(
-        [
-            n_mem + rate * torch.arange(n_c_mem, 0, -1, device=device),
-            torch.arange(n_mem, 0, -1, device=device),
-            torch.zeros(n_new, device=device),
-        ]
-    )  # [K]
-    mask = torch.zeros(since_reset.size(0), 1, 1, reaches_back.numel(), device=device)
-    return mask.masked_fill_(reaches_back > since_reset[:, None, None, None], float("-inf"))
-
-
-# 2. Transformer-XL relative attention ---------------------------------------------------------
+# 3. Transformer-XL relative attention -------------------------------------------------------------
 # With M = len(c_mem) + len(mem) memories and T segment tokens, the keys are the K = M + T
-# positions of [c_mem; mem; x]. Query i sits at position M + i and key j at position j, so their
-# relative distance is M + i - j; keys with a negative distance lie in the future and are masked.
-# The score is (Transformer-XL eq. in Dai et al. 2019, terms (a)+(c) and (b)+(d)):
-#     A_ij = (q_i + u) . k_j  +  (q_i + v) . W_r R_{M+i-j}
-# with sinusoidal R, learned projection W_r and learned biases u, v.
+# positions of [c_mem; mem; segment]. Query i sits at position M + i and key j at position j, so
+# their relative distance is M + i - j; keys at a negative distance lie in the future and are
+# masked. The score of query i on key j (Dai et al. 2019, section 3.3) has four terms:
+#
+#     A_ij =   q_i . k_j            (a) content: what the query looks for in the key
+#            + q_i . W_r R_{M+i-j}  (b) position: how far back the query looks
+#            + u . k_j              (c) a global bias towards some contents
+#            + v . W_r R_{M+i-j}    (d) a global bias towards some distances
+#
+# with sinusoidal R, a learned projection W_r and learned biases u and v. (a) + (c) is computed
+# as (q_i + u) . k_j and (b) + (d) as (q_i + v) . W_r R_{M+i-j}.
 
 
 def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Tensor:
-    """R for the distances n_positions-1, ..., 1, 0 (descending): [n_positions, d_model]."""
+    """R for the distances n_positions - 1, ..., 1, 0 (descending): [n_positions, d_model]."""
     distance = torch.arange(n_positions - 1, -1, -1.0, device=device)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d_model, 2.0, device=device) / d_model))
     angles = distance[:, None] * inv_freq[None, :]
@@ -179,17 +143,21 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     """Turn scores per (query, distance) into scores per (query, key), as a view.
 
     The answer (the student handout leaves out the rest of this docstring):
-    position_scores: [..., T, K+1]; column p holds distance K - p (column 0 is distance K, one more
-    than any key needs; the last column is distance 0). Returns [..., T, K] with
+    position_scores: [..., T, K+1]; column p holds distance K - p (column 0 is distance K, one
+    more than any key needs; the last column is distance 0). Returns [..., T, K] with
     out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
 
     Worked example, T = 2 queries, K = 3 keys (M = 1 memory), entries named by distance:
-        input rows  (distances 3 2 1 0):   q0: [3 2 1 0]     q1: [3 2 1 0]
-        flat:                              3 2 1 0 3 2 1 0
-        skip T = 2, read 2 rows of K = 3:  [1 0 3] [2 1 0]
-        q0 sees keys 0, 1 at distances 1, 0 (key 2 is its future: the causal mask hides the 3 that
-        wrapped in); q1 sees keys 0, 1, 2 at distances 2, 1, 0. Transformer-XL pads a zero column
-        and re-views; the spare distance-K column plays the pad's role, so nothing is copied."""
+
+        input rows (distances 3 2 1 0):   q0: [3 2 1 0]     q1: [3 2 1 0]
+        flat:                             3 2 1 0 3 2 1 0
+        skip T = 2, read 2 rows of K = 3: [1 0 3] [2 1 0]
+
+    q0 sees keys 0 and 1 at distances 1 and 0 (key 2 is in its future: the causal mask hides
+    the 3 that wrapped in); q1 sees keys 0, 1 and 2 at distances 2, 1 and 0. Transformer-XL pads
+    a zero column and re-views; the spare distance-K column plays the pad's role, so nothing is
+    copied.
+    """
     *batch, T, K_plus_1 = position_scores.shape
     K = K_plus_1 - 1
     flat = position_scores.reshape(*batch, T * K_plus_1)  # [..., T*(K+1)]
@@ -197,20 +165,20 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
 
 
 class Attended(NamedTuple):
-    """What one attention call computed. f_c's reconstruction loss reuses the content queries, keys
-    and values (detached there), and --analyze reads the weights (through a forward hook)."""
+    """What one attention call computed. f_c's reconstruction loss reuses the content queries,
+    keys and values (detached there); an analysis can read the weights through a forward hook."""
 
-    out: torch.Tensor  # [B, T, d] the attention's output, after W_o
-    weights: torch.Tensor  # [B, H, T, K] softmax over the keys [c_mem; mem; segment]
-    content_queries: torch.Tensor  # [B, H, T, d_head] (q + u) / sqrt(d_head)
+    out: torch.Tensor  # [B, T, d], the attention's output, after W_o
+    weights: torch.Tensor  # [B, H, T, K], the softmax over the keys [c_mem; mem; segment]
+    content_queries: torch.Tensor  # [B, H, T, d_head], (q + u) / sqrt(d_head)
     keys: torch.Tensor  # [B, H, K, d_head]
     values: torch.Tensor  # [B, H, K, d_head]
 
 
 class RelativeAttention(nn.Module):
-    """The attention itself, given queries, keys and values: scores with the relative-position
-    terms, the softmax and the output projection. Owns W_r, u, v and W_o; the projections that
-    make q, k and v belong to the caller (below, and the Feedback Transformer of section 7)."""
+    """The attention itself, given queries, keys and values: the four score terms, the softmax
+    and the output projection. It owns W_r, u, v and W_o; the projections that make q, k and v
+    belong to the caller (RelativeMultiHeadAttention below, and the Feedback Transformer)."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
@@ -218,10 +186,11 @@ class RelativeAttention(nn.Module):
         self.position = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_r
         self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # u
         self.position_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # v
-        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_o
         self.dropout = cfg.dropout
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, d] -> [B, H, T, d_head]
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, d] -> [B, H, T, d_head]."""
         return x.view(x.size(0), x.size(1), self.n_heads, self.d_head).transpose(1, 2)
 
     def project_positions(self, positions: torch.Tensor) -> torch.Tensor:
@@ -229,31 +198,36 @@ class RelativeAttention(nn.Module):
         return self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)
 
     def attend(self, q, keys, values, r, attn_mask) -> Attended:
-        """q: [B, H, T, d_head] queries, already scaled by 1/sqrt(d_head); keys, values:
-        [B, H, K, d_head]; r: W_r R for the distances K..0, [H, K+1, d_head]; attn_mask: added to
-        the scores, [T, K] or per row [B, 1, T, K]: -inf where a key lies in the query's future
-        or was forgotten by Memory.reset, else 0 (None: every key is visible)."""
+        """The scores A_ij, their softmax over the keys, and the weighted values.
+
+        q:         [B, H, T, d_head], the queries, already scaled by 1/sqrt(d_head)
+        keys:      [B, H, K, d_head]
+        values:    [B, H, K, d_head]
+        r:         [H, K+1, d_head], W_r R for the distances K, ..., 1, 0
+        attn_mask: [T, K], or [B, 1, T, K] per row, added to the scores: -inf where a key lies
+                   in the query's future (or was forgotten, section 8), else 0; None: every key
+                   is visible
+        """
         B, H, T, d_head = q.shape
         scale = d_head**-0.5
         content_q = q + self.content_bias * scale
-        content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c)
-        # (b) + (d). W_r R is the same for every row of the batch, so fold the batch into the rows
-        # of one product per head ([H, B*T, d_head] x [H, d_head, K+1]); broadcasting it instead
-        # would copy W_r R once per row, which costs as much as the product when T is 1.
+        content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
         position_q = (q + self.position_bias * scale).transpose(0, 1).reshape(H, B * T, d_head)
-        position = relative_shift(torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1))
-        scores = content.add_(position.transpose(0, 1))
-        if attn_mask is not None:  # a -inf bias hides the future (and the shift's wrapped
-            scores.add_(attn_mask)  # entries); cheaper than masked_fill, forwards and backwards
-        weights = scores.float().softmax(dim=-1).to(values.dtype)  # in float32 under fp16/bf16
+        position = torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1)  # (b) + (d)
+        position = relative_shift(position)  # per distance -> per key: [H, B, T, K]
+        scores = content.add_(position.transpose(0, 1))  # [B, H, T, K]
+        if attn_mask is not None:
+            scores.add_(attn_mask)
+        weights = scores.float().softmax(dim=-1).to(values.dtype)  # float32 under fp16 and bf16
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
-        out = self.out(torch.matmul(weights, values).transpose(1, 2).reshape(B, T, H * self.d_head))
+        out = torch.matmul(weights, values)  # [B, H, T, d_head]
+        out = self.out(out.transpose(1, 2).reshape(B, T, H * self.d_head))  # [B, T, d]
         return Attended(out, weights, content_q, keys, values)
 
 
 class RelativeMultiHeadAttention(RelativeAttention):
-    """Attention of the segment h over [c_mem; mem; h], with a W_q, W_k, W_v of its own."""
+    """The attention of a layer's segment h over [c_mem; mem; h], with W_q, W_k, W_v of its own."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__(cfg)
@@ -261,44 +235,47 @@ class RelativeMultiHeadAttention(RelativeAttention):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
 
     def forward(self, h, memories, positions, attn_mask) -> Attended:
-        """h: [B, T, d] segment; memories: [B, M, d] = [c_mem; mem] (normalised as h is);
-        positions: R for distances K..0, [K+1, d]; attn_mask: as attend's. The keys and values
-        are those of [c_mem; mem; h], K = M + T of them."""
+        """The keys and values are those of [c_mem; mem; h], K = M + T of them.
+
+        h:         [B, T, d], the segment
+        memories:  [B, M, d], [c_mem; mem], normalised as h is
+        positions: [K+1, d], R for the distances K, ..., 1, 0
+        attn_mask: as attend's
+        """
         d = h.size(-1)
-        q, k, v = self.qkv(h).chunk(3, dim=-1)
-        # memories need only keys and values: project them with the W_k, W_v rows of the matrix
-        k_mem, v_mem = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)
-        # The batched matmuls run fastest on head-major, contiguous [B, H, time, d_head] operands:
-        # split the heads before concatenating, so the cat writes keys and values in that layout,
-        # and copy q into it once (2-3% of a step at the README's reference size).
-        q = self.split_heads(q * self.d_head**-0.5).contiguous()  # scale folded into q (and u, v)
-        k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # of [c_mem; mem; h]
+        q, k, v = self.qkv(h).chunk(3, dim=-1)  # each [B, T, d]
+        # memories need only keys and values: the W_k, W_v rows of the matrix
+        k_mem, v_mem = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)  # [B, M, d]
+        q = self.split_heads(q * self.d_head**-0.5).contiguous()  # [B, H, T, d_head]
+        k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # [B, H, K, d_head]
         v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
         return self.attend(q, k, v, self.project_positions(positions), attn_mask)
 
 
-# 3. Compression functions f_c -----------------------------------------------------------------
+# 4. The compression functions f_c -----------------------------------------------------------------
 # Every f_c is called the same way, compressed = f_c(old_mem, following, usage):
-#     old_mem    [B, k*c, d]  the memories just evicted from mem, oldest first (k whole blocks of c)
-#     following  [B, >= 1, d] the memories still in mem after them (only overlap_max_pool reads it)
-#     usage      [B, k*c]     attention each evicted memory received (only most_used reads it)
-#     compressed [B, k, d]    one compressed memory per block of c
+#
+#     old_mem:    [B, k*c, d], the memories just evicted from mem, oldest first (k blocks of c)
+#     following:  [B, >= 1, d], the memories still in mem after them (only overlap_max_pool
+#                 reads it)
+#     usage:      [B, k*c], the attention each evicted memory received (only most_used reads it)
+#     compressed: [B, k, d], one compressed memory per block of c
 
 
 class ConvCompress(nn.Module):
     """The paper's best f_c: a 1-D convolution with kernel = stride = c.
 
-    The windows do not overlap, so the convolution is one linear map [c*d] -> [d] applied to each
-    block of c consecutive memories laid side by side: a single matmul on a free reshape (a Conv1d
-    does the same arithmetic, slower on CPU)."""
+    The windows do not overlap, so the convolution is one linear map [c*d] -> [d] applied to
+    each block of c consecutive memories laid side by side."""
 
     def __init__(self, d_model: int, rate: int):
         super().__init__()
         self.rate = rate
-        # Start as mean pooling (plus noise) so compressed memories carry meaning from step one;
-        # the reconstruction loss then moves it wherever helps attention most.
+        # Start as mean pooling (plus noise), so that compressed memories carry meaning from the
+        # first step; the reconstruction loss then moves f_c wherever it helps attention most.
         mean_pool = torch.eye(d_model).repeat(1, rate) / rate  # [d, c*d]
-        self.weight = nn.Parameter(mean_pool + torch.randn(d_model, rate * d_model) * 0.02 / rate)
+        noise = torch.randn(d_model, rate * d_model) * 0.02 / rate
+        self.weight = nn.Parameter(mean_pool + noise)
         self.bias = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
@@ -308,8 +285,8 @@ class ConvCompress(nn.Module):
 
 
 class DilatedConvCompress(nn.Module):
-    """Dilated convolutions (dilation 1, 2; residual, length kept) that mix neighbouring memories,
-    then the kernel = stride = c convolution that sets the rate."""
+    """Dilated convolutions (dilations 1 and 2, residual, length kept) that mix neighbouring
+    memories, then the kernel = stride = c convolution that sets the rate."""
 
     def __init__(self, d_model: int, rate: int):
         super().__init__()
@@ -317,7 +294,7 @@ class DilatedConvCompress(nn.Module):
             nn.Conv1d(d_model, d_model, kernel_size=3, dilation=dilation, padding=dilation)
             for dilation in (1, 2)
         )
-        for conv in self.dilated:  # start as identity: the residual branch begins near zero
+        for conv in self.dilated:  # start as the identity: the residual branch begins near zero
             nn.init.normal_(conv.weight, 0.0, 0.02 / math.sqrt(3 * d_model))
             nn.init.zeros_(conv.bias)
         self.reduce = ConvCompress(d_model, rate)
@@ -342,14 +319,14 @@ class PoolCompress(nn.Module):
 
 
 class OverlapMaxPoolCompress(nn.Module):
-    """Max pooling over windows of c + 1, stride c: each compressed memory keeps, per feature, the
-    largest value in its block of c and in the one memory after it (still in mem when the block is
-    evicted), so any two neighbouring memories lie whole inside one window.
+    """Max pooling over windows of c + 1 with stride c: each compressed memory keeps, per
+    feature, the largest value in its block of c and in the one memory after it (still in mem
+    when the block is evicted), so any two neighbouring memories lie whole inside one window.
 
-    With kernel = stride = c a block boundary parts two neighbours at one place in c. In layer 0,
-    whose memories are token embeddings, a pair such as a fact's marker and its value then lands
-    in two slots, and no slot holds both (the README's reach benchmark). Max, not mean, so that a
-    token's features survive undiluted whatever shares its window. No parameters."""
+    With kernel = stride = c, a block boundary parts two neighbours at one place in c. In layer
+    0, whose memories are token embeddings, a pair such as a fact's marker and its value then
+    lands in two slots, and no slot holds both (the README's reach benchmark). Max, not mean, so
+    that a token's features survive undiluted whatever shares its window. No parameters."""
 
     def __init__(self, rate: int):
         super().__init__()
@@ -361,8 +338,8 @@ class OverlapMaxPoolCompress(nn.Module):
 
 
 class MostUsedCompress(nn.Module):
-    """Keep the k of the k*c evicted memories that received the most attention while in memory,
-    in their original temporal order (no parameters)."""
+    """Keep the k of the k*c evicted memories that received the most attention while in
+    memory, in their original order in time (no parameters)."""
 
     def __init__(self, rate: int):
         super().__init__()
@@ -387,34 +364,43 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
     return PoolCompress(c, cfg.compression)
 
 
-# 4. Reconstruction losses: the only signal that trains f_c ------------------------------------
+# 5. The reconstruction losses: the only signal that trains f_c ------------------------------------
 # Compressed memories are stored without gradient, so the language-model loss never reaches f_c.
-# Instead f_c learns from an auxiliary loss on the memories it just compressed. Every input and
-# every parameter other than f_c's (and the auto-encoder's decoder) is detached, so this loss
+# Instead f_c learns from an auxiliary loss on the memories it has just compressed. Every input
+# and every parameter other than f_c's (and the auto-encoder's decoder) is detached, so this loss
 # cannot change what the rest of the network does.
 
 
 def content_attention(queries, keys, values):
-    """Attention without positions (term (a)+(c) only): [B, H, T, d_head] over [B, H, M, d_head].
-    The queries arrive already scaled by 1/sqrt(d_head)."""
+    """Attention without positions, terms (a) + (c) only.
+
+    queries: [B, H, T, d_head], already scaled by 1/sqrt(d_head)
+    keys:    [B, H, M, d_head]
+    values:  [B, H, M, d_head]
+    Returns [B, H, T, d_head].
+    """
     return torch.matmul(torch.matmul(queries, keys.transpose(-1, -2)).softmax(dim=-1), values)
 
 
 def attention_reconstruction_loss(
     layer: "CompressiveLayer", queries, old_keys, old_values, compressed
 ):
-    """Paper, Algorithm 2: || attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 (mean over elements),
-    with the layer's own content attention, frozen.
+    """The paper's Algorithm 2: || attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2, the mean over
+    the elements, with the layer's own content attention, frozen.
 
-    The layer's forward has just computed everything on the old_mem side: its content queries
-    of the current inputs h (queries, [B, H, T, d_head]) and the keys and values of the memories
-    it is now evicting (old_keys, old_values, [B, H, k*c, d_head]), all detached. Only the
-    compressed memories [B, k, d] are new; they are projected with detached weights, so the
-    gradient of this loss reaches f_c alone.
-    The authors' code uses the plain queries q, without the content bias u (see the module's
-    list of departures; the README's reach study compares the two)."""
+    The layer's forward has just computed everything on the old_mem side, all detached here:
+
+    queries:    [B, H, T, d_head], its content queries of the current inputs h
+    old_keys:   [B, H, k*c, d_head], the keys of the memories it is now evicting
+    old_values: [B, H, k*c, d_head], their values
+    compressed: [B, k, d], f_c(old_mem), the only new input; it is projected with detached
+                weights, so the gradient of this loss reaches f_c alone
+
+    The authors' code uses the plain queries q, without the content bias u (the module's list of
+    departures; the README's reach study compares the two).
+    """
     attn = layer.attn
-    if layer.pre_norm:  # attention sees normalised memories: use the layer's norm, frozen
+    if layer.pre_norm:  # the attention sees normalised memories: use the layer's norm, frozen
         norm = layer.attn_norm
         compressed = F.layer_norm(
             compressed, norm.normalized_shape, norm.weight.detach(), norm.bias.detach(), norm.eps
@@ -428,17 +414,19 @@ def attention_reconstruction_loss(
 
 
 def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
-    """The paper's alternative: reconstruct the old memories [B, k*c, d] from their compression."""
+    """The paper's alternative: reconstruct the old memories [B, k*c, d] from their compression
+    [B, k, d]."""
     decoded = decoder(compressed.transpose(1, 2)).transpose(1, 2)
     return F.mse_loss(decoded.float(), old_mem.float())
 
 
-# 5. One layer: attention over [c_mem; mem; h] and the feed-forward, then the memory update ----
+# 6. One layer: attention over [c_mem; mem; h] and the feed-forward, then the two FIFOs ------------
 
 
 def residual_and_feed_forward(layer, x, attended):
-    """The rest of a layer after attention. Post-LN, as in the paper: a = LN(x + attn),
-    out = LN(a + mlp(a)); pre-LN (the attention saw LN(x)): a = x + attn, out = a + mlp(LN(a))."""
+    """The rest of a layer after attention. Post-LN, as in the paper:
+    a = LN(x + attn), out = LN(a + mlp(a)). Pre-LN (the attention saw LN(x)):
+    a = x + attn, out = a + mlp(LN(a))."""
     if layer.pre_norm:
         a = x + layer.dropout(attended)
         return a + layer.dropout(layer.ff(layer.ff_norm(a)))
@@ -469,8 +457,8 @@ class CompressiveLayer(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model)
         )
         self.dropout = nn.Dropout(cfg.dropout)
-        # f_c, only where something is ever compressed (not for Transformer-XL, n_cm = 0, nor
-        # without memory), so those models carry no idle weights
+        # f_c only where something is ever compressed: Transformer-XL (n_cm = 0) and a model
+        # without memory carry no idle weights
         compresses = cfg.mem_len > 0 and cfg.c_mem_len > 0
         self.compress = make_compression(cfg) if compresses else None
         self.reconstructs = compresses and any(p.requires_grad for p in self.compress.parameters())
@@ -480,58 +468,78 @@ class CompressiveLayer(nn.Module):
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
 
     def forward(self, h, memories, positions, attn_mask):
-        """h: [B, T, d] the layer input h^(i); memories: [B, M, d] = [c_mem; mem] of this layer.
-        Returns the layer output [B, T, d] and the Attended of its attention (section 2)."""
+        """Attention over [c_mem; mem; h], then the feed-forward.
+
+        h:         [B, T, d], the layer's input h^(i)
+        memories:  [B, M, d], [c_mem; mem] of this layer
+        positions: [K+1, d], R for the distances K, ..., 0
+        attn_mask: [T, K] or [B, 1, T, K], added to the scores
+        Returns the layer's output [B, T, d] and the Attended of its attention (section 3).
+        """
         norm = self.attn_norm if self.pre_norm else (lambda x: x)  # pre-LN: normalised inputs
         attended = self.attn(norm(h), norm(memories), positions, attn_mask)
         return residual_and_feed_forward(self, h, attended.out), attended
 
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
-        """The two FIFOs (paper, Algorithm 1): append the layer inputs h of the new tokens to mem,
-        detached; what overflows n_m is evicted in whole blocks of c (n_cm = 0, Transformer-XL:
-        exactly the overflow, dropped), compressed by f_c(old_mem, the mem left after it, their
-        usage) and appended, detached, to c_mem, which keeps its newest n_cm (n_m = 0: nothing is
-        kept). attended: this layer's attention over [c_mem; mem; h]; usage: attention per mem slot
-        (most_used's, else None: add_usage below). Returns the new (mem, c_mem, usage) and f_c's
-        loss (0-dim; 0 unless self.reconstructs: reconstruction_loss below, n_held = len(c_mem))."""
+        """The two FIFOs of the paper's Algorithm 1.
+
+        1. Append the layer inputs h of the new tokens to mem, detached.
+        2. When mem holds more than n_m, evict its oldest memories in whole blocks of c
+           (n_evicted). Transformer-XL (n_cm = 0) evicts exactly the overflow and drops it.
+        3. Compress what was evicted: f_c(old_mem, the mem left after it, their usage).
+        4. Append the compressed memories to c_mem, detached, and keep its newest n_cm.
+
+        With n_m = 0 nothing is kept. mem and c_mem come back contiguous in memory.
+
+        h:        [B, T, d], this layer's inputs for the new tokens
+        mem:      [B, n_mem, d]
+        c_mem:    [B, n_c_mem, d]
+        usage:    [B, n_mem], the attention per mem slot for the most_used f_c, else None
+                  (add_usage keeps it)
+        attended: this layer's attention over [c_mem; mem; h]
+        Returns the new mem, c_mem and usage, and f_c's loss, 0-dim: 0 unless self.reconstructs
+        (reconstruction_loss below).
+        """
         n_m, n_cm, c = self.cfg.mem_len, self.cfg.c_mem_len, self.cfg.compression_rate
         recon = h.new_zeros(())
         if n_m == 0:  # no memory at all
             return mem, c_mem, usage, recon
         usage = self.add_usage(usage, attended, c_mem.size(1), h.size(1))
-        mem = torch.cat([mem, h.detach()], dim=1)  # append: [B, len + T, d]
+        mem = torch.cat([mem, h.detach()], dim=1)  # append: [B, n_mem + T, d]
         n_evict = n_evicted(mem.size(1), n_m, n_cm, c)
         if n_evict == 0:
             return mem, c_mem, usage, recon
         old_mem, mem = mem[:, :n_evict], mem[:, n_evict:].contiguous()  # evict the oldest
-        old_usage, usage = (
-            (None, None) if usage is None else (usage[:, :n_evict], usage[:, n_evict:])
-        )
-        if n_cm == 0:  # Transformer-XL: forget
+        old_usage = None
+        if usage is not None:
+            old_usage, usage = usage[:, :n_evict], usage[:, n_evict:]
+        if n_cm == 0:  # Transformer-XL: forget them
             return mem, c_mem, usage, recon
         compressed = self.compress(old_mem, mem, old_usage)  # f_c: [B, n_evict / c, d]
         if self.reconstructs:
             recon = self.reconstruction_loss(old_mem, compressed, attended, c_mem.size(1))
-        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)[
-            :, -n_cm:
-        ].contiguous()  # newest n_cm
+        c_mem = torch.cat([c_mem, compressed.detach()], dim=1)  # [B, n_c_mem + n_evict / c, d]
+        c_mem = c_mem[:, -n_cm:].contiguous()  # its newest n_cm
         return mem, c_mem, usage, recon
 
     @staticmethod
-    def add_usage(usage, attended: Attended, n_held: int, n_new: int):
-        """most_used's bookkeeping: add the attention each mem slot received in this forward (mem's
-        keys come after the n_held of c_mem), then open a zero slot for each of the n_new inputs."""
+    def add_usage(usage, attended: Attended, n_c_mem: int, n_new: int):
+        """The most_used f_c's bookkeeping: add the attention each mem slot received in this
+        forward (mem's keys come after the n_c_mem keys of c_mem), then open a zero slot for each
+        of the n_new inputs."""
         if usage is None:
             return None
-        received = attended.weights[..., n_held : n_held + usage.size(1)].detach().sum(dim=(1, 2))
+        mem_keys = slice(n_c_mem, n_c_mem + usage.size(1))
+        received = attended.weights[..., mem_keys].detach().sum(dim=(1, 2))  # [B, n_mem]
         return torch.cat([usage + received, usage.new_zeros(usage.size(0), n_new)], dim=1)
 
-    def reconstruction_loss(self, old_mem, compressed, attended: Attended, n_held: int):
-        """f_c's auxiliary loss (section 4) on the memories it has just compressed."""
+    def reconstruction_loss(self, old_mem, compressed, attended: Attended, n_c_mem: int):
+        """f_c's auxiliary loss (section 5) on the memories it has just compressed; old_mem's
+        keys are the first keys after the n_c_mem keys of c_mem."""
         if self.decoder is not None:
             return autoencoding_loss(self.decoder, old_mem, compressed)
-        old = slice(n_held, n_held + old_mem.size(1))  # the evicted memories are the first keys
-        return attention_reconstruction_loss(  # after c_mem's
+        old = slice(n_c_mem, n_c_mem + old_mem.size(1))
+        return attention_reconstruction_loss(
             self,
             attended.content_queries.detach(),
             attended.keys[:, :, old].detach(),
@@ -540,16 +548,22 @@ class CompressiveLayer(nn.Module):
         )
 
 
-# 6. The language model ------------------------------------------------------------------------
+# 7. The language model ----------------------------------------------------------------------------
 
 
 class LanguageModel(nn.Module):
-    """What the two language models of this file (sections 6 and 7) share. Their contract:
-    logits [B, T, vocab], memory, aux_loss = model(tokens [B, T], memory or None), aux_loss
-    being f_c's 0-dim loss to add to the LM loss (0 where there is none); the same without the
-    embedding and the head (inputs that are not token ids, outputs that are not logits): h,
-    memory, aux_loss = model.hidden_states(x [B, T, d_model], memory); model.reach(): how far
-    back each region of the context reaches; model.check_memory raises what forward would."""
+    """What the two language models of this file (the Compressive Transformer below and the
+    Feedback Transformer of section 9) share. Their contract:
+
+        logits, memory, aux_loss = model(tokens, memory)
+            tokens [B, T] of ids, memory a Memory or None; logits [B, T, vocab]; aux_loss is
+            f_c's 0-dim loss, to add to the language-model loss (0 where there is none)
+        h, memory, aux_loss = model.hidden_states(x, memory)
+            the same without the embedding and the head, for inputs that are not token ids and
+            outputs that are not logits: x and h are [B, T, d_model]
+        model.reach()
+            how far back each region of the context reaches
+    """
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
@@ -569,98 +583,16 @@ class LanguageModel(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def check_tokens(self, tokens, check_ids: bool = False):
-        """The checks every call makes; the ids' range only where it costs nothing (CPU tensors,
-        not under torch.compile) or check_ids asks: on an accelerator it would wait for the device
-        on every call, so an id out of range there fails inside the embedding instead."""
-        if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be 2-D [batch, time], got shape {tuple(tokens.shape)}")
-        if tokens.size(0) == 0 or tokens.size(1) == 0:
-            raise ValueError(
-                f"tokens must hold at least one token per row, got shape {tuple(tokens.shape)}"
-            )
-        if not (check_ids or tokens.device.type == "cpu" and not torch.compiler.is_compiling()):
-            return
-        if bool(((tokens < 0) | (tokens >= self.cfg.vocab_size)).any()):
-            raise ValueError(
-                f"token ids must lie in [0, {self.cfg.vocab_size}), got values in "
-                f"[{int(tokens.min())}, {int(tokens.max())}]"
-            )
-
-    def check_inputs(self, x) -> None:
-        """The checks hidden_states makes on its inputs x [batch, time, d_model]."""
-        weight = self.embed.weight
-        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-            raise TypeError(
-                f"x must be a floating-point torch.Tensor (token ids go to forward), "
-                f"got {getattr(x, 'dtype', type(x).__name__)}"
-            )
-        if x.dim() != 3 or x.size(0) == 0 or x.size(1) == 0 or x.size(2) != self.cfg.d_model:
-            raise ValueError(
-                f"x must have shape [batch >= 1, time >= 1, d_model = "
-                f"{self.cfg.d_model}], got {list(x.shape)}"
-            )
-        if x.device != weight.device:
-            raise ValueError(f"x is on {x.device}, the model on {weight.device}")
-        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(
-                f"x has dtype {x.dtype}, the model {weight.dtype}: convert one, or run "
-                f"under torch.autocast"
-            )
-
     def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
-        """tokens: LongTensor [batch, T]; memory: the Memory returned by the previous call or None.
-        Returns (logits [batch, T, vocab], new Memory, auxiliary loss (0-dim)): the embedding,
-        then hidden_states, then the head."""
-        self.check_tokens(tokens)
+        """The embedding, then hidden_states, then the head.
+
+        tokens: [B, T], token ids
+        memory: the Memory returned by the previous call, or None
+        Returns the logits [B, T, vocab], the new Memory and the auxiliary loss (0-dim).
+        """
+        check_tokens(self, tokens)
         h, memory, aux_loss = self.hidden_states(self.dropout(self.embed(tokens)), memory)
         return self.head(h), memory, aux_loss
-
-    def check_memory(self, memory, batch_size: int, device) -> None:
-        """The ValueError/TypeError that forward would raise for this memory."""
-        if not isinstance(memory, Memory):
-            raise TypeError(
-                f"memory must be a Memory returned by the model or None, "
-                f"got {type(memory).__name__}"
-            )
-        expected = self.empty_memory(1, device="meta")
-        if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
-            raise ValueError(
-                f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem "
-                f"tensors; this model keeps {len(expected.mem)} / {len(expected.c_mem)} "
-                f"(one of each per layer; Feedback: one mem tensor for all layers)"
-            )
-        limits = {"mem": self.cfg.mem_len, "c_mem": self.cfg.c_mem_len}
-        for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
-            for i, t in enumerate(tensors):
-                if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != self.cfg.d_model:
-                    raise ValueError(
-                        f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
-                        f"[{batch_size}, <= {limits[name]}, {self.cfg.d_model}] "
-                        f"(batch size and d_model must match the tokens and model)"
-                    )
-                if t.size(1) != tensors[0].size(1) or t.size(1) > limits[name]:
-                    raise ValueError(
-                        f"memory.{name}[{i}] holds {t.size(1)} entries; all layers "
-                        f"must hold the same number, at most {limits[name]}"
-                    )
-                if t.device != device:
-                    raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
-        since = memory.since_reset
-        if since is not None and not (
-            isinstance(since, torch.Tensor)
-            and since.device == device
-            and since.shape == (batch_size,)
-            and since.is_floating_point()
-        ):
-            raise ValueError(
-                f"memory.since_reset must be None or a float tensor [{batch_size}] on "
-                f"{device}, as Memory.reset makes it"
-            )
 
     @torch.no_grad()
     def generate(
@@ -670,16 +602,10 @@ class LanguageModel(nn.Module):
         temperature: float = 1.0,
         top_k: Optional[int] = None,
     ) -> torch.Tensor:
-        """Feed the prompt in segments of n_s, then sample one token at a time through the
-        memory, so each new token costs the same however long the text grows.
-        Returns [batch, T0 + max_new_tokens]."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-        self.check_tokens(prompt, check_ids=True)
+        """Feed the prompt [B, T0] in segments of n_s, then sample one token at a time through
+        the memory, so each new token costs the same however long the text grows. Returns
+        [B, T0 + max_new_tokens]."""
+        check_generate_arguments(self, prompt, max_new_tokens, temperature, top_k)
         was_training = self.training
         self.eval()
         memory, out = None, [prompt]
@@ -697,52 +623,61 @@ class LanguageModel(nn.Module):
         self.train(was_training)
         return torch.cat(out, dim=1)
 
+    def check_memory(self, memory, batch_size: int, device) -> None:
+        """The ValueError or TypeError that forward would raise for this memory (section 10)."""
+        check_memory(self, memory, batch_size, device)
+
 
 class CompressiveTransformer(LanguageModel):
-    """The Compressive Transformer language model (n_cm = 0: Transformer-XL; n_m = 0: no memory)."""
+    """The Compressive Transformer language model (n_cm = 0: Transformer-XL; n_m = 0: no
+    memory)."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__(cfg)
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
-        # Untied output head; the embedding keeps PyTorch's N(0, 1) start. Post-LN, every other
-        # layer input is a LayerNorm output of unit scale, so layer 0's inputs and memories then
-        # look like the rest.
+        # An untied output head. The embedding keeps PyTorch's N(0, 1) start: post-LN, every
+        # other layer's input is a LayerNorm output of unit scale, so layer 0's inputs and
+        # memories then look like the rest.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self.init_weights)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
-        empty = lambda: self.embed.weight.new_zeros(
-            batch_size, 0, self.cfg.d_model, device=device, dtype=dtype
-        )
+        def empty():
+            weight = self.embed.weight
+            return weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
+
         return Memory([empty() for _ in self.layers], [empty() for _ in self.layers])
 
     def reach(self):
-        """The last token of a segment sees its segment n_s back, then mem n_m further, then c_mem
-        c * n_cm further (an earlier token sees as far, less its distance from the end)."""
+        """[(region, how far back it reaches)] for the last token of a segment: its segment
+        n_s back, then mem n_m further, then c_mem c * n_cm further. An earlier token of the
+        segment sees as far, less its distance from the segment's end."""
         cfg = self.cfg
         edges = [("segment", cfg.seq_len)]
         if cfg.mem_len:
-            edges.append(("mem", cfg.mem_len + cfg.seq_len))
+            edges.append(("mem", cfg.seq_len + cfg.mem_len))
         if cfg.mem_len and cfg.c_mem_len:
-            edges.append(
-                ("c_mem", cfg.mem_len + cfg.compression_rate * cfg.c_mem_len + cfg.seq_len)
-            )
+            c_mem_reach = cfg.compression_rate * cfg.c_mem_len
+            edges.append(("c_mem", cfg.seq_len + cfg.mem_len + c_mem_reach))
         return edges
 
     def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
-        """x: [batch, T, d_model], the first layer's input h^(1) (forward passes the embedded
-        tokens); memory: the Memory returned by the previous call or None. Returns (the last
-        layer's output [batch, T, d_model], after the final norm where pre-LN; the new Memory;
-        f_c's reconstruction loss, 0-dim). After Memory.reset, f_c's loss still counts the blocks
-        a forgotten row's zeroed slots make, which hold nothing of its past."""
-        self.check_inputs(x)
+        """The paper's Algorithm 1 for one segment, through every layer.
+
+        x:      [B, T, d_model], the first layer's input h^(1) (forward passes the embedded
+                tokens)
+        memory: the Memory returned by the previous call, or None
+        Returns the last layer's output [B, T, d_model] (after the final norm when pre-LN), the
+        new Memory, and f_c's reconstruction loss (0-dim).
+        """
+        check_inputs(self, x)
         B, T, _ = x.shape
         h = x  # h^(1)
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
-        self.check_memory(memory, B, h.device)
-        usage = [None] * self.cfg.n_layers  # attention per memory slot, for the most_used f_c only
+        check_memory(self, memory, B, h.device)
+        usage = [None] * self.cfg.n_layers  # attention per mem slot, for the most_used f_c only
         if self.cfg.compression == "most_used":
             usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
@@ -751,14 +686,11 @@ class CompressiveTransformer(LanguageModel):
         M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
         attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
-        if memory.since_reset is not None:  # hide each row's slots from before its reset
-            attn_mask = attn_mask + reset_mask(
-                memory.since_reset,
-                n_c_mem,
-                n_mem,  # [B, 1, T, K]
-                self.cfg.compression_rate,
-                T,
+        if memory.since_reset is not None:  # per row: hide what a reset forgot (section 8)
+            since_reset_mask = reset_mask(
+                memory.since_reset, n_c_mem, n_mem, self.cfg.compression_rate, T
             )
+            attn_mask = attn_mask + since_reset_mask  # [B, 1, T, K]
 
         new_mem, new_c_mem, new_usage = [], [], []
         recon_loss = h.new_zeros(())
@@ -779,18 +711,69 @@ class CompressiveTransformer(LanguageModel):
         return self.out_norm(h), memory, recon_loss
 
 
-# 7. A relative for comparison: the Feedback Transformer ---------------------------------------
+# Beyond the paper ================================================================================
+# The sections below extend the model for uses the paper does not cover, and check the inputs
+# of the public entry points. A reader who came for the paper's algorithm may stop here.
+
+
+# 8. Episodes: rows of a batch that forget their past ----------------------------------------------
+# A batch is B independent streams. When one of them ends (an agent's episode, a document) and
+# another begins in its row, that row must forget its past while the other rows carry on.
+# Memory.reset(done) does this between calls. Every shape stays as it is, so the batch still runs
+# as one tensor program: a forgotten row's slots are zeroed, so nothing of its past reaches f_c,
+# its loss or usage, and since_reset counts the tokens it has been fed since, which hides the
+# forgotten slots from attention.
+
+
+def forget_rows(memory: Memory, done: torch.Tensor) -> Memory:
+    """Memory.reset: forget all that the rows where done ([batch] bool) is true hold, and leave
+    the others exactly as they are."""
+    check_done(memory, done)
+
+    def forget(t):
+        return torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)
+
+    since_reset = memory.since_reset
+    since_reset = torch.where(done, 0.0, math.inf if since_reset is None else since_reset)
+    usage = None if memory.usage is None else [forget(u) for u in memory.usage]
+    mem, c_mem = [forget(t) for t in memory.mem], [forget(t) for t in memory.c_mem]
+    return Memory(mem, c_mem, usage, since_reset)
+
+
+def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
+    """The attention mask of Memory.reset over the keys [c_mem; mem; n_new new tokens],
+    [B, 1, 1, K]: -inf on each slot holding a token older than its row's since_reset.
+
+    mem's k-th newest slot lies k tokens back. c_mem's k-th newest slot holds the c tokens
+    before the (k-1)-th's (the first: those before mem's oldest), so it reaches n_mem + k*c back.
+    A block of c that a reset cut is forgotten whole.
+    """
+    device = since_reset.device
+    reaches_back = torch.cat(
+        [
+            n_mem + rate * torch.arange(n_c_mem, 0, -1, device=device),
+            torch.arange(n_mem, 0, -1, device=device),
+            torch.zeros(n_new, device=device),
+        ]
+    )  # [K]
+    mask = torch.zeros(since_reset.size(0), 1, 1, reaches_back.numel(), device=device)
+    return mask.masked_fill_(reaches_back > since_reset[:, None, None, None], float("-inf"))
+
+
+# 9. A relative to compare with: the Feedback Transformer ------------------------------------------
 # Fan, Lavril, Grave, Joulin, Sukhbaatar (2020), "Addressing Some Limitations of Transformers with
 # Feedback Memory", arXiv:2002.09402. Above, every layer remembers its own past inputs, so layer i
-# never sees how a higher layer understood the past. Here one memory serves all layers: the memory
-# vector of step t mixes the embedding and every layer's output at step t,
+# never sees how a higher layer understood the past. Here one memory serves all layers: the
+# memory vector of step t mixes the embedding and every layer's output at step t,
+#
 #     m_t = sum_l softmax(w)_l x_t^l        (l = 0 is the embedding, l = L the last layer),
-# and at step t every layer attends over [m_(t-n_m), ..., m_(t-1); its own input x_t^(l-1)] with
-# the relative attention of section 2. The price is recurrence: m_(t-1) needs every layer at step
-# t-1, so a segment's tokens go through one at a time, the one loop over time in this file. W_k and
-# W_v are shared by all layers (the paper's faster variant), so each memory vector is projected
-# once, when it is made. The memory is a Memory holding one tensor, mem = [the last n_m memory
-# vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
+#
+# and at step t every layer attends over [m_(t-n_m), ..., m_(t-1); its own input x_t^(l-1)]
+# with the relative attention of section 3. The price is recurrence: m_(t-1) needs every layer
+# at step t-1, so a segment's tokens go through one at a time, the one loop over time in this
+# file. W_k and W_v are shared by all layers (the paper's faster variant), so each memory vector
+# is projected once, when it is made. The memory is a Memory holding one tensor,
+# mem = [the last n_m memory vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
 
 
 class FeedbackLayer(nn.Module):
@@ -809,10 +792,15 @@ class FeedbackLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, keys, values, r, shared_kv, attn_mask=None):
-        """One step of one layer. x: [B, 1, d] its input x_t^(l-1); keys, values: [B, H, W, d_head]
-        of the last W memory vectors; r: W_r R for the distances W+1..0 (section 2); shared_kv:
-        the model's W_k, W_v, for the current input, which is a key too; attn_mask: None, or
-        [B, 1, 1, W+1] with -inf on the memory vectors a reset forgot."""
+        """One step of one layer.
+
+        x:         [B, 1, d], its input x_t^(l-1)
+        keys:      [B, H, W, d_head], the keys of the last W memory vectors
+        values:    [B, H, W, d_head], their values
+        r:         [H, W+2, d_head], W_r R for the distances W+1, ..., 0 (section 3)
+        shared_kv: the model's W_k, W_v, for the current input, which is a key too
+        attn_mask: None, or [B, 1, 1, W+1] with -inf on the memory vectors a reset forgot
+        """
         attn = self.attn
         k, v = shared_kv(x)
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
@@ -832,7 +820,7 @@ class FeedbackTransformer(LanguageModel):
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model, bias=False)  # W_k, W_v of every layer
         # Pre-LN, the residual stream is not normalised, and here it would feed itself (m_t mixes
         # it, its values join the next step's stream, ...) until it overflows. So keys and values
-        # are made from normalised vectors, as in section 5's layers.
+        # are made from normalised vectors, as in section 6's layers.
         self.kv_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.layers = nn.ModuleList(FeedbackLayer(cfg) for _ in range(cfg.n_layers))
         self.mix = nn.Parameter(torch.zeros(cfg.n_layers + 1))  # w; softmax(0) starts as the mean
@@ -841,9 +829,8 @@ class FeedbackTransformer(LanguageModel):
         self.apply(self.init_weights)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
-        empty = self.embed.weight.new_zeros(
-            batch_size, 0, self.cfg.d_model, device=device, dtype=dtype
-        )
+        weight = self.embed.weight
+        empty = weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
         return Memory([empty], [])
 
     def shared_kv(self, x):
@@ -852,14 +839,19 @@ class FeedbackTransformer(LanguageModel):
         return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
     def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
-        """x: [batch, T, d_model], x^0 of every step (forward passes the embedded tokens). Returns
-        as section 6's: the outputs [batch, T, d_model], the new Memory and a zero (no auxiliary
-        loss). Gradients flow through the memory vectors made inside the segment, not into it."""
-        self.check_inputs(x)
+        """The recurrence over the steps of a segment.
+
+        x:      [B, T, d_model], x^0 of every step (forward passes the embedded tokens)
+        memory: the Memory returned by the previous call, or None
+        Returns as CompressiveTransformer.hidden_states does: the outputs [B, T, d_model], the
+        new Memory and a zero (no auxiliary loss). Gradients flow through the memory vectors made
+        inside the segment, not into the memory carried in.
+        """
+        check_inputs(self, x)
         B, T, _ = x.shape
         if memory is None:
             memory = self.empty_memory(B, device=x.device, dtype=x.dtype)
-        self.check_memory(memory, B, x.device)
+        check_memory(self, memory, B, x.device)
         n_m = self.cfg.mem_len
         keys, values = self.shared_kv(memory.mem[0])
         # R and every layer's W_r R once per segment: step t slices the distances it needs
@@ -889,3 +881,158 @@ class FeedbackTransformer(LanguageModel):
     def reach(self):
         """Every token sees the last n_m memory vectors, wherever it sits in its segment."""
         return [("mem", self.cfg.mem_len)]
+
+
+# 10. The checks of the public entry points --------------------------------------------------------
+# Each raises one ValueError or TypeError that says what is wrong, before any computation. None
+# reads a value back from an accelerator, so none makes the host wait for the device (the token
+# ids' range is checked only where that is free).
+
+
+def check_config(cfg: CompressiveConfig) -> None:
+    for name in (
+        "vocab_size",
+        "d_model",
+        "n_heads",
+        "n_layers",
+        "d_ff",
+        "seq_len",
+        "compression_rate",
+        "mem_len",
+        "c_mem_len",
+    ):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < (0 if name in ("mem_len", "c_mem_len") else 1):
+            raise ValueError(
+                f"{name} must be {'>= 0' if 'mem' in name else 'positive'}, got {value}"
+            )
+    if cfg.d_model % cfg.n_heads:
+        raise ValueError(f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads})")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.compression not in COMPRESSIONS:
+        raise ValueError(f"unknown compression {cfg.compression!r}; choose one of {COMPRESSIONS}")
+    if cfg.reconstruction not in RECONSTRUCTIONS:
+        raise ValueError(
+            f"unknown reconstruction {cfg.reconstruction!r}; choose one of {RECONSTRUCTIONS}"
+        )
+    if 0 < cfg.mem_len < cfg.compression_rate and cfg.c_mem_len > 0:
+        # Eviction happens in whole blocks of c, so the memory must be able to hold a block.
+        raise ValueError(
+            f"mem_len ({cfg.mem_len}) must be >= compression_rate "
+            f"({cfg.compression_rate}) when c_mem_len > 0"
+        )
+
+
+def check_tokens(model: LanguageModel, tokens, check_ids: bool = False) -> None:
+    """The checks of every forward. The ids' range only where it costs nothing (CPU tensors, not
+    under torch.compile) or check_ids asks: on an accelerator it would wait for the device on
+    every call, so an id out of range there fails inside the embedding instead."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be 2-D [batch, time], got shape {tuple(tokens.shape)}")
+    if tokens.size(0) == 0 or tokens.size(1) == 0:
+        raise ValueError(
+            f"tokens must hold at least one token per row, got shape {tuple(tokens.shape)}"
+        )
+    on_cpu = tokens.device.type == "cpu" and not torch.compiler.is_compiling()
+    if not (check_ids or on_cpu):
+        return
+    vocab_size = model.cfg.vocab_size
+    if bool(((tokens < 0) | (tokens >= vocab_size)).any()):
+        raise ValueError(
+            f"token ids must lie in [0, {vocab_size}), got values in "
+            f"[{int(tokens.min())}, {int(tokens.max())}]"
+        )
+
+
+def check_inputs(model: LanguageModel, x) -> None:
+    """The checks hidden_states makes on its inputs x [batch, time, d_model]."""
+    weight = model.embed.weight
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        raise TypeError(
+            f"x must be a floating-point torch.Tensor (token ids go to forward), "
+            f"got {getattr(x, 'dtype', type(x).__name__)}"
+        )
+    d_model = model.cfg.d_model
+    if x.dim() != 3 or x.size(0) == 0 or x.size(1) == 0 or x.size(2) != d_model:
+        raise ValueError(
+            f"x must have shape [batch >= 1, time >= 1, d_model = {d_model}], got {list(x.shape)}"
+        )
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device}, the model on {weight.device}")
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"x has dtype {x.dtype}, the model {weight.dtype}: convert one, or run under "
+            f"torch.autocast"
+        )
+
+
+def check_memory(model: LanguageModel, memory, batch_size: int, device) -> None:
+    """The checks every call makes on the memory it is handed."""
+    if not isinstance(memory, Memory):
+        raise TypeError(
+            f"memory must be a Memory returned by the model or None, got {type(memory).__name__}"
+        )
+    expected = model.empty_memory(1, device="meta")
+    if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
+        raise ValueError(
+            f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; this model "
+            f"keeps {len(expected.mem)} / {len(expected.c_mem)} (one of each per layer; "
+            f"Feedback: one mem tensor for all layers)"
+        )
+    cfg = model.cfg
+    limits = {"mem": cfg.mem_len, "c_mem": cfg.c_mem_len}
+    for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
+        for i, t in enumerate(tensors):
+            if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != cfg.d_model:
+                raise ValueError(
+                    f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
+                    f"[{batch_size}, <= {limits[name]}, {cfg.d_model}] "
+                    f"(batch size and d_model must match the tokens and model)"
+                )
+            if t.size(1) != tensors[0].size(1) or t.size(1) > limits[name]:
+                raise ValueError(
+                    f"memory.{name}[{i}] holds {t.size(1)} entries; all layers must hold the "
+                    f"same number, at most {limits[name]}"
+                )
+            if t.device != device:
+                raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
+    since = memory.since_reset
+    if since is not None and not (
+        isinstance(since, torch.Tensor)
+        and since.device == device
+        and since.shape == (batch_size,)
+        and since.is_floating_point()
+    ):
+        raise ValueError(
+            f"memory.since_reset must be None or a float tensor [{batch_size}] on "
+            f"{device}, as Memory.reset makes it"
+        )
+
+
+def check_done(memory: Memory, done) -> None:
+    """The checks of Memory.reset."""
+    batch, device = memory.mem[0].size(0), memory.mem[0].device
+    if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
+        raise TypeError(f"done must be a bool tensor, got {getattr(done, 'dtype', type(done))}")
+    if done.shape != (batch,) or done.device != device:
+        raise ValueError(
+            f"done must have shape [{batch}] on {device}, like the memory; got "
+            f"{list(done.shape)} on {done.device}"
+        )
+
+
+def check_generate_arguments(model, prompt, max_new_tokens, temperature, top_k) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    check_tokens(model, prompt, check_ids=True)
