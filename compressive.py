@@ -61,6 +61,7 @@ from typing import List, NamedTuple, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 COMPRESSIONS = ("conv", "max_pool", "mean_pool", "overlap_max_pool", "dilated_conv", "most_used")
 RECONSTRUCTIONS = ("attention", "autoencoding")
@@ -86,7 +87,7 @@ class CompressiveConfig:
     pre_norm: bool = False  # False: post-LN, as in the paper and Transformer-XL; True: pre-LN
 
     def __post_init__(self):
-        check_config(self)  # section 10
+        check_config(self)  # section 11
 
 
 # 2. The memory state ------------------------------------------------------------------------------
@@ -98,22 +99,46 @@ class Memory(NamedTuple):
     mem[i]:   [batch, <= n_m, d_model], the inputs h^(i) of layer i for the most recent tokens
     c_mem[i]: [batch, <= n_cm, d_model], the compressed memories: f_c of what fell out of mem[i]
 
-    Two fields serve the extras of sections 4 and 8 and are None otherwise:
+    Three fields serve the extras of sections 4, 8 and 9, and are None otherwise:
 
     usage[i]:    [batch, <= n_m], the attention each mem slot has received; kept only for the
                  most_used f_c, which keeps the most attended memories
-    since_reset: [batch], the tokens each row has been fed since Memory.reset emptied it
-                 (inf: never); None before any reset
+    since_start: [batch], the steps each row has been fed since its episode started (inf: no
+                 start seen); None until a start or a reset (section 8)
+    cache:       the keys and values of every memory slot, kept when the model runs in eval mode
+                 without gradient, so that the next step need not project them again (section 9)
+
+    A Memory is saved with torch.save and read back without running code, as
+    torch.load(f, weights_only=True) inside torch.serialization.safe_globals([Memory]); the
+    cache is left out of the file (the next call makes it again).
     """
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
     usage: Optional[List[torch.Tensor]] = None
-    since_reset: Optional[torch.Tensor] = None
+    since_start: Optional[torch.Tensor] = None
+    cache: Optional["KVCache"] = None
 
     def reset(self, done: torch.Tensor) -> "Memory":
-        """Forget everything the rows where done is true hold; section 8 says how."""
+        """Forget everything the rows where done ([batch] bool) is true hold: the same as a start
+        at the next call's first step (section 8)."""
         return forget_rows(self, done)
+
+    def to(self, device=None, dtype=None) -> "Memory":
+        """This memory on another device, or with mem and c_mem in another floating dtype (the
+        counts in usage and since_start keep theirs). The cache stays behind: the next call
+        makes it again."""
+
+        def moved(tensors, dtype=None):
+            return None if tensors is None else [t.to(device=device, dtype=dtype) for t in tensors]
+
+        since_start = None if self.since_start is None else self.since_start.to(device)
+        return Memory(
+            moved(self.mem, dtype), moved(self.c_mem, dtype), moved(self.usage), since_start
+        )
+
+    def __reduce__(self):  # what torch.save writes: the memory without its cache
+        return (Memory, (self.mem, self.c_mem, self.usage, self.since_start))
 
 
 # 3. Transformer-XL relative attention -------------------------------------------------------------
@@ -234,21 +259,29 @@ class RelativeMultiHeadAttention(RelativeAttention):
         # W_q, W_k, W_v in one matrix: the segment needs all three, memories only keys and values
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
 
-    def forward(self, h, memories, positions, attn_mask) -> Attended:
+    def memory_keys_values(self, memories):
+        """The keys and values of memories [B, M, d], with the W_k and W_v rows of the matrix:
+        each [B, H, M, d_head]."""
+        d = memories.size(-1)
+        k, v = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)  # [B, M, d]
+        return self.split_heads(k), self.split_heads(v)
+
+    def forward(self, h, memories, positions, attn_mask, memory_kv=None) -> Attended:
         """The keys and values are those of [c_mem; mem; h], K = M + T of them.
 
         h:         [B, T, d], the segment
         memories:  [B, M, d], [c_mem; mem], normalised as h is
         positions: [K+1, d], R for the distances K, ..., 1, 0
         attn_mask: as attend's
+        memory_kv: the keys and values of memories when they are known already (section 9),
+                   else None
         """
-        d = h.size(-1)
         q, k, v = self.qkv(h).chunk(3, dim=-1)  # each [B, T, d]
-        # memories need only keys and values: the W_k, W_v rows of the matrix
-        k_mem, v_mem = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)  # [B, M, d]
+        # memories need only keys and values
+        k_mem, v_mem = self.memory_keys_values(memories) if memory_kv is None else memory_kv
         q = self.split_heads(q * self.d_head**-0.5).contiguous()  # [B, H, T, d_head]
-        k = torch.cat([self.split_heads(k_mem), self.split_heads(k)], dim=2)  # [B, H, K, d_head]
-        v = torch.cat([self.split_heads(v_mem), self.split_heads(v)], dim=2)
+        k = torch.cat([k_mem, self.split_heads(k)], dim=2)  # [B, H, K, d_head]
+        v = torch.cat([v_mem, self.split_heads(v)], dim=2)
         return self.attend(q, k, v, self.project_positions(positions), attn_mask)
 
 
@@ -467,18 +500,26 @@ class CompressiveLayer(nn.Module):
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
 
-    def forward(self, h, memories, positions, attn_mask):
+    def forward(self, h, memories, positions, attn_mask, memory_kv=None):
         """Attention over [c_mem; mem; h], then the feed-forward.
 
         h:         [B, T, d], the layer's input h^(i)
         memories:  [B, M, d], [c_mem; mem] of this layer
         positions: [K+1, d], R for the distances K, ..., 0
         attn_mask: [T, K] or [B, 1, T, K], added to the scores
+        memory_kv: the keys and values of memories when they are known already (section 9)
         Returns the layer's output [B, T, d] and the Attended of its attention (section 3).
         """
         norm = self.attn_norm if self.pre_norm else (lambda x: x)  # pre-LN: normalised inputs
-        attended = self.attn(norm(h), norm(memories), positions, attn_mask)
+        memories = None if memory_kv is not None else norm(memories)
+        attended = self.attn(norm(h), memories, positions, attn_mask, memory_kv)
         return residual_and_feed_forward(self, h, attended.out), attended
+
+    def memory_keys_values(self, memories):
+        """The keys and values [B, H, M, d_head] this layer's attention makes of memories
+        [B, M, d]."""
+        norm = self.attn_norm if self.pre_norm else (lambda x: x)
+        return self.attn.memory_keys_values(norm(memories))
 
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
         """The two FIFOs of the paper's Algorithm 1.
@@ -572,6 +613,9 @@ class LanguageModel(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
+        # Which weights a memory's cache was made by (section 9): renewed when they may change.
+        self.weights_token = object()
+        self.register_load_state_dict_post_hook(renew_weights_token)
 
     @staticmethod
     def init_weights(module):
@@ -583,15 +627,22 @@ class LanguageModel(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        memory: Optional[Memory] = None,
+        starts: Optional[torch.Tensor] = None,
+    ):
         """The embedding, then hidden_states, then the head.
 
         tokens: [B, T], token ids
         memory: the Memory returned by the previous call, or None
+        starts: None, or [B, T] bool, true where a new document or episode begins (section 8)
         Returns the logits [B, T, vocab], the new Memory and the auxiliary loss (0-dim).
         """
         check_tokens(self, tokens)
-        h, memory, aux_loss = self.hidden_states(self.dropout(self.embed(tokens)), memory)
+        x = self.dropout(self.embed(tokens))
+        h, memory, aux_loss = self.hidden_states(x, memory, starts)
         return self.head(h), memory, aux_loss
 
     @torch.no_grad()
@@ -623,9 +674,14 @@ class LanguageModel(nn.Module):
         self.train(was_training)
         return torch.cat(out, dim=1)
 
-    def check_memory(self, memory, batch_size: int, device) -> None:
-        """The ValueError or TypeError that forward would raise for this memory (section 10)."""
-        check_memory(self, memory, batch_size, device)
+    def train(self, mode: bool = True):
+        if mode != self.training:  # training changes the weights: caches go stale (section 9)
+            renew_weights_token(self)
+        return super().train(mode)
+
+    def check_memory(self, memory, batch_size: int, device, dtype=None) -> None:
+        """The ValueError or TypeError that forward would raise for this memory (section 11)."""
+        check_memory(self, memory, batch_size, device, dtype)
 
 
 class CompressiveTransformer(LanguageModel):
@@ -662,12 +718,24 @@ class CompressiveTransformer(LanguageModel):
             edges.append(("c_mem", cfg.seq_len + cfg.mem_len + c_mem_reach))
         return edges
 
-    def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
+    def blank_keys_values(self):
+        """Per layer, the key and value [1, H, 1, d_head] of a zeroed slot (section 9)."""
+        zero = self.embed.weight.new_zeros(1, 1, self.cfg.d_model)
+        return [layer.memory_keys_values(zero) for layer in self.layers]
+
+    def hidden_states(
+        self,
+        x: torch.Tensor,
+        memory: Optional[Memory] = None,
+        starts: Optional[torch.Tensor] = None,
+    ):
         """The paper's Algorithm 1 for one segment, through every layer.
 
         x:      [B, T, d_model], the first layer's input h^(1) (forward passes the embedded
                 tokens)
         memory: the Memory returned by the previous call, or None
+        starts: None, or [B, T] bool, true at the first step of a new episode: that step and
+                the ones after it see nothing of what came before (section 8)
         Returns the last layer's output [B, T, d_model] (after the final norm when pre-LN), the
         new Memory, and f_c's reconstruction loss (0-dim).
         """
@@ -676,7 +744,8 @@ class CompressiveTransformer(LanguageModel):
         h = x  # h^(1)
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
-        check_memory(self, memory, B, h.device)
+        check_memory(self, memory, B, h.device, h.dtype)
+        check_starts(starts, B, T, h.device)
         usage = [None] * self.cfg.n_layers  # attention per mem slot, for the most_used f_c only
         if self.cfg.compression == "most_used":
             usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
@@ -686,28 +755,45 @@ class CompressiveTransformer(LanguageModel):
         M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
         attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
-        if memory.since_reset is not None:  # per row: hide what a reset forgot (section 8)
-            since_reset_mask = reset_mask(
-                memory.since_reset, n_c_mem, n_mem, self.cfg.compression_rate, T
-            )
-            attn_mask = attn_mask + since_reset_mask  # [B, 1, T, K]
+        episodes = None
+        if starts is not None or memory.since_start is not None:  # section 8
+            episodes = Episodes(memory.since_start, starts, n_c_mem, n_mem, self.cfg, T)
+            attn_mask = attn_mask + episodes.mask  # [B, 1, T, K]: each step sees its episode
+        cache = usable_cache(self, memory, h)  # section 9: None unless acting in eval mode
 
-        new_mem, new_c_mem, new_usage = [], [], []
+        new_mem, new_c_mem, new_usage, new_kv = [], [], [], []
         recon_loss = h.new_zeros(())
         for i, layer in enumerate(self.layers):  # Algorithm 1, per layer:
             mem, c_mem = memory.mem[i], memory.c_mem[i]
+            memory_kv = None if cache is None else (cache.keys[i], cache.values[i])
             # attend from the segment over [c_mem; mem; h], then feed forward
-            out, attended = layer(h, torch.cat([c_mem, mem], dim=1), positions, attn_mask)
+            out, attended = layer(
+                h, torch.cat([c_mem, mem], dim=1), positions, attn_mask, memory_kv
+            )
+            inputs = h
+            if starts is not None:  # a row's memory keeps only its latest episode (section 8)
+                inputs, mem, c_mem, usage[i], attended = episodes.forget(
+                    layer, h, mem, c_mem, usage[i], attended
+                )
             # then move the layer's inputs h into mem, and what overflows through f_c into c_mem
-            mem, c_mem, layer_usage, recon = layer.update_memory(h, mem, c_mem, usage[i], attended)
+            mem, c_mem, layer_usage, recon = layer.update_memory(
+                inputs, mem, c_mem, usage[i], attended
+            )
+            if acting(self):  # keep the keys and values of the new memory (section 9)
+                new_kv.append(keys_values_after_update(layer, attended, n_c_mem, mem, c_mem))
             new_mem.append(mem)
             new_c_mem.append(c_mem)
             new_usage.append(layer_usage)
             recon_loss = recon_loss + recon
             h = out  # h^(i+1)
         tracks_usage = self.cfg.compression == "most_used"
-        since_reset = None if memory.since_reset is None else memory.since_reset + T
-        memory = Memory(new_mem, new_c_mem, new_usage if tracks_usage else None, since_reset)
+        memory = Memory(
+            new_mem,
+            new_c_mem,
+            new_usage if tracks_usage else None,
+            None if episodes is None else episodes.since_start_after,
+            make_cache(self, new_kv, cache) if acting(self) else None,
+        )
         return self.out_norm(h), memory, recon_loss
 
 
@@ -717,50 +803,216 @@ class CompressiveTransformer(LanguageModel):
 
 
 # 8. Episodes: rows of a batch that forget their past ----------------------------------------------
-# A batch is B independent streams. When one of them ends (an agent's episode, a document) and
-# another begins in its row, that row must forget its past while the other rows carry on.
-# Memory.reset(done) does this between calls. Every shape stays as it is, so the batch still runs
-# as one tensor program: a forgotten row's slots are zeroed, so nothing of its past reaches f_c,
-# its loss or usage, and since_reset counts the tokens it has been fed since, which hides the
-# forgotten slots from attention.
+# A batch is B independent streams. When the episode of one of them ends (an agent's episode, a
+# document in a stream of packed documents) and a new one begins in its row, the new episode must
+# see nothing of the old one, while the other rows carry on. There are two ways to say where an
+# episode begins:
+#
+#     starts [B, T] (hidden_states and forward): true at the first step of a new episode,
+#         anywhere in the call
+#     Memory.reset(done) between two calls: the same as a start at the next call's first step
+#
+# Every shape stays as it is, so the batch still runs as one tensor program, without a host sync:
+#
+#     attention: step t of row b sees only the keys of its own episode (a mask per row)
+#     memory: before the FIFOs move, what precedes a row's latest start is zeroed, so nothing of
+#         it reaches mem, c_mem, f_c, f_c's loss or usage; since_start counts the steps of each
+#         row's episode, which tells later calls what they may see
+#
+# A block of c that a start cuts holds f_c of the block with the earlier episode's memories
+# zeroed: the new episode's part alone. It stays visible to the new episode, so none of its first
+# steps is lost. Where the start falls on a block boundary, the blocks are those a fresh start
+# makes. (The reconstruction loss of the call that holds a start still counts the queries before
+# it, which belong to the old episode; from the next call on, a row's loss is its episode's own.)
+
+
+def key_positions(n_c_mem: int, n_mem: int, n_new: int, rate: int, device) -> torch.Tensor:
+    """The position of the newest step each key of [c_mem; mem; n_new new steps] holds, counted
+    from the first new step (position 0): [K], float. mem's k-th newest slot is at -k. c_mem's
+    k-th newest slot holds the c steps before the (k-1)-th's (the first: those before mem's
+    oldest), so its newest step is at -(n_mem + (k - 1) c + 1)."""
+    c_mem = -(n_mem + rate * torch.arange(n_c_mem - 1, -1, -1, device=device) + 1)
+    mem = -torch.arange(n_mem, 0, -1, device=device)
+    new = torch.arange(n_new, device=device)
+    return torch.cat([c_mem, mem, new]).float()
+
+
+def episode_mask(begun: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """-inf where a key lies before the step where its query's episode began, else 0.
+    begun: [B, T], that position for each query; positions: [K], key_positions. Returns
+    [B, 1, T, K]."""
+    before = positions[None, None, :] < begun[:, :, None]  # [B, T, K]
+    return torch.zeros(before.shape, device=begun.device).masked_fill_(before, float("-inf"))[
+        :, None
+    ]
+
+
+class Episodes:
+    """Where the episode of each step of one call began, and what follows for its attention and
+    its memory. since_start: the Memory's, or None; starts: [B, T] bool, or None."""
+
+    def __init__(self, since_start, starts, n_c_mem: int, n_mem: int, cfg: CompressiveConfig, T):
+        device = (since_start if since_start is not None else starts).device
+        B = (since_start if since_start is not None else starts).size(0)
+        self.sizes = (n_c_mem, n_mem, T)
+        # begun[b, t]: where step t's episode began; -since_start when before this call, -inf
+        # when no start was ever seen, else the latest start at or before t
+        if since_start is None:
+            begun = torch.full((B, T), float("-inf"), device=device)
+        else:
+            begun = (-since_start)[:, None].expand(B, T)
+        if starts is not None:
+            steps = torch.arange(T, device=device, dtype=torch.float).expand(B, T)
+            latest = torch.where(starts, steps, float("-inf")).cummax(dim=1).values
+            begun = torch.maximum(begun, latest)
+        self.begun = begun  # [B, T]
+        self.positions = key_positions(n_c_mem, n_mem, T, cfg.compression_rate, device)  # [K]
+        self.mask = episode_mask(begun, self.positions)  # [B, 1, T, K]
+        self.since_start_after = T - begun[:, -1]  # [B]: the steps of each row's latest episode
+
+    def forget(self, layer, h, mem, c_mem, usage, attended: Attended):
+        """Zero what precedes each row's latest start, in the layer's memory and its new inputs
+        h, before update_memory moves them. Returns h, mem, c_mem, usage and attended, as
+        update_memory takes them: usage keeps only what the latest episode's queries gave, and
+        the keys and values of a zeroed slot become those of a zero vector, for f_c's loss."""
+        keep = self.positions[None, :] >= self.begun[:, -1:]  # [B, K]: the latest episode's
+        keep_c_mem, keep_mem, keep_new = keep.split(self.sizes, dim=1)
+        h = torch.where(keep_new[..., None], h, 0)
+        mem = torch.where(keep_mem[..., None], mem, 0)
+        c_mem = torch.where(keep_c_mem[..., None], c_mem, 0)
+        weights = attended.weights
+        if usage is not None:
+            usage = torch.where(keep_mem, usage, 0)
+            weights = torch.where(keep_new[:, None, :, None], weights, 0)  # queries' rows
+        blank_k, blank_v = layer.memory_keys_values(h.new_zeros(1, 1, h.size(-1)))
+        keep = keep[:, None, :, None]  # [B, 1, K, 1]
+        keys = torch.where(keep, attended.keys, blank_k)
+        values = torch.where(keep, attended.values, blank_v)
+        return h, mem, c_mem, usage, attended._replace(weights=weights, keys=keys, values=values)
 
 
 def forget_rows(memory: Memory, done: torch.Tensor) -> Memory:
     """Memory.reset: forget all that the rows where done ([batch] bool) is true hold, and leave
-    the others exactly as they are."""
+    the others exactly as they are. On the first call there is no memory to reset: give that call
+    starts instead (or reset model.empty_memory(batch))."""
     check_done(memory, done)
 
-    def forget(t):
-        return torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)
+    def forget(t, blank=0):
+        return torch.where(done.view(-1, *[1] * (t.dim() - 1)), blank, t)
 
-    since_reset = memory.since_reset
-    since_reset = torch.where(done, 0.0, math.inf if since_reset is None else since_reset)
+    since_start = memory.since_start
+    since_start = torch.where(done, 0.0, math.inf if since_start is None else since_start)
     usage = None if memory.usage is None else [forget(u) for u in memory.usage]
     mem, c_mem = [forget(t) for t in memory.mem], [forget(t) for t in memory.c_mem]
-    return Memory(mem, c_mem, usage, since_reset)
+    cache = memory.cache
+    if cache is not None:  # a zeroed slot's keys and values are those of a zero vector
+        keys = [forget(k, blank) for k, blank in zip(cache.keys, cache.blank_keys)]
+        values = [forget(v, blank) for v, blank in zip(cache.values, cache.blank_values)]
+        cache = cache._replace(keys=keys, values=values)
+    return Memory(mem, c_mem, usage, since_start, cache)
 
 
-def reset_mask(since_reset, n_c_mem: int, n_mem: int, rate: int, n_new: int) -> torch.Tensor:
-    """The attention mask of Memory.reset over the keys [c_mem; mem; n_new new tokens],
-    [B, 1, 1, K]: -inf on each slot holding a token older than its row's since_reset.
+# 9. Acting one step at a time: the memory's keys and values kept ----------------------------------
+# An agent acts, and generate samples, one step per call: T = 1. Each such call would project the
+# keys and values of all n_cm + n_m memory slots of every layer again, though only one slot is
+# new. With relative attention a slot's key and value do not depend on where it sits (positions
+# enter through W_r R alone), so they stay what they were when the slot was made. In eval mode
+# without gradient (acting, not training) a Memory therefore carries them in its cache, and a
+# call projects only its own steps and the compressed memories it has just made.
+#
+# A cache belongs to the weights that made it. An optimizer step (any optimizer's), a
+# load_state_dict, or a switch between train and eval mode makes every cache of the model stale,
+# and the next call projects every slot again. Change the weights in any other way (in place,
+# under no_grad) and hand the model memory._replace(cache=None).
 
-    mem's k-th newest slot lies k tokens back. c_mem's k-th newest slot holds the c tokens
-    before the (k-1)-th's (the first: those before mem's oldest), so it reaches n_mem + k*c back.
-    A block of c that a reset cut is forgotten whole.
-    """
-    device = since_reset.device
-    reaches_back = torch.cat(
-        [
-            n_mem + rate * torch.arange(n_c_mem, 0, -1, device=device),
-            torch.arange(n_mem, 0, -1, device=device),
-            torch.zeros(n_new, device=device),
-        ]
-    )  # [K]
-    mask = torch.zeros(since_reset.size(0), 1, 1, reaches_back.numel(), device=device)
-    return mask.masked_fill_(reaches_back > since_reset[:, None, None, None], float("-inf"))
+optimizer_steps = 0  # the steps taken by all torch optimizers of this process
 
 
-# 9. A relative to compare with: the Feedback Transformer ------------------------------------------
+def count_optimizer_step(optimizer, args, kwargs) -> None:
+    global optimizer_steps
+    optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(count_optimizer_step)
+
+
+def renew_weights_token(model, *unused) -> None:
+    model.weights_token = object()
+
+
+class KVCache(NamedTuple):
+    """The keys and values of a Memory's slots, per layer (the Feedback Transformer: of its one
+    memory), and those of a zero vector, which Memory.reset puts in a forgotten row."""
+
+    weights: tuple  # (the model's weights_token, optimizer_steps) when they were made
+    keys: List[torch.Tensor]  # [B, H, M, d_head], of [c_mem; mem]
+    values: List[torch.Tensor]  # [B, H, M, d_head]
+    blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]
+    blank_values: List[torch.Tensor]  # [1, H, 1, d_head]
+
+
+def acting(model: nn.Module) -> bool:
+    """Eval mode without gradient, outside torch.compile: where keys and values are kept."""
+    return not (model.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
+
+
+def usable_cache(model, memory: Memory, x: torch.Tensor) -> Optional[KVCache]:
+    """The memory's cache, when this call may use it: acting, with the weights that made it, for
+    these slots, in the dtype the projection would give now (autocast's, else x's)."""
+    cache = memory.cache
+    if (
+        cache is None
+        or not acting(model)
+        or cache.weights != (model.weights_token, optimizer_steps)
+    ):
+        return None
+    autocast = torch.is_autocast_enabled(x.device.type)
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    n_slots = memory.mem[0].size(1) + (memory.c_mem[0].size(1) if memory.c_mem else 0)
+    for keys in cache.keys:
+        if (
+            keys.dtype != dtype
+            or keys.device != x.device
+            or keys.shape[0::2] != (x.size(0), n_slots)
+        ):
+            return None
+    return cache
+
+
+def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem):
+    """The keys and values [B, H, M', d_head] of the updated [c_mem; mem], from those the
+    attention has just used ([c_mem; mem; segment], the segment's projected as its keys): only
+    the compressed memories made in this call are projected."""
+    K = attended.keys.size(2)
+    n_new_c_mem, n_new_mem = c_mem.size(1), mem.size(1)
+    n_evicted = K - n_c_mem - n_new_mem  # from [mem; segment]
+    n_made = n_evicted // layer.cfg.compression_rate if layer.compress is not None else 0
+    n_made = min(n_made, n_new_c_mem)  # the newest slots of c_mem
+    made_k = made_v = attended.keys[:, :, :0]
+    if n_made:
+        made_k, made_v = layer.memory_keys_values(c_mem[:, n_new_c_mem - n_made :])
+
+    def updated(kv, made):
+        c_mem_kv = torch.cat([kv[:, :, :n_c_mem], made], dim=2)  # the old c_mem's, then the new
+        c_mem_kv = c_mem_kv[:, :, c_mem_kv.size(2) - n_new_c_mem :]  # its newest n_new_c_mem
+        mem_kv = kv[:, :, K - n_new_mem :]  # mem is the newest n_new_mem of [mem; segment]
+        return torch.cat([c_mem_kv, mem_kv], dim=2)
+
+    return updated(attended.keys, made_k), updated(attended.values, made_v)
+
+
+def make_cache(model, keys_values, previous: Optional[KVCache]) -> KVCache:
+    """The cache of a new memory: keys_values, [(keys, values)] per layer."""
+    if previous is not None:
+        blank_keys, blank_values = previous.blank_keys, previous.blank_values
+    else:
+        blank_keys, blank_values = zip(*model.blank_keys_values())
+    keys, values = zip(*keys_values)
+    weights = (model.weights_token, optimizer_steps)
+    return KVCache(weights, list(keys), list(values), list(blank_keys), list(blank_values))
+
+
+# 10. A relative to compare with: the Feedback Transformer -----------------------------------------
 # Fan, Lavril, Grave, Joulin, Sukhbaatar (2020), "Addressing Some Limitations of Transformers with
 # Feedback Memory", arXiv:2002.09402. Above, every layer remembers its own past inputs, so layer i
 # never sees how a higher layer understood the past. Here one memory serves all layers: the
@@ -838,11 +1090,21 @@ class FeedbackTransformer(LanguageModel):
         split = self.layers[0].attn.split_heads
         return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
-    def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
+    def blank_keys_values(self):
+        """The key and value [1, H, 1, d_head] of a zeroed memory vector (section 9)."""
+        return [self.shared_kv(self.embed.weight.new_zeros(1, 1, self.cfg.d_model))]
+
+    def hidden_states(
+        self,
+        x: torch.Tensor,
+        memory: Optional[Memory] = None,
+        starts: Optional[torch.Tensor] = None,
+    ):
         """The recurrence over the steps of a segment.
 
         x:      [B, T, d_model], x^0 of every step (forward passes the embedded tokens)
         memory: the Memory returned by the previous call, or None
+        starts: None, or [B, T] bool, true at the first step of a new episode (section 8)
         Returns as CompressiveTransformer.hidden_states does: the outputs [B, T, d_model], the
         new Memory and a zero (no auxiliary loss). Gradients flow through the memory vectors made
         inside the segment, not into the memory carried in.
@@ -851,20 +1113,32 @@ class FeedbackTransformer(LanguageModel):
         B, T, _ = x.shape
         if memory is None:
             memory = self.empty_memory(B, device=x.device, dtype=x.dtype)
-        check_memory(self, memory, B, x.device)
+        check_memory(self, memory, B, x.device, x.dtype)
+        check_starts(starts, B, T, x.device)
         n_m = self.cfg.mem_len
-        keys, values = self.shared_kv(memory.mem[0])
+        cache = usable_cache(self, memory, x)  # section 9
+        if cache is None:
+            keys, values = self.shared_kv(memory.mem[0])
+        else:
+            keys, values = cache.keys[0], cache.values[0]
         # R and every layer's W_r R once per segment: step t slices the distances it needs
         R = sinusoid_positions(n_m + 2, self.cfg.d_model, x.device).to(x.dtype)
         r = [layer.attn.project_positions(R) for layer in self.layers]
         mix = self.mix.softmax(dim=0)
+        # since: the steps of each row's episode before step t (section 8); None: all one episode
+        since = memory.since_start
+        if starts is not None and since is None:
+            since = torch.full((B,), math.inf, device=x.device)
         outputs, vectors, attn_mask = [], [], None
         for t in range(T):
             x_t = x[:, t : t + 1]  # x_t^0, then each layer's output
             m = mix[0] * x_t
             n_keys = keys.size(2) + 1  # the memory and x_t itself
-            if memory.since_reset is not None:  # hide each row's vectors from before its reset
-                attn_mask = reset_mask(memory.since_reset + t, 0, n_keys - 1, 1, 1)
+            if starts is not None:
+                since = torch.where(starts[:, t], 0.0, since)
+            if since is not None:  # hide the vectors of earlier episodes
+                positions = key_positions(0, n_keys - 1, 1, 1, x.device)
+                attn_mask = episode_mask(-since[:, None], positions)  # [B, 1, 1, n_keys]
             for i, layer in enumerate(self.layers):
                 x_t = layer(x_t, keys, values, r[i][:, -(n_keys + 1) :], self.shared_kv, attn_mask)
                 m = m + mix[i + 1] * x_t  # m_t, built as the layers run
@@ -873,17 +1147,29 @@ class FeedbackTransformer(LanguageModel):
             values = torch.cat([values, v], dim=2)[:, :, -n_m:]
             outputs.append(x_t)
             vectors.append(m)
+            if since is not None:
+                since = since + 1
         h = self.out_norm(torch.cat(outputs, dim=1))
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
-        since_reset = None if memory.since_reset is None else memory.since_reset + T
-        return h, Memory([new_memory], [], None, since_reset), h.new_zeros(())
+        new_cache = None
+        if starts is not None:  # keep only each row's latest episode (section 8)
+            n_vectors = new_memory.size(1)
+            keep = key_positions(0, n_vectors, 0, 1, x.device) >= -since[:, None]  # [B, n]
+            new_memory = torch.where(keep[..., None], new_memory, 0)
+            if acting(self):  # a zeroed vector's key and value are those of a zero vector
+                blank_k, blank_v = self.blank_keys_values()[0]
+                keys = torch.where(keep[:, None, :, None], keys, blank_k)
+                values = torch.where(keep[:, None, :, None], values, blank_v)
+        if acting(self):
+            new_cache = make_cache(self, [(keys, values)], cache)
+        return h, Memory([new_memory], [], None, since, new_cache), h.new_zeros(())
 
     def reach(self):
         """Every token sees the last n_m memory vectors, wherever it sits in its segment."""
         return [("mem", self.cfg.mem_len)]
 
 
-# 10. The checks of the public entry points --------------------------------------------------------
+# 11. The checks of the public entry points -------------------------------------------------------
 # Each raises one ValueError or TypeError that says what is wrong, before any computation. None
 # reads a value back from an accelerator, so none makes the host wait for the device (the token
 # ids' range is checked only where that is free).
@@ -973,8 +1259,8 @@ def check_inputs(model: LanguageModel, x) -> None:
         )
 
 
-def check_memory(model: LanguageModel, memory, batch_size: int, device) -> None:
-    """The checks every call makes on the memory it is handed."""
+def check_memory(model: LanguageModel, memory, batch_size: int, device, dtype=None) -> None:
+    """The checks every call makes on the memory it is handed; dtype: the inputs'."""
     if not isinstance(memory, Memory):
         raise TypeError(
             f"memory must be a Memory returned by the model or None, got {type(memory).__name__}"
@@ -990,6 +1276,10 @@ def check_memory(model: LanguageModel, memory, batch_size: int, device) -> None:
     limits = {"mem": cfg.mem_len, "c_mem": cfg.c_mem_len}
     for name, tensors in (("mem", memory.mem), ("c_mem", memory.c_mem)):
         for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(
+                    f"memory.{name}[{i}] must be a torch.Tensor, got {type(t).__name__}"
+                )
             if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != cfg.d_model:
                 raise ValueError(
                     f"memory.{name}[{i}] has shape {tuple(t.shape)}, expected "
@@ -1003,7 +1293,12 @@ def check_memory(model: LanguageModel, memory, batch_size: int, device) -> None:
                 )
             if t.device != device:
                 raise ValueError(f"memory.{name}[{i}] is on {t.device}, the model on {device}")
-    since = memory.since_reset
+            if dtype is not None and t.dtype != dtype:
+                raise TypeError(
+                    f"memory.{name}[{i}] has dtype {t.dtype}, the inputs {dtype}: convert the "
+                    f"memory with memory.to(dtype={dtype})"
+                )
+    since = memory.since_start
     if since is not None and not (
         isinstance(since, torch.Tensor)
         and since.device == device
@@ -1011,8 +1306,26 @@ def check_memory(model: LanguageModel, memory, batch_size: int, device) -> None:
         and since.is_floating_point()
     ):
         raise ValueError(
-            f"memory.since_reset must be None or a float tensor [{batch_size}] on "
-            f"{device}, as Memory.reset makes it"
+            f"memory.since_start must be None or a float tensor [{batch_size}] on {device}, as "
+            f"Memory.reset and starts make it"
+        )
+    if memory.cache is not None and not isinstance(memory.cache, KVCache):
+        raise TypeError(
+            f"memory.cache must be None or a KVCache, got {type(memory.cache).__name__}"
+        )
+
+
+def check_starts(starts, batch_size: int, T: int, device) -> None:
+    """The checks of hidden_states' starts."""
+    if starts is None:
+        return
+    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
+        got = getattr(starts, "dtype", type(starts).__name__)
+        raise TypeError(f"starts must be None or a bool tensor [batch, time], got {got}")
+    if starts.shape != (batch_size, T) or starts.device != device:
+        raise ValueError(
+            f"starts must have shape [{batch_size}, {T}] on {device}, like the inputs; got "
+            f"{list(starts.shape)} on {starts.device}"
         )
 
 
