@@ -266,23 +266,21 @@ class RelativeMultiHeadAttention(RelativeAttention):
         k, v = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)  # [B, M, d]
         return self.split_heads(k), self.split_heads(v)
 
-    def forward(self, h, memories, positions, attn_mask, memory_kv=None) -> Attended:
+    def forward(self, h, memory_kv, r, attn_mask) -> Attended:
         """The keys and values are those of [c_mem; mem; h], K = M + T of them.
 
         h:         [B, T, d], the segment
-        memories:  [B, M, d], [c_mem; mem], normalised as h is
-        positions: [K+1, d], R for the distances K, ..., 1, 0
+        memory_kv: the keys and values of [c_mem; mem], each [B, H, M, d_head]
+                   (memory_keys_values)
+        r:         [H, K+1, d_head], W_r R for the distances K, ..., 1, 0 (project_positions)
         attn_mask: as attend's
-        memory_kv: the keys and values of memories when they are known already (section 9),
-                   else None
         """
         q, k, v = self.qkv(h).chunk(3, dim=-1)  # each [B, T, d]
-        # memories need only keys and values
-        k_mem, v_mem = self.memory_keys_values(memories) if memory_kv is None else memory_kv
+        k_mem, v_mem = memory_kv
         q = self.split_heads(q * self.d_head**-0.5).contiguous()  # [B, H, T, d_head]
         k = torch.cat([k_mem, self.split_heads(k)], dim=2)  # [B, H, K, d_head]
         v = torch.cat([v_mem, self.split_heads(v)], dim=2)
-        return self.attend(q, k, v, self.project_positions(positions), attn_mask)
+        return self.attend(q, k, v, r, attn_mask)
 
 
 # 4. The compression functions f_c -----------------------------------------------------------------
@@ -500,26 +498,24 @@ class CompressiveLayer(nn.Module):
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
 
-    def forward(self, h, memories, positions, attn_mask, memory_kv=None):
+    def forward(self, h, memory_kv, r, attn_mask):
         """Attention over [c_mem; mem; h], then the feed-forward.
 
         h:         [B, T, d], the layer's input h^(i)
-        memories:  [B, M, d], [c_mem; mem] of this layer
-        positions: [K+1, d], R for the distances K, ..., 0
+        memory_kv: the keys and values of this layer's [c_mem; mem] (memory_keys_values)
+        r:         [H, K+1, d_head], its W_r R for the distances K, ..., 0
         attn_mask: [T, K] or [B, 1, T, K], added to the scores
-        memory_kv: the keys and values of memories when they are known already (section 9)
         Returns the layer's output [B, T, d] and the Attended of its attention (section 3).
         """
-        norm = self.attn_norm if self.pre_norm else (lambda x: x)  # pre-LN: normalised inputs
-        memories = None if memory_kv is not None else norm(memories)
-        attended = self.attn(norm(h), memories, positions, attn_mask, memory_kv)
+        z = self.attn_norm(h) if self.pre_norm else h  # pre-LN: the attention sees LN(h)
+        attended = self.attn(z, memory_kv, r, attn_mask)
         return residual_and_feed_forward(self, h, attended.out), attended
 
     def memory_keys_values(self, memories):
-        """The keys and values [B, H, M, d_head] this layer's attention makes of memories
-        [B, M, d]."""
-        norm = self.attn_norm if self.pre_norm else (lambda x: x)
-        return self.attn.memory_keys_values(norm(memories))
+        """The keys and values [B, H, M, d_head] of this layer's memories [B, M, d], normalised
+        as its inputs are."""
+        z = self.attn_norm(memories) if self.pre_norm else memories
+        return self.attn.memory_keys_values(z)
 
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
         """The two FIFOs of the paper's Algorithm 1.
@@ -674,6 +670,14 @@ class LanguageModel(nn.Module):
         self.train(was_training)
         return torch.cat(out, dim=1)
 
+    def position_projections(self, K: int, x: torch.Tensor):
+        """W_r R for the distances K, ..., 1, 0, of every layer: [H, K+1, d_head] each. They
+        depend on K and the weights alone, so acting, the model keeps them (section 9)."""
+        if acting(self):
+            return kept_position_projections(self, K, x)
+        R = sinusoid_positions(K + 1, self.cfg.d_model, x.device).to(x.dtype)
+        return [layer.attn.project_positions(R) for layer in self.layers]
+
     def train(self, mode: bool = True):
         if mode != self.training:  # training changes the weights: caches go stale (section 9)
             renew_weights_token(self)
@@ -750,10 +754,10 @@ class CompressiveTransformer(LanguageModel):
         if self.cfg.compression == "most_used":
             usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
-        # All layers hold the same number of memories, so positions and the mask are shared.
+        # All layers hold the same number of memories, so R and the mask are shared.
         n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
         M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
-        positions = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)
+        r = self.position_projections(K, h)  # W_r R of every layer for the distances K, ..., 0
         attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
         episodes = None
         if starts is not None or memory.since_start is not None:  # section 8
@@ -765,11 +769,12 @@ class CompressiveTransformer(LanguageModel):
         recon_loss = h.new_zeros(())
         for i, layer in enumerate(self.layers):  # Algorithm 1, per layer:
             mem, c_mem = memory.mem[i], memory.c_mem[i]
-            memory_kv = None if cache is None else (cache.keys[i], cache.values[i])
+            if cache is None:  # the memories need only keys and values
+                memory_kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
+            else:  # acting: those the memory kept (section 9)
+                memory_kv = cache.keys[i], cache.values[i]
             # attend from the segment over [c_mem; mem; h], then feed forward
-            out, attended = layer(
-                h, torch.cat([c_mem, mem], dim=1), positions, attn_mask, memory_kv
-            )
+            out, attended = layer(h, memory_kv, r[i], attn_mask)
             inputs = h
             if starts is not None:  # a row's memory keeps only its latest episode (section 8)
                 inputs, mem, c_mem, usage[i], attended = episodes.forget(
@@ -979,6 +984,24 @@ def usable_cache(model, memory: Memory, x: torch.Tensor) -> Optional[KVCache]:
     return cache
 
 
+def kept_position_projections(model, K: int, x: torch.Tensor):
+    """LanguageModel.position_projections when acting: W_r R of every layer, made for the
+    distances up to n_m + n_cm + 1 (or K, when more) and kept on the model while its weights and
+    the dtype stay; each call slices the distances it needs."""
+    autocast = torch.is_autocast_enabled(x.device.type)
+    kind = (model.weights_token, optimizer_steps, x.device, x.dtype, autocast)
+    kept = getattr(model, "kept_positions", None)
+    if kept is None or kept[0] != kind or kept[1][0].size(1) < K + 1:
+        cfg = model.cfg
+        n = max(K + 1, cfg.mem_len + cfg.c_mem_len + 2)
+        R = sinusoid_positions(n, cfg.d_model, x.device).to(x.dtype)
+        model.kept_positions = kept = (
+            kind,
+            [layer.attn.project_positions(R) for layer in model.layers],
+        )
+    return [r[:, r.size(1) - K - 1 :] for r in kept[1]]
+
+
 def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem):
     """The keys and values [B, H, M', d_head] of the updated [c_mem; mem], from those the
     attention has just used ([c_mem; mem; segment], the segment's projected as its keys): only
@@ -988,17 +1011,16 @@ def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem
     n_evicted = K - n_c_mem - n_new_mem  # from [mem; segment]
     n_made = n_evicted // layer.cfg.compression_rate if layer.compress is not None else 0
     n_made = min(n_made, n_new_c_mem)  # the newest slots of c_mem
-    made_k = made_v = attended.keys[:, :, :0]
-    if n_made:
-        made_k, made_v = layer.memory_keys_values(c_mem[:, n_new_c_mem - n_made :])
-
-    def updated(kv, made):
-        c_mem_kv = torch.cat([kv[:, :, :n_c_mem], made], dim=2)  # the old c_mem's, then the new
-        c_mem_kv = c_mem_kv[:, :, c_mem_kv.size(2) - n_new_c_mem :]  # its newest n_new_c_mem
-        mem_kv = kv[:, :, K - n_new_mem :]  # mem is the newest n_new_mem of [mem; segment]
-        return torch.cat([c_mem_kv, mem_kv], dim=2)
-
-    return updated(attended.keys, made_k), updated(attended.values, made_v)
+    n_kept = n_new_c_mem - n_made  # the old c_mem slots still held
+    kept = slice(n_c_mem - n_kept, n_c_mem)
+    if n_made == 0 and (n_kept == 0 or n_evicted == 0):  # one range of the attention's keys
+        start = K - n_new_mem - n_kept
+        return attended.keys[:, :, start:], attended.values[:, :, start:]
+    made_k, made_v = layer.memory_keys_values(c_mem[:, n_kept:])
+    mem = slice(K - n_new_mem, K)  # mem is the newest n_new_mem of [mem; segment]
+    keys = torch.cat([attended.keys[:, :, kept], made_k, attended.keys[:, :, mem]], dim=2)
+    values = torch.cat([attended.values[:, :, kept], made_v, attended.values[:, :, mem]], dim=2)
+    return keys, values
 
 
 def make_cache(model, keys_values, previous: Optional[KVCache]) -> KVCache:
@@ -1121,9 +1143,8 @@ class FeedbackTransformer(LanguageModel):
             keys, values = self.shared_kv(memory.mem[0])
         else:
             keys, values = cache.keys[0], cache.values[0]
-        # R and every layer's W_r R once per segment: step t slices the distances it needs
-        R = sinusoid_positions(n_m + 2, self.cfg.d_model, x.device).to(x.dtype)
-        r = [layer.attn.project_positions(R) for layer in self.layers]
+        # every layer's W_r R once per segment: step t slices the distances it needs
+        r = self.position_projections(n_m + 1, x)
         mix = self.mix.softmax(dim=0)
         # since: the steps of each row's episode before step t (section 8); None: all one episode
         since = memory.since_start
@@ -1265,12 +1286,13 @@ def check_memory(model: LanguageModel, memory, batch_size: int, device, dtype=No
         raise TypeError(
             f"memory must be a Memory returned by the model or None, got {type(memory).__name__}"
         )
-    expected = model.empty_memory(1, device="meta")
-    if len(memory.mem) != len(expected.mem) or len(memory.c_mem) != len(expected.c_mem):
+    n_layers = len(model.layers)
+    n_mem, n_c_mem = (1, 0) if isinstance(model, FeedbackTransformer) else (n_layers, n_layers)
+    if len(memory.mem) != n_mem or len(memory.c_mem) != n_c_mem:
         raise ValueError(
             f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; this model "
-            f"keeps {len(expected.mem)} / {len(expected.c_mem)} (one of each per layer; "
-            f"Feedback: one mem tensor for all layers)"
+            f"keeps {n_mem} / {n_c_mem} (one of each per layer; Feedback: one mem tensor for all "
+            f"layers)"
         )
     cfg = model.cfg
     limits = {"mem": cfg.mem_len, "c_mem": cfg.c_mem_len}
