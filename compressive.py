@@ -15,9 +15,10 @@ The file follows the paper's Algorithm 1 from top to bottom:
 
 What goes beyond the paper comes after, each part in a section of its own that a reader may skip:
 
-    8. episodes: rows of a batch that forget their past (Memory.reset)
-    9. a relative to compare with: the Feedback Transformer (Fan et al. 2020)
-    10. the checks of the public entry points, one clear error per mistake
+    8. episodes: rows of a batch that begin anew, anywhere in a call (starts, Memory.reset)
+    9. acting one step at a time: the memory's keys and values kept (eval mode)
+    10. a relative to compare with: the Feedback Transformer (Fan et al. 2020)
+    11. the checks of the public entry points, one clear error per mistake
 
 Symbols used throughout (the paper's):
 
@@ -590,16 +591,21 @@ class CompressiveLayer(nn.Module):
 
 class LanguageModel(nn.Module):
     """What the two language models of this file (the Compressive Transformer below and the
-    Feedback Transformer of section 9) share. Their contract:
+    Feedback Transformer of section 10) share. Their contract:
 
-        logits, memory, aux_loss = model(tokens, memory)
+        logits, memory, aux_loss = model(tokens, memory, starts=None)
             tokens [B, T] of ids, memory a Memory or None; logits [B, T, vocab]; aux_loss is
-            f_c's 0-dim loss, to add to the language-model loss (0 where there is none)
-        h, memory, aux_loss = model.hidden_states(x, memory)
+            f_c's 0-dim loss, to add to the language-model loss (0 where there is none);
+            starts [B, T] bool marks where new documents or episodes begin (section 8)
+        h, memory, aux_loss = model.hidden_states(x, memory, starts=None)
             the same without the embedding and the head, for inputs that are not token ids and
             outputs that are not logits: x and h are [B, T, d_model]
         model.reach()
             how far back each region of the context reaches
+
+    Under DistributedDataParallel, wrap the model with find_unused_parameters=True: a call of
+    hidden_states leaves the embedding and the head without gradient, and f_c gets none in a
+    call that compresses nothing.
     """
 
     def __init__(self, cfg: CompressiveConfig):
