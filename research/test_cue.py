@@ -1,0 +1,29 @@
+"""The cue task of research/cue.py: its episodes are what it says, and its command runs."""
+
+import torch
+
+from research import cue
+
+
+def test_episodes_hold_a_cue_at_each_start_and_its_query_after_the_blanks():
+    generator = torch.Generator().manual_seed(0)
+    observations, starts, targets, cue_steps = cue.episodes(3, 400, 5, 30, generator)
+    assert starts.sum() > 3 * 400 // 32  # episodes of at most 32 steps, back to back
+    for env in range(3):
+        firsts = starts[env].nonzero().flatten().tolist()
+        assert all(observations[env, t] < cue.N_CUES for t in firsts)  # a cue opens each
+        queries = targets[env].ne(-100).nonzero().flatten().tolist()
+        assert len(queries) >= len(firsts) - 1  # every episode but one cut at the end is asked
+        for query in queries:
+            step = int(cue_steps[env, query])
+            assert step in firsts and 5 <= query - step - 1 <= 30
+            assert observations[env, query] == cue.QUERY
+            assert targets[env, query] == observations[env, step]
+            assert (observations[env, step + 1 : query] == cue.BLANK).all()
+
+
+def test_the_command_trains_then_acts_and_reports_its_accuracy(capsys):
+    assert (
+        cue.main(["--unrolls", "3", "--eval-steps", "60", "--envs", "2", "--max-blanks", "30"]) == 0
+    )
+    assert "accuracy" in capsys.readouterr().out
