@@ -853,9 +853,8 @@ def episode_mask(begun: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     begun: [B, T], that position for each query; positions: [K], key_positions. Returns
     [B, 1, T, K]."""
     before = positions[None, None, :] < begun[:, :, None]  # [B, T, K]
-    return torch.zeros(before.shape, device=begun.device).masked_fill_(before, float("-inf"))[
-        :, None
-    ]
+    mask = torch.zeros(before.shape, device=begun.device).masked_fill_(before, float("-inf"))
+    return mask[:, None]
 
 
 class Episodes:
@@ -863,8 +862,8 @@ class Episodes:
     its memory. since_start: the Memory's, or None; starts: [B, T] bool, or None."""
 
     def __init__(self, since_start, starts, n_c_mem: int, n_mem: int, cfg: CompressiveConfig, T):
-        device = (since_start if since_start is not None else starts).device
-        B = (since_start if since_start is not None else starts).size(0)
+        known = since_start if since_start is not None else starts  # one of them is given
+        B, device = known.size(0), known.device
         self.sizes = (n_c_mem, n_mem, T)
         # begun[b, t]: where step t's episode began; -since_start when before this call, -inf
         # when no start was ever seen, else the latest start at or before t
