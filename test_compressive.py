@@ -894,6 +894,25 @@ def test_torch_compile_traces_forward_and_backward_in_steady_state():
 # ---------------------------------------------------------------- generation ---------------------
 
 
+def test_generate_at_top_k_1_chooses_what_one_pass_over_the_text_would():
+    """A memory that holds the whole text (Transformer-XL, n_m = 64) sees what one forward over
+    the whole text sees, so each token generated at top_k = 1 is the argmax of that forward's
+    logits at the token before it. generate keeps the prompt and the training mode, and
+    records no gradient."""
+    model = make(c_mem_len=0, mem_len=64).double()  # double: no near tie decides an argmax
+    model.train()
+    prompt = tokens(2, 9)
+    out = model.generate(prompt, 12, top_k=1)
+    assert out.shape == (2, 21) and out[:, :9].equal(prompt), f"got shape {list(out.shape)}"
+    assert model.training and not out.requires_grad
+    with torch.no_grad():
+        logits, _, _ = model.eval()(out[:, :-1])
+    assert out[:, 9:].equal(logits[:, 8:].argmax(-1)), (
+        f"generated {out[:, 9:].tolist()}, one pass's argmax {logits[:, 8:].argmax(-1).tolist()}"
+    )
+
+
+@kept_from_students
 def test_generate_extends_the_prompt_greedily_and_restores_training_mode():
     model = make()
     model.train()
