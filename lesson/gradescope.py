@@ -48,12 +48,21 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for each submission: it grades the compressive.py the student uploaded
 # (submission/) with the teacher's tests and original (source/assignment/) and writes
 # results/results.json. Every exercise is graded alone, after a static audit of the whole file;
-# the student's other files are never read. To try it outside Gradescope, lay a folder out the
-# same way (source/ the unpacked bundle, submission/, results/) and set AUTOGRADER_ROOT to it and
-# AUTOGRADER_PYTHON to a Python that has torch and pytest.
+# the student's other files are never read. The root is the folder that holds source/,
+# submission/ and results/: /autograder on Gradescope, where this script is copied to the root,
+# or the folder above it when run from source/ (AUTOGRADER_ROOT overrides). The Python is
+# setup.sh's, or else python3 (AUTOGRADER_PYTHON overrides).
 set -uo pipefail
-root="${AUTOGRADER_ROOT:-/autograder}"
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -n "${AUTOGRADER_ROOT:-}" ]; then
+  root="$AUTOGRADER_ROOT"
+elif [ -d "$here/source" ]; then
+  root="$here"
+else
+  root="$(dirname "$here")"
+fi
 python="${AUTOGRADER_PYTHON:-/autograder/venv/bin/python3}"
+[ -x "$python" ] || python="$(command -v python3)"
 results="$root/results/results.json"
 mkdir -p "$root/results"
 rm -f "$results"

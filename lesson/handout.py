@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -43,6 +44,7 @@ from lesson.exercises import (
     KitError,
     blank,
     functions,
+    hidden_tests,
     read_python,
     resolve,
     student_tests,
@@ -139,19 +141,30 @@ def student_readme(
             if exercise
             else "what its docstring and the comments around it say"
         )
-        rows.append(
-            f"- `{name}` (compressive.py, line {known[name].lineno}, {check.points:g} points): "
-            f"{what}.\n  Check it: `pytest -q @checks/{name}.txt` ({len(visible[name])} tests)."
-        )
-    order = ""
+        points = f"{check.points:g} point{'' if check.points == 1 else 's'}"
+        row = f"- `{name}` (compressive.py, line {known[name].lineno}, {points}): {what}."
+        rows.append(textwrap.fill(row, 96, subsequent_indent="  "))
+        rows.append(f"  Check it: `pytest -q @checks/{name}.txt` ({len(visible[name])} tests).")
+    order = []
     for later in visible:  # where one check lies inside another's, the order to write them
         for first in visible:
             if first != later and set(visible[later]) < set(visible[first]):
-                order += f"Write `{first}` first: every test of `{later}`'s check calls it too.\n"
+                order.append(f"Write `{first}` first: every test of `{later}`'s check needs it.")
     credit = (
         "in proportion to the tests of its check that pass"
         if assignment.partial
         else "when every test of its check passes"
+    )
+    graded = textwrap.fill(
+        "**How it is graded.** Each exercise alone: your function is put into the original "
+        "`compressive.py`, so a mistake in one exercise costs that exercise only, and it scores "
+        f"its points {credit}, along with a few tests your teacher keeps. Write only inside "
+        "these bodies. The grader refuses a file that differs from this one anywhere else, "
+        "imports anything, or whose bodies use more than their arguments, their own names, the "
+        "names `compressive.py` defines or imports (torch, F, nn, math, its functions and "
+        "classes), tensor operations and plain builtins (len, range, min, max, ...); it says "
+        "which line and why.",
+        96,
     )
     return f"""# Compressive Transformer: the exercise
 
@@ -160,18 +173,13 @@ docstring states what it receives, in which shapes, and what it returns; the res
 is the finished model, to read and to call. Write each body:
 
 {chr(10).join(rows)}
-{order}
+{"".join(chr(10) + line for line in order)}
+
 An exercise's check is the tests of `test_compressive.py` that fail while the function is not
 written. Then run the whole file, `pytest -q`. (`@file` needs pytest 8.2 or later; with an older
 one, pass the file's lines themselves: `pytest -q $(cat checks/NAME.txt)`.)
 
-**How it is graded.** Each exercise alone: your function is put into the original
-`compressive.py`, so a mistake in one exercise costs that exercise only, and it scores its
-points {credit}, with a few more tests your teacher keeps. Write only inside these bodies. The
-grader refuses a file that differs from this one anywhere else, imports anything, or whose
-bodies use more than their arguments, their own names, the names `compressive.py` defines or
-imports (torch, F, nn, math, its functions and classes), tensor operations and plain builtins
-(len, range, min, max, ...); it says which line and why.
+{graded}
 
 The paper: Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv:1911.05507.
@@ -222,8 +230,6 @@ def all_checks():
 
 
 def table(tests: str, all_tests: List[str], checks: Dict[str, List[str]]) -> str:
-    from lesson.exercises import hidden_tests
-
     hidden = set(hidden_tests(tests))
     rows = [
         TABLE_BEGIN,

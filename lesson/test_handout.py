@@ -13,6 +13,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -515,9 +516,12 @@ def scores_of(assignment):
 
 
 def run_autograder(root: Path) -> dict:
-    env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable)
+    """run_autograder as Gradescope runs it: copied to the root, from the root."""
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    env = dict(os.environ, AUTOGRADER_PYTHON=sys.executable)
+    env.pop("AUTOGRADER_ROOT", None)
     done = subprocess.run(
-        [str(root / "source" / "run_autograder")], env=env, capture_output=True, text=True
+        [str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads((root / "results" / "results.json").read_text())
