@@ -14,15 +14,19 @@ in one exercise costs that exercise and no other, and only after the static audi
 has accepted the whole file.
 """
 
+import atexit
+import contextlib
 import hashlib
 import json
 import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,6 +70,59 @@ def child_environment() -> Dict[str, str]:
     return env
 
 
+class Zygote:
+    """The process that starts runs by forking (grading_child.serve), one per grading process,
+    started on first use. Where it cannot be had (not Linux, a thread in it after its imports, a
+    failed start) runs start as fresh processes, which read the same report the same way."""
+
+    lock = threading.Lock()
+    connection: Optional[socket.socket] = None
+    process: Optional[subprocess.Popen] = None
+    owner = 0  # the process id that started it: a forked grader starts its own
+    broken = False
+
+    @classmethod
+    def send(cls, job: dict, fds: List[int]) -> bool:
+        """Ask for a run; False when there is no zygote to ask."""
+        with cls.lock:
+            if cls.broken or not sys.platform.startswith("linux"):
+                return False
+            if cls.connection is None or cls.owner != os.getpid():
+                cls.start()
+            try:
+                socket.send_fds(cls.connection, [json.dumps(job).encode()], fds)
+                return True
+            except OSError:
+                cls.broken = True
+                return False
+
+    @classmethod
+    def start(cls) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cls.process = subprocess.Popen(
+            [sys.executable, str(CHILD), "--zygote", str(theirs.fileno())],
+            env=child_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        ours.settimeout(120)
+        try:
+            ready = ours.recv(16) == b"ready"
+        except OSError:
+            ready = False
+        ours.settimeout(None)
+        if not ready:
+            ours.close()
+            cls.process.kill()
+            cls.broken = True
+            raise OSError("the zygote is not ready")
+        cls.connection, cls.owner = ours, os.getpid()
+        atexit.register(ours.close)  # its recv then ends, and so does it
+
+
 def run_tests(
     compressive: str,
     tests: str,
@@ -77,34 +134,35 @@ def run_tests(
     in a fresh process and folder; selected: the node ids to run, names: the test functions to
     run (None and None: every test)."""
     began = time.monotonic()
+    control = {"tests": selected, "names": names}
     with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
         folder = Path(folder)
         (folder / "compressive.py").write_text(compressive, encoding="utf-8")
         (folder / "test_compressive.py").write_text(tests, encoding="utf-8")
         (folder / "pytest.ini").write_text("[pytest]\n")  # this folder is pytest's rootdir
         shutil.copyfile(CHILD, folder / CHILD.name)
-        read_end, write_end = os.pipe()
+        pipes = [os.pipe() for _ in range(3)]  # the report, the output, the status
+        (report_r, report_w), (output_r, output_w), (status_r, status_w) = pipes
+        proc = None
         try:
-            proc = subprocess.Popen(
-                [sys.executable, str(folder / CHILD.name), str(write_end)],
-                cwd=folder,
-                env=child_environment(),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(write_end,),
-                start_new_session=True,  # its own process group, killed whole at the timeout
-            )
+            job = {"folder": str(folder), "control": control}
+            if not Zygote.send(job, [report_w, output_w, status_w]):
+                proc = spawn(folder, control, report_w, output_w)
         finally:
-            os.close(write_end)
-        try:
-            control = {"tests": selected, "names": names}
-            proc.stdin.write((json.dumps(control) + "\n").encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at once: its report is empty, and says so below
-        lines, output, timed_out = read_until_closed(proc, read_end, began + timeout_s)
-        code = proc.wait()
+            for _, write_end in pipes:
+                os.close(write_end)
+        if proc is None:
+            lines, output, reported, timed_out = read_until_closed(
+                [report_r, output_r, status_r], began + timeout_s
+            )
+            pid_and_code = reported.split()
+            code = int(pid_and_code[1]) if len(pid_and_code) == 2 else None
+        else:
+            os.close(status_r)
+            lines, output, _, timed_out = read_until_closed(
+                [report_r, output_r], began + timeout_s, f"{proc.pid}\n".encode()
+            )
+            code = proc.wait()
     run = read_report(lines, selected, code)
     problem = run.problem
     if timed_out:
@@ -115,36 +173,61 @@ def run_tests(
     return run._replace(problem=problem, seconds=time.monotonic() - began)
 
 
-def read_until_closed(proc, report_fd: int, deadline: float) -> Tuple[List[bytes], bytes, bool]:
-    """The report's lines and the last of the process's output, until both pipes close or the
-    deadline passes (then the process group is killed)."""
+def spawn(folder: Path, control: dict, report_w: int, output_w: int) -> subprocess.Popen:
+    """A run in a fresh process, writing its report to report_w and its output to output_w."""
+    proc = subprocess.Popen(
+        [sys.executable, str(folder / CHILD.name), str(report_w)],
+        cwd=folder,
+        env=child_environment(),
+        stdin=subprocess.PIPE,
+        stdout=output_w,
+        stderr=output_w,
+        pass_fds=(report_w,),
+        start_new_session=True,  # its own process group, killed whole at the timeout
+    )
+    try:
+        proc.stdin.write((json.dumps(control) + "\n").encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once: its report is empty, and says so
+    return proc
+
+
+def read_until_closed(fds: List[int], deadline: float, status: bytes = b""):
+    """Read the report, the output and the status (the run's process id, then its exit code)
+    until each closes or the deadline passes; then the run's process group is killed. Returns
+    the report's lines, the last 16 KB of output, the status, and whether it timed out."""
     selector = selectors.DefaultSelector()
-    selector.register(report_fd, selectors.EVENT_READ)
-    selector.register(proc.stdout, selectors.EVENT_READ)
+    for fd in fds:
+        selector.register(fd, selectors.EVENT_READ)
     report, output, timed_out = b"", b"", False
     try:
         while selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
+                if status.split():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(int(status.split()[0]), signal.SIGKILL)
                 break
             for key, _ in selector.select(remaining):
                 data = os.read(key.fd, 1 << 16)
                 if not data:
-                    selector.unregister(key.fileobj)
-                elif key.fd == report_fd:
+                    selector.unregister(key.fd)
+                elif key.fd == fds[0]:
                     report += data
+                elif len(fds) > 2 and key.fd == fds[2]:
+                    status += data
                 else:
                     output = (output + data)[-(1 << 14) :]  # a flood of prints is cut, not kept
     finally:
         selector.close()
-        os.close(report_fd)
-        proc.stdout.close()
-    return report.split(b"\n"), output, timed_out
+        for fd in fds:
+            os.close(fd)
+    return report.split(b"\n"), output, status.decode(), timed_out
 
 
-def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: int) -> Run:
+def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: Optional[int]) -> Run:
     """The outcomes a run's report gives, and why the report is worth nothing, if it is."""
     collected, outcomes, messages, versions = None, {}, {}, {}
     phases, finished, collect_error = set(), None, ""
@@ -195,6 +278,8 @@ def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: in
             versions,
             0.0,
         )
+    if exit_code is None:
+        return Run(tests, outcomes, messages, "its exit status never came", versions, 0.0)
     if exit_code != finished:
         return forged(f"the process exited with {exit_code}, its report says {finished}")
     for test in tests:

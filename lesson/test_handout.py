@@ -17,9 +17,12 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -93,14 +96,30 @@ def only(assignment, name):
     return assignment._replace(exercises=[c for c in assignment.exercises if c.name == name])
 
 
-LOOP_TIMEOUT_S = 3
+LOOP_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
-def graded(assignment, tmp_path_factory):
-    """Every grade of a submission this file asserts on, made side by side: each real mistake,
-    and the attacks on the report channel (which skip the audit, check_first=False)."""
+def graded(hw, assignment, tmp_path_factory):
+    """Every grade this file asserts on, made side by side: the command line on a correct answer,
+    run_autograder in Gradescope's layout on a blank one, and in this process each real mistake
+    and the attacks on the report channel (which skip the audit: check_first=False)."""
     folder = tmp_path_factory.mktemp("graded")
+    student_copy = (hw / "student" / "compressive.py").read_text()
+    # a correct answer, beside a test file that fails and a checks/ folder the grade must ignore
+    answer = submit(folder / "alice", filled(student_copy))
+    (folder / "alice" / "test_compressive.py").write_text("def test_x():\n    assert False\n")
+    (folder / "alice" / "checks").mkdir()
+    command_line = start_cli("--grade", answer, "--assignment", hw, "--results", folder / "r.json")
+    # a blank answer in Gradescope's layout, beside a test file whose every test passes at once
+    root = gradescope_layout(folder / "autograder", hw)
+    blank = student_copy
+    if not FULL:  # one exercise is enough to see the layout work: relative_shift, left blank
+        cut_assignment(root / "source" / "assignment", ["relative_shift"])
+        blank = exercises.splice(filled(student_copy), student_copy, "relative_shift")
+    submit(root / "submission", blank)
+    (root / "submission" / "test_compressive.py").write_text("def test_all():\n    pass\n")
+    autograder = start_autograder(root)
     shift = only(assignment, "relative_shift")
     jobs = {}
     for number, (mistake, (name, text, _)) in enumerate(MISTAKES.items()):
@@ -112,7 +131,18 @@ def graded(assignment, tmp_path_factory):
     jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
     # in KIT_FULL each grade runs its three exercises side by side already
     with ThreadPoolExecutor(max_workers=1 if FULL else grading.workers()) as pool:
-        return dict(zip(jobs, pool.map(lambda job: grading.grade(*job), jobs.values())))
+        grades = dict(zip(jobs, pool.map(lambda job: grading.grade(*job), jobs.values())))
+    grades["the command line"] = (command_line.communicate(), command_line.returncode)
+    results = json.loads((folder / "r.json").read_text()) if (folder / "r.json").exists() else {}
+    grades["its results.json"] = results
+    grades["run_autograder"] = finish_autograder(autograder, root)
+    grades["the autograder's root"] = root
+    return grades
+
+
+def start_cli(*args):
+    command = [sys.executable, "-m", "lesson.handout", *map(str, args)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True)
 
 
 # ---------------------------------------------------------------- the handout -------------------
@@ -415,21 +445,15 @@ def test_a_mistake_in_one_exercise_never_reaches_the_others_runs():
         assert (spliced == ORIGINAL) == (name != "relative_shift")
 
 
-def test_a_correct_answer_scores_full_marks_whatever_sits_beside_it(tmp_path, hw, assignment):
+def test_a_correct_answer_scores_full_marks_whatever_sits_beside_it(graded, assignment):
     """Graded as a teacher does, by the command line, with Gradescope's results.json; the
     submission's folder holds its own test file and checks, which the grade never reads."""
-    answer = submit(tmp_path / "alice", filled((hw / "student" / "compressive.py").read_text()))
-    (tmp_path / "alice" / "test_compressive.py").write_text("def test_x():\n    assert False\n")
-    (tmp_path / "alice" / "checks").mkdir()
-    results = tmp_path / "results.json"
-    done = cli("--grade", answer, "--assignment", hw, "--results", results)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "total 6/6" in done.stdout
-    record = json.loads(results.read_text())
+    (stdout, stderr), code = graded["the command line"]
+    assert code == 0 and "total 6/6" in stdout, stdout + stderr
+    record = graded["its results.json"]
     assert_gradescope_schema(record, assignment)
-    assert record["score"] == 6 and [t["status"] for t in record["tests"]] == ["passed"] * len(
-        record["tests"]
-    )
+    assert record["score"] == 6
+    assert [t["status"] for t in record["tests"]] == ["passed"] * len(record["tests"])
 
 
 def assert_gradescope_schema(record, assignment):
@@ -454,54 +478,76 @@ def assert_gradescope_schema(record, assignment):
         assert test["visibility"] == assignment.hidden_visibility
 
 
-def test_the_gradescope_bundle_grades_in_gradescopes_layout(tmp_path, hw):
-    """The zip unpacked in source/, a blank handout in submission/ beside a test file whose every
-    test passes at once: run_autograder writes a results.json that scores 0."""
+def gradescope_layout(root: Path, hw: Path) -> Path:
+    """The bundle unpacked in root/source, as Gradescope unpacks it."""
+    with zipfile.ZipFile(hw / "gradescope.zip") as bundle:
+        bundle.extractall(root / "source")
+    for name in ("run_autograder", "setup.sh"):
+        (root / "source" / name).chmod(0o755)  # zipfile does not restore modes; unzip does
+    return root
+
+
+def cut_assignment(folder: Path, names):
+    record = json.loads((folder / "assignment.json").read_text())
+    record["exercises"] = [e for e in record["exercises"] if e["name"] in names]
+    (folder / "assignment.json").write_text(json.dumps(record))
+
+
+def start_autograder(root: Path):
+    """run_autograder as Gradescope runs it: copied to the root, from the root."""
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    env = dict(os.environ, AUTOGRADER_PYTHON=sys.executable)
+    env.pop("AUTOGRADER_ROOT", None)
+    command = [str(root / "run_autograder")]
+    return subprocess.Popen(command, cwd=root, env=env, stdout=PIPE, stderr=PIPE, text=True)
+
+
+def finish_autograder(process, root: Path) -> dict:
+    stdout, stderr = process.communicate()
+    assert process.returncode == 0, stdout + stderr
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(hw):
     with zipfile.ZipFile(hw / "gradescope.zip") as bundle:
         names = bundle.namelist()
         setup = bundle.read("setup.sh").decode()
         modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
-        bundle.extractall(tmp_path / "source")
     assert sorted(names) == sorted(
         ["setup.sh", "run_autograder"]
         + [f"lesson/{n}" for n in gradescope.KIT_FILES]
         + [f"assignment/{n}" for n in gradescope.ASSIGNMENT_FILES]
     )
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
-    import torch
-
-    torch_version = torch.__version__.split("+")[0]
+    torch_version = version("torch").split("+")[0]
     assert f"torch=={torch_version} --index-url https://download.pytorch.org/whl/cpu" in setup
     assert f"pytest=={pytest.__version__}" in setup
-    assert subprocess.run(["bash", "-n", str(tmp_path / "source" / "setup.sh")]).returncode == 0
-    for name in ("run_autograder", "setup.sh"):
-        (tmp_path / "source" / name).chmod(0o755)  # zipfile does not restore modes
-    submission = tmp_path / "submission"
-    student_copy = (hw / "student" / "compressive.py").read_text()
-    cheat = "def test_everything():\n    pass\n"
-    submit(submission, student_copy)
-    (submission / "test_compressive.py").write_text(cheat)
-    bundled = grading.load_assignment(tmp_path / "source" / "assignment")
-    if not FULL:  # one exercise is enough to see the layout work: relative_shift, left blank
-        record = json.loads((tmp_path / "source" / "assignment" / "assignment.json").read_text())
-        record["exercises"] = [e for e in record["exercises"] if e["name"] == "relative_shift"]
-        (tmp_path / "source" / "assignment" / "assignment.json").write_text(json.dumps(record))
-        submit(submission, exercises.splice(filled(student_copy), student_copy, "relative_shift"))
-    results = run_autograder(tmp_path)
-    assert_gradescope_schema(results, grading.load_assignment(tmp_path / "source" / "assignment"))
+    with tempfile.NamedTemporaryFile("w", suffix=".sh") as script:
+        script.write(setup)
+        script.flush()
+        assert subprocess.run(["bash", "-n", script.name]).returncode == 0
+
+
+def test_the_gradescope_bundle_grades_in_gradescopes_layout(graded, hw):
+    """A blank answer in submission/, beside a test file whose every test passes at once:
+    run_autograder, run from the root as Gradescope runs it, writes a results.json worth 0."""
+    root = graded["the autograder's root"]
+    results = graded["run_autograder"]
+    assert_gradescope_schema(results, grading.load_assignment(root / "source" / "assignment"))
     assert results["score"] == 0 and all(t["status"] == "failed" for t in results["tests"])
     assert "not written yet" in results["tests"][0]["output"]
     if FULL:  # a mistake in each exercise (the graded fixture has them all), a correct answer
+        bundled = grading.load_assignment(root / "source" / "assignment")
         for mistake in BUNDLED_MISTAKES:
             name, text, says = MISTAKES[mistake]
-            submit(submission, text)
-            results = run_autograder(tmp_path)
+            submit(root / "submission", text)
+            results = finish_autograder(start_autograder(root), root)
             assert_gradescope_schema(results, bundled)
             scores = {t["name"]: t["score"] for t in results["tests"][: len(EXERCISES)]}
             assert scores[name] == 0 and sum(scores.values()) == 6 - scores_of(bundled)[name]
             assert says in next(t["output"] for t in results["tests"] if t["name"] == name)
-        submit(submission, filled(student_copy))
-        assert run_autograder(tmp_path)["score"] == 6
+        submit(root / "submission", filled((hw / "student" / "compressive.py").read_text()))
+        assert finish_autograder(start_autograder(root), root)["score"] == 6
 
 
 BUNDLED_MISTAKES = [
@@ -515,24 +561,12 @@ def scores_of(assignment):
     return {c.name: c.points for c in assignment.exercises}
 
 
-def run_autograder(root: Path) -> dict:
-    """run_autograder as Gradescope runs it: copied to the root, from the root."""
-    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
-    env = dict(os.environ, AUTOGRADER_PYTHON=sys.executable)
-    env.pop("AUTOGRADER_ROOT", None)
-    done = subprocess.run(
-        [str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads((root / "results" / "results.json").read_text())
-
-
 # ---------------------------------------------------------------- the report channel ------------
 # The audit keeps a submission from reaching the test runner; these submissions skip it
 # (check_first=False) to show that the report holds even against code that does.
 
 ATTACKS = {
-    "rewrite the report at exit": [
+    "forge the report, now and at exit": [
         "import atexit, json, os, sys",
         "fd = int(sys.argv[1])",  # the report's pipe, as the test process was handed it
         "copy = os.dup(fd)",
@@ -541,7 +575,8 @@ ATTACKS = {
         "        line = {'test': 'x', 'when': when, 'outcome': 'passed', 'message': ''}",
         "        os.write(copy, (json.dumps(line) + chr(10)).encode())",
         "    os.write(copy, (json.dumps({'finished': 0}) + chr(10)).encode())",
-        "atexit.register(forge)",
+        "forge()",
+        "atexit.register(forge)",  # a run started by the zygote ends before atexit: it never runs
         "raise NotImplementedError",
     ],
     "leave early, exit status 0": ["import os", "os._exit(0)"],
@@ -551,13 +586,30 @@ ATTACKS = {
 @pytest.mark.parametrize(
     "attack, verdict",
     [
-        ("rewrite the report at exit", "its report was forged"),
+        ("forge the report, now and at exit", "its report was forged"),
         ("leave early, exit status 0", "ended before its report"),
     ],
 )
 def test_a_forged_or_missing_report_scores_zero(graded, attack, verdict):
     (g,) = graded[attack].grades
     assert g.score == 0 and verdict in g.problem, (attack, g.problem)
+
+
+def test_without_the_zygote_a_run_reads_the_same_and_a_hook_at_exit_is_caught(
+    tmp_path, assignment, monkeypatch
+):
+    """Where runs start as fresh processes (not Linux, or no zygote), an atexit hook does run,
+    after pytest's last line: the lines it writes come after the session's end."""
+    monkeypatch.setattr(grading.Zygote, "broken", True)
+    forger = ATTACKS["forge the report, now and at exit"]
+    at_exit_only = [line for line in forger if line != "forge()"]
+    path = submit(tmp_path, cheat_in_shift(*at_exit_only))
+    (g,) = grading.grade(path, only(assignment, "relative_shift"), None, None, False).grades
+    assert g.score == 0 and "wrote after the end of the session" in g.problem, g.problem
+    run = grading.run_tests(
+        ORIGINAL, assignment.tests, None, ["test_relative_shift_returns_a_view_of_its_input"]
+    )
+    assert not run.problem and list(run.outcomes.values()) == ["passed"]
 
 
 def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
