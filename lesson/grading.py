@@ -1,11 +1,11 @@
 """Running the tests, the one way the kit does it, and grading a submission with them.
 
-Every run, whether it computes an exercise's check or grades a student, is a fresh process in a
-fresh folder holding a compressive.py and the teacher's test_compressive.py, nothing else
-(lesson/grading_child.py). Its outcomes reach this process on a pipe, one line per test as it
-ends, so a run's verdict is read as it happens: a run that reports fewer tests than it should,
-reports one twice, writes after its end, exits with a status its report disagrees with, or
-outlives its timeout, scores 0.
+Every run, whether it computes an exercise's check or grades a student, is a process of its own
+(forked from a zygote that has imported torch, or started fresh) in a fresh folder holding a
+compressive.py and the teacher's test_compressive.py, nothing else (lesson/grading_child.py).
+Its outcomes reach this process on a pipe, one line per test as it ends, so a run's verdict is
+read as it happens: a run that reports fewer tests than it should, reports one twice, writes
+after its end, exits with a status its report disagrees with, or outlives its timeout, scores 0.
 
 An exercise's check is the tests that fail when its function alone is blanked, found by blanking
 it for real (compute_checks). A submission is graded one exercise at a time: the teacher's
