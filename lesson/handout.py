@@ -27,6 +27,7 @@ line.
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -189,15 +190,35 @@ Long-Range Sequence Modelling", arXiv:1911.05507.
 # ---------------------------------------------------------------- grading -----------------------
 
 
+def last_assignment_record() -> Path:
+    """Where the handout command notes the assignment it wrote last, for --grade without
+    --assignment: the user's cache, never the submission's folder."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "compressive-kit" / "last-assignment"
+
+
+def default_assignment() -> Path:
+    try:
+        folder = Path(last_assignment_record().read_text(encoding="utf-8").strip())
+    except OSError:
+        folder = None
+    if folder is None or not folder.is_dir():
+        raise KitError(
+            "which assignment? name the folder the handout command wrote: --assignment FOLDER"
+        )
+    print(f"the assignment: {folder} (the last one made here; --assignment names another)")
+    return folder
+
+
 def grade(
     path: Path,
-    assignment_folder: Path,
+    assignment_folder: Optional[Path],
     results: Optional[Path],
     partial: Optional[bool],
     timeout_s: Optional[float],
 ) -> int:
     try:
-        assignment = grading.load_assignment(assignment_folder)
+        assignment = grading.load_assignment(assignment_folder or default_assignment())
     except KitError as e:
         if results is not None:
             write_results(results, {"score": 0.0, "output": f"Not graded: {e}", "tests": []})
@@ -336,7 +357,10 @@ def parse_arguments(argv):
     )
     parser.add_argument("--grade", type=Path, metavar="FILE", help="a student's compressive.py")
     parser.add_argument(
-        "--assignment", type=Path, metavar="FOLDER", help="what --out wrote (or its teacher/)"
+        "--assignment",
+        type=Path,
+        metavar="FOLDER",
+        help="what --out wrote, or its teacher/ (default: the last one made here)",
     )
     parser.add_argument(
         "--results", type=Path, metavar="JSON", help="also write Gradescope's results.json"
@@ -368,8 +392,6 @@ def parse_arguments(argv):
             "give functions and --out, or --grade FILE --assignment FOLDER, or --gradescope "
             "FOLDER, or --table, or --verify"
         )
-    if args.grade is not None and args.assignment is None:
-        parser.error("--grade needs --assignment FOLDER, the folder the handout command wrote")
     if (args.functions or args.out) and (not args.functions or args.out is None):
         parser.error("name the functions to blank and the folder to write, --out FOLDER")
     if args.timeout is not None and args.timeout <= 0:
@@ -398,6 +420,10 @@ def main(argv=None) -> int:
         assignment = make(
             args.functions, args.out, args.points, args.partial, args.hidden_visibility
         )
+        with contextlib.suppress(OSError):  # a note for --grade; grading works without it
+            record = last_assignment_record()
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(str(args.out.resolve()) + "\n", encoding="utf-8")
         for check in assignment.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""
             print(f"{check.name}: blanked; its check is {len(check.tests)} tests{hidden}")

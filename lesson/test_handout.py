@@ -692,7 +692,21 @@ def test_a_file_that_is_not_python_is_refused_in_one_line(tmp_path, hw, content,
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_grading_without_assignment_takes_the_last_one_made_here(tmp_path, hw):
+    """The handout command notes its --out in the user's cache; --grade without --assignment
+    says it grades against that one."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    record = tmp_path / "cache" / "compressive-kit" / "last-assignment"
+    record.parent.mkdir(parents=True)
+    record.write_text(f"{hw}\n")
+    path = submit(tmp_path / "eve", ORIGINAL + "\nprint('graded')\n")
+    result = cli("--grade", path, env=env)
+    assert result.returncode == 1 and f"the assignment: {hw}" in result.stdout, result.stderr
+    assert "refused: " in result.stdout and "total 0/6" in result.stdout
+
+
 def test_bad_command_lines_get_one_clear_error(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "no-cache"))  # no last assignment
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("a teacher's notes")
     for args, message in [
@@ -700,12 +714,12 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
         (("relative_shift",), "--out"),
         (("relative_shift", "--out", tmp_path / "full"), "already exists"),
         (("--grade", tmp_path / "x.py", "relative_shift"), "give functions"),
-        (("--grade", tmp_path / "x.py"), "--assignment"),
+        (("--grade", tmp_path / "x.py"), "--assignment FOLDER"),
         (("--grade", tmp_path / "x.py", "--assignment", tmp_path), "no assignment.json"),
         (("relative_shift", "--out", tmp_path / "a", "--points", "1", "2"), "2 numbers for 1"),
         (("--no-such-flag",), "unrecognized"),
     ]:
-        result = cli(*args)
+        result = cli(*args, env=env)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, args
     assert (tmp_path / "full" / "keep.txt").read_text() == "a teacher's notes"
