@@ -330,13 +330,11 @@ def compute_checks(
         raise KitError(f"the tests do not pass on the original: {why}")
     checks = {}
     for name, run in zip(names, blanked):
-        if run.problem:
+        if run.problem:  # a function that runs when compressive.py is imported, say
             raise KitError(f"with {name} blanked, the tests do not run: {run.problem}")
         checks[name] = [t for t in original.tests if run.outcomes.get(t) != "passed"]
         if not checks[name]:
             raise KitError(f"no test fails with {name} blanked: it would have no check")
-        if len(checks[name]) == len(original.tests) and not run.tests:
-            raise KitError(f"with {name} blanked, compressive.py does not import")
     return original.tests, checks, original.versions
 
 
