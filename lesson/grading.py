@@ -575,8 +575,13 @@ def failure_lines(grade: Grade, hidden: bool) -> List[str]:
     for test, message in grade.failures:
         if (test in grade.hidden) == hidden:
             reasons.setdefault(message, []).append(short(test))
+    # a test's own words first ("AssertionError: mem should hold ..."), then bare assertions and
+    # errors raised on the way (a shape error deep in the model), each in file order
+    worded = [m for m in reasons if m.startswith("AssertionError: ") and "assert " not in m[:24]]
+    ordered = worded + [m for m in reasons if m not in worded]
     lines = []
-    for message, tests in list(reasons.items())[:SHOWN_FAILURES]:
+    for message in ordered[:SHOWN_FAILURES]:
+        tests = reasons[message]
         more = f" and {len(tests) - 2} more" if len(tests) > 3 else ""
         names = ", ".join(tests[:2] if more else tests)
         lines.append(f"{names}{more}: {message}")
