@@ -426,7 +426,9 @@ def attention_reconstruction_loss(
     old_keys:   [B, H, k*c, d_head], the keys of the memories it is now evicting
     old_values: [B, H, k*c, d_head], their values
     compressed: [B, k, d], f_c(old_mem), the only new input; it is projected with detached
-                weights, so the gradient of this loss reaches f_c alone
+                weights, so the gradient of this loss reaches f_c alone. Under pre-LN the
+                attention saw the memories through layer.attn_norm, so compressed goes through
+                it too, with its weights detached
 
     The authors' code uses the plain queries q, without the content bias u (the module's list of
     departures; the README's reach study compares the two).
@@ -531,7 +533,7 @@ class CompressiveLayer(nn.Module):
 
         h:        [B, T, d], this layer's inputs for the new tokens
         mem:      [B, n_mem, d]
-        c_mem:    [B, n_c_mem, d]
+        c_mem:    [B, n_c_mem, d], n_c_mem = c_mem.size(1) slots (len(c_mem) is the batch size)
         usage:    [B, n_mem], the attention per mem slot for the most_used f_c, else None
                   (add_usage keeps it)
         attended: this layer's attention over [c_mem; mem; h]

@@ -1,7 +1,8 @@
 """The specification of compressive.py, as tests. Run: pytest -q
 
 This file needs only compressive.py, torch and pytest: a teacher can hand out the two files
-alone."""
+alone. The teachers' kit (lesson/handout.py) hands out a copy without the tests marked
+@kept_from_students, and grading adds them back as hidden tests."""
 
 import math
 
@@ -21,6 +22,7 @@ from compressive import (
     PoolCompress,
     attention_reconstruction_loss,
     relative_shift,
+    sinusoid_positions,
 )
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -50,6 +52,14 @@ def make(seed=0, **overrides) -> CompressiveTransformer:
 
 def tokens(batch, length, vocab=13, seed=1):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def kept_from_students(test):
+    """Marks a test whose expected value is computed the way an answer computes it (a restatement
+    of the FIFO rule, the loss written out). pytest runs it like any other; the teachers' kit
+    leaves it out of the student handout's copy of this file and grades with it as a hidden test.
+    Each has a student-facing counterpart that checks properties or fixed numbers instead."""
+    return test
 
 
 def capture_layer_inputs(model):
@@ -130,6 +140,16 @@ def test_dilated_conv_f_c_mixes_only_neighbours_then_compresses_at_rate_c():
             assert moved == {k for k in range(5) if 3 * k - 3 <= j <= 3 * k + 2 + 3}, j
 
 
+def test_pooling_f_c_on_fixed_numbers():
+    # one feature, two blocks of c = 3: [1, 5, 2] and [0, -1, 4]
+    old = torch.tensor([1.0, 5.0, 2.0, 0.0, -1.0, 4.0]).view(1, 6, 1)
+    assert PoolCompress(3, "max_pool")(old).flatten().tolist() == [5.0, 4.0]
+    torch.testing.assert_close(
+        PoolCompress(3, "mean_pool")(old).flatten(), torch.tensor([8 / 3, 1.0])
+    )
+
+
+@kept_from_students
 @pytest.mark.parametrize("kind", ["max_pool", "mean_pool"])
 def test_pooling_f_c_takes_the_max_or_the_mean_of_each_block_of_c(kind):
     old = torch.randn(2, 6, 4)
@@ -138,6 +158,14 @@ def test_pooling_f_c_takes_the_max_or_the_mean_of_each_block_of_c(kind):
     torch.testing.assert_close(PoolCompress(3, kind)(old), expected)
 
 
+def test_overlap_max_pool_on_fixed_numbers():
+    # one feature, two blocks of c = 3, then the memory after them: windows of c + 1 = 4
+    old, following = torch.tensor([1.0, 0.0, 2.0, 7.0, -1.0, 3.0]), torch.tensor([9.0, 8.0])
+    compressed = OverlapMaxPoolCompress(rate=3)(old.view(1, 6, 1), following.view(1, 2, 1))
+    assert compressed.flatten().tolist() == [7.0, 9.0]  # max of [1, 0, 2, 7], of [7, -1, 3, 9]
+
+
+@kept_from_students
 def test_overlap_max_pool_takes_the_max_of_each_block_and_the_memory_after_it():
     f_c = OverlapMaxPoolCompress(rate=3)
     old, following = torch.randn(2, 4 * 3, 5), torch.randn(2, 2, 5)
@@ -150,6 +178,7 @@ def test_overlap_max_pool_takes_the_max_of_each_block_and_the_memory_after_it():
         assert any(3 * j <= start and start + 2 <= 3 * j + 4 for j in range(4)), start
 
 
+@kept_from_students
 def test_attention_reconstruction_loss_is_the_papers_content_attention_mse():
     """|| attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2 with the layer's own W_q, W_k, W_v and u
     (content only, no positions), averaged over the elements."""
@@ -187,6 +216,135 @@ def test_linear_layers_start_at_xavier_scale_and_the_embedding_at_unit_scale():
 # ---------------------------------------------------------------- memory rules -------------------
 
 
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-LN", "pre-LN"])
+def test_attention_reconstruction_loss_is_zero_when_f_c_keeps_every_memory(pre_norm):
+    """When f_c loses nothing, attention over the compression is attention over the memories: the
+    loss is 0. When it drops memories, the loss is positive, and its gradient reaches the
+    compressed memories alone."""
+    layer = make(pre_norm=pre_norm).layers[0]
+    h, old = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
+    _, attended = layer(h, old, sinusoid_positions(6 + 5 + 1, 16), None)  # the keys [old; h]
+    queries = attended.content_queries.detach()
+    old_keys, old_values = attended.keys[:, :, :6].detach(), attended.values[:, :, :6].detach()
+    kept = attention_reconstruction_loss(layer, queries, old_keys, old_values, old)
+    assert kept.dim() == 0 and kept.item() < 1e-10, (
+        f"f_c kept every memory (compressed = old_mem), so attention over it is attention over "
+        f"old_mem, yet the loss is {kept.item():.3g}, not 0"
+        + (": pre-LN, the attention saw the memories through layer.attn_norm" if pre_norm else "")
+    )
+    compressed = old[:, ::3].clone().requires_grad_()  # f_c keeps 2 of the 6
+    lossy = attention_reconstruction_loss(layer, queries, old_keys, old_values, compressed)
+    assert lossy.item() > 1e-4, f"f_c dropped 4 of 6 memories, yet the loss is {lossy.item():.3g}"
+    lossy.backward()
+    assert compressed.grad is not None and compressed.grad.abs().sum() > 0
+    reached = [name for name, p in layer.named_parameters() if p.grad is not None]
+    assert not reached, f"the loss's gradient reached {reached}: only f_c may learn from it"
+
+
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-LN", "pre-LN"])
+def test_f_c_loss_through_update_memory_is_zero_when_f_c_is_the_identity(pre_norm):
+    """c = 1 and a conv f_c whose weight is the identity: each compressed memory is the memory it
+    replaces, so f_c's loss must be 0 at every call, with 3 rows in the batch while c_mem holds
+    0 to 4 slots. Once f_c changes the memories, the loss is positive."""
+    model = make(pre_norm=pre_norm, compression_rate=1, mem_len=4, c_mem_len=4).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.compress.weight.copy_(torch.eye(16))
+            layer.compress.bias.zero_()
+    memory = None
+    for call in range(1, 6):
+        held = 0 if memory is None else memory.c_mem[0].size(1)
+        _, memory, recon = model(tokens(3, 3, seed=call), memory)
+        assert recon.item() < 1e-10, (
+            f"call {call}: f_c is the identity, yet its loss is {recon.item():.3g}, not 0. The "
+            f"loss must see the keys of exactly the memories update_memory evicts, which follow "
+            f"the keys of c_mem's {held} slots (the batch has 3 rows)"
+            + (
+                "; pre-LN, the compressed memories must be normalised as the attention "
+                "normalised the memories (layer.attn_norm)"
+                if pre_norm
+                else ""
+            )
+        )
+    assert memory.c_mem[0].size(1) == 4
+    with torch.no_grad():
+        model.layers[0].compress.weight.add_(0.1 * torch.randn(16, 16))
+    _, _, recon = model(tokens(3, 3, seed=9), memory)
+    assert recon.item() > 1e-6
+
+
+# The FIFO rule as numbers, worked out by hand (n_m = 8, n_cm = 4, c = 3): for each call, the
+# tokens it feeds, then the tokens whose layer inputs mem holds after it ([first, end), counting
+# every token fed so far), and the first token of the block of c behind each c_mem slot, oldest
+# first.
+FIFO_CALLS = [
+    (5, (0, 5), []),
+    (7, (6, 12), [0, 3]),
+    (1, (6, 13), [0, 3]),
+    (1, (6, 14), [0, 3]),
+    (1, (9, 15), [0, 3, 6]),
+    (4, (12, 19), [0, 3, 6, 9]),
+    (2, (15, 21), [3, 6, 9, 12]),
+    (9, (24, 30), [12, 15, 18, 21]),
+]
+
+
+@pytest.mark.parametrize("compression", ["conv", "mean_pool", "overlap_max_pool"])
+def test_the_fifos_hold_these_tokens_after_each_call(compression):
+    """Each of these f_c compresses a block of c from the block itself (overlap_max_pool: and
+    the memory after it), so a c_mem slot is f_c of the layer inputs of its block."""
+    model = make(compression=compression).eval()
+    seen = capture_layer_inputs(model)
+    memory, fed = None, 0
+    with torch.no_grad():
+        for call, (length, (first, end), blocks) in enumerate(FIFO_CALLS, start=1):
+            _, memory, _ = model(tokens(2, length, seed=call), memory)
+            fed += length
+            for i, layer in enumerate(model.layers):
+                h = torch.cat(seen[i], dim=1)  # layer i's inputs for every token fed so far
+                where = f"layer {i}, after call {call} ({length} new tokens, {fed} in all)"
+                mem, c_mem = memory.mem[i], memory.c_mem[i]
+                assert mem.size(1) == end - first, (
+                    f"{where}: mem should hold the {end - first} tokens {first}..{end - 1}, "
+                    f"got {mem.size(1)} slots"
+                )
+                torch.testing.assert_close(
+                    mem, h[:, first:end], msg=f"{where}: mem should hold tokens {first}..{end - 1}"
+                )
+                assert c_mem.size(1) == len(blocks), (
+                    f"{where}: c_mem should hold {len(blocks)} slots, the blocks of c = 3 tokens "
+                    f"from {blocks}, got {c_mem.size(1)} slots"
+                )
+                if blocks:
+                    expected = [
+                        layer.compress(h[:, s : s + 3], h[:, s + 3 : s + 4]) for s in blocks
+                    ]
+                    torch.testing.assert_close(
+                        c_mem,
+                        torch.cat(expected, dim=1),
+                        rtol=1e-5,
+                        atol=1e-6,
+                        msg=f"{where}: c_mem should hold f_c of the blocks from {blocks}",
+                    )
+
+
+def test_update_memory_returns_mem_and_c_mem_contiguous():
+    """update_memory's contract. A slice such as t[:, n:] is a view with the strides of the tensor
+    it came from; a FIFO kept as such views changes its strides from call to call, so
+    torch.compile traces the step again, and every later torch.cat reads through the strides."""
+    model = make()
+    memory = None
+    for call in range(1, 5):
+        _, memory, _ = model(tokens(2, 6, seed=call), memory)
+        for name, fifo in (("mem", memory.mem), ("c_mem", memory.c_mem)):
+            for i, t in enumerate(fifo):
+                assert t.is_contiguous(), (
+                    f"after call {call}, memory.{name}[{i}] (shape {list(t.shape)}, strides "
+                    f"{list(t.stride())}) is not contiguous: update_memory must return mem and "
+                    f"c_mem contiguous in memory (its docstring)"
+                )
+
+
 def reference_fifo(inputs, n_m, n_cm, c, compress):
     """Plain re-statement of the FIFO rule for one layer: inputs is the list of h per call; f_c
     is handed the evicted memories and the memories that follow them."""
@@ -206,6 +364,7 @@ def reference_fifo(inputs, n_m, n_cm, c, compress):
     return history
 
 
+@kept_from_students
 @pytest.mark.parametrize("compression", ["conv", "mean_pool", "dilated_conv", "overlap_max_pool"])
 @pytest.mark.parametrize("lengths", [(6, 6, 6, 6), (5, 7, 1, 1, 1, 4, 2, 9), (1,) * 20])
 def test_fifo_rule_and_c_mem_is_f_c_of_evicted(compression, lengths):
@@ -341,10 +500,30 @@ def test_relative_shift_matches_brute_force():
     K = M + T
     raw = torch.randn(3, T, K + 1)
     shifted = relative_shift(raw)
+    assert shifted.shape == (3, T, K), f"expected [3, T, K] = [3, {T}, {K}], got {shifted.shape}"
     for i in range(T):
-        for j in range(M + i + 1):
+        for j in range(M + i + 1):  # the keys query i may see: distance M + i - j >= 0
             distance = M + i - j
-            assert shifted[:, i, j].equal(raw[:, i, K - distance])
+            if not shifted[:, i, j].equal(raw[:, i, K - distance]):
+                found = (raw[0, i] == shifted[0, i, j]).nonzero().flatten().tolist()
+                got = (
+                    f"input column {found[0]} (distance {K - found[0]})"
+                    if found
+                    else f"a value from no column of query {i}'s input row"
+                )
+                raise AssertionError(
+                    f"query {i}, key {j}: expected the score at distance M + i - j = {distance} "
+                    f"(input column K - {distance} = {K - distance}), got {got}"
+                )
+
+
+def test_relative_shift_returns_a_view_of_its_input():
+    raw = torch.randn(2, 3, 5, 9)  # [..., T = 5, K + 1 = 9]
+    shifted = relative_shift(raw)
+    assert shifted.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr(), (
+        "relative_shift returned new memory: its contract asks for a view of position_scores' "
+        "own storage, no copy (torch.cat, F.pad, .clone() and .contiguous() all copy)"
+    )
 
 
 @pytest.mark.parametrize("pre_norm", [True, False])
@@ -365,8 +544,6 @@ def test_attention_weights_match_a_brute_force_transformer_xl_score(pre_norm):
         keys = layer.attn_norm(keys)
     M, T, K, H, dh = keys.size(0) - 4, 4, keys.size(0), 2, 8
     q, k, _ = attn.qkv(keys).view(K, 3, H, dh).unbind(1)
-    from compressive import sinusoid_positions
-
     R = sinusoid_positions(K, 16).flip(0)  # R[d] = encoding of distance d
     r = attn.position(R).view(K, H, dh)
     scores = torch.full((H, T, K), float("-inf"))
@@ -717,6 +894,25 @@ def test_torch_compile_traces_forward_and_backward_in_steady_state():
 # ---------------------------------------------------------------- generation ---------------------
 
 
+def test_generate_at_top_k_1_chooses_what_one_pass_over_the_text_would():
+    """A memory that holds the whole text (Transformer-XL, n_m = 64) sees what one forward over
+    the whole text sees, so each token generated at top_k = 1 is the argmax of that forward's
+    logits at the token before it. generate keeps the prompt and the training mode, and
+    records no gradient."""
+    model = make(c_mem_len=0, mem_len=64).double()  # double: no near tie decides an argmax
+    model.train()
+    prompt = tokens(2, 9)
+    out = model.generate(prompt, 12, top_k=1)
+    assert out.shape == (2, 21) and out[:, :9].equal(prompt), f"got shape {list(out.shape)}"
+    assert model.training and not out.requires_grad
+    with torch.no_grad():
+        logits, _, _ = model.eval()(out[:, :-1])
+    assert out[:, 9:].equal(logits[:, 8:].argmax(-1)), (
+        f"generated {out[:, 9:].tolist()}, one pass's argmax {logits[:, 8:].argmax(-1).tolist()}"
+    )
+
+
+@kept_from_students
 def test_generate_extends_the_prompt_greedily_and_restores_training_mode():
     model = make()
     model.train()

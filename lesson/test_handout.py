@@ -1,81 +1,242 @@
-"""The teachers' kit (lesson/handout.py): the handout's student copy, its checks and the README's
-table. The one traced run of test_compressive.py is shared by the tests here; that every exercise
-blanked alone fails exactly its check is checked for real by `python -m lesson.handout --verify`
-(a CI step: minutes), and here for one exercise."""
+"""The teachers' kit (lesson/handout.py and the modules it uses): the handout, the audit, the
+grade and the Gradescope bundle, on real submissions: a correct answer, the real mistakes, and
+cheats.
+
+The assignment graded here blanks update_memory, attention_reconstruction_loss and
+relative_shift. By default each exercise's check is cut to the tests of FAST_TESTS (the kit
+computes it the same way, by blanking for real, over fewer tests) and a mistake is graded on its
+own exercise, so the file runs in seconds. With KIT_FULL=1 (CI) the same tests use every test
+of each check, grade every submission on all three exercises, and run the Gradescope bundle end to
+end on each."""
 
 import ast
-import importlib.util
+import json
+import os
 import re
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-spec = importlib.util.spec_from_file_location("lesson_handout", HERE / "handout.py")
-handout = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(handout)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the kit is imported as the lesson package, as -m runs it
 
-ORIGINAL, TREE = handout.read_python(handout.SOURCE, "the original")
-DUMPS = {q: ast.dump(n) for q, n in handout.functions(TREE).items()}
+from lesson import audit, exercises, gradescope, grading, handout  # noqa: E402
+
+FULL = os.environ.get("KIT_FULL") == "1"
+EXERCISES = ["relative_shift", "attention_reconstruction_loss", "CompressiveLayer.update_memory"]
+FAST_TESTS = [  # the tests that catch the mistakes below, and one hidden test
+    "test_relative_shift_matches_brute_force",
+    "test_relative_shift_returns_a_view_of_its_input",
+    "test_attention_reconstruction_loss_is_zero_when_f_c_keeps_every_memory",
+    "test_attention_reconstruction_loss_is_the_papers_content_attention_mse",
+    "test_f_c_loss_through_update_memory_is_zero_when_f_c_is_the_identity",
+    "test_the_fifos_hold_these_tokens_after_each_call",
+    "test_update_memory_returns_mem_and_c_mem_contiguous",
+]
+ORIGINAL, TREE = exercises.read_python(handout.SOURCE, "the original")
+DUMPS = {q: ast.dump(n) for q, n in exercises.functions(TREE).items()}
 
 
-def cli(*args, cwd=handout.ROOT):
+def cli(*args, cwd=ROOT, env=None):
     return subprocess.run(
         [sys.executable, "-m", "lesson.handout", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
+        env=env,
     )
+
+
+@pytest.fixture(scope="module")
+def hw(tmp_path_factory):
+    """The assignment, made as a teacher makes it: student/, teacher/, gradescope.zip."""
+    out = tmp_path_factory.mktemp("kit") / "hw"
+    handout.make(EXERCISES, out, points=[1, 2, 3], only=None if FULL else FAST_TESTS)
+    return out
+
+
+@pytest.fixture(scope="module")
+def assignment(hw):
+    return grading.load_assignment(hw)
+
+
+def changed(text, *edits):
+    """text with each (old, new) edit made; each old must occur exactly once."""
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
+def filled(student_copy):
+    """The student copy with every exercise written as the original writes it."""
+    for name in EXERCISES:
+        student_copy = exercises.splice(student_copy, ORIGINAL, name)
+    return student_copy
+
+
+def submit(folder: Path, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "compressive.py").write_text(text, encoding="utf-8")
+    return folder / "compressive.py"
+
+
+def only(assignment, name):
+    """The assignment cut to one exercise (the kit's tests grade a mistake on its own exercise)."""
+    return assignment._replace(exercises=[c for c in assignment.exercises if c.name == name])
+
+
+LOOP_TIMEOUT_S = 2
+
+
+@pytest.fixture(scope="module")
+def graded(hw, assignment, tmp_path_factory):
+    """Every grade this file asserts on, made side by side: the command line on a correct answer,
+    run_autograder in Gradescope's layout on a blank one, and in this process each real mistake
+    and the attacks on the report channel (which skip the audit: check_first=False)."""
+    folder = tmp_path_factory.mktemp("graded")
+    student_copy = (hw / "student" / "compressive.py").read_text()
+    # a correct answer, beside a test file that fails and a checks/ folder the grade must ignore
+    answer = submit(folder / "alice", filled(student_copy))
+    (folder / "alice" / "test_compressive.py").write_text("def test_x():\n    assert False\n")
+    (folder / "alice" / "checks").mkdir()
+    command_line = start_cli("--grade", answer, "--assignment", hw, "--results", folder / "r.json")
+    # a blank answer in Gradescope's layout, beside a test file whose every test passes at once
+    root = gradescope_layout(folder / "autograder", hw)
+    blank = student_copy
+    if not FULL:  # one exercise is enough to see the layout work: relative_shift, left blank
+        cut_assignment(root / "source" / "assignment", ["relative_shift"])
+        blank = exercises.splice(filled(student_copy), student_copy, "relative_shift")
+    submit(root / "submission", blank)
+    (root / "submission" / "test_compressive.py").write_text("def test_all():\n    pass\n")
+    autograder = start_autograder(root)
+    shift = only(assignment, "relative_shift")
+    jobs = {}
+    for number, (mistake, (name, text, _)) in enumerate(MISTAKES.items()):
+        graded_on = assignment if FULL else only(assignment, name)
+        jobs[mistake] = (submit(folder / str(number), text), graded_on)
+    for attack, lines in ATTACKS.items():
+        jobs[attack] = (submit(folder / attack, cheat_in_shift(*lines)), shift, None, None, False)
+    loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
+    jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
+    # in KIT_FULL each grade runs its three exercises side by side already
+    with ThreadPoolExecutor(max_workers=1 if FULL else grading.workers()) as pool:
+        grades = dict(zip(jobs, pool.map(lambda job: grading.grade(*job), jobs.values())))
+    grades["the command line"] = (command_line.communicate(), command_line.returncode)
+    results = json.loads((folder / "r.json").read_text()) if (folder / "r.json").exists() else {}
+    grades["its results.json"] = results
+    grades["run_autograder"] = finish_autograder(autograder, root)
+    grades["the autograder's root"] = root
+    return grades
+
+
+def start_cli(*args):
+    command = [sys.executable, "-m", "lesson.handout", *map(str, args)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True)
+
+
+# ---------------------------------------------------------------- the handout -------------------
 
 
 def readme_table():
     """The README's table of exercises: {name: (what the student writes, check size, tests)}."""
-    readme = (handout.ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     block = readme[readme.index(handout.TABLE_BEGIN) : readme.index(handout.TABLE_END)]
-    rows = re.findall(r"^\| `([\w.]+)` \| (.+?) \| (\d+) of (\d+) \|$", block, re.M)
-    return {name: (writes, int(size), int(total)) for name, writes, size, total in rows}
+    rows = re.findall(
+        r"^\| `([\w.]+)` \| (.+?) \| (\d+) of (\d+)(?:, (\d+) kept.*?)? \|$", block, re.M
+    )
+    return {row[0]: (row[1], int(row[2]), int(row[3])) for row in rows}
 
 
 def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_the_file():
-    assert handout.resolve(list(handout.EXERCISES), TREE) == list(handout.EXERCISES)
+    assert exercises.resolve(list(handout.EXERCISES), TREE) == list(handout.EXERCISES)
     table = readme_table()
     assert list(table) == list(handout.EXERCISES)
     assert all(table[name][0] == exercise.writes for name, exercise in handout.EXERCISES.items())
     assert len({total for _, _, total in table.values()}) == 1
 
 
-def test_a_blanked_exercise_fails_exactly_the_tests_that_call_it_and_passes_the_rest():
-    """relative_shift, blanked as a handout blanks it, for real: every test that fails, fails on
-    its NotImplementedError (so it called it), and as many fail as the README's table counts
-    (the tests that call it, from the traced run: python -m lesson.handout --verify checks the
-    table and every exercise this way, and the traced run behind it, in CI)."""
-    name = "relative_shift"
-    run = handout.run_tests(handout.blank(ORIGINAL, TREE, [name]), handout.TESTS)
-    _, size, total = readme_table()[name]
-    assert not run.errors and len(run.items) == total, (
-        "stale: python -m lesson.handout --table README.md"
+def test_each_check_is_what_blanking_its_function_fails(assignment):
+    """The checks were computed by blanking each function for real (the fixture ran the tests on
+    the original and on each blanked copy); with KIT_FULL=1 they are the README's table's."""
+    hidden = set(exercises.hidden_tests(assignment.tests))
+    for check in assignment.exercises:
+        assert check.tests and set(check.hidden) == {
+            t for t in check.tests if grading.base_name(t) in hidden
+        }
+        if FULL:
+            assert len(check.tests) == readme_table()[check.name][1], (
+                "stale: python -m lesson.handout --table README.md"
+            )
+        else:
+            assert {grading.base_name(t) for t in check.tests} <= set(FAST_TESTS)
+    names = {c.name: {grading.base_name(t) for t in c.tests} for c in assignment.exercises}
+    assert "test_relative_shift_returns_a_view_of_its_input" in names["relative_shift"]
+    assert (
+        "test_relative_shift_returns_a_view_of_its_input"
+        not in names["attention_reconstruction_loss"]
     )
-    failed = [t for t in run.items if run.outcomes[t] != "passed"]
-    assert all(run.crashes[t] == f"NotImplementedError: {name}: the exercise" for t in failed)
-    assert len(failed) == size, "stale: python -m lesson.handout --table README.md"
-    assert 0 < size < total
 
 
-@pytest.mark.parametrize("name", list(handout.functions(TREE)))
+def test_the_student_folder_holds_no_answer_and_no_hidden_test(hw, assignment):
+    student = hw / "student"
+    assert sorted(p.name for p in student.iterdir()) == [
+        "README.md",
+        "checks",
+        "compressive.py",
+        "test_compressive.py",
+    ]
+    tests = (student / "test_compressive.py").read_text()
+    assert (
+        "def reference_fifo" not in tests and "kept_from_students" not in tests.split('"""', 2)[2]
+    )
+    assert not exercises.undefined_names(tests)
+    kept = set(exercises.hidden_tests(assignment.tests))
+    assert kept and not kept & {getattr(n, "name", "") for n in ast.parse(tests).body}
+    # no line of any exercise's original body that the rest of the file does not hold too
+    everything = " ".join(p.read_text() for p in student.rglob("*") if p.is_file())
+    flat = " ".join(everything.split())
+    for name in EXERCISES:
+        node = exercises.functions(TREE)[name]
+        elsewhere = " ".join(exercises.blank(ORIGINAL, TREE, [name]).split())
+        for line in ORIGINAL.splitlines()[node.body[1].lineno - 1 : node.end_lineno]:
+            statement = " ".join(line.split("#")[0].split())
+            # a line of the answer's own, not `return out` or `with torch.no_grad():`
+            if len(statement) > 24 and statement not in elsewhere:
+                assert statement not in flat, (name, statement)
+    for check in assignment.exercises:  # a student's check: the tests of theirs that check it
+        listed = (student / "checks" / f"{check.name}.txt").read_text().split()
+        assert listed == [t for t in check.tests if t not in check.hidden]
+    # the teacher's folder: the solution, every test, the assignment
+    assert (hw / "teacher" / "compressive.py").read_text() == ORIGINAL
+    assert (hw / "teacher" / "test_compressive.py").read_text() == handout.TESTS.read_text()
+    assert [c.points for c in assignment.exercises] == [1, 2, 3]
+    readme = (student / "README.md").read_text()
+    assert "@checks/relative_shift.txt" in readme and "refuses" in readme
+
+
+@pytest.mark.parametrize("name", list(exercises.functions(TREE)))
 def test_the_student_copy_keeps_everything_but_the_body_and_gives_no_line_of_it_away(name):
-    node = handout.functions(TREE)[name]
-    student = handout.blank(ORIGINAL, TREE, [name])
-    blanked = handout.functions(ast.parse(student))[name]
+    node = exercises.functions(TREE)[name]
+    student = exercises.blank(ORIGINAL, TREE, [name])
+    blanked = exercises.functions(ast.parse(student))[name]
     doc = ast.get_docstring(blanked)
     assert [type(s) for s in blanked.body] == [ast.Expr, ast.Raise] and doc
     assert ast.dump(blanked.args) == ast.dump(node.args)
     assert list(map(ast.dump, blanked.decorator_list)) == list(map(ast.dump, node.decorator_list))
     # every other function is untouched
     assert {q: n for q, n in DUMPS.items() if q != name} == {
-        q: ast.dump(n) for q, n in handout.functions(ast.parse(student)).items() if q != name
+        q: ast.dump(n) for q, n in exercises.functions(ast.parse(student)).items() if q != name
     }
     flat = " ".join(doc.split())
     body = node.body[1:] if ast.get_docstring(node) else node.body
@@ -87,73 +248,465 @@ def test_the_student_copy_keeps_everything_but_the_body_and_gives_no_line_of_it_
 
 
 def test_relative_shifts_student_docstring_has_no_worked_example_and_no_index_formula():
-    doc = ast.get_docstring(
-        handout.functions(ast.parse(handout.blank(ORIGINAL, TREE, ["relative_shift"])))[
-            "relative_shift"
-        ]
-    )
-    original = ast.get_docstring(handout.functions(TREE)["relative_shift"])
-    assert handout.MARKER in original and "T + j - i" in original and "Worked example" in original
-    assert "T + j - i" not in doc and "Worked example" not in doc and handout.MARKER not in doc
+    blanked = exercises.blank(ORIGINAL, TREE, ["relative_shift"])
+    doc = ast.get_docstring(exercises.functions(ast.parse(blanked))["relative_shift"])
+    original = ast.get_docstring(exercises.functions(TREE)["relative_shift"])
+    assert exercises.MARKER in original and "T + j - i" in original and "Worked example" in original
+    assert "T + j - i" not in doc and "Worked example" not in doc and exercises.MARKER not in doc
     assert "[..., T, K+1]" in doc and "M + i - j" in doc  # the contract stays
 
 
-def test_the_handout_is_deterministic_and_blanks_several_functions_at_once():
-    names = ["CompressiveLayer.update_memory", "relative_shift"]
-    first = handout.blank(ORIGINAL, TREE, names)
-    assert first == handout.blank(ORIGINAL, TREE, list(reversed(names)))
-    assert sum("raise NotImplementedError" in line for line in first.splitlines()) == 2
-    checks = {n: [f"test_compressive.py::test_{i}"] for i, n in enumerate(names)}
-    assert handout.student_readme(names, checks, TREE) == handout.student_readme(
-        names, checks, TREE
+def test_the_student_tests_leave_out_each_kept_test_and_the_helpers_only_it_used():
+    text = handout.TESTS.read_text()
+    student = exercises.student_tests(text)
+    names = {n.name for n in ast.parse(student).body if isinstance(n, ast.FunctionDef)}
+    assert "test_fifo_rule_and_c_mem_is_f_c_of_evicted" not in names
+    assert "reference_fifo" not in names and "kept_from_students" not in names
+    assert "test_the_fifos_hold_these_tokens_after_each_call" in names and "FIFO_CALLS" in student
+    everything = {n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}
+    assert everything - names == set(exercises.hidden_tests(text)) | {
+        "reference_fifo",
+        "kept_from_students",
+    }
+
+
+# ---------------------------------------------------------------- the audit ---------------------
+
+SHIFT_RETURN = "    return flat[..., T : T + T * K].view(*batch, T, K)  # [..., T, K]\n"
+
+
+def cheat_in_shift(*lines):
+    """The original with lines put into relative_shift's body, before its return."""
+    body = "".join(f"    {line}\n" for line in lines)
+    return changed(ORIGINAL, (SHIFT_RETURN, body + SHIFT_RETURN))
+
+
+CHEATS = {
+    "an import at the top": (
+        changed(ORIGINAL, ("import math\n", "import math\nimport pytest\n")),
+        "differs from the handout outside the exercises",
+    ),
+    "module-level code": (
+        ORIGINAL + "\nprint('graded')\n",
+        "differs from the handout outside the exercises",
+    ),
+    "an atexit hook at import": (
+        ORIGINAL + "\nimport atexit\n\natexit.register(lambda: None)\n",
+        "differs from the handout outside the exercises",
+    ),
+    "another function changed": (
+        changed(
+            ORIGINAL, ("    return F.mse_loss(decoded.float(), old_mem.float())", "    return 0")
+        ),
+        "line",
+    ),
+    "an import in an exercise": (cheat_in_shift("import os"), "an import"),
+    "reading a file": (cheat_in_shift("open('/etc/hostname').read()"), "`open`"),
+    "writing a file": (cheat_in_shift("torch.save(flat, 'x.pt')"), "`.save`"),
+    "unpickling": (cheat_in_shift("torch.load('x.pt')"), "`.load`"),
+    "__import__": (cheat_in_shift("__import__('os')._exit(0)"), "`__import__`"),
+    "os._exit": (cheat_in_shift("os._exit(0)"), "`os`"),
+    "sys.modules": (cheat_in_shift("sys.modules['pytest'].main = None"), "`sys`"),
+    "getattr by string": (cheat_in_shift("getattr(torch, 'lo' + 'ad')('x.pt')"), "`getattr`"),
+    "vars": (cheat_in_shift("vars(torch)['testing']"), "`vars`"),
+    "eval": (cheat_in_shift("eval('1')"), "`eval`"),
+    "exec": (cheat_in_shift("exec('import os')"), "`exec`"),
+    "builtins": (cheat_in_shift("__builtins__['open']"), "`__builtins__`"),
+    "__globals__": (cheat_in_shift("relative_shift.__globals__"), "`.__globals__`"),
+    "__subclasses__": (cheat_in_shift("position_scores.__class__.__subclasses__()"), "`.__"),
+    "patching the test helpers": (
+        cheat_in_shift("torch.testing.assert_close = print"),
+        "`.testing`",
+    ),
+    "rebinding an attribute": (
+        cheat_in_shift("position_scores.data = flat"),
+        "assigns or deletes no attribute",
+    ),
+    "a format string": (cheat_in_shift("'{0.__class__}'.format(flat)"), "`.format`"),
+    "an f-string": (cheat_in_shift("f'{flat.__class__}'"), "`.__class__`"),
+    "type": (cheat_in_shift("type(flat)"), "`type`"),
+    "a match on a class pattern": (
+        cheat_in_shift("match flat:", "    case torch.Tensor(__class__=c):", "        pass"),
+        "a match statement",
+    ),
+    "global": (cheat_in_shift("global torch"), "a global statement"),
+    "torch.compiler": (cheat_in_shift("torch.compiler.reset()"), "`.compiler`"),
+    "a hook": (cheat_in_shift("flat.register_hook(print)"), "`.register_hook`"),
+    "breakpoint": (cheat_in_shift("breakpoint()"), "`breakpoint`"),
+    "a changed signature": (
+        changed(
+            ORIGINAL,
+            (
+                "def relative_shift(position_scores: torch.Tensor)",
+                "def relative_shift(position_scores: torch.Tensor, log=open('x', 'w'))",
+            ),
+        ),
+        "signature or decorators differ",
+    ),
+    "not Python": ("def relative_shift(:\n", "not Python that parses"),
+}
+
+
+@pytest.mark.parametrize("cheat", list(CHEATS))
+def test_the_audit_refuses_each_cheat_in_one_line_before_any_code_runs(cheat):
+    text, reason = CHEATS[cheat]
+    with pytest.raises(audit.Refusal) as refusal:
+        audit.audit(text, ORIGINAL, EXERCISES)
+    assert reason in str(refusal.value) and "\n" not in str(refusal.value)
+
+
+def test_the_audit_accepts_the_handout_a_correct_answer_and_honest_mistakes(hw):
+    student_copy = (hw / "student" / "compressive.py").read_text()
+    for text in [
+        student_copy,
+        filled(student_copy),
+        ORIGINAL,
+        *(t for _, t, _ in MISTAKES.values()),
+    ]:
+        audit.audit(text, ORIGINAL, EXERCISES)
+    # every exercise of the table can be graded: the audit accepts its original body
+    audit.audit(ORIGINAL, ORIGINAL, list(handout.EXERCISES))
+
+
+# ---------------------------------------------------------------- grades ------------------------
+
+MISTAKES = {  # name: (the exercise it is in, the submission, a line the grade must print)
+    "the loss skips attn_norm under pre-LN": (
+        "attention_reconstruction_loss",
+        changed(
+            ORIGINAL,
+            ("    if layer.pre_norm:  # the attention sees", "    if False:  # the attention sees"),
+        ),
+        "pre-LN, the attention saw the memories through layer.attn_norm",
+    ),
+    "len(c_mem) counts the slots": (
+        "CompressiveLayer.update_memory",
+        changed(
+            ORIGINAL,
+            (
+                "self.reconstruction_loss(old_mem, compressed, attended, c_mem.size(1))",
+                "self.reconstruction_loss(old_mem, compressed, attended, len(c_mem))",
+            ),
+        ),
+        "follow the keys of c_mem's 0 slots (the batch has 3 rows)",
+    ),
+    "relative_shift copies": (
+        "relative_shift",
+        changed(ORIGINAL, (".view(*batch, T, K)  # [..., T, K]", ".clone().view(*batch, T, K)")),
+        "relative_shift returned new memory",
+    ),
+    "relative_shift is off by one": (
+        "relative_shift",
+        changed(ORIGINAL, ("flat[..., T : T + T * K]", "flat[..., T - 1 : T - 1 + T * K]")),
+        "got input column 4 (distance 8)",
+    ),
+    "the FIFO is not contiguous": (
+        "CompressiveLayer.update_memory",
+        changed(
+            ORIGINAL,
+            ("mem[:, n_evict:].contiguous()", "mem[:, n_evict:]"),
+            ("c_mem = c_mem[:, -n_cm:].contiguous()", "c_mem = c_mem[:, -n_cm:]"),
+        ),
+        "is not contiguous: update_memory must return mem and c_mem contiguous",
+    ),
+    "the FIFO evicts exactly the overflow": (
+        "CompressiveLayer.update_memory",
+        changed(
+            ORIGINAL,
+            (
+                "n_evict = n_evicted(mem.size(1), n_m, n_cm, c)",
+                "n_evict = max(0, mem.size(1) - n_m)",
+            ),
+        ),
+        "mem should hold the 6 tokens 6..11, got 8 slots",
+    ),
+}
+
+
+def test_each_real_mistake_costs_its_own_exercise_and_says_why(graded):
+    for mistake, (name, _, says) in MISTAKES.items():
+        grading_ = graded[mistake]
+        for g in grading_.grades:
+            assert not g.problem and not grading_.refused, (mistake, g.problem)
+            assert g.score == (0 if g.name == name else g.points), (mistake, g.name, g.failures)
+        (mine,) = [g for g in grading_.grades if g.name == name]
+        assert any(says in line for line in grading.failure_lines(mine, hidden=False)), (
+            mistake,
+            mine.failures,
+        )
+
+
+def test_a_mistake_in_one_exercise_never_reaches_the_others_runs():
+    """Isolation by construction: each exercise runs on the original with only its own function
+    taken from the submission."""
+    _, text, _ = MISTAKES["relative_shift is off by one"]
+    for name in EXERCISES:
+        spliced = exercises.splice(ORIGINAL, text, name)
+        assert (spliced == ORIGINAL) == (name != "relative_shift")
+
+
+def test_a_correct_answer_scores_full_marks_whatever_sits_beside_it(graded, assignment):
+    """Graded as a teacher does, by the command line, with Gradescope's results.json; the
+    submission's folder holds its own test file and checks, which the grade never reads."""
+    (stdout, stderr), code = graded["the command line"]
+    assert code == 0 and "total 6/6" in stdout, stdout + stderr
+    record = graded["its results.json"]
+    assert_gradescope_schema(record, assignment)
+    assert record["score"] == 6
+    assert [t["status"] for t in record["tests"]] == ["passed"] * len(record["tests"])
+
+
+def assert_gradescope_schema(record, assignment):
+    """Gradescope's results.json: a score, tests with name, score, max_score, status, output and
+    visibility; one scored entry per exercise named as the kit's table names it, first; the hidden
+    tests' entries carry no points."""
+    assert isinstance(record["score"], float) and isinstance(record["execution_time"], int)
+    assert record["visibility"] in grading.VISIBILITIES and record["stdout_visibility"] == "hidden"
+    assert isinstance(record["output"], str)
+    for test in record["tests"]:
+        assert set(test) == {"name", "score", "max_score", "status", "output", "visibility"}
+        assert isinstance(test["score"], float) and isinstance(test["max_score"], float)
+        assert test["status"] in ("passed", "failed") and isinstance(test["output"], str)
+        assert test["visibility"] in grading.VISIBILITIES
+    names = [c.name for c in assignment.exercises]
+    scored = record["tests"][: len(names)]
+    assert [t["name"] for t in scored] == names
+    assert [t["max_score"] for t in scored] == [c.points for c in assignment.exercises]
+    assert sum(t["score"] for t in record["tests"]) == record["score"]
+    for test in record["tests"][len(names) :]:
+        assert test["name"].endswith(": hidden tests") and test["max_score"] == 0
+        assert test["visibility"] == assignment.hidden_visibility
+
+
+def gradescope_layout(root: Path, hw: Path) -> Path:
+    """The bundle unpacked in root/source, as Gradescope unpacks it."""
+    with zipfile.ZipFile(hw / "gradescope.zip") as bundle:
+        bundle.extractall(root / "source")
+    for name in ("run_autograder", "setup.sh"):
+        (root / "source" / name).chmod(0o755)  # zipfile does not restore modes; unzip does
+    return root
+
+
+def cut_assignment(folder: Path, names):
+    record = json.loads((folder / "assignment.json").read_text())
+    record["exercises"] = [e for e in record["exercises"] if e["name"] in names]
+    (folder / "assignment.json").write_text(json.dumps(record))
+
+
+def start_autograder(root: Path):
+    """run_autograder as Gradescope runs it: copied to the root, from the root."""
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    env = dict(os.environ, AUTOGRADER_PYTHON=sys.executable)
+    env.pop("AUTOGRADER_ROOT", None)
+    command = [str(root / "run_autograder")]
+    return subprocess.Popen(command, cwd=root, env=env, stdout=PIPE, stderr=PIPE, text=True)
+
+
+def finish_autograder(process, root: Path) -> dict:
+    stdout, stderr = process.communicate()
+    assert process.returncode == 0, stdout + stderr
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(hw):
+    with zipfile.ZipFile(hw / "gradescope.zip") as bundle:
+        names = bundle.namelist()
+        setup = bundle.read("setup.sh").decode()
+        modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
+    assert sorted(names) == sorted(
+        ["setup.sh", "run_autograder"]
+        + [f"lesson/{n}" for n in gradescope.KIT_FILES]
+        + [f"assignment/{n}" for n in gradescope.ASSIGNMENT_FILES]
     )
-    assert "@checks/relative_shift.txt" in handout.student_readme(names, checks, TREE)
-    # the README points into the student's copy, and says which to write first where one
-    # exercise's tests all call the other
-    student_tree = ast.parse(first)
-    checks["relative_shift"].append(checks["CompressiveLayer.update_memory"][0])
-    readme = handout.student_readme(names, checks, student_tree)
-    for name in names:
-        line = handout.functions(student_tree)[name].lineno
-        assert first.splitlines()[line - 1].lstrip().startswith(f"def {name.split('.')[-1]}(")
-        assert f"`{name}` (compressive.py, line {line})" in readme
-    assert (
-        "Write `relative_shift` first: every test of `CompressiveLayer.update_memory`'s check "
-        "calls it too."
-    ) in readme
+    assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
+    torch_version = version("torch").split("+")[0]
+    assert f"torch=={torch_version} --index-url https://download.pytorch.org/whl/cpu" in setup
+    assert f"pytest=={pytest.__version__}" in setup
+    with tempfile.NamedTemporaryFile("w", suffix=".sh") as script:
+        script.write(setup)
+        script.flush()
+        assert subprocess.run(["bash", "-n", script.name]).returncode == 0
+
+
+def test_the_gradescope_bundle_grades_in_gradescopes_layout(graded, hw):
+    """A blank answer in submission/, beside a test file whose every test passes at once:
+    run_autograder, run from the root as Gradescope runs it, writes a results.json worth 0."""
+    root = graded["the autograder's root"]
+    results = graded["run_autograder"]
+    assert_gradescope_schema(results, grading.load_assignment(root / "source" / "assignment"))
+    assert results["score"] == 0 and all(t["status"] == "failed" for t in results["tests"])
+    assert "not written yet" in results["tests"][0]["output"]
+    if FULL:  # a mistake in each exercise (the graded fixture has them all), a correct answer
+        bundled = grading.load_assignment(root / "source" / "assignment")
+        for mistake in BUNDLED_MISTAKES:
+            name, text, says = MISTAKES[mistake]
+            submit(root / "submission", text)
+            results = finish_autograder(start_autograder(root), root)
+            assert_gradescope_schema(results, bundled)
+            scores = {t["name"]: t["score"] for t in results["tests"][: len(EXERCISES)]}
+            assert scores[name] == 0 and sum(scores.values()) == 6 - scores_of(bundled)[name]
+            assert says in next(t["output"] for t in results["tests"] if t["name"] == name)
+        submit(root / "submission", filled((hw / "student" / "compressive.py").read_text()))
+        assert finish_autograder(start_autograder(root), root)["score"] == 6
+
+
+BUNDLED_MISTAKES = [
+    "the loss skips attn_norm under pre-LN",
+    "len(c_mem) counts the slots",
+    "relative_shift is off by one",
+]
+
+
+def scores_of(assignment):
+    return {c.name: c.points for c in assignment.exercises}
+
+
+# ---------------------------------------------------------------- the report channel ------------
+# The audit keeps a submission from reaching the test runner; these submissions skip it
+# (check_first=False) to show that the report holds even against code that does.
+
+ATTACKS = {
+    "forge the report, now and at exit": [
+        "import atexit, json, os, sys",
+        "fd = int(sys.argv[1])",  # the report's pipe, as the test process was handed it
+        "copy = os.dup(fd)",
+        "def forge():",
+        "    for when in ('setup', 'call', 'teardown'):",
+        "        line = {'test': 'x', 'when': when, 'outcome': 'passed', 'message': ''}",
+        "        os.write(copy, (json.dumps(line) + chr(10)).encode())",
+        "    os.write(copy, (json.dumps({'finished': 0}) + chr(10)).encode())",
+        "forge()",
+        "atexit.register(forge)",  # a run started by the zygote ends before atexit: it never runs
+        "raise NotImplementedError",
+    ],
+    "leave early, exit status 0": ["import os", "os._exit(0)"],
+}
+
+
+@pytest.mark.parametrize(
+    "attack, verdict",
+    [
+        ("forge the report, now and at exit", "its report was forged"),
+        ("leave early, exit status 0", "ended before its report"),
+    ],
+)
+def test_a_forged_or_missing_report_scores_zero(graded, attack, verdict):
+    (g,) = graded[attack].grades
+    assert g.score == 0 and verdict in g.problem, (attack, g.problem)
+
+
+def test_without_the_zygote_a_run_reads_the_same_and_a_hook_at_exit_is_caught(
+    tmp_path, assignment, monkeypatch
+):
+    """Where runs start as fresh processes (not Linux, or no zygote), an atexit hook does run,
+    after pytest's last line: the lines it writes come after the session's end."""
+    monkeypatch.setattr(grading.Zygote, "broken", True)
+    forger = ATTACKS["forge the report, now and at exit"]
+    at_exit_only = [line for line in forger if line != "forge()"]
+    path = submit(tmp_path, cheat_in_shift(*at_exit_only))
+    (g,) = grading.grade(path, only(assignment, "relative_shift"), None, None, False).grades
+    assert g.score == 0 and "wrote after the end of the session" in g.problem, g.problem
+    run = grading.run_tests(
+        ORIGINAL, assignment.tests, None, ["test_relative_shift_returns_a_view_of_its_input"]
+    )
+    assert not run.problem and list(run.outcomes.values()) == ["passed"]
+
+
+def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
+    (g,) = graded["an endless loop"].grades
+    assert g.score == 0 and f"did not finish within {LOOP_TIMEOUT_S} s" in g.problem
+    assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 20
+
+
+def report(*events, selected=("t::a", "t::b"), exit_code=0):
+    return grading.read_report(
+        [json.dumps(e).encode() for e in events], list(selected) if selected else None, exit_code
+    )
+
+
+def phases(test, outcome="passed"):
+    return [
+        {"test": test, "when": w, "outcome": outcome, "message": ""}
+        for w in ("setup", "call", "teardown")
+    ]
+
+
+def test_the_report_is_read_strictly():
+    whole = [{"collected": ["t::a", "t::b"]}, *phases("t::a"), *phases("t::b"), {"finished": 0}]
+    assert report(*whole).problem == "" and set(report(*whole).outcomes.values()) == {"passed"}
+    cases = {
+        "a line after the end": (whole + [{"test": "t::a"}], 0, "forged"),
+        "a test reported twice": (whole[:4] + phases("t::a") + whole[4:], 0, "forged"),
+        "a test missing": (whole[:4] + [{"finished": 0}], 0, "forged"),
+        "no end": (whole[:-1], 0, "ended before its report"),
+        "an exit status against the report": (whole, 3, "exited with 3"),
+        "a line not an event": (whole[:1] + [{"nonsense": 1}] + whole[1:], 0, "forged"),
+        "a test not collected": (whole[:1] + phases("t::z") + whole[1:], 0, "forged"),
+    }
+    for case, (events, code, problem) in cases.items():
+        assert problem in report(*events, exit_code=code).problem, case
+    failed = [whole[0], *phases("t::a", "failed"), *phases("t::b"), {"finished": 1}]
+    run = report(*failed, exit_code=1)
+    assert run.problem == "" and run.outcomes["t::a"] == "failed"
+
+
+def test_points_are_all_or_nothing_unless_partial():
+    check = grading.Check("f", 4.0, ["t::a", "t::b", "t::c", "t::d"], ["t::d"])
+    run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {}, 0.0)
+    one_failed = run._replace(outcomes={**run.outcomes, "t::b": "failed"})
+    assert grading.score(check, run, partial=False).score == 4
+    assert grading.score(check, one_failed, partial=False).score == 0
+    assert grading.score(check, one_failed, partial=True).score == 3
+    assert grading.score(check, run._replace(problem="forged"), partial=True).score == 0
+
+
+# ---------------------------------------------------------------- the command line --------------
 
 
 def test_a_short_name_resolves_and_an_unknown_one_is_one_clear_error(tmp_path):
-    assert handout.resolve(["update_memory", "relative_shift"], TREE) == [
+    assert exercises.resolve(["update_memory", "relative_shift"], TREE) == [
         "CompressiveLayer.update_memory",
         "relative_shift",
     ]
-    result = cli("relative_shfit", "--out", tmp_path / "handout")
-    assert result.returncode == 2 and not (tmp_path / "handout").exists()
+    result = cli("relative_shfit", "--out", tmp_path / "hw")
+    assert result.returncode == 2 and not (tmp_path / "hw").exists()
     assert result.stderr.count("\n") == 1 and "did you mean relative_shift" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    result = cli("forward", "--out", tmp_path / "handout")  # many classes have one
+    result = cli("forward", "--out", tmp_path / "hw")  # many classes have one
     assert result.returncode == 2 and "more than one" in result.stderr
 
 
 @pytest.mark.parametrize(
-    "content,message",
+    "content, message",
     [
-        (None, "is not a file"),
-        (b"\x89PNG\r\n\x1a\n\x00\x00", "not Python source"),
-        (b"def f(:\n", "not Python source"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
+        (b"def f(:\n", "not Python that parses"),
     ],
 )
-def test_bad_files_to_grade_get_one_clear_error(tmp_path, content, message):
+def test_a_file_that_is_not_python_is_refused_in_one_line(tmp_path, hw, content, message):
     path = tmp_path / "compressive.py"
-    if content is not None:
-        path.write_bytes(content)
-    result = cli("--grade", path)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr + result.stdout
+    path.write_bytes(content)
+    result = cli("--grade", path, "--assignment", hw)
+    assert result.returncode == 1 and message in result.stdout, result.stdout + result.stderr
+    assert result.stdout.count("refused: ") == 1 and "total 0/6" in result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_grading_without_assignment_takes_the_last_one_made_here(tmp_path, hw):
+    """The handout command notes its --out in the user's cache; --grade without --assignment
+    says it grades against that one."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    record = tmp_path / "cache" / "compressive-kit" / "last-assignment"
+    record.parent.mkdir(parents=True)
+    record.write_text(f"{hw}\n")
+    path = submit(tmp_path / "eve", ORIGINAL + "\nprint('graded')\n")
+    result = cli("--grade", path, env=env)
+    assert result.returncode == 1 and f"the assignment: {hw}" in result.stdout, result.stderr
+    assert "refused: " in result.stdout and "total 0/6" in result.stdout
 
 
 def test_bad_command_lines_get_one_clear_error(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "no-cache"))  # no last assignment
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("a teacher's notes")
     for args, message in [
@@ -161,9 +714,12 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
         (("relative_shift",), "--out"),
         (("relative_shift", "--out", tmp_path / "full"), "already exists"),
         (("--grade", tmp_path / "x.py", "relative_shift"), "give functions"),
+        (("--grade", tmp_path / "x.py"), "--assignment FOLDER"),
+        (("--grade", tmp_path / "x.py", "--assignment", tmp_path), "no assignment.json"),
+        (("relative_shift", "--out", tmp_path / "a", "--points", "1", "2"), "2 numbers for 1"),
         (("--no-such-flag",), "unrecognized"),
     ]:
-        result = cli(*args)
+        result = cli(*args, env=env)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, args
     assert (tmp_path / "full" / "keep.txt").read_text() == "a teacher's notes"

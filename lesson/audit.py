@@ -1,0 +1,228 @@
+"""The static audit of a student's compressive.py, before any of it runs.
+
+A submission is refused, with one line saying why, unless
+
+- it is the original outside the exercise functions (same statements, same signatures and
+  decorators; comments and layout may differ), so it imports nothing new and runs nothing of its
+  own when imported;
+- every exercise body uses only what an answer needs: its arguments and its own local names,
+  the names compressive.py defines or imports (torch, F, nn, math, its functions and classes),
+  a few builtins (SAFE_BUILTINS), and attributes from an allowlist (ALLOWED_ATTRIBUTES): those
+  compressive.py itself uses, and the tensor operations an answer could reasonably reach for.
+  It assigns or deletes no attribute, declares nothing global or nonlocal, defines no class and
+  imports nothing.
+
+An allowlist holds where a list of forbidden names would not: a name built from a string at run
+time (getattr(torch, "lo" + "ad"), __import__, vars(...)["..."]) needs getattr, __import__, vars
+or a dunder attribute, none of which is on it. So the student's code cannot reach the interpreter
+(sys, os, builtins, __dict__, __globals__, __subclasses__), the test runner (pytest, _pytest,
+atexit, importlib), files (open, torch.save, torch.load) or the grader's report.
+
+What it cannot prove: that the code halts, or stays within memory (grading kills a run at its
+timeout; a container bounds the rest), or that no torch operation on the list has a side
+effect no one foresaw. Grading runs student code: run it in a container, as Gradescope does.
+"""
+
+import ast
+import copy
+from typing import List
+
+from lesson.exercises import functions
+
+SAFE_BUILTINS = frozenset(
+    """abs all any bool dict divmod enumerate filter float frozenset int isinstance iter len
+    list map max min next pow print range reversed round set slice sorted str sum super tuple zip
+    ArithmeticError AssertionError Exception IndexError KeyError NotImplementedError
+    RuntimeError StopIteration TypeError ValueError ZeroDivisionError NotImplemented
+    Ellipsis""".split()
+)
+
+# Tensor operations an answer may reach for beyond those compressive.py itself uses (the audit
+# adds every attribute name the original reads, less DENIED_ATTRIBUTES).
+TENSOR_OPERATIONS = frozenset(
+    """T abs add addmm all amax amin any arange argmax argmin argsort as_strided as_tensor
+    baddbmm bfloat16 bmm cat ceil chunk clamp clamp_ clamp_max clamp_min clone concat
+    concatenate contiguous conv1d copy_ cos cross_entropy cumsum data detach detach_ device
+    diag diagonal dim div double dropout dtype einsum empty empty_like eq exp expand expand_as
+    eye fill_ flatten flip float floor floor_divide fmod full full_like functional gather ge
+    gelu gt half index_add index_select int is_contiguous isfinite isnan item l1_loss layer_norm
+    le linear linspace log log_softmax logical_and logical_not logical_or long lt masked_fill
+    masked_fill_ masked_select matmul max max_pool1d maximum mean min minimum mm mse_loss mT mul
+    narrow ndim ne neg nelement new_empty new_full new_ones new_tensor new_zeros no_grad nonzero
+    norm numel ones ones_like pad permute pow prod rand randn relu remainder repeat
+    repeat_interleave requires_grad requires_grad_ reshape reshape_as roll round rsqrt scatter
+    scatter_add select shape sigmoid sign silu sin size slice softmax sort split sqrt square
+    squeeze stack std storage_offset stride sub sum t take_along_dim tanh tensor tensor_split
+    tile to tolist topk transpose tril tril_ triu triu_ type_as unbind unflatten unfold
+    unsqueeze var view view_as where zero_ zeros zeros_like""".split()
+)
+
+# The one attribute the original reads that an answer has no use for: torch.compiler drives the
+# compiler that the tests' own compiled calls go through.
+DENIED_ATTRIBUTES = frozenset({"compiler"})
+
+# Statements an answer never needs, each with what it would reach.
+FORBIDDEN_NODES = {
+    ast.Import: "an import",
+    ast.ImportFrom: "an import",
+    ast.Global: "a global statement (it would rebind the module's names)",
+    ast.Nonlocal: "a nonlocal statement",
+    ast.ClassDef: "a class definition",
+    ast.AsyncFunctionDef: "an async function",
+    ast.Await: "await",
+    # a class pattern reads attributes named by strings: case Memory(__class__=c)
+    ast.Match: "a match statement",
+}
+
+
+class Refusal(Exception):
+    """The one line that says why a submission is refused."""
+
+
+def allowed_attributes(reference: ast.Module) -> frozenset:
+    used = {n.attr for n in ast.walk(reference) if isinstance(n, ast.Attribute)}
+    return frozenset(a for a in used | TENSOR_OPERATIONS if not a.startswith("_")) - (
+        DENIED_ATTRIBUTES
+    )
+
+
+def module_names(reference: ast.Module) -> frozenset:
+    """The names compressive.py binds at the top: its imports, classes, functions, constants."""
+    names = set()
+    for node in reference.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return frozenset(n for n in names if not n.startswith("__"))
+
+
+def without_exercises(tree: ast.Module, exercises: List[str]) -> str:
+    """The module's syntax tree, each exercise's body replaced by `...` (its signature and
+    decorators stay), as text to compare."""
+    tree = copy.deepcopy(tree)
+    for name, node in functions(tree).items():
+        if name in exercises:
+            node.body = [ast.Expr(ast.Constant(...))]
+    return ast.dump(tree, include_attributes=False)
+
+
+def first_difference(student: ast.Module, reference: ast.Module, exercises: List[str]) -> str:
+    """Where the student's file leaves the original outside the exercises, in a few words."""
+    pairs = list(zip(student.body, reference.body))
+    for ours, theirs in pairs:
+        if without_exercises(ast.Module([ours], []), exercises) != without_exercises(
+            ast.Module([theirs], []), exercises
+        ):
+            if isinstance(ours, ast.ClassDef) and isinstance(theirs, ast.ClassDef):
+                inner = first_difference(ast.Module(ours.body, []), ast.Module(theirs.body, []), [])
+                return inner if inner.startswith("line") else f"line {ours.lineno}"
+            return f"line {ours.lineno}"
+    extra = student.body[len(reference.body) :]
+    if extra:
+        return f"line {extra[0].lineno} (added after the original's last statement)"
+    return "its end (a statement of the original is missing)"
+
+
+MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
+
+
+def audit(student_text: str, reference_text: str, exercises: List[str]) -> None:
+    """Raise Refusal (one line) unless the submission may run; see the module docstring."""
+    if len(student_text.encode("utf-8")) > MAX_BYTES:
+        raise Refusal(f"it is larger than {MAX_BYTES // 1000} KB")
+    try:
+        student = ast.parse(student_text)
+    except (SyntaxError, ValueError) as e:
+        where = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise Refusal(f"it is not Python that parses{where}: {getattr(e, 'msg', e)}") from None
+    reference = ast.parse(reference_text)
+    found = functions(student)
+    missing = [name for name in exercises if name not in found]
+    if missing:
+        raise Refusal(f"it has no function {missing[0]}: keep every exercise's def")
+    for name in exercises:
+        ours, theirs = found[name], functions(reference)[name]
+        if signature(ours) != signature(theirs):
+            raise Refusal(
+                f"line {ours.lineno}: {name}'s signature or decorators differ from the "
+                f"handout's: write only its body"
+            )
+    if without_exercises(student, exercises) != without_exercises(reference, exercises):
+        where = first_difference(student, reference, exercises)
+        raise Refusal(
+            f"{where}: the file differs from the handout outside the exercises "
+            f"({', '.join(exercises)}): change nothing but their bodies"
+        )
+    names = module_names(reference) | SAFE_BUILTINS
+    attributes = allowed_attributes(reference)
+    for name in exercises:
+        check_body(found[name], name, names, attributes)
+
+
+def signature(node: ast.FunctionDef) -> str:
+    """The def line and decorators, as text to compare."""
+    parts = [node.args, *node.decorator_list] + ([node.returns] if node.returns else [])
+    return " ".join(ast.dump(part) for part in parts)
+
+
+def local_names(function: ast.FunctionDef) -> set:
+    """Every name the function binds anywhere inside it: arguments (its own, its lambdas' and
+    nested defs'), assignments, loop and with targets, comprehension variables, except-as."""
+    bound = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.FunctionDef) and node is not function:
+            bound.add(node.name)
+    return bound
+
+
+def check_body(function: ast.FunctionDef, name: str, names, attributes) -> None:
+    """The body's every name and attribute; its signature and decorators are the original's.
+    Of what it may not use, the first in the text is named (in open(f).read(), open)."""
+    local = local_names(function)
+    found = []
+    for node in (node for statement in function.body for node in ast.walk(statement)):
+        why = violation(node, local, names, attributes)
+        if why:
+            where = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
+            found.append((where, f"line {node.lineno}, in {name}: {why}"))
+    if found:
+        raise Refusal(min(found)[1])
+
+
+def violation(node: ast.AST, local, names, attributes) -> str:
+    """Why an answer may not hold this node, or ""."""
+    for kind, what in FORBIDDEN_NODES.items():
+        if isinstance(node, kind):
+            return f"an answer may not contain {what}"
+    if isinstance(node, ast.Name):
+        if node.id.startswith("__"):
+            return f"`{node.id}` reaches into the interpreter"
+        if node.id not in local and node.id not in names:
+            return (
+                f"`{node.id}` is not something an answer may use (its arguments, its own names, "
+                f"compressive.py's names and {len(SAFE_BUILTINS)} builtins such as len and range)"
+            )
+    elif isinstance(node, ast.Attribute):
+        if node.attr.startswith("_"):
+            return f"`.{node.attr}` reaches into the interpreter"
+        if not isinstance(node.ctx, ast.Load):
+            return (
+                f"an answer assigns or deletes no attribute (.{node.attr}): it returns what it "
+                f"computes"
+            )
+        if node.attr not in attributes:
+            return (
+                f"`.{node.attr}` is not among the attributes an answer may use (tensor operations "
+                f"and compressive.py's own)"
+            )
+    return ""

@@ -1,0 +1,346 @@
+"""compressive.py as a source of exercises: its functions by qualified name, the student copy with
+chosen bodies blanked, one function of a student's file put into the original, and the student
+copy of the tests without the tests kept from students. Standard library only: every function
+here reads source text, none runs it."""
+
+import ast
+import difflib
+import io
+import symtable
+import textwrap
+import tokenize
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Tuple
+
+# A docstring's answer part (a worked example, an index formula) starts at a line that reads
+# this; the student copy leaves it and what follows out.
+MARKER = "The answer (the student handout leaves out the rest of this docstring):"
+# The decorator of test_compressive.py that keeps a test out of the student copy of the tests.
+KEPT_FROM_STUDENTS = "kept_from_students"
+
+
+class KitError(Exception):
+    """Bad input: the command line prints it as one line and exits 2."""
+
+
+class Exercise(NamedTuple):
+    writes: str  # what the student writes, in a few words (the README's table)
+    paper: str  # where to read about it
+    contract: str = ""  # the contract, where the docstring's own stops at MARKER or is absent
+
+
+RAE = "Rae et al. 2019"
+EXERCISES: Dict[str, Exercise] = {
+    "sinusoid_positions": Exercise(
+        "R for the distances K..0, in descending order",
+        "Dai et al. 2019 (Transformer-XL), section 3.3; the sinusoids of Vaswani et al. 2017",
+    ),
+    "relative_shift": Exercise(
+        "the shift from (query, distance) to (query, key), as a view",
+        "Dai et al. 2019 (Transformer-XL), section 3.3 and appendix B",
+        "position_scores: [..., T, K+1], T queries; column p holds the scores at distance K - p "
+        "(column 0: distance K, one more than any key needs; the last column: distance 0). "
+        "Return [..., T, K] whose entry (i, j) is query i's score at its distance from key j, "
+        "M + i - j, with M = K - T memories before the queries. Where key j lies in query i's "
+        "future (j > M + i) any value will do: the causal mask hides it. Return a view of the "
+        "input's storage, no copy.",
+    ),
+    "RelativeAttention.attend": Exercise(
+        "the four score terms, the causal bias, the softmax, the values",
+        "Dai et al. 2019 (Transformer-XL), section 3.3; the comment above relative_shift",
+    ),
+    "CompressiveLayer.update_memory": Exercise(
+        "the two FIFOs: append, evict in blocks of c, compress, trim",
+        f"{RAE}, section 3.1 and Algorithm 1",
+    ),
+    "ConvCompress.forward": Exercise(
+        "a kernel = stride = c convolution as one matmul",
+        f"{RAE}, section 3.2",
+        "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
+        "class docstring and section 3's comment).",
+    ),
+    "PoolCompress.forward": Exercise(
+        "max or mean pooling over blocks of c",
+        f"{RAE}, section 3.2",
+        "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
+        "class docstring and section 3's comment).",
+    ),
+    "OverlapMaxPoolCompress.forward": Exercise(
+        "max over windows of c + 1, stride c",
+        "not in the paper: this file's own f_c (its class docstring)",
+        "old_mem: [B, k*c, d]; following: [B, >= 1, d], the memories after them; return "
+        "[B, k, d] (the class docstring and section 3's comment).",
+    ),
+    "MostUsedCompress.forward": Exercise(
+        "keep the most attended memories, in time order",
+        f"{RAE}, section 3.2",
+        "old_mem: [B, k*c, d]; usage: [B, k*c], the attention each received; return [B, k, d] "
+        "(the class docstring and section 3's comment).",
+    ),
+    "DilatedConvCompress.forward": Exercise(
+        "dilated convolutions, then the rate-c one",
+        f"{RAE}, section 3.2",
+        "old_mem: [B, k*c, d]; return [B, k, d] (the class docstring, its __init__ and section "
+        "3's comment).",
+    ),
+    "content_attention": Exercise(
+        "attention without positions", f"{RAE}, section 3.2 and Algorithm 2"
+    ),
+    "attention_reconstruction_loss": Exercise(
+        "the paper's Algorithm 2, f_c the only thing trained", f"{RAE}, section 3.2 and Algorithm 2"
+    ),
+    "autoencoding_loss": Exercise("the alternative loss", f"{RAE}, section 3.2"),
+    "LanguageModel.generate": Exercise(
+        "sampling one token at a time through the memory",
+        "Dai et al. 2019 (Transformer-XL), section 3.2: evaluation reuses the memory",
+    ),
+    "FeedbackLayer.forward": Exercise(
+        "one step of one Feedback layer", "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"
+    ),
+    "FeedbackTransformer.hidden_states": Exercise(
+        "the recurrence and the memory vectors m_t",
+        "Fan et al. 2020 (arXiv 2002.09402); section 7's comment",
+    ),
+}
+
+
+def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
+    """The text and syntax tree of a Python file (parsed, never run), or a KitError."""
+    if not path.is_file():
+        raise KitError(f"{what} {path} is not a file")
+    try:
+        return parse(path.read_text(encoding="utf-8"), f"{what} {path}")
+    except UnicodeDecodeError:
+        raise KitError(f"{what} {path} is not Python source: it is not UTF-8 text") from None
+
+
+def parse(text: str, what: str) -> Tuple[str, ast.Module]:
+    try:
+        return text, ast.parse(text)
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        why = e.msg if isinstance(e, SyntaxError) else str(e)
+        raise KitError(f"{what} is not Python source: {why}{where}") from None
+
+
+def functions(tree: ast.Module) -> Dict[str, ast.FunctionDef]:
+    """Every function and method a handout can blank, by qualified name, in file order."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{item.name}"] = item
+    return found
+
+
+def resolve(names: List[str], tree: ast.Module) -> List[str]:
+    """The qualified names the teacher means (`update_memory` alone is enough when unique)."""
+    known = functions(tree)
+    resolved = []
+    for name in names:
+        matches = [q for q in known if q == name] or [q for q in known if q.split(".")[-1] == name]
+        if len(matches) != 1:
+            close = difflib.get_close_matches(name, list(known), n=3)
+            if matches:
+                hint = f"it could be {', '.join(matches)}"
+            elif close:
+                hint = f"did you mean {', '.join(close)}?"
+            else:
+                hint = (
+                    "name a function or method of compressive.py, such as relative_shift or "
+                    "CompressiveLayer.update_memory"
+                )
+            many = "more than one" if matches else "no"
+            raise KitError(f"compressive.py has {many} function {name!r}: {hint}")
+        if matches[0] not in resolved:
+            resolved.append(matches[0])
+    return resolved
+
+
+def file_order(names, tree: ast.Module) -> List[str]:
+    """names in the order their functions come in the file."""
+    order = {q: i for i, q in enumerate(functions(tree))}
+    return sorted(names, key=lambda q: (order.get(q, len(order)), q))
+
+
+# ---------------------------------------------------------------- the student copy ----------------
+
+
+def student_docstring(name: str, node: ast.FunctionDef) -> str:
+    """The docstring up to MARKER, the exercise's contract where it has one, what to write."""
+    lines = (ast.get_docstring(node, clean=True) or "").splitlines()
+    stripped = [line.strip() for line in lines]
+    if MARKER in stripped:
+        lines = lines[: stripped.index(MARKER)]
+    text = "\n".join(lines).strip()
+    exercise = EXERCISES.get(name)
+    parts = [text] if text else []
+    if exercise and exercise.contract:
+        parts.append(textwrap.fill(exercise.contract, 92))
+    if exercise:
+        parts.append(textwrap.fill(f"Exercise: {exercise.writes}. Read: {exercise.paper}.", 92))
+    return "\n\n".join(parts) or "Exercise: write this function (see the comments around it)."
+
+
+def header_end(text: str, node: ast.FunctionDef) -> Tuple[int, int]:
+    """(line, column) just after the ':' that ends the def's signature."""
+    lines = text.splitlines(keepends=True)
+    start = node.lineno  # the `def` line (decorators come before it)
+    source = "".join(lines[start - 1 :])
+    depth = 0
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        elif tok.type == tokenize.OP and tok.string == ":" and depth == 0:
+            return start + tok.end[0] - 1, tok.end[1]
+    raise KitError(f"cannot find the end of the signature of {node.name}")
+
+
+def body_end(lines: List[str], node: ast.FunctionDef) -> int:
+    """The last line of a def: its body, and the comment lines right after it, indented as the
+    body (they go with it)."""
+    end = node.end_lineno
+    while (
+        end < len(lines)
+        and lines[end].strip().startswith("#")
+        and len(lines[end]) - len(lines[end].lstrip()) > node.col_offset
+    ):
+        end += 1
+    return end
+
+
+def blank(text: str, tree: ast.Module, names: List[str]) -> str:
+    """compressive.py with the bodies of `names` replaced by a student docstring and a raise."""
+    known = functions(tree)
+    lines = text.splitlines(keepends=True)
+    for name in sorted(names, key=lambda q: known[q].lineno, reverse=True):  # bottom up
+        node = known[name]
+        line, column = header_end(text, node)
+        end = body_end(lines, node)
+        body_indent = " " * (node.col_offset + 4)
+        doc = student_docstring(name, node).replace("\\", "\\\\").replace('"""', '\\"""')
+        doc = textwrap.indent(doc, body_indent).lstrip()
+        body = (
+            f'{body_indent}"""{doc}\n{body_indent}"""\n'
+            f'{body_indent}raise NotImplementedError("{name}: the exercise")\n'
+        )
+        head = lines[line - 1][:column]
+        comment = lines[line - 1][column:].strip()  # a comment on the signature's line stays
+        head = head + (f"  {comment}" if comment.startswith("#") else "") + "\n"
+        lines[line - 1 : end] = [head, body]
+    return "".join(lines)
+
+
+def definition_lines(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]:
+    """The 0-based line range [start, end) of a def with its decorators."""
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return start - 1, body_end(lines, node)
+
+
+def splice(reference: str, student: str, name: str) -> str:
+    """The reference file with the def of `name` (decorators and all) taken from the student's
+    file; both must define it at the same depth (the audit checks the rest is the reference)."""
+    ref_lines = reference.splitlines(keepends=True)
+    student_lines = student.splitlines(keepends=True)
+    ref_node = functions(ast.parse(reference))[name]
+    student_node = functions(ast.parse(student))[name]
+    start, end = definition_lines(ref_lines, ref_node)
+    student_start, student_end = definition_lines(student_lines, student_node)
+    definition = student_lines[student_start:student_end]
+    if definition and not definition[-1].endswith("\n"):
+        definition[-1] += "\n"
+    return "".join(ref_lines[:start] + definition + ref_lines[end:])
+
+
+# ---------------------------------------------------------------- the student copy of the tests ---
+
+
+def is_kept_from_students(node: ast.stmt) -> bool:
+    return isinstance(node, ast.FunctionDef) and any(
+        isinstance(d, ast.Name) and d.id == KEPT_FROM_STUDENTS for d in node.decorator_list
+    )
+
+
+def hidden_tests(tests_text: str) -> List[str]:
+    """The names of the test functions kept from students."""
+    return [n.name for n in ast.parse(tests_text).body if is_kept_from_students(n)]
+
+
+def top_level_names(node: ast.stmt) -> List[str]:
+    """The names a top-level def, class or assignment binds."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [t.id for t in targets if isinstance(t, ast.Name)]
+    return []
+
+
+def student_tests(tests_text: str) -> str:
+    """test_compressive.py without the tests kept from students, and without the helpers that
+    only they used (the reference FIFO, say), with the comment lines right above each."""
+    tree = ast.parse(tests_text)
+    removed = [n for n in tree.body if is_kept_from_students(n)]
+    kept = [n for n in tree.body if not is_kept_from_students(n)]
+    # helpers the removed tests used, and the decorator itself, go too once nothing kept uses them
+    candidates = {KEPT_FROM_STUDENTS}
+    for node in removed:
+        candidates |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    while True:
+        used = {n.id for node in kept for n in ast.walk(node) if isinstance(n, ast.Name)}
+        unused = [
+            node
+            for node in kept
+            if top_level_names(node)
+            and set(top_level_names(node)) <= candidates
+            and not set(top_level_names(node)) & used
+            and not top_level_names(node)[0].startswith("test_")
+        ]
+        if not unused:
+            break
+        removed += unused
+        kept = [n for n in kept if n not in unused]
+    lines = tests_text.splitlines(keepends=True)
+    drop = set()
+    for node in removed:
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):  # its comment goes too
+            start -= 1
+        end = node.end_lineno
+        while end < len(lines) and not lines[end].strip():  # and the blank lines after it
+            end += 1
+        drop.update(range(start, end))
+    text = "".join(line for i, line in enumerate(lines) if i not in drop)
+    undefined = undefined_names(text)
+    if undefined:
+        raise KitError(
+            f"the student copy of the tests would use {', '.join(sorted(undefined))} without "
+            f"defining it: a test kept from students defines what others use"
+        )
+    return text
+
+
+def undefined_names(text: str) -> set:
+    """Names a module reads but neither defines nor imports nor gets from builtins."""
+    import builtins
+
+    table = symtable.symtable(text, "<tests>", "exec")
+    defined = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+    defined |= set(dir(builtins))
+    missing = set()
+
+    def visit(scope):
+        for symbol in scope.get_symbols():
+            if (symbol.is_global() or scope is table) and symbol.is_referenced():
+                if symbol.get_name() not in defined:
+                    missing.add(symbol.get_name())
+        for child in scope.get_children():
+            visit(child)
+
+    visit(table)
+    return missing

@@ -1,0 +1,98 @@
+"""The Gradescope autograder bundle of an assignment: a zip whose run_autograder grades one
+submission with the kit itself (python -m lesson.handout --grade) and writes Gradescope's
+results.json. Gradescope unpacks it into /autograder/source, runs setup.sh once when it builds
+the image, then run_autograder from /autograder for each submission (its autograder
+specifications: https://gradescope-autograders.readthedocs.io/en/latest/specs/).
+
+The bundle holds the kit's grading code (lesson/), the assignment (the original, every test,
+assignment.json) under assignment/, setup.sh and run_autograder; nothing of the student's.
+"""
+
+import zipfile
+from pathlib import Path
+from typing import Dict
+
+KIT = Path(__file__).resolve().parent
+KIT_FILES = [
+    "handout.py",
+    "exercises.py",
+    "audit.py",
+    "grading.py",
+    "grading_child.py",
+    "gradescope.py",
+]
+ASSIGNMENT_FILES = ["compressive.py", "test_compressive.py", "assignment.json"]
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def setup_sh(versions: Dict[str, str]) -> str:
+    # the versions the assignment's checks were computed with, less a local tag such as +cpu
+    torch_version = versions.get("torch", "2.13.0").split("+")[0]
+    pytest_version = versions.get("pytest", "9.2.0").split("+")[0]
+    return f"""#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder's image (pick an Ubuntu base
+# image whose python3 torch {torch_version} supports). A virtual environment of its own, so the
+# system's packages play no part; the CPU build of torch (the GPU build is a multi-GB download a
+# grader has no use for) and pytest, pinned to the versions the assignment's checks were
+# computed with.
+set -euo pipefail
+apt-get update
+apt-get install -y python3 python3-venv
+python3 -m venv /autograder/venv
+/autograder/venv/bin/pip install --no-cache-dir torch=={torch_version} --index-url {TORCH_CPU_INDEX}
+/autograder/venv/bin/pip install --no-cache-dir pytest=={pytest_version}
+"""
+
+
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for each submission: it grades the compressive.py the student uploaded
+# (submission/) with the teacher's tests and original (source/assignment/) and writes
+# results/results.json. Every exercise is graded alone, after a static audit of the whole file;
+# the student's other files are never read. The root is the folder that holds source/,
+# submission/ and results/: /autograder on Gradescope, where this script is copied to the root,
+# or the folder above it when run from source/ (AUTOGRADER_ROOT overrides). The Python is
+# setup.sh's, or else python3 (AUTOGRADER_PYTHON overrides).
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ -n "${AUTOGRADER_ROOT:-}" ]; then
+  root="$AUTOGRADER_ROOT"
+elif [ -d "$here/source" ]; then
+  root="$here"
+else
+  root="$(dirname "$here")"
+fi
+python="${AUTOGRADER_PYTHON:-/autograder/venv/bin/python3}"
+[ -x "$python" ] || python="$(command -v python3)"
+results="$root/results/results.json"
+mkdir -p "$root/results"
+rm -f "$results"
+cd "$root/source" || exit 1
+"$python" -m lesson.handout --grade "$root/submission" --assignment assignment --results "$results"
+status=$?
+if [ ! -s "$results" ]; then  # the grader itself failed: a zero that says so, not a silent one
+  why="The autograder failed (exit status $status): your teacher can see why in its output."
+  printf '{"score": 0.0, "output": "%s", "tests": []}\\n' "$why" > "$results"
+fi
+exit 0
+"""
+
+
+def add(archive: zipfile.ZipFile, name: str, data: bytes, executable: bool = False) -> None:
+    """One file, with a fixed date (the same assignment makes the same bytes)."""
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+    info.external_attr = (0o100755 if executable else 0o100644) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    archive.writestr(info, data)
+
+
+def write_bundle(assignment_folder: Path, zip_path: Path, versions: Dict[str, str]) -> None:
+    """The bundle of the assignment in assignment_folder, at zip_path."""
+    staging = zip_path.with_name(f".{zip_path.name}.tmp")
+    with zipfile.ZipFile(staging, "w") as archive:
+        add(archive, "setup.sh", setup_sh(versions).encode(), executable=True)
+        add(archive, "run_autograder", RUN_AUTOGRADER.encode(), executable=True)
+        for name in KIT_FILES:
+            add(archive, f"lesson/{name}", (KIT / name).read_bytes())
+        for name in ASSIGNMENT_FILES:
+            add(archive, f"assignment/{name}", (assignment_folder / name).read_bytes())
+    staging.replace(zip_path)

@@ -1,0 +1,663 @@
+"""Running the tests, the one way the kit does it, and grading a submission with them.
+
+Every run, whether it computes an exercise's check or grades a student, is a process of its own
+(forked from a zygote that has imported torch, or started fresh) in a fresh folder holding a
+compressive.py and the teacher's test_compressive.py, nothing else (lesson/grading_child.py).
+Its outcomes reach this process on a pipe, one line per test as it ends, so a run's verdict is
+read as it happens: a run that reports fewer tests than it should, reports one twice, writes
+after its end, exits with a status its report disagrees with, or outlives its timeout, scores 0.
+
+An exercise's check is the tests that fail when its function alone is blanked, found by blanking
+it for real (compute_checks). A submission is graded one exercise at a time: the teacher's
+original compressive.py with only the student's function put in (exercises.splice), so a mistake
+in one exercise costs that exercise and no other, and only after the static audit (lesson/audit.py)
+has accepted the whole file.
+"""
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+from lesson import audit
+from lesson.exercises import KitError, blank, file_order, functions, hidden_tests, parse, splice
+
+CHILD = Path(__file__).resolve().with_name("grading_child.py")
+FORMAT = 1  # of assignment.json
+TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
+VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
+SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
+
+
+class Run(NamedTuple):
+    tests: List[str]  # the tests collected, in order
+    outcomes: Dict[str, str]  # node id -> passed | failed | skipped (the worst of its phases)
+    messages: Dict[str, str]  # node id -> the first line of its failure
+    problem: str  # "" when the run ended and its report is whole; else why it is worth nothing
+    versions: Dict[str, str]  # torch and pytest in the run
+    seconds: float
+
+
+def workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def child_environment() -> Dict[str, str]:
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
+        env.pop(name, None)  # compressive is the run's own, and pytest runs as the kit says
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # no plugin of the machine's reorders or reseeds
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # one thread a run: runs go side by side, one per core, and a run's tiny models are no
+    # faster on two threads (and much slower on a busy machine)
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
+    return env
+
+
+class Zygote:
+    """The process that starts runs by forking (grading_child.serve), one per grading process,
+    started on first use. Where it cannot be had (not Linux, a thread in it after its imports, a
+    failed start) runs start as fresh processes, which read the same report the same way."""
+
+    lock = threading.Lock()
+    connection: Optional[socket.socket] = None
+    process: Optional[subprocess.Popen] = None
+    owner = 0  # the process id that started it: a forked grader starts its own
+    broken = False
+
+    @classmethod
+    def send(cls, job: dict, fds: List[int]) -> bool:
+        """Ask for a run; False when there is no zygote to ask."""
+        with cls.lock:
+            if cls.broken or not sys.platform.startswith("linux"):
+                return False
+            if cls.connection is None or cls.owner != os.getpid():
+                cls.start()
+            try:
+                socket.send_fds(cls.connection, [json.dumps(job).encode()], fds)
+                return True
+            except OSError:
+                cls.broken = True
+                return False
+
+    @classmethod
+    def start(cls) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cls.process = subprocess.Popen(
+            [sys.executable, str(CHILD), "--zygote", str(theirs.fileno())],
+            env=child_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        ours.settimeout(120)
+        try:
+            ready = ours.recv(16) == b"ready"
+        except OSError:
+            ready = False
+        ours.settimeout(None)
+        if not ready:
+            ours.close()
+            cls.process.kill()
+            cls.broken = True
+            raise OSError("the zygote is not ready")
+        cls.connection, cls.owner = ours, os.getpid()
+        atexit.register(ours.close)  # its recv then ends, and so does it
+
+
+def run_tests(
+    compressive: str,
+    tests: str,
+    selected: Optional[List[str]] = None,
+    names: Optional[List[str]] = None,
+    timeout_s=TIMEOUT_S,
+) -> Run:
+    """Run tests (the text of a test_compressive.py) on compressive (the text of a compressive.py)
+    in a fresh process and folder; selected: the node ids to run, names: the test functions to
+    run (None and None: every test)."""
+    began = time.monotonic()
+    control = {"tests": selected, "names": names}
+    with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
+        folder = Path(folder)
+        (folder / "compressive.py").write_text(compressive, encoding="utf-8")
+        (folder / "test_compressive.py").write_text(tests, encoding="utf-8")
+        (folder / "pytest.ini").write_text("[pytest]\n")  # this folder is pytest's rootdir
+        shutil.copyfile(CHILD, folder / CHILD.name)
+        pipes = [os.pipe() for _ in range(3)]  # the report, the output, the status
+        (report_r, report_w), (output_r, output_w), (status_r, status_w) = pipes
+        proc = None
+        try:
+            job = {"folder": str(folder), "control": control}
+            if not Zygote.send(job, [report_w, output_w, status_w]):
+                proc = spawn(folder, control, report_w, output_w)
+        finally:
+            for _, write_end in pipes:
+                os.close(write_end)
+        if proc is None:
+            lines, output, reported, timed_out = read_until_closed(
+                [report_r, output_r, status_r], began + timeout_s
+            )
+            pid_and_code = reported.split()
+            code = int(pid_and_code[1]) if len(pid_and_code) == 2 else None
+        else:
+            os.close(status_r)
+            lines, output, _, timed_out = read_until_closed(
+                [report_r, output_r], began + timeout_s, f"{proc.pid}\n".encode()
+            )
+            code = proc.wait()
+    run = read_report(lines, selected, code)
+    problem = run.problem
+    if timed_out:
+        problem = f"it did not finish within {timeout_s:g} s (an endless loop?)"
+    elif problem and not run.tests:
+        tail = output.decode("utf-8", "replace").strip().splitlines()
+        problem += f" (its last output: {tail[-1][:200]})" if tail else ""
+    return run._replace(problem=problem, seconds=time.monotonic() - began)
+
+
+def spawn(folder: Path, control: dict, report_w: int, output_w: int) -> subprocess.Popen:
+    """A run in a fresh process, writing its report to report_w and its output to output_w."""
+    proc = subprocess.Popen(
+        [sys.executable, str(folder / CHILD.name), str(report_w)],
+        cwd=folder,
+        env=child_environment(),
+        stdin=subprocess.PIPE,
+        stdout=output_w,
+        stderr=output_w,
+        pass_fds=(report_w,),
+        start_new_session=True,  # its own process group, killed whole at the timeout
+    )
+    try:
+        proc.stdin.write((json.dumps(control) + "\n").encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once: its report is empty, and says so
+    return proc
+
+
+def read_until_closed(fds: List[int], deadline: float, status: bytes = b""):
+    """Read the report, the output and the status (the run's process id, then its exit code)
+    until each closes or the deadline passes; then the run's process group is killed. Returns
+    the report's lines, the last 16 KB of output, the status, and whether it timed out."""
+    selector = selectors.DefaultSelector()
+    for fd in fds:
+        selector.register(fd, selectors.EVENT_READ)
+    report, output, timed_out = b"", b"", False
+    try:
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                if status.split():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(int(status.split()[0]), signal.SIGKILL)
+                break
+            for key, _ in selector.select(remaining):
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    selector.unregister(key.fd)
+                elif key.fd == fds[0]:
+                    report += data
+                elif len(fds) > 2 and key.fd == fds[2]:
+                    status += data
+                else:
+                    output = (output + data)[-(1 << 14) :]  # a flood of prints is cut, not kept
+    finally:
+        selector.close()
+        for fd in fds:
+            os.close(fd)
+    return report.split(b"\n"), output, status.decode(), timed_out
+
+
+def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: Optional[int]) -> Run:
+    """The outcomes a run's report gives, and why the report is worth nothing, if it is."""
+    collected, outcomes, messages, versions = None, {}, {}, {}
+    phases, finished, collect_error = set(), None, ""
+    rank = ["passed", "skipped", "failed"]
+
+    def forged(why: str) -> Run:
+        return Run(collected or [], {}, {}, f"its report was forged: {why}", versions, 0.0)
+
+    for raw in lines:
+        if not raw.strip():
+            continue
+        if finished is not None:
+            return forged("it wrote after the end of the session")
+        try:
+            event = json.loads(raw)
+            kinds = ("collected", "collect_error", "test", "finished")
+            kind = next(k for k in kinds if isinstance(event, dict) and k in event)
+        except (ValueError, StopIteration):
+            return forged("a line that is not one of its events")
+        if kind == "collected":
+            if collected is not None or not isinstance(event["collected"], list):
+                return forged("the tests were collected twice")
+            collected, versions = [str(t) for t in event["collected"]], event.get("versions", {})
+        elif kind == "collect_error":
+            collect_error = collect_error or str(event["collect_error"])
+        elif kind == "test":
+            key = (event.get("test"), event.get("when"))
+            if collected is None or key[0] not in collected or key in phases:
+                return forged(f"{key[0]} reported out of turn")
+            if key[1] not in ("setup", "call", "teardown") or event.get("outcome") not in rank:
+                return forged(f"{key[0]}: an unknown phase or outcome")
+            phases.add(key)
+            worst = max(outcomes.get(key[0], "passed"), event["outcome"], key=rank.index)
+            outcomes[key[0]] = worst
+            if event["outcome"] != "passed" and key[0] not in messages:
+                messages[key[0]] = str(event.get("message", ""))[:500]
+        else:
+            finished = event["finished"]
+    tests = collected or []
+    if finished is None:
+        done = sum((t, "teardown") in phases for t in tests)
+        return Run(
+            tests,
+            outcomes,
+            messages,
+            f"the test process ended before its report did (exit status {exit_code}, "
+            f"after {done} of {len(selected) if selected is not None else len(tests)} tests)",
+            versions,
+            0.0,
+        )
+    if exit_code is None:
+        return Run(tests, outcomes, messages, "its exit status never came", versions, 0.0)
+    if exit_code != finished:
+        return forged(f"the process exited with {exit_code}, its report says {finished}")
+    for test in tests:
+        ran = [when for when in ("setup", "call", "teardown") if (test, when) in phases]
+        skipped_at_setup = ran == ["setup", "teardown"] and outcomes[test] != "passed"
+        if ran != ["setup", "call", "teardown"] and not skipped_at_setup:
+            return forged(f"{test} has no complete report")
+    if selected is not None:
+        if set(tests) - set(selected):
+            return forged("it ran tests it was not asked to")
+        for test in selected:
+            if test not in outcomes:
+                outcomes[test] = "failed"
+                messages[test] = collect_error or "this test does not exist in the test file"
+        tests = list(selected)
+    elif collect_error:
+        return Run(tests, outcomes, messages, f"the tests do not collect: {collect_error}", {}, 0)
+    return Run(tests, outcomes, messages, "", versions, 0.0)
+
+
+def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
+    """run_tests on each (compressive, tests, selected[, names]), side by side, one per core."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
+        return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
+
+
+# ---------------------------------------------------------------- checks --------------------------
+
+
+def compute_checks(
+    reference: str, tests: str, names: List[str], only: Optional[List[str]] = None
+) -> Tuple[List[str], Dict[str, List[str]], Dict[str, str]]:
+    """Every test of the file (only: those whose function is named there), and for each exercise
+    the tests that fail with its function alone blanked: its check. Also the versions of torch and
+    pytest that ran them. One run of the original, one per exercise, side by side."""
+    tree = parse(reference, "the original")[1]
+    jobs = [(reference, tests, None, only)] + [
+        (blank(reference, tree, [name]), tests, None, only) for name in names
+    ]
+    original, *blanked = run_many(jobs)
+    failing = [t for t in original.tests if original.outcomes.get(t) != "passed"]
+    if original.problem or failing or not original.tests:
+        why = original.problem or (
+            f"{len(failing)} tests fail, such as {failing[0]}: {original.messages.get(failing[0])}"
+            if failing
+            else "no test"
+        )
+        raise KitError(f"the tests do not pass on the original: {why}")
+    checks = {}
+    for name, run in zip(names, blanked):
+        if run.problem:  # a function that runs when compressive.py is imported, say
+            raise KitError(f"with {name} blanked, the tests do not run: {run.problem}")
+        checks[name] = [t for t in original.tests if run.outcomes.get(t) != "passed"]
+        if not checks[name]:
+            raise KitError(f"no test fails with {name} blanked: it would have no check")
+    return original.tests, checks, original.versions
+
+
+def base_name(node_id: str) -> str:
+    """test_compressive.py::test_x[param] -> test_x"""
+    return node_id.split("::")[-1].split("[")[0]
+
+
+# ---------------------------------------------------------------- the assignment ------------------
+
+
+class Check(NamedTuple):
+    name: str  # the exercise, as the kit's table writes it
+    points: float
+    tests: List[str]  # its check, in file order
+    hidden: List[str]  # those of its tests that the student's copy of the tests leaves out
+
+
+class Assignment(NamedTuple):
+    folder: Path
+    reference: str  # the original compressive.py: the solution
+    tests: str  # the teacher's test_compressive.py: every test, the hidden ones too
+    exercises: List[Check]
+    partial: bool  # proportional credit, not all or nothing
+    hidden_visibility: str
+    timeout_s: float
+    versions: Dict[str, str]
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def make_assignment(
+    folder: Path,
+    reference: str,
+    tests: str,
+    names: List[str],
+    points: Dict[str, float],
+    partial: bool = False,
+    hidden_visibility: str = "after_published",
+    only: Optional[List[str]] = None,
+) -> Assignment:
+    """Compute each exercise's check and write the teacher's folder: the original (the solution),
+    every test, and assignment.json."""
+    tree = parse(reference, "the original")[1]
+    names = file_order(names, tree)
+    for name in names:
+        try:
+            audit.audit(reference, reference, [name])
+        except audit.Refusal as refusal:
+            why = f"{name} cannot be graded: the audit refuses its original ({refusal})"
+            raise KitError(why) from None
+    all_tests, checks, versions = compute_checks(reference, tests, names, only)
+    hidden = set(hidden_tests(tests))
+    exercises = [
+        Check(
+            n,
+            float(points.get(n, 1.0)),
+            checks[n],
+            [t for t in checks[n] if base_name(t) in hidden],
+        )
+        for n in names
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "compressive.py").write_text(reference, encoding="utf-8")
+    (folder / "test_compressive.py").write_text(tests, encoding="utf-8")
+    record = {
+        "format": FORMAT,
+        "what": "the teachers' kit's assignment: python -m lesson.handout --grade FILE "
+        "--assignment FOLDER",
+        "exercises": [c._asdict() for c in exercises],
+        "partial": partial,
+        "hidden_visibility": hidden_visibility,
+        "timeout_s": TIMEOUT_S,
+        "versions": versions,
+        "tests_in_file": len(all_tests),
+        "sha256": {"compressive.py": digest(reference), "test_compressive.py": digest(tests)},
+    }
+    (folder / "assignment.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return load_assignment(folder)
+
+
+def load_assignment(folder: Path) -> Assignment:
+    """The assignment in folder (the handout's teacher/ folder, or the folder above it)."""
+    if not (folder / "assignment.json").is_file() and (folder / "teacher").is_dir():
+        folder = folder / "teacher"
+    path = folder / "assignment.json"
+    if not path.is_file():
+        raise KitError(
+            f"{folder} holds no assignment.json: name the folder the handout command wrote "
+            f"(python -m lesson.handout EXERCISES --out FOLDER)"
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        reference = (folder / "compressive.py").read_text(encoding="utf-8")
+        tests = (folder / "test_compressive.py").read_text(encoding="utf-8")
+        exercises = [
+            Check(str(e["name"]), float(e["points"]), list(e["tests"]), list(e["hidden"]))
+            for e in record["exercises"]
+        ]
+        partial, visibility = bool(record["partial"]), str(record["hidden_visibility"])
+        timeout_s, versions = float(record["timeout_s"]), dict(record.get("versions", {}))
+        sha = record["sha256"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise KitError(f"{folder} is not an assignment the kit can read: {e}") from None
+    if record.get("format") != FORMAT:
+        raise KitError(f"{path} is of format {record.get('format')}, this kit reads {FORMAT}")
+    if sha != {"compressive.py": digest(reference), "test_compressive.py": digest(tests)}:
+        raise KitError(
+            f"{folder}'s compressive.py or test_compressive.py changed after its checks were "
+            f"computed: make the assignment again"
+        )
+    known = functions(parse(reference, f"{folder / 'compressive.py'}")[1])
+    bad = [c.name for c in exercises if c.name not in known or not c.tests or c.points < 0]
+    if bad or visibility not in VISIBILITIES or not exercises:
+        raise KitError(f"{path} is not a valid assignment ({', '.join(bad) or visibility})")
+    return Assignment(folder, reference, tests, exercises, partial, visibility, timeout_s, versions)
+
+
+# ---------------------------------------------------------------- grading -------------------------
+
+
+class Grade(NamedTuple):
+    name: str
+    points: float
+    score: float
+    tests: List[str]  # its check
+    hidden: List[str]
+    failures: List[Tuple[str, str]]  # (node id, the first line of why), in file order
+    problem: str  # why the whole run is worth nothing ("" if it is not)
+
+
+class Grading(NamedTuple):
+    submission: str  # the path graded, as given
+    grades: List[Grade]
+    refused: str  # the audit's one line ("" if the file was accepted)
+    partial: bool
+    seconds: float
+
+    @property
+    def score(self) -> float:
+        return sum(g.score for g in self.grades)
+
+    @property
+    def max_score(self) -> float:
+        return sum(g.points for g in self.grades)
+
+
+def find_submission(path: Path) -> Path:
+    """The compressive.py to grade: path itself, or the one in the folder path (at its top, or
+    the only one below it, as Gradescope unpacks an upload)."""
+    if path.is_dir():
+        top = path / "compressive.py"
+        found = [top] if top.is_file() else sorted(path.rglob("compressive.py"))
+        if len(found) != 1:
+            many = f"{len(found)} files named" if found else "no"
+            raise FileNotFoundError(f"the submission {path} holds {many} compressive.py")
+        return found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not a file")
+    return path
+
+
+def grade(
+    submission: Path,
+    assignment: Assignment,
+    partial: Optional[bool] = None,
+    timeout_s: Optional[float] = None,
+    check_first: bool = True,
+) -> Grading:
+    """Grade a student's compressive.py (check_first=False skips the audit: only the kit's own
+    tests of the report channel do that)."""
+    began = time.monotonic()
+    partial = assignment.partial if partial is None else partial
+    names = [c.name for c in assignment.exercises]
+    try:
+        text = find_submission(submission).read_text(encoding="utf-8")
+        if check_first:
+            audit.audit(text, assignment.reference, names)
+        else:
+            parse(text, "the submission")
+    except (FileNotFoundError, UnicodeDecodeError, KitError, audit.Refusal) as e:
+        why = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e)
+        grades = [
+            Grade(c.name, c.points, 0.0, c.tests, c.hidden, [], why) for c in assignment.exercises
+        ]
+        return Grading(str(submission), grades, why, partial, time.monotonic() - began)
+    jobs = [
+        (splice(assignment.reference, text, c.name), assignment.tests, c.tests)
+        for c in assignment.exercises
+    ]
+    runs = run_many(jobs, timeout_s or assignment.timeout_s)
+    grades = [score(check, run, partial) for check, run in zip(assignment.exercises, runs)]
+    return Grading(str(submission), grades, "", partial, time.monotonic() - began)
+
+
+def score(check: Check, run: Run, partial: bool) -> Grade:
+    """All of an exercise's points when its whole check passes (partial: in proportion to the
+    tests that pass); none when its run is worth nothing."""
+    failures = [
+        (t, run.messages.get(t, "")) for t in check.tests if run.outcomes.get(t) != "passed"
+    ]
+    if run.problem:
+        points = 0.0
+    elif partial:
+        points = check.points * (len(check.tests) - len(failures)) / len(check.tests)
+    else:
+        points = 0.0 if failures else check.points
+    return Grade(
+        check.name, check.points, round(points, 4), check.tests, check.hidden, failures, run.problem
+    )
+
+
+# ---------------------------------------------------------------- reporting -----------------------
+
+
+def short(node_id: str) -> str:
+    return node_id.split("::", 1)[-1]
+
+
+def summary(grade: Grade) -> str:
+    hidden = f", {len(grade.hidden)} of them hidden" if grade.hidden else ""
+    if grade.problem:
+        return f"not graded: {grade.problem}"
+    if not grade.failures:
+        return f"passed its {len(grade.tests)} tests{hidden}"
+    unwritten = all(m.startswith("NotImplementedError") for _, m in grade.failures)
+    if unwritten and len(grade.failures) == len(grade.tests):
+        return "not written yet (it raises NotImplementedError)"
+    return f"failed {len(grade.failures)} of its {len(grade.tests)} tests{hidden}"
+
+
+def failure_lines(grade: Grade, hidden: bool) -> List[str]:
+    """The failing tests (the hidden ones, or the others) with the first line of why, the tests
+    that fail for the same reason on one line."""
+    reasons: Dict[str, List[str]] = {}
+    for test, message in grade.failures:
+        if (test in grade.hidden) == hidden:
+            reasons.setdefault(message, []).append(short(test))
+    # a test's own words first ("AssertionError: mem should hold ..."), then bare assertions and
+    # errors raised on the way (a shape error deep in the model), each in file order
+    worded = [m for m in reasons if m.startswith("AssertionError: ") and "assert " not in m[:24]]
+    ordered = worded + [m for m in reasons if m not in worded]
+    lines = []
+    for message in ordered[:SHOWN_FAILURES]:
+        tests = reasons[message]
+        more = f" and {len(tests) - 2} more" if len(tests) > 3 else ""
+        names = ", ".join(tests[:2] if more else tests)
+        lines.append(f"{names}{more}: {message}")
+    if len(reasons) > SHOWN_FAILURES:
+        lines.append(f"... and {len(reasons) - SHOWN_FAILURES} more reasons")
+    return lines
+
+
+def print_grading(grading: Grading) -> None:
+    if grading.refused:
+        print(f"{grading.submission}: {audit_line(grading.refused)}")
+    width = max(len(g.name) for g in grading.grades)
+    for g in grading.grades:
+        verdict = "refused" if grading.refused else summary(g)
+        print(f"{g.name:<{width}}  {g.score:g}/{g.points:g}  {verdict}")
+        if not grading.refused and not g.problem and not verdict.startswith("not written"):
+            for line in failure_lines(g, hidden=False):
+                print(f"    {line}")
+            for line in failure_lines(g, hidden=True):
+                print(f"    (hidden) {line}")
+    print(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
+
+
+def audit_line(why: str) -> str:
+    return f"refused: {why}"
+
+
+def results_json(grading: Grading, assignment: Assignment) -> dict:
+    """Gradescope's results.json: one entry per exercise, scored, visible; and for an exercise
+    with hidden tests, one more entry without points naming those that failed, shown to students
+    as the assignment's hidden_visibility says."""
+    tests = []
+    for g in grading.grades:
+        if grading.refused:
+            output = audit_line(grading.refused)
+        elif g.problem:
+            output = f"Not graded: {g.problem}."
+        else:
+            lines = [f"{summary(g)}."] + failure_lines(g, hidden=False)
+            failed_hidden = sum(t in g.hidden for t, _ in g.failures)
+            if failed_hidden:
+                lines.append(f"and {failed_hidden} hidden tests failed")
+            output = "\n".join(lines)
+        tests.append(
+            {
+                "name": g.name,
+                "score": g.score,
+                "max_score": g.points,
+                "status": "passed" if g.score == g.points else "failed",
+                "output": output,
+                "visibility": "visible",
+            }
+        )
+    for g in grading.grades:
+        if g.hidden and not grading.refused and not g.problem:
+            failed = failure_lines(g, hidden=True)
+            tests.append(
+                {
+                    "name": f"{g.name}: hidden tests",
+                    "score": 0.0,
+                    "max_score": 0.0,
+                    "status": "failed" if failed else "passed",
+                    "output": "\n".join(failed) or f"all {len(g.hidden)} hidden tests passed",
+                    "visibility": assignment.hidden_visibility,
+                }
+            )
+    intro = (
+        "Each exercise is graded alone: the original compressive.py with only your function put "
+        "in, against the teacher's tests"
+        + (" (in proportion to the tests passed)." if grading.partial else " (all or nothing).")
+    )
+    return {
+        "score": round(grading.score, 4),
+        "execution_time": round(grading.seconds),
+        "output": audit_line(grading.refused) if grading.refused else intro,
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": tests,
+    }
