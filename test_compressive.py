@@ -223,7 +223,8 @@ def test_attention_reconstruction_loss_is_zero_when_f_c_keeps_every_memory(pre_n
     compressed memories alone."""
     layer = make(pre_norm=pre_norm).layers[0]
     h, old = torch.randn(2, 5, 16), torch.randn(2, 6, 16)
-    _, attended = layer(h, old, sinusoid_positions(6 + 5 + 1, 16), None)  # the keys [old; h]
+    r = layer.attn.project_positions(sinusoid_positions(6 + 5 + 1, 16))  # W_r R, distances 11..0
+    _, attended = layer(h, layer.memory_keys_values(old), r, None)  # the keys of [old; h]
     queries = attended.content_queries.detach()
     old_keys, old_values = attended.keys[:, :, :6].detach(), attended.values[:, :, :6].detach()
     kept = attention_reconstruction_loss(layer, queries, old_keys, old_values, old)
