@@ -33,18 +33,17 @@ from compressive import (
     FeedbackTransformer,
     Memory,
 )
+from lesson import memory_picture
+from research import attention as analysis
+from research import copies, recall
 from training import (
-    analysis,
     bench,
     checkpoint,
     checks,
-    copies,
     distributed,
     files,
-    memory_picture,
     modes,
     plots,
-    recall,
     sample,
 )
 from training.checks import UserError, is_out_of_memory, one_line, out_of_memory

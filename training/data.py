@@ -8,7 +8,9 @@ import os
 
 import torch
 
-from . import corpus, files, recall
+from research import corpus, recall
+
+from . import files
 from .checks import UserError
 
 # The text ships with the repository (public domain; char-rnn's copy), so nothing is downloaded.

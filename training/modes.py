@@ -9,7 +9,11 @@ import os
 
 from compressive import CompressiveTransformer
 
-from . import analysis, bench, checkpoint, copies, files, memory_picture, reach_cost, recall, sample
+from lesson import memory_picture
+from research import attention as analysis
+from research import copies, reach_cost, recall
+
+from . import bench, checkpoint, files, sample
 from .checks import UserError
 from .device import DTYPES, autocast_for, pick_device
 

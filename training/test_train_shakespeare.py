@@ -20,7 +20,10 @@ import torch.nn.functional as F
 import train_shakespeare as ts
 from compressive import CompressiveTransformer, FeedbackTransformer, Memory
 from test_compressive import make, tiny, tokens  # the model spec's small models
-from training import analysis, data, files, memory_picture, plots, recall
+from lesson import memory_picture
+from research import attention as analysis
+from research import recall
+from training import data, files, plots
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root
@@ -1307,7 +1310,7 @@ def test_bench_prints_its_summary_as_the_last_line(capsys):
 def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(tmp_path, capsys):
     """The study's summary on hand-made results: the compressed memory's worth in the zone beyond
     XL-96 and within the compressive model's reach, and the share of XL-192's it keeps."""
-    from training import copies, study
+    from research import copies, study
 
     def rows(loss, zone=0.0):
         return {
@@ -1363,7 +1366,7 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
 def test_the_study_evaluates_a_finished_run_again_without_training_it_again(trained):
     """A run whose training finished (its checkpoint at the last step, metrics.json written) but
     whose ablations failed is only evaluated again; a checkpoint short of its steps is retrained."""
-    from training import study
+    from research import study
 
     assert study.trained_config(trained, 2)["mem_len"] == 16  # TINY_FLAGS
     assert study.trained_config(trained, 3) is None  # stopped before the last step
@@ -1374,7 +1377,7 @@ def test_the_study_evaluates_a_finished_run_again_without_training_it_again(trai
 def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(
     tmp_path, capsys, monkeypatch
 ):
-    from training import reach_cost
+    from research import reach_cost
 
     monkeypatch.setattr(reach_cost, "plot", lambda *a: None)  # the figure: a test of plots
     flags = [
@@ -1461,7 +1464,7 @@ def make_source_tree(root):
 
 
 def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(tmp_path):
-    from training import corpus
+    from research import corpus
 
     root = tmp_path / "lib"
     make_source_tree(root)
@@ -1492,7 +1495,8 @@ def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(t
 
 
 def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, capsys):
-    from training import corpus, data
+    from research import corpus
+    from training import data
 
     (tmp_path / "lib" / "test").mkdir(parents=True)
     (tmp_path / "lib" / "test" / "t.py").write_text("pass\n")
@@ -1505,7 +1509,7 @@ def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, ca
 
 
 def test_copy_distance_on_a_hand_made_string():
-    from training import copies
+    from research import copies
 
     #       0123456789012345
     text = "abcXabcYabcZzabc"
@@ -1517,7 +1521,7 @@ def test_copy_distance_on_a_hand_made_string():
 
 
 def test_copy_buckets_are_drawn_beyond_the_segment():
-    from training import copies
+    from research import copies
 
     names = copies.bucket_names()
     assert names == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
@@ -1556,7 +1560,7 @@ def test_a_characters_zone_is_what_a_one_layer_model_can_see():
     (the changed character itself, now another target, aside)."""
     from contextlib import nullcontext
 
-    from training import copies
+    from research import copies
 
     torch.manual_seed(0)
     model = make(n_layers=1, seq_len=4, mem_len=4, c_mem_len=2, compression_rate=2).eval()

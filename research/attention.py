@@ -6,8 +6,8 @@ from contextlib import contextmanager
 
 import torch
 
-from . import plots
-from .checks import UserError
+from training import plots
+from training.checks import UserError
 
 
 def add_arguments(parser) -> None:

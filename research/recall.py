@@ -19,8 +19,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import analysis, plots
-from .checks import UserError
+from research import attention as analysis
+from training import plots
+from training.checks import UserError
 
 VOCAB = sorted(". =?" + string.ascii_uppercase + string.digits)
 KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]

@@ -34,8 +34,8 @@ try:
 except ImportError:  # not POSIX: nothing keeps two processes from building at once
     fcntl = None
 
-from . import files
-from .checks import UserError, one_line
+from training import files
+from training.checks import UserError, one_line
 
 PLACEHOLDER = "\x1a"  # ASCII SUB, "substitute": stands for any character outside the alphabet
 VOCAB = sorted(

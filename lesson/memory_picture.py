@@ -26,7 +26,7 @@ by its layers, made token by token, nothing compressed (one error line).
 
 From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, no memory):
 
-    from training.memory_picture import memory_picture, draw_png, draw_gif, write_json
+    from lesson.memory_picture import memory_picture, draw_png, draw_gif, write_json
     picture = memory_picture(model, ids, vocab, start=0, query=None)  # ids: LongTensor [N]
     write_json(picture, "memory.json")
     draw_png(picture, "memory.png"); draw_gif(picture, "memory.gif")  # need matplotlib
@@ -46,8 +46,9 @@ import torch
 
 from compressive import CompressiveTransformer, n_evicted
 
-from . import analysis, files
-from .checks import UserError
+from research import attention as analysis
+from training import files
+from training.checks import UserError
 
 
 def add_arguments(parser) -> None:

@@ -1,7 +1,7 @@
 """The code-corpus study: what the memory, and the compressed memory, buy on real text.
 
-    python -m training.study run --budget default --seeds 1 2 3     # two runs at a time
-    python -m training.study table                                  # the tables and the figure
+    python -m research.study run --budget default --seeds 1 2 3     # two runs at a time
+    python -m research.study table                                  # the tables and the figure
 
 Each run trains one model on --task code (train_shakespeare.py, one thread, in its own process),
 then evaluates its checkpoint with less memory (the ablation, --eval-only --eval-c-mem-len 0 and
@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "code_study.json")
+RESULTS = os.path.join(ROOT, "docs", "code_study.json")
 MODELS = {  # name: (training flags, ablations: name -> the (n_m, n_cm) it is evaluated with;
     #          None: as trained)
     "vanilla": (["--model", "vanilla"], {}),
@@ -135,7 +135,7 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
 def trained_config(out: str, steps: int):
     """The model config of OUT's checkpoint if its training finished all steps (its metrics.json
     is written last), else None."""
-    from .checkpoint import read
+    from training.checkpoint import read
 
     if not all(os.path.exists(os.path.join(out, f)) for f in ("metrics.json", "ckpt.pt")):
         return None
@@ -204,7 +204,7 @@ def worth(run: dict, ablation: str) -> dict:
     return {bucket: loss(cut, bucket) - loss(full, bucket) for bucket in full}
 
 
-def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
+def tables(results: dict, figure=os.path.join(ROOT, "docs", "code_study.png")) -> None:
     """Print the study's tables from its results; draw its figure to figure (None: no figure)."""
     if not results:
         print(f"no runs recorded yet in {RESULTS}")
@@ -382,7 +382,7 @@ def plot(runs, buckets, path: str) -> None:
     memory is worth by bucket (the ablations), one line per run. Right: the zone over training.
     A color per model, dashed: the default budget, solid: the long one; the levers are left to
     the tables."""
-    from . import plots
+    from training import plots
 
     plt = plots.pyplot()
     if plt is None:

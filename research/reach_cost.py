@@ -30,9 +30,9 @@ import torch
 
 from compressive import Memory
 
-from . import bench, plots
-from .checks import UserError
-from .device import pick_device
+from training import bench, plots
+from training.checks import UserError
+from training.device import pick_device
 
 REACHES = [256, 512, 1024, 2048]
 GENERATED = 16  # tokens per model per round of the generation timing
