@@ -103,7 +103,8 @@ def summary(rows: dict) -> str:
 
 
 def regions_of(model_reach, seq_len: int, edges=EDGES):
-    """What region of a model holds each bucket's copy: reach() edges, counted beyond the segment."""
+    """What region of a model holds each bucket's copy: model.reach()'s edges, counted beyond the
+    segment."""
     beyond = [(name, edge - seq_len) for name, edge in model_reach if name != "segment"]
     names = ["segment"]
     for hi in edges:
