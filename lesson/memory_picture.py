@@ -57,39 +57,6 @@ from training import checkpoint, files
 from training.checks import UserError, exit_status
 from training.device import pick_device
 
-
-def add_arguments(parser) -> None:
-    m = parser.add_argument_group("--picture (on OUT/ckpt.pt)")
-    m.add_argument(
-        "--picture",
-        action="store_true",
-        help="draw the memory from the model's own "
-        "state over a passage of the validation text: OUT/memory.png (where one query "
-        "looks), memory.gif (the FIFOs moving), memory.json (the data)",
-    )
-    m.add_argument(
-        "--picture-start",
-        type=int,
-        metavar="POS",
-        help="the validation text position "
-        "where the passage starts, the memory empty before it (default: enough segments "
-        "before the query to fill both memories and a few more)",
-    )
-    m.add_argument(
-        "--picture-query",
-        type=int,
-        metavar="POS",
-        help="the query's validation text "
-        "position (default: the last character of the last segment; on --task recall "
-        "the first '?' whose fact is held in c_mem)",
-    )
-    m.add_argument(
-        "--picture-heads",
-        action="store_true",
-        help="the attention per layer and head, not only per layer (the mean over the heads)",
-    )
-
-
 # --------------------------------------------------------------------------------------------------
 # The FIFO rule, applied to text positions
 
@@ -265,7 +232,8 @@ def shown(text: str) -> str:
 
 
 def describe(picture: Picture) -> List[str]:
-    """The lines --picture prints: the regions the query sees and, per layer, its strongest slot."""
+    """The lines the command prints: the regions the query sees and, per layer, its strongest
+    slot."""
     cfg, slots, query, start = (
         picture.cfg,
         picture.data["slots"],

@@ -53,7 +53,7 @@ DEFAULTS = {
 
 def add_arguments(parser) -> None:
     """The task's flags. They default to None so that a checkpoint's own settings can fill them."""
-    r = parser.add_argument_group("recall task (--task recall)")
+    r = parser.add_argument_group("the recall task")
     r.add_argument(
         "--min-distance",
         type=int,

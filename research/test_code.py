@@ -12,7 +12,7 @@ import torch
 
 import train_shakespeare as ts
 from conftest import TINY_FLAGS, error_line
-from research import code, copies, corpus, study
+from research import attention, code, copies, corpus, study
 from test_compressive import make
 from training import data
 
@@ -65,6 +65,9 @@ def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_
     assert [h["step"] for h in metrics["history"]] == [2, 4]
     assert metrics["loss_by_copy_distance"] == metrics["history"][-1]["loss_by_copy_distance"]
     assert study.trained_config(out, 4)["mem_len"] == 16  # what the study waits for
+    # the commands that read any checkpoint read this one on its own text
+    assert attention.main(["--out", out, "--device", "cpu", "--batch-size", "2"]) == 0
+    assert "validation text: code: the " in capsys.readouterr().out
     assert code.main(["--out", out, "--data", "text.txt", *TINY_FLAGS]) == 2
     assert "the code corpus is its own text" in error_line(capsys)
 
