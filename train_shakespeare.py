@@ -533,27 +533,34 @@ def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, 
     return Evaluation(loss, predictions, char_losses)
 
 
-def evaluate_checkpoint(args) -> None:
-    """--eval-only: the loss of OUT/ckpt.pt on the whole validation text it was trained on (or
-    --data), its memory cut to --eval-mem-len / --eval-c-mem-len where given; into
-    OUT/metrics.json."""
-    device = pick_device(args.device)
-    model, ckpt = checkpoint.load_model(args.out, device, make_model)
-    if ckpt["args"].get("task", "shakespeare") != "shakespeare":
+def load_checkpoint(args, tasks=("shakespeare",)):
+    """(model, checkpoint, how its memory was cut) for --eval-only: OUT/ckpt.pt's model on
+    --device, its memory cut to --eval-mem-len / --eval-c-mem-len where given. tasks: the texts
+    the command reads (a research command reads its own); another's checkpoint is one error."""
+    model, ckpt = checkpoint.load_model(args.out, pick_device(args.device), make_model)
+    if ckpt["args"].get("task", "shakespeare") not in tasks:
         raise UserError(
             f"{args.out} holds a checkpoint of {checkpoint.trained_by(ckpt['args'])}: evaluate it "
             f"with that command's --eval-only"
         )
-    cut = checkpoint.limit_memory(model, args.eval_mem_len, args.eval_c_mem_len)
-    data = load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
+    return model, ckpt, checkpoint.limit_memory(model, args.eval_mem_len, args.eval_c_mem_len)
+
+
+def evaluate_checkpoint(args, model, ckpt, data: Data, cut: str) -> Evaluation:
+    """--eval-only: the Evaluation of a checkpoint's model on all of data's validation text; its
+    loss printed."""
     print(f"validation text: {data.name}")
+    device = next(model.parameters()).device
+    val_targets = None if data.val_targets is None else data.val_targets.to(device)
     autocast = autocast_for(device, args.dtype)
-    loss = evaluate(model, data.val.to(device), args.batch_size, model.cfg.seq_len, autocast).loss
-    print(
-        f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']}"
-        f"{', memory cut to ' + cut if cut else ''})"
+    evaluation = evaluate(
+        model, data.val.to(device), args.batch_size, model.cfg.seq_len, autocast, val_targets
     )
-    files.record_evaluation(args.out, cut, {"val_loss": loss, "step": ckpt["step"]})
+    print(
+        f"val loss {evaluation.loss:.4f} nats/char, {evaluation.loss / math.log(2):.4f} bpc "
+        f"(step {ckpt['step']}{', memory cut to ' + cut if cut else ''})"
+    )
+    return evaluation
 
 
 # --------------------------------------------------------------------------------------------------
@@ -562,8 +569,11 @@ def evaluate_checkpoint(args) -> None:
 
 def run(args) -> None:
     check_args(args)
-    if args.eval_only:
-        evaluate_checkpoint(args)
+    if args.eval_only:  # the loss on the validation text, into OUT/metrics.json
+        model, ckpt, cut = load_checkpoint(args)
+        data = load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
+        loss = evaluate_checkpoint(args, model, ckpt, data, cut).loss
+        files.record_evaluation(args.out, cut, {"val_loss": loss, "step": ckpt["step"]})
     elif args.sample is not None:
         device = pick_device(args.device)
         model, ckpt = checkpoint.load_model(args.out, device, make_model)

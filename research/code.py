@@ -9,16 +9,15 @@ memory cut to show what the memory is worth.
 --eval-only reads checkpoints of this command and of train_shakespeare.py alike (each on its own
 validation text), and records into OUT/metrics.json. Training is train_shakespeare.py's."""
 
-import math
 import os
 
 import train_shakespeare
 from research import copies, corpus
-from training import checkpoint, distributed, files
+from training import distributed, files
 from training.checks import UserError, exit_status
 from training.data import DEFAULT_DATA, Data, encode
 from training.data import load_data as load_text
-from training.device import autocast_for, keep_freed_memory, pick_device
+from training.device import keep_freed_memory
 
 VAL_CHARS = 300_000
 
@@ -78,33 +77,19 @@ def train(args) -> None:
 
 def evaluate_checkpoint(args) -> None:
     """--eval-only: the loss of OUT/ckpt.pt by copy distance, its memory cut where asked."""
-    device = pick_device(args.device)
-    model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
-    task = ckpt["args"].get("task", "shakespeare")
-    if task not in ("code", "shakespeare"):
-        raise UserError(
-            f"{args.out} holds a checkpoint of {checkpoint.trained_by(ckpt['args'])}: evaluate it "
-            f"with that command's --eval-only"
-        )
-    cut = checkpoint.limit_memory(model, args.eval_mem_len, args.eval_c_mem_len)
-    if task == "code":
-        val = load_data(args, saved_args=ckpt["args"], need_train=False)
+    model, ckpt, cut = train_shakespeare.load_checkpoint(args, tasks=("code", "shakespeare"))
+    if ckpt["args"].get("task", "shakespeare") == "shakespeare":
+        data = load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
+    elif args.data is not None:
+        raise UserError("--data: this checkpoint learned the code corpus, which is its own text")
     else:
-        val = load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
-    print(f"validation text: {val.name}")
+        data = load_data(args, saved_args=ckpt["args"], need_train=False)
+    evaluation = train_shakespeare.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
-    evaluation = train_shakespeare.evaluate(
-        model, val.val.to(device), args.batch_size, n_s, autocast_for(device, args.dtype)
-    )
-    loss = evaluation.loss
-    print(
-        f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']}"
-        f"{', memory cut to ' + cut if cut else ''})"
-    )
-    rows = copies.by_bucket(evaluation.char_losses.cpu(), *geometry(val, args.batch_size, n_s))
+    rows = copies.by_bucket(evaluation.char_losses.cpu(), *geometry(data, args.batch_size, n_s))
     label = f", memory cut to {cut}" if cut else ""
     copies.print_by_bucket(rows, copies.regions_of(model.reach(), n_s), label)
-    result = {"val_loss": loss, "step": ckpt["step"], "loss_by_copy_distance": rows}
+    result = {"val_loss": evaluation.loss, "step": ckpt["step"], "loss_by_copy_distance": rows}
     files.record_evaluation(args.out, cut, result)
 
 

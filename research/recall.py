@@ -31,7 +31,7 @@ import train_shakespeare
 from training import checkpoint, distributed, files, plots
 from training.checks import UserError, exit_status
 from training.data import IGNORE, Data, encode
-from training.device import autocast_for, keep_freed_memory, pick_device
+from training.device import keep_freed_memory
 
 VOCAB = sorted(". =?" + string.ascii_uppercase + string.digits)
 KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
@@ -622,29 +622,10 @@ def evaluate_checkpoint(args) -> None:
     """--eval-only: the accuracy report of OUT/ckpt.pt on the validation text of its flags (the
     task's flags given here widen or change it), its memory cut where asked. The training's
     metrics.json is left as it is; OUT/recall.png is drawn again."""
-    device = pick_device(args.device)
-    model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
-    if ckpt["args"].get("task") != "recall":
-        raise UserError(
-            f"{args.out} holds a checkpoint of {checkpoint.trained_by(ckpt['args'])}, not of the "
-            f"recall task"
-        )
-    cut = checkpoint.limit_memory(model, args.eval_mem_len, args.eval_c_mem_len)
+    model, ckpt, cut = train_shakespeare.load_checkpoint(args, tasks=("recall",))
     data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
+    evaluation = train_shakespeare.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
-    evaluation = train_shakespeare.evaluate(
-        model,
-        data.val.to(device),
-        args.batch_size,
-        n_s,
-        autocast_for(device, args.dtype),
-        None if data.val_targets is None else data.val_targets.to(device),
-    )
-    loss = evaluation.loss
-    print(
-        f"val loss {loss:.4f} nats/char, {loss / math.log(2):.4f} bpc (step {ckpt['step']}"
-        f"{', memory cut to ' + cut if cut else ''})"
-    )
     scored = score(evaluation.predictions.cpu(), data.val, answers, args.batch_size, n_s)
     report(scored, model, args.out, caption_for(ckpt, "python -m research.recall --eval-only"))
 

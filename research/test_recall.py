@@ -355,7 +355,7 @@ def test_recall_flags_are_checked_and_the_task_makes_its_own_text(
         assert message in error_line(capsys)
     # a checkpoint of the script's own text is not the recall task's
     assert recall.main(["--out", trained, "--eval-only", "--device", "cpu"]) == 2
-    assert "not of the recall task" in error_line(capsys)
+    assert "python train_shakespeare.py: evaluate it with that command" in error_line(capsys)
 
 
 def recall_run(out, steps=4):
