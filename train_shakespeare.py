@@ -35,7 +35,7 @@ from compressive import (
 )
 from training import bench, checkpoint, checks, distributed, files, plots, sample
 from training.checks import UserError, exit_status
-from training.data import Data, load_data
+from training.data import IGNORE, Data, load_data
 from training.device import (
     DTYPES,
     autocast_for,
@@ -292,7 +292,7 @@ def make_train_step(model, optimizer, args, device):
     def step(x, y, memory):
         with autocast:
             logits, memory, recon = step_model(x, memory)
-        counted = y.ne(-100).sum().clamp(min=1)
+        counted = y.ne(IGNORE).sum().clamp(min=1)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss + recon.float()).backward()
@@ -509,8 +509,8 @@ def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, 
             logits, memory, _ = model(x, memory)
         losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # [B, T]
         sums.append(losses.sum())
-        counts.append(y.ne(-100).sum())
-        losses_by_stream[:, start:end] = losses.masked_fill(y.eq(-100), float("nan"))
+        counts.append(y.ne(IGNORE).sum())
+        losses_by_stream[:, start:end] = losses.masked_fill(y.eq(IGNORE), float("nan"))
         by_stream[:, start:end] = logits.argmax(dim=-1)
     tail = data[n_streams * length :]  # continues the last stream exactly
     if len(tail) > 1:
@@ -525,8 +525,8 @@ def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, 
         y = (data if targets is None else targets)[n_streams * length + 1 :]
         losses = F.cross_entropy(logits.float()[0], y, reduction="none")
         sums.append(losses.sum())
-        counts.append(y.ne(-100).sum())
-        char_losses[n_streams * length + 1 :] = losses.masked_fill(y.eq(-100), float("nan"))
+        counts.append(y.ne(IGNORE).sum())
+        char_losses[n_streams * length + 1 :] = losses.masked_fill(y.eq(IGNORE), float("nan"))
         predictions[n_streams * length + 1 :] = logits[0].argmax(dim=-1)
     model.train(was_training)
     loss = sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
