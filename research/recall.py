@@ -637,7 +637,10 @@ def main(argv=None) -> int:
     def run():
         train_shakespeare.check_args(args)
         check_args(args)
-        (evaluate_checkpoint if args.eval_only else train)(args)
+        if args.eval_only:
+            evaluate_checkpoint(args)
+        else:
+            train(args)
 
     return exit_status(run)
 
