@@ -1,24 +1,24 @@
 """Train the language models of compressive.py on Tiny Shakespeare, character by character.
 
-    python train_shakespeare.py            # train (CPU: minutes; --data FILE for another text)
-    python train_shakespeare.py --task code  # on Python's own library sources, where reach matters
-    python train_shakespeare.py --sample 500 | --eval-only | --analyze       # use out/ckpt.pt
-    python train_shakespeare.py --picture    # the memory drawn from the model's own state
-    python train_shakespeare.py --task recall --no-post-norm --seq-len 32    # the reach benchmark
-    torchrun --nproc_per_node=2 train_shakespeare.py                         # data parallel
+    python train_shakespeare.py                        # train (CPU: minutes; --data FILE: yours)
+    python train_shakespeare.py --sample 500           # text from the checkpoint in out/
+    python train_shakespeare.py --eval-only            # its loss on the whole validation text
+    python train_shakespeare.py --bench                # time training steps
+    torchrun --nproc_per_node=2 train_shakespeare.py   # data parallel
 
 Each row of a batch is its own contiguous stream through the text, so the memory of row b always
-holds the text just before it, as Transformer-XL and the Compressive Transformer are trained.
-What the script does beyond training lives in training/, one job per module.
+holds the text just before it, as Transformer-XL and the Compressive Transformer are trained. The
+script's plumbing (data files, checkpoints, devices, processes, plots) is in training/; the studies
+that train with it (the reach benchmark, the code corpus, the cost of reach) are in research/.
 """
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 import warnings
+from typing import NamedTuple
 
 # Without numpy (which this script does not need) torch warns on import; say nothing of it.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -33,23 +33,11 @@ from compressive import (
     FeedbackTransformer,
     Memory,
 )
-from training import (
-    analysis,
-    bench,
-    checkpoint,
-    checks,
-    copies,
-    distributed,
-    files,
-    memory_picture,
-    modes,
-    plots,
-    recall,
-    sample,
-)
-from training.checks import UserError, is_out_of_memory, one_line, out_of_memory
-from training.data import encode, load_data  # noqa: F401 (the tests use ts.encode)
+from training import bench, checkpoint, checks, distributed, files, plots, sample
+from training.checks import UserError, exit_status
+from training.data import IGNORE, Data, load_data
 from training.device import (
+    DTYPES,
     autocast_for,
     compile_when_full,
     grad_scaler,
@@ -64,14 +52,18 @@ MODELS = {
     "compressive": CompressiveTransformer,  # n_m memories and n_cm compressed ones per layer
     "xl": CompressiveTransformer,  # Transformer-XL: n_cm = 0
     "vanilla": CompressiveTransformer,  # no memory: n_m = n_cm = 0
-    "feedback": FeedbackTransformer,
-}  # one memory of n_m vectors for all layers
+    "feedback": FeedbackTransformer,  # one memory of n_m vectors for all layers
+}
 
 
-def parse_args(argv=None):
+def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.ArgumentParser:
+    """The flags of a training run: the model, the optimization, where it runs. A research/
+    command adds its own to them; task names the text a checkpoint learned (the script's own
+    text here; a research command sets its own)."""
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
+    p.set_defaults(task="shakespeare")
     m = p.add_argument_group("model")
     m.add_argument(
         "--model",
@@ -105,9 +97,7 @@ def parse_args(argv=None):
     t.add_argument("--batch-size", type=int, default=12, help="parallel text streams per process")
     t.add_argument("--steps", type=int, default=2000, help="optimizer steps")
     t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    t.add_argument(
-        "--min-lr", type=float, default=1e-4, help="learning rate at the end of the decay"
-    )
+    t.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the decay's end")
     t.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices)")
     t.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0: off)")
@@ -117,21 +107,14 @@ def parse_args(argv=None):
         "--stop-after",
         type=int,
         metavar="N",
-        help="checkpoint and stop after N steps "
-        "of this run, keeping the schedule of --steps (then --resume)",
-    )
-    t.add_argument(
-        "--task",
-        choices=["shakespeare", "code", "recall"],
-        default="shakespeare",
-        help="code: Python's own library sources; recall: the reach benchmark (README)",
+        help="checkpoint and stop after N steps of this run, keeping the schedule of --steps "
+        "(then --resume)",
     )
     t.add_argument(
         "--data",
-        help="a UTF-8 text file to train on (default: the Tiny Shakespeare shipped "
-        "in data/); --eval-only and --analyze default to the checkpoint's own text",
+        help="a UTF-8 text file to train on (default: the Tiny Shakespeare shipped in data/); "
+        "a checkpoint is evaluated on its own text unless --data is given",
     )
-    recall.add_arguments(p)
     r = p.add_argument_group("runtime")
     r.add_argument(
         "--device",
@@ -141,7 +124,7 @@ def parse_args(argv=None):
     )
     r.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16", "float16"],
+        choices=list(DTYPES),
         default="float32",
         help="autocast dtype of the forward (float16 with a gradient scaler)",
     )
@@ -156,22 +139,44 @@ def parse_args(argv=None):
         default=100,
         help="steps between log lines; the losses are read back from the device only then",
     )
-    r.add_argument(
-        "--out",
-        default="out",
-        help="folder for ckpt.pt, metrics.json and the plots "
-        "(loss.png; recall.png, attention.png), drawn when matplotlib is installed",
-    )
+    r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and loss.png")
     r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    for module in (modes, sample, analysis, memory_picture, bench):  # each mode's own flags
-        module.add_arguments(p)
+    return p
+
+
+def add_evaluation_flags(p: argparse.ArgumentParser) -> None:
+    """--eval-only and its ablation, which research/ commands share."""
+    e = p.add_argument_group("--eval-only (on OUT/ckpt.pt)")
+    e.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="the loss of OUT/ckpt.pt on the whole validation text (into OUT/metrics.json)",
+    )
+    e.add_argument(
+        "--eval-mem-len",
+        type=int,
+        metavar="N",
+        help="--eval-only with at most N memories per layer: what the checkpoint's memory is worth",
+    )
+    e.add_argument(
+        "--eval-c-mem-len",
+        type=int,
+        metavar="N",
+        help="--eval-only with at most N compressed memories per layer (0: what c_mem is worth)",
+    )
+
+
+def parse_args(argv=None):
+    p = training_flags()
+    add_evaluation_flags(p)
+    sample.add_arguments(p)
+    bench.add_arguments(p)
     return p.parse_args(argv)
 
 
 def check_args(args) -> None:
     """Every flag, before any data is read or any file written."""
     checks.check_flags(args)
-    recall.check_args(args)
     if args.data is not None:  # saved in the checkpoint as a path that works from anywhere
         args.data = os.path.abspath(args.data)
     with torch.device("meta"):  # the model flags together, without memory: on the meta device
@@ -179,8 +184,7 @@ def check_args(args) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Data (training/data.py: Tiny Shakespeare or --data FILE, split as nanoGPT's, the code corpus, or
-# the recall task's generated text), cut into parallel contiguous streams
+# Data (training/data.py reads Tiny Shakespeare or --data), cut into parallel contiguous streams
 
 
 def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -192,14 +196,15 @@ def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
     return torch.stack([data[b * length : b * length + length + 1] for b in range(n_streams)])
 
 
-def segment_at(streams: torch.Tensor, step: int, seq_len: int):
-    """The batch for a step: segment number step % n_segments of every stream, and whether the
-    streams wrapped back to their start (then the memory no longer precedes the text)."""
+def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
+    """The batch for a step: segment number step % n_segments of every stream, its targets (the
+    next characters, from the streams of the targets), and whether the streams wrapped back to
+    their start (then the memory no longer precedes the text)."""
     n_segments = (streams.size(1) - 1) // seq_len
     start = (step % n_segments) * seq_len
     return (
         streams[:, start : start + seq_len],
-        streams[:, start + 1 : start + seq_len + 1],
+        targets[:, start + 1 : start + seq_len + 1],
         start == 0,
     )
 
@@ -240,7 +245,7 @@ def make_model(name: str, cfg: CompressiveConfig):
 
 
 # --------------------------------------------------------------------------------------------------
-# The optimizer and its schedule
+# The optimizer, its schedule, and one training step
 
 
 def make_optimizer(model, args):
@@ -275,50 +280,65 @@ def clip_groups(model):
     return [p for p, f in zip(params, is_f_c) if not f], [p for p, f in zip(params, is_f_c) if f]
 
 
-def train_step(
-    model, optimizer, scaler, groups, x, y, memory, autocast, grad_clip: float, world: int
-):
-    """One optimizer step on one segment: (LM loss, reconstruction loss, the new memory). The
-    losses stay on the device: reading them would make the host wait for it. groups:
-    clip_groups(model); scaler: device.grad_scaler (a pass-through but in float16). Targets of
-    -100 are skipped (the mean over the others, 0 where there are none)."""
-    with autocast:
-        logits, memory, recon = model(x, memory)
-    counted = y.ne(-100).sum().clamp(min=1)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss + recon.float()).backward()
-    distributed.average_gradients(groups[0] + groups[1], world)
-    scaler.unscale_(optimizer)  # clip the true gradients
-    if grad_clip > 0:
-        for group in groups:
-            if group:
-                torch.nn.utils.clip_grad_norm_(group, grad_clip)
-    scaler.step(optimizer)  # skipped when a float16 gradient overflowed
-    scaler.update()
-    return loss.detach(), recon.detach(), memory
+def make_train_step(model, optimizer, args, device):
+    """step(x, y, memory) -> (LM loss, reconstruction loss, the new memory): one optimizer step on
+    one segment, the model compiled with --compile and run in --dtype. The losses stay on the
+    device: reading them would make the host wait for it. Targets of IGNORE are skipped (the mean
+    over the others, 0 where there are none)."""
+    step_model = compile_when_full(model) if args.compile else model
+    autocast, scaler = autocast_for(device, args.dtype), grad_scaler(device, args.dtype)
+    groups = clip_groups(model)
+
+    def step(x, y, memory):
+        with autocast:
+            logits, memory, recon = step_model(x, memory)
+        counted = y.ne(IGNORE).sum().clamp(min=1)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss + recon.float()).backward()
+        distributed.average_gradients(groups[0] + groups[1])
+        scaler.unscale_(optimizer)  # clip the true gradients
+        if args.grad_clip > 0:
+            for group in groups:
+                if group:
+                    torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
+        scaler.step(optimizer)  # skipped when a float16 gradient overflowed
+        scaler.update()
+        return loss.detach(), recon.detach(), memory
+
+    return step
 
 
 # --------------------------------------------------------------------------------------------------
 # The training loop: memory carried from each segment of a stream to the next
 
 
-def train(args, rank: int, world: int, local_rank: int) -> None:
+def train(args, data: Data, on_eval=None):
+    """Train a model of the flags on data, checkpointing into --out at each evaluation. Returns the
+    run's metrics (also in OUT/metrics.json) on rank 0 of a run that finished, else None.
+    on_eval(model, evaluation) -> dict: what a study records of each evaluation beside its loss
+    (research/), called on rank 0."""
+    rank, world, local_rank = distributed.ranks()
     device = pick_device(args.device, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     say = print if rank == 0 else (lambda *a, **k: None)
-    vocab, train_data, val_data, answers, name = load_data(args, args.task, args.batch_size * world)
-    say(f"data: {name}; {len(train_data):,} characters to train on, {len(val_data):,} to validate")
+    say(
+        f"data: {data.name}; {len(data.train):,} characters to train on, "
+        f"{len(data.val):,} to validate"
+    )
     # every process owns its own streams: rank r takes streams [r*B, (r+1)*B)
-    streams = make_streams(train_data, args.batch_size * world)
-    streams = streams[rank * args.batch_size : (rank + 1) * args.batch_size].to(device)
+    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
+    streams = make_streams(data.train, args.batch_size * world)[mine].to(device)
+    targets = streams
+    if data.train_targets is not None:
+        targets = make_streams(data.train_targets, args.batch_size * world)[mine].to(device)
     if (streams.size(1) - 1) // args.seq_len < 1:
         raise UserError(
             "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
         )
 
-    cfg = model_config(args, len(vocab))
+    cfg = model_config(args, len(data.vocab))
     torch.manual_seed(args.seed)  # the same initial weights in every process
     model = make_model(args.model, cfg).to(device)
     torch.manual_seed(args.seed + rank)  # but each its own dropout
@@ -326,25 +346,18 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create --out {args.out} ({one_line(e)})") from None
+        raise UserError(f"cannot create --out {args.out} ({checks.one_line(e)})") from None
     ckpt_path = os.path.join(args.out, "ckpt.pt")
-    memory, run = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
+    memory, progress = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
     if args.resume:
-        memory, run = checkpoint.resume(ckpt_path, args, model, optimizer, rank, world, device)
-        say(f"resuming from {ckpt_path} at step {run['step']}/{args.steps}")
-    saved_step = run["step"] if args.resume else None
-    step_model = compile_when_full(model) if args.compile else model
-    autocast, groups = autocast_for(device, args.dtype), clip_groups(model)
-    scaler = grad_scaler(device, args.dtype)
-    targets = recall.loss_targets(args, task=args.task)
-    # each validation character's copy distance and place in its segment (recall: its own scoring)
-    geometry = (
-        None
-        if answers is not None
-        else copies.evaluation_geometry(
-            "".join(vocab[i] for i in val_data.tolist()), args.batch_size, args.seq_len
-        )
-    )
+        memory, progress = checkpoint.resume(ckpt_path, args, model, optimizer)
+        say(f"resuming from {ckpt_path} at step {progress['step']}/{args.steps}")
+    saved_step = progress["step"] if args.resume else None
+    train_step = make_train_step(model, optimizer, args, device)
+    autocast = autocast_for(device, args.dtype)
+    val, val_targets = data.val.to(device), data.val_targets
+    if val_targets is not None:
+        val_targets = val_targets.to(device)
     say(
         f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
         f"n_s={cfg.seq_len} n_m={cfg.mem_len}"
@@ -353,8 +366,7 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
             if cfg.c_mem_len
             else ""
         )
-        + f"; device {device}, {world} "
-        f"process(es) x {args.batch_size} streams"
+        + f"; device {device}, {world} process(es) x {args.batch_size} streams"
     )
 
     def stop(what: str, value):
@@ -365,142 +377,125 @@ def train(args, rank: int, world: int, local_rank: int) -> None:
         )
         raise UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
+    step, seconds_before = progress["step"], progress["seconds"]
     t0 = last_log = time.time()
-    seconds_before, step, tokens_per_step = (
-        run["seconds"],
-        run["step"],
-        args.batch_size * args.seq_len * world,
-    )
+    tokens_per_step = args.batch_size * args.seq_len * world
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
-    logged_step, scored = step, None
+    logged_step = step
     all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss since the last log
     model.train()
     while step < last_step:
         # the batch: the next segment of every stream, and the memory that precedes it
-        x, y, wrapped = segment_at(streams, step, args.seq_len)
-        y = targets(x, y)  # recall --loss-on answers: the answer digits only
+        x, y, wrapped = segment_at(streams, targets, step, args.seq_len)
         if wrapped:
             memory = None  # back at the start of the text: the old memory does not precede it
         # the learning rate of this step, then forward, backward and the optimizer step
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
-        train_loss, recon_loss, memory = train_step(
-            step_model, optimizer, scaler, groups, x, y, memory, autocast, args.grad_clip, world
-        )
+        train_loss, recon_loss, memory = train_step(x, y, memory)
         all_finite &= torch.isfinite(train_loss + recon_loss)
         step += 1
         evaluating = step % args.eval_every == 0 or step == args.steps
         # log: the only place the losses come back from the device; a non-finite one since the
         # last line stops every rank here
         if step % args.log_every == 0 or evaluating or step == last_step:
-            if not distributed.all_ranks_agree(bool(all_finite), world, device):
+            if not distributed.all_ranks_agree(bool(all_finite), device):
                 stop("the training loss", f"seen within steps {logged_step + 1}-{step}")
             train_loss, recon_loss = train_loss.item(), recon_loss.item()
-            run["train_log"].append(
+            seconds = seconds_before + time.time() - t0
+            progress["train_log"].append(
                 {
                     "step": step,
                     "train_loss": train_loss,
                     "recon_loss": recon_loss,
                     "lr": lr_at(step - 1, args),
-                    "seconds": seconds_before + time.time() - t0,
+                    "seconds": seconds,
                 }
             )
             rate = (step - logged_step) * tokens_per_step / max(time.time() - last_log, 1e-9)
             eta = (args.steps - step) * tokens_per_step / max(rate, 1e-9)
             say(
                 f"step {step}/{args.steps} | loss {train_loss:.4f} | recon {recon_loss:.5f} | "
-                f"lr {lr_at(step - 1, args):.2e} | {rate:,.0f} tok/s | eta {int(eta // 60)}m"
-                f"{int(eta % 60):02d}s",
+                f"lr {lr_at(step - 1, args):.2e} | {rate:,.0f} tok/s | "
+                f"eta {int(eta // 60)}m{int(eta % 60):02d}s",
                 flush=True,
             )
             last_log, logged_step = time.time(), step
-        # evaluate on the whole validation text, then checkpoint
+        # evaluate on the whole validation text (one process; all learn the loss), checkpoint
         if evaluating:
-            val = predictions = None
-            if rank == 0:  # the whole validation text, on one process; all learn the loss
-                val, predictions, char_losses = evaluate(
-                    model, val_data.to(device), args.batch_size, args.seq_len, autocast, targets
-                )
-            val = distributed.broadcast_number(val, world, device)
-            if not math.isfinite(val):
-                stop("the validation loss", val)
-            run = {**run, "step": step, "seconds": seconds_before + time.time() - t0}
             if rank == 0:
-                run["history"].append(
-                    {
-                        "step": step,
-                        "train_loss": train_loss,
-                        "val_loss": val,
-                        "seconds": run["seconds"],
-                    }
+                evaluation = evaluate(
+                    model, val, args.batch_size, args.seq_len, autocast, val_targets
                 )
-                say(f"eval step {step}: val loss {val:.4f} nats/char, {val / math.log(2):.4f} bpc")
-                if geometry is not None:
-                    by_copy = run["history"][-1]["loss_by_copy_distance"] = copies.by_bucket(
-                        char_losses.cpu(), *geometry
-                    )
-                    say("  by copy distance beyond the segment: " + copies.summary(by_copy))
-                if answers is not None:
-                    scored = recall.score(
-                        predictions.cpu(), val_data, answers, args.batch_size, cfg.seq_len
-                    )
-                    run["history"][-1]["recall"] = recall.by_region(scored, model.reach())
-                    say(
-                        "recall accuracy: "
-                        + recall.summary(scored, model.reach(), cfg.compression_rate)
-                    )
-            checkpoint.save(
-                ckpt_path, model, optimizer, memory, run, vocab, args, rank, world, device
-            )
+            val_loss = distributed.broadcast_number(evaluation.loss if rank == 0 else None, device)
+            if not math.isfinite(val_loss):
+                stop("the validation loss", val_loss)
+            progress.update(step=step, seconds=seconds_before + time.time() - t0)
+            if rank == 0:
+                say(
+                    f"eval step {step}: val loss {val_loss:.4f} nats/char, "
+                    f"{val_loss / math.log(2):.4f} bpc"
+                )
+                record = {
+                    "step": step,
+                    "train_loss": train_loss,
+                    "val_loss": val_loss,
+                    "seconds": progress["seconds"],
+                }
+                if on_eval is not None:
+                    record.update(on_eval(model, evaluation))
+                progress["history"].append(record)
+            checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
             saved_step = step
-    if step < args.steps:
-        run = {**run, "step": step, "seconds": seconds_before + time.time() - t0}
-        checkpoint.save(ckpt_path, model, optimizer, memory, run, vocab, args, rank, world, device)
+    progress.update(step=step, seconds=seconds_before + time.time() - t0)
+    if step < args.steps:  # --stop-after
+        checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
         say(f"stopped after step {step}/{args.steps}; continue with --resume")
-    elif rank == 0:
-        val = run["history"][-1]["val_loss"]  # the loop always validates at the last step
-        metrics = {
-            "val_loss": val,
-            "val_bpc": val / math.log(2),
-            "train_loss": train_loss,
-            "step": step,
-            "tokens_seen": step * tokens_per_step,
-            "seconds": seconds_before + time.time() - t0,
-            "history": run["history"],
-            "train_log": run["train_log"],
-        }
-        if scored is not None:
-            metrics["recall"] = recall.report(scored, model, args.out)
-        if geometry is not None:
-            metrics["loss_by_copy_distance"] = by_copy  # the last step's, as val_loss
-            copies.print_by_bucket(by_copy, copies.regions_of(model.reach(), cfg.seq_len))
-        files.write_atomically(
-            os.path.join(args.out, "metrics.json"),
-            lambda f: f.write(json.dumps(metrics, indent=1).encode()),
-        )
-        say(
-            f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val:.4f} nats/char "
-            f"({metrics['val_bpc']:.4f} bpc); checkpoint {ckpt_path}"
-        )
-        plots.plot_history(run["history"], os.path.join(args.out, "loss.png"), run["train_log"])
+        return None
+    if rank != 0:
+        return None
+    val_loss = progress["history"][-1]["val_loss"]  # the loop always validates at the last step
+    metrics = {
+        "val_loss": val_loss,
+        "val_bpc": val_loss / math.log(2),
+        "train_loss": train_loss,
+        "step": step,
+        "tokens_seen": step * tokens_per_step,
+        "seconds": progress["seconds"],
+        "history": progress["history"],
+        "train_log": progress["train_log"],
+    }
+    files.write_json(os.path.join(args.out, "metrics.json"), metrics)
+    say(
+        f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val_loss:.4f} nats/char "
+        f"({metrics['val_bpc']:.4f} bpc); checkpoint {ckpt_path}"
+    )
+    plots.plot_history(
+        progress["history"], os.path.join(args.out, "loss.png"), progress["train_log"]
+    )
+    return metrics
 
 
 # --------------------------------------------------------------------------------------------------
 # Evaluation: every character of the validation text, with memory carried
 
 
+class Evaluation(NamedTuple):
+    loss: float  # mean nats/char over the scored characters
+    predictions: torch.Tensor  # [len(data)]: at p, the most likely character after data[:p]
+    char_losses: torch.Tensor  # [len(data)]: at p, the loss of data[p]; NaN where not scored
+
+
 @torch.no_grad()
-def evaluate(
-    model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=lambda x, y: y
-):
-    """Mean loss (nats/char) over every character of data after the first (those targets(x, y)
-    keeps), carrying memory, the model's guess for each of them, predictions[p] its most likely
-    character after data[:p], and each one's loss, char_losses[p] (NaN where not scored; index 0
-    is unused in both). The streams cover all but the last few characters; those continue the
+def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
+    """The Evaluation of every character of data after the first (those that targets scores:
+    where it is not IGNORE; None scores them all), carrying memory; index 0 of predictions and
+    char_losses is unused. The streams cover all but the last few characters; those continue the
     last stream."""
     was_training = model.training
     model.eval()
     streams = make_streams(data, n_streams)
+    target_streams = streams if targets is None else make_streams(targets, n_streams)
     length = streams.size(1) - 1
     predictions = torch.zeros_like(data)
     by_stream = predictions[1 : 1 + n_streams * length].view(n_streams, length)
@@ -509,16 +504,13 @@ def evaluate(
     sums, counts, memory = [], [], None  # per segment, read back once at the end
     for start in range(0, length, seq_len):
         end = min(start + seq_len, length)
-        x, y = (
-            streams[:, start:end],
-            targets(streams[:, start:end], streams[:, start + 1 : end + 1]),
-        )
+        x, y = streams[:, start:end], target_streams[:, start + 1 : end + 1]
         with autocast:
             logits, memory, _ = model(x, memory)
         losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # [B, T]
         sums.append(losses.sum())
-        counts.append(y.ne(-100).sum())
-        losses_by_stream[:, start:end] = losses.masked_fill(y.eq(-100), float("nan"))
+        counts.append(y.ne(IGNORE).sum())
+        losses_by_stream[:, start:end] = losses.masked_fill(y.eq(IGNORE), float("nan"))
         by_stream[:, start:end] = logits.argmax(dim=-1)
     tail = data[n_streams * length :]  # continues the last stream exactly
     if len(tail) > 1:
@@ -530,47 +522,78 @@ def evaluate(
         )
         with autocast:
             logits, _, _ = model(tail[None, :-1], memory)
-        y = targets(tail[:-1], tail[1:])
+        y = (data if targets is None else targets)[n_streams * length + 1 :]
         losses = F.cross_entropy(logits.float()[0], y, reduction="none")
         sums.append(losses.sum())
-        counts.append(y.ne(-100).sum())
-        char_losses[n_streams * length + 1 :] = losses.masked_fill(y.eq(-100), float("nan"))
+        counts.append(y.ne(IGNORE).sum())
+        char_losses[n_streams * length + 1 :] = losses.masked_fill(y.eq(IGNORE), float("nan"))
         predictions[n_streams * length + 1 :] = logits[0].argmax(dim=-1)
     model.train(was_training)
     loss = sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
-    return loss, predictions, char_losses
+    return Evaluation(loss, predictions, char_losses)
+
+
+def load_checkpoint(args, tasks=("shakespeare",)):
+    """(model, checkpoint, how its memory was cut) for --eval-only: OUT/ckpt.pt's model on
+    --device, its memory cut to --eval-mem-len / --eval-c-mem-len where given. tasks: the texts
+    the command reads (a research command reads its own); another's checkpoint is one error."""
+    model, ckpt = checkpoint.load_model(args.out, pick_device(args.device), make_model)
+    if ckpt["args"].get("task", "shakespeare") not in tasks:
+        raise UserError(
+            f"{args.out} holds a checkpoint of {checkpoint.trained_by(ckpt['args'])}: evaluate it "
+            f"with that command's --eval-only"
+        )
+    return model, ckpt, checkpoint.limit_memory(model, args.eval_mem_len, args.eval_c_mem_len)
+
+
+def evaluate_checkpoint(args, model, ckpt, data: Data, cut: str) -> Evaluation:
+    """--eval-only: the Evaluation of a checkpoint's model on all of data's validation text; its
+    loss printed."""
+    print(f"validation text: {data.name}")
+    device = next(model.parameters()).device
+    val_targets = None if data.val_targets is None else data.val_targets.to(device)
+    autocast = autocast_for(device, args.dtype)
+    evaluation = evaluate(
+        model, data.val.to(device), args.batch_size, model.cfg.seq_len, autocast, val_targets
+    )
+    print(
+        f"val loss {evaluation.loss:.4f} nats/char, {evaluation.loss / math.log(2):.4f} bpc "
+        f"(step {ckpt['step']}{', memory cut to ' + cut if cut else ''})"
+    )
+    return evaluation
 
 
 # --------------------------------------------------------------------------------------------------
-# Entry point: train, or one of the modes of training/modes.py
+# Entry point: train, or --eval-only, --sample or --bench
+
+
+def run(args) -> None:
+    check_args(args)
+    if args.eval_only:  # the loss on the validation text, into OUT/metrics.json
+        model, ckpt, cut = load_checkpoint(args)
+        data = load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
+        loss = evaluate_checkpoint(args, model, ckpt, data, cut).loss
+        files.record_evaluation(args.out, cut, {"val_loss": loss, "step": ckpt["step"]})
+    elif args.sample is not None:
+        device = pick_device(args.device)
+        model, ckpt = checkpoint.load_model(args.out, device, make_model)
+        sample.sample(model, ckpt["vocab"], args, device)
+    elif args.bench:  # whole training steps on random tokens, as train() takes them
+        device = pick_device(args.device)
+        torch.manual_seed(args.seed)
+        model = make_model(args.model, model_config(args, vocab_size=65)).to(device)
+        step = make_train_step(model, make_optimizer(model, args), args, device)
+        dtype = DTYPES[args.dtype]
+        bench.bench(step, model, args.batch_size, args.bench_steps, args.seed, device, dtype)
+    else:
+        with distributed.processes():
+            train(args, load_data(args))
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     keep_freed_memory()
-    try:
-        check_args(args)
-        if args.bench or args.sample is not None or args.eval_only or args.analyze or args.picture:
-            modes.run(args, sys.modules[__name__])
-        else:
-            rank, world, local_rank = distributed.init()
-            try:
-                train(args, rank, world, local_rank)
-                distributed.barrier(world)
-            finally:
-                distributed.close(world)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (RuntimeError, MemoryError) as e:
-        if not is_out_of_memory(e):
-            raise
-        print(f"error: {out_of_memory(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted (checkpoints are only ever replaced whole)", file=sys.stderr)
-        return 130
-    return 0
+    return exit_status(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ def test_every_code_cell_is_python_and_none_defines_a_model_or_a_class():
 
 
 def test_every_run_the_notebook_starts_has_a_quick_form():
-    """Each training or benchmark run goes through train_shakespeare.main and is made small when
-    QUICK is set (the step counts CI relies on to stay under a minute)."""
-    runs = [source(c) for c in cells("code") if "--steps" in source(c) or "--bench" in source(c)]
+    """Each training or timing run goes through a command's main (the training script, the reach
+    benchmark, the cost of reach) and is made small when QUICK is set (the step counts CI relies
+    on to stay under a minute)."""
+    runs = [source(c) for c in cells("code") if "--steps" in source(c) or "--rounds" in source(c)]
     assert len(runs) == 3  # Shakespeare, the reach benchmark, the cost of reach
     assert all("QUICK" in run for run in runs)
+    assert all(".main(" in run for run in runs)

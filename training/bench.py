@@ -9,50 +9,11 @@ import torch
 
 from compressive import FeedbackTransformer
 
-from .device import autocast_for, compile_when_full, grad_scaler
-
 
 def add_arguments(parser) -> None:
     m = parser.add_argument_group("--bench")
     m.add_argument("--bench", action="store_true", help="time training steps on random tokens")
-    m.add_argument(
-        "--bench-steps",
-        type=int,
-        default=10,
-        help="timed steps for --bench (rounds for --bench-reach)",
-    )
-    m.add_argument(
-        "--bench-reach",
-        type=int,
-        nargs="*",
-        metavar="N",
-        help="--bench: the cost of "
-        "reach, Transformer-XL against the compressive model at reaches N (default "
-        "256 512 1024 2048) and at equal slots (training/reach_cost.py)",
-    )
-
-
-def make_step(ts, args, device):
-    """(model, step): a model of the flags on device, and step(x, y, memory) -> memory, one whole
-    optimizer step as train_shakespeare.py takes it (ts: the script)."""
-    torch.manual_seed(args.seed)
-    model = ts.make_model(args.model, ts.model_config(args, vocab_size=65)).to(device)
-    optimizer, groups = ts.make_optimizer(model, args), ts.clip_groups(model)
-    step_model = compile_when_full(model) if args.compile else model
-    autocast, scaler = autocast_for(device, args.dtype), grad_scaler(device, args.dtype)
-    step = lambda x, y, memory: ts.train_step(
-        step_model,
-        optimizer,
-        scaler,
-        groups,
-        x,
-        y,  # noqa
-        memory,
-        autocast,
-        args.grad_clip,
-        1,
-    )[2]
-    return model, step
+    m.add_argument("--bench-steps", type=int, default=10, help="timed steps for --bench")
 
 
 def train_flops_per_step(model, batch: int) -> float:
@@ -108,7 +69,8 @@ def matmul_peak_flops(device, dtype) -> float:
 
 
 def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dtype) -> None:
-    """train_step(x, y, memory) -> memory does one whole optimizer step, as in training."""
+    """train_step(x, y, memory) -> (loss, reconstruction loss, memory) does one whole optimizer
+    step, as in training (train_shakespeare.make_train_step)."""
     cfg = model.cfg
     g = torch.Generator(device="cpu").manual_seed(seed)
     batches = [
@@ -116,8 +78,9 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
         for _ in range(4)
     ]
     memory = None
-    # warm up until both memories are full, so the timed steps do the steady-state work
-    warmup = 3 + math.ceil((cfg.mem_len + cfg.c_mem_len * cfg.compression_rate) / cfg.seq_len)
+    # warm up until the memories hold all that the last token reaches, and two steps more, so that
+    # the timed steps do the steady-state work
+    warmup = 2 + math.ceil(model.reach()[-1][1] / cfg.seq_len)
     warm_start = time.perf_counter()
     for i in range(warmup + steps):
         if i == warmup:
@@ -127,7 +90,7 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
             sync(device)
             start = time.perf_counter()
         batch = batches[i % len(batches)]
-        memory = train_step(batch[:, :-1], batch[:, 1:], memory)
+        _, _, memory = train_step(batch[:, :-1], batch[:, 1:], memory)
     sync(device)
     seconds = (time.perf_counter() - start) / steps
     peak = matmul_peak_flops(device, dtype)

@@ -1,7 +1,9 @@
 """Checkpoints of train_shakespeare.py: weights, optimizer state, every process's memory and
 random state, so that --resume continues exactly where a run stopped. Written whole or not at all
 (files.write_atomically); read back as plain data, so that a crafted file cannot run code and
-anything that is not such a checkpoint is one error line; restored only where they fit."""
+anything that is not such a checkpoint is one error line; restored only where they fit. A
+checkpoint's args are the flags it was trained with; one written by an older version may hold
+flags that no longer exist, and they are read with .get."""
 
 import dataclasses
 import os
@@ -10,30 +12,33 @@ import re
 
 import torch
 
-from compressive import CompressiveConfig, Memory
+from compressive import CompressiveConfig, CompressiveTransformer, Memory
 
 from . import distributed, files
 from .checks import UserError, one_line
 
 
-def save(path, model, optimizer, memory, run, vocab, args, rank: int, world: int, device) -> None:
-    """A collective: every process calls it, and rank 0 writes. run: {step, history, train_log,
-    seconds}."""
-    memories = distributed.gather_memories(memory, world, device)
+def save(path, model, optimizer, memory, progress: dict, vocab, args) -> None:
+    """A collective: every process calls it, and rank 0 writes. progress: {step, history,
+    train_log, seconds}. made_with records what a run's numbers depend on beyond its flags: they
+    repeat bit for bit with the same torch and the same number of threads."""
+    device = next(model.parameters()).device
+    memories = distributed.gather_memories(memory, device)
     states = [torch.get_rng_state()] + (
         [torch.cuda.get_rng_state(device)] if device.type == "cuda" else []
     )
-    rngs = distributed.gather_tensors(states, world, device)
-    if rank == 0:
+    rngs = distributed.gather_tensors(states, device)
+    if distributed.ranks()[0] == 0:
         state = {
             "config": dataclasses.asdict(model.cfg),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
-            **run,
+            **progress,
             "vocab": vocab,
             "memory": memories,
             "args": vars(args),
             "rng": [{"cpu": r[0], "cuda": r[1] if len(r) > 1 else None} for r in rngs],
+            "made_with": {"torch": str(torch.__version__), "threads": torch.get_num_threads()},
         }
         files.write_atomically(path, lambda f: torch.save(state, f))
 
@@ -96,16 +101,15 @@ def read(path: str, device) -> dict:
     return ckpt
 
 
-def resume(path: str, args, model, optimizer, rank: int, world: int, device):
+def resume(path: str, args, model, optimizer):
     """Load weights, optimizer state, this process's memory and random state into a run about to
     continue; returns the memory and the run's progress {step, history, train_log, seconds}
     (train_log empty for a checkpoint written before the log lines were recorded)."""
+    rank, world, _ = distributed.ranks()
+    device = next(model.parameters()).device
     ckpt = read(path, device)
     if ckpt["args"].get("task", "shakespeare") != args.task:
-        raise UserError(
-            f"--resume: the checkpoint was trained on --task "
-            f"{ckpt['args'].get('task', 'shakespeare')}"
-        )
+        raise UserError(f"--resume: the checkpoint was trained by {trained_by(ckpt['args'])}")
     if (
         ckpt["config"] != dataclasses.asdict(model.cfg)
         or ckpt["args"].get("model", "compressive") != args.model
@@ -151,6 +155,41 @@ def resume(path: str, args, model, optimizer, rank: int, world: int, device):
     }
 
 
+def trained_by(saved_args: dict) -> str:
+    """The command that trains a checkpoint's task: the script on its own text, or the research/
+    command of that name (the recall task, the code corpus)."""
+    task = saved_args.get("task", "shakespeare")
+    return "python train_shakespeare.py" if task == "shakespeare" else f"python -m research.{task}"
+
+
+def training_command(ckpt: dict, defaults: dict) -> str:
+    """How a checkpoint was made, for a figure's caption: the command (trained_by), the flags that
+    differ from defaults (the script's own, --out and --resume aside; a flag the script does not
+    have is shown where it was set), its seed and step, and the torch version and threads it ran
+    with (not recorded by checkpoints older than made_with)."""
+    flags = []
+    for name, value in ckpt["args"].items():
+        if name in ("out", "resume", "stop_after", "task") or value is None:
+            continue
+        if value == defaults.get(name) or (name not in defaults and value is False):
+            continue  # a default, or a switch the script no longer has, left off
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + name.replace("_", "-"))
+        else:
+            flags.append(f"{flag} {value}")
+    made_with = ckpt.get("made_with")
+    ran = (
+        f"torch {made_with.get('torch')}, {made_with.get('threads')} thread(s)"
+        if isinstance(made_with, dict)
+        else "its torch and threads not recorded"
+    )
+    command = " ".join([trained_by(ckpt["args"]), *flags])
+    return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}; {ran})"
+
+
 def load_model(out: str, device, make_model):
     """The model of OUT/ckpt.pt, in eval mode, and the checkpoint. make_model(name, cfg) builds
     an untrained model of the checkpoint's kind."""
@@ -166,3 +205,39 @@ def load_model(out: str, device, make_model):
             f"{path}: the weights do not fit the checkpoint's configuration ({one_line(e)})"
         ) from None
     return model.to(device).eval(), ckpt
+
+
+def limit_memory(model, mem_len, c_mem_len) -> str:
+    """The ablation of --eval-mem-len / --eval-c-mem-len: the model keeps at most that many
+    memories (compressed memories) per layer, the weights unchanged; what the loss then loses is
+    what those memories were worth. Returns how the memory was cut ("" when it was not)."""
+    if mem_len is None and c_mem_len is None:
+        return ""
+    if not isinstance(model, CompressiveTransformer):
+        raise UserError(
+            "--eval-mem-len and --eval-c-mem-len cut the per-layer memories of the "
+            "compressive, xl and vanilla models; this checkpoint holds a Feedback "
+            "Transformer"
+        )
+    cfg = model.cfg
+    for flag, given, trained in (
+        ("--eval-mem-len", mem_len, cfg.mem_len),
+        ("--eval-c-mem-len", c_mem_len, cfg.c_mem_len),
+    ):
+        if given is not None and given > trained:
+            raise UserError(
+                f"{flag} {given}: the checkpoint was trained with {trained}; only less "
+                f"memory than in training can be evaluated"
+            )
+    mem_len = cfg.mem_len if mem_len is None else mem_len
+    c_mem_len = cfg.c_mem_len if c_mem_len is None or mem_len == 0 else c_mem_len
+    if 0 < mem_len < cfg.compression_rate and c_mem_len > 0:
+        raise UserError(
+            f"--eval-mem-len {mem_len}: with compressed memory, at least "
+            f"c = {cfg.compression_rate} memories must be kept"
+        )
+    # every layer reads its FIFO lengths from the config, so all of them get the new one
+    model.cfg = dataclasses.replace(cfg, mem_len=mem_len, c_mem_len=c_mem_len if mem_len else 0)
+    for layer in model.layers:
+        layer.cfg = model.cfg
+    return f"n_m={model.cfg.mem_len} n_cm={model.cfg.c_mem_len}"

@@ -1,10 +1,11 @@
 """Problems the user can fix: the flags checked before anything is read or written, and the one
-line that train_shakespeare.py prints for each problem ("error: ...", exit status 2). A traceback
-is for bugs only."""
+line that every command prints for each problem ("error: ...", exit status 2). A traceback is for
+bugs only."""
 
 import math
 import os
 import re
+import sys
 
 import torch
 
@@ -37,14 +38,39 @@ def out_of_memory(error: BaseException) -> UserError:
     )
 
 
+def exit_status(command) -> int:
+    """Run command() and return the process's exit status: 0, or 2 with one line on stderr for a
+    problem the user can fix (a UserError, or a model too large for the memory), or 130 when
+    interrupted. Any other exception is a bug and keeps its traceback."""
+    try:
+        command()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        print(f"error: {out_of_memory(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted (checkpoints are only ever replaced whole)", file=sys.stderr)
+        return 130
+    return 0
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def check_flags(args) -> None:
-    """The flags one by one (recall.check_args checks the task's; train_shakespeare.py the
-    model flags together)."""
-    flag = lambda name: "--" + name.replace("_", "-")
-    for name in ["lr", "min_lr", "weight_decay", "grad_clip", "dropout", "temperature"]:
+    """The script's flags one by one (train_shakespeare.py checks the model flags together; a
+    research command adds its own flags and checks them itself). A flag that a command does not
+    have is not checked."""
+    given = lambda names: [name for name in names if getattr(args, name, None) is not None]
+    for name in given(["lr", "min_lr", "weight_decay", "grad_clip", "dropout", "temperature"]):
         if not math.isfinite(getattr(args, name)):  # inf and nan would train garbage
             raise UserError(f"{flag(name)} must be a finite number, got {getattr(args, name)}")
-    for name in [
+    positive = [
         "d_model",
         "n_layers",
         "n_heads",
@@ -60,10 +86,11 @@ def check_flags(args) -> None:
         "lr",
         "temperature",
         "top_k",
-    ]:
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
+    ]
+    for name in given(positive):
+        if not getattr(args, name) > 0:
             raise UserError(f"{flag(name)} must be positive, got {getattr(args, name)}")
-    for name in [
+    at_least_zero = [
         "mem_len",
         "c_mem_len",
         "eval_mem_len",
@@ -73,21 +100,12 @@ def check_flags(args) -> None:
         "grad_clip",
         "min_lr",
         "sample",
-    ]:
-        if getattr(args, name) is not None and getattr(args, name) < 0:
+    ]
+    for name in given(at_least_zero):
+        if getattr(args, name) < 0:
             raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
-    if args.bench_reach is not None and not args.bench:
-        raise UserError("--bench-reach is for --bench")
-    if any(n <= 0 for n in args.bench_reach or []):
-        raise UserError(f"--bench-reach must be positive reaches, got {args.bench_reach}")
-    if (args.eval_mem_len is not None or args.eval_c_mem_len is not None) and not args.eval_only:
+    if given(["eval_mem_len", "eval_c_mem_len"]) and not args.eval_only:
         raise UserError("--eval-mem-len and --eval-c-mem-len are for --eval-only")
-    if (
-        args.picture_start is not None or args.picture_query is not None or args.picture_heads
-    ) and not args.picture:
-        raise UserError("--picture-start, --picture-query and --picture-heads are for --picture")
-    if args.task != "shakespeare" and args.data is not None:
-        raise UserError(f"--data is for --task shakespeare; --task {args.task} makes its own text")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out} exists and is not a folder")
     if args.device == "cuda" and not torch.cuda.is_available():

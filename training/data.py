@@ -1,20 +1,34 @@
-"""The data of train_shakespeare.py, as (vocab, train ids, validation ids, answers, name): Tiny
-Shakespeare (shipped in data/) or a --data text, split as nanoGPT splits it (the first 90% to train,
-the last 10% to validate); the code corpus of corpus.py (whole files held out); or the recall
-task's generated text (recall.py)."""
+"""The text train_shakespeare.py learns, as ids: Tiny Shakespeare (shipped in data/) or a --data
+text, split as nanoGPT splits it (the first 90% to train, the last 10% to validate). A research
+command brings its own text in the same form (research/recall.py, research/code.py)."""
 
 import hashlib
 import os
+from typing import List, NamedTuple, Optional
 
 import torch
 
-from . import corpus, files, recall
+from . import files
 from .checks import UserError
 
 # The text ships with the repository (public domain; char-rnn's copy), so nothing is downloaded.
 DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(REPOSITORY, "data", "tinyshakespeare.txt")
+IGNORE = -100  # a target that the losses skip (F.cross_entropy's ignore_index)
+
+
+class Data(NamedTuple):
+    """A text to learn. train and val are ids, vocab[i] the character of id i. The model learns
+    to predict each character from those before it; a task that scores only some of them gives
+    targets: the ids where scored, IGNORE elsewhere (None: every character is scored)."""
+
+    vocab: List[str]
+    train: Optional[torch.Tensor]  # None where only the validation text is needed
+    val: torch.Tensor
+    name: str  # what the text is, for the log
+    train_targets: Optional[torch.Tensor] = None
+    val_targets: Optional[torch.Tensor] = None
 
 
 def load_text(path) -> str:
@@ -41,26 +55,9 @@ def encode(text: str, vocab) -> torch.Tensor:
     return torch.tensor([lookup[ch] for ch in text], dtype=torch.long)
 
 
-def load_data(args, task: str, n_streams: int = 1, vocab=None, saved_args=None, need_train=True):
-    """(vocab, train, val, answers, name) of a task; answers: the recall task's queries, else None;
-    name: what the text is, for the log. vocab and saved_args: a checkpoint's, when evaluating one
+def load_data(args, vocab=None, saved_args=None) -> Data:
+    """Tiny Shakespeare or --data. vocab and saved_args: a checkpoint's, when evaluating one
     (without --data, its own text: the --data it was trained with, else Tiny Shakespeare)."""
-    if task == "recall":
-        return (
-            recall.VOCAB,
-            *recall.load(args, n_streams, encode, saved_args, need_train),
-            "the recall task's generated text",
-        )
-    if task == "code":  # the validation text: whole files, the first --val-chars or a little more
-        train, val, manifest = corpus.load(os.path.dirname(DEFAULT_DATA))
-        val = corpus.first_files(val, recall.settings(args, saved_args)["val_chars"])
-        return (
-            corpus.VOCAB,
-            encode(train, corpus.VOCAB) if need_train else None,
-            encode(val, corpus.VOCAB),
-            None,
-            corpus.describe(manifest),
-        )
     path = args.data
     if path is None and saved_args is not None:  # a checkpoint is evaluated on its own text
         path = saved_args.get("data")
@@ -68,4 +65,4 @@ def load_data(args, task: str, n_streams: int = 1, vocab=None, saved_args=None, 
     vocab = vocab or sorted(set(text))
     data = encode(text, vocab)
     split = int(0.9 * len(data))
-    return vocab, data[:split], data[split:], None, path or "Tiny Shakespeare (data/)"
+    return Data(vocab, data[:split], data[split:], path or "Tiny Shakespeare (data/)")

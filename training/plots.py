@@ -1,18 +1,16 @@
-"""The figures: the loss curve (OUT/loss.png), recall accuracy by distance (OUT/recall.png) and
-attention by key bucket (OUT/attention.png). Drawn only where matplotlib is installed; elsewhere
-one note says so and nothing else changes.
+"""A run's figure, its loss curve (OUT/loss.png), and what every figure of the repository draws
+with: pyplot() where matplotlib is installed; elsewhere one note says so and nothing else changes.
 
-The plots of a run, finished or stopped, are drawn again from its files (metrics.json, else
+The loss curve of a run, finished or stopped, is drawn again from its files (metrics.json, else
 ckpt.pt), for instance once matplotlib is installed after training:
 
-    python -m training.plots OUT        # OUT/loss.png, and OUT/recall.png on --task recall
-
-(attention.png is --analyze's own: run it again.)"""
+    python -m training.plots OUT        # OUT/loss.png"""
 
 import functools
 import json
 import os
 import sys
+import textwrap
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,8 +28,16 @@ def pyplot():
     return plt
 
 
-def save(plt, path: str) -> None:
-    plt.tight_layout()
+def save(plt, path: str, caption: str = "") -> None:
+    """Write the current figure to path, with caption (how to make it again) at its foot."""
+    if caption:
+        figure = plt.gcf()
+        width = int(figure.get_figwidth() * 72 / (0.55 * 6))  # characters of 6 points a line
+        lines = textwrap.wrap(caption, width)
+        figure.text(0.01, 0.01, "\n".join(lines), fontsize=6, color="#555555", va="bottom")
+        plt.tight_layout(rect=(0, (0.05 + 0.1 * len(lines)) / figure.get_figheight(), 1, 1))
+    else:
+        plt.tight_layout()
     plt.savefig(path)
     plt.close()
     print(f"wrote {path}")
@@ -70,57 +76,10 @@ def plot_history(history, path: str, train_log=()) -> None:
     save(plt, path)
 
 
-def plot_recall(rows, edges, phases, title: str, path: str) -> None:
-    """Accuracy by distance, the model's reach edges, and the compressed region's accuracy by the
-    phase of the fact in its block (a level per phase across that region)."""
-    plt = pyplot()
-    if plt is None:
-        return
-    plt.figure(figsize=(7, 4))
-    middle = [(row["from"] + row["to"]) / 2 for row in rows]
-    plt.plot(middle, [row["accuracy"] for row in rows], marker="o", label="all queries")
-    lows = [0] + [edge for _, edge in edges]
-    for (name, edge), lo in zip(edges, lows):
-        plt.axvline(edge, color="gray", linestyle=":")
-        plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
-        if name == "c_mem":
-            for p in phases[1:]:  # phases[0] is all of them together
-                plt.hlines(
-                    p["accuracy"],
-                    lo,
-                    edge,
-                    colors=f"C{p['phase'] + 1}",
-                    linewidth=1.5,
-                    label=f"held in c_mem, digit at phase {p['phase']}",
-                )
-    plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
-    plt.ylim(0, 1.05)
-    plt.title(title, fontsize=9, loc="left")
-    plt.xlabel("distance from fact to query (characters)")
-    plt.ylabel("recall accuracy")
-    plt.legend(fontsize=8)
-    save(plt, path)
-
-
-def plot_attention(names, overall, per_layer, path: str) -> None:
-    plt = pyplot()
-    if plt is None:
-        return
-    plt.figure(figsize=(9, 4))
-    plt.bar(range(len(names)), overall, color="lightgray", label="all layers")
-    for i, row in enumerate(per_layer):
-        plt.plot(range(len(names)), row, marker="o", label=f"layer {i}")
-    plt.xticks(range(len(names)), names, rotation=45, ha="right")
-    plt.ylabel("mean attention weight")
-    plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
-    plt.legend()
-    save(plt, path)
-
-
 def redraw(out: str) -> None:
-    """Draw the plots of the run in folder out again, from OUT/metrics.json (a finished run), else
-    from OUT/ckpt.pt (a stopped one). One UserError line when there is nothing to draw from or
-    matplotlib is missing."""
+    """Draw the loss curve of the run in folder out again, from OUT/metrics.json (a finished run),
+    else from OUT/ckpt.pt (a stopped one). One UserError line when there is nothing to draw from
+    or matplotlib is missing."""
     from .checks import UserError
 
     try:
@@ -165,31 +124,17 @@ def redraw(out: str) -> None:
             f"missing or malformed)"
         )
     plot_history(history, os.path.join(out, "loss.png"), train_log)
-    recall = run.get("recall")
-    if isinstance(recall, dict) and recall.get("by_distance") and "reach" in recall:
-        plot_recall(
-            recall["by_distance"],
-            recall["reach"],
-            recall["by_phase"],
-            recall["title"],
-            os.path.join(out, "recall.png"),
-        )
-    elif isinstance(recall, dict):
-        print(
-            f"note: {where} predates the recall plot's record (its reach), so recall.png is not "
-            f"drawn again; --eval-only on the checkpoint draws it"
-        )
 
 
 def main(argv=None) -> int:
-    """python -m training.plots [OUT]: draw the plots of the run in OUT (default out) again."""
+    """python -m training.plots [OUT]: draw the loss curve of the run in OUT (default out) again."""
     from .checks import UserError
 
     args = sys.argv[1:] if argv is None else argv
     if args[:1] in (["-h"], ["--help"]):
         print(
-            "usage: python -m training.plots [OUT]: draw the plots of the run in OUT (its --out "
-            "folder, default out) again, from its metrics.json or ckpt.pt"
+            "usage: python -m training.plots [OUT]: draw the loss curve of the run in OUT (its "
+            "--out folder, default out) again, from its metrics.json or ckpt.pt"
         )
         return 0
     if len(args) > 1:

@@ -20,7 +20,7 @@ compressive model's mem, 96 an equal-slots Transformer-XL's (64 + 32 slots), 192
 model's reach at c = 4 and Transformer-XL with n_m 192's. The bucket 97-192 holds the characters
 that only the compressed memory (or a Transformer-XL as long as its reach) can copy.
 
-    python -m training.copies FILE [FILE ...]      # a text's share of characters by copy distance
+    python -m research.copies FILE [FILE ...]      # a text's share of characters by copy distance
 """
 
 import sys
@@ -103,7 +103,8 @@ def summary(rows: dict) -> str:
 
 
 def regions_of(model_reach, seq_len: int, edges=EDGES):
-    """What region of a model holds each bucket's copy: reach() edges, counted beyond the segment."""
+    """What region of a model holds each bucket's copy: model.reach()'s edges, counted beyond the
+    segment."""
     beyond = [(name, edge - seq_len) for name, edge in model_reach if name != "segment"]
     names = ["segment"]
     for hi in edges:

@@ -1,5 +1,11 @@
-"""--bench --bench-reach: what Transformer-XL and the Compressive Transformer pay to see N characters
+"""The cost of reach: what Transformer-XL and the Compressive Transformer pay to see N characters
 back beyond the segment.
+
+    python -m research.reach_cost                  # reaches 256 512 1024 2048, OUT/reach_cost.png
+    python -m research.reach_cost --reaches 256 1024 --rounds 5
+
+The models are those of train_shakespeare.py's flags (the compressive model's n_m, n_cm and c)
+and its training step (train_shakespeare.make_train_step).
 
 For each reach N: Transformer-XL with n_m = N, against the compressive model with the same reach,
 a quarter of it as raw memory and the rest compressed at rate c: n_m = N / 4, n_cm = 3N / (4c)
@@ -28,14 +34,15 @@ import time
 
 import torch
 
+import train_shakespeare
 from compressive import Memory
-
-from . import bench, plots
-from .checks import UserError
-from .device import pick_device
+from training import bench, files, plots
+from training.checks import UserError, exit_status
+from training.device import keep_freed_memory, pick_device
 
 REACHES = [256, 512, 1024, 2048]
 GENERATED = 16  # tokens per model per round of the generation timing
+RATIOS = ("slots", "keys", "train_ms", "gen_ms", "state_bytes")  # the table's compressive / XL
 
 
 def pairs(args):
@@ -57,11 +64,11 @@ def pairs(args):
             },
         )
     ]
-    for reach in args.bench_reach or REACHES:
+    for reach in args.reaches:
         mem_len = reach // 4
         if reach % 4 or (reach - mem_len) % c or mem_len < c:
             raise UserError(
-                f"--bench-reach {reach}: a reach splits as n_m = reach/4 and n_cm = "
+                f"--reaches {reach}: a reach splits as n_m = reach/4 and n_cm = "
                 f"3 reach/(4c), so it must be a multiple of 4 with 3/4 of it a "
                 f"multiple of c = {c}, and reach/4 >= c"
             )
@@ -177,17 +184,27 @@ def median_round_times(runs: dict, rounds: int, device) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def measure_pair(ts, models_flags: dict, device, rounds: int) -> dict:
+def make_step(flags, device):
+    """(model, step): a model of the flags on device, and step(x, y, memory), one whole optimizer
+    step as train_shakespeare.py takes it."""
+    torch.manual_seed(flags.seed)
+    cfg = train_shakespeare.model_config(flags, vocab_size=65)
+    model = train_shakespeare.make_model(flags.model, cfg).to(device)
+    optimizer = train_shakespeare.make_optimizer(model, flags)
+    return model, train_shakespeare.make_train_step(model, optimizer, flags, device)
+
+
+def measure_pair(models_flags: dict, device, rounds: int) -> dict:
     rows = {}
     trainers, generators = {}, {}
     for kind, flags in models_flags.items():
-        model, step = bench.make_step(ts, flags, device)
+        model, step = make_step(flags, device)
         state = {"memory": full_memory(model, flags.batch_size, device)}
         g = torch.Generator(device="cpu").manual_seed(flags.seed)
         tokens = torch.randint(0, 65, (flags.batch_size, flags.seq_len + 1), generator=g).to(device)
 
         def train(step=step, state=state, tokens=tokens):
-            state["memory"] = step(tokens[:, :-1], tokens[:, 1:], state["memory"])
+            state["memory"] = step(tokens[:, :-1], tokens[:, 1:], state["memory"])[2]
 
         gen_state = {"memory": full_memory(model, 1, device)}
         token = tokens[:1, :1]
@@ -218,16 +235,16 @@ def measure_pair(ts, models_flags: dict, device, rounds: int) -> dict:
     return rows
 
 
-def run(args, ts) -> list:
+def run(args) -> list:
     """Measure every pair, print the table, draw OUT/reach_cost.png; returns the rows."""
     device = pick_device(args.device)
     if args.model != "compressive" or not (args.mem_len and args.c_mem_len):
         raise UserError(
-            "--bench-reach compares Transformer-XL with the compressive model: leave "
+            "the cost of reach compares Transformer-XL with the compressive model: leave "
             "--model compressive and give it memory (--mem-len, --c-mem-len > 0)"
         )
     results = [
-        {"label": label, **measure_pair(ts, models_flags, device, args.bench_steps)}
+        {"label": label, **measure_pair(models_flags, device, args.rounds)}
         for label, models_flags in pairs(args)
     ]
     print_table(results, args, device)
@@ -238,9 +255,11 @@ def run(args, ts) -> list:
     plot(
         results,
         os.path.join(args.out, "reach_cost.png"),
-        f"python train_shakespeare.py --bench --bench-reach (n_s {args.seq_len}, d_model "
-        f"{args.d_model}, {args.n_layers} layers, batch {args.batch_size}, c {args.compression_rate}); "
-        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {device}",
+        f"python -m research.reach_cost (n_s {args.seq_len}, d_model {args.d_model}, "
+        f"{args.n_layers} layers, batch {args.batch_size}, c {args.compression_rate}, "
+        f"{args.rounds} rounds); torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+        f"{device}, commit {files.repository_commit()}; timed on a machine running nothing else "
+        f"for figures worth comparing",
     )
     return results
 
@@ -250,7 +269,7 @@ def print_table(results, args, device) -> None:
         f"reach cost: n_s={args.seq_len} d_model={args.d_model} {args.n_layers} layers "
         f"batch {args.batch_size} f_c={args.compression} c={args.compression_rate}; compressive "
         f"at reach N: n_m = N/4, n_cm = 3N/(4c); device {device}, {torch.get_num_threads()} "
-        f"thread(s), torch {torch.__version__}; median of {args.bench_steps} interleaved rounds"
+        f"thread(s), torch {torch.__version__}; median of {args.rounds} interleaved rounds"
     )
     head = (
         f"{'':<11}{'model':<13}{'n_m+n_cm':>9}{'keys':>6}{'GFLOP/step':>11}{'of it f_c':>10}"
@@ -263,17 +282,18 @@ def print_table(results, args, device) -> None:
             print(
                 f"{r['label'] if kind == 'xl' else '':<11}{kind:<13}"
                 f"{str(row['n_m']) + ('+' + str(row['n_cm']) if row['n_cm'] else ''):>9}"
-                f"{row['keys']:>6}{row['model_gflop'] + row['f_c_gflop']:>11.2f}{row['f_c_gflop']:>10.2f}"
+                f"{row['keys']:>6}{row['model_gflop'] + row['f_c_gflop']:>11.2f}"
+                f"{row['f_c_gflop']:>10.2f}"
                 f"{row['train_ms']:>10.1f}{row['gen_ms']:>11.2f}{row['state_bytes'] / 1024:>10.0f}"
                 f"{'-' if row['peak_mib'] is None else format(row['peak_mib'], '.1f'):>10}"
             )
-        ratio = lambda key: comp[key] / xl[key] if xl[key] else float("nan")  # noqa: E731
+        ratio = {key: comp[key] / xl[key] if xl[key] else float("nan") for key in RATIOS}
         peak = "-" if xl["peak_mib"] is None else f"{comp['peak_mib'] / xl['peak_mib']:.2f}"
         flops = (comp["model_gflop"] + comp["f_c_gflop"]) / xl["model_gflop"]
         print(
-            f"{'':<11}{'ratio':<13}{ratio('slots'):>9.2f}{ratio('keys'):>6.2f}{flops:>11.2f}"
-            f"{'':>10}{ratio('train_ms'):>10.2f}{ratio('gen_ms'):>11.2f}"
-            f"{ratio('state_bytes'):>10.2f}{peak:>10}"
+            f"{'':<11}{'ratio':<13}{ratio['slots']:>9.2f}{ratio['keys']:>6.2f}{flops:>11.2f}"
+            f"{'':>10}{ratio['train_ms']:>10.2f}{ratio['gen_ms']:>11.2f}"
+            f"{ratio['state_bytes']:>10.2f}{peak:>10}"
         )
 
 
@@ -316,3 +336,37 @@ def plot(results, path: str, caption: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(caption, fontsize=8)
     plots.save(plt, path)
+
+
+def parse_args(argv=None):
+    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
+    r = parser.add_argument_group("the cost of reach")
+    r.add_argument(
+        "--reaches",
+        type=int,
+        nargs="+",
+        default=REACHES,
+        metavar="N",
+        help="the reaches beyond the segment at which both models are timed",
+    )
+    r.add_argument("--rounds", type=int, default=10, help="timed rounds, one step of each model")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    keep_freed_memory()
+
+    def command():
+        train_shakespeare.check_args(args)
+        if args.rounds <= 0 or any(n <= 0 for n in args.reaches):
+            raise UserError(
+                f"--rounds and --reaches must be positive, got {args.rounds}, {args.reaches}"
+            )
+        run(args)
+
+    return exit_status(command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,6 @@
-"""--picture: the memory as the model holds it, drawn from the model's own state.
+"""The memory as the model holds it, drawn from the model's own state.
+
+    python -m lesson.memory_picture --out OUT      # on OUT/ckpt.pt, over its validation text
 
 A passage of the validation text goes through the model segment by segment, memory carried, and
 for one query (by default the last character of the last segment) this draws
@@ -15,9 +17,12 @@ for one query (by default the last character of the last segment) this draws
                      "slots": one entry per key the query sees, oldest first, {"region": "c_mem" |
                      "mem" | "segment", "positions": [the text positions it holds], "text": their
                      characters, "attention": [the query's weight on it, one per layer, the mean
-                     over the heads]}} (--picture-heads: also "attention_by_head", [layer][head])
+                     over the heads]}} (--heads: also "attention_by_head", [layer][head])
 
-Text positions count characters of the validation text. Which positions a slot holds comes from
+A slot holds a vector of each layer: in layer i, mem holds layer i's input h^(i) at one
+character, c_mem f_c of layer i's inputs at a block of c characters; the picture lays each slot
+out as the characters it stands for. Text positions count characters of the validation text.
+Which positions a slot holds comes from
 the FIFO rule of compressive.py applied to positions (fifo_steps); the tests tie it to the model's
 own update_memory, and every run checks its slot counts against the model's memory tensors. A
 c_mem slot's positions are its evicted block of c (overlap_max_pool also pools the character after
@@ -26,7 +31,7 @@ by its layers, made token by token, nothing compressed (one error line).
 
 From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, no memory):
 
-    from training.memory_picture import memory_picture, draw_png, draw_gif, write_json
+    from lesson.memory_picture import memory_picture, draw_png, draw_gif, write_json
     picture = memory_picture(model, ids, vocab, start=0, query=None)  # ids: LongTensor [N]
     write_json(picture, "memory.json")
     draw_png(picture, "memory.png"); draw_gif(picture, "memory.gif")  # need matplotlib
@@ -34,53 +39,23 @@ From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, n
     fifo_steps(start=0, lengths=[64] * 6, n_m=64, n_cm=32, c=4)  # the rule alone, without a model
 """
 
+import argparse
 import json
 import math
 import os
-import subprocess
 import textwrap
 from dataclasses import dataclass, field
 from typing import List, NamedTuple, Optional
 
 import torch
 
+import train_shakespeare
 from compressive import CompressiveTransformer, n_evicted
-
-from . import analysis, files
-from .checks import UserError
-
-
-def add_arguments(parser) -> None:
-    m = parser.add_argument_group("--picture (on OUT/ckpt.pt)")
-    m.add_argument(
-        "--picture",
-        action="store_true",
-        help="draw the memory from the model's own "
-        "state over a passage of the validation text: OUT/memory.png (where one query "
-        "looks), memory.gif (the FIFOs moving), memory.json (the data)",
-    )
-    m.add_argument(
-        "--picture-start",
-        type=int,
-        metavar="POS",
-        help="the validation text position "
-        "where the passage starts, the memory empty before it (default: enough segments "
-        "before the query to fill both memories and a few more)",
-    )
-    m.add_argument(
-        "--picture-query",
-        type=int,
-        metavar="POS",
-        help="the query's validation text "
-        "position (default: the last character of the last segment; on --task recall "
-        "the first '?' whose fact is held in c_mem)",
-    )
-    m.add_argument(
-        "--picture-heads",
-        action="store_true",
-        help="the attention per layer and head, not only per layer (the mean over the heads)",
-    )
-
+from research import tasks
+from research.attention import recorded_attention
+from training import checkpoint, files
+from training.checks import UserError, exit_status
+from training.device import pick_device
 
 # --------------------------------------------------------------------------------------------------
 # The FIFO rule, applied to text positions
@@ -136,15 +111,15 @@ class Picture:
     note: str = ""  # one line under the title (what the marks are)
 
 
-def default_segments(cfg) -> int:
-    """Segments enough to fill both memories, and three more in which the FIFOs move full."""
-    reach = cfg.mem_len + (cfg.compression_rate * cfg.c_mem_len if cfg.mem_len else 0)
-    return math.ceil(reach / cfg.seq_len) + 3
+def default_segments(model) -> int:
+    """Segments enough to fill both memories (all that a segment's last character reaches,
+    model.reach()), and three more in which the FIFOs move full."""
+    return math.ceil(model.reach()[-1][1] / model.cfg.seq_len) + 2
 
 
-def default_start(cfg, query: int) -> int:
+def default_start(model, query: int) -> int:
     """The start that makes the query the last character of the last of default_segments."""
-    return max(0, query - cfg.seq_len + 1 - (default_segments(cfg) - 1) * cfg.seq_len)
+    return max(0, query + 1 - default_segments(model) * model.cfg.seq_len)
 
 
 NO_FEEDBACK_PICTURE = (
@@ -170,7 +145,7 @@ def memory_picture(
 ) -> Picture:
     """Run model (a CompressiveTransformer) over ids[start:] in segments of n_s, memory carried
     from an empty one, up to the segment that holds the query (default: the last character of
-    default_segments(cfg) segments), and return the Picture of the query's view: every key it
+    default_segments(model) segments), and return the Picture of the query's view: every key it
     sees, oldest first, with the text positions it stands for and the query's attention on it
     per layer (mean over the heads; heads=True: also per head). ids: the text as ids [N] (1-D);
     vocab: the characters of the ids. Raises ValueError for a query or start out of range."""
@@ -178,7 +153,7 @@ def memory_picture(
     cfg = model.cfg
     n_s, n = cfg.seq_len, len(ids)
     if query is None:
-        query = start + default_segments(cfg) * n_s - 1
+        query = start + default_segments(model) * n_s - 1
     if not 0 <= start < n:
         raise ValueError(f"the passage start {start} lies outside the text (0 to {n - 1})")
     if not start <= query < n:
@@ -195,7 +170,7 @@ def memory_picture(
     model.eval()
     memory, held = None, []
     try:
-        with analysis.recorded_attention(model) as attention:
+        with recorded_attention(model) as attention:
             for k, (offset, step) in enumerate(zip(range(0, end - start, n_s), steps)):
                 _, memory, _ = model(passage[:, offset : offset + n_s], memory)
                 held.append((memory.mem[0].size(1), memory.c_mem[0].size(1)))
@@ -257,7 +232,8 @@ def shown(text: str) -> str:
 
 
 def describe(picture: Picture) -> List[str]:
-    """The lines --picture prints: the regions the query sees and, per layer, its strongest slot."""
+    """The lines the command prints: the regions the query sees and, per layer, its strongest
+    slot."""
     cfg, slots, query, start = (
         picture.cfg,
         picture.data["slots"],
@@ -361,7 +337,20 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     fig_w = max(cell * width + left + right, 11.3)  # the legend's width, at least
     footer = wrapped(footer, fig_w, 6.5) if footer else ""
     foot = 0.15 + 0.13 * (footer.count("\n") + 1) if footer else 0.1
-    head = 1.55
+    note = wrapped(
+        f"The memory of memory.gif's next-to-last frame, 'Segment {len(picture.steps)} of "
+        f"{len(picture.steps)}: (a) read', seen from the query. "
+        "Under each line of text, one row per layer"
+        + (" and head" if by_head else "")
+        + ": the query's attention weight on each slot"
+        + ("" if by_head else " (mean over the heads)")
+        + "; the largest of each row outlined."
+        + (" " + picture.note if picture.note else ""),
+        fig_w,
+        8,
+    )
+    note_top = 0.45 + 0.2 * len({s["region"] for s in slots})  # under a line per region
+    head = note_top + 0.15 * (note.count("\n") + 1) + 0.25
     fig_h = head + 0.2 * per_line * n_lines + foot
     fig = plt.figure(figsize=(fig_w, fig_h))
     ax = fig.add_axes(
@@ -377,7 +366,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         ax.text(-0.6, y + 0.5, f"{back} back", ha="right", va="center", fontsize=7, color="#555555")
         for r, (name, _) in enumerate(rows):
             ax.text(-0.6, y + 1.5 + r, name, ha="right", va="center", fontsize=7)
-    for r, (name, values) in enumerate(rows):  # each row's strongest slot, at the right
+    for r, (_, values) in enumerate(rows):  # each row's strongest slot, at the right
         k = best[r]
         line = (slots[k]["positions"][-1] - first) // width
         ax.text(
@@ -471,10 +460,10 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         far = query - inside[0]["positions"][0]
         near = query - inside[-1]["positions"][-1]
         what = {
-            "c_mem": f"{len(inside)} slots, each f_c ({cfg.compression}) of the c = {c} "
-            f"characters in its box"
+            "c_mem": f"{len(inside)} slots; in layer i, f_c ({cfg.compression}) of layer i's "
+            f"inputs at the c = {c} characters in its box"
             + (" and the one after them" if cfg.compression == "overlap_max_pool" else ""),
-            "mem": f"{len(inside)} slots, one character each",
+            "mem": f"{len(inside)} slots; in layer i, layer i's input at one character",
             "segment": f"{len(inside)} characters, up to the query itself",
         }[region]
         legend.append((region, f"{region}: {what}; {near}-{far} characters back"))
@@ -491,15 +480,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
             )
         )
         fig.text(0.32 / fig_w, y, words, fontsize=8, va="center")
-    note = (
-        "Under each line of text, one row per layer"
-        + (" and head" if by_head else "")
-        + ": the query's attention weight on each slot"
-        + ("" if by_head else " (mean over the heads)")
-        + "; the largest of each row outlined."
-        + (" " + picture.note if picture.note else "")
-    )
-    fig.text(0.1 / fig_w, 1 - (0.55 + 0.2 * len(legend)) / fig_h, note, fontsize=8, va="center")
+    fig.text(0.1 / fig_w, 1 - note_top / fig_h, note, fontsize=8, va="top")
     cax = fig.add_axes([1 - 2.3 / fig_w, 1 - 0.42 / fig_h, 2.0 / fig_w, 0.1 / fig_h])
     ticks = [0.0]
     for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8):  # at least a seventh of the bar apart
@@ -551,8 +532,8 @@ def draw_gif(
     fig = plt.figure(figsize=(fig_w, fig_h))
     ax = fig.add_axes([left / fig_w, foot / fig_h, cell * width / fig_w, 0.3 * n_lines / fig_h])
     legend = [
-        ("#dbe6f1", REGION_COLORS["c_mem"], "-", "c_mem slot: the c characters compressed into it"),
-        ("#fde4cc", "none", "-", "mem: one character a slot"),
+        ("#dbe6f1", REGION_COLORS["c_mem"], "-", "c_mem slot: f_c of a layer's inputs here"),
+        ("#fde4cc", "none", "-", "mem slot: a layer's input here"),
         ("none", REGION_COLORS["segment"], "-", "the segment just read"),
         ("none", "#d62728", "--", "evicted from mem"),
         ("#eeeeee", "#d62728", ":", "fell off c_mem (or, without c_mem, forgotten)"),
@@ -731,28 +712,24 @@ def draw_gif(
 
 
 # --------------------------------------------------------------------------------------------------
-# The command: --picture on OUT/ckpt.pt
+# The command: the picture of OUT/ckpt.pt
 
 
-def recall_query(cfg, answers, n: int):
+def recall_query(model, answers, n: int):
     """On the recall task: the first query whose whole fact (its '=' and digit) is held in c_mem
     when its '?' is read as the last character of a segment, with enough text before it to fill
     both memories. Returns (start, query, the fact's positions) or None."""
-    n_s, n_m, c, n_cm = cfg.seq_len, cfg.mem_len, cfg.compression_rate, cfg.c_mem_len
-    if not (n_m and n_cm):
+    reach, c = dict(model.reach()), model.cfg.compression_rate
+    if "c_mem" not in reach:
         return None
     for answer, D in answers.tolist():
         query = answer - 1
-        segment_start = query - n_s + 1
         digit = answer - D
-        oldest = segment_start - n_m - c * n_cm  # c_mem's oldest position once full
-        start = segment_start - (default_segments(cfg) - 1) * n_s  # so the '?' ends a segment
-        if (
-            oldest + c <= digit - 1
-            and digit < segment_start - n_m - c
-            and answer < n
-            and start >= 0
-        ):
+        oldest = query + 1 - reach["c_mem"]  # c_mem's oldest position, once full
+        newest = query - reach["mem"]  # and its newest
+        # the start from which the '?' is the last character of the last of default_segments
+        start = query + 1 - default_segments(model) * model.cfg.seq_len
+        if oldest + c <= digit - 1 and digit <= newest - c and answer < n and start >= 0:
             return start, query, list(range(digit - 4, digit + 1))
     return None
 
@@ -765,53 +742,54 @@ def recall_fact(answers, query: int):
     return []
 
 
-def git_commit() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        found = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return found.stdout.strip() if found.returncode == 0 else "unknown"
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--out", default="out", help="the folder of the checkpoint; the picture goes there"
+    )
+    p.add_argument("--data", help="a text to read instead of the checkpoint's own")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
+    p.add_argument(
+        "--start",
+        type=int,
+        metavar="POS",
+        help="the validation text position where the passage starts, the memory empty before it "
+        "(default: enough segments before the query to fill both memories and a few more)",
+    )
+    p.add_argument(
+        "--query",
+        type=int,
+        metavar="POS",
+        help="the query's validation text position (default: the last character of the last "
+        "segment; on the recall task the first '?' whose fact is held in c_mem)",
+    )
+    p.add_argument(
+        "--heads",
+        action="store_true",
+        help="the attention per layer and head, not only per layer (the mean over the heads)",
+    )
+    return p.parse_args(argv)
 
 
-def training_command(ts, saved_args: dict) -> str:
-    """The training command of a checkpoint: the script and the flags that differ from the
-    defaults (--out aside)."""
-    defaults = vars(ts.parse_args([]))
-    flags = []
-    for name, value in saved_args.items():
-        if name in ("out", "resume", "stop_after") or name not in defaults:
-            continue
-        if value != defaults[name]:
-            flag = "--" + name.replace("_", "-")
-            if value is True:
-                flags.append(flag)
-            elif value is False:
-                flags.append("--no-" + name.replace("_", "-"))
-            else:
-                flags.append(f"{flag} {value}")
-    return " ".join(["python train_shakespeare.py", *flags])
-
-
-def run(args, ts, model, ckpt, val, vocab, answers) -> None:
-    """--picture: the picture of OUT/ckpt.pt's model (a CompressiveTransformer) on its validation
-    text val (ids), into OUT; answers: the recall task's queries, else None."""
-    cfg = model.cfg
-    start, query, marks, note = args.picture_start, args.picture_query, [], ""
-    for flag, value in (("--picture-start", start), ("--picture-query", query)):
+def picture_checkpoint(args) -> None:
+    """The picture of OUT/ckpt.pt's model (a CompressiveTransformer) on its validation text, into
+    OUT: memory.json, memory.png, memory.gif."""
+    device = pick_device(args.device)
+    model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
+    if not isinstance(model, CompressiveTransformer):
+        raise UserError(NO_FEEDBACK_PICTURE)
+    data, answers = tasks.validation_data(args, ckpt)
+    print(f"validation text: {data.name}")
+    val, vocab, cfg = data.val, data.vocab, model.cfg
+    start, query, marks, note = args.start, args.query, [], ""
+    for flag, value in (("--start", start), ("--query", query)):
         if value is not None and not 0 <= value < len(val):
             raise UserError(
                 f"{flag} {value}: the validation text has {len(val)} characters "
                 f"(positions 0 to {len(val) - 1})"
             )
     if answers is not None and start is None and query is None:
-        found = recall_query(cfg, answers, len(val))
+        found = recall_query(model, answers, len(val))
         if found:
             start, query, marks = found
     if query is not None and answers is not None and not marks:
@@ -822,16 +800,16 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
             f"in red dashes."
         )
     if start is None:
-        start = default_start(cfg, query) if query is not None else 0
+        start = default_start(model, query) if query is not None else 0
     if query is not None and query < start:
-        raise UserError(f"--picture-query {query} lies before --picture-start {start}")
-    if query is None and start + default_segments(cfg) * cfg.seq_len > len(val):
+        raise UserError(f"--query {query} lies before --start {start}")
+    if query is None and start + default_segments(model) * cfg.seq_len > len(val):
         raise UserError(
-            f"--picture-start {start}: the passage needs {default_segments(cfg)} "
+            f"--start {start}: the passage needs {default_segments(model)} "
             f"segments of {cfg.seq_len} characters, and the validation text ends "
             f"{len(val) - start} characters after it"
         )
-    picture = memory_picture(model, val, vocab, start, query, heads=args.picture_heads)
+    picture = memory_picture(model, val, vocab, start, query, heads=args.heads)
     picture.marks, picture.note = marks, note
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, "memory.json")
@@ -840,23 +818,30 @@ def run(args, ts, model, ckpt, val, vocab, answers) -> None:
     if marks:
         print(fact_report(picture, marks))
     print(f"wrote {json_path}")
-    footer = (
-        f"Checkpoint: {training_command(ts, ckpt['args'])} (seed {ckpt['args'].get('seed')}, "
-        f"step {ckpt['step']}). Drawn by: python train_shakespeare.py --picture"
-        + "".join(
-            f" --picture-{name} {value}"
-            for name, value in (("start", args.picture_start), ("query", args.picture_query))
+    drawn_by = " ".join(
+        ["python -m lesson.memory_picture"]
+        + [
+            f"--{name} {value}"
+            for name, value in (("start", args.start), ("query", args.query))
             if value is not None
-        )
-        + (" --picture-heads" if args.picture_heads else "")
-        + f" with torch {torch.__version__}, {torch.get_num_threads()} threads, at commit "
-        f"{git_commit()}."
+        ]
+        + ["--heads"] * args.heads
+    )
+    footer = (
+        f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Drawn by: "
+        f"{drawn_by} with torch {torch.__version__}, {torch.get_num_threads()} thread(s), at "
+        f"commit {files.repository_commit()}."
     )
     png, gif = os.path.join(args.out, "memory.png"), os.path.join(args.out, "memory.gif")
     draw_png(picture, png, footer)
     print(f"wrote {png}")
     draw_gif(picture, gif, footer)
     print(f"wrote {gif}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return exit_status(lambda: picture_checkpoint(args))
 
 
 def picture_text(val, vocab, positions) -> str:
@@ -882,3 +867,7 @@ def fact_report(picture: Picture, marks) -> str:
             )
         )
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

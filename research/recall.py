@@ -1,4 +1,7 @@
-"""The reach benchmark (--task recall): a text in which reach is everything.
+"""The reach benchmark: a text in which reach is everything.
+
+    python -m research.recall --no-post-norm --seq-len 32 --loss-on answers   # train (README)
+    python -m research.recall --eval-only --out OUT    # a checkpoint's accuracy by distance
 
 A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
 and asked for D characters later, " KK?d". Nothing but the fact predicts the digit after '?', so
@@ -6,21 +9,29 @@ the accuracy there, by D, measures how far back a model can reach (chance 0.10).
 cannot show this: little of its next character depends on text more than a few dozen back.
 
 The report cuts the distances at the model's reach (model.reach()), and splits the compressed
-region by the phase of the fact's digit inside its compression block: the FIFO evicts memories in
+region by the phase of the fact's digit: its place in its block of c. The FIFO evicts memories in
 blocks of c aligned to the start of each stream, so a digit at stream offset p lands at place
 p mod c of its block, and an f_c that keeps one place of a block better than another shows up as
-one phase answered and another at chance."""
+one phase answered and another at chance.
+
+Training is train_shakespeare.py's, with its flags, on this text; with --loss-on answers the
+targets of every other character are IGNORE, which the training loss skips. The accuracy is read
+from what each evaluation predicts (train_shakespeare.evaluate)."""
 
 import heapq
 import math
+import os
 import random
 import string
 from typing import NamedTuple
 
 import torch
 
-from . import analysis, plots
-from .checks import UserError
+import train_shakespeare
+from training import checkpoint, distributed, files, plots
+from training.checks import UserError, exit_status
+from training.data import IGNORE, Data, encode
+from training.device import keep_freed_memory
 
 VOCAB = sorted(". =?" + string.ascii_uppercase + string.digits)
 KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
@@ -38,12 +49,11 @@ DEFAULTS = {
     "val_chars": 300_000,
     "loss_on": "all",
 }
-IGNORE = -100  # a target that F.cross_entropy skips
 
 
 def add_arguments(parser) -> None:
     """The task's flags. They default to None so that a checkpoint's own settings can fill them."""
-    r = parser.add_argument_group("recall task (--task recall)")
+    r = parser.add_argument_group("the recall task")
     r.add_argument(
         "--min-distance",
         type=int,
@@ -107,27 +117,14 @@ def settings(args, saved_args=None) -> dict:
     saved_args = saved_args or {}
     out = {}
     for name, default in DEFAULTS.items():
-        given = [v for v in (getattr(args, name), saved_args.get(name)) if v is not None]
+        given = [v for v in (getattr(args, name, None), saved_args.get(name)) if v is not None]
         out[name] = given[0] if given else default
     return out
 
 
-def given_flags(args):
-    return ["--" + name.replace("_", "-") for name in DEFAULTS if getattr(args, name) is not None]
-
-
-def foreign_flags(args, task: str):
-    """The task's flags given where another task is trained or evaluated (--val-chars also sets
-    how much of the code corpus's validation files is read)."""
-    return [flag for flag in given_flags(args) if not (task == "code" and flag == "--val-chars")]
-
-
 def check_args(args) -> None:
-    training = not (
-        args.bench or args.sample is not None or args.eval_only or args.analyze or args.picture
-    )
-    if training and args.task != "recall" and foreign_flags(args, args.task):
-        raise UserError(f"{', '.join(foreign_flags(args, args.task))}: for --task recall only")
+    if args.data is not None:
+        raise UserError("--data: the recall task makes its own text")
     if args.live_facts is not None and args.live_facts <= 0:
         raise UserError(f"--live-facts must be positive, got {args.live_facts}")
     if args.fact_gap is not None and args.fact_gap < 0:
@@ -158,34 +155,6 @@ def check_args(args) -> None:
             f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
             f"characters (D >= --min-distance {s['min_distance']})"
         )
-
-
-def loss_targets(args, saved_args=None, task: str = "recall"):
-    """targets(x, y) -> the targets of the loss: y itself, or on the recall task with --loss-on
-    answers only the digits that follow a '?' in x (every other target is IGNORE). The key
-    letters and filler are noise or trivial next to one answer digit per fact."""
-    if task != "recall" or settings(args, saved_args)["loss_on"] == "all":
-        return lambda x, y: y
-    query = VOCAB.index("?")
-    return lambda x, y: y.masked_fill(x != query, IGNORE)
-
-
-def checkpoint_task(args, saved_args) -> str:
-    """The task a checkpoint was trained on, for the modes that evaluate it; the task's flags only
-    where that task is the recall task."""
-    task = saved_args.get("task", "shakespeare")
-    if task != args.task and args.task != "shakespeare":  # the default names no task
-        raise UserError(f"--task {args.task}: this checkpoint was trained on --task {task}")
-    if task != "recall" and foreign_flags(args, task):
-        raise UserError(
-            f"{', '.join(foreign_flags(args, task))}: for --task recall only, and this "
-            f"checkpoint was trained on --task {task}"
-        )
-    if task == "code" and args.data is not None:
-        raise UserError(
-            "--data: this checkpoint was trained on --task code, which makes its own text"
-        )
-    return task
 
 
 # ----------------------------------------------------------------------------------------------
@@ -267,11 +236,19 @@ def make_recall_text(
     return RecallText("".join(chars), torch.tensor(sorted(answers), dtype=torch.long).view(-1, 2))
 
 
-def load(args, n_train_streams: int, encode, saved_args=None, need_train: bool = True):
-    """(train, val, answers): as much training text as --steps consume once, generated from --seed,
-    one strand per stream so that a curriculum widens along each of them (capped: a longer run
-    wraps, as on Shakespeare); and a validation text of held-out keys that depends only on the
-    task's flags. encode(text, vocab) turns text into ids."""
+def answer_targets(ids: torch.Tensor) -> torch.Tensor:
+    """The targets of --loss-on answers: only the digits that follow a '?' (every other target is
+    IGNORE). The key letters and filler are noise or trivial next to one answer digit per fact."""
+    after_query = torch.zeros_like(ids, dtype=torch.bool)
+    after_query[1:] = ids[:-1] == VOCAB.index("?")
+    return ids.masked_fill(~after_query, IGNORE)
+
+
+def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool = True):
+    """(Data, answers): as much training text as --steps consume once, generated from --seed, one
+    strand per stream so that a curriculum widens along each of them (capped: a longer run wraps,
+    as on Shakespeare); and a validation text of held-out keys that depends only on the task's
+    flags, with its queries (answers, as RecallText's)."""
     s = settings(args, saved_args)
     task = (s["min_distance"], s["max_distance"], s["fact_gap"], s["live_facts"])
     train = None
@@ -291,10 +268,17 @@ def load(args, n_train_streams: int, encode, saved_args=None, need_train: bool =
             for b in range(n_train_streams)
         ]
         train = encode("".join(strands) + ".", VOCAB)
-    val = make_recall_text(
+    made = make_recall_text(
         s["val_chars"], VALIDATION_KEYS, *task, seed="validation", distractors=s["distractors"]
     )
-    return train, encode(val.text, VOCAB), val.answers
+    val = encode(made.text, VOCAB)
+    data = Data(VOCAB, train, val, "the recall task's generated text")
+    if s["loss_on"] == "answers":
+        data = data._replace(
+            train_targets=None if train is None else answer_targets(train),
+            val_targets=answer_targets(val),
+        )
+    return data, made.answers
 
 
 # ----------------------------------------------------------------------------------------------
@@ -491,89 +475,9 @@ def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
     return n_held - digit_from_newest, n_held - marker_from_newest
 
 
-@torch.no_grad()
-def where_queries_look(model, streams: torch.Tensor, answers) -> list:
-    """Where the '?' of each query held in c_mem looks, per layer: its attention (mean over the
-    heads) on the compressed slot of the fact's digit, on the slot of the '=' before it when that
-    is another one, and on all of c_mem; averaged per phase of the digit in its block. Then the
-    same for the queries whose fact (its '=' and digit) is held in mem, phase "mem": there the
-    digit and the '=' have a slot each, so a layer that looks only at the digit (any digit, also
-    an answer's) shows apart from one that looks for the '=' only a fact has. streams: the
-    evaluation's streams [n, L + 1] (full segments only are read). Assumes n_s and n_m are
-    multiples of c, as in the recipes, so that mem always holds n_m. Rows of {"phase", "layer",
-    "digit_slot", "marker_slot", "c_mem", "queries"}."""
-    cfg = model.cfg
-    n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
-    n_streams, length = streams.size(0), streams.size(1) - 1
-    stream, query, fact, back, whole = locate(answers, length, n_streams, n_s)
-    in_c_mem, in_mem = held_in_c_mem(back, model.reach()), (back >= 1) & (back < n_m)
-    group = torch.where(in_c_mem, fact % c, torch.where(in_mem, c, -1))  # a phase, c: mem
-    wanted = whole & (query < length // n_s * n_s) & (group >= 0)
-    by_segment = {}
-    for b, q, g, k in zip(*(t[wanted].tolist() for t in (stream, query, group, back))):
-        by_segment.setdefault(q // n_s, []).append((b, q % n_s, g, k))
-    sums = torch.zeros(c + 1, cfg.n_layers, 3, dtype=torch.float64)  # the phases, then mem
-    counts = torch.zeros(c + 1)
-    memory = None
-    with analysis.recorded_attention(model) as attention:
-        for segment in range(length // n_s):
-            n_held = 0 if memory is None else memory.c_mem[0].size(1)
-            n_mem = 0 if memory is None else memory.mem[0].size(1)
-            _, memory, _ = model(streams[:, segment * n_s : (segment + 1) * n_s], memory)
-            for b, i, group, k in by_segment.get(segment, []):
-                if group == c:  # held in mem: the digit k before the segment, its '=' one before
-                    if k >= n_mem:
-                        continue
-                    digit, marker = n_held + n_mem - k, n_held + n_mem - k - 1
-                else:
-                    digit, marker = fact_slots(k, n_m, c, n_held)
-                    if marker < 0:  # the '=' has already left c_mem
-                        continue
-                for layer, weights in enumerate(attention):
-                    w = weights[b, :, i].double().mean(dim=0).cpu()  # [K], keys [c_mem; mem; h]
-                    on_marker = w[marker] if marker != digit else 0.0
-                    sums[group, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
-                counts[group] += 1
-    return [
-        {
-            "phase": p if p < c else "mem",
-            "layer": layer,
-            "queries": int(counts[p]),
-            **dict(
-                zip(("digit_slot", "marker_slot", "c_mem"), (sums[p, layer] / counts[p]).tolist())
-            ),
-        }
-        for p in range(c + 1)
-        if counts[p]
-        for layer in range(cfg.n_layers)
-    ]
-
-
-def print_where_queries_look(rows) -> None:
-    if not rows:
-        print(
-            "no query held in c_mem or mem was read in full segments: nothing to show of where "
-            "they look"
-        )
-        return
-    print(
-        "where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
-        "slot of the\nfact's digit, on the slot of its '=' when the block boundary parts them "
-        "(phase 0), and on all of c_mem;\nphase mem: the queries whose fact is held in mem, on "
-        "the digit's slot and on the '='s"
-    )
-    print(f"{'phase':>5}{'queries':>9}{'layer':>7}{'digit slot':>12}{'= slot':>8}{'c_mem':>8}")
-    for row in rows:
-        marker = f"{row['marker_slot']:.3f}" if row["phase"] in (0, "mem") else "-"
-        print(
-            f"{row['phase']:>5}{row['queries']:>9}{row['layer']:>7}{row['digit_slot']:>12.3f}"
-            f"{marker:>8}{row['c_mem']:>8.3f}"
-        )
-
-
-def report(scored: Scored, model, out: str) -> dict:
-    """Print the accuracy-by-distance table and the phase split, plot them to OUT/recall.png, and
-    return them for metrics.json."""
+def report(scored: Scored, model, out: str, caption: str = "") -> dict:
+    """Print the accuracy-by-distance table and the phase split, plot them to OUT/recall.png (with
+    caption at its foot: how to make it again), and return them for metrics.json."""
     if len(scored.distance) == 0:
         print(
             "recall accuracy by distance: no query in the validation text could be scored "
@@ -620,7 +524,7 @@ def report(scored: Scored, model, out: str) -> dict:
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + (
         f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else ""
     )
-    plots.plot_recall(rows, edges, phases, title, f"{out}/recall.png")
+    plot_recall(rows, edges, phases, title, os.path.join(out, "recall.png"), caption)
     return {
         "by_distance": rows,
         "by_phase": phases,
@@ -628,3 +532,118 @@ def report(scored: Scored, model, out: str) -> dict:
         "reach": edges,
         "title": title,
     }
+
+
+def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -> None:
+    """Accuracy by distance with the model's reach edges; across the compressed region, a level
+    per phase: the accuracy of the queries whose fact is held in c_mem when asked, by the place of
+    the fact's digit in its block of c. Levels that coincide stay apart by their line styles, and
+    each one's accuracy is in its label."""
+    plt = plots.pyplot()
+    if plt is None:
+        return
+    plt.figure(figsize=(7, 4.6 if caption else 4))
+    middle = [(row["from"] + row["to"]) / 2 for row in rows]
+    plt.plot(middle, [row["accuracy"] for row in rows], marker="o", label="all queries, by D")
+    lows = [0] + [edge for _, edge in edges]
+    styles = [(3.5, "-"), (2.5, "--"), (2, ":"), (1.5, "-.")]
+    for (name, edge), lo in zip(edges, lows):
+        plt.axvline(edge, color="gray", linestyle=":")
+        plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
+        if name == "c_mem":
+            for p in phases[1:]:  # phases[0] is all of them together
+                width, style = styles[p["phase"] % len(styles)]
+                plt.hlines(
+                    p["accuracy"],
+                    lo,
+                    edge,
+                    colors=f"C{p['phase'] + 1}",
+                    linewidth=width,
+                    linestyle=style,
+                    label=f"held in c_mem, phase {p['phase']}: {p['accuracy']:.2f} "
+                    f"({p['queries']} queries)",
+                )
+    plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
+    plt.ylim(0, 1.05)
+    plt.title(title, fontsize=9, loc="left")
+    plt.xlabel("D: distance from fact to query (characters)")
+    plt.ylabel("recall accuracy")
+    # a phase: the place p of the fact's digit in its block of c, the blocks f_c compresses
+    legend_title = "phase p: the fact's digit at place p\nof its block of c" if phases else None
+    plt.legend(fontsize=7, title=legend_title, title_fontsize=7)
+    plots.save(plt, path, caption)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command: train on the recall text, or evaluate a checkpoint of it
+
+
+def parse_args(argv=None):
+    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
+    parser.set_defaults(task="recall")
+    train_shakespeare.add_evaluation_flags(parser)
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def caption_for(ckpt: dict, drawn_by: str) -> str:
+    defaults = vars(parse_args([]))
+    return (
+        f"Checkpoint: {checkpoint.training_command(ckpt, defaults)}. Drawn by: {drawn_by}, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} thread(s), commit "
+        f"{files.repository_commit()}."
+    )
+
+
+def train(args) -> None:
+    """Train on the recall text; at each evaluation the accuracy by region of the reach, and at
+    the end the whole report (the table, the phases, OUT/recall.png), also into metrics.json."""
+    with distributed.processes():
+        data, answers = load_data(args, args.batch_size * distributed.world_size())
+        last = {}
+
+        def on_eval(model, evaluation):
+            scored = score(
+                evaluation.predictions.cpu(), data.val, answers, args.batch_size, args.seq_len
+            )
+            last.update(model=model, scored=scored)
+            print("recall accuracy: " + summary(scored, model.reach(), args.compression_rate))
+            return {"recall": by_region(scored, model.reach())}
+
+        metrics = train_shakespeare.train(args, data, on_eval)
+    if metrics is not None:  # rank 0, the run finished: the report on its last evaluation
+        ckpt = checkpoint.read(os.path.join(args.out, "ckpt.pt"), torch.device("cpu"))
+        caption = caption_for(ckpt, "the training run")
+        metrics["recall"] = report(last["scored"], last["model"], args.out, caption)
+        files.write_json(os.path.join(args.out, "metrics.json"), metrics)
+
+
+def evaluate_checkpoint(args) -> None:
+    """--eval-only: the accuracy report of OUT/ckpt.pt on the validation text of its flags (the
+    task's flags given here widen or change it), its memory cut where asked. The training's
+    metrics.json is left as it is; OUT/recall.png is drawn again."""
+    model, ckpt, cut = train_shakespeare.load_checkpoint(args, tasks=("recall",))
+    data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
+    evaluation = train_shakespeare.evaluate_checkpoint(args, model, ckpt, data, cut)
+    n_s = model.cfg.seq_len
+    scored = score(evaluation.predictions.cpu(), data.val, answers, args.batch_size, n_s)
+    report(scored, model, args.out, caption_for(ckpt, "python -m research.recall --eval-only"))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    keep_freed_memory()
+
+    def run():
+        train_shakespeare.check_args(args)
+        check_args(args)
+        if args.eval_only:
+            evaluate_checkpoint(args)
+        else:
+            train(args)
+
+    return exit_status(run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

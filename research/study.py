@@ -1,11 +1,12 @@
 """The code-corpus study: what the memory, and the compressed memory, buy on real text.
 
-    python -m training.study run --budget default --seeds 1 2 3     # two runs at a time
-    python -m training.study table                                  # the tables and the figure
+    python -m research.study run --budget default --seeds 1 2 3     # two runs at a time
+    python -m research.study table                                  # the tables and the figure
 
-Each run trains one model on --task code (train_shakespeare.py, one thread, in its own process),
-then evaluates its checkpoint with less memory (the ablation, --eval-only --eval-c-mem-len 0 and
-so on), and records the figures in training/code_study.json as soon as it is done, so that the
+Each run trains one model on the code corpus (python -m research.code, one thread, in its own
+process), then evaluates its checkpoint with less memory (the ablation, --eval-only
+--eval-c-mem-len 0 and so on), and records the figures in docs/code_study.json as soon as it is
+done (the figure goes to docs/code_study.png), so that the
 study can be stopped and continued, and checked in pieces. A run already recorded is skipped; one
 whose training finished but whose evaluation did not is evaluated again, not retrained.
 The models, at equal slots per layer (96) and at equal reach (192 characters beyond the segment):
@@ -21,9 +22,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from training import files, plots
+from training.checkpoint import read
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "code_study.json")
+RESULTS = os.path.join(ROOT, "docs", "code_study.json")
 MODELS = {  # name: (training flags, ablations: name -> the (n_m, n_cm) it is evaluated with;
     #          None: as trained)
     "vanilla": (["--model", "vanilla"], {}),
@@ -55,27 +59,19 @@ def read_results() -> dict:
         return json.load(f)
 
 
-def commit() -> str:
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
-
-
 def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str) -> dict:
     flags, ablations = MODELS[model]
     out = os.path.join(out_root, name)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = [sys.executable, os.path.join(ROOT, "train_shakespeare.py")]
-    started, code = time.time(), commit()
-    train = ["--task", "code", *flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
+    command = [sys.executable, "-m", "research.code"]
+    started, code = time.time(), files.repository_commit()
+    train = [*flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     steps = int(train[len(train) - train[::-1].index("--steps")])  # the last --steps given
     with open(os.path.join(out_root, name + ".log"), "a") as log:
 
         def run(*args):
             subprocess.run(
-                [*script, *args],
+                [*command, *args],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -103,7 +99,7 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
     with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
         metrics = json.load(f)
     by_name = {
-        label: metrics["ablations"][f"n_m={n_m} n_cm={n_cm}"]  # modes.limit_memory's key
+        label: metrics["ablations"][f"n_m={n_m} n_cm={n_cm}"]  # checkpoint.limit_memory's key
         for label, (n_m, n_cm) in keep.items()
     }
     return {
@@ -134,11 +130,12 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
 
 def trained_config(out: str, steps: int):
     """The model config of OUT's checkpoint if its training finished all steps (its metrics.json
-    is written last), else None."""
-    from .checkpoint import read
-
+    is written last, and complete once it holds the loss by copy distance), else None."""
     if not all(os.path.exists(os.path.join(out, f)) for f in ("metrics.json", "ckpt.pt")):
         return None
+    with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
+        if "loss_by_copy_distance" not in json.load(f):
+            return None
     ckpt = read(os.path.join(out, "ckpt.pt"), "cpu")
     return ckpt["config"] if ckpt["step"] == steps else None
 
@@ -204,7 +201,10 @@ def worth(run: dict, ablation: str) -> dict:
     return {bucket: loss(cut, bucket) - loss(full, bucket) for bucket in full}
 
 
-def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
+FIGURE = os.path.join(ROOT, "docs", "code_study.png")
+
+
+def tables(results: dict, figure=FIGURE) -> None:
     """Print the study's tables from its results; draw its figure to figure (None: no figure)."""
     if not results:
         print(f"no runs recorded yet in {RESULTS}")
@@ -256,7 +256,8 @@ def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
     ]
     if kept:
         print(
-            f"\nShare of XL-192's far memory worth that the compressed memory keeps, zone {ZONE}, same seeds"
+            f"\nShare of XL-192's far memory worth that the compressed memory keeps, zone {ZONE}, "
+            f"same seeds"
         )
         for budget, seed, c, x in kept:
             print(
@@ -283,13 +284,15 @@ def tables(results: dict, figure=os.path.join(HERE, "code_study.png")) -> None:
 
 
 def summary(runs) -> None:
-    """Per model and budget, over its seeds: the loss, and its differences from XL-96 trained alike."""
+    """Per model and budget, over its seeds: the loss, and its differences from XL-96 trained
+    alike."""
     print(
         f"\nMeans over seeds (min-max), no lever; minus XL-96: the difference of the means at the "
         f"same budget; worth: of the far memory in {ZONE}\n"
     )
     print(
-        f"| model | budget | seeds | val | {ZONE} | val minus XL-96 | {ZONE} minus XL-96 | worth in {ZONE} |"
+        f"| model | budget | seeds | val | {ZONE} | val minus XL-96 | {ZONE} minus XL-96 "
+        f"| worth in {ZONE} |"
     )
     print("| --- " * 8 + "|")
     for budget in sorted({r["budget"] for r in runs}):
@@ -324,7 +327,8 @@ def summary(runs) -> None:
 
 
 def levers(runs) -> None:
-    """Each lever against its model trained alike without it, on the same seeds (means over them)."""
+    """Each lever against its model trained alike without it, on the same seeds (means over
+    them)."""
     groups = {}
     for r in runs:
         if r["extra"]:
@@ -332,12 +336,12 @@ def levers(runs) -> None:
     if not groups:
         return
     print(
-        f"\nLevers, each minus its model trained alike without it on the same seeds (mean over seeds); "
-        f"worth: of the far memory in {ZONE}, the lever's (the baseline's)\n"
+        f"\nLevers, each minus its model trained alike without it on the same seeds (mean over "
+        f"seeds); worth: of the far memory in {ZONE}, the lever's (the baseline's)\n"
     )
     print(f"| lever | budget | seeds | val | Δ val | Δ {ZONE} | worth in {ZONE} |")
     print("| --- " * 7 + "|")
-    for (model, budget, extra), members in groups.items():
+    for (model, budget, _), members in groups.items():
         seeds = sorted(r["seed"] for r in members)
         base = [
             r
@@ -347,18 +351,19 @@ def levers(runs) -> None:
             and not r["extra"]
             and r["seed"] in seeds
         ]
-        row = f"| {label(members[0])} | {budget} | {' '.join(map(str, seeds))} | {mean(members, 'val'):.4f} | "
+        seeds_text = " ".join(map(str, seeds))
+        row = f"| {label(members[0])} | {budget} | {seeds_text} | {mean(members, 'val'):.4f} | "
         if len(base) != len(members):
             print(row + "no baseline on these seeds | | |")
             continue
         delta = [mean(members, b) - mean(base, b) for b in ("val", ZONE)]
         cell = ""
         if model in WORTH:
-
-            def zone_worth(rs):
-                return sum(worth(r, WORTH[model][0])[ZONE] for r in rs) / len(rs)
-
-            cell = f"{zone_worth(members):+.4f} ({zone_worth(base):+.4f})"
+            ablation = WORTH[model][0]
+            lever, baseline = (
+                sum(worth(r, ablation)[ZONE] for r in rs) / len(rs) for rs in (members, base)
+            )
+            cell = f"{lever:+.4f} ({baseline:+.4f})"
         print(row + f"{delta[0]:+.4f} | {delta[1]:+.4f} | {cell} |")
 
 
@@ -382,8 +387,6 @@ def plot(runs, buckets, path: str) -> None:
     memory is worth by bucket (the ablations), one line per run. Right: the zone over training.
     A color per model, dashed: the default budget, solid: the long one; the levers are left to
     the tables."""
-    from . import plots
-
     plt = plots.pyplot()
     if plt is None:
         return

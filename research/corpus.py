@@ -1,5 +1,5 @@
-"""--task code: a corpus of real text in which reach matters, built from the running interpreter's
-own standard-library sources (no network, no new dependency).
+"""The code corpus (python -m research.code): real text in which reach matters, built from the
+running interpreter's own standard-library sources (no network, no new dependency).
 
 Source code repeats itself far back: a name defined at the top of a module is used again hundreds
 of characters later. The builder is deterministic:
@@ -34,8 +34,8 @@ try:
 except ImportError:  # not POSIX: nothing keeps two processes from building at once
     fcntl = None
 
-from . import files
-from .checks import UserError, one_line
+from training import files
+from training.checks import UserError, one_line
 
 PLACEHOLDER = "\x1a"  # ASCII SUB, "substitute": stands for any character outside the alphabet
 VOCAB = sorted(
@@ -76,7 +76,7 @@ def build(root: str):
     if not paths:
         raise UserError(
             f"no Python sources under {root}: this interpreter was installed without "
-            f"its standard library's .py files, so --task code has nothing to read"
+            f"its standard library's .py files, so the code corpus has nothing to read"
         )
     parts = {"train": [], "val": []}
     for path in paths:

@@ -1,0 +1,167 @@
+"""The memory picture (lesson/memory_picture.py) as tests: its FIFO bookkeeping is the model's
+own update_memory, its slots are the keys a query sees, and its command draws a checkpoint."""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+from compressive import CompressiveTransformer, FeedbackTransformer
+from conftest import DAMAGES, craft, damage, error_line
+from lesson import memory_picture
+from test_compressive import make, tiny
+
+
+def position_coded(**overrides):
+    """A model whose layer-0 memories say which text positions they hold: the token at position p
+    is p, embedded one-hot (post-LN, layer 0 stores its raw inputs in mem), and a pooling f_c, so
+    a c_mem slot is the mean (or max) of its block's one-hots."""
+    model = make(vocab_size=64, d_model=64, n_heads=2, n_layers=1, seq_len=5, **overrides).eval()
+    with torch.no_grad():
+        model.embed.weight.copy_(torch.eye(64))
+    return model
+
+
+def held_positions(memory):
+    """(mem, c_mem) of layer 0, row 0, decoded into text positions."""
+    mem = [int(v.argmax()) for v in memory.mem[0][0]]
+    c_mem = [(row > 0).nonzero().flatten().tolist() for row in memory.c_mem[0][0]]
+    return mem, c_mem
+
+
+@pytest.mark.parametrize(
+    "n_m, n_cm, c, f_c",
+    [(7, 3, 3, "mean_pool"), (8, 2, 4, "max_pool"), (7, 0, 3, "mean_pool"), (0, 0, 3, "mean_pool")],
+)
+def test_the_pictures_fifo_bookkeeping_is_the_models_own_update_memory(n_m, n_cm, c, f_c):
+    model = position_coded(mem_len=n_m, c_mem_len=n_cm, compression_rate=c, compression=f_c)
+    lengths, start = [5, 5, 2, 5, 5, 5, 4, 5, 5], 3  # T = 2, 4, 5: not multiples of c
+    steps = memory_picture.fifo_steps(start, lengths, n_m, n_cm, c)
+    memory, position, overflowed = None, start, False
+    with torch.no_grad():
+        for length, step in zip(lengths, steps):
+            _, memory, _ = model(torch.arange(position, position + length)[None], memory)
+            position += length
+            mem, c_mem = held_positions(memory)
+            assert (mem, c_mem) == (step.mem, step.c_mem)
+            for slot, block in zip(memory.c_mem[0][0] if n_cm else [], step.c_mem):
+                expected = torch.zeros(64)
+                expected[block] = 1.0 / c if f_c == "mean_pool" else 1.0
+                torch.testing.assert_close(slot, expected)  # exactly the c characters of its block
+            overflowed |= bool(step.dropped)
+    assert overflowed == (n_cm > 0)  # c_mem filled and overflowed where there is one
+
+
+def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_them():
+    model = position_coded(mem_len=7, c_mem_len=3, compression_rate=3, compression="mean_pool")
+    ids, vocab = torch.arange(64), [chr(48 + i) for i in range(64)]
+    picture = memory_picture.memory_picture(model, ids, vocab, start=3, query=40)
+    data = picture.data
+    assert set(data) == {"start", "seq_len", "query", "slots"} and data["seq_len"] == 5
+    slots = data["slots"]
+    # n_m = 7 is not a multiple of c = 3: eviction in whole blocks leaves mem 5 of 7 here
+    assert [s["region"] for s in slots] == ["c_mem"] * 3 + ["mem"] * 5 + ["segment"] * 3
+    positions = [p for s in slots for p in s["positions"]]
+    assert positions == list(range(positions[0], 41))  # contiguous, oldest first, up to the query
+    memory = None
+    with torch.no_grad():  # the model's own memory before the query's segment (38-42)
+        for a in range(3, 38, 5):
+            _, memory, _ = model(ids[a : a + 5][None], memory)
+    mem, c_mem = held_positions(memory)
+    assert [s["positions"] for s in slots[:3]] == c_mem and [
+        s["positions"][0] for s in slots[3:8]
+    ] == mem
+    assert all(s["text"] == "".join(vocab[p] for p in s["positions"]) for s in slots)
+    assert math.isclose(sum(s["attention"][0] for s in slots), 1.0, rel_tol=1e-6)  # no key missing
+    # a layer made to look for one position's feature puts its largest weight on the slot of it
+    d_head = 32
+    with torch.no_grad():
+        attn = model.layers[0].attn
+        attn.qkv.weight.zero_()
+        attn.position.weight.zero_()
+        attn.content_bias.zero_()
+        attn.content_bias[:, 0, 0] = 400.0
+        for target in (25, 35):  # in c_mem, in mem
+            attn.qkv.weight[64 : 64 + 2 * d_head : d_head] = 0.0
+            attn.qkv.weight[[64, 64 + d_head], target] = 1.0
+            picture = memory_picture.memory_picture(
+                model, ids, vocab, start=3, query=40, heads=True
+            )
+            ((k, weight),) = memory_picture.strongest(picture)
+            assert target in picture.data["slots"][k]["positions"] and weight > 0.9
+            by_head = picture.data["slots"][k]["attention_by_head"][0]
+            assert math.isclose(sum(by_head) / 2, weight, rel_tol=1e-6)
+    with pytest.raises(ValueError, match="outside the passage"):
+        memory_picture.memory_picture(model, ids, vocab, start=10, query=5)
+    with pytest.raises(ValueError, match="Feedback Transformer"):
+        memory_picture.memory_picture(FeedbackTransformer(tiny()), ids, vocab)
+
+
+def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(
+    trained, small_text, tmp_path, capsys, monkeypatch
+):
+    picture = ["--data", small_text, "--device", "cpu"]
+    with monkeypatch.context() as without:  # no matplotlib: the JSON, and one line saying so
+        without.setitem(sys.modules, "matplotlib", None)
+        assert memory_picture.main(["--out", trained, *picture]) == 2
+        assert "matplotlib is not installed" in error_line(capsys)
+    assert "memory.json" in os.listdir(trained) and "memory.png" not in os.listdir(trained)
+    data = json.load(open(os.path.join(trained, "memory.json")))
+    # n_s 16, n_m 16, n_cm 8, c 2: by default 5 segments from 0, the query the last character;
+    # before the query's segment 64-79, mem holds 48-63 and c_mem the pairs of 32-47
+    assert (data["start"], data["seq_len"], data["query"]) == (0, 16, 79)
+    assert [s["positions"] for s in data["slots"]] == (
+        [[p, p + 1] for p in range(32, 48, 2)] + [[p] for p in range(48, 80)]
+    )
+    val = open(small_text).read()[int(0.9 * 6000) :]
+    assert all(s["text"] == "".join(val[p] for p in s["positions"]) for s in data["slots"])
+    assert all(len(s["attention"]) == 2 for s in data["slots"])
+    for flags, message in [  # bad input: one line each
+        (["--query", "100000"], "the validation text has 600 characters"),
+        (["--start", "-1"], "the validation text has 600 characters"),
+        (["--start", "50", "--query", "10"], "lies before --start 50"),
+        (["--start", "590"], "the validation text ends 10 characters after it"),
+    ]:
+        assert memory_picture.main(["--out", trained, *picture, *flags]) == 2
+        assert message in error_line(capsys)
+    assert memory_picture.main(["--out", str(tmp_path / "none"), *picture]) == 2
+    assert "no checkpoint at" in error_line(capsys)
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+    from PIL import Image
+
+    assert memory_picture.main(["--out", trained, *picture, "--start", "16", "--query", "60"]) == 0
+    printed = capsys.readouterr().out
+    for name in ("memory.json", "memory.png", "memory.gif"):
+        assert f"wrote {os.path.join(trained, name)}" in printed
+    image = imread(os.path.join(trained, "memory.png"))
+    assert image.ndim == 3 and min(image.shape[:2]) >= 200 and image.std() > 0.01
+    with Image.open(os.path.join(trained, "memory.gif")) as gif:
+        assert gif.format == "GIF" and gif.n_frames == 2 * 3  # two frames a segment: 16-63
+
+
+@pytest.mark.parametrize("how", ["crafted", *DAMAGES])
+def test_a_bad_checkpoint_gives_one_error_line(how, trained, tmp_path, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    if how == "crafted":
+        craft(path, str(tmp_path / "pwned"))
+    else:
+        damage(path, how)
+    capsys.readouterr()
+    assert memory_picture.main(["--out", trained, "--device", "cpu"]) == 2
+    assert "checkpoint" in error_line(capsys) and not (tmp_path / "pwned").exists()
+
+
+def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
+    cfg = tiny(
+        seq_len=8, mem_len=8, c_mem_len=4, compression_rate=2
+    )  # c_mem: 9-16 before a segment
+    answers = torch.tensor([[30, 12], [60, 13], [90, 20]])  # (the answer digit's position, D)
+    model = CompressiveTransformer(cfg)
+    start, query, fact = memory_picture.recall_query(model, answers, 200)
+    # the '?' at 89 ends the segment 82-89; mem holds 74-81, c_mem 66-73; the fact's digit is 70
+    assert (query, fact) == (89, [66, 67, 68, 69, 70]) and start == 89 - 7 - 4 * 8  # 5 segments
+    assert memory_picture.recall_fact(answers, 59) == [43, 44, 45, 46, 47]

@@ -1,0 +1,256 @@
+"""Where the attention goes: the paper's attention experiment, on a checkpoint.
+
+    python -m research.attention --out OUT     # OUT/attention.png; the checkpoint's own text
+
+How much of each layer's attention goes to the compressed memory, the memory and the segment, each
+cut into BUCKETS_PER_REGION spans of distance, averaged over the validation text once both
+memories are full. On a checkpoint of the recall task, also where the '?' of each query looks:
+on the slot of its fact, per layer and phase (research/recall.py)."""
+
+import argparse
+from contextlib import contextmanager
+
+import torch
+
+import train_shakespeare
+from compressive import CompressiveTransformer
+from research import recall, tasks
+from training import checkpoint, files, plots
+from training.checks import UserError, exit_status
+from training.device import keep_freed_memory, pick_device
+
+BUCKETS_PER_REGION = 4
+
+
+@contextmanager
+def recorded_attention(model):
+    """Inside the block, record[i] is layer i's attention weights [B, H, T, K] of the latest
+    forward, keys ordered [c_mem; mem; segment] (read with a forward hook on each layer.attn)."""
+    record = [None] * len(model.layers)
+
+    def keep(i):
+        def hook(module, inputs, attended):
+            record[i] = attended.weights.detach()
+
+        return hook
+
+    handles = [layer.attn.register_forward_hook(keep(i)) for i, layer in enumerate(model.layers)]
+    try:
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.Tensor:
+    """Sum attention weights [..., K] over key buckets: the compressed memory, the memory and the
+    segment, each cut into BUCKETS_PER_REGION equal spans (oldest first). Returns [..., 3 * n]; for
+    every query the buckets add up to 1."""
+    K = weights.size(-1)
+    edges = []
+    for start, length in ((0, n_c_mem), (n_c_mem, n_mem), (n_c_mem + n_mem, K - n_c_mem - n_mem)):
+        cuts = torch.linspace(0, length, BUCKETS_PER_REGION + 1).round().long() + start
+        edges.append(cuts[:-1])
+    starts = torch.cat(edges).tolist()
+    ends = starts[1:] + [K]
+    return torch.stack([weights[..., a:b].sum(-1) for a, b in zip(starts, ends)], dim=-1)
+
+
+def bucket_names():
+    return [
+        f"{region} {i + 1}/{BUCKETS_PER_REGION}"
+        for region in ("c_mem", "mem", "segment")
+        for i in range(BUCKETS_PER_REGION)
+    ]
+
+
+@torch.no_grad()
+def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = "") -> None:
+    """Run model over streams [n, L + 1] segment by segment, carrying memory; print the attention
+    per bucket and layer, and the mean reconstruction loss; plot to OUT/attention.png, caption at
+    its foot."""
+    cfg = model.cfg
+    totals = torch.zeros(cfg.n_layers, 3 * BUCKETS_PER_REGION, dtype=torch.float64)
+    counted, recon_total, recon_count, memory = 0, 0.0, 0, None
+    with recorded_attention(model) as attention:
+        for start in range(0, streams.size(1) - cfg.seq_len, cfg.seq_len):
+            full = (
+                memory is not None
+                and memory.mem[0].size(1) == cfg.mem_len
+                and memory.c_mem[0].size(1) == cfg.c_mem_len
+            )
+            _, memory, recon = model(streams[:, start : start + cfg.seq_len], memory)
+            if full:  # bucket edges are only comparable once both memories are full
+                for i, weights in enumerate(attention):
+                    buckets = attention_buckets(weights.double(), cfg.c_mem_len, cfg.mem_len)
+                    totals[i] += buckets.mean(dim=(0, 1, 2)).cpu()
+                counted += 1
+            if recon > 0:
+                recon_total, recon_count = recon_total + recon.item(), recon_count + 1
+    if counted == 0:
+        raise UserError(
+            "the validation split is too short to fill the memories; lower --batch-size"
+        )
+    per_layer = totals / counted
+    overall = per_layer.mean(dim=0)
+    print(
+        f"attention by key bucket, {counted} segments x {streams.size(0)} streams, "
+        f"n_cm={cfg.c_mem_len} n_m={cfg.mem_len} n_s={cfg.seq_len} (step {step})"
+    )
+    print(
+        f"{'bucket':<14}{'all':>8}"
+        + "".join(f"{'layer ' + str(i):>9}" for i in range(cfg.n_layers))
+    )
+    for b, name in enumerate(bucket_names()):
+        print(
+            f"{name:<14}{overall[b]:>8.4f}"
+            + "".join(f"{per_layer[i, b]:>9.4f}" for i in range(cfg.n_layers))
+        )
+    if recon_count:
+        print(f"mean reconstruction loss, summed over the layers: {recon_total / recon_count:.5f}")
+    else:
+        print("no reconstruction loss: f_c has no parameters or nothing was compressed")
+    plot_attention(
+        bucket_names(), overall.tolist(), per_layer.tolist(), f"{out}/attention.png", caption
+    )
+
+
+def plot_attention(names, overall, per_layer, path: str, caption: str = "") -> None:
+    plt = plots.pyplot()
+    if plt is None:
+        return
+    plt.figure(figsize=(9, 4.6 if caption else 4))
+    plt.bar(range(len(names)), overall, color="lightgray", label="all layers")
+    for i, row in enumerate(per_layer):
+        plt.plot(range(len(names)), row, marker="o", label=f"layer {i}")
+    plt.xticks(range(len(names)), names, rotation=45, ha="right")
+    plt.ylabel("mean attention weight")
+    plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
+    plt.legend()
+    plots.save(plt, path, caption)
+
+
+# --------------------------------------------------------------------------------------------------
+# Where the queries of the recall task look
+
+
+@torch.no_grad()
+def where_queries_look(model, streams: torch.Tensor, answers) -> list:
+    """Where the '?' of each query held in c_mem looks, per layer: its attention (mean over the
+    heads) on the compressed slot of the fact's digit, on the slot of the '=' before it when that
+    is another one, and on all of c_mem; averaged per phase of the digit in its block. Then the
+    same for the queries whose fact (its '=' and digit) is held in mem, phase "mem": there the
+    digit and the '=' have a slot each, so a layer that looks only at the digit (any digit, also
+    an answer's) shows apart from one that looks for the '=' only a fact has. streams: the
+    evaluation's streams [n, L + 1] (full segments only are read). Assumes n_s and n_m are
+    multiples of c, as in the recipes, so that mem always holds n_m. Rows of {"phase", "layer",
+    "digit_slot", "marker_slot", "c_mem", "queries"}."""
+    cfg = model.cfg
+    n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
+    n_streams, length = streams.size(0), streams.size(1) - 1
+    stream, query, fact, back, whole = recall.locate(answers, length, n_streams, n_s)
+    in_c_mem, in_mem = recall.held_in_c_mem(back, model.reach()), (back >= 1) & (back < n_m)
+    group = torch.where(in_c_mem, fact % c, torch.where(in_mem, c, -1))  # a phase, c: mem
+    wanted = whole & (query < length // n_s * n_s) & (group >= 0)
+    by_segment = {}
+    for b, q, g, k in zip(*(t[wanted].tolist() for t in (stream, query, group, back))):
+        by_segment.setdefault(q // n_s, []).append((b, q % n_s, g, k))
+    sums = torch.zeros(c + 1, cfg.n_layers, 3, dtype=torch.float64)  # the phases, then mem
+    counts = torch.zeros(c + 1)
+    memory = None
+    with recorded_attention(model) as attention:
+        for segment in range(length // n_s):
+            n_held = 0 if memory is None else memory.c_mem[0].size(1)
+            n_mem = 0 if memory is None else memory.mem[0].size(1)
+            _, memory, _ = model(streams[:, segment * n_s : (segment + 1) * n_s], memory)
+            for b, i, group, k in by_segment.get(segment, []):
+                if group == c:  # held in mem: the digit k before the segment, its '=' one before
+                    if k >= n_mem:
+                        continue
+                    digit, marker = n_held + n_mem - k, n_held + n_mem - k - 1
+                else:
+                    digit, marker = recall.fact_slots(k, n_m, c, n_held)
+                    if marker < 0:  # the '=' has already left c_mem
+                        continue
+                for layer, weights in enumerate(attention):
+                    w = weights[b, :, i].double().mean(dim=0).cpu()  # [K], keys [c_mem; mem; h]
+                    on_marker = w[marker] if marker != digit else 0.0
+                    sums[group, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
+                counts[group] += 1
+    return [
+        {
+            "phase": p if p < c else "mem",
+            "layer": layer,
+            "queries": int(counts[p]),
+            **dict(
+                zip(("digit_slot", "marker_slot", "c_mem"), (sums[p, layer] / counts[p]).tolist())
+            ),
+        }
+        for p in range(c + 1)
+        if counts[p]
+        for layer in range(cfg.n_layers)
+    ]
+
+
+def print_where_queries_look(rows) -> None:
+    if not rows:
+        print(
+            "no query held in c_mem or mem was read in full segments: nothing to show of where "
+            "they look"
+        )
+        return
+    print(
+        "where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
+        "slot of the\nfact's digit, on the slot of its '=' when the block boundary parts them "
+        "(phase 0), and on all of c_mem;\nphase mem: the queries whose fact is held in mem, on "
+        "the digit's slot and on the '='s"
+    )
+    print(f"{'phase':>5}{'queries':>9}{'layer':>7}{'digit slot':>12}{'= slot':>8}{'c_mem':>8}")
+    for row in rows:
+        marker = f"{row['marker_slot']:.3f}" if row["phase"] in (0, "mem") else "-"
+        print(
+            f"{row['phase']:>5}{row['queries']:>9}{row['layer']:>7}{row['digit_slot']:>12.3f}"
+            f"{marker:>8}{row['c_mem']:>8.3f}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p.add_argument("--data", help="a text to read instead of the checkpoint's own")
+    p.add_argument("--batch-size", type=int, default=12, help="parallel streams of the text")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
+    args = p.parse_args(argv)
+    keep_freed_memory()
+    return exit_status(lambda: analyze_checkpoint(args))
+
+
+def analyze_checkpoint(args) -> None:
+    if args.batch_size <= 0:
+        raise UserError(f"--batch-size must be positive, got {args.batch_size}")
+    device = pick_device(args.device)
+    model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
+    if not isinstance(model, CompressiveTransformer):
+        raise UserError(
+            "the attention is read over [c_mem; mem; segment] of the compressive, xl and "
+            "vanilla models; this checkpoint holds a Feedback Transformer"
+        )
+    data, answers = tasks.validation_data(args, ckpt)
+    print(f"validation text: {data.name}")
+    streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
+    caption = (
+        f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Drawn by: python "
+        f"-m research.attention, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+        f"commit {files.repository_commit()}."
+    )
+    analyze(model, streams, ckpt["step"], args.out, caption)
+    if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
+        print_where_queries_look(where_queries_look(model, streams, answers))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""Real text in which reach matters, as tests: the code corpus (research/corpus.py), the loss by
+copy distance (research/copies.py), the command that trains and evaluates with it
+(research/code.py) and the code study (research/study.py)."""
+
+import hashlib
+import json
+import os
+import re
+
+import pytest
+import torch
+
+import train_shakespeare as ts
+from conftest import TINY_FLAGS, error_line
+from research import attention, code, copies, corpus, study
+from test_compressive import make
+from training import data
+
+
+def test_eval_only_by_copy_distance_on_a_checkpoint_of_text_and_with_its_memory_cut(
+    trained, small_text, capsys
+):
+    out = trained
+    text = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["args"]["data"]
+    assert code.main(["--out", out, "--eval-only", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert f"validation text: {text}" in printed and "by copy distance" in printed
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    rows = metrics["loss_by_copy_distance"]
+    assert list(rows) == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
+    assert abs(sum(r["share"] for r in rows.values()) - 1) < 1e-9
+    assert (
+        abs(
+            sum(r["loss"] * r["share"] for r in rows.values() if r["chars"])
+            - metrics["eval_only"]["val_loss"]
+        )
+        < 1e-4
+    )  # the buckets part the validation text
+    assert metrics["history"][-1]["step"] == 2  # the training's own record is kept
+    flags = ["--out", out, "--eval-only", "--data", small_text, "--device", "cpu"]
+    assert code.main([*flags, "--eval-c-mem-len", "0"]) == 0
+    assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert metrics["loss_by_copy_distance"] == rows  # the full-memory figures are kept
+    cut = metrics["ablations"]["n_m=16 n_cm=0"]
+    assert cut["loss_by_copy_distance"]["segment"]["chars"] == rows["segment"]["chars"]
+    assert cut["val_loss"] != metrics["eval_only"]["val_loss"]
+    assert code.main([*flags, "--eval-mem-len", "1"]) == 2
+    assert "at least c = 2" in error_line(capsys)
+
+
+def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_evaluation(
+    tmp_path, monkeypatch, capsys
+):
+    make_source_tree(tmp_path / "lib", repeat=40)
+    monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
+    monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
+    out = str(tmp_path / "run")
+    flags = ["--out", out, "--steps", "4", "--eval-every", "2", "--val-chars", "1000"]
+    assert code.main([*flags, *TINY_FLAGS]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("by copy distance beyond the segment:") == 2
+    assert "validation loss by copy distance" in printed  # the last evaluation's table
+    metrics = json.load(open(os.path.join(out, "metrics.json")))
+    assert [h["step"] for h in metrics["history"]] == [2, 4]
+    assert metrics["loss_by_copy_distance"] == metrics["history"][-1]["loss_by_copy_distance"]
+    assert study.trained_config(out, 4)["mem_len"] == 16  # what the study waits for
+    # the commands that read any checkpoint read this one on its own text
+    assert attention.main(["--out", out, "--device", "cpu", "--batch-size", "2"]) == 0
+    assert "validation text: code: the " in capsys.readouterr().out
+    assert code.main(["--out", out, "--data", "text.txt", *TINY_FLAGS]) == 2
+    assert "the code corpus is its own text" in error_line(capsys)
+
+
+def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(tmp_path, capsys):
+    """The study's summary on hand-made results: the compressed memory's worth in the zone beyond
+    XL-96 and within the compressive model's reach, and the share of XL-192's it keeps."""
+
+    def rows(loss, zone=0.0):
+        return {
+            b: {"loss": loss + (zone if b == study.ZONE else 0.0), "share": 1 / 7, "chars": 9}
+            for b in copies.bucket_names()
+        }
+
+    def run(model, ablations):
+        return {
+            "model": model,
+            "budget": "default",
+            "seed": 1,
+            "extra": [],
+            "commit": "c",
+            "val_loss": 1.0,
+            "loss_by_copy_distance": rows(1.0),
+            "history": [{"step": 5, "loss_by_copy_distance": rows(1.2, -0.1)}],
+            "ablations": {
+                k: {"val_loss": 1.0, "loss_by_copy_distance": v} for k, v in ablations.items()
+            },
+        }
+
+    results = {
+        "conv": run("conv", {"no c_mem": rows(1.0, 0.02), "no mem": rows(1.3)}),
+        "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}),
+        "xl96": run("xl96", {}),
+        "lever": {
+            **run("conv", {"no c_mem": rows(0.95, 0.08)}),
+            "val_loss": 0.9,
+            "extra": ["--lr", "1e-3"],
+            "loss_by_copy_distance": rows(0.9, 0.01),
+        },
+    }
+    worth = study.worth(results["xl192"], "mem 96")
+    assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
+    study.tables(results, figure=None)
+    printed = capsys.readouterr().out
+    assert "conv c_mem +0.0200, XL-192 mem beyond 96 +0.0600: 33%" in printed
+    assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
+    assert "conv     default  seed 1: 5: -0.100" in printed  # the zone against beyond every reach
+    # the means over seeds, and their differences from XL-96 trained alike
+    assert (
+        "| conv | default | 1 | 1.0000 (1.000-1.000) | 1.0000 (1.000-1.000) | +0.0000 | +0.0000 "
+        "| 0.0200 (0.020-0.020) |"
+    ) in printed
+    # a lever against its model trained alike without it, on the same seed
+    assert (
+        "| conv --lr 1e-3 | default | 1 | 0.9000 | -0.1000 | -0.0900 | +0.1200 (+0.0200) |"
+        in printed
+    )
+
+
+def test_the_study_evaluates_a_finished_run_again_without_training_it_again(trained):
+    """A run whose training finished (its checkpoint at the last step, metrics.json written) but
+    whose ablations failed is only evaluated again; a checkpoint short of its steps is retrained."""
+    metrics_path = os.path.join(trained, "metrics.json")
+    assert study.trained_config(trained, 2) is None  # no loss by copy distance yet: not finished
+    metrics = json.load(open(metrics_path))
+    metrics["loss_by_copy_distance"] = metrics["history"][-1]["loss_by_copy_distance"] = {}
+    json.dump(metrics, open(metrics_path, "w"))
+    assert study.trained_config(trained, 2)["mem_len"] == 16  # TINY_FLAGS
+    assert study.trained_config(trained, 3) is None  # stopped before the last step
+    os.remove(os.path.join(trained, "metrics.json"))
+    assert study.trained_config(trained, 2) is None  # training did not get to its end
+
+
+def make_source_tree(root, repeat: int = 1):
+    """A made-up standard library: sources, tests, third-party code, build files; each source
+    repeated repeat times."""
+    sources = {
+        "b.py": "x = 1\n",
+        "a/mod.py": "def f():\n\treturn 'caf\u00e9'\r\n",
+        "a/test/test_mod.py": "assert True\n",
+        "tests/t.py": "pass\n",
+        "site-packages/pkg.py": "pass\n",
+        "__pycache__/c.py": "pass\n",
+        "config-3.11-x86_64/p.py": "pass\n",
+        "_sysconfigdata__linux.py": "build = {}\n",
+        "a/data.txt": "not python\n",
+        **{f"m{k:02d}.py": f"n = {k}\n" for k in range(30)},
+    }
+    for path, text in sources.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text * repeat, encoding="utf-8")
+
+
+def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(tmp_path):
+    root = tmp_path / "lib"
+    make_source_tree(root)
+    train, val, manifest = corpus.load(str(tmp_path / "data"), str(root), say=lambda *a: None)
+    headers = re.findall(r"^# file: (.*)$", train + val, flags=re.M)
+    kept = ["a/mod.py", "b.py", *(f"m{k:02d}.py" for k in range(30))]
+    assert sorted(headers) == kept  # no tests, site-packages, caches, build files or non-.py
+    assert [h for h in headers if h in re.findall(r"^# file: (.*)$", train, flags=re.M)] == [
+        h for h in kept if not corpus.is_validation(h)
+    ]  # sorted order, whole files per split
+    assert 0 < manifest["files"]["val"] < manifest["files"]["train"]
+    assert "\t" not in train + val and "\r" not in train + val  # tabs and CRLF normalised
+    assert "return 'caf\x1a'" in train + val  # outside the alphabet: the placeholder
+    assert set(train + val) <= set(corpus.VOCAB) and len(corpus.VOCAB) == 97
+    assert manifest["chars"] == {"train": len(train), "val": len(val)}
+    assert manifest["sha256"]["val"] == hashlib.sha256(val.encode()).hexdigest()
+    # a second run reuses it without reading the sources; a build cut short is not trusted
+    (root / "m00.py").write_text("changed = True\n")
+    assert corpus.load(str(tmp_path / "data"), str(root), say=lambda *a: None)[0] == train
+    folder = corpus.folder_for(str(tmp_path / "data"))
+    with open(os.path.join(folder, "val.txt"), "a") as f:
+        f.write("half")
+    said = []
+    assert "changed = True" in "".join(
+        corpus.load(str(tmp_path / "data"), str(root), say=said.append)[:2]
+    )
+    assert "do not match their manifest" in said[0]
+
+
+def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "lib" / "test").mkdir(parents=True)
+    (tmp_path / "lib" / "test" / "t.py").write_text("pass\n")
+    monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
+    monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
+    assert code.main(["--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
+    assert "no Python sources" in error_line(capsys)
+    assert not os.path.exists(tmp_path / "data" / "python3.11-stdlib" / "manifest.json")
+    assert not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_copy_distance_on_a_hand_made_string():
+    #       0123456789012345
+    text = "abcXabcYabcZzabc"
+    got = copies.copy_distances(text, n=3).tolist()
+    want = [copies.NEVER] * len(text)
+    want[6], want[10], want[15] = 4, 4, 5  # "abc" ends at 2, 6, 10, 15
+    assert got == want
+    assert copies.copy_distances("aaaaa", n=2).tolist() == [-1, -1, 1, 1, 1]  # "aa" first ends at 1
+
+
+def test_copy_buckets_are_drawn_beyond_the_segment():
+    names = copies.bucket_names()
+    assert names == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
+    beyond = torch.tensor([-5, 0, 1, 64, 65, 96, 97, 192, 193, 1000, 1001, 7])
+    distance = torch.tensor([1] * 11 + [copies.NEVER])
+    assert [names[k] for k in copies.bucket_of(beyond, distance)] == [
+        "segment",
+        "segment",
+        "1-64",
+        "1-64",
+        "65-96",
+        "65-96",
+        "97-192",
+        "97-192",
+        "193-1000",
+        "193-1000",
+        ">1000",
+        "never",
+    ]
+    # the study's geometries: what holds each bucket's copy (n_s 64)
+    regions = lambda **kw: copies.regions_of(make(seq_len=64, **kw).reach(), 64)
+    assert regions(mem_len=64, c_mem_len=32, compression_rate=4)[:5] == [
+        "segment",
+        "mem",
+        "c_mem",
+        "c_mem",
+        "beyond",
+    ]
+    assert regions(mem_len=96, c_mem_len=0)[:5] == ["segment", "mem", "mem", "beyond", "beyond"]
+    assert regions(mem_len=192, c_mem_len=0)[:5] == ["segment", "mem", "mem", "mem", "beyond"]
+
+
+def test_a_characters_zone_is_what_a_one_layer_model_can_see():
+    """Change one token: exactly the characters whose copy of it would lie within reach (the
+    segment, then n_m = 4, then c * n_cm = 4 more beyond it) change their loss, in its stream
+    (the changed character itself, now another target, aside)."""
+    from contextlib import nullcontext
+
+    torch.manual_seed(0)
+    model = make(n_layers=1, seq_len=4, mem_len=4, c_mem_len=2, compression_rate=2).eval()
+    data = torch.randint(0, model.cfg.vocab_size, (61,))
+    text = "".join(chr(65 + int(t) % 26) for t in data)
+    distance, index = copies.evaluation_geometry(text, 2, 4)
+    assert index[1:6].tolist() == [0, 1, 2, 3, 0] and index[31:33].tolist() == [0, 1]  # stream 2
+    _, _, before = ts.evaluate(model, data, 2, 4, nullcontext())
+    for q in (3, 10, 33):
+        changed = data.clone()
+        changed[q] = (changed[q] + 1) % model.cfg.vocab_size
+        _, _, after = ts.evaluate(model, changed, 2, 4, nullcontext())
+        moved = {p for p in range(1, 61) if p != q and not torch.isclose(before[p], after[p])}
+        stream_end = 31 if q < 30 else 61
+        seen = {p for p in range(q + 1, stream_end) if (p - 1 - q) - index[p] <= 4 + 2 * 2}
+        assert moved == seen, q
