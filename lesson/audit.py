@@ -24,8 +24,8 @@ effect no one foresaw. Grading runs student code: run it in a container, as Grad
 """
 
 import ast
-import copy
-from typing import List
+import functools
+from typing import List, NamedTuple
 
 from lesson.exercises import functions
 
@@ -103,11 +103,15 @@ def module_names(reference: ast.Module) -> frozenset:
 def without_exercises(tree: ast.Module, exercises: List[str]) -> str:
     """The module's syntax tree, each exercise's body replaced by `...` (its signature and
     decorators stay), as text to compare."""
-    tree = copy.deepcopy(tree)
-    for name, node in functions(tree).items():
-        if name in exercises:
+    blanked = {node: node.body for name, node in functions(tree).items() if name in exercises}
+    # blank in place and put the bodies back: copying the whole tree costs more than the dump
+    try:
+        for node in blanked:
             node.body = [ast.Expr(ast.Constant(...))]
-    return ast.dump(tree, include_attributes=False)
+        return ast.dump(tree, include_attributes=False)
+    finally:
+        for node, body in blanked.items():
+            node.body = body
 
 
 def first_difference(student: ast.Module, reference: ast.Module, exercises: List[str]) -> str:
@@ -139,28 +143,47 @@ def audit(student_text: str, reference_text: str, exercises: List[str]) -> None:
     except (SyntaxError, ValueError) as e:
         where = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
         raise Refusal(f"it is not Python that parses{where}: {getattr(e, 'msg', e)}") from None
-    reference = ast.parse(reference_text)
+    reference = read_reference(reference_text, tuple(exercises))
     found = functions(student)
     missing = [name for name in exercises if name not in found]
     if missing:
         raise Refusal(f"it has no function {missing[0]}: keep every exercise's def")
     for name in exercises:
-        ours, theirs = found[name], functions(reference)[name]
+        ours, theirs = found[name], reference.functions[name]
         if signature(ours) != signature(theirs):
             raise Refusal(
                 f"line {ours.lineno}: {name}'s signature or decorators differ from the "
                 f"handout's: write only its body"
             )
-    if without_exercises(student, exercises) != without_exercises(reference, exercises):
-        where = first_difference(student, reference, exercises)
+    if without_exercises(student, exercises) != reference.without_exercises:
+        # a tree of its own: the cached one is shared by the grading threads
+        where = first_difference(student, ast.parse(reference_text), exercises)
         raise Refusal(
             f"{where}: the file differs from the handout outside the exercises "
             f"({', '.join(exercises)}): change nothing but their bodies"
         )
-    names = module_names(reference) | SAFE_BUILTINS
-    attributes = allowed_attributes(reference)
     for name in exercises:
-        check_body(found[name], name, names, attributes)
+        check_body(found[name], name, reference.names, reference.attributes)
+
+
+class Reference(NamedTuple):
+    """What the audit reads from the original, once per original and assignment."""
+
+    functions: dict
+    without_exercises: str
+    names: frozenset  # what an answer may name: the module's own names and the safe builtins
+    attributes: frozenset  # what an answer may read with a dot
+
+
+@functools.lru_cache(maxsize=4)
+def read_reference(reference_text: str, exercises: tuple) -> Reference:
+    tree = ast.parse(reference_text)
+    return Reference(
+        functions=functions(tree),
+        without_exercises=without_exercises(tree, list(exercises)),
+        names=module_names(tree) | SAFE_BUILTINS,
+        attributes=allowed_attributes(tree),
+    )
 
 
 def signature(node: ast.FunctionDef) -> str:
