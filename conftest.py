@@ -2,6 +2,7 @@
 flags, a small text, a checkpoint trained once, and the one error line a command prints. (The
 model's own specification, test_compressive.py, needs none of it.)"""
 
+import gc
 import os
 import shutil
 
@@ -12,6 +13,9 @@ import train_shakespeare as ts
 from training import data, plots
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# The tests make many short-lived objects (syntax trees, small models); frozen, the objects of the
+# modules imported so far (torch's above all) are no longer walked by every full collection.
+gc.freeze()
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = data.DEFAULT_DATA  # the text the repository ships
 

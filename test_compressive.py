@@ -774,25 +774,6 @@ def test_rows_that_do_not_reset_compute_exactly_what_they_would_without_it(kind)
     assert not plain[-1][0][1].equal(one_row[-1][0][1])  # the row that reset did change
 
 
-def test_a_reset_step_works_under_torch_compile_as_one_graph():
-    torch.compiler.reset()
-    model = make(n_layers=1).eval()
-
-    def step(x, memory, done):
-        return model.hidden_states(x, memory.reset(done))
-
-    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=False)
-    _, memory = feed(model, inputs(2, 4 * 6))
-    with torch.no_grad():
-        for n in range(2):
-            x, done = inputs(2, 6, seed=n), torch.tensor([n == 0, False])
-            expected, expected_memory, _ = step(x, memory, done)
-            h, memory, _ = compiled(x, memory, done)
-            torch.testing.assert_close(h, expected)
-            torch.testing.assert_close(memory.since_start, expected_memory.since_start)
-    assert memory.since_start.tolist() == [12, math.inf]
-
-
 def test_bad_inputs_and_bad_done_raise_one_clear_error():
     model = make()
     _, memory, _ = model(tokens(2, 6))
@@ -1262,19 +1243,24 @@ def test_a_reset_is_a_start_at_the_next_calls_first_step(kind):
     assert memory.since_start.tolist() == [math.inf, 15]
 
 
-def test_starts_under_torch_compile_as_one_graph_and_on_the_meta_device():
+def test_starts_and_resets_under_torch_compile_as_one_graph_and_on_the_meta_device():
     torch.compiler.reset()
     model = make(n_layers=1).eval()
-    compiled = torch.compile(model.hidden_states, backend="eager", fullgraph=True, dynamic=False)
+
+    def step(x, memory, done, starts):
+        return model.hidden_states(x, memory.reset(done), starts)
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=False)
     _, memory = feed(model, inputs(2, 4 * 6))
     with torch.no_grad():
-        for n in range(2):
-            x, starts = inputs(2, 6, seed=n), start_at(2, 6, (n, 2 + n))
-            expected, expected_memory, _ = model.hidden_states(x, memory, starts)
-            h, memory, _ = compiled(x, memory, starts)
+        for n in range(3):
+            x, starts = inputs(2, 6, seed=n), start_at(2, 6, (n % 2, 2 + n))
+            done = torch.tensor([False, n == 2])  # row 1 restarts at the last call's first step
+            expected, expected_memory, _ = step(x, memory, done, starts)
+            h, memory, _ = compiled(x, memory, done, starts)
             torch.testing.assert_close(h, expected)
             torch.testing.assert_close(memory.since_start, expected_memory.since_start)
-    assert memory.since_start.tolist() == [10, 3]
+    assert memory.since_start.tolist() == [2, 6]
     with torch.device("meta"):  # no value is read back to the host: a step never waits
         model = make()
     memory = None

@@ -519,6 +519,7 @@ def test_checkpoints_reach_the_disk_before_they_replace_the_old_one(tmp_path, mo
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(small_text, tmp_path):
     common = ["--data", small_text, "--steps", "20", "--eval-every", "5", *TINY_FLAGS]
     whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
@@ -638,6 +639,7 @@ def test_the_recall_flags_are_the_recall_tasks_own(small_text, tmp_path, capsys)
 # ---------------------------------------------------------------- torchrun, --bench
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_text, tmp_path):
     """2 ranks x 4 streams against 1 process x 8 streams: each rank's memory is its rows of the
     single run's, the gradients agree (AdamW's first moment, a weighted sum of the gradients of
