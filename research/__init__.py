@@ -1,6 +1,6 @@
-"""Studies of what the memory buys. Each is a command that trains or evaluates with
-train_shakespeare.py and training/ (never the other way round); docs/ holds their reports
-(REACH.md) and figures, and the tests beside them specify them.
+"""Studies of what the memory buys. Each is a command built on compressive.py, most of them
+training or evaluating with train_shakespeare.py and training/ (never the other way round); docs/
+holds their reports (REACH.md) and figures, and the tests beside them specify them.
 
     recall.py       the reach benchmark: python -m research.recall (a text in which reach is all)
     code.py         real text in which reach matters: python -m research.code (Python's library)
@@ -9,5 +9,6 @@ train_shakespeare.py and training/ (never the other way round); docs/ holds thei
     study.py        the code study: python -m research.study run | table (docs/code_study.json)
     reach_cost.py   what each model pays for reach: python -m research.reach_cost
     attention.py    where the attention goes: python -m research.attention --out OUT
+    cue.py          an agent's episodes ending anywhere in an unroll: python -m research.cue
     tasks.py        which text a checkpoint learned, for the commands that read any checkpoint
 """
