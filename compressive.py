@@ -238,8 +238,10 @@ class RelativeAttention(nn.Module):
         scale = d_head**-0.5
         content_q = q + self.content_bias * scale
         content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
-        position_q = (q + self.position_bias * scale).transpose(0, 1).reshape(H, B * T, d_head)
-        position = torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1)  # (b) + (d)
+        position_q = q + self.position_bias * scale
+        position_q = position_q.transpose(0, 1).reshape(H, B * T, d_head)  # the batch in the rows
+        position = torch.bmm(position_q, r.transpose(-1, -2))  # (b) + (d): [H, B*T, K+1]
+        position = position.view(H, B, T, -1)  # [H, B, T, K+1], per distance
         position = relative_shift(position)  # per distance -> per key: [H, B, T, K]
         scores = content.add_(position.transpose(0, 1))  # [B, H, T, K]
         if attn_mask is not None:
@@ -756,11 +758,13 @@ class CompressiveTransformer(LanguageModel):
         h = x  # h^(1)
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
-        check_memory(self, memory, B, h.device, h.dtype)
+        check_memory(self, memory, B, h.device, inputs_dtype(h))
         check_starts(starts, B, T, h.device)
         usage = [None] * self.cfg.n_layers  # attention per mem slot, for the most_used f_c only
-        if self.cfg.compression == "most_used":
-            usage = memory.usage or [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
+        if self.cfg.compression == "most_used" and memory.usage is not None:
+            usage = list(memory.usage)  # a list of our own: the caller's Memory stays as it was
+        elif self.cfg.compression == "most_used":
+            usage = [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
         # All layers hold the same number of memories, so R and the mask are shared.
         n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
@@ -837,6 +841,9 @@ class CompressiveTransformer(LanguageModel):
 # steps is lost. Where the start falls on a block boundary, the blocks are those a fresh start
 # makes. (The reconstruction loss of the call that holds a start still counts the queries before
 # it, which belong to the old episode; from the next call on, a row's loss is its episode's own.)
+# The most_used f_c keeps memories chosen across the blocks it compresses, while a compressed
+# slot is seen as its block: where one call evicts blocks of both episodes, a new step it keeps
+# may be taken for the old episode's, and hidden.
 
 
 def key_positions(n_c_mem: int, n_mem: int, n_new: int, rate: int, device) -> torch.Tensor:
@@ -932,10 +939,11 @@ def forget_rows(memory: Memory, done: torch.Tensor) -> Memory:
 # without gradient (acting, not training) a Memory therefore carries them in its cache, and a
 # call projects only its own steps and the compressed memories it has just made.
 #
-# A cache belongs to the weights that made it. An optimizer step (any optimizer's), a
-# load_state_dict, or a switch between train and eval mode makes every cache of the model stale,
-# and the next call projects every slot again. Change the weights in any other way (in place,
-# under no_grad) and hand the model memory._replace(cache=None).
+# A cache belongs to the weights that made it. A step of any torch.optim optimizer in this
+# process, a load_state_dict, or a switch between train and eval mode makes every cache of the
+# model stale (and the W_r R it keeps), and the next call projects every slot again. Change the
+# weights in any other way (in place under no_grad, an average of weights, another process
+# writing into shared weights, an optimizer of your own) and call renew_weights_token(model).
 
 optimizer_steps = 0  # the steps taken by all torch optimizers of this process
 
@@ -949,6 +957,7 @@ register_optimizer_step_post_hook(count_optimizer_step)
 
 
 def renew_weights_token(model, *unused) -> None:
+    """Make every cache of model, and the W_r R it keeps, stale: the next call projects anew."""
     model.weights_token = object()
 
 
@@ -978,8 +987,7 @@ def usable_cache(model, memory: Memory, x: torch.Tensor) -> Optional[KVCache]:
         or cache.weights != (model.weights_token, optimizer_steps)
     ):
         return None
-    autocast = torch.is_autocast_enabled(x.device.type)
-    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    dtype = torch.get_autocast_dtype(x.device.type) if autocasting(x) else x.dtype
     n_slots = memory.mem[0].size(1) + (memory.c_mem[0].size(1) if memory.c_mem else 0)
     for keys in cache.keys:
         if (
@@ -995,15 +1003,15 @@ def kept_position_projections(model, K: int, x: torch.Tensor):
     """LanguageModel.position_projections when acting: W_r R of every layer, made for the
     distances up to n_m + n_cm + 1 (or K, when more) and kept on the model while its weights and
     the dtype stay; each call slices the distances it needs."""
-    autocast = torch.is_autocast_enabled(x.device.type)
-    kind = (model.weights_token, optimizer_steps, x.device, x.dtype, autocast)
+    autocast_dtype = torch.get_autocast_dtype(x.device.type) if autocasting(x) else None
+    made_for = (model.weights_token, optimizer_steps, x.device, x.dtype, autocast_dtype)
     kept = getattr(model, "kept_positions", None)
-    if kept is None or kept[0] != kind or kept[1][0].size(1) < K + 1:
+    if kept is None or kept[0] != made_for or kept[1][0].size(1) < K + 1:
         cfg = model.cfg
         n = max(K + 1, cfg.mem_len + cfg.c_mem_len + 2)
         R = sinusoid_positions(n, cfg.d_model, x.device).to(x.dtype)
         model.kept_positions = kept = (
-            kind,
+            made_for,
             [layer.attn.project_positions(R) for layer in model.layers],
         )
     return [r[:, r.size(1) - K - 1 :] for r in kept[1]]
@@ -1015,19 +1023,21 @@ def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem
     the compressed memories made in this call are projected."""
     K = attended.keys.size(2)
     n_new_c_mem, n_new_mem = c_mem.size(1), mem.size(1)
-    n_evicted = K - n_c_mem - n_new_mem  # from [mem; segment]
-    n_made = n_evicted // layer.cfg.compression_rate if layer.compress is not None else 0
+    n_left = K - n_c_mem - n_new_mem  # the slots of [mem; segment] evicted from mem
+    n_made = n_left // layer.cfg.compression_rate if layer.compress is not None else 0
     n_made = min(n_made, n_new_c_mem)  # the newest slots of c_mem
     n_kept = n_new_c_mem - n_made  # the old c_mem slots still held
-    kept = slice(n_c_mem - n_kept, n_c_mem)
-    if n_made == 0 and (n_kept == 0 or n_evicted == 0):  # one range of the attention's keys
+    if n_made == 0 and (n_kept == 0 or n_left == 0):
+        # nothing new in c_mem, and the old slots kept border mem's: the new [c_mem; mem] is
+        # one range at the end of the attention's keys, a view without a copy
         start = K - n_new_mem - n_kept
         return attended.keys[:, :, start:], attended.values[:, :, start:]
-    made_k, made_v = layer.memory_keys_values(c_mem[:, n_kept:])
-    mem = slice(K - n_new_mem, K)  # mem is the newest n_new_mem of [mem; segment]
-    keys = torch.cat([attended.keys[:, :, kept], made_k, attended.keys[:, :, mem]], dim=2)
-    values = torch.cat([attended.values[:, :, kept], made_v, attended.values[:, :, mem]], dim=2)
-    return keys, values
+    made_k, made_v = layer.memory_keys_values(c_mem[:, n_kept:])  # [B, H, n_made, d_head]
+    old_slots = slice(n_c_mem - n_kept, n_c_mem)
+    mem_slots = slice(K - n_new_mem, K)  # mem is the newest n_new_mem of [mem; segment]
+    keys = [attended.keys[:, :, old_slots], made_k, attended.keys[:, :, mem_slots]]
+    values = [attended.values[:, :, old_slots], made_v, attended.values[:, :, mem_slots]]
+    return torch.cat(keys, dim=2), torch.cat(values, dim=2)  # [B, H, M', d_head] each
 
 
 def make_cache(model, keys_values, previous: Optional[KVCache]) -> KVCache:
@@ -1142,7 +1152,7 @@ class FeedbackTransformer(LanguageModel):
         B, T, _ = x.shape
         if memory is None:
             memory = self.empty_memory(B, device=x.device, dtype=x.dtype)
-        check_memory(self, memory, B, x.device, x.dtype)
+        check_memory(self, memory, B, x.device, inputs_dtype(x))
         check_starts(starts, B, T, x.device)
         n_m = self.cfg.mem_len
         cache = usable_cache(self, memory, x)  # section 9
@@ -1280,11 +1290,23 @@ def check_inputs(model: LanguageModel, x) -> None:
         )
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device}, the model on {weight.device}")
-    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+    if x.dtype != weight.dtype and not autocasting(x):
         raise TypeError(
             f"x has dtype {x.dtype}, the model {weight.dtype}: convert one, or run under "
             f"torch.autocast"
         )
+
+
+def inputs_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype the memory must have for inputs x: theirs, except under autocast (None: any),
+    where a layer's output, and so the next layer's memory, may come out in another dtype."""
+    return None if autocasting(x) else x.dtype
+
+
+def autocasting(x: torch.Tensor) -> bool:
+    """Whether autocast is on for x's device (never on the meta device, which has none)."""
+    device_type = x.device.type
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 
 def check_memory(model: LanguageModel, memory, batch_size: int, device, dtype=None) -> None:

@@ -22,6 +22,7 @@ from compressive import (
     PoolCompress,
     attention_reconstruction_loss,
     relative_shift,
+    renew_weights_token,
     sinusoid_positions,
 )
 
@@ -1204,9 +1205,7 @@ def test_one_call_with_starts_inside_equals_the_same_steps_split_at_each_start(k
 def test_rows_without_a_start_compute_exactly_what_they_would_without_starts(kind):
     model = episode_model(kind)
     xs = inputs(3, 40)
-    plain = feed_with_starts(
-        model, xs, start_at(3, 40)._replace if False else torch.zeros(3, 40, dtype=torch.bool)
-    )
+    plain = feed_with_starts(model, xs, torch.zeros(3, 40, dtype=torch.bool))
     with_starts = feed_with_starts(model, xs, start_at(3, 40, (1, 13), (1, 27)))
     none = []
     memory = None
@@ -1367,6 +1366,8 @@ def test_training_makes_no_cache_and_a_changed_model_does_not_use_a_stale_one():
         yield opt.step  # an optimizer step
         yield lambda: model.load_state_dict(make(seed=5).state_dict())
         yield lambda: (model.train(), model.eval())
+        # weights changed outside an optimizer (in place, an average, another process): said
+        yield lambda: (edit_in_place(model), renew_weights_token(model))
 
     x = tokens(2, 1, seed=3)
     for change in changes():
@@ -1376,6 +1377,30 @@ def test_training_makes_no_cache_and_a_changed_model_does_not_use_a_stale_one():
             logits, _, _ = model(x, memory)
             expected, _, _ = model(x, memory._replace(cache=None))
         torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def edit_in_place(model):
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attn.qkv.weight.mul_(1.5)
+            layer.attn.position.weight.mul_(0.5)  # W_r: the model keeps W_r R too
+
+
+def test_a_weight_changed_in_place_keeps_the_cache_until_the_model_is_told():
+    """Why renew_weights_token exists: a change no hook sees leaves the cache and the kept W_r R
+    as they were."""
+    model = make().eval()
+    x = tokens(2, 1, seed=3)
+    with torch.no_grad():
+        _, memory, _ = model(tokens(2, 6), None)
+        _, memory, _ = model(tokens(2, 1, seed=2), memory)
+        edit_in_place(model)
+        stale, _, _ = model(x, memory)
+        renew_weights_token(model)
+        renewed, _, _ = model(x, memory)
+        expected, _, _ = model(x, memory._replace(cache=None))
+    assert (stale - expected).abs().max() > 1e-2
+    torch.testing.assert_close(renewed, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["compressive", "feedback"])
@@ -1394,6 +1419,20 @@ def test_generate_with_kept_keys_values_samples_what_projecting_every_slot_sampl
 
 
 # ---------------------------------------------------------------- the memory as an object -------
+
+
+def test_a_call_leaves_the_memory_it_was_handed_as_it_was():
+    """A caller may keep a Memory (a replay buffer, a burn-in, a second pass over an unroll)."""
+    model = make(compression="most_used", mem_len=8, compression_rate=2).eval()
+    _, memory, _ = model(tokens(2, 3))
+    _, memory, _ = model(tokens(2, 3, seed=1), memory)  # the first call's slots gain usage
+    assert all(u.sum() > 0 for u in memory.usage)
+    handed = [t for t in memory_tensors(memory) if t is not None]
+    kept = [t.clone() for t in handed]
+    model(tokens(2, 6, seed=2), memory, start_at(2, 6, (0, 3), (1, 1)))
+    model(tokens(2, 6, seed=2), memory.reset(torch.tensor([True, False])))
+    now = [t for t in memory_tensors(memory) if t is not None]
+    assert len(now) == len(kept) and all(a.equal(b) for a, b in zip(now, kept))
 
 
 def test_a_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
@@ -1425,6 +1464,13 @@ def test_a_memory_of_another_dtype_or_an_empty_one_to_reset_get_one_clear_answer
     _, memory, _ = model(tokens(2, 6))
     with pytest.raises(TypeError, match=r"dtype torch.bfloat16, the inputs torch.float32"):
         model(tokens(2, 6), memory.to(dtype=torch.bfloat16))
+    # under autocast a layer's output may come out in another dtype than the inputs (CUDA runs
+    # LayerNorm in float32), and the next layer's memory with it: accepted
+    x = inputs(2, 6).bfloat16()
+    mixed = memory._replace(mem=[memory.mem[0].bfloat16(), *memory.mem[1:]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h, _, _ = model.hidden_states(x, mixed)
+    assert h.isfinite().all()
     # the first call has no memory to reset: an empty one can be, or the call given starts
     done = torch.tensor([True, False])
     empty = model.empty_memory(2).reset(done)
