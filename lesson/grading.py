@@ -240,7 +240,7 @@ def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: Op
         if not raw.strip():
             continue
         if finished is not None:
-            return forged("it wrote after the end of the session")
+            return forged("it wrote after the end of the pytest run")
         try:
             event = json.loads(raw)
             kinds = ("collected", "collect_error", "test", "finished")

@@ -7,9 +7,9 @@ of its folder, and streams each test's outcome to the grader as it happens.
 A run is told the tests to run: node ids ("tests"), names of test functions ("names"), or every
 test (both null). It writes one JSON line per event to the pipe FD: the tests collected, each
 phase of each test (setup, call, teardown) with its outcome and the first line of why it failed,
-then the session's end. Each line is written as its test ends, before pytest returns, so nothing
+then the end of the run. Each line is written as its test ends, before pytest returns, so nothing
 the tested code does afterwards (an atexit hook, say) can change a line already sent; the pipe is
-closed before the process exits, and the grader counts any line after the session's end, any
+closed before the process exits, and the grader counts any line after the run's end, any
 missing test and any test reported twice as a forged report.
 
 Importing torch and the helpers its test functions load on first use takes about 1.6 s of CPU,

@@ -609,13 +609,13 @@ def test_without_the_zygote_a_run_reads_the_same_and_a_hook_at_exit_is_caught(
     tmp_path, assignment, monkeypatch
 ):
     """Where runs start as fresh processes (not Linux, or no zygote), an atexit hook does run,
-    after pytest's last line: the lines it writes come after the session's end."""
+    after pytest's last line: the lines it writes come after the run's end."""
     monkeypatch.setattr(grading.Zygote, "broken", True)
     forger = ATTACKS["forge the report, now and at exit"]
     at_exit_only = [line for line in forger if line != "forge()"]
     path = submit(tmp_path, cheat_in_shift(*at_exit_only))
     (g,) = grading.grade(path, only(assignment, "relative_shift"), None, None, False).grades
-    assert g.score == 0 and "wrote after the end of the session" in g.problem, g.problem
+    assert g.score == 0 and "wrote after the end of the pytest run" in g.problem, g.problem
     run = grading.run_tests(
         ORIGINAL, assignment.tests, None, ["test_relative_shift_returns_a_view_of_its_input"]
     )

@@ -9,7 +9,7 @@ queries alone. Then it acts on new episodes one step at a time (eval mode, no gr
 memory keeps its keys and values) and reports its accuracy, for the episodes that began inside
 an unroll and for the cues that only c_mem still held.
 
-    python -m research.cue                       # about a minute on 2 idle cores
+    python -m research.cue                       # about 30 s on 2 idle cores
     python -m research.cue --reset-after-unroll  # no starts: reset the rows after each unroll
 
 --reset-after-unroll is the loop without starts: the rows whose episode ended inside the unroll
