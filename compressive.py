@@ -871,8 +871,8 @@ class Episodes:
     its memory. since_start: the Memory's, or None; starts: [B, T] bool, or None."""
 
     def __init__(self, since_start, starts, n_c_mem: int, n_mem: int, cfg: CompressiveConfig, T):
-        known = since_start if since_start is not None else starts  # one of them is given
-        B, device = known.size(0), known.device
+        given = since_start if since_start is not None else starts  # one of them is given
+        B, device = given.size(0), given.device
         self.sizes = (n_c_mem, n_mem, T)
         # begun[b, t]: where step t's episode began; -since_start when before this call, -inf
         # when no start was ever seen, else the latest start at or before t
@@ -893,7 +893,8 @@ class Episodes:
         """Zero what precedes each row's latest start, in the layer's memory and its new inputs
         h, before update_memory moves them. Returns h, mem, c_mem, usage and attended, as
         update_memory takes them: usage keeps only what the latest episode's queries gave, and
-        the keys and values of a zeroed slot become those of a zero vector, for f_c's loss."""
+        the keys and values of a zeroed slot become those of a zero vector (f_c's loss reads
+        them, and so does the cache kept for acting, section 9)."""
         keep = self.positions[None, :] >= self.begun[:, -1:]  # [B, K]: the latest episode's
         keep_c_mem, keep_mem, keep_new = keep.split(self.sizes, dim=1)
         h = torch.where(keep_new[..., None], h, 0)
@@ -919,8 +920,9 @@ def forget_rows(memory: Memory, done: torch.Tensor) -> Memory:
     def forget(t, blank=0):
         return torch.where(done.view(-1, *[1] * (t.dim() - 1)), blank, t)
 
-    since_start = memory.since_start
-    since_start = torch.where(done, 0.0, math.inf if since_start is None else since_start)
+    # a row that never saw a start has seen its episode since ever: inf
+    since_start = memory.since_start if memory.since_start is not None else math.inf
+    since_start = torch.where(done, 0.0, since_start)
     usage = None if memory.usage is None else [forget(u) for u in memory.usage]
     mem, c_mem = [forget(t) for t in memory.mem], [forget(t) for t in memory.c_mem]
     cache = memory.cache
