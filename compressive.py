@@ -127,8 +127,10 @@ class Memory(NamedTuple):
 
     def to(self, device=None, dtype=None) -> "Memory":
         """This memory on another device, or with mem and c_mem in another floating dtype (the
-        counts in usage and since_start keep theirs). The cache stays behind: the next call
-        makes it again."""
+        counts in usage and since_start keep theirs); memory.to(torch.bfloat16) works as for a
+        tensor. The cache stays behind: the next call makes it again."""
+        if isinstance(device, torch.dtype):
+            device, dtype = None, device
 
         def moved(tensors, dtype=None):
             return None if tensors is None else [t.to(device=device, dtype=dtype) for t in tensors]
@@ -737,6 +739,17 @@ class CompressiveTransformer(LanguageModel):
         zero = self.embed.weight.new_zeros(1, 1, self.cfg.d_model)
         return [layer.memory_keys_values(zero) for layer in self.layers]
 
+    def kept_from(self):
+        """The weights that the keys, values and W_r R kept for acting are made with (section
+        9): W_k and W_v (in qkv), the norm before them (pre-LN), and W_r, of every layer."""
+        weights = []
+        for layer in self.layers:
+            attn = layer.attn
+            weights += [attn.qkv.weight, attn.position.weight]
+            if self.cfg.pre_norm:
+                weights += [layer.attn_norm.weight, layer.attn_norm.bias]
+        return weights
+
     def hidden_states(
         self,
         x: torch.Tensor,
@@ -942,8 +955,9 @@ def forget_rows(memory: Memory, done: torch.Tensor) -> Memory:
 # call projects only its own steps and the compressed memories it has just made.
 #
 # A cache belongs to the weights that made it. A step of any torch.optim optimizer in this
-# process, a load_state_dict, or a switch between train and eval mode makes every cache of the
-# model stale (and the W_r R it keeps), and the next call projects every slot again. Change the
+# process, a load_state_dict, a switch between train and eval mode, or other weights lent by
+# torch.func.functional_call makes every cache of the model stale (and the W_r R it keeps), and
+# the next call projects every slot again. Change the
 # weights in any other way (in place under no_grad, an average of weights, another process
 # writing into shared weights, an optimizer of your own) and call renew_weights_token(model).
 
@@ -963,11 +977,28 @@ def renew_weights_token(model, *unused) -> None:
     model.weights_token = object()
 
 
+def weights_tag(model) -> tuple:
+    """What kept keys, values and W_r R were made with: the model's weights token, the optimizer
+    steps taken so far, and the weight tensors themselves (torch.func.functional_call lends the
+    model others for a call)."""
+    return (model.weights_token, optimizer_steps, model.kept_from())
+
+
+def made_by_these_weights(tag: tuple, model) -> bool:
+    token, steps, weights = tag
+    now = model.kept_from()
+    return (
+        token is model.weights_token
+        and steps == optimizer_steps
+        and all(kept is used for kept, used in zip(weights, now))
+    )
+
+
 class KVCache(NamedTuple):
     """The keys and values of a Memory's slots, per layer (the Feedback Transformer: of its one
     memory), and those of a zero vector, which Memory.reset puts in a forgotten row."""
 
-    weights: tuple  # (the model's weights_token, optimizer_steps) when they were made
+    weights: tuple  # weights_tag(model) when they were made
     keys: List[torch.Tensor]  # [B, H, M, d_head], of [c_mem; mem]
     values: List[torch.Tensor]  # [B, H, M, d_head]
     blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]
@@ -983,11 +1014,7 @@ def usable_cache(model, memory: Memory, x: torch.Tensor) -> Optional[KVCache]:
     """The memory's cache, when this call may use it: acting, with the weights that made it, for
     these slots, in the dtype the projection would give now (autocast's, else x's)."""
     cache = memory.cache
-    if (
-        cache is None
-        or not acting(model)
-        or cache.weights != (model.weights_token, optimizer_steps)
-    ):
+    if cache is None or not acting(model) or not made_by_these_weights(cache.weights, model):
         return None
     dtype = torch.get_autocast_dtype(x.device.type) if autocasting(x) else x.dtype
     n_slots = memory.mem[0].size(1) + (memory.c_mem[0].size(1) if memory.c_mem else 0)
@@ -1006,17 +1033,20 @@ def kept_position_projections(model, K: int, x: torch.Tensor):
     distances up to n_m + n_cm + 1 (or K, when more) and kept on the model while its weights and
     the dtype stay; each call slices the distances it needs."""
     autocast_dtype = torch.get_autocast_dtype(x.device.type) if autocasting(x) else None
-    made_for = (model.weights_token, optimizer_steps, x.device, x.dtype, autocast_dtype)
-    kept = getattr(model, "kept_positions", None)
-    if kept is None or kept[0] != made_for or kept[1][0].size(1) < K + 1:
+    made_for = (x.device, x.dtype, autocast_dtype)
+    kept = getattr(model, "kept_positions", None)  # (weights_tag, made_for, W_r R per layer)
+    if (
+        kept is None
+        or not made_by_these_weights(kept[0], model)
+        or kept[1] != made_for
+        or kept[2][0].size(1) < K + 1
+    ):
         cfg = model.cfg
         n = max(K + 1, cfg.mem_len + cfg.c_mem_len + 2)
         R = sinusoid_positions(n, cfg.d_model, x.device).to(x.dtype)
-        model.kept_positions = kept = (
-            made_for,
-            [layer.attn.project_positions(R) for layer in model.layers],
-        )
-    return [r[:, r.size(1) - K - 1 :] for r in kept[1]]
+        projections = [layer.attn.project_positions(R) for layer in model.layers]
+        model.kept_positions = kept = (weights_tag(model), made_for, projections)
+    return [r[:, r.size(1) - K - 1 :] for r in kept[2]]
 
 
 def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem):
@@ -1049,7 +1079,7 @@ def make_cache(model, keys_values, previous: Optional[KVCache]) -> KVCache:
     else:
         blank_keys, blank_values = zip(*model.blank_keys_values())
     keys, values = zip(*keys_values)
-    weights = (model.weights_token, optimizer_steps)
+    weights = weights_tag(model)
     return KVCache(weights, list(keys), list(values), list(blank_keys), list(blank_values))
 
 
@@ -1134,6 +1164,12 @@ class FeedbackTransformer(LanguageModel):
     def blank_keys_values(self):
         """The key and value [1, H, 1, d_head] of a zeroed memory vector (section 9)."""
         return [self.shared_kv(self.embed.weight.new_zeros(1, 1, self.cfg.d_model))]
+
+    def kept_from(self):
+        """The weights that the keys, values and W_r R kept for acting are made with (section
+        9): the shared W_k and W_v, the norm before them (pre-LN), and each layer's W_r."""
+        positions = [layer.attn.position.weight for layer in self.layers]
+        return [self.kv.weight, *self.kv_norm.parameters(), *positions]
 
     def hidden_states(
         self,
@@ -1351,6 +1387,19 @@ def check_memory(model: LanguageModel, memory, batch_size: int, device, dtype=No
                     f"memory.{name}[{i}] has dtype {t.dtype}, the inputs {dtype}: convert the "
                     f"memory with memory.to(dtype={dtype})"
                 )
+    usage = memory.usage
+    if usage is not None and not (
+        isinstance(usage, (list, tuple))
+        and len(usage) == len(memory.mem)
+        and all(
+            isinstance(u, torch.Tensor) and u.shape == m.shape[:2] and u.device == device
+            for u, m in zip(usage, memory.mem)
+        )
+    ):
+        raise ValueError(
+            f"memory.usage must be None or one tensor [{batch_size}, mem slots] per mem tensor "
+            f"on {device}, as the most_used f_c makes it"
+        )
     since = memory.since_start
     if since is not None and not (
         isinstance(since, torch.Tensor)
@@ -1368,13 +1417,21 @@ def check_memory(model: LanguageModel, memory, batch_size: int, device, dtype=No
         )
 
 
+def described(value) -> str:
+    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of {value.dtype}"
+    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
+
+
 def check_starts(starts, batch_size: int, T: int, device) -> None:
     """The checks of hidden_states' starts."""
     if starts is None:
         return
     if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
-        got = getattr(starts, "dtype", type(starts).__name__)
-        raise TypeError(f"starts must be None or a bool tensor [batch, time], got {got}")
+        raise TypeError(
+            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
+        )
     if starts.shape != (batch_size, T) or starts.device != device:
         raise ValueError(
             f"starts must have shape [{batch_size}, {T}] on {device}, like the inputs; got "
@@ -1386,7 +1443,7 @@ def check_done(memory: Memory, done) -> None:
     """The checks of Memory.reset."""
     batch, device = memory.mem[0].size(0), memory.mem[0].device
     if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
-        raise TypeError(f"done must be a bool tensor, got {getattr(done, 'dtype', type(done))}")
+        raise TypeError(f"done must be a bool tensor, got {described(done)}")
     if done.shape != (batch,) or done.device != device:
         raise ValueError(
             f"done must have shape [{batch}] on {device}, like the memory; got "

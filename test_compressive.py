@@ -797,6 +797,11 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
             ValueError,
             "since_start",
         ),
+        (
+            lambda: model(tokens(2, 6), memory._replace(usage=[torch.zeros(2, 3)] * 2)),
+            ValueError,
+            "memory.usage",
+        ),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
@@ -1274,8 +1279,8 @@ def test_starts_and_resets_under_torch_compile_as_one_graph_and_on_the_meta_devi
 def test_bad_starts_raise_one_clear_error():
     model = make()
     cases = [
-        (lambda: model(tokens(2, 6), None, torch.zeros(2, 6)), TypeError, "bool tensor"),
-        (lambda: model(tokens(2, 6), None, [[True] * 6] * 2), TypeError, "bool tensor"),
+        (lambda: model(tokens(2, 6), None, torch.zeros(2, 6)), TypeError, "of torch.float32"),
+        (lambda: model(tokens(2, 6), None, [[True] * 6] * 2), TypeError, "bool tensor .*list"),
         (
             lambda: model(tokens(2, 6), None, torch.zeros(2, 5, dtype=torch.bool)),
             ValueError,
@@ -1386,6 +1391,20 @@ def edit_in_place(model):
             layer.attn.position.weight.mul_(0.5)  # W_r: the model keeps W_r R too
 
 
+def test_weights_lent_by_functional_call_use_no_cache_of_the_models_own():
+    model, other = make().eval(), make(seed=7).eval()
+    x = tokens(2, 1, seed=3)
+    with torch.no_grad():
+        _, memory, _ = model(tokens(2, 6), None)
+        _, memory, _ = model(tokens(2, 1, seed=2), memory)  # a cache, and W_r R kept
+        lent, _, _ = torch.func.functional_call(model, dict(other.named_parameters()), (x, memory))
+        expected, _, _ = other(x, memory._replace(cache=None))
+        torch.testing.assert_close(lent, expected, rtol=1e-5, atol=1e-5)
+        own, _, _ = model(x, memory)  # and the model's own weights again after the loan
+        expected, _, _ = model(x, memory._replace(cache=None))
+    torch.testing.assert_close(own, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_weight_changed_in_place_keeps_the_cache_until_the_model_is_told():
     """Why renew_weights_token exists: a change no hook sees leaves the cache and the kept W_r R
     as they were."""
@@ -1442,6 +1461,7 @@ def test_a_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
         _, memory, _ = model(tokens(2, 6, seed=2), memory, start_at(2, 6, (1, 2)))
     half = memory.to(dtype=torch.bfloat16)
     assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem)
+    assert all(t.dtype == torch.bfloat16 for t in memory.to(torch.bfloat16).mem)  # as Tensor.to
     assert all(u.dtype == torch.float32 for u in half.usage)
     assert half.since_start.tolist() == [math.inf, 4] and half.cache is None
     moved = memory.to("meta")
