@@ -783,11 +783,14 @@ class CompressiveTransformer(LanguageModel):
         n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
         M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         r = self.position_projections(K, h)  # W_r R of every layer for the distances K, ..., 0
-        attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
+        attn_mask = None  # one step sees every key: nothing lies in its future
+        if T > 1:
+            attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
         episodes = None
         if starts is not None or memory.since_start is not None:  # section 8
             episodes = Episodes(memory.since_start, starts, n_c_mem, n_mem, self.cfg, T)
-            attn_mask = attn_mask + episodes.mask  # [B, 1, T, K]: each step sees its episode
+            # [B, 1, T, K]: each step sees its episode
+            attn_mask = episodes.mask if attn_mask is None else attn_mask + episodes.mask
         cache = usable_cache(self, memory, h)  # section 9: None unless acting in eval mode
 
         new_mem, new_c_mem, new_usage, new_kv = [], [], [], []
