@@ -7,13 +7,14 @@ memory cut to show what the memory is worth.
     python -m research.code --eval-only --out OUT --eval-c-mem-len 0    # without c_mem: its worth
 
 --eval-only reads checkpoints of this command and of train_shakespeare.py alike (each on its own
-validation text), and records into OUT/metrics.json. Training is train_shakespeare.py's."""
+validation text), and records into OUT/metrics.json. Training is train_shakespeare.py's; at each
+evaluation the loss of every character is read again (training.evaluate.per_character)."""
 
 import os
 
 import train_shakespeare
 from research import copies, corpus
-from training import distributed, files
+from training import distributed, evaluate, files
 from training.checks import UserError, exit_status
 from training.data import DEFAULT_DATA, Data, encode
 from training.data import load_data as load_text
@@ -25,7 +26,11 @@ VAL_CHARS = 300_000
 def parse_args(argv=None):
     parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
     parser.set_defaults(task="code")
-    train_shakespeare.add_evaluation_flags(parser)
+    e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
+    e.add_argument(
+        "--eval-only", action="store_true", help="the loss of OUT/ckpt.pt by copy distance"
+    )
+    evaluate.add_ablation_flags(e)
     parser.add_argument(
         "--val-chars",
         type=int,
@@ -62,13 +67,14 @@ def train(args) -> None:
         where = geometry(data, args.batch_size, args.seq_len)
         regions = []
 
-        def on_eval(model, evaluation):
+        def measure(model):  # at each evaluation of the training
+            evaluation = evaluate.on_validation(model, data, args.batch_size, args.dtype)
             rows = copies.by_bucket(evaluation.char_losses.cpu(), *where)
             regions[:] = copies.regions_of(model.reach(), args.seq_len)
             print("  by copy distance beyond the segment: " + copies.summary(rows))
             return {"loss_by_copy_distance": rows}
 
-        metrics = train_shakespeare.train(args, data, on_eval)
+        metrics = train_shakespeare.train(args, data, measure)
     if metrics is not None:  # rank 0, the run finished: the last evaluation's, as val_loss
         rows = metrics["loss_by_copy_distance"] = metrics["history"][-1]["loss_by_copy_distance"]
         copies.print_by_bucket(rows, regions)
@@ -77,14 +83,14 @@ def train(args) -> None:
 
 def evaluate_checkpoint(args) -> None:
     """--eval-only: the loss of OUT/ckpt.pt by copy distance, its memory cut where asked."""
-    model, ckpt, cut = train_shakespeare.load_checkpoint(args, tasks=("code", "shakespeare"))
+    model, ckpt, cut = evaluate.load_checkpoint(args, tasks=("code", "shakespeare"))
     if ckpt["args"].get("task", "shakespeare") == "shakespeare":
         data = load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
     elif args.data is not None:
         raise UserError("--data: this checkpoint learned the code corpus, which is its own text")
     else:
         data = load_data(args, saved_args=ckpt["args"], need_train=False)
-    evaluation = train_shakespeare.evaluate_checkpoint(args, model, ckpt, data, cut)
+    evaluation = evaluate.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     rows = copies.by_bucket(evaluation.char_losses.cpu(), *geometry(data, args.batch_size, n_s))
     label = f", memory cut to {cut}" if cut else ""

@@ -16,7 +16,8 @@ one phase answered and another at chance.
 
 Training is train_shakespeare.py's, with its flags, on this text; with --loss-on answers the
 targets of every other character are IGNORE, which the training loss skips. The accuracy is read
-from what each evaluation predicts (train_shakespeare.evaluate)."""
+from what the model predicts on the validation text (training.evaluate.per_character), at each
+evaluation of the training and on a checkpoint."""
 
 import heapq
 import math
@@ -28,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 import train_shakespeare
-from training import checkpoint, distributed, files, plots
+from training import checkpoint, distributed, evaluate, files, plots
 from training.checks import UserError, exit_status
 from training.data import IGNORE, Data, encode
 from training.device import keep_freed_memory
@@ -581,7 +582,9 @@ def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -
 def parse_args(argv=None):
     parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
     parser.set_defaults(task="recall")
-    train_shakespeare.add_evaluation_flags(parser)
+    e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
+    e.add_argument("--eval-only", action="store_true", help="the accuracy report of OUT/ckpt.pt")
+    evaluate.add_ablation_flags(e)
     add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -602,7 +605,8 @@ def train(args) -> None:
         data, answers = load_data(args, args.batch_size * distributed.world_size())
         last = {}
 
-        def on_eval(model, evaluation):
+        def measure(model):  # at each evaluation of the training
+            evaluation = evaluate.on_validation(model, data, args.batch_size, args.dtype)
             scored = score(
                 evaluation.predictions.cpu(), data.val, answers, args.batch_size, args.seq_len
             )
@@ -610,7 +614,7 @@ def train(args) -> None:
             print("recall accuracy: " + summary(scored, model.reach(), args.compression_rate))
             return {"recall": by_region(scored, model.reach())}
 
-        metrics = train_shakespeare.train(args, data, on_eval)
+        metrics = train_shakespeare.train(args, data, measure)
     if metrics is not None:  # rank 0, the run finished: the report on its last evaluation
         ckpt = checkpoint.read(os.path.join(args.out, "ckpt.pt"), torch.device("cpu"))
         caption = caption_for(ckpt, "the training run")
@@ -622,9 +626,9 @@ def evaluate_checkpoint(args) -> None:
     """--eval-only: the accuracy report of OUT/ckpt.pt on the validation text of its flags (the
     task's flags given here widen or change it), its memory cut where asked. The training's
     metrics.json is left as it is; OUT/recall.png is drawn again."""
-    model, ckpt, cut = train_shakespeare.load_checkpoint(args, tasks=("recall",))
+    model, ckpt, cut = evaluate.load_checkpoint(args, tasks=("recall",))
     data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
-    evaluation = train_shakespeare.evaluate_checkpoint(args, model, ckpt, data, cut)
+    evaluation = evaluate.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     scored = score(evaluation.predictions.cpu(), data.val, answers, args.batch_size, n_s)
     report(scored, model, args.out, caption_for(ckpt, "python -m research.recall --eval-only"))

@@ -10,11 +10,11 @@ import re
 import pytest
 import torch
 
-import train_shakespeare as ts
 from conftest import TINY_FLAGS, error_line
 from research import attention, code, copies, corpus, study
 from test_compressive import make
 from training import data
+from training.evaluate import per_character
 
 
 def test_eval_only_by_copy_distance_on_a_checkpoint_of_text_and_with_its_memory_cut(
@@ -255,11 +255,11 @@ def test_a_characters_zone_is_what_a_one_layer_model_can_see():
     text = "".join(chr(65 + int(t) % 26) for t in data)
     distance, index = copies.evaluation_geometry(text, 2, 4)
     assert index[1:6].tolist() == [0, 1, 2, 3, 0] and index[31:33].tolist() == [0, 1]  # stream 2
-    _, _, before = ts.evaluate(model, data, 2, 4, nullcontext())
+    before = per_character(model, data, 2, 4, nullcontext()).char_losses
     for q in (3, 10, 33):
         changed = data.clone()
         changed[q] = (changed[q] + 1) % model.cfg.vocab_size
-        _, _, after = ts.evaluate(model, changed, 2, 4, nullcontext())
+        after = per_character(model, changed, 2, 4, nullcontext()).char_losses
         moved = {p for p in range(1, 61) if p != q and not torch.isclose(before[p], after[p])}
         stream_end = 31 if q < 30 else 61
         seen = {p for p in range(q + 1, stream_end) if (p - 1 - q) - index[p] <= 4 + 2 * 2}

@@ -16,6 +16,7 @@ from compressive import CompressiveTransformer, FeedbackTransformer
 from conftest import TINY_FLAGS, error_line
 from research import recall
 from test_compressive import make, tiny
+from training import evaluate, sample
 from training.data import IGNORE, encode
 
 
@@ -114,7 +115,7 @@ def test_validation_loss_on_answers_is_the_mean_loss_over_the_answer_digits():
     data = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
     model = make(vocab_size=len(recall.VOCAB), seq_len=len(data) - 1).eval()
     targets = recall.answer_targets(data)
-    loss, _, _ = ts.evaluate(model, data, 1, len(data) - 1, nullcontext(), targets)  # one segment
+    loss = ts.evaluate(model, data, 1, len(data) - 1, nullcontext(), targets)  # one segment
     with torch.no_grad():
         logits, _, _ = model(data[None, :-1])
     at = made.answers[:, 0] - 1  # the '?' before each answer digit
@@ -313,8 +314,8 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(recall_trained, ca
     held, *phases = metrics["recall"]["by_phase"]  # the facts held in c_mem, then each phase
     assert held["phase"] == "all" and held["queries"] == sum(row["queries"] for row in phases) > 0
     assert "facts held in c_mem when asked" in printed and "held in c_mem" in printed
-    # --sample starts from the recall text's filler by default: it has no newline
-    assert ts.main(["--out", out, "--sample", "20", "--device", "cpu"]) == 0
+    # a sample starts from the recall text's filler by default: it has no newline
+    assert sample.main(["--out", out, "--chars", "20", "--device", "cpu"]) == 0
     assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)
     # --eval-only reads the task's flags from the checkpoint; the distance flags may widen it
     assert (
@@ -337,9 +338,9 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(recall_trained, ca
     )
     rows = recall_table_rows(capsys.readouterr().out)
     assert rows and rows[-1]["to"] > 120  # the farthest bucket lies beyond what training asked
-    # the script's own --eval-only evaluates its own checkpoints, and says which command fits
-    assert ts.main(["--out", out, "--eval-only", "--device", "cpu"]) == 2
-    assert "python -m research.recall" in error_line(capsys)
+    # python -m training.evaluate evaluates the script's checkpoints, and says which command fits
+    assert evaluate.main(["--out", out, "--device", "cpu"]) == 2
+    assert "with python -m research.recall --eval-only" in error_line(capsys)
 
 
 def test_recall_flags_are_checked_and_the_task_makes_its_own_text(
@@ -355,7 +356,8 @@ def test_recall_flags_are_checked_and_the_task_makes_its_own_text(
         assert message in error_line(capsys)
     # a checkpoint of the script's own text is not the recall task's
     assert recall.main(["--out", trained, "--eval-only", "--device", "cpu"]) == 2
-    assert "python train_shakespeare.py: evaluate it with that command" in error_line(capsys)
+    line = error_line(capsys)
+    assert "of python train_shakespeare.py: evaluate it with python -m training.evaluate" in line
 
 
 def recall_run(out, steps=4):

@@ -1,19 +1,22 @@
-"""--bench: time training steps on random tokens, once both memories are full, and report
-tokens/s, ms per step, peak memory and mfu (model FLOPs over the best matmul rate measured here)."""
+"""Time training steps of a model of train_shakespeare.py's flags on random tokens, once both
+memories are full, and report tokens/s, ms per step, peak memory and mfu (model FLOPs over the best
+matmul rate measured here).
+
+    python -m training.bench --bench-steps 10    # and any of the script's model and runtime flags
+"""
 
 import math
 import resource
+import sys
 import time
 
 import torch
 
+import train_shakespeare
 from compressive import FeedbackTransformer
 
-
-def add_arguments(parser) -> None:
-    m = parser.add_argument_group("--bench")
-    m.add_argument("--bench", action="store_true", help="time training steps on random tokens")
-    m.add_argument("--bench-steps", type=int, default=10, help="timed steps for --bench")
+from .checks import exit_status
+from .device import DTYPES, keep_freed_memory, pick_device
 
 
 def train_flops_per_step(model, batch: int) -> float:
@@ -110,3 +113,32 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
         f"ms_per_step={seconds * 1000:.2f} peak_mem_mb={peak_mem:.1f} "
         f"mfu={flops / seconds / peak:.4f}"
     )
+
+
+def parse_args(argv=None):
+    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
+    parser.add_argument("--bench-steps", type=int, default=10, help="timed steps")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """Whole training steps, as train_shakespeare.train takes them, on random tokens."""
+    args = parse_args(argv)
+    keep_freed_memory()
+
+    def run():
+        train_shakespeare.check_args(args)
+        device = pick_device(args.device)
+        torch.manual_seed(args.seed)
+        cfg = train_shakespeare.model_config(args, vocab_size=65)
+        model = train_shakespeare.make_model(args.model, cfg).to(device)
+        optimizer = train_shakespeare.make_optimizer(model, args)
+        step = train_shakespeare.make_train_step(model, optimizer, args, device)
+        dtype = DTYPES[args.dtype]
+        bench(step, model, args.batch_size, args.bench_steps, args.seed, device, dtype)
+
+    return exit_status(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -162,6 +162,11 @@ def trained_by(saved_args: dict) -> str:
     return "python train_shakespeare.py" if task == "shakespeare" else f"python -m research.{task}"
 
 
+# The flags of --sample and --bench, which the script had before they became commands of their
+# own (training/sample.py, training/bench.py), at their defaults: a checkpoint it wrote holds them.
+FLAGS_THAT_LEFT = {"temperature": 0.8, "bench_steps": 10}
+
+
 def training_command(ckpt: dict, defaults: dict) -> str:
     """How a checkpoint was made, for a figure's caption: the command (trained_by), the flags that
     differ from defaults (the script's own, --out and --resume aside; a flag the script does not
@@ -171,8 +176,10 @@ def training_command(ckpt: dict, defaults: dict) -> str:
     for name, value in ckpt["args"].items():
         if name in ("out", "resume", "stop_after", "task") or value is None:
             continue
-        if value == defaults.get(name) or (name not in defaults and value is False):
-            continue  # a default, or a switch the script no longer has, left off
+        if value == defaults.get(name, FLAGS_THAT_LEFT.get(name)):
+            continue  # a default
+        if name not in defaults and value is False:
+            continue  # a switch the script no longer has, left off
         flag = "--" + name.replace("_", "-")
         if value is True:
             flags.append(flag)

@@ -63,8 +63,8 @@ def flag(name: str) -> str:
 
 
 def check_flags(args) -> None:
-    """The script's flags one by one (train_shakespeare.py checks the model flags together; a
-    research command adds its own flags and checks them itself). A flag that a command does not
+    """The flags of every command one by one (train_shakespeare.py checks the model flags together;
+    a research command adds its own flags and checks them itself). A flag that a command does not
     have is not checked."""
     given = lambda names: [name for name in names if getattr(args, name, None) is not None]
     for name in given(["lr", "min_lr", "weight_decay", "grad_clip", "dropout", "temperature"]):
@@ -99,12 +99,12 @@ def check_flags(args) -> None:
         "weight_decay",
         "grad_clip",
         "min_lr",
-        "sample",
+        "chars",
     ]
     for name in given(at_least_zero):
         if getattr(args, name) < 0:
             raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
-    if given(["eval_mem_len", "eval_c_mem_len"]) and not args.eval_only:
+    if given(["eval_mem_len", "eval_c_mem_len"]) and not getattr(args, "eval_only", True):
         raise UserError("--eval-mem-len and --eval-c-mem-len are for --eval-only")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UserError(f"--out {args.out} exists and is not a folder")

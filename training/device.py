@@ -45,11 +45,34 @@ def memories_full(memory, cfg) -> bool:
     )
 
 
-def compile_when_full(model):
-    """A stand-in for model(x, memory) that runs the model eagerly while its memories fill and,
-    once they are full, compiled as one whole graph (torch.compile, fullgraph=True)."""
-    compiled = torch.compile(model, fullgraph=True, dynamic=False)
-    return lambda x, memory: (compiled if memories_full(memory, model.cfg) else model)(x, memory)
+def compile_when_full(model, step):
+    """step(x, y, memory, forward) takes one training step with forward in place of model(x,
+    memory). Returns step(x, y, memory) with the model eager while its memories fill and, once they
+    are full, compiled as one whole graph (torch.compile, fullgraph=True). --compile is a speed-up,
+    never a reason to stop: where the first compiled step fails (Dynamo or Inductor cannot compile
+    this model with this torch on this device; both raise RuntimeErrors), one line says so and the
+    step is taken again eagerly, as every step after it. An error that the eager step raises too
+    is the step's own, and is raised."""
+    compiled, tried = torch.compile(model, fullgraph=True, dynamic=False), False
+
+    def compiled_step(x, y, memory):
+        nonlocal compiled, tried
+        if compiled is None or not memories_full(memory, model.cfg):
+            return step(x, y, memory, model)
+        if tried:
+            return step(x, y, memory, compiled)
+        tried = True
+        try:
+            return step(x, y, memory, compiled)
+        except RuntimeError as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            reason = " ".join(str(e).split())[:200] or type(e).__name__
+            print(f"note: --compile failed, so training goes on eagerly ({reason})", flush=True)
+            compiled = None
+            return step(x, y, memory, model)
+
+    return compiled_step
 
 
 def keep_freed_memory() -> None:

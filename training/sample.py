@@ -1,24 +1,38 @@
-"""--sample: text from a trained model, one character at a time through its memory."""
+"""Text from a trained model, one character at a time through its memory (as nanoGPT's sample.py).
+
+python -m training.sample --chars 500 --prompt "ROMEO:"    # from OUT/ckpt.pt (default out)
+"""
+
+import argparse
+import sys
 
 import torch
 
-from .checks import UserError
+import train_shakespeare
+
+from . import checkpoint, checks
+from .checks import UserError, exit_status
+from .device import pick_device
 
 
-def add_arguments(parser) -> None:
-    m = parser.add_argument_group("--sample (on OUT/ckpt.pt)")
-    m.add_argument("--sample", type=int, metavar="N", help="print N generated characters")
-    m.add_argument(
-        "--prompt",
-        help="text that starts the sample (default: a newline, or '.' for the recall task)",
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    m.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
-    m.add_argument("--top-k", type=int, help="sample from the k most likely characters")
+    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p.add_argument("--chars", type=int, default=500, help="how many characters to generate")
+    p.add_argument("--prompt", help="the text it starts from (default: a newline, else '.')")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
+    p.add_argument("--top-k", type=int, help="sample from the k most likely characters")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
+    return p.parse_args(argv)
 
 
-def sample(model, vocab, args, device) -> None:
-    """Print --sample characters after --prompt (default: a newline, or "." where the vocabulary
-    has none, as in the recall task), drawn with --temperature and --top-k from --seed."""
+def sample(model, vocab, args, device) -> str:
+    """--prompt and the --chars characters after it, drawn with --temperature and --top-k from
+    --seed. The default prompt is a newline, or "." where the vocabulary has none (the recall
+    task's)."""
     prompt = args.prompt if args.prompt is not None else "\n" if "\n" in vocab else "."
     if set(prompt) - set(vocab):
         raise UserError(
@@ -29,8 +43,24 @@ def sample(model, vocab, args, device) -> None:
     torch.manual_seed(args.seed)
     out = model.generate(
         torch.tensor([[vocab.index(ch) for ch in prompt]], device=device),
-        args.sample,
+        args.chars,
         temperature=args.temperature,
         top_k=args.top_k,
     )
-    print("".join(vocab[i] for i in out[0].tolist()))
+    return "".join(vocab[i] for i in out[0].tolist())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+
+    def run():
+        checks.check_flags(args)
+        device = pick_device(args.device)
+        model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
+        print(sample(model, ckpt["vocab"], args, device))
+
+    return exit_status(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

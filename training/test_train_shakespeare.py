@@ -12,13 +12,14 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import pytest
 import torch
 
 import train_shakespeare as ts
 from conftest import DAMAGES, ROOT, SHAKESPEARE, TINY_FLAGS, craft, damage, error_line
-from training import checkpoint, checks, data, files, plots
+from training import bench, checkpoint, checks, data, evaluate, files, plots, sample
 
 
 def test_streams_stay_contiguous_across_steps():
@@ -86,43 +87,30 @@ def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
-def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_records_its_loss(
+def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
     small_text, tmp_path, capsys
 ):
     out = str(tmp_path / "run")
     assert ts.main(["--data", small_text, "--out", out, "--steps", "5", *TINY_FLAGS]) == 0
     capsys.readouterr()
-    assert (
-        ts.main(
-            ["--out", out, "--sample", "40", "--prompt", "First", "--top-k", "5", "--device", "cpu"]
-        )
-        == 0
-    )
+    flags = ["--out", out, "--chars", "40", "--prompt", "First", "--top-k", "5", "--device", "cpu"]
+    assert sample.main(flags) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
-    assert ts.main(["--out", out, "--eval-only", "--device", "cpu"]) == 0  # no --data: its own text
+    # no --data: its own text; --batch-size 4: the training's validation streams
+    assert evaluate.main(["--out", out, "--device", "cpu", "--batch-size", "4"]) == 0
     printed = capsys.readouterr().out
     assert f"validation text: {small_text}" in printed and "val loss" in printed
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert metrics["eval_only"]["step"] == 5 and metrics["eval_only"]["val_loss"] > 0
     assert metrics["history"][-1]["step"] == 5  # the training's own record is kept
-    # the ablation: the same weights with less memory, recorded beside the full-memory loss
-    assert (
-        ts.main(
-            [
-                "--out",
-                out,
-                "--eval-only",
-                "--data",
-                small_text,
-                "--device",
-                "cpu",
-                "--eval-c-mem-len",
-                "0",
-            ]
-        )
-        == 0
+    # the same text, streams and segments as the training's last evaluation: the same loss
+    torch.testing.assert_close(
+        metrics["eval_only"]["val_loss"], metrics["val_loss"], rtol=1e-6, atol=0
     )
+    # the ablation: the same weights with less memory, recorded beside the full-memory loss
+    flags = ["--out", out, "--data", small_text, "--device", "cpu", "--eval-c-mem-len", "0"]
+    assert evaluate.main(flags) == 0
     assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
     after = json.load(open(os.path.join(out, "metrics.json")))
     assert after["eval_only"] == metrics["eval_only"]  # the full-memory figures are kept
@@ -131,11 +119,36 @@ def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_records_its_loss(
         (["--eval-mem-len", "17"], "trained with 16"),
         (["--eval-mem-len", "1"], "at least c = 2"),
     ):
-        args = bad if "--eval-only" in bad else ["--eval-only", "--data", small_text, *bad]
-        assert ts.main(["--out", out, "--device", "cpu", *args]) == 2
+        assert evaluate.main(["--out", out, "--device", "cpu", *bad]) == 2
         assert says in error_line(capsys)
-    assert ts.main(["--out", out, "--eval-mem-len", "8"]) == 2
-    assert "for --eval-only" in error_line(capsys)
+    for command, bad, says in (
+        (sample.main, ["--chars", "-1"], "--chars must be >= 0"),
+        (sample.main, ["--prompt", "\u00e9"], "not in the vocabulary"),
+        (sample.main, ["--temperature", "nan"], "--temperature must be a finite number"),
+        (evaluate.main, ["--batch-size", "0"], "--batch-size must be positive"),
+        (sample.main, ["--out", str(tmp_path / "nothing")], "no checkpoint"),
+        (evaluate.main, ["--out", str(tmp_path / "nothing")], "no checkpoint"),
+    ):
+        assert command(["--out", out, "--device", "cpu", *bad]) == 2
+        assert says in error_line(capsys)
+
+
+def test_evaluation_per_character_is_the_loops_evaluation(small_text):
+    """training/evaluate.py walks the text as the script's evaluate does, keeping every character:
+    the same loss, and each character's loss where it is scored."""
+    torch.manual_seed(0)
+    args = ts.parse_args([*TINY_FLAGS])
+    model = ts.make_model("compressive", ts.model_config(args, 65))
+    text = torch.randint(0, 65, (1003,))  # 4 streams of 250 and a tail of 2 (the last stream's)
+    targets = text.masked_fill(text % 3 == 0, data.IGNORE)
+    for scored in (None, targets):
+        loss = ts.evaluate(model, text, 4, 16, nullcontext(), scored)
+        each = evaluate.per_character(model, text, 4, 16, nullcontext(), scored)
+        torch.testing.assert_close(each.loss, loss, rtol=1e-12, atol=0)
+        counted = ~torch.isnan(each.char_losses)
+        assert counted.sum() == (1002 if scored is None else scored[1:].ne(data.IGNORE).sum())
+        mean = each.char_losses[counted].double().mean().item()
+        torch.testing.assert_close(mean, loss, rtol=1e-5, atol=0)  # float32 sums, another order
 
 
 @pytest.mark.parametrize(
@@ -145,7 +158,6 @@ def test_sample_and_eval_only_use_the_checkpoint_and_eval_only_records_its_loss(
         (["--mem-len", "-3"], "--mem-len must be >= 0"),
         (["--d-model", "30", "--n-heads", "4"], "divisible"),
         (["--data", "/nonexistent/file.txt"], "data file not found"),
-        (["--sample", "10", "--out", "/nonexistent/dir"], "no checkpoint"),
         (["--batch-size", "100000"], "cannot feed"),
         (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
         (["--log-every", "0"], "--log-every must be positive"),
@@ -367,6 +379,34 @@ def test_compile_traces_one_graph_once_the_memories_are_full(small_text, tmp_pat
     assert math.isfinite(json.load(open(os.path.join(out, "metrics.json")))["val_loss"])
 
 
+def test_compile_that_fails_says_so_once_and_trains_on_eagerly(
+    small_text, tmp_path, monkeypatch, capsys
+):
+    """A backend that cannot compile the model: Dynamo raises BackendCompilerFailed on the first
+    compiled step (the memories full), as it does where Inductor fails on a torch or device. The
+    run says so in one line and takes every step eagerly, as without --compile."""
+    compile = torch.compile
+
+    def failing_backend(graph_module, example_inputs):
+        raise NotImplementedError("this backend compiles nothing")
+
+    monkeypatch.setattr(
+        torch, "compile", lambda model, **kw: compile(model, backend=failing_backend, **kw)
+    )
+    torch.compiler.reset()
+    common = ["--data", small_text, "--steps", "12", "--eval-every", "12", *TINY_FLAGS]
+    assert ts.main([*common, "--out", str(tmp_path / "compiled"), "--compile"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "--compile" in line]
+    assert len(said) == 1 and "training goes on eagerly" in said[0], said
+    assert "this backend compiles nothing" in said[0]
+    assert ts.main([*common, "--out", str(tmp_path / "eager")]) == 0
+    compiled, eager = (
+        json.load(open(tmp_path / name / "metrics.json"))["val_loss"]
+        for name in ("compiled", "eager")
+    )
+    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)  # the same eager steps
+
+
 def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
     from training import device
 
@@ -382,10 +422,13 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
 # ---------------------------------------------------------------- hostile files, bad flags
 
 
+# what reads a checkpoint: sampling, evaluating, and a training run resumed
 MODES = {
-    "sample": ["--sample", "5"],
-    "eval-only": ["--eval-only"],
-    "resume": ["--resume", "--steps", "4"],
+    "sample": lambda out, text: sample.main(["--out", out, "--chars", "5", "--device", "cpu"]),
+    "evaluate": lambda out, text: evaluate.main(["--out", out, "--data", text, "--device", "cpu"]),
+    "resume": lambda out, text: ts.main(
+        ["--out", out, "--data", text, "--resume", "--steps", "4", *TINY_FLAGS]
+    ),
 }
 
 
@@ -394,7 +437,7 @@ def test_a_checkpoint_is_data_and_cannot_run_code(mode, trained, small_text, tmp
     marker = tmp_path / "pwned"
     craft(os.path.join(trained, "ckpt.pt"), str(marker))
     capsys.readouterr()
-    assert ts.main(["--out", trained, "--data", small_text, *MODES[mode], *TINY_FLAGS]) == 2
+    assert MODES[mode](trained, small_text) == 2
     assert not marker.exists()
     assert "is not a readable checkpoint" in error_line(capsys)
 
@@ -405,7 +448,7 @@ def test_a_damaged_checkpoint_gives_one_error_line(mode, how, trained, small_tex
     path = os.path.join(trained, "ckpt.pt")
     damaged = damage(path, how)
     capsys.readouterr()
-    assert ts.main(["--out", trained, "--data", small_text, *MODES[mode], *TINY_FLAGS]) == 2
+    assert MODES[mode](trained, small_text) == 2
     assert "checkpoint" in error_line(capsys)
     assert open(path, "rb").read() == damaged  # nothing overwritten
 
@@ -418,7 +461,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_config_gives_one_error_line(
     ckpt["model"]["head.weight"] = ckpt["model"]["head.weight"][:, :3]
     torch.save(ckpt, path)
     capsys.readouterr()
-    assert ts.main(["--out", trained, "--sample", "5", "--device", "cpu"]) == 2
+    assert sample.main(["--out", trained, "--chars", "5", "--device", "cpu"]) == 2
     assert "do not fit" in error_line(capsys)
 
 
@@ -429,18 +472,18 @@ def test_data_that_is_not_utf8_text_gives_one_error_line(tmp_path, capsys):
     assert "is not UTF-8 text" in error_line(capsys)
 
 
-@pytest.mark.parametrize("mode", [[], ["--sample", "5"], ["--eval-only"]])
-def test_out_naming_a_file_gives_one_error_line(mode, small_text, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["train", "sample", "evaluate"])
+def test_out_naming_a_file_gives_one_error_line(command, small_text, tmp_path, capsys):
     path = tmp_path / "notes.txt"
     path.write_text("keep me")
-    assert ts.main(["--data", small_text, "--out", str(path), *mode, *TINY_FLAGS]) == 2
+    main = {"train": ts.main, "sample": sample.main, "evaluate": evaluate.main}[command]
+    data_flag = [] if command == "sample" else ["--data", small_text]
+    assert main(["--out", str(path), "--device", "cpu", *data_flag]) == 2
     assert "exists and is not a folder" in error_line(capsys)
     assert path.read_text() == "keep me"
 
 
-@pytest.mark.parametrize(
-    "flag", ["--lr", "--min-lr", "--weight-decay", "--grad-clip", "--dropout", "--temperature"]
-)
+@pytest.mark.parametrize("flag", ["--lr", "--min-lr", "--weight-decay", "--grad-clip", "--dropout"])
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
 def test_non_finite_hyper_parameters_are_rejected_up_front(
     flag, value, small_text, tmp_path, capsys
@@ -570,22 +613,24 @@ def test_a_checkpoint_trained_on_a_data_file_is_evaluated_on_that_file(
     monkeypatch.chdir(tmp_path)  # the checkpoint keeps where the file is, not how it was named
     monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "absent.txt"))  # no default text
     capsys.readouterr()
-    assert ts.main(["--out", out, "--device", "cpu", "--eval-only"]) == 0
+    assert evaluate.main(["--out", out, "--device", "cpu"]) == 0
     assert f"validation text: {small_text}" in capsys.readouterr().out
 
 
 def test_a_checkpoint_of_an_older_version_still_loads(trained, small_text, capsys):
     """A checkpoint's args hold the flags of the code that wrote it: older ones hold flags that no
-    longer exist (--task, --analyze, --picture and the like), and no made_with."""
+    longer exist (--task, --analyze, --picture, the script's own --eval-only, --sample and --bench
+    and the like), and no made_with."""
     path = os.path.join(trained, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
     ckpt["args"].update(task="shakespeare", analyze=False, picture=False, bench_reach=None)
+    ckpt["args"].update(eval_only=False, sample=None, temperature=0.8, bench=False, bench_steps=10)
     del ckpt["made_with"]
     torch.save(ckpt, path)
     capsys.readouterr()
-    for mode in (["--eval-only"], ["--sample", "5"], ["--resume", "--steps", "3", *TINY_FLAGS]):
-        assert ts.main(["--out", trained, "--data", small_text, "--device", "cpu", *mode]) == 0
-    assert torch.load(path, weights_only=True)["step"] == 3
+    for mode in ("sample", "evaluate", "resume"):
+        assert MODES[mode](trained, small_text) == 0, mode
+    assert torch.load(path, weights_only=True)["step"] == 4
 
 
 # ---------------------------------------------------------------- plots (optional)
@@ -685,7 +730,7 @@ def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_
 
 
 def test_bench_prints_its_summary_as_the_last_line(capsys):
-    assert ts.main(["--bench", "--bench-steps", "2", *TINY_FLAGS]) == 0
+    assert bench.main(["--bench-steps", "2", *TINY_FLAGS]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = re.fullmatch(
         r"bench tokens_per_s=([\d.]+) ms_per_step=([\d.]+) peak_mem_mb=([\d.]+) "
@@ -712,8 +757,12 @@ def test_a_checkpoint_says_how_it_was_made(trained):
     assert said.startswith("python train_shakespeare.py --d-model 32 --n-layers 2")
     assert "--steps 2" in said and "--out" not in said and "--seed" not in said
     assert said.endswith(f"(seed 1337, step 2; torch {torch.__version__}, {threads} thread(s))")
+    # as an older version wrote it: flags that no longer exist, and those of --sample and --bench
+    left = {"sample": None, "temperature": 0.8, "bench": False, "bench_steps": 10}
     older = {**ckpt, "args": {**ckpt["args"], "task": "recall", "analyze": False, "live_facts": 2}}
-    del older["made_with"]  # as an older version wrote it, with flags that no longer exist
+    older["args"].update(left)
+    del older["made_with"]
     said = checkpoint.training_command(older, defaults)
     assert said.startswith("python -m research.recall --d-model 32") and "--analyze" not in said
+    assert "--temperature" not in said and "--bench" not in said
     assert "--live-facts 2" in said and said.endswith("its torch and threads not recorded)")

@@ -1,0 +1,164 @@
+"""A trained checkpoint on the whole validation text: its loss, and the ablation that cuts its
+memory to show what the memory is worth. The studies (research/) read each character's loss and
+prediction through per_character(), on a checkpoint or on a model they are training.
+
+    python -m training.evaluate                        # OUT/ckpt.pt on its own validation text
+    python -m training.evaluate --eval-c-mem-len 0     # the same weights without c_mem
+    python -m training.evaluate --eval-mem-len 16      # ... with at most 16 memories per layer
+
+The results go into OUT/metrics.json beside the training's (eval_only, ablations).
+"""
+
+import argparse
+import math
+import sys
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+import train_shakespeare
+from compressive import Memory
+
+from . import checkpoint, checks, files
+from .checks import UserError, exit_status
+from .data import IGNORE, Data, load_data
+from .device import DTYPES, autocast_for, keep_freed_memory, pick_device
+
+
+class Evaluation(NamedTuple):
+    loss: float  # mean nats/char over the scored characters
+    predictions: torch.Tensor  # [len(data)]: at p, the most likely character after data[:p]
+    char_losses: torch.Tensor  # [len(data)]: at p, the loss of data[p]; NaN where not scored
+
+
+@torch.no_grad()
+def per_character(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
+    """The Evaluation of every character of data after the first, read as train_shakespeare.evaluate
+    reads it (the same streams, segments and memory, so the same loss); index 0 of predictions and
+    char_losses is unused."""
+    was_training = model.training
+    model.eval()
+    streams = train_shakespeare.make_streams(data, n_streams)
+    target_streams = (
+        streams if targets is None else train_shakespeare.make_streams(targets, n_streams)
+    )
+    length = streams.size(1) - 1
+    predictions = torch.zeros_like(data)
+    by_stream = predictions[1 : 1 + n_streams * length].view(n_streams, length)
+    char_losses = torch.full(data.shape, float("nan"), device=data.device)
+    losses_by_stream = char_losses[1 : 1 + n_streams * length].view(n_streams, length)
+    sums, counts, memory = [], [], None  # per segment, read back once at the end
+    for start in range(0, length, seq_len):
+        end = min(start + seq_len, length)
+        x, y = streams[:, start:end], target_streams[:, start + 1 : end + 1]
+        with autocast:
+            logits, memory, _ = model(x, memory)
+        losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # [B, T]
+        sums.append(losses.sum())
+        counts.append(y.ne(IGNORE).sum())
+        losses_by_stream[:, start:end] = losses.masked_fill(y.eq(IGNORE), float("nan"))
+        by_stream[:, start:end] = logits.argmax(dim=-1)
+    tail = data[n_streams * length :]  # continues the last stream exactly
+    if len(tail) > 1:
+        last = slice(n_streams - 1, n_streams)
+        usage = [u[last] for u in memory.usage] if memory.usage is not None else None
+        memory = Memory([m[last] for m in memory.mem], [c[last] for c in memory.c_mem], usage)
+        with autocast:
+            logits, _, _ = model(tail[None, :-1], memory)
+        y = (data if targets is None else targets)[n_streams * length + 1 :]
+        losses = F.cross_entropy(logits.float()[0], y, reduction="none")
+        sums.append(losses.sum())
+        counts.append(y.ne(IGNORE).sum())
+        char_losses[n_streams * length + 1 :] = losses.masked_fill(y.eq(IGNORE), float("nan"))
+        predictions[n_streams * length + 1 :] = logits[0].argmax(dim=-1)
+    model.train(was_training)
+    loss = sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
+    return Evaluation(loss, predictions, char_losses)
+
+
+def add_ablation_flags(group) -> None:
+    """--eval-mem-len and --eval-c-mem-len, which the research commands' --eval-only shares."""
+    group.add_argument(
+        "--eval-mem-len",
+        type=int,
+        metavar="N",
+        help="at most N memories per layer: what the checkpoint's memory is worth",
+    )
+    group.add_argument(
+        "--eval-c-mem-len",
+        type=int,
+        metavar="N",
+        help="at most N compressed memories per layer (0: what c_mem is worth)",
+    )
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p.add_argument("--data", help="a text to evaluate on instead of the checkpoint's own")
+    p.add_argument("--batch-size", type=int, default=12, help="parallel streams of the text")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="autocast dtype")
+    add_ablation_flags(p)
+    return p.parse_args(argv)
+
+
+def load_checkpoint(args, tasks=("shakespeare",)):
+    """(model, checkpoint, how its memory was cut): OUT/ckpt.pt's model on --device, its memory cut
+    to --eval-mem-len / --eval-c-mem-len where given. tasks: the texts the command reads (a
+    research command reads its own); another's checkpoint is one error."""
+    model, ckpt = checkpoint.load_model(
+        args.out, pick_device(args.device), train_shakespeare.make_model
+    )
+    task = ckpt["args"].get("task", "shakespeare")
+    if task not in tasks:
+        command = "python -m training.evaluate"
+        command = command if task == "shakespeare" else f"python -m research.{task} --eval-only"
+        raise UserError(
+            f"{args.out} holds a checkpoint of {checkpoint.trained_by(ckpt['args'])}: evaluate it "
+            f"with {command}"
+        )
+    return model, ckpt, checkpoint.limit_memory(model, args.eval_mem_len, args.eval_c_mem_len)
+
+
+def on_validation(model, data: Data, n_streams: int, dtype: str) -> Evaluation:
+    """The Evaluation of model on all of data's validation text, on the model's device, in
+    n_streams streams of its segments."""
+    device = next(model.parameters()).device
+    val_targets = None if data.val_targets is None else data.val_targets.to(device)
+    autocast = autocast_for(device, dtype)
+    return per_character(
+        model, data.val.to(device), n_streams, model.cfg.seq_len, autocast, val_targets
+    )
+
+
+def evaluate_checkpoint(args, model, ckpt, data: Data, cut: str) -> Evaluation:
+    """The Evaluation of a checkpoint's model on all of data's validation text; its loss printed."""
+    print(f"validation text: {data.name}")
+    evaluation = on_validation(model, data, args.batch_size, args.dtype)
+    print(
+        f"val loss {evaluation.loss:.4f} nats/char, {evaluation.loss / math.log(2):.4f} bpc "
+        f"(step {ckpt['step']}{', memory cut to ' + cut if cut else ''})"
+    )
+    return evaluation
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    keep_freed_memory()
+
+    def run():
+        checks.check_flags(args)
+        model, ckpt, cut = load_checkpoint(args)
+        data = load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
+        loss = evaluate_checkpoint(args, model, ckpt, data, cut).loss
+        files.record_evaluation(args.out, cut, {"val_loss": loss, "step": ckpt["step"]})
+
+    return exit_status(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
