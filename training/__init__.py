@@ -1,19 +1,24 @@
-"""The plumbing of train_shakespeare.py, one job per module. It imports nothing of research/ or
-lesson/, which build on it.
+"""The plumbing of train_shakespeare.py, one job per module, and the commands that use what it
+trained. It imports nothing of research/ or lesson/, which build on it.
 
     data.py         the text as ids: the shipped Tiny Shakespeare (checked) or --data, split as
                     nanoGPT splits it; the Data a research command brings in the same form
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit;
                     a checkpoint's model with less memory (--eval-mem-len); how it was made
     device.py       the device, autocast and the float16 gradient scaler, compiling once the
-                    memories are full, an allocator setting
+                    memories are full (eager where compiling fails), an allocator setting
     distributed.py  data parallelism over processes started by torchrun
     files.py        crash-safe writes, a run's metrics.json, a data file read as text
     checks.py       problems the user can fix: flags checked up front, one line per problem
-    sample.py       --sample: text from a trained model
-    bench.py        --bench: tokens/s, ms per step, peak memory and mfu of training steps
-    plots.py        the loss curve, when matplotlib is installed; python -m training.plots OUT
-                    draws a run's again from its files
+    plots.py        the loss curve, when matplotlib is installed
+
+The commands, each on a checkpoint or a model of the script's flags:
+
+    python -m training.sample     text from a trained model
+    python -m training.evaluate   a checkpoint's loss on its whole validation text, its memory cut
+                                  or not; per_character() is what the studies read of each character
+    python -m training.bench      tokens/s, ms per step, peak memory and mfu of training steps
+    python -m training.plots OUT  a run's loss curve drawn again from its files
 
 test_train_shakespeare.py specifies the script and all of it.
 """
