@@ -771,42 +771,33 @@ def check_inputs(model: nn.Module, x) -> None:
 
 def check_memory(model: nn.Module, memory, batch_size: int, x: torch.Tensor) -> None:
     """The memory every call is handed, for the inputs x. Under autocast a layer's output, and so
-    the next layer's memory, may come out in another dtype than x: any floating dtype passes."""
+    the next layer's memory, may come out in another dtype than x: any dtype passes there."""
     if not isinstance(memory, Memory):
         raise TypeError(
-            f"memory must be a Memory returned by the model or None, got {type(memory).__name__}"
+            f"memory must be a Memory returned by the model or None, got {memory!r:.60}"
         )
     cfg, n_layers = model.cfg, len(model.layers)
-    if len(memory.mem) != n_layers or len(memory.c_mem) != n_layers:
-        raise ValueError(
-            f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; this model "
-            f"has {n_layers} layers, one of each per layer"
-        )
-    for name, tensors, limit in (
-        ("mem", memory.mem, cfg.mem_len),
-        ("c_mem", memory.c_mem, cfg.c_mem_len),
-    ):
-        for i, t in enumerate(tensors):
-            where = f"memory.{name}[{i}]"
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{where} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 3 or t.size(0) != batch_size or t.size(2) != cfg.d_model:
-                raise ValueError(
-                    f"{where} has shape {tuple(t.shape)}, expected [{batch_size}, <= {limit}, "
-                    f"{cfg.d_model}] (batch size and d_model must match the inputs and model)"
-                )
-            if t.size(1) != tensors[0].size(1) or t.size(1) > limit:
-                raise ValueError(
-                    f"{where} holds {t.size(1)} entries; all layers must hold the same number, "
-                    f"at most {limit}"
-                )
-            if t.device != x.device:
-                raise ValueError(f"{where} is on {t.device}, the inputs on {x.device}")
-            if t.dtype != x.dtype and not autocasting(x.device):
-                raise TypeError(
-                    f"{where} has dtype {t.dtype}, the inputs {x.dtype}: convert the memory with "
-                    f"memory.to(dtype={x.dtype})"
-                )
+    for name, limit in (("mem", cfg.mem_len), ("c_mem", cfg.c_mem_len)):
+        tensors = getattr(memory, name)
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise TypeError(f"memory.{name} must hold torch.Tensors, got {tensors!r:.60}")
+        if len(tensors) != n_layers or any(
+            t.dim() != 3
+            or (t.size(0), t.size(1), t.size(2)) != (batch_size, tensors[0].size(1), cfg.d_model)
+            or t.size(1) > limit
+            or t.device != x.device
+            for t in tensors
+        ):
+            raise ValueError(
+                f"memory.{name} must hold one tensor per layer ({n_layers} layers), each [batch "
+                f"size {batch_size}, the same <= {limit} slots, d_model {cfg.d_model}] on "
+                f"{x.device}; got {[(*t.shape, t.device.type) for t in tensors]}"
+            )
+        if any(t.dtype != x.dtype for t in tensors) and not autocasting(x.device):
+            raise TypeError(
+                f"memory.{name} has dtype {tensors[0].dtype}, the inputs {x.dtype}: convert the "
+                f"memory with memory.to(dtype={x.dtype})"
+            )
     usage = memory.usage
     if usage is not None and not (
         isinstance(usage, (list, tuple))
@@ -816,10 +807,7 @@ def check_memory(model: nn.Module, memory, batch_size: int, x: torch.Tensor) -> 
             for u, m in zip(usage, memory.mem)
         )
     ):
-        raise ValueError(
-            f"memory.usage must be None or one tensor [{batch_size}, mem slots] per layer on "
-            f"{x.device}, as the most_used f_c makes it"
-        )
+        raise ValueError("memory.usage must be None or one tensor [batch, mem slots] per layer")
 
 
 def check_generate_arguments(model, prompt, max_new_tokens, temperature, top_k) -> None:
