@@ -77,9 +77,9 @@ def test_shapes_for_every_compression(compression, reconstruction):
     model = make(compression=compression, reconstruction=reconstruction)
     memory = None
     for length in (6, 6, 6, 5):
-        logits, memory, recon = model(tokens(3, length), memory)
+        logits, memory, recon_loss = model(tokens(3, length), memory)
         assert logits.shape == (3, length, 13)
-        assert recon.dim() == 0 and torch.isfinite(recon)
+        assert recon_loss.dim() == 0 and torch.isfinite(recon_loss)
     assert all(m.shape == (3, 8, 16) or m.shape[1] > 8 - 3 for m in memory.mem)
     assert all(c.shape == (3, 4, 16) for c in memory.c_mem)
     f_c = model.layers[0].compress  # every f_c: f_c(old_mem, following, usage) -> [B, k, d]
@@ -101,8 +101,8 @@ def test_parameter_free_compression_gives_zero_recon_and_conv_does_not():
     ):
         model, memory, total = make(compression=compression), None, 0.0
         for segment in seq.split(6, dim=1):
-            _, memory, recon = model(segment, memory)
-            total += recon.item()
+            _, memory, recon_loss = model(segment, memory)
+            total += recon_loss.item()
         assert (total == 0.0) == zero, compression
 
 
@@ -232,11 +232,11 @@ def test_f_c_loss_through_update_memory_is_zero_when_f_c_is_the_identity(pre_nor
     memory = None
     for call in range(1, 6):
         held = 0 if memory is None else memory.c_mem[0].size(1)
-        _, memory, recon = model(tokens(3, 3, seed=call), memory)
-        assert recon.item() < 1e-10, (
-            f"call {call}: f_c is the identity, yet its loss is {recon.item():.3g}, not 0. The "
-            f"loss must see the keys of exactly the memories update_memory evicts, which follow "
-            f"the keys of c_mem's {held} slots (the batch has 3 rows)"
+        _, memory, recon_loss = model(tokens(3, 3, seed=call), memory)
+        assert recon_loss.item() < 1e-10, (
+            f"call {call}: f_c is the identity, yet its loss is {recon_loss.item():.3g}, not 0. "
+            f"The loss must see the keys of exactly the memories update_memory evicts, which "
+            f"follow the keys of c_mem's {held} slots (the batch has 3 rows)"
             + (
                 "; pre-LN, the compressed memories must be normalised as the attention "
                 "normalised the memories (layer.attn_norm)"
@@ -247,8 +247,8 @@ def test_f_c_loss_through_update_memory_is_zero_when_f_c_is_the_identity(pre_nor
     assert memory.c_mem[0].size(1) == 4
     with torch.no_grad():
         model.layers[0].compress.weight.add_(0.1 * torch.randn(16, 16))
-    _, _, recon = model(tokens(3, 3, seed=9), memory)
-    assert recon.item() > 1e-6
+    _, _, recon_loss = model(tokens(3, 3, seed=9), memory)
+    assert recon_loss.item() > 1e-6
 
 
 # The FIFO rule as numbers, worked out by hand (n_m = 8, n_cm = 4, c = 3): for each call, the
@@ -377,8 +377,8 @@ def test_transformer_xl_mode_evicts_exactly_the_overflow_and_keeps_no_c_mem():
     model = make(c_mem_len=0)
     memory = None
     for length in (5, 5, 1, 3):
-        _, memory, recon = model(tokens(2, length), memory)
-        assert recon.item() == 0.0
+        _, memory, recon_loss = model(tokens(2, length), memory)
+        assert recon_loss.item() == 0.0
     assert memory.mem[0].size(1) == 8 and memory.c_mem[0].size(1) == 0
 
 
@@ -394,9 +394,9 @@ def test_memory_never_requires_grad_and_stays_bounded(compression):
     model = make(compression=compression)
     memory = None
     for n in range(40):
-        logits, memory, recon = model(tokens(2, 6, seed=n), memory)
+        logits, memory, recon_loss = model(tokens(2, 6, seed=n), memory)
         (
-            F.cross_entropy(logits.flatten(0, 1), tokens(2, 6, seed=n + 1).flatten()) + recon
+            F.cross_entropy(logits.flatten(0, 1), tokens(2, 6, seed=n + 1).flatten()) + recon_loss
         ).backward()
         assert not any(t.requires_grad or t.grad_fn is not None for t in memory.mem + memory.c_mem)
     assert all(m.size(1) <= 8 for m in memory.mem) and all(c.size(1) <= 4 for c in memory.c_mem)
@@ -429,8 +429,8 @@ def test_most_used_tracks_usage_per_memory_slot():
 
 def lm_loss(model, memory, seed):
     seq = tokens(2, 7, seed=seed)
-    logits, memory, recon = model(seq[:, :-1], memory)
-    return F.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten()), memory, recon
+    logits, memory, recon_loss = model(seq[:, :-1], memory)
+    return F.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten()), memory, recon_loss
 
 
 def belongs_to_f_c(name):  # layers.<i>.compress.* and layers.<i>.decoder.*
@@ -453,8 +453,8 @@ def test_gradient_isolation_both_directions(compression, reconstruction, pre_nor
     memory = None
     for seed in range(3):  # fill memory so that c_mem is attended and compression happens
         _, memory, _ = lm_loss(model, memory, seed)
-    loss, _, recon = lm_loss(model, memory, 3)
-    assert recon.item() > 0
+    loss, _, recon_loss = lm_loss(model, memory, 3)
+    assert recon_loss.item() > 0
 
     loss.backward(retain_graph=True)
     for name, p in model.named_parameters():
@@ -463,11 +463,11 @@ def test_gradient_isolation_both_directions(compression, reconstruction, pre_nor
     assert model.layers[0].attn.qkv.weight.grad.abs().sum() > 0
 
     model.zero_grad(set_to_none=True)
-    recon.backward()
+    recon_loss.backward()
     for name, p in model.named_parameters():
         is_fc = belongs_to_f_c(name)
         reached = p.grad is not None and bool(p.grad.any())
-        assert reached == is_fc, f"{name}: recon grad {'missing' if is_fc else 'leaked'}"
+        assert reached == is_fc, f"{name}: recon_loss grad {'missing' if is_fc else 'leaked'}"
 
 
 # ---------------------------------------------------------------- attention ----------------------
@@ -645,8 +645,8 @@ def test_a_training_step_never_waits_for_the_device(compression):
     memory = None
     for _ in range(5):
         x = torch.empty(2, 6, dtype=torch.long, device="meta")
-        logits, memory, recon = model(x, memory)
-        loss = F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon
+        logits, memory, recon_loss = model(x, memory)
+        loss = F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon_loss
         loss.backward()
     assert memory.c_mem[0].shape == (2, 4, 16) and memory.c_mem[0].device.type == "meta"
     assert model.layers[0].attn.qkv.weight.grad.device.type == "meta"
@@ -674,9 +674,9 @@ def test_torch_compile_traces_one_whole_graph_per_memory_size_then_no_more():
         x = tokens(2, 6, seed=n)
         sizes.add(None if memory is None else (memory.mem[0].size(1), memory.c_mem[0].size(1)))
         expected, memory, _ = model(x, memory)
-        logits, compiled_memory, recon = compiled(x, compiled_memory)
+        logits, compiled_memory, recon_loss = compiled(x, compiled_memory)
         torch.testing.assert_close(logits, expected)
-        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon).backward()
+        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon_loss).backward()
     assert sizes == {None, (6, 0), (6, 2)} and len(graphs) == len(sizes)
 
 
@@ -692,8 +692,8 @@ def test_torch_compile_traces_forward_and_backward_in_steady_state():
     grads = []
     for run in (model, compiled):
         model.zero_grad()
-        logits, _, recon = run(x, memory)
-        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon).backward()
+        logits, _, recon_loss = run(x, memory)
+        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon_loss).backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     assert len(grads[0]) == len(grads[1])
     for eager, traced in zip(*grads):
@@ -714,8 +714,8 @@ def test_torch_compile_traces_one_whole_graph_under_autocast(dtype):
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with torch.autocast("cpu", dtype=dtype):
         expected, _, _ = model(tokens(2, 6, seed=9), memory)
-        logits, _, recon = compiled(tokens(2, 6, seed=9), memory)
-        recon.backward()  # f_c's loss, traced with the forward
+        logits, _, recon_loss = compiled(tokens(2, 6, seed=9), memory)
+        recon_loss.backward()  # f_c's loss, traced with the forward
     assert logits.dtype == expected.dtype
     torch.testing.assert_close(logits.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
@@ -801,10 +801,10 @@ def test_tiny_training_run_lowers_the_loss():
         memory = None
         for start in range(0, n - 16 + 1, 16):
             x, y = rows[:, start : start + 16], rows[:, start + 1 : start + 17]
-            logits, memory, recon = model(x, memory)
+            logits, memory, recon_loss = model(x, memory)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             opt.zero_grad()
-            (loss + recon).backward()
+            (loss + recon_loss).backward()
             opt.step()
             losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])

@@ -78,8 +78,8 @@ def feed(model, xs, memory=None, reset_before=None, done=None, seq_len=None):
         for n, x in enumerate(xs.split(seq_len or model.cfg.seq_len, dim=1)):
             if n == reset_before:
                 memory = memory.reset(done)
-            h, memory, recon = model.hidden_states(x, memory)
-            results.append((h, memory, recon))
+            h, memory, recon_loss = model.hidden_states(x, memory)
+            results.append((h, memory, recon_loss))
     return results, memory
 
 
@@ -108,9 +108,9 @@ def test_forward_is_the_embedding_then_hidden_states_then_the_head(kind):
     memory = token_memory = None
     for segment in tokens(2, 18).split(6, dim=1):
         logits, token_memory, token_recon = model(segment, token_memory)
-        h, memory, recon = model.hidden_states(model.embed(segment), memory)
+        h, memory, recon_loss = model.hidden_states(model.embed(segment), memory)
         assert h.shape == (2, 6, 16) and torch.equal(model.head(h), logits)
-        assert torch.equal(recon, token_recon)
+        assert torch.equal(recon_loss, token_recon)
         assert all(
             a.equal(b)
             for a, b in zip(memory.mem + memory.c_mem, token_memory.mem + token_memory.c_mem)
@@ -166,10 +166,10 @@ def test_nothing_a_row_was_given_before_its_reset_reaches_what_it_computes_after
         for p in (past, other_past)
     ]
     assert not runs[0][0][3][1].mem[0][1].equal(runs[1][0][3][1].mem[0][1])  # before: they differ
-    for (h, memory, recon), (other_h, other_memory, other_recon) in zip(
+    for (h, memory, recon_loss), (other_h, other_memory, other_recon) in zip(
         runs[0][0][4:], runs[1][0][4:]
     ):
-        assert h.equal(other_h) and recon.equal(other_recon)
+        assert h.equal(other_h) and recon_loss.equal(other_recon)
         assert all(a.equal(b) for a, b in zip(memory_tensors(memory), memory_tensors(other_memory)))
     assert model.layers[0].reconstructs == (compression in ("conv", "dilated_conv"))
 
@@ -181,8 +181,10 @@ def test_rows_that_do_not_reset_compute_exactly_what_they_would_without_it(kind)
     plain, _ = feed(model, xs)
     one_row, _ = feed(model, xs, reset_before=3, done=torch.tensor([False, True, False]))
     no_row, _ = feed(model, xs, reset_before=3, done=torch.zeros(3, dtype=torch.bool))
-    for (h, memory, recon), (h1, memory1, _), (h0, memory0, recon0) in zip(plain, one_row, no_row):
-        assert h[[0, 2]].equal(h1[[0, 2]]) and h.equal(h0) and recon.equal(recon0)
+    for (h, memory, recon_loss), (h1, memory1, _), (h0, memory0, recon0) in zip(
+        plain, one_row, no_row
+    ):
+        assert h[[0, 2]].equal(h1[[0, 2]]) and h.equal(h0) and recon_loss.equal(recon0)
         for a, b, c in zip(
             memory.mem + memory.c_mem + (memory.usage or []),
             memory1.mem + memory1.c_mem + (memory1.usage or []),
@@ -250,8 +252,8 @@ def feed_with_starts(model, xs, starts, memory=None, lengths=None):
     results = []
     with torch.no_grad():
         for x, s in zip(xs.split(lengths, dim=1), starts.split(lengths, dim=1)):
-            h, memory, recon = model.hidden_states(x, memory, s)
-            results.append((h, memory, recon))
+            h, memory, recon_loss = model.hidden_states(x, memory, s)
+            results.append((h, memory, recon_loss))
     return results
 
 
@@ -276,7 +278,7 @@ def test_nothing_before_a_start_reaches_anything_computed_at_or_after_it(kind):
         runs = [feed_with_starts(model, x, starts) for x in (xs, other)]
         first = step // 5  # the call that holds the start
         for n in range(first, 12):
-            (h, memory, recon), (other_h, other_memory, other_recon) = runs[0][n], runs[1][n]
+            (h, memory, recon_loss), (other_h, other_memory, other_recon) = runs[0][n], runs[1][n]
             since = step - 5 * n if n == first else 0
             assert h[1, since:].equal(other_h[1, since:]), (step, n)
             assert h[[0, 2]].equal(other_h[[0, 2]])
@@ -284,7 +286,7 @@ def test_nothing_before_a_start_reaches_anything_computed_at_or_after_it(kind):
                 a.equal(b) for a, b in zip(memory_tensors(memory), memory_tensors(other_memory))
             )
             if n > first:  # the call of the start also counts the old episode's queries
-                assert recon.equal(other_recon)
+                assert recon_loss.equal(other_recon)
         assert not runs[0][first - 1][0][1].equal(runs[1][first - 1][0][1])  # before: they differ
 
 
@@ -362,12 +364,12 @@ def test_rows_without_a_start_compute_exactly_what_they_would_without_starts(kin
     memory = None
     with torch.no_grad():
         for x in xs.split(5, dim=1):
-            h, memory, recon = model.hidden_states(x, memory)
-            none.append((h, memory, recon))
-    for (h, memory, recon), (h1, memory1, _), (h0, memory0, recon0) in zip(
+            h, memory, recon_loss = model.hidden_states(x, memory)
+            none.append((h, memory, recon_loss))
+    for (h, memory, recon_loss), (h1, memory1, _), (h0, memory0, recon0) in zip(
         plain, with_starts, none
     ):
-        assert h.equal(h0) and h[[0, 2]].equal(h1[[0, 2]]) and recon.equal(recon0)
+        assert h.equal(h0) and h[[0, 2]].equal(h1[[0, 2]]) and recon_loss.equal(recon0)
         for a, b, c in zip(
             memory.mem + memory.c_mem + (memory.usage or []),
             memory1.mem + memory1.c_mem + (memory1.usage or []),
@@ -383,9 +385,9 @@ def test_a_reset_is_a_start_at_the_next_calls_first_step(kind):
     done = torch.tensor([False, True])
     reset, _ = feed(model, xs, reset_before=3, done=done)
     started = feed_with_starts(model, xs, start_at(2, 30, (1, 15)))
-    for n, ((h, memory, recon), (h1, memory1, recon1)) in enumerate(zip(reset, started)):
+    for n, ((h, memory, recon_loss), (h1, memory1, recon1)) in enumerate(zip(reset, started)):
         torch.testing.assert_close(h, h1, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(recon, recon1)
+        torch.testing.assert_close(recon_loss, recon1)
         for a, b in zip(memory.mem + memory.c_mem, memory1.mem + memory1.c_mem):
             torch.testing.assert_close(a, b)
         if n >= 3:  # the steps of each row's episode: 5 * (n - 2) since the start, or all
@@ -417,8 +419,8 @@ def test_starts_and_resets_under_torch_compile_as_one_graph_and_on_the_meta_devi
     for _ in range(4):
         x = torch.empty(2, 6, dtype=torch.long, device="meta")
         starts = torch.empty(2, 6, dtype=torch.bool, device="meta")
-        logits, memory, recon = model(x, memory, starts)
-        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon).backward()
+        logits, memory, recon_loss = model(x, memory, starts)
+        (F.cross_entropy(logits.flatten(0, 1), x.flatten()) + recon_loss).backward()
     assert memory.c_mem[0].shape == (2, 4, 16) and memory.since_start.device.type == "meta"
 
 
@@ -471,11 +473,11 @@ def test_acting_with_kept_keys_values_computes_what_projecting_every_slot_comput
                 done = torch.tensor([True, True, False])
                 kept, projected = kept.reset(done), projected.reset(done)
             x, s = xs[:, t : t + 1], starts[:, t : t + 1]
-            h, kept, recon = model.hidden_states(x, kept, s)
+            h, kept, recon_loss = model.hidden_states(x, kept, s)
             uncached = None if projected is None else projected.without_kept()
             h0, projected, recon0 = model.hidden_states(x, uncached, s)
             torch.testing.assert_close(h, h0, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(recon, recon0, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(recon_loss, recon0, rtol=1e-5, atol=1e-6)
             for a, b in zip(kept.mem + kept.c_mem, projected.mem + projected.c_mem):
                 close(a, b)
             n_slots = kept.mem[0].size(1) + (kept.c_mem[0].size(1) if kept.c_mem else 0)
