@@ -80,7 +80,7 @@ class CompressiveConfig:
     pre_norm: bool = False  # False: post-LN, as in the paper and Transformer-XL; True: pre-LN
 
     def __post_init__(self):
-        check_config(self)  # section 8
+        check_config(self)  # section 8: one clear error per mistake
 
 
 # 2. The memory state ------------------------------------------------------------------------------
@@ -141,7 +141,6 @@ def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Ten
 def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     """Turn scores per (query, distance) into scores per (query, key), as a view.
 
-    The answer (the student handout leaves out the rest of this docstring):
     position_scores: [..., T, K+1]; column p holds distance K - p (column 0 is distance K, one
     more than any key needs; the last column is distance 0). Returns [..., T, K] with
     out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
