@@ -13,7 +13,7 @@ import time
 import torch
 
 import train_shakespeare
-from compressive import FeedbackTransformer
+from beyond_the_paper.feedback import FeedbackTransformer
 
 from .checks import exit_status
 from .device import DTYPES, keep_freed_memory, pick_device
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         device = pick_device(args.device)
         torch.manual_seed(args.seed)
         cfg = train_shakespeare.model_config(args, vocab_size=65)
-        model = train_shakespeare.make_model(args.model, cfg).to(device)
+        model = train_shakespeare.make_model(args.model, cfg, args.compression).to(device)
         optimizer = train_shakespeare.make_optimizer(model, args)
         step = train_shakespeare.make_train_step(model, optimizer, args, device)
         dtype = DTYPES[args.dtype]
