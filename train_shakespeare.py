@@ -6,10 +6,15 @@
 
 Each row of a batch is its own contiguous stream through the text, so the memory of row b always
 holds the text just before it, as Transformer-XL and the Compressive Transformer are trained.
-Reading this file top to bottom: the settings, the data, the model, the optimizer, the loop, the
-evaluation. What is done with a trained checkpoint are commands of their own in training/
-(python -m training.sample, training.evaluate, training.bench), as is the plumbing (files,
-checkpoints, devices, processes); the studies that train with train() are in research/.
+This file reads top to bottom: the settings, the data, the model, the optimizer, the loop, the
+evaluation. The commands that use a trained checkpoint are in training/ beside the plumbing
+(files, checkpoints, devices, processes):
+
+    python -m training.sample --prompt "ROMEO:"        # text from OUT/ckpt.pt
+    python -m training.evaluate --eval-c-mem-len 0     # its loss, its memory cut or not
+    python -m training.bench                           # training steps timed
+
+The studies in research/ train with train() and read what they need through training.evaluate.
 """
 
 import argparse
@@ -275,10 +280,7 @@ def train(args, data: Data, measure=None):
     model = make_model(args.model, cfg, args.compression).to(device)
     torch.manual_seed(args.seed + rank)
     optimizer = make_optimizer(model, args)
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out {args.out} ({checks.one_line(e)})") from None
+    files.make_folder(args.out, "--out")
     ckpt_path = os.path.join(args.out, "ckpt.pt")
     memory, progress = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
     if args.resume:
@@ -288,11 +290,9 @@ def train(args, data: Data, measure=None):
     train_step = make_train_step(model, optimizer, args, device)
     autocast = autocast_for(device, args.dtype)
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
-    compressed = f" n_cm={cfg.c_mem_len} c={cfg.compression_rate} f_c={cfg.compression}"
     say(
-        f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len}"
-        f"{compressed if cfg.c_mem_len else ''}; device {device}, {world} process(es) x "
-        f"{args.batch_size} streams"
+        f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
+        f"n_cm={cfg.c_mem_len}; device {device}, {world} process(es) x {args.batch_size} streams"
     )
 
     def stop(what: str, value):

@@ -29,6 +29,14 @@ def write_atomically(path: str, write) -> None:
         os.close(folder)
 
 
+def make_folder(path: str, flag: str) -> None:
+    """The folder path (and those above it), or one error line naming the flag that gave it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {flag} {path} ({one_line(e)})") from None
+
+
 def write_json(path: str, value) -> None:
     write_atomically(path, lambda f: f.write(json.dumps(value, indent=1).encode()))
 
