@@ -79,7 +79,10 @@ def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.Argu
         "--reconstruction", choices=RECONSTRUCTIONS, default="attention", help="f_c's loss"
     )
     m.add_argument(
-        "--post-norm", action=argparse.BooleanOptionalAction, default=True, help="else pre"
+        "--post-norm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="post-LN as in the paper",
     )
     t = p.add_argument_group("training")
     t.add_argument("--batch-size", type=int, default=12, help="parallel text streams per process")
@@ -91,8 +94,10 @@ def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.Argu
     t.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0: off)")
     t.add_argument("--eval-every", type=int, default=1000, help="steps between validations")
     t.add_argument("--seed", type=int, default=1337)
-    t.add_argument("--stop-after", type=int, metavar="N", help="checkpoint and stop after N steps")
-    t.add_argument("--data", help="a UTF-8 text file (default: data/tinyshakespeare.txt)")
+    t.add_argument(
+        "--stop-after", type=int, metavar="N", help="stop after N steps of --steps (then --resume)"
+    )
+    t.add_argument("--data", help="a UTF-8 text to learn instead of Tiny Shakespeare")
     r = p.add_argument_group("runtime")
     r.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     r.add_argument("--dtype", choices=list(DTYPES), default="float32", help="autocast dtype")

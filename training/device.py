@@ -50,9 +50,9 @@ def compile_when_full(model, step):
     memory). Returns step(x, y, memory) with the model eager while its memories fill and, once they
     are full, compiled as one whole graph (torch.compile, fullgraph=True). --compile is a speed-up,
     never a reason to stop: where the first compiled step fails (Dynamo or Inductor cannot compile
-    this model with this torch on this device; both raise RuntimeErrors), one line says so and the
-    step is taken again eagerly, as every step after it. An error that the eager step raises too
-    is the step's own, and is raised."""
+    this model with this torch on this device), one line says so and the step is taken again
+    eagerly, as every step after it. An error that the eager step raises too is the step's own,
+    and is raised; so is running out of memory."""
     compiled, tried = torch.compile(model, fullgraph=True, dynamic=False), False
 
     def compiled_step(x, y, memory):
@@ -64,8 +64,8 @@ def compile_when_full(model, step):
         tried = True
         try:
             return step(x, y, memory, compiled)
-        except RuntimeError as e:
-            if isinstance(e, torch.OutOfMemoryError):
+        except Exception as e:  # Dynamo's and Inductor's errors, whatever their class
+            if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
                 raise
             reason = " ".join(str(e).split())[:200] or type(e).__name__
             print(f"note: --compile failed, so training goes on eagerly ({reason})", flush=True)
