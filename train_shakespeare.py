@@ -147,6 +147,21 @@ def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len:
     )
 
 
+def streams_of_rank(data: Data, batch_size: int, seq_len: int, rank: int, world: int):
+    """The training streams of process rank and their targets (rank r takes streams [r*B,
+    (r+1)*B) of the world * B)."""
+    mine = slice(rank * batch_size, (rank + 1) * batch_size)
+    streams = make_streams(data.train, batch_size * world)[mine]
+    targets = streams
+    if data.train_targets is not None:
+        targets = make_streams(data.train_targets, batch_size * world)[mine]
+    if (streams.size(1) - 1) // seq_len < 1:
+        raise UserError(
+            "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
+        )
+    return streams, targets
+
+
 # --------------------------------------------------------------------------------------------------
 # The model
 
@@ -265,16 +280,8 @@ def train(args, data: Data, measure=None):
     say(
         f"data: {data.name}; {len(data.train):,} characters to train, {len(data.val):,} to validate"
     )
-    # every process owns its own streams: rank r takes streams [r*B, (r+1)*B)
-    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
-    streams = make_streams(data.train, args.batch_size * world)[mine].to(device)
-    targets = streams
-    if data.train_targets is not None:
-        targets = make_streams(data.train_targets, args.batch_size * world)[mine].to(device)
-    if (streams.size(1) - 1) // args.seq_len < 1:
-        raise UserError(
-            "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
-        )
+    streams, targets = streams_of_rank(data, args.batch_size, args.seq_len, rank, world)
+    streams, targets = streams.to(device), targets.to(device)
     val, val_targets = data.val.to(device), data.val_targets
     if val_targets is not None:
         val_targets = val_targets.to(device)
@@ -305,8 +312,9 @@ def train(args, data: Data, measure=None):
         kept = kept if saved_step is not None else "no checkpoint was written"
         raise UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
-    step, seconds_before = progress["step"], progress["seconds"]
-    t0 = last_log = time.time()
+    step, seconds_before, t0 = progress["step"], progress["seconds"], time.time()
+    elapsed = lambda: seconds_before + time.time() - t0  # this run's seconds and those resumed
+    last_log = t0
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
     logged_step = step
     all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss since the last log
@@ -329,7 +337,7 @@ def train(args, data: Data, measure=None):
             if not distributed.all_ranks_agree(bool(all_finite), device):
                 stop("the training loss", f"seen within steps {logged_step + 1}-{step}")
             train_loss, recon_loss = train_loss.item(), recon_loss.item()
-            seconds, lr = seconds_before + time.time() - t0, lr_at(step - 1, args)
+            seconds, lr = elapsed(), lr_at(step - 1, args)
             log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
             progress["train_log"].append({**log, "seconds": seconds})
             rate = (step - logged_step) * args.batch_size * args.seq_len * world
@@ -349,7 +357,7 @@ def train(args, data: Data, measure=None):
             val_loss = distributed.broadcast_number(val_loss if rank == 0 else None, device)
             if not math.isfinite(val_loss):
                 stop("the validation loss", val_loss)
-            progress.update(step=step, seconds=seconds_before + time.time() - t0)
+            progress.update(step=step, seconds=elapsed())
             if rank == 0:
                 bpc = val_loss / math.log(2)
                 say(f"eval step {step}: val loss {val_loss:.4f} nats/char, {bpc:.4f} bpc")
@@ -358,7 +366,7 @@ def train(args, data: Data, measure=None):
                 progress["history"].append(record)
             checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
             saved_step = step
-    progress.update(step=step, seconds=seconds_before + time.time() - t0)
+    progress.update(step=step, seconds=elapsed())
     if step < args.steps:  # --stop-after
         checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
         say(f"stopped after step {step}/{args.steps}; continue with --resume")

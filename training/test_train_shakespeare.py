@@ -159,6 +159,7 @@ def test_evaluation_per_character_is_the_loops_evaluation(small_text):
         (["--d-model", "30", "--n-heads", "4"], "divisible"),
         (["--data", "/nonexistent/file.txt"], "data file not found"),
         (["--batch-size", "100000"], "cannot feed"),
+        (["--batch-size", "4", "--seq-len", "2000"], "--seq-len is longer than each training"),
         (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
         (["--log-every", "0"], "--log-every must be positive"),
         pytest.param(
