@@ -267,18 +267,19 @@ def make_train_step(model, optimizer, args, device):
 # The training loop: memory carried from each segment of a stream to the next
 
 
-def train(args, data: Data, measure=None):
+def train(args, data: Data, validate=None):
     """Train a model of the flags on data, checkpointing into --out at each evaluation. Returns the
     run's metrics (also in OUT/metrics.json) on rank 0 of a run that finished, else None.
-    measure(model) -> dict: what a study records of the model at each evaluation beside its
-    validation loss (research/ passes it), called on rank 0."""
+    validate(model) -> dict: a study's own validation in place of evaluate() (research/ passes
+    one), on rank 0: the loss as val_loss, and what the study records beside it."""
     rank, world, local_rank = distributed.ranks()
     device = pick_device(args.device, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     say = print if rank == 0 else (lambda *a, **k: None)
     say(
-        f"data: {data.name}; {len(data.train):,} characters to train, {len(data.val):,} to validate"
+        f"data: {data.name}; {len(data.train):,} characters to train on, "
+        f"{len(data.val):,} to validate"
     )
     streams, targets = streams_of_rank(data, args.batch_size, args.seq_len, rank, world)
     streams, targets = streams.to(device), targets.to(device)
@@ -301,6 +302,13 @@ def train(args, data: Data, measure=None):
     saved_step = progress["step"] if args.resume else None
     train_step = make_train_step(model, optimizer, args, device)
     autocast = autocast_for(device, args.dtype)
+
+    def validate_loss(model):  # the script's own validation: the loss on the whole text
+        loss = evaluate(model, val, args.batch_size, args.seq_len, autocast, val_targets)
+        return {"val_loss": loss}
+
+    validate = validate or validate_loss
+
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     say(
         f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
@@ -351,19 +359,18 @@ def train(args, data: Data, measure=None):
         # evaluate on the whole validation text (rank 0; every rank learns the loss), checkpoint
         if evaluating:
             if rank == 0:
-                val_loss = evaluate(
-                    model, val, args.batch_size, args.seq_len, autocast, val_targets
-                )
-            val_loss = distributed.broadcast_number(val_loss if rank == 0 else None, device)
+                found = validate(model)
+            val_loss = distributed.broadcast_number(
+                found["val_loss"] if rank == 0 else None, device
+            )
             if not math.isfinite(val_loss):
                 stop("the validation loss", val_loss)
             progress.update(step=step, seconds=elapsed())
             if rank == 0:
                 bpc = val_loss / math.log(2)
                 say(f"eval step {step}: val loss {val_loss:.4f} nats/char, {bpc:.4f} bpc")
-                record = {"step": step, "train_loss": train_loss, "val_loss": val_loss}
-                record.update(seconds=progress["seconds"], **(measure(model) if measure else {}))
-                progress["history"].append(record)
+                record = {"step": step, "train_loss": train_loss, **found}
+                progress["history"].append({**record, "seconds": progress["seconds"]})
             checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
             saved_step = step
     progress.update(step=step, seconds=elapsed())

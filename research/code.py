@@ -67,14 +67,14 @@ def train(args) -> None:
         where = geometry(data, args.batch_size, args.seq_len)
         regions = []
 
-        def measure(model):  # at each evaluation of the training
+        def validate(model):  # at each evaluation of the training, in place of its own
             evaluation = evaluate.on_validation(model, data, args.batch_size, args.dtype)
             rows = copies.by_bucket(evaluation.char_losses.cpu(), *where)
             regions[:] = copies.regions_of(model.reach(), args.seq_len)
             print("  by copy distance beyond the segment: " + copies.summary(rows))
-            return {"loss_by_copy_distance": rows}
+            return {"val_loss": evaluation.loss, "loss_by_copy_distance": rows}
 
-        metrics = train_shakespeare.train(args, data, measure)
+        metrics = train_shakespeare.train(args, data, validate)
     if metrics is not None:  # rank 0, the run finished: the last evaluation's, as val_loss
         rows = metrics["loss_by_copy_distance"] = metrics["history"][-1]["loss_by_copy_distance"]
         copies.print_by_bucket(rows, regions)

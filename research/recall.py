@@ -605,16 +605,16 @@ def train(args) -> None:
         data, answers = load_data(args, args.batch_size * distributed.world_size())
         last = {}
 
-        def measure(model):  # at each evaluation of the training
+        def validate(model):  # at each evaluation of the training, in place of its own
             evaluation = evaluate.on_validation(model, data, args.batch_size, args.dtype)
             scored = score(
                 evaluation.predictions.cpu(), data.val, answers, args.batch_size, args.seq_len
             )
             last.update(model=model, scored=scored)
             print("recall accuracy: " + summary(scored, model.reach(), args.compression_rate))
-            return {"recall": by_region(scored, model.reach())}
+            return {"val_loss": evaluation.loss, "recall": by_region(scored, model.reach())}
 
-        metrics = train_shakespeare.train(args, data, measure)
+        metrics = train_shakespeare.train(args, data, validate)
     if metrics is not None:  # rank 0, the run finished: the report on its last evaluation
         ckpt = checkpoint.read(os.path.join(args.out, "ckpt.pt"), torch.device("cpu"))
         caption = caption_for(ckpt, "the training run")
