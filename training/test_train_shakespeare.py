@@ -395,7 +395,8 @@ def test_compile_that_fails_says_so_once_and_trains_on_eagerly(
         torch, "compile", lambda model, **kw: compile(model, backend=failing_backend, **kw)
     )
     torch.compiler.reset()
-    common = ["--data", small_text, "--steps", "12", "--eval-every", "12", *TINY_FLAGS]
+    # the memories are full from step 3 on (n_m = n_s = 16, n_cm = 8 of c = 2)
+    common = ["--data", small_text, "--steps", "6", "--eval-every", "6", *TINY_FLAGS]
     assert ts.main([*common, "--out", str(tmp_path / "compiled"), "--compile"]) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if "--compile" in line]
     assert len(said) == 1 and "training goes on eagerly" in said[0], said
