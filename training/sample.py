@@ -1,6 +1,7 @@
-"""Text from a trained model, one character at a time through its memory (as nanoGPT's sample.py).
+"""Text from a trained model, one character at a time through its memory (as nanoGPT's sample.py),
+from the checkpoint OUT/ckpt.pt (--out, default out):
 
-python -m training.sample --chars 500 --prompt "ROMEO:"    # from OUT/ckpt.pt (default out)
+    python -m training.sample --chars 500 --prompt "ROMEO:"
 """
 
 import argparse
