@@ -112,7 +112,7 @@ def resume(path: str, args, model, optimizer):
     if ckpt["args"].get("task", "shakespeare") != args.task:
         raise UserError(f"--resume: the checkpoint was trained by {trained_by(ckpt['args'])}")
     if (
-        ckpt["config"] != dataclasses.asdict(model.cfg)
+        config_of(ckpt) != dataclasses.asdict(model.cfg)
         or ckpt["args"].get("model", "compressive") != args.model
     ):
         raise UserError("--resume: the model flags differ from the checkpoint's configuration")
@@ -165,6 +165,16 @@ def check_memory_of(model, memory, batch_size: int, device) -> None:
         check_memory(model, memory, batch_size, inputs.to(device))
 
 
+def config_of(ckpt: dict) -> dict:
+    """The checkpoint's CompressiveConfig as a dict. Older checkpoints name this project's own f_c
+    (overlap_max_pool) in it; it is now the paper's max_pool with its layers replaced (make_model
+    does it from the --compression flag the checkpoint's args hold)."""
+    config = dict(ckpt["config"])
+    if config.get("compression") == "overlap_max_pool":
+        config["compression"] = "max_pool"
+    return config
+
+
 def trained_by(saved_args: dict) -> str:
     """The command that trains a checkpoint's task: the script on its own text, or the research/
     command of that name (the recall task, the code corpus)."""
@@ -212,10 +222,8 @@ def load_model(out: str, device, make_model):
     compression) builds an untrained model of the checkpoint's kind."""
     path = os.path.join(out, "ckpt.pt")
     ckpt = read(path, device)
-    config, args = dict(ckpt["config"]), ckpt["args"]
-    compression = args.get("compression", config.get("compression"))
-    if config.get("compression") == "overlap_max_pool":  # how older checkpoints name it
-        config["compression"] = "max_pool"
+    config, args = config_of(ckpt), ckpt["args"]
+    compression = args.get("compression", ckpt["config"].get("compression"))
     try:
         model = make_model(
             args.get("model", "compressive"), CompressiveConfig(**config), compression
