@@ -245,11 +245,11 @@ def make_train_step(model, optimizer, args, device):
 
     def step(x, y, memory, forward=model):
         with autocast:
-            logits, memory, recon = forward(x, memory)
+            logits, memory, recon_loss = forward(x, memory)
         counted = y.ne(IGNORE).sum().clamp(min=1)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss + recon.float()).backward()
+        scaler.scale(loss + recon_loss.float()).backward()
         distributed.average_gradients(groups[0] + groups[1])
         scaler.unscale_(optimizer)  # clip the true gradients
         if args.grad_clip > 0:
@@ -258,7 +258,7 @@ def make_train_step(model, optimizer, args, device):
                     torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
         scaler.step(optimizer)  # skipped when a float16 gradient overflowed
         scaler.update()
-        return loss.detach(), recon.detach(), memory
+        return loss.detach(), recon_loss.detach(), memory
 
     return compile_when_full(model, step) if args.compile else step
 
