@@ -229,11 +229,9 @@ def clip_groups(model):
     """The parameters that only the language-model loss trains, and those of f_c (layers.i.compress,
     and the auto-encoder's layers.i.decoder) that only the reconstruction loss trains. Their
     gradients are clipped apart, so that large f_c gradients cannot shrink the language model's."""
-    is_f_c = [
-        name.split(".")[2:3] in (["compress"], ["decoder"]) for name, _ in model.named_parameters()
-    ]
-    params = list(model.parameters())
-    return [p for p, f in zip(params, is_f_c) if not f], [p for p, f in zip(params, is_f_c) if f]
+    of_f_c = lambda name: name.split(".")[2:3] in (["compress"], ["decoder"])
+    named = list(model.named_parameters())
+    return [p for n, p in named if not of_f_c(n)], [p for n, p in named if of_f_c(n)]
 
 
 def make_train_step(model, optimizer, args, device):
@@ -394,9 +392,8 @@ def train(args, data: Data, validate=None):
         f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val_loss:.4f} nats/char "
         f"({metrics['val_bpc']:.4f} bpc); checkpoint {ckpt_path}"
     )
-    plots.plot_history(
-        progress["history"], os.path.join(args.out, "loss.png"), progress["train_log"]
-    )
+    plot = os.path.join(args.out, "loss.png")
+    plots.plot_history(progress["history"], plot, progress["train_log"])
     return metrics
 
 
