@@ -176,8 +176,9 @@ def browser_missing() -> str:
     return ""
 
 
-def screenshot(html: str, png: str, width: int = 1200) -> None:
-    """A PNG of the whole page as it opens, in a window width pixels wide."""
+def screenshot(html: str, png: str) -> None:
+    """A PNG of the page as it opens in a window of 1200 x 1000 pixels (the controls, the passage
+    and the first layers)."""
     if browser_missing():
         raise UserError(f"--screenshot: {browser_missing()}")
     from playwright.sync_api import sync_playwright
@@ -185,12 +186,13 @@ def screenshot(html: str, png: str, width: int = 1200) -> None:
     with sync_playwright() as playwright:
         browser = open_browser(playwright)
         try:
-            page = browser.new_page(viewport={"width": width, "height": 800})
+            page = browser.new_page(viewport={"width": 1200, "height": 1000})
             page.route(
-                "**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort()
+                "**/*",
+                lambda r: r.abort() if not r.request.url.startswith("file:") else r.continue_(),
             )
             page.goto("file://" + os.path.abspath(html))
-            page.screenshot(path=png, full_page=True)
+            page.screenshot(path=png)
         finally:
             browser.close()
 
@@ -210,7 +212,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--query", type=int, metavar="POS", help="the query the page opens on (default: the last)"
     )
-    p.add_argument("--screenshot", metavar="PNG", help="also a picture of the page as it opens")
+    p.add_argument(
+        "--screenshot", metavar="PNG", help="also a picture of the page as it opens (chromium)"
+    )
     return p.parse_args(argv)
 
 
