@@ -33,7 +33,7 @@ from lesson.memory_picture import NO_FEEDBACK_PICTURE, check_model, fifo_steps
 from research import tasks
 from research.attention import recorded_attention
 from training import checkpoint, files
-from training.checks import UserError, exit_status
+from training.checks import UserError, exit_status, one_line
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.html")
 WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)
@@ -179,9 +179,7 @@ def browser_missing() -> str:
 def screenshot(html: str, png: str) -> None:
     """A PNG of the page as it opens in a window of 1200 x 1000 pixels (the controls, the passage
     and the first layers)."""
-    if browser_missing():
-        raise UserError(f"--screenshot: {browser_missing()}")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import Error, sync_playwright
 
     with sync_playwright() as playwright:
         browser = open_browser(playwright)
@@ -193,6 +191,8 @@ def screenshot(html: str, png: str) -> None:
             )
             page.goto("file://" + os.path.abspath(html))
             page.screenshot(path=png)
+        except Error as e:  # a PNG path that cannot be written, say
+            raise UserError(f"--screenshot {png}: {one_line(e)}") from None
         finally:
             browser.close()
 
@@ -220,6 +220,12 @@ def parse_args(argv=None):
 
 def explore_checkpoint(args) -> None:
     """OUT/explorer.html from OUT/ckpt.pt's model on its validation text."""
+    if args.screenshot and browser_missing():  # said before anything is read or written
+        raise UserError(f"--screenshot: {browser_missing()}")
+    if args.screenshot and not os.path.isdir(os.path.dirname(os.path.abspath(args.screenshot))):
+        raise UserError(f"--screenshot {args.screenshot}: no such folder")
+    if args.segments < 1:
+        raise UserError(f"--segments must be at least 1, got {args.segments}")
     model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"), train_shakespeare.make_model)
     try:
         check_model(model)
@@ -228,8 +234,6 @@ def explore_checkpoint(args) -> None:
     data, _ = tasks.validation_data(args, ckpt)
     print(f"validation text: {data.name}")
     n_s, n = model.cfg.seq_len, len(data.val)
-    if args.segments < 1:
-        raise UserError(f"--segments must be at least 1, got {args.segments}")
     if not 0 <= args.start < n:
         raise UserError(f"--start {args.start}: the validation text has {n} characters")
     if args.start + args.segments * n_s > n:

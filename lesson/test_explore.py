@@ -3,8 +3,11 @@ browser (Debian's chromium driven by Playwright), shows the model's own attentio
 the FIFO rule puts where the memory picture puts them, asks for nothing over the network, and
 follows clicks, the slider and the arrow keys; its command gives one error line for bad input."""
 
+import base64
 import math
 import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -22,11 +25,17 @@ TEXT = "a</script><b>x</b> It is a truth universally acknowledged, that a single
 START, N_SEGMENTS, N_S, C = 3, 7, 8, 2
 
 
-def tiny_model():
+def tiny_model(mem_len=8, c_mem_len=4):
     """Two layers of two heads, n_s = 8, n_m = 8, n_cm = 4, c = 2: both memories full and moving
     within the seven segments of the passage."""
     vocab = sorted(set(TEXT))
-    model = make(vocab_size=len(vocab), seq_len=N_S, mem_len=8, c_mem_len=4, compression_rate=C)
+    model = make(
+        vocab_size=len(vocab),
+        seq_len=N_S,
+        mem_len=mem_len,
+        c_mem_len=c_mem_len,
+        compression_rate=C,
+    )
     with torch.no_grad():  # sharper attention than at initialization, so queries differ clearly
         for layer in model.layers:
             layer.attn.qkv.weight.mul_(4.0)
@@ -89,14 +98,12 @@ def assert_shows(page, model, ids, vocab, query, head=None):
     return weights
 
 
-@needs_browser
-def test_the_page_shows_the_models_attention_offline_and_follows_clicks_slider_and_keys(
-    tmp_path, browser
-):
-    model, ids, vocab = tiny_model()
-    path = str(tmp_path / "explorer.html")
+def opened(browser, model, ids, vocab, folder):
+    """The model's page, written to folder and opened from the disk, every request but file://
+    refused and recorded. Returns (page, the addresses asked for, the console's errors)."""
+    path = str(folder / "explorer.html")
     explore.write_page(explore.explorer_data(model, ids, vocab, START, N_SEGMENTS), path)
-    context = browser.new_context()
+    page = browser.new_context().new_page()
     asked, errors = [], []
 
     def only_files(route):
@@ -106,11 +113,19 @@ def test_the_page_shows_the_models_attention_offline_and_follows_clicks_slider_a
             asked.append(route.request.url)
             route.abort()
 
-    context.route("**/*", only_files)
-    page = context.new_page()
+    page.route("**/*", only_files)
     page.on("console", lambda message: message.type == "error" and errors.append(message.text))
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto("file://" + path)
+    return page, asked, errors
+
+
+@needs_browser
+def test_the_page_shows_the_models_attention_offline_and_follows_clicks_slider_and_keys(
+    tmp_path, browser
+):
+    model, ids, vocab = tiny_model()
+    page, asked, errors = opened(browser, model, ids, vocab, tmp_path)
     end = START + N_SEGMENTS * N_S
     last = assert_shows(page, model, ids, vocab, end - 1)  # it opens on the passage's last
     assert page.locator("#step").input_value() == str(N_SEGMENTS - 1)
@@ -150,7 +165,43 @@ def test_the_page_shows_the_models_attention_offline_and_follows_clicks_slider_a
         moved += len(arrived)
     assert moved > 0
     assert errors == [] and asked == []
-    context.close()
+    page.context.close()
+
+
+@needs_browser
+@pytest.mark.parametrize("mem_len, c_mem_len", [(8, 0), (0, 0)], ids=["xl", "no memory"])
+def test_the_page_of_transformer_xl_and_of_no_memory(mem_len, c_mem_len, tmp_path, browser):
+    model, ids, vocab = tiny_model(mem_len, c_mem_len)
+    page, asked, errors = opened(browser, model, ids, vocab, tmp_path)
+    end = START + N_SEGMENTS * N_S
+    assert_shows(page, model, ids, vocab, end - 1)
+    page.click(f'#passage [data-query-pos="{end - 20}"]')
+    assert_shows(page, model, ids, vocab, end - 20)
+    assert page.locator(".slot.c_mem").count() == 0
+    assert errors == [] and asked == []
+    page.context.close()
+
+
+def unpacked(step, n_layers, n_heads, n_s):
+    """A segment's packed weights as whole units, and how many each query of it should have."""
+    raw = base64.b64decode(step["weights"])
+    values = torch.tensor(struct.unpack(f"<{len(raw) // 2}H", raw), dtype=torch.long)
+    n_held = len(step["c_mem"]) + len(step["mem"])
+    return values, [n_held + i + 1 for i in range(n_s)] * (n_layers * n_heads)
+
+
+@pytest.mark.parametrize("mem_len, c_mem_len", [(8, 4), (8, 0), (0, 0)])
+def test_the_pages_data_holds_every_row_of_every_segment_each_summing_to_one(mem_len, c_mem_len):
+    model, ids, vocab = tiny_model(mem_len, c_mem_len)
+    data = explore.explorer_data(model, ids, vocab, START, N_SEGMENTS)
+    steps = memory_picture.fifo_steps(START, [N_S] * N_SEGMENTS, mem_len, c_mem_len, C)
+    assert data["text"] == TEXT[START : START + N_SEGMENTS * N_S]
+    for k, step in enumerate(data["steps"]):
+        before = steps[k - 1] if k else None
+        assert (step["c_mem"], step["mem"]) == ((before.c_mem, before.mem) if k else ([], []))
+        values, lengths = unpacked(step, 2, 2, N_S)
+        assert values.numel() == sum(lengths)
+        assert (torch.stack([r.sum() for r in values.split(lengths)]) == explore.WEIGHT_SCALE).all()
 
 
 def test_rounded_rows_keep_each_weight_within_one_unit_and_each_row_summing_to_one():
@@ -178,6 +229,17 @@ def test_the_command_writes_one_page_and_gives_one_error_line_for_bad_input(
         assert message in error_line(capsys)
     assert explore.main(["--out", str(tmp_path / "none")]) == 2
     assert "no checkpoint at" in error_line(capsys)
+    assert explore.main([*flags, "--screenshot", str(tmp_path / "no" / "such.png")]) == 2
+    assert "--screenshot" in error_line(capsys)
+    if not MISSING:  # a window of the page, its Playwright in a thread of its own (the sync API
+        # runs one at a time in a thread, and the browser fixture may hold this one)
+        png = tmp_path / "explorer.png"
+        with ThreadPoolExecutor(1) as thread:
+            status = thread.submit(
+                explore.main, [*flags, "--segments", "4", "--screenshot", str(png)]
+            )
+            assert status.result() == 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     damage(os.path.join(trained, "ckpt.pt"), "garbage")
     assert explore.main(flags) == 2
     assert "checkpoint" in error_line(capsys)
