@@ -222,6 +222,8 @@ def explore_checkpoint(args) -> None:
     """OUT/explorer.html from OUT/ckpt.pt's model on its validation text."""
     if args.screenshot and browser_missing():  # said before anything is read or written
         raise UserError(f"--screenshot: {browser_missing()}")
+    if args.screenshot and not args.screenshot.endswith(".png"):
+        raise UserError(f"--screenshot {args.screenshot}: the picture is a PNG, name it .png")
     if args.screenshot and not os.path.isdir(os.path.dirname(os.path.abspath(args.screenshot))):
         raise UserError(f"--screenshot {args.screenshot}: no such folder")
     if args.segments < 1:
