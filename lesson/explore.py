@@ -25,6 +25,7 @@ import base64
 import json
 import os
 import struct
+from pathlib import Path
 
 import torch
 
@@ -189,7 +190,7 @@ def screenshot(html: str, png: str) -> None:
                 "**/*",
                 lambda r: r.abort() if not r.request.url.startswith("file:") else r.continue_(),
             )
-            page.goto("file://" + os.path.abspath(html))
+            page.goto(Path(html).resolve().as_uri())
             page.screenshot(path=png)
         except Error as e:  # a PNG path that cannot be written, say
             raise UserError(f"--screenshot {png}: {one_line(e)}") from None

@@ -8,6 +8,7 @@ import math
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,7 +117,7 @@ def opened(browser, model, ids, vocab, folder):
     page.route("**/*", only_files)
     page.on("console", lambda message: message.type == "error" and errors.append(message.text))
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto("file://" + path)
+    page.goto(Path(path).as_uri())
     return page, asked, errors
 
 
