@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import train_shakespeare
-from lesson.memory_picture import NO_FEEDBACK_PICTURE, check_model, fifo_steps
+from lesson.memory_picture import NO_FEEDBACK_PICTURE, check_model, compression_name, fifo_steps
 from research import tasks
 from research.attention import recorded_attention
 from training import checkpoint, files
@@ -138,7 +138,7 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
         "mem_len": cfg.mem_len,
         "c_mem_len": cfg.c_mem_len,
         "c": cfg.compression_rate,
-        "compression": cfg.compression,
+        "compression": compression_name(model),  # overlap_max_pool is put in by name
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "weight_scale": WEIGHT_SCALE,

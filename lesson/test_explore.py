@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from beyond_the_paper import overlap_pool
 from conftest import damage, error_line
 from lesson import explore, memory_picture
 from test_compressive import make
@@ -26,7 +27,7 @@ TEXT = "a</script><b>x</b> It is a truth universally acknowledged, that a single
 START, N_SEGMENTS, N_S, C = 3, 7, 8, 2
 
 
-def tiny_model(mem_len=8, c_mem_len=4):
+def tiny_model(mem_len=8, c_mem_len=4, **overrides):
     """Two layers of two heads, n_s = 8, n_m = 8, n_cm = 4, c = 2: both memories full and moving
     within the seven segments of the passage."""
     vocab = sorted(set(TEXT))
@@ -36,6 +37,7 @@ def tiny_model(mem_len=8, c_mem_len=4):
         mem_len=mem_len,
         c_mem_len=c_mem_len,
         compression_rate=C,
+        **overrides,
     )
     with torch.no_grad():  # sharper attention than at initialization, so queries differ clearly
         for layer in model.layers:
@@ -203,6 +205,14 @@ def test_the_pages_data_holds_every_row_of_every_segment_each_summing_to_one(mem
         values, lengths = unpacked(step, 2, 2, N_S)
         assert values.numel() == sum(lengths)
         assert (torch.stack([r.sum() for r in values.split(lengths)]) == explore.WEIGHT_SCALE).all()
+
+
+def test_the_pages_data_names_this_projects_own_f_c_too():
+    model, ids, vocab = tiny_model(compression="max_pool")
+    data = explore.explorer_data(model, ids, vocab, START, 2)
+    assert data["compression"] == "max_pool"
+    overlap_pool.use_overlap_max_pool(model)  # the page then says it pools the next one too
+    assert explore.explorer_data(model, ids, vocab, START, 2)["compression"] == overlap_pool.NAME
 
 
 def test_rounded_rows_keep_each_weight_within_one_unit_and_each_row_summing_to_one():
