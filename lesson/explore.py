@@ -221,12 +221,12 @@ def parse_args(argv=None):
 
 def explore_checkpoint(args) -> None:
     """OUT/explorer.html from OUT/ckpt.pt's model on its validation text."""
-    if args.screenshot and browser_missing():  # said before anything is read or written
-        raise UserError(f"--screenshot: {browser_missing()}")
-    if args.screenshot and not args.screenshot.endswith(".png"):
+    if args.screenshot and not args.screenshot.endswith(".png"):  # before anything is read
         raise UserError(f"--screenshot {args.screenshot}: the picture is a PNG, name it .png")
     if args.screenshot and not os.path.isdir(os.path.dirname(os.path.abspath(args.screenshot))):
         raise UserError(f"--screenshot {args.screenshot}: no such folder")
+    if args.screenshot and browser_missing():
+        raise UserError(f"--screenshot: {browser_missing()}")
     if args.segments < 1:
         raise UserError(f"--segments must be at least 1, got {args.segments}")
     model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"), train_shakespeare.make_model)

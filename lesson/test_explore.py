@@ -23,7 +23,7 @@ needs_browser = pytest.mark.skipif(
     bool(MISSING), reason=f"the page is tested in a real browser, and {MISSING}"
 )
 # A passage that tries to close the page's script: the data must stay data
-TEXT = "a</script><b>x</b> It is a truth universally acknowledged, that a single man in possession"
+TEXT = "It is a </script><b>truth</b> universally acknowledged, that a single man in possession"
 START, N_SEGMENTS, N_S, C = 3, 7, 8, 2
 
 
@@ -130,6 +130,7 @@ def test_the_page_shows_the_models_attention_offline_and_follows_clicks_slider_a
     model, ids, vocab = tiny_model()
     page, asked, errors = opened(browser, model, ids, vocab, tmp_path)
     end = START + N_SEGMENTS * N_S
+    assert page.inner_text("#passage").startswith("is a </script><b>truth</b>")  # shown as text
     last = assert_shows(page, model, ids, vocab, end - 1)  # it opens on the passage's last
     assert page.locator("#step").input_value() == str(N_SEGMENTS - 1)
 
@@ -243,7 +244,10 @@ def test_the_command_writes_one_page_and_gives_one_error_line_for_bad_input(
     for png, message in [(tmp_path / "no" / "such.png", "no such folder"), (tmp_path, "PNG")]:
         assert explore.main([*flags, "--screenshot", str(png)]) == 2
         assert message in error_line(capsys)
-    if not MISSING:  # a window of the page, its Playwright in a thread of its own (the sync API
+    if MISSING:
+        assert explore.main([*flags, "--screenshot", str(tmp_path / "explorer.png")]) == 2
+        assert MISSING in error_line(capsys)
+    else:  # a window of the page, its Playwright in a thread of its own (the sync API
         # runs one at a time in a thread, and the browser fixture may hold this one)
         png = tmp_path / "explorer.png"
         with ThreadPoolExecutor(1) as thread:
