@@ -1,0 +1,283 @@
+"""The memory explorer: one HTML page to step through a passage and ask where any character looks.
+
+    python -m lesson.explore --out OUT     # OUT/explorer.html, on OUT/ckpt.pt's validation text
+
+The model reads a passage of the validation text segment by segment, memory carried from an empty
+one, as `python -m lesson.memory_picture` does for one query; here every query of every segment is
+kept. The page shows, for the segment chosen with its slider, the keys its queries see in each
+layer, [c_mem; mem; segment] oldest first, each slot labelled with the text positions it stands
+for; a click on any character of the passage (or the arrow keys) makes it the query, and the slots
+are shaded by its attention, per layer (the mean over the heads, or one head). Stepping forward
+shows the block of c that leaves mem and the c_mem slot f_c makes of it.
+
+The page is one file, its data, script and style inline: it opens from the disk by a double click
+and asks for nothing over the network. Its numbers are the model's own: the attention weights of
+the forward on the passage, stored as multiples of 1/WEIGHT_SCALE (each row rounded so that it
+still sums to 1), and the slots' positions by the FIFO rule of memory_picture.fifo_steps, checked
+against the model's memory tensors after each segment.
+
+    python -m lesson.explore --screenshot docs/explorer.png   # also a picture of the page (needs
+                                                              # chromium and playwright)
+"""
+
+import argparse
+import base64
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+import train_shakespeare
+from lesson.memory_picture import NO_FEEDBACK_PICTURE, check_model, compression_name, fifo_steps
+from research import tasks
+from research.attention import recorded_attention
+from training import checkpoint, files
+from training.checks import UserError, exit_status, one_line
+
+TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.html")
+WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)
+DEFAULT_SEGMENTS = 10
+CHROMIUM = "/usr/bin/chromium"  # Debian's (apt-get install chromium); never a downloaded one
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+
+# --------------------------------------------------------------------------------------------------
+# The page's data: the model's forward on the passage, every query of every segment
+
+
+def rounded_rows(weights: torch.Tensor) -> torch.Tensor:
+    """Attention rows [..., K] (each summing to 1) as whole numbers of 1/WEIGHT_SCALE summing to
+    WEIGHT_SCALE: each weight rounded down, then the rows' shortfall given one unit at a time to
+    the largest remainders. No weight moves by more than one unit, 1.5e-5."""
+    scaled = weights.double() * WEIGHT_SCALE
+    whole = scaled.floor()
+    short = (WEIGHT_SCALE - whole.sum(-1, keepdim=True)).round()
+    rank = (scaled - whole).argsort(-1, descending=True).argsort(-1)  # 0: the largest remainder
+    return (whole + (rank < short)).long()
+
+
+def packed(attention, n_held: int) -> str:
+    """One segment's attention, record[layer] [1, H, T, K], as base64 of little-endian uint16:
+    layer by layer, head by head, query i by query i, the n_held memory slots and the segment up
+    to i (the keys after i are masked, always 0, and left out)."""
+    parts = []
+    for weights in attention:
+        rows = rounded_rows(weights[0])  # [H, T, K]
+        seen = [rows[:, i, : n_held + i + 1] for i in range(rows.size(1))]
+        parts.append(torch.cat(seen, dim=-1).flatten())  # head by head, query by query
+    flat = torch.cat(parts).tolist()
+    return base64.b64encode(struct.pack(f"<{len(flat)}H", *flat)).decode()
+
+
+@torch.no_grad()
+def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query=None) -> dict:
+    """Run model (a CompressiveTransformer) over n_segments segments of n_s from ids[start] (the
+    memory empty before it) and return the page's data: the passage, the model's sizes, and per
+    segment the slots its queries see (c_mem and mem before it, as the text positions they stand
+    for), what the FIFOs move after it, and its attention weights (packed). query: the text
+    position the page opens on (default: the passage's last). Raises ValueError for a passage or
+    query outside the text."""
+    check_model(model)
+    cfg, n_s = model.cfg, model.cfg.seq_len
+    end = start + n_segments * n_s
+    if n_segments < 1 or start < 0 or end > len(ids):
+        raise ValueError(
+            f"{n_segments} segments of {n_s} from position {start} do not fit in the text "
+            f"(positions 0 to {len(ids) - 1})"
+        )
+    query = end - 1 if query is None else query
+    if not start <= query < end:
+        raise ValueError(f"the query {query} lies outside the passage, positions {start}-{end - 1}")
+    steps = fifo_steps(start, [n_s] * n_segments, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
+    passage = ids[start:end].to(next(model.parameters()).device)[None]
+    was_training = model.training
+    model.eval()
+    memory, pages, before = None, [], None
+    try:
+        with recorded_attention(model) as attention:
+            for k, step in enumerate(steps):
+                _, memory, _ = model(passage[:, k * n_s : (k + 1) * n_s], memory)
+                held = (memory.mem[0].size(1), memory.c_mem[0].size(1))
+                n_held = len(before.mem) + len(before.c_mem) if before else 0
+                if (
+                    held != (len(step.mem), len(step.c_mem))
+                    or attention[0].size(-1) != n_held + n_s
+                ):
+                    raise RuntimeError(  # a bug, not the user's
+                        f"after segment {k} the model holds {held} (mem, c_mem) slots and saw "
+                        f"{attention[0].size(-1)} keys; the FIFO rule says otherwise"
+                    )
+                pages.append(
+                    {
+                        "segment": step.segment[0],
+                        "c_mem": before.c_mem if before else [],
+                        "mem": before.mem if before else [],
+                        "evicted": step.evicted,
+                        "compressed": step.compressed,
+                        "dropped": step.dropped,
+                        "weights": packed(attention, n_held),
+                    }
+                )
+                before = step
+    finally:
+        model.train(was_training)
+    return {
+        "text": "".join(vocab[t] for t in ids[start:end].tolist()),
+        "start": start,
+        "query": query,
+        "seq_len": n_s,
+        "mem_len": cfg.mem_len,
+        "c_mem_len": cfg.c_mem_len,
+        "c": cfg.compression_rate,
+        "compression": compression_name(model),  # overlap_max_pool is put in by name
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "weight_scale": WEIGHT_SCALE,
+        "caption": "",
+        "steps": pages,
+    }
+
+
+def write_page(data: dict, path: str) -> None:
+    """The page: the template with the data inlined (every '<' escaped, so no text of the passage
+    can close the script that holds it)."""
+    with open(TEMPLATE, encoding="utf-8") as f:
+        template = f.read()
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+    page = template.replace("__EXPLORER_DATA__", payload)
+    files.write_atomically(path, lambda f: f.write(page.encode("utf-8")))
+
+
+# --------------------------------------------------------------------------------------------------
+# A real browser: Debian's chromium driven by Playwright, every request but file:// refused
+
+
+def open_browser(playwright):
+    """Chromium from CHROMIUM, headless, with nothing of its own that reaches the network."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def browser_missing() -> str:
+    """Why no browser can be driven here ("" when one can)."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    if not os.path.exists(CHROMIUM):
+        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
+    return ""
+
+
+def screenshot(html: str, png: str) -> None:
+    """A PNG of the page as it opens in a window of 1200 x 1000 pixels (the controls, the passage
+    and the first layers)."""
+    from playwright.sync_api import Error, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = open_browser(playwright)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 1000})
+            page.route(
+                "**/*",
+                lambda r: r.abort() if not r.request.url.startswith("file:") else r.continue_(),
+            )
+            page.goto(Path(html).resolve().as_uri())
+            page.screenshot(path=png)
+        except Error as e:  # a PNG path that cannot be written, say
+            raise UserError(f"--screenshot {png}: {one_line(e)}") from None
+        finally:
+            browser.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The command: the page of OUT/ckpt.pt
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="out", help="the folder of the checkpoint; the page goes there")
+    p.add_argument("--data", help="a text to read instead of the checkpoint's own")
+    p.add_argument(
+        "--start", type=int, default=0, metavar="POS", help="the passage's first position"
+    )
+    p.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS, help="the passage's length")
+    p.add_argument(
+        "--query", type=int, metavar="POS", help="the query the page opens on (default: the last)"
+    )
+    p.add_argument(
+        "--screenshot", metavar="PNG", help="also a picture of the page as it opens (chromium)"
+    )
+    return p.parse_args(argv)
+
+
+def explore_checkpoint(args) -> None:
+    """OUT/explorer.html from OUT/ckpt.pt's model on its validation text."""
+    if args.screenshot and not args.screenshot.endswith(".png"):  # before anything is read
+        raise UserError(f"--screenshot {args.screenshot}: the picture is a PNG, name it .png")
+    if args.screenshot and not os.path.isdir(os.path.dirname(os.path.abspath(args.screenshot))):
+        raise UserError(f"--screenshot {args.screenshot}: no such folder")
+    if args.screenshot and browser_missing():
+        raise UserError(f"--screenshot: {browser_missing()}")
+    if args.segments < 1:
+        raise UserError(f"--segments must be at least 1, got {args.segments}")
+    model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"), train_shakespeare.make_model)
+    try:
+        check_model(model)
+    except ValueError:
+        raise UserError(NO_FEEDBACK_PICTURE) from None
+    data, _ = tasks.validation_data(args, ckpt)
+    print(f"validation text: {data.name}")
+    n_s, n = model.cfg.seq_len, len(data.val)
+    if not 0 <= args.start < n:
+        raise UserError(f"--start {args.start}: the validation text has {n} characters")
+    if args.start + args.segments * n_s > n:
+        raise UserError(
+            f"--start {args.start} --segments {args.segments}: the passage needs "
+            f"{args.segments * n_s} characters, and the validation text ends {n - args.start} "
+            f"characters after it"
+        )
+    end = args.start + args.segments * n_s
+    if args.query is not None and not args.start <= args.query < end:
+        raise UserError(f"--query {args.query} lies outside the passage, {args.start}-{end - 1}")
+    page = explorer_data(model, data.val, data.vocab, args.start, args.segments, args.query)
+    made_by = " ".join(
+        ["python -m lesson.explore"]
+        + [
+            f"--{name} {value}"
+            for name, value, default in (
+                ("start", args.start, 0),
+                ("segments", args.segments, DEFAULT_SEGMENTS),
+                ("query", args.query, None),
+            )
+            if value != default
+        ]
+    )
+    page["caption"] = (
+        f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Text: "
+        f"{data.name}. Made by: {made_by} with torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
+    )
+    path = os.path.join(args.out, "explorer.html")
+    write_page(page, path)
+    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+    if args.screenshot:
+        screenshot(path, args.screenshot)
+        print(f"wrote {args.screenshot}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return exit_status(lambda: explore_checkpoint(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
