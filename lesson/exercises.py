@@ -185,9 +185,17 @@ def student_docstring(name: str, node: ast.FunctionDef) -> str:
     return "\n\n".join(parts) or "Exercise: write this function (see the comments around it)."
 
 
+def source_lines(text: str) -> List[str]:
+    """The lines of a file as Python's parser counts them, ends kept: a line ends at \\n, \\r\\n or
+    \\r and nowhere else (str.splitlines also breaks at \\x0c, \\x1c, \\u2028 and others, which
+    the parser reads as whitespace or as characters of a comment)."""
+    parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def header_end(text: str, node: ast.FunctionDef) -> Tuple[int, int]:
     """(line, column) just after the ':' that ends the def's signature."""
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text)
     start = node.lineno  # the `def` line (decorators come before it)
     source = "".join(lines[start - 1 :])
     depth = 0
@@ -217,7 +225,7 @@ def body_end(lines: List[str], node: ast.FunctionDef) -> int:
 def blank(text: str, tree: ast.Module, names: List[str]) -> str:
     """compressive.py with the bodies of `names` replaced by a student docstring and a raise."""
     known = functions(tree)
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text)
     for name in sorted(names, key=lambda q: known[q].lineno, reverse=True):  # bottom up
         node = known[name]
         line, column = header_end(text, node)
@@ -244,17 +252,55 @@ def definition_lines(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]
 
 def splice(reference: str, student: str, name: str) -> str:
     """The reference file with the def of `name` (decorators and all) taken from the student's
-    file; both must define it at the same depth (the audit checks the rest is the reference)."""
-    ref_lines = reference.splitlines(keepends=True)
-    student_lines = student.splitlines(keepends=True)
-    ref_node = functions(ast.parse(reference))[name]
-    student_node = functions(ast.parse(student))[name]
+    file; both must define it at the same depth. The result is parsed again and must be the
+    reference with only that def changed, and that def the student's as the audit read it;
+    otherwise a KitError says where."""
+    ref_lines, student_lines = source_lines(reference), source_lines(student)
+    ref_tree, student_tree = ast.parse(reference), ast.parse(student)
+    ref_node, student_node = functions(ref_tree)[name], functions(student_tree)[name]
     start, end = definition_lines(ref_lines, ref_node)
     student_start, student_end = definition_lines(student_lines, student_node)
     definition = student_lines[student_start:student_end]
     if definition and not definition[-1].endswith("\n"):
         definition[-1] += "\n"
-    return "".join(ref_lines[:start] + definition + ref_lines[end:])
+    spliced = "".join(ref_lines[:start] + definition + ref_lines[end:])
+    try:
+        spliced_tree = ast.parse(spliced)
+        spliced_node = functions(spliced_tree).get(name)
+    except (SyntaxError, ValueError):
+        spliced_node = None
+    where = f"line {student_node.lineno}"
+    if spliced_node is None or ast.dump(spliced_node) != ast.dump(student_node):
+        raise KitError(f"{where}: {name} does not read the same once put into the original")
+    if without_functions(spliced_tree, [name]) != without_functions(ref_tree, [name]):
+        raise KitError(f"{where}: {name}, put into the original, changes the file outside it")
+    return spliced
+
+
+def without_functions(tree: ast.Module, names: List[str]) -> str:
+    """The module's syntax tree with the functions of `names` reduced to `def name(): ...` (their
+    signatures and decorators are compared on their own), as text to compare."""
+    saved = {}
+    for name, node in functions(tree).items():
+        if name in names:
+            saved[node] = (node.body, node.args, node.decorator_list, node.returns)
+    # blank in place and put the parts back: copying the whole tree costs more than the dump
+    try:
+        for node in saved:
+            node.body, node.args = (
+                [ast.Expr(ast.Constant(...))],
+                ast.arguments([], [], None, [], [], None, []),
+            )
+            node.decorator_list, node.returns = [], None
+        return ast.dump(tree, include_attributes=False)
+    finally:
+        for node, (body, args, decorators, returns) in saved.items():
+            node.body, node.args, node.decorator_list, node.returns = (
+                body,
+                args,
+                decorators,
+                returns,
+            )
 
 
 # ---------------------------------------------------------------- the student copy of the tests ---
@@ -305,7 +351,7 @@ def student_tests(tests_text: str) -> str:
             break
         removed += unused
         kept = [n for n in kept if n not in unused]
-    lines = tests_text.splitlines(keepends=True)
+    lines = source_lines(tests_text)
     drop = set()
     for node in removed:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
