@@ -371,6 +371,33 @@ def student_tests(tests_text: str) -> str:
     return text
 
 
+def compile_tests(tests_text: str) -> List[str]:
+    """The test functions that run torch.compile, themselves or through a helper of the file."""
+    tree = ast.parse(tests_text)
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    calls = {
+        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in defs}
+        for name, node in defs.items()
+    }
+    compiling = {
+        name
+        for name, node in defs.items()
+        if any(
+            isinstance(n, ast.Attribute)
+            and n.attr == "compile"
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "torch"
+            for n in ast.walk(node)
+        )
+    }
+    while True:  # a test that calls a helper that compiles compiles too
+        more = {name for name in defs if calls[name] & compiling} - compiling
+        if not more:
+            break
+        compiling |= more
+    return [name for name in defs if name in compiling and name.startswith("test_")]
+
+
 def undefined_names(text: str) -> set:
     """Names a module reads but neither defines nor imports nor gets from builtins."""
     import builtins

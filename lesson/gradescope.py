@@ -31,10 +31,11 @@ def setup_sh(versions: Dict[str, str]) -> str:
     pytest_version = versions.get("pytest", "9.2.0").split("+")[0]
     return f"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (pick an Ubuntu base
-# image whose python3 torch {torch_version} supports). A virtual environment of its own, so the
-# system's packages play no part; the CPU build of torch (the GPU build is a multi-GB download a
-# grader has no use for) and pytest, pinned to the versions the assignment's checks were
-# computed with.
+# image whose python3 torch {torch_version} supports). It needs the network (apt's mirrors, the
+# Python package index and torch's own index), as Gradescope's image builder has; grading itself
+# needs none. A virtual environment of its own, so the system's packages play no part; the CPU
+# build of torch (the GPU build is a multi-GB download a grader has no use for) and pytest,
+# pinned to the versions the assignment's checks were computed with.
 set -euo pipefail
 apt-get update
 apt-get install -y python3 python3-venv
@@ -51,7 +52,8 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 # the student's other files are never read. The root is the folder that holds source/,
 # submission/ and results/: /autograder on Gradescope, where this script is copied to the root,
 # or the folder above it when run from source/ (AUTOGRADER_ROOT overrides). The Python is
-# setup.sh's, or else python3 (AUTOGRADER_PYTHON overrides).
+# setup.sh's, or else python3, said on stderr (AUTOGRADER_PYTHON overrides); the grade refuses a
+# torch other than the assignment's, with a results.json that says so.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -n "${AUTOGRADER_ROOT:-}" ]; then
@@ -62,7 +64,10 @@ else
   root="$(dirname "$here")"
 fi
 python="${AUTOGRADER_PYTHON:-/autograder/venv/bin/python3}"
-[ -x "$python" ] || python="$(command -v python3)"
+if [ ! -x "$python" ]; then  # said, not silent: the grade then checks this Python's torch
+  echo "no $python (did setup.sh run?): grading with $(command -v python3)" >&2
+  python="$(command -v python3)"
+fi
 results="$root/results/results.json"
 mkdir -p "$root/results"
 rm -f "$results"
