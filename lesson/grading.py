@@ -560,6 +560,8 @@ def read_submission(path: Path) -> str:
             many = f"{len(found)} files named" if found else "no"
             raise audit.Refusal(f"the submission {path} holds {many} {SUBMISSION}")
         file = found[0]
+        if file.is_symlink():
+            raise audit.Refusal(f"{file} is a symbolic link: submit the file itself")
         if not file.resolve().is_relative_to(path.resolve()):
             raise audit.Refusal(f"{file} lies outside the submission's folder")
     elif path.exists():
@@ -833,9 +835,9 @@ def grade_class(
 def failed_most(gradings: List[Grading]) -> List[Tuple[str, int]]:
     """Each test that failed for some student, with how many, most first (refusals and runs
     worth nothing left out: they say nothing of a test)."""
-    counts: Dict[str, int] = {}
+    counts: Dict[str, int] = {}  # a test counts once a student, whichever checks hold it
     for grading in gradings:
-        failed = {test for g in grading.grades for test, _ in g.failures}  # once a student
+        failed = {test for g in grading.grades if not g.problem for test, _ in g.failures}
         for test in failed:
             counts[test] = counts.get(test, 0) + 1
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
