@@ -891,6 +891,7 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
 # ---------------------------------------------------------------- a machine of its own -----------
 
 
+@pytest.mark.slow  # two assignments made: four test runs
 def test_a_test_failing_on_this_machine_is_named_and_can_be_left_out(tmp_path):
     """Making an assignment where a test fails on the original names each failing test and the
     flag that leaves them out; left out, they are in no check, and the assignment says so."""
