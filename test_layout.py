@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 LAYERS = {
     "compressive": 0,
     "test_compressive": 0,
+    "beyond_the_paper": 1,
     "train_shakespeare": 1,
     "training": 1,
     "conftest": 1,

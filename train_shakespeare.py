@@ -25,12 +25,13 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch
 import torch.nn.functional as F
 
+from beyond_the_paper import overlap_pool
+from beyond_the_paper.feedback import FeedbackTransformer
 from compressive import (
     COMPRESSIONS,
     RECONSTRUCTIONS,
     CompressiveConfig,
     CompressiveTransformer,
-    FeedbackTransformer,
     Memory,
 )
 from training import bench, checkpoint, checks, distributed, files, plots, sample
@@ -80,7 +81,9 @@ def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.Argu
     m.add_argument("--mem-len", type=int, default=64, help="n_m: memories per layer")
     m.add_argument("--c-mem-len", type=int, default=32, help="n_cm: compressed memories per layer")
     m.add_argument("--compression-rate", type=int, default=4, help="c: memories per compressed one")
-    m.add_argument("--compression", choices=COMPRESSIONS, default="conv", help="f_c")
+    m.add_argument(
+        "--compression", choices=[*COMPRESSIONS, overlap_pool.NAME], default="conv", help="f_c"
+    )
     m.add_argument(
         "--reconstruction",
         choices=RECONSTRUCTIONS,
@@ -180,7 +183,7 @@ def check_args(args) -> None:
     if args.data is not None:  # saved in the checkpoint as a path that works from anywhere
         args.data = os.path.abspath(args.data)
     with torch.device("meta"):  # the model flags together, without memory: on the meta device
-        make_model(args.model, model_config(args, vocab_size=65))
+        make_model(args.model, model_config(args, vocab_size=65), args.compression)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,13 +225,14 @@ def model_config(args, vocab_size: int) -> CompressiveConfig:
         "dropout",
         "seq_len",
         "compression_rate",
-        "compression",
         "reconstruction",
     )
     try:
         return CompressiveConfig(
             vocab_size=vocab_size,
             **{name: getattr(args, name) for name in same},
+            # this project's own f_c replaces the max_pool one (make_model)
+            compression="max_pool" if args.compression == overlap_pool.NAME else args.compression,
             mem_len=0 if args.model == "vanilla" else args.mem_len,
             c_mem_len=args.c_mem_len if args.model == "compressive" else 0,
             pre_norm=not args.post_norm,
@@ -237,9 +241,14 @@ def model_config(args, vocab_size: int) -> CompressiveConfig:
         raise UserError(f"invalid model configuration: {e}") from None
 
 
-def make_model(name: str, cfg: CompressiveConfig):
+def make_model(name: str, cfg: CompressiveConfig, compression: str = ""):
+    """The model of kind name; compression: the --compression flag, which may name this
+    project's own f_c (beyond_the_paper/overlap_pool.py) where cfg has the paper's max_pool."""
     try:
-        return MODELS[name](cfg)
+        model = MODELS[name](cfg)
+        if compression == overlap_pool.NAME and name == "compressive":
+            overlap_pool.use_overlap_max_pool(model)
+        return model
     except (ValueError, TypeError) as e:
         raise UserError(f"invalid model configuration: {e}") from None
 
@@ -340,7 +349,7 @@ def train(args, data: Data, on_eval=None):
 
     cfg = model_config(args, len(data.vocab))
     torch.manual_seed(args.seed)  # the same initial weights in every process
-    model = make_model(args.model, cfg).to(device)
+    model = make_model(args.model, cfg, args.compression).to(device)
     torch.manual_seed(args.seed + rank)  # but each its own dropout
     optimizer = make_optimizer(model, args)
     try:
@@ -581,7 +590,8 @@ def run(args) -> None:
     elif args.bench:  # whole training steps on random tokens, as train() takes them
         device = pick_device(args.device)
         torch.manual_seed(args.seed)
-        model = make_model(args.model, model_config(args, vocab_size=65)).to(device)
+        model = make_model(args.model, model_config(args, vocab_size=65), args.compression)
+        model = model.to(device)
         step = make_train_step(model, make_optimizer(model, args), args, device)
         dtype = DTYPES[args.dtype]
         bench.bench(step, model, args.batch_size, args.bench_steps, args.seed, device, dtype)

@@ -17,7 +17,8 @@ for one query (by default the last character of the last segment) this draws
                      "slots": one entry per key the query sees, oldest first, {"region": "c_mem" |
                      "mem" | "segment", "positions": [the text positions it holds], "text": their
                      characters, "attention": [the query's weight on it, one per layer, the mean
-                     over the heads]}} (--heads: also "attention_by_head", [layer][head])
+                     over the heads]}, "compression": the f_c's name} (--heads: also
+                     "attention_by_head", [layer][head])
 
 A slot holds a vector of each layer: in layer i, mem holds layer i's input h^(i) at one
 character, c_mem f_c of layer i's inputs at a block of c characters; the picture lays each slot
@@ -50,6 +51,7 @@ from typing import List, NamedTuple, Optional
 import torch
 
 import train_shakespeare
+from beyond_the_paper import overlap_pool
 from compressive import CompressiveTransformer, n_evicted
 from research import tasks
 from research.attention import recorded_attention
@@ -109,6 +111,13 @@ class Picture:
     held: List[tuple]  # (len(mem[0]), len(c_mem[0])) of the model's memory per segment
     marks: List[int] = field(default_factory=list)  # positions to point out (a recall fact)
     note: str = ""  # one line under the title (what the marks are)
+
+
+def compression_name(model) -> str:
+    """The f_c's name: the config's, or this project's own overlap_max_pool put in its place."""
+    if isinstance(model.layers[0].compress, overlap_pool.OverlapMaxPoolCompress):
+        return overlap_pool.NAME
+    return model.cfg.compression
 
 
 def default_segments(model) -> int:
@@ -202,6 +211,7 @@ def memory_picture(
             slot["attention_by_head"] = weights[:, :, k].tolist()
         slots.append(slot)
     data = {"start": start, "seq_len": n_s, "query": query, "slots": slots}
+    data["compression"] = compression_name(model)
     return Picture(data, steps, text, cfg, held)
 
 
@@ -460,9 +470,9 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         far = query - inside[0]["positions"][0]
         near = query - inside[-1]["positions"][-1]
         what = {
-            "c_mem": f"{len(inside)} slots; in layer i, f_c ({cfg.compression}) of layer i's "
-            f"inputs at the c = {c} characters in its box"
-            + (" and the one after them" if cfg.compression == "overlap_max_pool" else ""),
+            "c_mem": f"{len(inside)} slots; in layer i, f_c ({data['compression']}) of layer "
+            f"i's inputs at the c = {c} characters in its box"
+            + (" and the one after them" if data["compression"] == overlap_pool.NAME else ""),
             "mem": f"{len(inside)} slots; in layer i, layer i's input at one character",
             "segment": f"{len(inside)} characters, up to the query itself",
         }[region]
@@ -686,7 +696,7 @@ def draw_gif(
         held = picture.held[k]
         state = (
             f"The model's own memory tensors now hold {held[0]} mem and {held[1]} c_mem slots "
-            f"per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {cfg.compression})."
+            f"per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {picture.data['compression']})."
             if after
             else "Positions of the passage at the left; grey: not read yet, or no "
             "longer held" + ("; red: the fact the last query asks for." if picture.marks else ".")

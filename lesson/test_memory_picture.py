@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from compressive import CompressiveTransformer, FeedbackTransformer
+from beyond_the_paper.feedback import FeedbackTransformer
+from compressive import CompressiveTransformer
 from conftest import DAMAGES, craft, damage, error_line
 from lesson import memory_picture
 from test_compressive import make, tiny
@@ -60,7 +61,8 @@ def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_t
     ids, vocab = torch.arange(64), [chr(48 + i) for i in range(64)]
     picture = memory_picture.memory_picture(model, ids, vocab, start=3, query=40)
     data = picture.data
-    assert set(data) == {"start", "seq_len", "query", "slots"} and data["seq_len"] == 5
+    assert set(data) == {"start", "seq_len", "query", "slots", "compression"}
+    assert data["seq_len"] == 5
     slots = data["slots"]
     # n_m = 7 is not a multiple of c = 3: eviction in whole blocks leaves mem 5 of 7 here
     assert [s["region"] for s in slots] == ["c_mem"] * 3 + ["mem"] * 5 + ["segment"] * 3

@@ -79,14 +79,14 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
                 and memory.mem[0].size(1) == cfg.mem_len
                 and memory.c_mem[0].size(1) == cfg.c_mem_len
             )
-            _, memory, recon = model(streams[:, start : start + cfg.seq_len], memory)
+            _, memory, recon_loss = model(streams[:, start : start + cfg.seq_len], memory)
             if full:  # bucket edges are only comparable once both memories are full
                 for i, weights in enumerate(attention):
                     buckets = attention_buckets(weights.double(), cfg.c_mem_len, cfg.mem_len)
                     totals[i] += buckets.mean(dim=(0, 1, 2)).cpu()
                 counted += 1
-            if recon > 0:
-                recon_total, recon_count = recon_total + recon.item(), recon_count + 1
+            if recon_loss > 0:
+                recon_total, recon_count = recon_total + recon_loss.item(), recon_count + 1
     if counted == 0:
         raise UserError(
             "the validation split is too short to fill the memories; lower --batch-size"

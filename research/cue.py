@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from compressive import CompressiveConfig, CompressiveTransformer
+from beyond_the_paper.agent import AgentCore
+from compressive import CompressiveConfig
 
 N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
 
@@ -65,7 +66,7 @@ class Agent(nn.Module):
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
-        self.memory = CompressiveTransformer(cfg)  # only hidden_states is used: no token head
+        self.memory = AgentCore(cfg)  # the layers alone: no token embedding, no head
         self.policy = nn.Linear(cfg.d_model, N_CUES)
 
     def forward(self, observations, memory, starts):

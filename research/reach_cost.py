@@ -189,7 +189,7 @@ def make_step(flags, device):
     step as train_shakespeare.py takes it."""
     torch.manual_seed(flags.seed)
     cfg = train_shakespeare.model_config(flags, vocab_size=65)
-    model = train_shakespeare.make_model(flags.model, cfg).to(device)
+    model = train_shakespeare.make_model(flags.model, cfg, flags.compression).to(device)
     optimizer = train_shakespeare.make_optimizer(model, flags)
     return model, train_shakespeare.make_train_step(model, optimizer, flags, device)
 

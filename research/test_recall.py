@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import train_shakespeare as ts
-from compressive import CompressiveTransformer, FeedbackTransformer
+from beyond_the_paper.feedback import FeedbackTransformer
+from compressive import CompressiveTransformer
 from conftest import TINY_FLAGS, error_line
 from research import recall
 from test_compressive import make, tiny

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from compressive import FeedbackTransformer
+from beyond_the_paper.feedback import FeedbackTransformer
 
 
 def add_arguments(parser) -> None:

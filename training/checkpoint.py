@@ -12,7 +12,8 @@ import re
 
 import torch
 
-from compressive import CompressiveConfig, CompressiveTransformer, Memory
+from beyond_the_paper.feedback import FeedbackTransformer, check_feedback_memory
+from compressive import CompressiveConfig, CompressiveTransformer, Memory, check_memory
 
 from . import distributed, files
 from .checks import UserError, one_line
@@ -137,7 +138,7 @@ def resume(path: str, args, model, optimizer):
                 for part in ckpt["memory"][rank]
             )
             memory = Memory(mem, c_mem, usage)
-            model.check_memory(memory, args.batch_size, device)  # as forward() would
+            check_memory_of(model, memory, args.batch_size, device)
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank]["cpu"])
             if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
@@ -153,6 +154,15 @@ def resume(path: str, args, model, optimizer):
         **{name: ckpt[name] for name in ("step", "history", "seconds")},
         "train_log": train_log,
     }
+
+
+def check_memory_of(model, memory, batch_size: int, device) -> None:
+    """The checks forward would make of memory, for inputs of this batch size on device."""
+    inputs = next(model.parameters()).new_zeros(batch_size, 1, model.cfg.d_model)
+    if isinstance(model, FeedbackTransformer):
+        check_feedback_memory(model, memory, batch_size, inputs.to(device))
+    else:
+        check_memory(model, memory, batch_size, inputs.to(device))
 
 
 def trained_by(saved_args: dict) -> str:
@@ -191,13 +201,17 @@ def training_command(ckpt: dict, defaults: dict) -> str:
 
 
 def load_model(out: str, device, make_model):
-    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint. make_model(name, cfg) builds
-    an untrained model of the checkpoint's kind."""
+    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint. make_model(name, cfg,
+    compression) builds an untrained model of the checkpoint's kind."""
     path = os.path.join(out, "ckpt.pt")
     ckpt = read(path, device)
+    config, args = dict(ckpt["config"]), ckpt["args"]
+    compression = args.get("compression", config.get("compression"))
+    if config.get("compression") == "overlap_max_pool":  # how older checkpoints name it
+        config["compression"] = "max_pool"
     try:
         model = make_model(
-            ckpt["args"].get("model", "compressive"), CompressiveConfig(**ckpt["config"])
+            args.get("model", "compressive"), CompressiveConfig(**config), compression
         )
         model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
