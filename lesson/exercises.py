@@ -12,9 +12,6 @@ import tokenize
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Tuple
 
-# A docstring's answer part (a worked example, an index formula) starts at a line that reads
-# this; the student copy leaves it and what follows out.
-MARKER = "The answer (the student handout leaves out the rest of this docstring):"
 # The decorator of test_compressive.py that keeps a test out of the student copy of the tests.
 KEPT_FROM_STUDENTS = "kept_from_students"
 
@@ -26,7 +23,9 @@ class KitError(Exception):
 class Exercise(NamedTuple):
     writes: str  # what the student writes, in a few words (the README's table)
     paper: str  # where to read about it
-    contract: str = ""  # the contract, where the docstring's own stops at MARKER or is absent
+    # the contract, where the docstring gives the answer away (a worked example, an index
+    # formula) or is absent: the student copy's docstring is then its first line and this
+    contract: str = ""
 
 
 RAE = "Rae et al. 2019"
@@ -45,9 +44,9 @@ EXERCISES: Dict[str, Exercise] = {
         "future (j > M + i) any value will do: the causal mask hides it. Return a view of the "
         "input's storage, no copy.",
     ),
-    "RelativeAttention.attend": Exercise(
+    "RelativeMultiHeadAttention.attend": Exercise(
         "the four score terms, the causal bias, the softmax, the values",
-        "Dai et al. 2019 (Transformer-XL), section 3.3; the comment above relative_shift",
+        "Dai et al. 2019 (Transformer-XL), section 3.3; compressive.py's section 3 comment",
     ),
     "CompressiveLayer.update_memory": Exercise(
         "the two FIFOs: append, evict in blocks of c, compress, trim",
@@ -57,31 +56,25 @@ EXERCISES: Dict[str, Exercise] = {
         "a kernel = stride = c convolution as one matmul",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 3's comment).",
+        "class docstring and section 4's comment).",
     ),
     "PoolCompress.forward": Exercise(
         "max or mean pooling over blocks of c",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 3's comment).",
-    ),
-    "OverlapMaxPoolCompress.forward": Exercise(
-        "max over windows of c + 1, stride c",
-        "not in the paper: this file's own f_c (its class docstring)",
-        "old_mem: [B, k*c, d]; following: [B, >= 1, d], the memories after them; return "
-        "[B, k, d] (the class docstring and section 3's comment).",
+        "class docstring and section 4's comment).",
     ),
     "MostUsedCompress.forward": Exercise(
         "keep the most attended memories, in time order",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; usage: [B, k*c], the attention each received; return [B, k, d] "
-        "(the class docstring and section 3's comment).",
+        "(the class docstring and section 4's comment).",
     ),
     "DilatedConvCompress.forward": Exercise(
         "dilated convolutions, then the rate-c one",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d] (the class docstring, its __init__ and section "
-        "3's comment).",
+        "4's comment).",
     ),
     "content_attention": Exercise(
         "attention without positions", f"{RAE}, section 3.2 and Algorithm 2"
@@ -90,16 +83,9 @@ EXERCISES: Dict[str, Exercise] = {
         "the paper's Algorithm 2, f_c the only thing trained", f"{RAE}, section 3.2 and Algorithm 2"
     ),
     "autoencoding_loss": Exercise("the alternative loss", f"{RAE}, section 3.2"),
-    "LanguageModel.generate": Exercise(
+    "CompressiveTransformer.generate": Exercise(
         "sampling one token at a time through the memory",
         "Dai et al. 2019 (Transformer-XL), section 3.2: evaluation reuses the memory",
-    ),
-    "FeedbackLayer.forward": Exercise(
-        "one step of one Feedback layer", "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"
-    ),
-    "FeedbackTransformer.hidden_states": Exercise(
-        "the recurrence and the memory vectors m_t",
-        "Fan et al. 2020 (arXiv 2002.09402); section 7's comment",
     ),
 }
 
@@ -170,13 +156,12 @@ def file_order(names, tree: ast.Module) -> List[str]:
 
 
 def student_docstring(name: str, node: ast.FunctionDef) -> str:
-    """The docstring up to MARKER, the exercise's contract where it has one, what to write."""
-    lines = (ast.get_docstring(node, clean=True) or "").splitlines()
-    stripped = [line.strip() for line in lines]
-    if MARKER in stripped:
-        lines = lines[: stripped.index(MARKER)]
-    text = "\n".join(lines).strip()
+    """The docstring (only its first paragraph where the exercise has a contract of the kit's
+    own, which follows it), and what to write."""
+    text = (ast.get_docstring(node, clean=True) or "").strip()
     exercise = EXERCISES.get(name)
+    if exercise and exercise.contract:
+        text = text.split("\n\n")[0]
     parts = [text] if text else []
     if exercise and exercise.contract:
         parts.append(textwrap.fill(exercise.contract, 92))
