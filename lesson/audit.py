@@ -22,9 +22,9 @@ Why the class rule and the short list of imported names: a decorator or class fa
 the class it is handed. `dataclass(eq=True, init=False)(torch.Tensor)` assigns no attribute in
 the answer's text, yet replaces Tensor.__eq__ for every test; `nn.Module.train(torch.Tensor)`
 sets an attribute of the class it is handed as self. So `dataclass` and `NamedTuple` (class
-factories) and `register_optimizer_step_post_hook` (it hooks every optimizer of the process) are
-left out although compressive.py imports them, and no class can be handed to anything: what a
-decorator or an unbound method would change never reaches it. What is let in: calling a class
+factories) are left out although compressive.py imports them, as is anything else it may import
+one day beyond IMPORTED_NAMES (a hook registry, say), and no class can be handed to anything:
+what a decorator or an unbound method would change never reaches it. What is let in: calling a class
 (it builds a new object, a tensor or a module, and changes no class), isinstance (it reads), and
 annotations (Optional[torch.Tensor]), which run nothing.
 

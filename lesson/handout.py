@@ -177,18 +177,20 @@ def student_readme(
         96,
     )
     compiled = assignment.left_out.get("torch.compile", [])
-    left_out = textwrap.fill(
-        f"**What the grade leaves out.** The {len(compiled)} tests that run `torch.compile` "
-        f"({', '.join(f'`{t}`' for t in compiled)}) are in no check and count for no grade: an "
-        "answer need only be right when run as written (an `as_strided` view, say, counts even "
-        "where the compiler refuses it). `pytest -q` still runs them.",
-        96,
-    )
     teacher_left_out = assignment.left_out.get("by the teacher", [])
-    if teacher_left_out:
-        left_out += "\n" + textwrap.fill(
-            f"Your teacher also left out {', '.join(f'`{t}`' for t in teacher_left_out)}.", 96
+    left_out = []
+    if compiled:
+        left_out.append(
+            f"**What the grade leaves out.** The {len(compiled)} tests that run `torch.compile` "
+            f"({', '.join(f'`{t}`' for t in compiled)}) are in no check and count for no grade: "
+            "an answer need only be right when run as written (an `as_strided` view, say, "
+            "counts even where the compiler refuses it). `pytest -q` still runs them."
         )
+    if teacher_left_out:
+        left_out.append(
+            f"Your teacher left out {', '.join(f'`{t}`' for t in teacher_left_out)} too."
+        )
+    left_out = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in left_out)
     return f"""# Compressive Transformer: the exercise
 
 In `compressive.py` the body of each function below is `raise NotImplementedError`. Its
@@ -207,9 +209,7 @@ tests' models are tiny: more threads do not make them faster, and on a busy mach
 them many times slower.
 
 {graded}
-
-{left_out}
-
+{chr(10) + left_out + chr(10) if left_out else ""}
 The paper: Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv:1911.05507.
 """
