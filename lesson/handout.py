@@ -495,8 +495,7 @@ def parse_arguments(argv):
     parser.add_argument(
         "--csv",
         type=Path,
-        default=Path("grades.csv"),
-        help="where --grade-class writes its grades (default: %(default)s)",
+        help="where --grade-class writes its grades (default: grades.csv)",
     )
     parser.add_argument(
         "--assignment",
@@ -539,6 +538,10 @@ def parse_arguments(argv):
         parser.error("name the functions to blank and the folder to write, --out FOLDER")
     if args.timeout is not None and args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.csv is not None and args.grade_class is None:
+        parser.error("--csv goes with --grade-class FOLDER")
+    if args.leave_out and not args.functions:
+        parser.error("--leave-out goes with the functions to blank and --out, when making")
     return args
 
 
@@ -550,8 +553,9 @@ def main(argv=None) -> int:
                 args.grade, args.assignment, args.results, args.partial or None, args.timeout
             )
         if args.grade_class is not None:
+            csv_path = args.csv or Path("grades.csv")
             return grade_class(
-                args.grade_class, args.assignment, args.csv, args.partial or None, args.timeout
+                args.grade_class, args.assignment, csv_path, args.partial or None, args.timeout
             )
         if args.gradescope is not None:
             assignment = grading.load_assignment(args.gradescope)

@@ -880,6 +880,7 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
         (("relative_shift", "--out", tmp_path / "a", "--leave-out", "test_no"), "names no test"),
         (("--grade-class", tmp_path / "full", "--grade", tmp_path / "x.py"), "give functions"),
         (("--grade-class", tmp_path / "full"), "--assignment FOLDER"),
+        (("--grade", tmp_path / "x.py", "--csv", tmp_path / "g.csv"), "--csv goes with"),
         (("--no-such-flag",), "unrecognized"),
     ]:
         result = cli(*args, env=env)
