@@ -10,7 +10,8 @@ needs:
 
 - names: its arguments and its own local names; the functions, classes and constants
   compressive.py defines; of what compressive.py imports, only IMPORTED_NAMES (torch, nn, F,
-  math, and the typing names an annotation uses); a few builtins (SAFE_BUILTINS);
+  math, and the typing names an annotation uses); a few builtins (SAFE_BUILTINS). (An exercise
+  of beyond_the_paper/ may also use what its module imports from the project's own modules.)
 - attributes from an allowlist (ALLOWED_ATTRIBUTES): those compressive.py itself reads, and the
   tensor operations an answer could reasonably reach for (TENSOR_OPERATIONS);
 - classes (torch.Tensor, nn.Module, compressive.py's own, any name or attribute spelled with a
@@ -56,6 +57,9 @@ SAFE_BUILTINS = frozenset(
 # Of the names compressive.py imports, those an answer may use: the modules of tensor operations
 # and math, and the typing names of annotations (see the module docstring for those left out).
 IMPORTED_NAMES = frozenset({"torch", "nn", "F", "math", "List", "Optional", "Tuple", "Dict"})
+# The project's own modules: what a module of beyond_the_paper/ imports from them (compressive.py's
+# functions and classes, say) is the project's, as compressive.py's own names are.
+PROJECT_MODULES = frozenset({"compressive", "beyond_the_paper"})
 
 # Tensor operations an answer may reach for beyond those compressive.py itself uses (the audit
 # adds every attribute name the original reads, less DENIED_ATTRIBUTES).
@@ -108,13 +112,16 @@ def allowed_attributes(reference: ast.Module) -> frozenset:
 
 
 def module_names(reference: ast.Module) -> frozenset:
-    """The names compressive.py binds at the top: its imports, classes, functions, constants."""
+    """The names the module binds at the top that an answer may use: its classes, functions and
+    constants, IMPORTED_NAMES, and what it imports from the project's own modules."""
     names = set()
     for node in reference.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             imported = {(a.asname or a.name).split(".")[0] for a in node.names}
+            source = getattr(node, "module", None) or ""
+            names |= imported if source.split(".")[0] in PROJECT_MODULES else set()
             names |= imported & IMPORTED_NAMES
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]

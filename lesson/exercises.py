@@ -9,7 +9,7 @@ import io
 import symtable
 import textwrap
 import tokenize
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Dict, List, NamedTuple, Tuple
 
 # The decorator of test_compressive.py that keeps a test out of the student copy of the tests.
@@ -26,6 +26,11 @@ class Exercise(NamedTuple):
     # the contract, where the docstring gives the answer away (a worked example, an index
     # formula) or is absent: the student copy's docstring is then its first line and this
     contract: str = ""
+    module: str = "compressive.py"  # the file it is in, from the repository's top
+
+
+FEEDBACK = "beyond_the_paper/feedback.py"
+OVERLAP_POOL = "beyond_the_paper/overlap_pool.py"
 
 
 RAE = "Rae et al. 2019"
@@ -64,6 +69,11 @@ EXERCISES: Dict[str, Exercise] = {
         "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
         "class docstring and section 4's comment).",
     ),
+    "OverlapMaxPoolCompress.forward": Exercise(
+        "max over windows of c + 1, stride c",
+        "not in the paper: this project's own f_c (its class docstring)",
+        module=OVERLAP_POOL,
+    ),
     "MostUsedCompress.forward": Exercise(
         "keep the most attended memories, in time order",
         f"{RAE}, section 3.2",
@@ -87,7 +97,49 @@ EXERCISES: Dict[str, Exercise] = {
         "sampling one token at a time through the memory",
         "Dai et al. 2019 (Transformer-XL), section 3.2: evaluation reuses the memory",
     ),
+    "FeedbackLayer.forward": Exercise(
+        "one step of one Feedback layer",
+        "Fan et al. 2020 (arXiv 2002.09402); the module's docstring",
+        module=FEEDBACK,
+    ),
+    "FeedbackTransformer.hidden_states": Exercise(
+        "the recurrence and the memory vectors m_t",
+        "Fan et al. 2020 (arXiv 2002.09402); the module's docstring",
+        module=FEEDBACK,
+    ),
 }
+
+
+def tests_of(module: str) -> str:
+    """The test file of a module: test_<name> beside it."""
+    path = PurePosixPath(module)
+    return str(path.with_name(f"test_{path.name}"))
+
+
+def project_files(root: Path, paths: List[str]) -> List[str]:
+    """paths and every file of the repository they import, directly or not (a package's
+    __init__.py too), from the repository's top, in the order found."""
+    found, queue = [], list(paths)
+    while queue:
+        path = queue.pop(0)
+        if path in found:
+            continue
+        found.append(path)
+        for node in ast.walk(ast.parse((root / path).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                for i in range(1, len(parts) + 1):  # a.b.c: a/__init__.py, a/b/__init__.py, ...
+                    stem = "/".join(parts[:i])
+                    for candidate in (f"{stem}.py", f"{stem}/__init__.py"):
+                        if (root / candidate).is_file():
+                            queue.append(candidate)
+    return found
 
 
 def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
@@ -122,7 +174,7 @@ def functions(tree: ast.Module) -> Dict[str, ast.FunctionDef]:
     return found
 
 
-def resolve(names: List[str], tree: ast.Module) -> List[str]:
+def resolve(names: List[str], tree: ast.Module, module: str = "compressive.py") -> List[str]:
     """The qualified names the teacher means (`update_memory` alone is enough when unique)."""
     known = functions(tree)
     resolved = []
@@ -140,7 +192,7 @@ def resolve(names: List[str], tree: ast.Module) -> List[str]:
                     "CompressiveLayer.update_memory"
                 )
             many = "more than one" if matches else "no"
-            raise KitError(f"compressive.py has {many} function {name!r}: {hint}")
+            raise KitError(f"{module} has {many} function {name!r}: {hint}")
         if matches[0] not in resolved:
             resolved.append(matches[0])
     return resolved

@@ -33,7 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from lesson import audit
@@ -49,10 +49,22 @@ from lesson.exercises import (
 )
 
 CHILD = Path(__file__).resolve().with_name("grading_child.py")
-FORMAT = 1  # of assignment.json
+FORMAT = 2  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
+
+
+class Layout(NamedTuple):
+    """Where an exercise's module and its test file lie, from the repository's top, and the
+    repository's other files they import (path -> text), which a run holds as they are."""
+
+    module: str = "compressive.py"
+    tests: str = "test_compressive.py"
+    support: Dict[str, str] = {}
+
+
+COMPRESSIVE = Layout()
 
 
 class Run(NamedTuple):
@@ -142,18 +154,28 @@ def run_tests(
     selected: Optional[List[str]] = None,
     names: Optional[List[str]] = None,
     leave_out: Optional[List[str]] = None,
+    layout: Layout = COMPRESSIVE,
     timeout_s=TIMEOUT_S,
 ) -> Run:
-    """Run tests (the text of a test_compressive.py) on compressive (the text of a compressive.py)
-    in a fresh process and folder; selected: the node ids to run, names: the test functions to
-    run (None and None: every test), leave_out: test functions not to run."""
+    """Run tests (the text of a test file) on compressive (the text of the module they test,
+    compressive.py unless layout says another) in a fresh process and folder; selected: the node
+    ids to run, names: the test functions to run (None and None: every test), leave_out: test
+    functions not to run."""
     began = time.monotonic()
-    control = {"tests": selected, "names": names, "leave_out": leave_out or []}
+    control = {
+        "tests": selected,
+        "names": names,
+        "leave_out": leave_out or [],
+        "test_file": layout.tests,
+    }
     with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
         folder = Path(folder)
-        (folder / "compressive.py").write_text(compressive, encoding="utf-8")
-        (folder / "test_compressive.py").write_text(tests, encoding="utf-8")
-        (folder / "pytest.ini").write_text("[pytest]\n")  # this folder is pytest's rootdir
+        files = {**layout.support, layout.module: compressive, layout.tests: tests}
+        for path, text in files.items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text, encoding="utf-8")
+        # this folder is pytest's rootdir, and the top the tests import the modules from
+        (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
         shutil.copyfile(CHILD, folder / CHILD.name)
         pipes = [os.pipe() for _ in range(3)]  # the report, the output, the status
         (report_r, report_w), (output_r, output_w), (status_r, status_w) = pipes
@@ -315,8 +337,8 @@ def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: Op
 
 
 def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
-    """run_tests on each (compressive, tests, selected[, names[, leave_out]]), side by side, one
-    per core."""
+    """run_tests on each (compressive, tests, selected[, names[, leave_out[, layout]]]), side by
+    side, one per core."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
         return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
 
@@ -330,14 +352,15 @@ def compute_checks(
     names: List[str],
     only: Optional[List[str]] = None,
     leave_out: Optional[List[str]] = None,
+    layout: Layout = COMPRESSIVE,
 ) -> Tuple[List[str], Dict[str, List[str]], Dict[str, str]]:
     """Every test of the file (only: those whose function is named there; leave_out: less those),
     and for each exercise the tests that fail with its function alone blanked: its check. Also
     the versions of torch and pytest that ran them. One run of the original, one per exercise,
     side by side."""
     tree = parse(reference, "the original")[1]
-    jobs = [(reference, tests, None, only, leave_out)] + [
-        (blank(reference, tree, [name]), tests, None, only, leave_out) for name in names
+    jobs = [(reference, tests, None, only, leave_out, layout)] + [
+        (blank(reference, tree, [name]), tests, None, only, leave_out, layout) for name in names
     ]
     original, *blanked = run_many(jobs)
     failing = [t for t in original.tests if original.outcomes.get(t) != "passed"]
@@ -378,14 +401,15 @@ class Check(NamedTuple):
 
 class Assignment(NamedTuple):
     folder: Path
-    reference: str  # the original compressive.py: the solution
-    tests: str  # the teacher's test_compressive.py: every test, the hidden ones too
+    reference: str  # the original module (compressive.py, say): the solution
+    tests: str  # the teacher's test file of it: every test, the hidden ones too
     exercises: List[Check]
     partial: bool  # proportional credit, not all or nothing
     hidden_visibility: str
     timeout_s: float
     versions: Dict[str, str]
     left_out: Dict[str, List[str]] = {}  # why -> the test functions no exercise is graded with
+    layout: Layout = COMPRESSIVE
 
 
 def digest(text: str) -> str:
@@ -402,6 +426,7 @@ def make_assignment(
     hidden_visibility: str = "after_published",
     only: Optional[List[str]] = None,
     leave_out: Optional[List[str]] = None,
+    layout: Layout = COMPRESSIVE,
 ) -> Assignment:
     """Compute each exercise's check and write the teacher's folder: the original (the solution),
     every test, and assignment.json. The tests that run torch.compile are left out of every
@@ -420,8 +445,9 @@ def make_assignment(
     if unknown:
         raise KitError(f"--leave-out names no test of the file: {', '.join(unknown)}")
     left_out = {"torch.compile": compile_tests(tests), "by the teacher": sorted(leave_out or [])}
+    all_left_out = left_out["torch.compile"] + left_out["by the teacher"]
     all_tests, checks, versions = compute_checks(
-        reference, tests, names, only, left_out["torch.compile"] + left_out["by the teacher"]
+        reference, tests, names, only, all_left_out, layout
     )
     hidden = set(hidden_tests(tests))
     exercises = [
@@ -433,9 +459,10 @@ def make_assignment(
         )
         for n in names
     ]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "compressive.py").write_text(reference, encoding="utf-8")
-    (folder / "test_compressive.py").write_text(tests, encoding="utf-8")
+    files = {layout.module: reference, layout.tests: tests, **layout.support}
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text, encoding="utf-8")
     record = {
         "format": FORMAT,
         "what": "the teachers' kit's assignment: python -m lesson.handout --grade FILE "
@@ -447,7 +474,10 @@ def make_assignment(
         "versions": versions,
         "left_out": left_out,
         "tests_in_file": len(all_tests),
-        "sha256": {"compressive.py": digest(reference), "test_compressive.py": digest(tests)},
+        "module": layout.module,
+        "tests": layout.tests,
+        "support": list(layout.support),
+        "sha256": {path: digest(text) for path, text in files.items()},
     }
     (folder / "assignment.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return load_assignment(folder)
@@ -465,8 +495,15 @@ def load_assignment(folder: Path) -> Assignment:
         )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        reference = (folder / "compressive.py").read_text(encoding="utf-8")
-        tests = (folder / "test_compressive.py").read_text(encoding="utf-8")
+        if record.get("format") != FORMAT:
+            raise KitError(f"{path} is of format {record.get('format')}, this kit reads {FORMAT}")
+        module, tests_path = str(record["module"]), str(record["tests"])
+        paths = [module, tests_path, *map(str, record["support"])]
+        if any(p.startswith("/") or ".." in p.split("/") for p in paths):
+            raise KitError(f"{path} names a file outside its folder")
+        files = {p: (folder / p).read_text(encoding="utf-8") for p in paths}
+        reference, tests = files[module], files[tests_path]
+        support = {p: files[p] for p in paths[2:]}
         exercises = [
             Check(str(e["name"]), float(e["points"]), list(e["tests"]), list(e["hidden"]))
             for e in record["exercises"]
@@ -477,19 +514,27 @@ def load_assignment(folder: Path) -> Assignment:
         sha = record["sha256"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise KitError(f"{folder} is not an assignment the kit can read: {e}") from None
-    if record.get("format") != FORMAT:
-        raise KitError(f"{path} is of format {record.get('format')}, this kit reads {FORMAT}")
-    if sha != {"compressive.py": digest(reference), "test_compressive.py": digest(tests)}:
+    if sha != {p: digest(text) for p, text in files.items()}:
         raise KitError(
-            f"{folder}'s compressive.py or test_compressive.py changed after its checks were "
-            f"computed: make the assignment again"
+            f"{folder}'s {module}, {tests_path} or a file they import changed after its checks "
+            f"were computed: make the assignment again"
         )
-    known = functions(parse(reference, f"{folder / 'compressive.py'}")[1])
+    known = functions(parse(reference, f"{folder / module}")[1])
     bad = [c.name for c in exercises if c.name not in known or not c.tests or c.points < 0]
     if bad or visibility not in VISIBILITIES or not exercises:
         raise KitError(f"{path} is not a valid assignment ({', '.join(bad) or visibility})")
+    layout = Layout(module, tests_path, support)
     return Assignment(
-        folder, reference, tests, exercises, partial, visibility, timeout_s, versions, left_out
+        folder,
+        reference,
+        tests,
+        exercises,
+        partial,
+        visibility,
+        timeout_s,
+        versions,
+        left_out,
+        layout,
     )
 
 
@@ -539,12 +584,10 @@ class Grading(NamedTuple):
         return sum(g.points for g in self.grades)
 
 
-SUBMISSION = "compressive.py"
-
-
-def read_submission(path: Path) -> str:
-    """The text of the compressive.py to grade: path itself, or the one in the folder path (at its
-    top, or the only one below it, as Gradescope unpacks an upload). Read as a regular file only,
+def read_submission(path: Path, name: str = "compressive.py") -> str:
+    """The text of the file to grade (name: compressive.py, or the module of the exercises):
+    path itself, or the one in the folder path (at its top, or the only one below it, as
+    Gradescope unpacks an upload). Read as a regular file only,
     inside that folder: a symbolic link (to the teacher's solution, say), a device, a pipe or a
     file with another name elsewhere (a hard link) is refused, never opened."""
     if path.is_symlink():
@@ -553,12 +596,12 @@ def read_submission(path: Path) -> str:
         found = []
         for folder, subfolders, files in os.walk(path):  # links to folders are not followed
             subfolders.sort()
-            found += [Path(folder) / name for name in sorted(files) if name == SUBMISSION]
+            found += [Path(folder) / file for file in sorted(files) if file == name]
         top = [f for f in found if f.parent == path]
         found = top or found
         if len(found) != 1:
             many = f"{len(found)} files named" if found else "no"
-            raise audit.Refusal(f"the submission {path} holds {many} {SUBMISSION}")
+            raise audit.Refusal(f"the submission {path} holds {many} {name}")
         file = found[0]
         if file.is_symlink():
             raise audit.Refusal(f"{file} is a symbolic link: submit the file itself")
@@ -603,7 +646,7 @@ def prepare(submission: Path, assignment: Assignment, check_first: bool = True) 
     began = time.monotonic()
     names = [c.name for c in assignment.exercises]
     try:
-        text = read_submission(submission)
+        text = read_submission(submission, PurePosixPath(assignment.layout.module).name)
         if check_first:
             refusals = audit.audit_each(text, assignment.reference, names)
         else:
@@ -631,7 +674,7 @@ def grade(
     """Grade a student's compressive.py: each exercise alone, its refusal or its run."""
     prepared = prepare(submission, assignment, check_first)
     jobs = [
-        (prepared.spliced[c.name], assignment.tests, c.tests)
+        (prepared.spliced[c.name], assignment.tests, c.tests, None, None, assignment.layout)
         for c in assignment.exercises
         if c.name in prepared.spliced
     ]
@@ -820,6 +863,7 @@ def grade_class(
             for check in assignment.exercises:
                 if check.name in ready.spliced:
                     job = (ready.spliced[check.name], assignment.tests, check.tests)
+                    job += (None, None, assignment.layout)
                     timeout = timeout_s or assignment.timeout_s
                     future = pool.submit(run_tests, *job, timeout_s=timeout)
                     futures[future] = (student, check.name)

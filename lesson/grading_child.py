@@ -1,5 +1,6 @@
-"""The test process of the teachers' kit: runs pytest on the compressive.py and test_compressive.py
-of its folder, and streams each test's outcome to the grader as it happens.
+"""The test process of the teachers' kit: runs pytest on a test file of its folder (control's
+"test_file", test_compressive.py unless it says another), and streams each test's outcome to the
+grader as it happens.
 
     python grading_child.py FD          one run; the tests to run come on stdin
     python grading_child.py --zygote FD a process that starts runs by forking (Linux)
@@ -40,7 +41,7 @@ def first_line(report) -> str:
 
 
 def run(report_fd: int, control: dict) -> int:
-    """pytest on test_compressive.py of the current folder, each event a line on report_fd."""
+    """pytest on the test file of the current folder, each event a line on report_fd."""
     channel = os.fdopen(report_fd, "w", encoding="utf-8", buffering=1)
     selected, names = control.get("tests"), control.get("names")
     leave_out = set(control.get("leave_out") or [])
@@ -85,7 +86,8 @@ def run(report_fd: int, control: dict) -> int:
 
     # --tb=no: the first line of each failure is all the grader reads, and a long traceback
     # through the model costs more than the test
-    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", "test_compressive.py"]
+    test_file = control.get("test_file") or "test_compressive.py"
+    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", test_file]
     status = pytest.main(args, plugins=[Reporter()])
     channel.close()
     return int(status)

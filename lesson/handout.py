@@ -39,7 +39,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 from lesson import grading
 from lesson.exercises import (
@@ -50,9 +50,11 @@ from lesson.exercises import (
     compile_tests,
     functions,
     hidden_tests,
+    project_files,
     read_python,
     resolve,
     student_tests,
+    tests_of,
 )
 from lesson.gradescope import write_bundle
 
@@ -80,9 +82,10 @@ def make(
     """Write out/student, out/teacher and out/gradescope.zip (only: grade with the tests of these
     names alone, the kit's own tests use it to stay fast; leave_out: the tests no exercise is
     graded with, those that fail on this machine)."""
-    text, tree = read_python(SOURCE, "the original")
-    tests = TESTS.read_text(encoding="utf-8")
-    names = resolve(names, tree)
+    layout = layout_of(module_of(names))
+    text, tree = read_python(ROOT / layout.module, "the original")
+    tests = (ROOT / layout.tests).read_text(encoding="utf-8")
+    names = resolve(names, tree, layout.module)
     if points is not None and len(points) != len(names):
         raise KitError(f"--points gives {len(points)} numbers for {len(names)} exercises")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -103,9 +106,10 @@ def make(
             hidden_visibility,
             only,
             leave_out,
+            layout,
         )
         write_student_folder(staging / "student", text, tree, tests, assignment)
-        write_bundle(staging / "teacher", staging / "gradescope.zip", assignment.versions)
+        write_bundle(assignment, staging / "gradescope.zip")
         umask = os.umask(0)
         os.umask(umask)
         staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private; a handout is not
@@ -117,15 +121,39 @@ def make(
     return assignment._replace(folder=out / "teacher")
 
 
+def module_of(names: List[str]) -> str:
+    """The file the exercises named come from: compressive.py, or the one the kit's table gives
+    them (beyond_the_paper/feedback.py, say); an assignment takes all from one file."""
+    modules = {EXERCISES[n].module for n in names if n in EXERCISES}
+    modules |= {"compressive.py" for n in names if n not in EXERCISES}
+    if len(modules) > 1:
+        raise KitError(
+            f"the exercises come from {' and '.join(sorted(modules))}: an assignment takes its "
+            f"exercises from one file"
+        )
+    return modules.pop() if modules else "compressive.py"
+
+
+def layout_of(module: str) -> grading.Layout:
+    """A module, its test file, and the repository's files they import, as they are."""
+    tests = tests_of(module)
+    support = project_files(ROOT, [module, tests])[2:]
+    return grading.Layout(
+        module, tests, {path: (ROOT / path).read_text(encoding="utf-8") for path in support}
+    )
+
+
 def write_student_folder(
     folder: Path, text: str, tree: ast.Module, tests: str, assignment: grading.Assignment
 ) -> None:
     """The handout: no solution, no hidden test."""
     names = [c.name for c in assignment.exercises]
     student = blank(text, tree, names)
-    folder.mkdir(parents=True)
-    (folder / "compressive.py").write_text(student, encoding="utf-8")
-    (folder / "test_compressive.py").write_text(student_tests(tests), encoding="utf-8")
+    layout = assignment.layout
+    files = {**layout.support, layout.module: student, layout.tests: student_tests(tests)}
+    for path, content in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(content, encoding="utf-8")
     (folder / "checks").mkdir()
     visible = {}
     for check in assignment.exercises:
@@ -141,6 +169,7 @@ def student_readme(
 ) -> str:
     """The handout's README; tree: the student copy's (its line numbers)."""
     known = functions(tree)
+    module, tests = assignment.layout.module, assignment.layout.tests
     rows = []
     for check in assignment.exercises:
         name, exercise = check.name, EXERCISES.get(check.name)
@@ -150,7 +179,7 @@ def student_readme(
             else "what its docstring and the comments around it say"
         )
         points = f"{check.points:g} point{'' if check.points == 1 else 's'}"
-        row = f"- `{name}` (compressive.py, line {known[name].lineno}, {points}): {what}."
+        row = f"- `{name}` ({module}, line {known[name].lineno}, {points}): {what}."
         rows.append(textwrap.fill(row, 96, subsequent_indent="  "))
         check_it = f"OMP_NUM_THREADS=1 pytest -q @checks/{name}.txt"
         rows.append(f"  Check it: `{check_it}` ({len(visible[name])} tests).")
@@ -166,12 +195,13 @@ def student_readme(
     )
     graded = textwrap.fill(
         "**How it is graded.** Each exercise alone: your function is put into the original "
-        "`compressive.py`, so a mistake in one exercise costs that exercise only, and it scores "
+        f"`{module}`, so a mistake in one exercise costs that exercise only, and it scores "
         f"its points {credit}, along with a few tests your teacher keeps. Write only inside "
         "these bodies. The grader refuses a file that differs from this one anywhere else or "
         "imports anything; and it refuses an exercise alone (it scores 0, the others are "
         "graded) whose body uses more than its arguments, its own names, the names "
-        "`compressive.py` defines, torch, F, nn and math, tensor operations and plain builtins "
+        f"`{module}` defines or takes from the project's modules, torch, F, nn and math, tensor "
+        "operations and plain builtins "
         "(len, range, min, max, ...), or hands a class to anything; it says which line and "
         "which name.",
         96,
@@ -193,14 +223,14 @@ def student_readme(
     left_out = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in left_out)
     return f"""# Compressive Transformer: the exercise
 
-In `compressive.py` the body of each function below is `raise NotImplementedError`. Its
+In `{module}` the body of each function below is `raise NotImplementedError`. Its
 docstring states what it receives, in which shapes, and what it returns; the rest of the file
 is the finished model, to read and to call. Write each body:
 
 {chr(10).join(rows)}
 {"".join(chr(10) + line for line in order)}
 
-An exercise's check is the tests of `test_compressive.py` that fail while the function is not
+An exercise's check is the tests of `{tests}` that fail while the function is not
 written. Then run the whole file, `OMP_NUM_THREADS=1 pytest -q`. (`@file` needs pytest 8.2 or
 later; with an older one, pass the file's lines themselves: `pytest -q $(cat checks/NAME.txt)`.)
 
@@ -365,30 +395,46 @@ def write_results(path: Path, record: dict) -> None:
 # ---------------------------------------------------------------- the README's table ------------
 
 
-def all_checks():
-    text, tree = read_python(SOURCE, "the original")
-    tests = TESTS.read_text(encoding="utf-8")
-    names = resolve(list(EXERCISES), tree)
-    # as an assignment computes them: the tests that run torch.compile left out
-    all_tests, checks, _ = grading.compute_checks(text, tests, names, None, compile_tests(tests))
-    return tests, all_tests, checks
+class TableRow(NamedTuple):
+    check: List[str]  # the tests that fail with the exercise blanked
+    tests: int  # the tests of its file that ran (those that run torch.compile left out)
+    kept: int  # of its check, the tests kept from students
 
 
-def table(tests: str, all_tests: List[str], checks: Dict[str, List[str]]) -> str:
-    hidden = set(hidden_tests(tests))
-    rows = [
+def all_checks() -> Dict[str, TableRow]:
+    """Every exercise of the table blanked for real, file by file, as an assignment does it."""
+    rows = {}
+    for module in dict.fromkeys(e.module for e in EXERCISES.values()):
+        layout = layout_of(module)
+        text, tree = read_python(ROOT / module, "the original")
+        tests = (ROOT / layout.tests).read_text(encoding="utf-8")
+        names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
+        all_tests, checks, _ = grading.compute_checks(
+            text, tests, names, None, compile_tests(tests), layout
+        )
+        hidden = set(hidden_tests(tests))
+        for name in names:
+            kept = sum(grading.base_name(t) in hidden for t in checks[name])
+            rows[name] = TableRow(checks[name], len(all_tests), kept)
+    return rows
+
+
+def table(rows: Dict[str, TableRow]) -> str:
+    lines = [
         TABLE_BEGIN,
-        "| exercise | what the student writes | its check: the tests that fail with it blanked |",
-        "| --- | --- | --- |",
+        "| exercise | file | what the student writes | its check: the tests that fail with it "
+        "blanked |",
+        "| --- | --- | --- | --- |",
     ]
     for name, exercise in EXERCISES.items():
-        kept = sum(grading.base_name(t) in hidden for t in checks[name])
-        rows.append(
-            f"| `{name}` | {exercise.writes} | {len(checks[name])} of {len(all_tests)}"
-            f"{f', {kept} kept from students' if kept else ''} |"
+        row = rows[name]
+        kept = f", {row.kept} kept from students" if row.kept else ""
+        lines.append(
+            f"| `{name}` | `{exercise.module}` | {exercise.writes} | {len(row.check)} of "
+            f"{row.tests} in `{tests_of(exercise.module)}`{kept} |"
         )
-    rows.append(TABLE_END)
-    return "\n".join(rows) + "\n"
+    lines.append(TABLE_END)
+    return "\n".join(lines) + "\n"
 
 
 def replace_table(old: str, block: str, readme: Path) -> str:
@@ -406,7 +452,7 @@ def replace_table(old: str, block: str, readme: Path) -> str:
 
 def write_table(readme: Optional[Path]) -> None:
     """Print the README's table of exercises, or rewrite it in readme between its markers."""
-    block = table(*all_checks())
+    block = table(all_checks())
     if readme is None:
         print(block, end="")
         return
@@ -426,19 +472,19 @@ def write_table(readme: Optional[Path]) -> None:
 def verify() -> int:
     """The README's table is what blanking each exercise for real finds now."""
     began = time.perf_counter()
-    tests, all_tests, checks = all_checks()
-    for name, check in checks.items():
-        print(f"{name}: blanked, fails {len(check)} of {len(all_tests)} tests")
+    rows = all_checks()
+    for name, row in rows.items():
+        print(f"{name}: blanked, fails {len(row.check)} of {row.tests} tests")
     readme = ROOT / "README.md"
-    if table(tests, all_tests, checks) not in readme.read_text(encoding="utf-8"):
+    if table(rows) not in readme.read_text(encoding="utf-8"):
         print(
             "error: the README's table of exercises is stale: "
             "python -m lesson.handout --table README.md"
         )
         return 1
     print(
-        f"verified in {time.perf_counter() - began:.0f} s: the original passes all "
-        f"{len(all_tests)} tests and the README's table is what blanking finds"
+        f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests "
+        f"and the README's table is what blanking finds"
     )
     return 0
 
@@ -560,7 +606,7 @@ def main(argv=None) -> int:
         if args.gradescope is not None:
             assignment = grading.load_assignment(args.gradescope)
             zip_path = assignment.folder.parent / "gradescope.zip"
-            write_bundle(assignment.folder, zip_path, assignment.versions)
+            write_bundle(assignment, zip_path)
             print(f"{zip_path}: the autograder to upload to Gradescope")
             return 0
         if args.table is not None:

@@ -159,21 +159,32 @@ def start_cli(*args):
 
 
 def readme_table():
-    """The README's table of exercises: {name: (what the student writes, check size, tests)}."""
+    """The README's table of exercises: {name: (what the student writes, check size, tests,
+    file, test file)}."""
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index(handout.TABLE_BEGIN) : readme.index(handout.TABLE_END)]
     rows = re.findall(
-        r"^\| `([\w.]+)` \| (.+?) \| (\d+) of (\d+)(?:, (\d+) kept.*?)? \|$", block, re.M
+        r"^\| `([\w.]+)` \| `([\w./]+)` \| (.+?) \| (\d+) of (\d+) in `([\w./]+)`"
+        r"(?:, (\d+) kept.*?)? \|$",
+        block,
+        re.M,
     )
-    return {row[0]: (row[1], int(row[2]), int(row[3])) for row in rows}
+    return {row[0]: (row[2], int(row[3]), int(row[4]), row[1], row[5]) for row in rows}
 
 
-def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_the_file():
-    assert exercises.resolve(list(handout.EXERCISES), TREE) == list(handout.EXERCISES)
+def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_its_file():
     table = readme_table()
     assert list(table) == list(handout.EXERCISES)
-    assert all(table[name][0] == exercise.writes for name, exercise in handout.EXERCISES.items())
-    assert len({total for _, _, total in table.values()}) == 1
+    totals = {}
+    for name, exercise in handout.EXERCISES.items():
+        writes, _, total, module, tests = table[name]
+        assert writes == exercise.writes and module == exercise.module
+        assert tests == exercises.tests_of(module) and (ROOT / tests).is_file()
+        tree = ast.parse((ROOT / module).read_text())
+        assert exercises.resolve([name], tree, module) == [name]
+        totals.setdefault(module, set()).add(total)
+    assert all(len(seen) == 1 for seen in totals.values())
+    assert set(totals) == {"compressive.py", exercises.FEEDBACK, exercises.OVERLAP_POOL}
 
 
 def test_each_check_is_what_blanking_its_function_fails(assignment):
@@ -400,7 +411,10 @@ def test_the_audit_accepts_the_handout_a_correct_answer_and_honest_mistakes(hw):
     ]:
         audit.audit(text, ORIGINAL, EXERCISES)
     # every exercise of the table can be graded: the audit accepts its original body
-    audit.audit(ORIGINAL, ORIGINAL, list(handout.EXERCISES))
+    for module in {e.module for e in handout.EXERCISES.values()}:
+        text = (ROOT / module).read_text()
+        names = [n for n, e in handout.EXERCISES.items() if e.module == module]
+        audit.audit(text, text, names)
 
 
 def test_the_audit_lets_a_class_be_called_tested_and_named_in_an_annotation():
@@ -666,7 +680,8 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
     assert sorted(names) == sorted(
         ["setup.sh", "run_autograder"]
         + [f"lesson/{n}" for n in gradescope.KIT_FILES]
-        + [f"assignment/{n}" for n in gradescope.ASSIGNMENT_FILES]
+        + ["assignment/compressive.py", "assignment/test_compressive.py"]
+        + ["assignment/assignment.json"]
     )
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     torch_version = version("torch").split("+")[0]
@@ -974,3 +989,41 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
     assert "4 students, 1 with full marks, 1 refused whole" in result.stdout
     most = result.stdout.split("the tests that failed most (students):")[1].split()
     assert most[0] == "1" and most[1].startswith("test_"), result.stdout
+
+
+# ---------------------------------------------------------------- beyond the paper ---------------
+
+
+def test_an_assignment_takes_its_exercises_from_one_file(tmp_path):
+    with pytest.raises(exercises.KitError, match="from one file"):
+        handout.make(["relative_shift", "FeedbackLayer.forward"], tmp_path / "hw")
+    assert not (tmp_path / "hw").exists()
+
+
+@pytest.mark.slow  # an assignment made and graded: six test runs
+def test_an_exercise_of_beyond_the_paper_is_handed_out_and_graded_with_its_own_tests(tmp_path):
+    """FeedbackLayer.forward: its module blanked in the student's copy, beside the files it
+    imports; graded with beyond_the_paper/test_feedback.py; its original scores full marks, the
+    blank copy 0."""
+    only_these = [
+        "test_feedback_segment_equals_one_token_at_a_time_through_the_memory",
+        "test_feedback_memory_vector_is_the_softmax_weighted_sum_of_every_layer_output",
+    ]
+    made = handout.make(["FeedbackLayer.forward"], tmp_path / "hw", only=only_these)
+    (check,) = made.exercises
+    assert check.tests and all(
+        t.startswith("beyond_the_paper/test_feedback.py::") for t in check.tests
+    )
+    student = tmp_path / "hw" / "student"
+    copy = (student / exercises.FEEDBACK).read_text()
+    assert "FeedbackLayer.forward: the exercise" in copy
+    for path in ("compressive.py", "test_compressive.py", "beyond_the_paper/agent.py"):
+        assert (student / path).read_text() == (ROOT / path).read_text(), path
+    assert "`beyond_the_paper/feedback.py`" in (student / "README.md").read_text()
+    original = submit(tmp_path / "alice", (ROOT / exercises.FEEDBACK).read_text())
+    original.rename(original.with_name("feedback.py"))
+    blank = submit(tmp_path / "bob", copy)
+    blank.rename(blank.with_name("feedback.py"))
+    assert grading.grade(tmp_path / "alice", made).score == 1
+    graded = grading.grade(tmp_path / "bob", made)
+    assert graded.score == 0 and not graded.refused and graded.grades[0].failures
