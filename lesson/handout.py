@@ -17,6 +17,11 @@ The handout command writes three things into --out:
                      assignment.json (each exercise's check, points, the hidden tests)
     gradescope.zip   the autograder to upload to Gradescope (lesson/gradescope.py)
 
+An exercise of beyond_the_paper/ (the table's file column) works the same way with its own file
+and test file in place of compressive.py and test_compressive.py; both folders then also hold,
+as they are, the repository's files those two import. An assignment takes its exercises from
+one file.
+
 An exercise's check is computed one way, the exact one: the tests that fail when its function
 alone is blanked, found by blanking it for real (lesson/grading.py). Grading audits the
 submitted file first (lesson/audit.py) and then grades each exercise alone, the original with
