@@ -1,22 +1,39 @@
 """The static audit of a student's compressive.py, before any of it runs.
 
-A submission is refused, with one line saying why, unless
+A submission is refused whole, with one line saying why, unless it parses, is at most MAX_BYTES,
+defines every exercise, and is the original outside the exercise functions (same statements;
+comments and layout may differ), so it imports nothing new and runs nothing of its own when
+imported. Then each exercise is audited alone, and one that breaks a rule below is refused alone,
+with the line and the name to avoid: it scores 0, the others are graded. An exercise is refused
+unless its signature and decorators are the original's, and its body uses only what an answer
+needs:
 
-- it is the original outside the exercise functions (same statements, same signatures and
-  decorators; comments and layout may differ), so it imports nothing new and runs nothing of its
-  own when imported;
-- every exercise body uses only what an answer needs: its arguments and its own local names,
-  the names compressive.py defines or imports (torch, F, nn, math, its functions and classes),
-  a few builtins (SAFE_BUILTINS), and attributes from an allowlist (ALLOWED_ATTRIBUTES): those
-  compressive.py itself uses, and the tensor operations an answer could reasonably reach for.
-  It assigns or deletes no attribute, declares nothing global or nonlocal, defines no class and
-  imports nothing.
+- names: its arguments and its own local names; the functions, classes and constants
+  compressive.py defines; of what compressive.py imports, only IMPORTED_NAMES (torch, nn, F,
+  math, and the typing names an annotation uses); a few builtins (SAFE_BUILTINS). (An exercise
+  of beyond_the_paper/ may also use what its module imports from the project's own modules.)
+- attributes from an allowlist (ALLOWED_ATTRIBUTES): those compressive.py itself reads, and the
+  tensor operations an answer could reasonably reach for (TENSOR_OPERATIONS);
+- classes (torch.Tensor, nn.Module, compressive.py's own, any name or attribute spelled with a
+  capital and more than one letter) only called, tested with isinstance, or in an annotation:
+  never read an attribute of, passed as an argument, bound to a name or returned;
+- no attribute assigned or deleted, no global or nonlocal, no class definition, no import.
+
+Why the class rule and the short list of imported names: a decorator or class factory rewrites
+the class it is handed. `dataclass(eq=True, init=False)(torch.Tensor)` assigns no attribute in
+the answer's text, yet replaces Tensor.__eq__ for every test; `nn.Module.train(torch.Tensor)`
+sets an attribute of the class it is handed as self. So `dataclass` and `NamedTuple` (class
+factories) are left out although compressive.py imports them, as is anything else it may import
+one day beyond IMPORTED_NAMES (a hook registry, say), and no class can be handed to anything:
+what a decorator or an unbound method would change never reaches it. What is let in: calling a class
+(it builds a new object, a tensor or a module, and changes no class), isinstance (it reads), and
+annotations (Optional[torch.Tensor]), which run nothing.
 
 An allowlist holds where a list of forbidden names would not: a name built from a string at run
 time (getattr(torch, "lo" + "ad"), __import__, vars(...)["..."]) needs getattr, __import__, vars
 or a dunder attribute, none of which is on it. So the student's code cannot reach the interpreter
 (sys, os, builtins, __dict__, __globals__, __subclasses__), the test runner (pytest, _pytest,
-atexit, importlib), files (open, torch.save, torch.load) or the grader's report.
+atexit, importlib), files (open, torch.save, torch.load, /proc) or the grader's report.
 
 What it cannot prove: that the code halts, or stays within memory (grading kills a run at its
 timeout; a container bounds the rest), or that no torch operation on the list has a side
@@ -25,9 +42,9 @@ effect no one foresaw. Grading runs student code: run it in a container, as Grad
 
 import ast
 import functools
-from typing import List, NamedTuple
+from typing import Dict, List, NamedTuple
 
-from lesson.exercises import functions
+from lesson.exercises import functions, without_functions
 
 SAFE_BUILTINS = frozenset(
     """abs all any bool dict divmod enumerate filter float frozenset int isinstance iter len
@@ -37,24 +54,32 @@ SAFE_BUILTINS = frozenset(
     Ellipsis""".split()
 )
 
+# Of the names compressive.py imports, those an answer may use: the modules of tensor operations
+# and math, and the typing names of annotations (see the module docstring for those left out).
+IMPORTED_NAMES = frozenset({"torch", "nn", "F", "math", "List", "Optional", "Tuple", "Dict"})
+# The project's own modules: what a module of beyond_the_paper/ imports from them (compressive.py's
+# functions and classes, say) is the project's, as compressive.py's own names are.
+PROJECT_MODULES = frozenset({"compressive", "beyond_the_paper"})
+
 # Tensor operations an answer may reach for beyond those compressive.py itself uses (the audit
 # adds every attribute name the original reads, less DENIED_ATTRIBUTES).
 TENSOR_OPERATIONS = frozenset(
-    """T abs add addmm all amax amin any arange argmax argmin argsort as_strided as_tensor
-    baddbmm bfloat16 bmm cat ceil chunk clamp clamp_ clamp_max clamp_min clone concat
+    """T abs add addmm all amax amin any arange argmax argmin argsort as_strided as_tensor baddbmm
+    bfloat16 bmm cat column_stack ceil chunk clamp clamp_ clamp_max clamp_min clone concat
     concatenate contiguous conv1d copy_ cos cross_entropy cumsum data detach detach_ device
-    diag diagonal dim div double dropout dtype einsum empty empty_like eq exp expand expand_as
-    eye fill_ flatten flip float floor floor_divide fmod full full_like functional gather ge
-    gelu gt half index_add index_select int is_contiguous isfinite isnan item l1_loss layer_norm
-    le linear linspace log log_softmax logical_and logical_not logical_or long lt masked_fill
-    masked_fill_ masked_select matmul max max_pool1d maximum mean min minimum mm mse_loss mT mul
-    narrow ndim ne neg nelement new_empty new_full new_ones new_tensor new_zeros no_grad nonzero
-    norm numel ones ones_like pad permute pow prod rand randn relu remainder repeat
-    repeat_interleave requires_grad requires_grad_ reshape reshape_as roll round rsqrt scatter
-    scatter_add select shape sigmoid sign silu sin size slice softmax sort split sqrt square
-    squeeze stack std storage_offset stride sub sum t take_along_dim tanh tensor tensor_split
-    tile to tolist topk transpose tril tril_ triu triu_ type_as unbind unflatten unfold
-    unsqueeze var view view_as where zero_ zeros zeros_like""".split()
+    diag diagonal dim div double dropout dtype einsum empty empty_like eq exp expand
+    expand_as eye fill_ flatten flip float floor floor_divide fmod full full_like functional
+    gather ge gelu gt half hstack index_add index_select int is_contiguous isfinite isnan
+    item l1_loss layer_norm le linear linspace log log_softmax logical_and logical_not
+    logical_or long lt masked_fill masked_fill_ masked_select matmul max max_pool1d maximum
+    mean min minimum mm movedim mse_loss mT mul narrow ndim ne neg nelement new_empty
+    new_full new_ones new_tensor new_zeros no_grad nonzero norm numel ones ones_like pad
+    permute pow prod rand randn relu remainder repeat repeat_interleave requires_grad
+    requires_grad_ reshape reshape_as roll round rsqrt scatter scatter_add select shape
+    sigmoid sign silu sin size slice softmax sort split sqrt square squeeze stack std
+    storage_offset stride sub sum swapaxes t take_along_dim tanh tensor tensor_split tile to
+    tolist topk transpose tril tril_ triu triu_ type_as unbind unflatten unfold unsqueeze
+    var view view_as vstack where zero_ zeros zeros_like""".split()
 )
 
 # The one attribute the original reads that an answer has no use for: torch.compiler drives the
@@ -87,42 +112,34 @@ def allowed_attributes(reference: ast.Module) -> frozenset:
 
 
 def module_names(reference: ast.Module) -> frozenset:
-    """The names compressive.py binds at the top: its imports, classes, functions, constants."""
+    """The names the module binds at the top that an answer may use: its classes, functions and
+    constants, IMPORTED_NAMES, and what it imports from the project's own modules."""
     names = set()
     for node in reference.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            imported = {(a.asname or a.name).split(".")[0] for a in node.names}
+            source = getattr(node, "module", None) or ""
+            names |= imported if source.split(".")[0] in PROJECT_MODULES else set()
+            names |= imported & IMPORTED_NAMES
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return frozenset(n for n in names if not n.startswith("__"))
 
 
-def without_exercises(tree: ast.Module, exercises: List[str]) -> str:
-    """The module's syntax tree, each exercise's body replaced by `...` (its signature and
-    decorators stay), as text to compare."""
-    blanked = {node: node.body for name, node in functions(tree).items() if name in exercises}
-    # blank in place and put the bodies back: copying the whole tree costs more than the dump
-    try:
-        for node in blanked:
-            node.body = [ast.Expr(ast.Constant(...))]
-        return ast.dump(tree, include_attributes=False)
-    finally:
-        for node, body in blanked.items():
-            node.body = body
-
-
 def first_difference(student: ast.Module, reference: ast.Module, exercises: List[str]) -> str:
     """Where the student's file leaves the original outside the exercises, in a few words."""
-    pairs = list(zip(student.body, reference.body))
-    for ours, theirs in pairs:
-        if without_exercises(ast.Module([ours], []), exercises) != without_exercises(
+    for ours, theirs in zip(student.body, reference.body):
+        if without_functions(ast.Module([ours], []), exercises) != without_functions(
             ast.Module([theirs], []), exercises
         ):
             if isinstance(ours, ast.ClassDef) and isinstance(theirs, ast.ClassDef):
-                inner = first_difference(ast.Module(ours.body, []), ast.Module(theirs.body, []), [])
+                methods = [n.split(".", 1)[1] for n in exercises if n.startswith(f"{ours.name}.")]
+                inner = first_difference(
+                    ast.Module(ours.body, []), ast.Module(theirs.body, []), methods
+                )
                 return inner if inner.startswith("line") else f"line {ours.lineno}"
             return f"line {ours.lineno}"
     extra = student.body[len(reference.body) :]
@@ -135,7 +152,15 @@ MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
 
 
 def audit(student_text: str, reference_text: str, exercises: List[str]) -> None:
-    """Raise Refusal (one line) unless the submission may run; see the module docstring."""
+    """Raise Refusal (one line) unless the whole submission may run; see the module docstring."""
+    refused = audit_each(student_text, reference_text, exercises)
+    if refused:
+        raise Refusal(next(iter(refused.values())))
+
+
+def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> Dict[str, str]:
+    """Raise Refusal (one line) when the file as a whole may not run; else return, for each
+    exercise refused alone, why (the others may run)."""
     if len(student_text.encode("utf-8")) > MAX_BYTES:
         raise Refusal(f"it is larger than {MAX_BYTES // 1000} KB")
     try:
@@ -148,22 +173,26 @@ def audit(student_text: str, reference_text: str, exercises: List[str]) -> None:
     missing = [name for name in exercises if name not in found]
     if missing:
         raise Refusal(f"it has no function {missing[0]}: keep every exercise's def")
-    for name in exercises:
-        ours, theirs = found[name], reference.functions[name]
-        if signature(ours) != signature(theirs):
-            raise Refusal(
-                f"line {ours.lineno}: {name}'s signature or decorators differ from the "
-                f"handout's: write only its body"
-            )
-    if without_exercises(student, exercises) != reference.without_exercises:
+    if without_functions(student, exercises) != reference.without_exercises:
         # a tree of its own: the cached one is shared by the grading threads
         where = first_difference(student, ast.parse(reference_text), exercises)
         raise Refusal(
             f"{where}: the file differs from the handout outside the exercises "
             f"({', '.join(exercises)}): change nothing but their bodies"
         )
+    refused = {}
     for name in exercises:
-        check_body(found[name], name, reference.names, reference.attributes)
+        ours, theirs = found[name], reference.functions[name]
+        if signature(ours) != signature(theirs):
+            refused[name] = (
+                f"line {ours.lineno}: {name}'s signature or decorators differ from the "
+                f"handout's: write only its body"
+            )
+            continue
+        why = check_body(ours, name, reference.names, reference.attributes, reference.classes)
+        if why:
+            refused[name] = why
+    return refused
 
 
 class Reference(NamedTuple):
@@ -173,6 +202,7 @@ class Reference(NamedTuple):
     without_exercises: str
     names: frozenset  # what an answer may name: the module's own names and the safe builtins
     attributes: frozenset  # what an answer may read with a dot
+    classes: frozenset  # the classes the module defines
 
 
 @functools.lru_cache(maxsize=4)
@@ -180,9 +210,10 @@ def read_reference(reference_text: str, exercises: tuple) -> Reference:
     tree = ast.parse(reference_text)
     return Reference(
         functions=functions(tree),
-        without_exercises=without_exercises(tree, list(exercises)),
+        without_exercises=without_functions(tree, list(exercises)),
         names=module_names(tree) | SAFE_BUILTINS,
         attributes=allowed_attributes(tree),
+        classes=frozenset(n.name for n in tree.body if isinstance(n, ast.ClassDef)),
     )
 
 
@@ -208,18 +239,66 @@ def local_names(function: ast.FunctionDef) -> set:
     return bound
 
 
-def check_body(function: ast.FunctionDef, name: str, names, attributes) -> None:
-    """The body's every name and attribute; its signature and decorators are the original's.
+def check_body(function: ast.FunctionDef, name: str, names, attributes, classes) -> str:
+    """Why the body may not run, or "": its every name and attribute, and where it names a class.
     Of what it may not use, the first in the text is named (in open(f).read(), open)."""
     local = local_names(function)
     found = []
+    class_places = places_for_a_class(function)
     for node in (node for statement in function.body for node in ast.walk(statement)):
         why = violation(node, local, names, attributes)
+        if not why and names_a_class(node, classes, local) and id(node) not in class_places:
+            why = (
+                f"`{ast.unparse(node)}` is or holds a class: an answer calls a class or tests "
+                f"isinstance with it, and hands it to nothing (a decorator would rewrite it)"
+            )
         if why:
             where = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
             found.append((where, f"line {node.lineno}, in {name}: {why}"))
-    if found:
-        raise Refusal(min(found)[1])
+    return min(found)[1] if found else ""
+
+
+def names_a_class(node: ast.AST, classes, local) -> bool:
+    """A name or attribute that holds a class: one the module defines, or one spelled with a
+    capital and more than one letter (torch.Tensor, nn.Module, COMPRESSIONS, a dict of classes;
+    not x.T, nor the answer's own names, which can hold no class since none can be handed to
+    them)."""
+    if isinstance(node, ast.Name):
+        if node.id in local:
+            return False
+        spelled = node.id
+    elif isinstance(node, ast.Attribute):
+        spelled = node.attr
+    else:
+        return False
+    return spelled in classes or (spelled[:1].isupper() and len(spelled) > 1)
+
+
+def places_for_a_class(function: ast.FunctionDef) -> set:
+    """The ids of the nodes where a class may stand: what a call calls, isinstance's second
+    argument (or its tuple's items), and anything inside an annotation."""
+    places = set()
+
+    def whole(tree):
+        if tree is not None:
+            places.update(id(n) for n in ast.walk(tree))
+
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            places.add(id(node.func))
+            is_isinstance = isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+            if is_isinstance and len(node.args) == 2:
+                second = node.args[1]
+                places.add(id(second))
+                if isinstance(second, ast.Tuple):
+                    places.update(id(item) for item in second.elts)
+        elif isinstance(node, ast.arg):
+            whole(node.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            whole(node.annotation)
+        elif isinstance(node, ast.FunctionDef):
+            whole(node.returns)
+    return places
 
 
 def violation(node: ast.AST, local, names, attributes) -> str:

@@ -9,12 +9,9 @@ import io
 import symtable
 import textwrap
 import tokenize
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Dict, List, NamedTuple, Tuple
 
-# A docstring's answer part (a worked example, an index formula) starts at a line that reads
-# this; the student copy leaves it and what follows out.
-MARKER = "The answer (the student handout leaves out the rest of this docstring):"
 # The decorator of test_compressive.py that keeps a test out of the student copy of the tests.
 KEPT_FROM_STUDENTS = "kept_from_students"
 
@@ -26,7 +23,14 @@ class KitError(Exception):
 class Exercise(NamedTuple):
     writes: str  # what the student writes, in a few words (the README's table)
     paper: str  # where to read about it
-    contract: str = ""  # the contract, where the docstring's own stops at MARKER or is absent
+    # the contract, where the docstring gives the answer away (a worked example, an index
+    # formula) or is absent: the student copy's docstring is then its first line and this
+    contract: str = ""
+    module: str = "compressive.py"  # the file it is in, from the repository's top
+
+
+FEEDBACK = "beyond_the_paper/feedback.py"
+OVERLAP_POOL = "beyond_the_paper/overlap_pool.py"
 
 
 RAE = "Rae et al. 2019"
@@ -45,9 +49,9 @@ EXERCISES: Dict[str, Exercise] = {
         "future (j > M + i) any value will do: the causal mask hides it. Return a view of the "
         "input's storage, no copy.",
     ),
-    "RelativeAttention.attend": Exercise(
+    "RelativeMultiHeadAttention.attend": Exercise(
         "the four score terms, the causal bias, the softmax, the values",
-        "Dai et al. 2019 (Transformer-XL), section 3.3; the comment above relative_shift",
+        "Dai et al. 2019 (Transformer-XL), section 3.3; compressive.py's section 3 comment",
     ),
     "CompressiveLayer.update_memory": Exercise(
         "the two FIFOs: append, evict in blocks of c, compress, trim",
@@ -57,31 +61,30 @@ EXERCISES: Dict[str, Exercise] = {
         "a kernel = stride = c convolution as one matmul",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 3's comment).",
+        "class docstring and section 4's comment).",
     ),
     "PoolCompress.forward": Exercise(
         "max or mean pooling over blocks of c",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 3's comment).",
+        "class docstring and section 4's comment).",
     ),
     "OverlapMaxPoolCompress.forward": Exercise(
         "max over windows of c + 1, stride c",
-        "not in the paper: this file's own f_c (its class docstring)",
-        "old_mem: [B, k*c, d]; following: [B, >= 1, d], the memories after them; return "
-        "[B, k, d] (the class docstring and section 3's comment).",
+        "not in the paper: this project's own f_c (its class docstring)",
+        module=OVERLAP_POOL,
     ),
     "MostUsedCompress.forward": Exercise(
         "keep the most attended memories, in time order",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; usage: [B, k*c], the attention each received; return [B, k, d] "
-        "(the class docstring and section 3's comment).",
+        "(the class docstring and section 4's comment).",
     ),
     "DilatedConvCompress.forward": Exercise(
         "dilated convolutions, then the rate-c one",
         f"{RAE}, section 3.2",
         "old_mem: [B, k*c, d]; return [B, k, d] (the class docstring, its __init__ and section "
-        "3's comment).",
+        "4's comment).",
     ),
     "content_attention": Exercise(
         "attention without positions", f"{RAE}, section 3.2 and Algorithm 2"
@@ -90,18 +93,53 @@ EXERCISES: Dict[str, Exercise] = {
         "the paper's Algorithm 2, f_c the only thing trained", f"{RAE}, section 3.2 and Algorithm 2"
     ),
     "autoencoding_loss": Exercise("the alternative loss", f"{RAE}, section 3.2"),
-    "LanguageModel.generate": Exercise(
+    "CompressiveTransformer.generate": Exercise(
         "sampling one token at a time through the memory",
         "Dai et al. 2019 (Transformer-XL), section 3.2: evaluation reuses the memory",
     ),
     "FeedbackLayer.forward": Exercise(
-        "one step of one Feedback layer", "Fan et al. 2020 (arXiv 2002.09402); section 7's comment"
+        "one step of one Feedback layer",
+        "Fan et al. 2020 (arXiv 2002.09402); the module's docstring",
+        module=FEEDBACK,
     ),
     "FeedbackTransformer.hidden_states": Exercise(
         "the recurrence and the memory vectors m_t",
-        "Fan et al. 2020 (arXiv 2002.09402); section 7's comment",
+        "Fan et al. 2020 (arXiv 2002.09402); the module's docstring",
+        module=FEEDBACK,
     ),
 }
+
+
+def tests_of(module: str) -> str:
+    """The test file of a module: test_<name> beside it."""
+    path = PurePosixPath(module)
+    return str(path.with_name(f"test_{path.name}"))
+
+
+def project_files(root: Path, paths: List[str]) -> List[str]:
+    """paths and every file of the repository they import, directly or not (a package's
+    __init__.py too), from the repository's top, in the order found."""
+    found, queue = [], list(paths)
+    while queue:
+        path = queue.pop(0)
+        if path in found:
+            continue
+        found.append(path)
+        for node in ast.walk(ast.parse((root / path).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                for i in range(1, len(parts) + 1):  # a.b.c: a/__init__.py, a/b/__init__.py, ...
+                    stem = "/".join(parts[:i])
+                    for candidate in (f"{stem}.py", f"{stem}/__init__.py"):
+                        if (root / candidate).is_file():
+                            queue.append(candidate)
+    return found
 
 
 def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
@@ -136,7 +174,7 @@ def functions(tree: ast.Module) -> Dict[str, ast.FunctionDef]:
     return found
 
 
-def resolve(names: List[str], tree: ast.Module) -> List[str]:
+def resolve(names: List[str], tree: ast.Module, module: str = "compressive.py") -> List[str]:
     """The qualified names the teacher means (`update_memory` alone is enough when unique)."""
     known = functions(tree)
     resolved = []
@@ -154,7 +192,7 @@ def resolve(names: List[str], tree: ast.Module) -> List[str]:
                     "CompressiveLayer.update_memory"
                 )
             many = "more than one" if matches else "no"
-            raise KitError(f"compressive.py has {many} function {name!r}: {hint}")
+            raise KitError(f"{module} has {many} function {name!r}: {hint}")
         if matches[0] not in resolved:
             resolved.append(matches[0])
     return resolved
@@ -170,13 +208,12 @@ def file_order(names, tree: ast.Module) -> List[str]:
 
 
 def student_docstring(name: str, node: ast.FunctionDef) -> str:
-    """The docstring up to MARKER, the exercise's contract where it has one, what to write."""
-    lines = (ast.get_docstring(node, clean=True) or "").splitlines()
-    stripped = [line.strip() for line in lines]
-    if MARKER in stripped:
-        lines = lines[: stripped.index(MARKER)]
-    text = "\n".join(lines).strip()
+    """The docstring (only its first paragraph where the exercise has a contract of the kit's
+    own, which follows it), and what to write."""
+    text = (ast.get_docstring(node, clean=True) or "").strip()
     exercise = EXERCISES.get(name)
+    if exercise and exercise.contract:
+        text = text.split("\n\n")[0]
     parts = [text] if text else []
     if exercise and exercise.contract:
         parts.append(textwrap.fill(exercise.contract, 92))
@@ -185,9 +222,17 @@ def student_docstring(name: str, node: ast.FunctionDef) -> str:
     return "\n\n".join(parts) or "Exercise: write this function (see the comments around it)."
 
 
+def source_lines(text: str) -> List[str]:
+    """The lines of a file as Python's parser counts them, ends kept: a line ends at \\n, \\r\\n or
+    \\r and nowhere else (str.splitlines also breaks at \\x0c, \\x1c, \\u2028 and others, which
+    the parser reads as whitespace or as characters of a comment)."""
+    parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def header_end(text: str, node: ast.FunctionDef) -> Tuple[int, int]:
     """(line, column) just after the ':' that ends the def's signature."""
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text)
     start = node.lineno  # the `def` line (decorators come before it)
     source = "".join(lines[start - 1 :])
     depth = 0
@@ -217,7 +262,7 @@ def body_end(lines: List[str], node: ast.FunctionDef) -> int:
 def blank(text: str, tree: ast.Module, names: List[str]) -> str:
     """compressive.py with the bodies of `names` replaced by a student docstring and a raise."""
     known = functions(tree)
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text)
     for name in sorted(names, key=lambda q: known[q].lineno, reverse=True):  # bottom up
         node = known[name]
         line, column = header_end(text, node)
@@ -244,17 +289,55 @@ def definition_lines(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]
 
 def splice(reference: str, student: str, name: str) -> str:
     """The reference file with the def of `name` (decorators and all) taken from the student's
-    file; both must define it at the same depth (the audit checks the rest is the reference)."""
-    ref_lines = reference.splitlines(keepends=True)
-    student_lines = student.splitlines(keepends=True)
-    ref_node = functions(ast.parse(reference))[name]
-    student_node = functions(ast.parse(student))[name]
+    file; both must define it at the same depth. The result is parsed again and must be the
+    reference with only that def changed, and that def the student's as the audit read it;
+    otherwise a KitError says where."""
+    ref_lines, student_lines = source_lines(reference), source_lines(student)
+    ref_tree, student_tree = ast.parse(reference), ast.parse(student)
+    ref_node, student_node = functions(ref_tree)[name], functions(student_tree)[name]
     start, end = definition_lines(ref_lines, ref_node)
     student_start, student_end = definition_lines(student_lines, student_node)
     definition = student_lines[student_start:student_end]
     if definition and not definition[-1].endswith("\n"):
         definition[-1] += "\n"
-    return "".join(ref_lines[:start] + definition + ref_lines[end:])
+    spliced = "".join(ref_lines[:start] + definition + ref_lines[end:])
+    try:
+        spliced_tree = ast.parse(spliced)
+        spliced_node = functions(spliced_tree).get(name)
+    except (SyntaxError, ValueError):
+        spliced_node = None
+    where = f"line {student_node.lineno}"
+    if spliced_node is None or ast.dump(spliced_node) != ast.dump(student_node):
+        raise KitError(f"{where}: {name} does not read the same once put into the original")
+    if without_functions(spliced_tree, [name]) != without_functions(ref_tree, [name]):
+        raise KitError(f"{where}: {name}, put into the original, changes the file outside it")
+    return spliced
+
+
+def without_functions(tree: ast.Module, names: List[str]) -> str:
+    """The module's syntax tree with the functions of `names` reduced to `def name(): ...` (their
+    signatures and decorators are compared on their own), as text to compare."""
+    saved = {}
+    for name, node in functions(tree).items():
+        if name in names:
+            saved[node] = (node.body, node.args, node.decorator_list, node.returns)
+    # blank in place and put the parts back: copying the whole tree costs more than the dump
+    try:
+        for node in saved:
+            node.body, node.args = (
+                [ast.Expr(ast.Constant(...))],
+                ast.arguments([], [], None, [], [], None, []),
+            )
+            node.decorator_list, node.returns = [], None
+        return ast.dump(tree, include_attributes=False)
+    finally:
+        for node, (body, args, decorators, returns) in saved.items():
+            node.body, node.args, node.decorator_list, node.returns = (
+                body,
+                args,
+                decorators,
+                returns,
+            )
 
 
 # ---------------------------------------------------------------- the student copy of the tests ---
@@ -305,7 +388,7 @@ def student_tests(tests_text: str) -> str:
             break
         removed += unused
         kept = [n for n in kept if n not in unused]
-    lines = tests_text.splitlines(keepends=True)
+    lines = source_lines(tests_text)
     drop = set()
     for node in removed:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
@@ -323,6 +406,33 @@ def student_tests(tests_text: str) -> str:
             f"defining it: a test kept from students defines what others use"
         )
     return text
+
+
+def compile_tests(tests_text: str) -> List[str]:
+    """The test functions that run torch.compile, themselves or through a helper of the file."""
+    tree = ast.parse(tests_text)
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    calls = {
+        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in defs}
+        for name, node in defs.items()
+    }
+    compiling = {
+        name
+        for name, node in defs.items()
+        if any(
+            isinstance(n, ast.Attribute)
+            and n.attr == "compile"
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "torch"
+            for n in ast.walk(node)
+        )
+    }
+    while True:  # a test that calls a helper that compiles compiles too
+        more = {name for name in defs if calls[name] & compiling} - compiling
+        if not more:
+            break
+        compiling |= more
+    return [name for name in defs if name in compiling and name.startswith("test_")]
 
 
 def undefined_names(text: str) -> set:

@@ -4,13 +4,14 @@ results.json. Gradescope unpacks it into /autograder/source, runs setup.sh once 
 the image, then run_autograder from /autograder for each submission (its autograder
 specifications: https://gradescope-autograders.readthedocs.io/en/latest/specs/).
 
-The bundle holds the kit's grading code (lesson/), the assignment (the original, every test,
-assignment.json) under assignment/, setup.sh and run_autograder; nothing of the student's.
+The bundle holds the kit's grading code (lesson/), the assignment (the original, every test, the
+files they import, assignment.json) under assignment/, setup.sh and run_autograder; nothing of
+the student's.
 """
 
 import zipfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 KIT = Path(__file__).resolve().parent
 KIT_FILES = [
@@ -21,7 +22,6 @@ KIT_FILES = [
     "grading_child.py",
     "gradescope.py",
 ]
-ASSIGNMENT_FILES = ["compressive.py", "test_compressive.py", "assignment.json"]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -31,10 +31,11 @@ def setup_sh(versions: Dict[str, str]) -> str:
     pytest_version = versions.get("pytest", "9.2.0").split("+")[0]
     return f"""#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image (pick an Ubuntu base
-# image whose python3 torch {torch_version} supports). A virtual environment of its own, so the
-# system's packages play no part; the CPU build of torch (the GPU build is a multi-GB download a
-# grader has no use for) and pytest, pinned to the versions the assignment's checks were
-# computed with.
+# image whose python3 torch {torch_version} supports). It needs the network (apt's mirrors, the
+# Python package index and torch's own index), as Gradescope's image builder has; grading itself
+# needs none. A virtual environment of its own, so the system's packages play no part; the CPU
+# build of torch (the GPU build is a multi-GB download a grader has no use for) and pytest,
+# pinned to the versions the assignment's checks were computed with.
 set -euo pipefail
 apt-get update
 apt-get install -y python3 python3-venv
@@ -45,13 +46,14 @@ python3 -m venv /autograder/venv
 
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for each submission: it grades the compressive.py the student uploaded
+# Gradescope runs this for each submission: it grades the module the student uploaded
 # (submission/) with the teacher's tests and original (source/assignment/) and writes
 # results/results.json. Every exercise is graded alone, after a static audit of the whole file;
 # the student's other files are never read. The root is the folder that holds source/,
 # submission/ and results/: /autograder on Gradescope, where this script is copied to the root,
 # or the folder above it when run from source/ (AUTOGRADER_ROOT overrides). The Python is
-# setup.sh's, or else python3 (AUTOGRADER_PYTHON overrides).
+# setup.sh's, or else python3, said on stderr (AUTOGRADER_PYTHON overrides); the grade refuses a
+# torch other than the assignment's, with a results.json that says so.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 if [ -n "${AUTOGRADER_ROOT:-}" ]; then
@@ -62,7 +64,10 @@ else
   root="$(dirname "$here")"
 fi
 python="${AUTOGRADER_PYTHON:-/autograder/venv/bin/python3}"
-[ -x "$python" ] || python="$(command -v python3)"
+if [ ! -x "$python" ]; then  # said, not silent: the grade then checks this Python's torch
+  echo "no $python (did setup.sh run?): grading with $(command -v python3)" >&2
+  python="$(command -v python3)"
+fi
 results="$root/results/results.json"
 mkdir -p "$root/results"
 rm -f "$results"
@@ -85,14 +90,21 @@ def add(archive: zipfile.ZipFile, name: str, data: bytes, executable: bool = Fal
     archive.writestr(info, data)
 
 
-def write_bundle(assignment_folder: Path, zip_path: Path, versions: Dict[str, str]) -> None:
-    """The bundle of the assignment in assignment_folder, at zip_path."""
+def assignment_files(assignment) -> List[str]:
+    """The files of an assignment's folder (a grading.Assignment): its module, its tests, the
+    files they import, and assignment.json."""
+    layout = assignment.layout
+    return [layout.module, layout.tests, *layout.support, "assignment.json"]
+
+
+def write_bundle(assignment, zip_path: Path) -> None:
+    """The bundle of an assignment (a grading.Assignment), at zip_path."""
     staging = zip_path.with_name(f".{zip_path.name}.tmp")
     with zipfile.ZipFile(staging, "w") as archive:
-        add(archive, "setup.sh", setup_sh(versions).encode(), executable=True)
+        add(archive, "setup.sh", setup_sh(assignment.versions).encode(), executable=True)
         add(archive, "run_autograder", RUN_AUTOGRADER.encode(), executable=True)
         for name in KIT_FILES:
             add(archive, f"lesson/{name}", (KIT / name).read_bytes())
-        for name in ASSIGNMENT_FILES:
-            add(archive, f"assignment/{name}", (assignment_folder / name).read_bytes())
+        for name in assignment_files(assignment):
+            add(archive, f"assignment/{name}", (assignment.folder / name).read_bytes())
     staging.replace(zip_path)

@@ -11,9 +11,11 @@ An exercise's check is the tests that fail when its function alone is blanked, f
 it for real (compute_checks). A submission is graded one exercise at a time: the teacher's
 original compressive.py with only the student's function put in (exercises.splice), so a mistake
 in one exercise costs that exercise and no other, and only after the static audit (lesson/audit.py)
-has accepted the whole file.
+has accepted the file and that exercise: an exercise it refuses scores 0 alone, with the reason.
+A class is graded the same way, every exercise of every student side by side (grade_class).
 """
 
+import ast
 import atexit
 import contextlib
 import hashlib
@@ -23,23 +25,46 @@ import selectors
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path, PurePosixPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from lesson import audit
-from lesson.exercises import KitError, blank, file_order, functions, hidden_tests, parse, splice
+from lesson.exercises import (
+    KitError,
+    blank,
+    compile_tests,
+    file_order,
+    functions,
+    hidden_tests,
+    parse,
+    splice,
+)
 
 CHILD = Path(__file__).resolve().with_name("grading_child.py")
-FORMAT = 1  # of assignment.json
+FORMAT = 2  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
+
+
+class Layout(NamedTuple):
+    """Where an exercise's module and its test file lie, from the repository's top, and the
+    repository's other files they import (path -> text), which a run holds as they are."""
+
+    module: str = "compressive.py"
+    tests: str = "test_compressive.py"
+    support: Dict[str, str] = {}
+
+
+COMPRESSIVE = Layout()
 
 
 class Run(NamedTuple):
@@ -128,18 +153,29 @@ def run_tests(
     tests: str,
     selected: Optional[List[str]] = None,
     names: Optional[List[str]] = None,
+    leave_out: Optional[List[str]] = None,
+    layout: Layout = COMPRESSIVE,
     timeout_s=TIMEOUT_S,
 ) -> Run:
-    """Run tests (the text of a test_compressive.py) on compressive (the text of a compressive.py)
-    in a fresh process and folder; selected: the node ids to run, names: the test functions to
-    run (None and None: every test)."""
+    """Run tests (the text of a test file) on compressive (the text of the module they test,
+    compressive.py unless layout says another) in a fresh process and folder; selected: the node
+    ids to run, names: the test functions to run (None and None: every test), leave_out: test
+    functions not to run."""
     began = time.monotonic()
-    control = {"tests": selected, "names": names}
+    control = {
+        "tests": selected,
+        "names": names,
+        "leave_out": leave_out or [],
+        "test_file": layout.tests,
+    }
     with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
         folder = Path(folder)
-        (folder / "compressive.py").write_text(compressive, encoding="utf-8")
-        (folder / "test_compressive.py").write_text(tests, encoding="utf-8")
-        (folder / "pytest.ini").write_text("[pytest]\n")  # this folder is pytest's rootdir
+        files = {**layout.support, layout.module: compressive, layout.tests: tests}
+        for path, text in files.items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text, encoding="utf-8")
+        # this folder is pytest's rootdir, and the top the tests import the modules from
+        (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
         shutil.copyfile(CHILD, folder / CHILD.name)
         pipes = [os.pipe() for _ in range(3)]  # the report, the output, the status
         (report_r, report_w), (output_r, output_w), (status_r, status_w) = pipes
@@ -301,7 +337,8 @@ def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: Op
 
 
 def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
-    """run_tests on each (compressive, tests, selected[, names]), side by side, one per core."""
+    """run_tests on each (compressive, tests, selected[, names[, leave_out[, layout]]]), side by
+    side, one per core."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
         return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
 
@@ -310,24 +347,33 @@ def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
 
 
 def compute_checks(
-    reference: str, tests: str, names: List[str], only: Optional[List[str]] = None
+    reference: str,
+    tests: str,
+    names: List[str],
+    only: Optional[List[str]] = None,
+    leave_out: Optional[List[str]] = None,
+    layout: Layout = COMPRESSIVE,
 ) -> Tuple[List[str], Dict[str, List[str]], Dict[str, str]]:
-    """Every test of the file (only: those whose function is named there), and for each exercise
-    the tests that fail with its function alone blanked: its check. Also the versions of torch and
-    pytest that ran them. One run of the original, one per exercise, side by side."""
+    """Every test of the file (only: those whose function is named there; leave_out: less those),
+    and for each exercise the tests that fail with its function alone blanked: its check. Also
+    the versions of torch and pytest that ran them. One run of the original, one per exercise,
+    side by side."""
     tree = parse(reference, "the original")[1]
-    jobs = [(reference, tests, None, only)] + [
-        (blank(reference, tree, [name]), tests, None, only) for name in names
+    jobs = [(reference, tests, None, only, leave_out, layout)] + [
+        (blank(reference, tree, [name]), tests, None, only, leave_out, layout) for name in names
     ]
     original, *blanked = run_many(jobs)
     failing = [t for t in original.tests if original.outcomes.get(t) != "passed"]
-    if original.problem or failing or not original.tests:
-        why = original.problem or (
-            f"{len(failing)} tests fail, such as {failing[0]}: {original.messages.get(failing[0])}"
-            if failing
-            else "no test"
+    if original.problem or not original.tests:
+        raise KitError(f"the tests do not run on the original: {original.problem or 'no test'}")
+    if failing:
+        failing_names = sorted({base_name(t) for t in failing})
+        raise KitError(
+            f"{len(failing)} tests fail on the original on this machine, so no check can be "
+            f"computed: {', '.join(failing_names)} (the first says: "
+            f"{original.messages.get(failing[0], '')[:200]}); leave them out of the assignment "
+            f"with --leave-out {' '.join(failing_names)}"
         )
-        raise KitError(f"the tests do not pass on the original: {why}")
     checks = {}
     for name, run in zip(names, blanked):
         if run.problem:  # a function that runs when compressive.py is imported, say
@@ -355,13 +401,15 @@ class Check(NamedTuple):
 
 class Assignment(NamedTuple):
     folder: Path
-    reference: str  # the original compressive.py: the solution
-    tests: str  # the teacher's test_compressive.py: every test, the hidden ones too
+    reference: str  # the original module (compressive.py, say): the solution
+    tests: str  # the teacher's test file of it: every test, the hidden ones too
     exercises: List[Check]
     partial: bool  # proportional credit, not all or nothing
     hidden_visibility: str
     timeout_s: float
     versions: Dict[str, str]
+    left_out: Dict[str, List[str]] = {}  # why -> the test functions no exercise is graded with
+    layout: Layout = COMPRESSIVE
 
 
 def digest(text: str) -> str:
@@ -377,9 +425,13 @@ def make_assignment(
     partial: bool = False,
     hidden_visibility: str = "after_published",
     only: Optional[List[str]] = None,
+    leave_out: Optional[List[str]] = None,
+    layout: Layout = COMPRESSIVE,
 ) -> Assignment:
     """Compute each exercise's check and write the teacher's folder: the original (the solution),
-    every test, and assignment.json."""
+    every test, and assignment.json. The tests that run torch.compile are left out of every
+    check (a correct answer need not compile: an as_strided view fails them), and so are those
+    the teacher leaves out (leave_out: tests that fail on this machine)."""
     tree = parse(reference, "the original")[1]
     names = file_order(names, tree)
     for name in names:
@@ -388,7 +440,15 @@ def make_assignment(
         except audit.Refusal as refusal:
             why = f"{name} cannot be graded: the audit refuses its original ({refusal})"
             raise KitError(why) from None
-    all_tests, checks, versions = compute_checks(reference, tests, names, only)
+    known_tests = {n.name for n in ast.parse(tests).body if isinstance(n, ast.FunctionDef)}
+    unknown = sorted(set(leave_out or []) - known_tests)
+    if unknown:
+        raise KitError(f"--leave-out names no test of the file: {', '.join(unknown)}")
+    left_out = {"torch.compile": compile_tests(tests), "by the teacher": sorted(leave_out or [])}
+    all_left_out = left_out["torch.compile"] + left_out["by the teacher"]
+    all_tests, checks, versions = compute_checks(
+        reference, tests, names, only, all_left_out, layout
+    )
     hidden = set(hidden_tests(tests))
     exercises = [
         Check(
@@ -399,9 +459,10 @@ def make_assignment(
         )
         for n in names
     ]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "compressive.py").write_text(reference, encoding="utf-8")
-    (folder / "test_compressive.py").write_text(tests, encoding="utf-8")
+    files = {layout.module: reference, layout.tests: tests, **layout.support}
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text, encoding="utf-8")
     record = {
         "format": FORMAT,
         "what": "the teachers' kit's assignment: python -m lesson.handout --grade FILE "
@@ -411,8 +472,12 @@ def make_assignment(
         "hidden_visibility": hidden_visibility,
         "timeout_s": TIMEOUT_S,
         "versions": versions,
+        "left_out": left_out,
         "tests_in_file": len(all_tests),
-        "sha256": {"compressive.py": digest(reference), "test_compressive.py": digest(tests)},
+        "module": layout.module,
+        "tests": layout.tests,
+        "support": list(layout.support),
+        "sha256": {path: digest(text) for path, text in files.items()},
     }
     (folder / "assignment.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return load_assignment(folder)
@@ -430,29 +495,63 @@ def load_assignment(folder: Path) -> Assignment:
         )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        reference = (folder / "compressive.py").read_text(encoding="utf-8")
-        tests = (folder / "test_compressive.py").read_text(encoding="utf-8")
+        if record.get("format") != FORMAT:
+            raise KitError(f"{path} is of format {record.get('format')}, this kit reads {FORMAT}")
+        module, tests_path = str(record["module"]), str(record["tests"])
+        paths = [module, tests_path, *map(str, record["support"])]
+        if any(p.startswith("/") or ".." in p.split("/") for p in paths):
+            raise KitError(f"{path} names a file outside its folder")
+        files = {p: (folder / p).read_text(encoding="utf-8") for p in paths}
+        reference, tests = files[module], files[tests_path]
+        support = {p: files[p] for p in paths[2:]}
         exercises = [
             Check(str(e["name"]), float(e["points"]), list(e["tests"]), list(e["hidden"]))
             for e in record["exercises"]
         ]
         partial, visibility = bool(record["partial"]), str(record["hidden_visibility"])
         timeout_s, versions = float(record["timeout_s"]), dict(record.get("versions", {}))
+        left_out = {str(k): list(v) for k, v in record.get("left_out", {}).items()}
         sha = record["sha256"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise KitError(f"{folder} is not an assignment the kit can read: {e}") from None
-    if record.get("format") != FORMAT:
-        raise KitError(f"{path} is of format {record.get('format')}, this kit reads {FORMAT}")
-    if sha != {"compressive.py": digest(reference), "test_compressive.py": digest(tests)}:
+    if sha != {p: digest(text) for p, text in files.items()}:
         raise KitError(
-            f"{folder}'s compressive.py or test_compressive.py changed after its checks were "
-            f"computed: make the assignment again"
+            f"{folder}'s {module}, {tests_path} or a file they import changed after its checks "
+            f"were computed: make the assignment again"
         )
-    known = functions(parse(reference, f"{folder / 'compressive.py'}")[1])
+    known = functions(parse(reference, f"{folder / module}")[1])
     bad = [c.name for c in exercises if c.name not in known or not c.tests or c.points < 0]
     if bad or visibility not in VISIBILITIES or not exercises:
         raise KitError(f"{path} is not a valid assignment ({', '.join(bad) or visibility})")
-    return Assignment(folder, reference, tests, exercises, partial, visibility, timeout_s, versions)
+    layout = Layout(module, tests_path, support)
+    return Assignment(
+        folder,
+        reference,
+        tests,
+        exercises,
+        partial,
+        visibility,
+        timeout_s,
+        versions,
+        left_out,
+        layout,
+    )
+
+
+def check_torch(assignment: Assignment) -> None:
+    """A KitError unless this Python's torch is the one the assignment's checks were computed
+    with (a local tag such as +cpu aside): another torch may pass or fail other tests."""
+    wanted = assignment.versions.get("torch", "").split("+")[0]
+    try:
+        here = version("torch").split("+")[0]
+    except PackageNotFoundError:
+        here = "none"
+    if wanted and here != wanted:
+        raise KitError(
+            f"the assignment's checks were computed with torch {wanted}, and this Python "
+            f"({sys.executable}) has torch {here}: grade with torch {wanted}, or make the "
+            f"assignment again with this one"
+        )
 
 
 # ---------------------------------------------------------------- grading -------------------------
@@ -466,12 +565,13 @@ class Grade(NamedTuple):
     hidden: List[str]
     failures: List[Tuple[str, str]]  # (node id, the first line of why), in file order
     problem: str  # why the whole run is worth nothing ("" if it is not)
+    refused: str = ""  # the audit's one line on this exercise alone ("" if it ran)
 
 
 class Grading(NamedTuple):
     submission: str  # the path graded, as given
     grades: List[Grade]
-    refused: str  # the audit's one line ("" if the file was accepted)
+    refused: str  # the audit's one line on the whole file ("" if the file was accepted)
     partial: bool
     seconds: float
 
@@ -484,19 +584,84 @@ class Grading(NamedTuple):
         return sum(g.points for g in self.grades)
 
 
-def find_submission(path: Path) -> Path:
-    """The compressive.py to grade: path itself, or the one in the folder path (at its top, or
-    the only one below it, as Gradescope unpacks an upload)."""
+def read_submission(path: Path, name: str = "compressive.py") -> str:
+    """The text of the file to grade (name: compressive.py, or the module of the exercises):
+    path itself, or the one in the folder path (at its top, or the only one below it, as
+    Gradescope unpacks an upload). Read as a regular file only,
+    inside that folder: a symbolic link (to the teacher's solution, say), a device, a pipe or a
+    file with another name elsewhere (a hard link) is refused, never opened."""
+    if path.is_symlink():
+        raise audit.Refusal(f"{path} is a symbolic link: submit the file itself")
     if path.is_dir():
-        top = path / "compressive.py"
-        found = [top] if top.is_file() else sorted(path.rglob("compressive.py"))
+        found = []
+        for folder, subfolders, files in os.walk(path):  # links to folders are not followed
+            subfolders.sort()
+            found += [Path(folder) / file for file in sorted(files) if file == name]
+        top = [f for f in found if f.parent == path]
+        found = top or found
         if len(found) != 1:
             many = f"{len(found)} files named" if found else "no"
-            raise FileNotFoundError(f"the submission {path} holds {many} compressive.py")
-        return found[0]
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is not a file")
-    return path
+            raise audit.Refusal(f"the submission {path} holds {many} {name}")
+        file = found[0]
+        if file.is_symlink():
+            raise audit.Refusal(f"{file} is a symbolic link: submit the file itself")
+        if not file.resolve().is_relative_to(path.resolve()):
+            raise audit.Refusal(f"{file} lies outside the submission's folder")
+    elif path.exists():
+        file = path
+    else:
+        raise audit.Refusal(f"{path} does not exist")
+    try:
+        # O_NOFOLLOW: a link put in place after the checks above is refused all the same;
+        # O_NONBLOCK: a pipe does not hang the grader (fstat refuses it next)
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise audit.Refusal(f"{file} cannot be opened as a file: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise audit.Refusal(f"{file} is not a regular file")
+        if info.st_nlink != 1:
+            raise audit.Refusal(f"{file} is a hard link to another file: submit a copy")
+        data = handle.read(audit.MAX_BYTES + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise audit.Refusal("it is not UTF-8 text") from None
+
+
+class Prepared(NamedTuple):
+    """A submission read and audited, its exercises ready to run."""
+
+    submission: str
+    refused: str  # why the whole file is refused ("" if it is not)
+    refusals: Dict[str, str]  # exercise -> why it alone is refused
+    spliced: Dict[str, str]  # exercise -> the original with the student's function put in
+    began: float
+
+
+def prepare(submission: Path, assignment: Assignment, check_first: bool = True) -> Prepared:
+    """Read and audit a submission, and put each accepted exercise into the original
+    (check_first=False skips the audit: only the kit's own tests of the report channel do that)."""
+    began = time.monotonic()
+    names = [c.name for c in assignment.exercises]
+    try:
+        text = read_submission(submission, PurePosixPath(assignment.layout.module).name)
+        if check_first:
+            refusals = audit.audit_each(text, assignment.reference, names)
+        else:
+            parse(text, "the submission")
+            refusals = {}
+    except (KitError, audit.Refusal) as e:
+        return Prepared(str(submission), str(e), {}, {}, began)
+    spliced = {}
+    for name in names:
+        if name not in refusals:
+            try:
+                spliced[name] = splice(assignment.reference, text, name)
+            except KitError as e:
+                refusals[name] = str(e)
+    return Prepared(str(submission), "", refusals, spliced, began)
 
 
 def grade(
@@ -506,30 +671,34 @@ def grade(
     timeout_s: Optional[float] = None,
     check_first: bool = True,
 ) -> Grading:
-    """Grade a student's compressive.py (check_first=False skips the audit: only the kit's own
-    tests of the report channel do that)."""
-    began = time.monotonic()
-    partial = assignment.partial if partial is None else partial
-    names = [c.name for c in assignment.exercises]
-    try:
-        text = find_submission(submission).read_text(encoding="utf-8")
-        if check_first:
-            audit.audit(text, assignment.reference, names)
-        else:
-            parse(text, "the submission")
-    except (FileNotFoundError, UnicodeDecodeError, KitError, audit.Refusal) as e:
-        why = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else str(e)
-        grades = [
-            Grade(c.name, c.points, 0.0, c.tests, c.hidden, [], why) for c in assignment.exercises
-        ]
-        return Grading(str(submission), grades, why, partial, time.monotonic() - began)
+    """Grade a student's compressive.py: each exercise alone, its refusal or its run."""
+    prepared = prepare(submission, assignment, check_first)
     jobs = [
-        (splice(assignment.reference, text, c.name), assignment.tests, c.tests)
+        (prepared.spliced[c.name], assignment.tests, c.tests, None, None, assignment.layout)
         for c in assignment.exercises
+        if c.name in prepared.spliced
     ]
     runs = run_many(jobs, timeout_s or assignment.timeout_s)
-    grades = [score(check, run, partial) for check, run in zip(assignment.exercises, runs)]
-    return Grading(str(submission), grades, "", partial, time.monotonic() - began)
+    ran = [c.name for c in assignment.exercises if c.name in prepared.spliced]
+    return finish(prepared, assignment, dict(zip(ran, runs)), partial)
+
+
+def finish(
+    prepared: Prepared, assignment: Assignment, runs: Dict[str, Run], partial: Optional[bool]
+) -> Grading:
+    """The grading of a prepared submission from its exercises' runs."""
+    partial = assignment.partial if partial is None else partial
+    grades = []
+    for check in assignment.exercises:
+        why = prepared.refused or prepared.refusals.get(check.name, "")
+        if why or check.name not in runs:
+            grades.append(
+                Grade(check.name, check.points, 0.0, check.tests, check.hidden, [], "", why)
+            )
+        else:
+            grades.append(score(check, runs[check.name], partial))
+    seconds = time.monotonic() - prepared.began
+    return Grading(prepared.submission, grades, prepared.refused, partial, seconds)
 
 
 def score(check: Check, run: Run, partial: bool) -> Grade:
@@ -595,9 +764,12 @@ def print_grading(grading: Grading) -> None:
         print(f"{grading.submission}: {audit_line(grading.refused)}")
     width = max(len(g.name) for g in grading.grades)
     for g in grading.grades:
-        verdict = "refused" if grading.refused else summary(g)
+        if grading.refused:
+            verdict = "refused"
+        else:
+            verdict = audit_line(g.refused) if g.refused else summary(g)
         print(f"{g.name:<{width}}  {g.score:g}/{g.points:g}  {verdict}")
-        if not grading.refused and not g.problem and not verdict.startswith("not written"):
+        if g.failures and not g.problem and not verdict.startswith("not written"):
             for line in failure_lines(g, hidden=False):
                 print(f"    {line}")
             for line in failure_lines(g, hidden=True):
@@ -615,8 +787,8 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
     as the assignment's hidden_visibility says."""
     tests = []
     for g in grading.grades:
-        if grading.refused:
-            output = audit_line(grading.refused)
+        if grading.refused or g.refused:
+            output = audit_line(grading.refused or g.refused)
         elif g.problem:
             output = f"Not graded: {g.problem}."
         else:
@@ -636,7 +808,7 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
             }
         )
     for g in grading.grades:
-        if g.hidden and not grading.refused and not g.problem:
+        if g.hidden and not grading.refused and not g.refused and not g.problem:
             failed = failure_lines(g, hidden=True)
             tests.append(
                 {
@@ -661,3 +833,55 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
         "stdout_visibility": "hidden",
         "tests": tests,
     }
+
+
+# ---------------------------------------------------------------- a class -------------------------
+
+
+def grade_class(
+    submissions: Dict[str, Path],
+    assignment: Assignment,
+    partial: Optional[bool] = None,
+    timeout_s: Optional[float] = None,
+    graded=lambda student, grading: None,
+) -> Dict[str, Grading]:
+    """Grade each student's submission (student -> path), every exercise of every student side
+    by side, one run per core; graded(student, grading) is called as each student's last run
+    ends. A run that does not end costs its own exercise's timeout, on one core."""
+    prepared = {student: prepare(path, assignment) for student, path in submissions.items()}
+    runs: Dict[str, Dict[str, Run]] = {student: {} for student in prepared}
+    gradings = {}
+
+    def done(student):
+        if len(runs[student]) == len(prepared[student].spliced):
+            gradings[student] = finish(prepared[student], assignment, runs[student], partial)
+            graded(student, gradings[student])
+
+    with ThreadPoolExecutor(max_workers=workers()) as pool:
+        futures = {}
+        for student, ready in prepared.items():
+            for check in assignment.exercises:
+                if check.name in ready.spliced:
+                    job = (ready.spliced[check.name], assignment.tests, check.tests)
+                    job += (None, None, assignment.layout)
+                    timeout = timeout_s or assignment.timeout_s
+                    future = pool.submit(run_tests, *job, timeout_s=timeout)
+                    futures[future] = (student, check.name)
+            if not ready.spliced:
+                done(student)
+        for future in as_completed(futures):
+            student, name = futures[future]
+            runs[student][name] = future.result()
+            done(student)
+    return {student: gradings[student] for student in submissions}
+
+
+def failed_most(gradings: List[Grading]) -> List[Tuple[str, int]]:
+    """Each test that failed for some student, with how many, most first (refusals and runs
+    worth nothing left out: they say nothing of a test)."""
+    counts: Dict[str, int] = {}  # a test counts once a student, whichever checks hold it
+    for grading in gradings:
+        failed = {test for g in grading.grades if not g.problem for test, _ in g.failures}
+        for test in failed:
+            counts[test] = counts.get(test, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))

@@ -1,16 +1,18 @@
-"""The test process of the teachers' kit: runs pytest on the compressive.py and test_compressive.py
-of its folder, and streams each test's outcome to the grader as it happens.
+"""The test process of the teachers' kit: runs pytest on a test file of its folder (control's
+"test_file", test_compressive.py unless it says another), and streams each test's outcome to the
+grader as it happens.
 
     python grading_child.py FD          one run; the tests to run come on stdin
     python grading_child.py --zygote FD a process that starts runs by forking (Linux)
 
 A run is told the tests to run: node ids ("tests"), names of test functions ("names"), or every
-test (both null). It writes one JSON line per event to the pipe FD: the tests collected, each
-phase of each test (setup, call, teardown) with its outcome and the first line of why it failed,
-then the end of the run. Each line is written as its test ends, before pytest returns, so nothing
-the tested code does afterwards (an atexit hook, say) can change a line already sent; the pipe is
-closed before the process exits, and the grader counts any line after the run's end, any
-missing test and any test reported twice as a forged report.
+test (both null), less the test functions of "leave_out". It writes one JSON line per event to
+the pipe FD: the tests collected, each phase of each test (setup, call, teardown) with its
+outcome and the first line of why it failed, then the end of the run. Each line is written as
+its test ends, before pytest returns, so nothing the tested code does afterwards (an atexit hook,
+say) can change a line already sent; the pipe is closed before the process exits, and the grader
+counts any line after the run's end, any missing test and any test reported twice as a forged
+report.
 
 Importing torch and the helpers its test functions load on first use takes about 1.6 s of CPU,
 most of a small run. The zygote pays it once: it imports them, runs nothing, and for each run
@@ -39,9 +41,10 @@ def first_line(report) -> str:
 
 
 def run(report_fd: int, control: dict) -> int:
-    """pytest on test_compressive.py of the current folder, each event a line on report_fd."""
+    """pytest on the test file of the current folder, each event a line on report_fd."""
     channel = os.fdopen(report_fd, "w", encoding="utf-8", buffering=1)
     selected, names = control.get("tests"), control.get("names")
+    leave_out = set(control.get("leave_out") or [])
 
     def send(**event):
         channel.write(json.dumps(event) + "\n")
@@ -52,13 +55,14 @@ def run(report_fd: int, control: dict) -> int:
 
     class Reporter:
         def pytest_collection_modifyitems(self, session, config, items):
-            if selected is None and names is None:
+            if selected is None and names is None and not leave_out:
                 return
             keep = [
                 item
                 for item in items
                 if (selected is None or item.nodeid in selected)
                 and (names is None or item.originalname in names)
+                and item.originalname not in leave_out
             ]
             config.hook.pytest_deselected(items=[item for item in items if item not in keep])
             items[:] = keep
@@ -82,7 +86,8 @@ def run(report_fd: int, control: dict) -> int:
 
     # --tb=no: the first line of each failure is all the grader reads, and a long traceback
     # through the model costs more than the test
-    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", "test_compressive.py"]
+    test_file = control.get("test_file") or "test_compressive.py"
+    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", test_file]
     status = pytest.main(args, plugins=[Reporter()])
     channel.close()
     return int(status)

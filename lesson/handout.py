@@ -2,6 +2,7 @@
 
     python -m lesson.handout CompressiveLayer.update_memory relative_shift --out hw/
     python -m lesson.handout --grade alice/compressive.py --assignment hw/ [--results r.json]
+    python -m lesson.handout --grade-class submissions/ --assignment hw/ [--csv grades.csv]
     python -m lesson.handout --gradescope hw/         # write hw/gradescope.zip again
     python -m lesson.handout --table README.md        # rewrite the README's table of exercises
     python -m lesson.handout --verify                 # the table is what blanking finds (CI)
@@ -16,18 +17,25 @@ The handout command writes three things into --out:
                      assignment.json (each exercise's check, points, the hidden tests)
     gradescope.zip   the autograder to upload to Gradescope (lesson/gradescope.py)
 
+An exercise of beyond_the_paper/ (the table's file column) works the same way with its own file
+and test file in place of compressive.py and test_compressive.py; both folders then also hold,
+as they are, the repository's files those two import. An assignment takes its exercises from
+one file.
+
 An exercise's check is computed one way, the exact one: the tests that fail when its function
 alone is blanked, found by blanking it for real (lesson/grading.py). Grading audits the
 submitted file first (lesson/audit.py) and then grades each exercise alone, the original with
 only the student's function put in, on the teacher's tests; it prints per exercise its points
 and each failing test with the first line of why. Exit status: 0 when every exercise scores
 all its points, 1 when one does not (or the file is refused), 2 on bad input, with one error
-line.
+line. --grade-class grades every submission of a folder (a folder or a .py file per student),
+all side by side, and writes one CSV row per student and which tests failed most.
 """
 
 import argparse
 import ast
 import contextlib
+import csv
 import json
 import os
 import shutil
@@ -36,7 +44,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 from lesson import grading
 from lesson.exercises import (
@@ -44,11 +52,14 @@ from lesson.exercises import (
     Exercise,
     KitError,
     blank,
+    compile_tests,
     functions,
     hidden_tests,
+    project_files,
     read_python,
     resolve,
     student_tests,
+    tests_of,
 )
 from lesson.gradescope import write_bundle
 
@@ -71,12 +82,15 @@ def make(
     partial: bool = False,
     hidden_visibility: str = "after_published",
     only: Optional[List[str]] = None,
+    leave_out: Optional[List[str]] = None,
 ) -> grading.Assignment:
     """Write out/student, out/teacher and out/gradescope.zip (only: grade with the tests of these
-    names alone; the kit's own tests use it to stay fast)."""
-    text, tree = read_python(SOURCE, "the original")
-    tests = TESTS.read_text(encoding="utf-8")
-    names = resolve(names, tree)
+    names alone, the kit's own tests use it to stay fast; leave_out: the tests no exercise is
+    graded with, those that fail on this machine)."""
+    layout = layout_of(module_of(names))
+    text, tree = read_python(ROOT / layout.module, "the original")
+    tests = (ROOT / layout.tests).read_text(encoding="utf-8")
+    names = resolve(names, tree, layout.module)
     if points is not None and len(points) != len(names):
         raise KitError(f"--points gives {len(points)} numbers for {len(names)} exercises")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -96,9 +110,11 @@ def make(
             partial,
             hidden_visibility,
             only,
+            leave_out,
+            layout,
         )
         write_student_folder(staging / "student", text, tree, tests, assignment)
-        write_bundle(staging / "teacher", staging / "gradescope.zip", assignment.versions)
+        write_bundle(assignment, staging / "gradescope.zip")
         umask = os.umask(0)
         os.umask(umask)
         staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private; a handout is not
@@ -110,15 +126,39 @@ def make(
     return assignment._replace(folder=out / "teacher")
 
 
+def module_of(names: List[str]) -> str:
+    """The file the exercises named come from: compressive.py, or the one the kit's table gives
+    them (beyond_the_paper/feedback.py, say); an assignment takes all from one file."""
+    modules = {EXERCISES[n].module for n in names if n in EXERCISES}
+    modules |= {"compressive.py" for n in names if n not in EXERCISES}
+    if len(modules) > 1:
+        raise KitError(
+            f"the exercises come from {' and '.join(sorted(modules))}: an assignment takes its "
+            f"exercises from one file"
+        )
+    return modules.pop() if modules else "compressive.py"
+
+
+def layout_of(module: str) -> grading.Layout:
+    """A module, its test file, and the repository's files they import, as they are."""
+    tests = tests_of(module)
+    support = project_files(ROOT, [module, tests])[2:]
+    return grading.Layout(
+        module, tests, {path: (ROOT / path).read_text(encoding="utf-8") for path in support}
+    )
+
+
 def write_student_folder(
     folder: Path, text: str, tree: ast.Module, tests: str, assignment: grading.Assignment
 ) -> None:
     """The handout: no solution, no hidden test."""
     names = [c.name for c in assignment.exercises]
     student = blank(text, tree, names)
-    folder.mkdir(parents=True)
-    (folder / "compressive.py").write_text(student, encoding="utf-8")
-    (folder / "test_compressive.py").write_text(student_tests(tests), encoding="utf-8")
+    layout = assignment.layout
+    files = {**layout.support, layout.module: student, layout.tests: student_tests(tests)}
+    for path, content in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(content, encoding="utf-8")
     (folder / "checks").mkdir()
     visible = {}
     for check in assignment.exercises:
@@ -134,6 +174,7 @@ def student_readme(
 ) -> str:
     """The handout's README; tree: the student copy's (its line numbers)."""
     known = functions(tree)
+    module, tests = assignment.layout.module, assignment.layout.tests
     rows = []
     for check in assignment.exercises:
         name, exercise = check.name, EXERCISES.get(check.name)
@@ -143,9 +184,10 @@ def student_readme(
             else "what its docstring and the comments around it say"
         )
         points = f"{check.points:g} point{'' if check.points == 1 else 's'}"
-        row = f"- `{name}` (compressive.py, line {known[name].lineno}, {points}): {what}."
+        row = f"- `{name}` ({module}, line {known[name].lineno}, {points}): {what}."
         rows.append(textwrap.fill(row, 96, subsequent_indent="  "))
-        rows.append(f"  Check it: `pytest -q @checks/{name}.txt` ({len(visible[name])} tests).")
+        check_it = f"OMP_NUM_THREADS=1 pytest -q @checks/{name}.txt"
+        rows.append(f"  Check it: `{check_it}` ({len(visible[name])} tests).")
     order = []
     for later in visible:  # where one check lies inside another's, the order to write them
         for first in visible:
@@ -158,30 +200,51 @@ def student_readme(
     )
     graded = textwrap.fill(
         "**How it is graded.** Each exercise alone: your function is put into the original "
-        "`compressive.py`, so a mistake in one exercise costs that exercise only, and it scores "
+        f"`{module}`, so a mistake in one exercise costs that exercise only, and it scores "
         f"its points {credit}, along with a few tests your teacher keeps. Write only inside "
-        "these bodies. The grader refuses a file that differs from this one anywhere else, "
-        "imports anything, or whose bodies use more than their arguments, their own names, the "
-        "names `compressive.py` defines or imports (torch, F, nn, math, its functions and "
-        "classes), tensor operations and plain builtins (len, range, min, max, ...); it says "
-        "which line and why.",
+        "these bodies. The grader refuses a file that differs from this one anywhere else or "
+        "imports anything; and it refuses an exercise alone (it scores 0, the others are "
+        "graded) whose body uses more than its arguments, its own names, the names "
+        f"`{module}` defines or takes from the project's modules, torch, F, nn and math, tensor "
+        "operations and plain builtins "
+        "(len, range, min, max, ...), or hands a class to anything; it says which line and "
+        "which name.",
         96,
     )
+    compiled = assignment.left_out.get("torch.compile", [])
+    teacher_left_out = assignment.left_out.get("by the teacher", [])
+    left_out = []
+    if compiled:
+        left_out.append(
+            f"**What the grade leaves out.** The {len(compiled)} tests that run `torch.compile` "
+            f"({', '.join(f'`{t}`' for t in compiled)}) are in no check and count for no grade: "
+            "an answer need only be right when run as written (an `as_strided` view, say, "
+            "counts even where the compiler refuses it). `pytest -q` still runs them."
+        )
+    if teacher_left_out:
+        left_out.append(
+            f"Your teacher left out {', '.join(f'`{t}`' for t in teacher_left_out)} too."
+        )
+    left_out = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in left_out)
     return f"""# Compressive Transformer: the exercise
 
-In `compressive.py` the body of each function below is `raise NotImplementedError`. Its
+In `{module}` the body of each function below is `raise NotImplementedError`. Its
 docstring states what it receives, in which shapes, and what it returns; the rest of the file
 is the finished model, to read and to call. Write each body:
 
 {chr(10).join(rows)}
 {"".join(chr(10) + line for line in order)}
 
-An exercise's check is the tests of `test_compressive.py` that fail while the function is not
-written. Then run the whole file, `pytest -q`. (`@file` needs pytest 8.2 or later; with an older
-one, pass the file's lines themselves: `pytest -q $(cat checks/NAME.txt)`.)
+An exercise's check is the tests of `{tests}` that fail while the function is not
+written. Then run the whole file, `OMP_NUM_THREADS=1 pytest -q`. (`@file` needs pytest 8.2 or
+later; with an older one, pass the file's lines themselves: `pytest -q $(cat checks/NAME.txt)`.)
+
+**Run the tests on one thread** (`OMP_NUM_THREADS=1`, as above; the grader does the same). The
+tests' models are tiny: more threads do not make them faster, and on a busy machine they make
+them many times slower.
 
 {graded}
-
+{chr(10) + left_out + chr(10) if left_out else ""}
 The paper: Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv:1911.05507.
 """
@@ -190,24 +253,51 @@ Long-Range Sequence Modelling", arXiv:1911.05507.
 # ---------------------------------------------------------------- grading -----------------------
 
 
-def last_assignment_record() -> Path:
-    """Where the handout command notes the assignment it wrote last, for --grade without
+def assignments_record() -> Path:
+    """Where the handout command notes each assignment it writes, for --grade without
     --assignment: the user's cache, never the submission's folder."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "compressive-kit" / "last-assignment"
+    return cache / "compressive-kit" / "assignments"
+
+
+def note_assignment(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # a note for --grade; grading works without it
+        record = assignments_record()
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with record.open("a", encoding="utf-8") as notes:
+            notes.write(str(folder.resolve()) + "\n")
 
 
 def default_assignment() -> Path:
+    """The one assignment made here that still exists; with none or several, --assignment."""
     try:
-        folder = Path(last_assignment_record().read_text(encoding="utf-8").strip())
-    except OSError:
-        folder = None
-    if folder is None or not folder.is_dir():
+        noted = assignments_record().read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        noted = []
+    folders = list(dict.fromkeys(Path(line) for line in noted if line.strip()))
+    folders = [f for f in folders if (f / "teacher" / "assignment.json").is_file()]
+    if len(folders) != 1:
+        many = f"{len(folders)} assignments were made here" if folders else "which assignment?"
         raise KitError(
-            "which assignment? name the folder the handout command wrote: --assignment FOLDER"
+            f"{many}: name the folder the handout command wrote with --assignment FOLDER"
         )
-    print(f"the assignment: {folder} (the last one made here; --assignment names another)")
-    return folder
+    print(f"the assignment: {folders[0]} (the only one made here; --assignment names another)")
+    return folders[0]
+
+
+def load_for_grading(
+    assignment_folder: Optional[Path], results: Optional[Path] = None
+) -> grading.Assignment:
+    """The assignment to grade with, checked against this Python's torch; on Gradescope a
+    results.json that says why not, too."""
+    try:
+        assignment = grading.load_assignment(assignment_folder or default_assignment())
+        grading.check_torch(assignment)
+        return assignment
+    except KitError as e:
+        if results is not None:
+            write_results(results, {"score": 0.0, "output": f"Not graded: {e}", "tests": []})
+        raise
 
 
 def grade(
@@ -217,19 +307,87 @@ def grade(
     partial: Optional[bool],
     timeout_s: Optional[float],
 ) -> int:
-    try:
-        assignment = grading.load_assignment(assignment_folder or default_assignment())
-    except KitError as e:
-        if results is not None:
-            write_results(results, {"score": 0.0, "output": f"Not graded: {e}", "tests": []})
-        raise
-    if not path.exists():
+    assignment = load_for_grading(assignment_folder, results)
+    if not os.path.lexists(path):
         raise KitError(f"the submission {path} does not exist")
     graded = grading.grade(path, assignment, partial, timeout_s)
     grading.print_grading(graded)
     if results is not None:
         write_results(results, grading.results_json(graded, assignment))
     return 0 if graded.score == graded.max_score else 1
+
+
+def class_submissions(folder: Path) -> Dict[str, Path]:
+    """student -> submission: each folder of folder, or each .py file (its name less .py)."""
+    if not folder.is_dir():
+        raise KitError(f"{folder} is not a folder of submissions")
+    found = {}
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir() or entry.is_symlink() or entry.suffix == ".py":
+            student = entry.stem if entry.suffix == ".py" else entry.name
+            if student in found:
+                raise KitError(f"{folder} holds two submissions of {student}")
+            found[student] = entry
+    if not found:
+        raise KitError(f"{folder} holds no submission (a folder or a .py file per student)")
+    return found
+
+
+MOST_FAILED = 10  # tests in the class summary
+
+
+def grade_class(
+    folder: Path,
+    assignment_folder: Optional[Path],
+    csv_path: Path,
+    partial: Optional[bool],
+    timeout_s: Optional[float],
+) -> int:
+    """Every submission of folder graded; one CSV row each, and the tests that failed most."""
+    assignment = load_for_grading(assignment_folder)
+    submissions = class_submissions(folder)
+    names = [c.name for c in assignment.exercises]
+    began = time.monotonic()
+    print(f"grading {len(submissions)} submissions, {grading.workers()} runs at a time")
+
+    def graded(student, result):
+        refused = sum(bool(g.refused) for g in result.grades)
+        if result.refused:
+            note = f", {grading.audit_line(result.refused)}"
+        else:
+            note = f", {refused} exercises refused" if refused else ""
+        print(f"{student}: {result.score:g}/{result.max_score:g}{note}", flush=True)
+
+    results = grading.grade_class(submissions, assignment, partial, timeout_s, graded)
+    rows = [["student", *names, "total", "refusals"]]
+    for student, result in results.items():
+        scores = {g.name: f"{g.score:g}" for g in result.grades}
+        why = (
+            [result.refused]
+            if result.refused
+            else [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
+        )
+        rows.append([student, *(scores[n] for n in names), f"{result.score:g}", "; ".join(why)])
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    staging = csv_path.with_name(f".{csv_path.name}.tmp")
+    with staging.open("w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows(rows)
+    os.replace(staging, csv_path)
+    total = sum(c.points for c in assignment.exercises)
+    full = sum(r.score == total for r in results.values())
+    print(
+        f"{csv_path}: {len(results)} students, {full} with full marks, "
+        f"{sum(bool(r.refused) for r in results.values())} refused whole "
+        f"({time.monotonic() - began:.0f} s)"
+    )
+    most = grading.failed_most(list(results.values()))
+    if most:
+        print("the tests that failed most (students):")
+        for test, count in most[:MOST_FAILED]:
+            print(f"  {count:>4}  {grading.short(test)}")
+    return 0
 
 
 def write_results(path: Path, record: dict) -> None:
@@ -242,29 +400,46 @@ def write_results(path: Path, record: dict) -> None:
 # ---------------------------------------------------------------- the README's table ------------
 
 
-def all_checks():
-    text, tree = read_python(SOURCE, "the original")
-    tests = TESTS.read_text(encoding="utf-8")
-    names = resolve(list(EXERCISES), tree)
-    all_tests, checks, _ = grading.compute_checks(text, tests, names)
-    return tests, all_tests, checks
+class TableRow(NamedTuple):
+    check: List[str]  # the tests that fail with the exercise blanked
+    tests: int  # the tests of its file that ran (those that run torch.compile left out)
+    kept: int  # of its check, the tests kept from students
 
 
-def table(tests: str, all_tests: List[str], checks: Dict[str, List[str]]) -> str:
-    hidden = set(hidden_tests(tests))
-    rows = [
+def all_checks() -> Dict[str, TableRow]:
+    """Every exercise of the table blanked for real, file by file, as an assignment does it."""
+    rows = {}
+    for module in dict.fromkeys(e.module for e in EXERCISES.values()):
+        layout = layout_of(module)
+        text, tree = read_python(ROOT / module, "the original")
+        tests = (ROOT / layout.tests).read_text(encoding="utf-8")
+        names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
+        all_tests, checks, _ = grading.compute_checks(
+            text, tests, names, None, compile_tests(tests), layout
+        )
+        hidden = set(hidden_tests(tests))
+        for name in names:
+            kept = sum(grading.base_name(t) in hidden for t in checks[name])
+            rows[name] = TableRow(checks[name], len(all_tests), kept)
+    return rows
+
+
+def table(rows: Dict[str, TableRow]) -> str:
+    lines = [
         TABLE_BEGIN,
-        "| exercise | what the student writes | its check: the tests that fail with it blanked |",
-        "| --- | --- | --- |",
+        "| exercise | file | what the student writes | its check: the tests that fail with it "
+        "blanked |",
+        "| --- | --- | --- | --- |",
     ]
     for name, exercise in EXERCISES.items():
-        kept = sum(grading.base_name(t) in hidden for t in checks[name])
-        rows.append(
-            f"| `{name}` | {exercise.writes} | {len(checks[name])} of {len(all_tests)}"
-            f"{f', {kept} kept from students' if kept else ''} |"
+        row = rows[name]
+        kept = f", {row.kept} kept from students" if row.kept else ""
+        lines.append(
+            f"| `{name}` | `{exercise.module}` | {exercise.writes} | {len(row.check)} of "
+            f"{row.tests} in `{tests_of(exercise.module)}`{kept} |"
         )
-    rows.append(TABLE_END)
-    return "\n".join(rows) + "\n"
+    lines.append(TABLE_END)
+    return "\n".join(lines) + "\n"
 
 
 def replace_table(old: str, block: str, readme: Path) -> str:
@@ -282,7 +457,7 @@ def replace_table(old: str, block: str, readme: Path) -> str:
 
 def write_table(readme: Optional[Path]) -> None:
     """Print the README's table of exercises, or rewrite it in readme between its markers."""
-    block = table(*all_checks())
+    block = table(all_checks())
     if readme is None:
         print(block, end="")
         return
@@ -302,19 +477,19 @@ def write_table(readme: Optional[Path]) -> None:
 def verify() -> int:
     """The README's table is what blanking each exercise for real finds now."""
     began = time.perf_counter()
-    tests, all_tests, checks = all_checks()
-    for name, check in checks.items():
-        print(f"{name}: blanked, fails {len(check)} of {len(all_tests)} tests")
+    rows = all_checks()
+    for name, row in rows.items():
+        print(f"{name}: blanked, fails {len(row.check)} of {row.tests} tests")
     readme = ROOT / "README.md"
-    if table(tests, all_tests, checks) not in readme.read_text(encoding="utf-8"):
+    if table(rows) not in readme.read_text(encoding="utf-8"):
         print(
             "error: the README's table of exercises is stale: "
             "python -m lesson.handout --table README.md"
         )
         return 1
     print(
-        f"verified in {time.perf_counter() - began:.0f} s: the original passes all "
-        f"{len(all_tests)} tests and the README's table is what blanking finds"
+        f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests "
+        f"and the README's table is what blanking finds"
     )
     return 0
 
@@ -355,12 +530,29 @@ def parse_arguments(argv):
         default="after_published",
         help="when Gradescope shows students which hidden tests failed (default: %(default)s)",
     )
+    parser.add_argument(
+        "--leave-out",
+        nargs="+",
+        metavar="TEST",
+        help="test functions no exercise is graded with (those that fail on this machine)",
+    )
     parser.add_argument("--grade", type=Path, metavar="FILE", help="a student's compressive.py")
+    parser.add_argument(
+        "--grade-class",
+        type=Path,
+        metavar="FOLDER",
+        help="grade every submission of FOLDER: a folder or a .py file per student",
+    )
+    parser.add_argument(
+        "--csv",
+        type=Path,
+        help="where --grade-class writes its grades (default: grades.csv)",
+    )
     parser.add_argument(
         "--assignment",
         type=Path,
         metavar="FOLDER",
-        help="what --out wrote, or its teacher/ (default: the last one made here)",
+        help="what --out wrote, or its teacher/ (needed when more than one was made here)",
     )
     parser.add_argument(
         "--results", type=Path, metavar="JSON", help="also write Gradescope's results.json"
@@ -383,19 +575,24 @@ def parse_arguments(argv):
     modes = [
         bool(args.functions or args.out),
         args.grade is not None,
+        args.grade_class is not None,
         args.gradescope is not None,
         args.table is not None,
         args.verify,
     ]
     if sum(modes) != 1:
         parser.error(
-            "give functions and --out, or --grade FILE --assignment FOLDER, or --gradescope "
-            "FOLDER, or --table, or --verify"
+            "give functions and --out, or --grade FILE --assignment FOLDER, or --grade-class "
+            "FOLDER --assignment FOLDER, or --gradescope FOLDER, or --table, or --verify"
         )
     if (args.functions or args.out) and (not args.functions or args.out is None):
         parser.error("name the functions to blank and the folder to write, --out FOLDER")
     if args.timeout is not None and args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.csv is not None and args.grade_class is None:
+        parser.error("--csv goes with --grade-class FOLDER")
+    if args.leave_out and not args.functions:
+        parser.error("--leave-out goes with the functions to blank and --out, when making")
     return args
 
 
@@ -406,10 +603,15 @@ def main(argv=None) -> int:
             return grade(
                 args.grade, args.assignment, args.results, args.partial or None, args.timeout
             )
+        if args.grade_class is not None:
+            csv_path = args.csv or Path("grades.csv")
+            return grade_class(
+                args.grade_class, args.assignment, csv_path, args.partial or None, args.timeout
+            )
         if args.gradescope is not None:
             assignment = grading.load_assignment(args.gradescope)
             zip_path = assignment.folder.parent / "gradescope.zip"
-            write_bundle(assignment.folder, zip_path, assignment.versions)
+            write_bundle(assignment, zip_path)
             print(f"{zip_path}: the autograder to upload to Gradescope")
             return 0
         if args.table is not None:
@@ -418,12 +620,14 @@ def main(argv=None) -> int:
         if args.verify:
             return verify()
         assignment = make(
-            args.functions, args.out, args.points, args.partial, args.hidden_visibility
+            args.functions,
+            args.out,
+            args.points,
+            args.partial,
+            args.hidden_visibility,
+            leave_out=args.leave_out,
         )
-        with contextlib.suppress(OSError):  # a note for --grade; grading works without it
-            record = last_assignment_record()
-            record.parent.mkdir(parents=True, exist_ok=True)
-            record.write_text(str(args.out.resolve()) + "\n", encoding="utf-8")
+        note_assignment(args.out)
         for check in assignment.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""
             print(f"{check.name}: blanked; its check is {len(check.tests)} tests{hidden}")

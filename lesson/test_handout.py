@@ -10,6 +10,7 @@ of each check, grade every submission on all three exercises, and run the Grades
 end on each."""
 
 import ast
+import csv
 import json
 import os
 import re
@@ -43,6 +44,7 @@ FAST_TESTS = [  # the tests that catch the mistakes below, and one hidden test
     "test_update_memory_returns_mem_and_c_mem_contiguous",
 ]
 ORIGINAL, TREE = exercises.read_python(handout.SOURCE, "the original")
+TEACHERS = (ROOT / "lesson" / "TEACHERS.md").read_text()
 
 
 def cli(*args, cwd=ROOT, env=None):
@@ -110,6 +112,8 @@ def graded(hw, assignment, tmp_path_factory):
         jobs[mistake] = (submit(folder / str(number), text), graded_on)
     for attack, lines in ATTACKS.items():
         jobs[attack] = (submit(folder / attack, cheat_in_shift(*lines)), shift, None, None, False)
+    honest = submit(folder / "honest", HONEST_AND_ONE_REFUSED)
+    jobs["honest answers, one refused"] = (honest, assignment)
     loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
     jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
     # in KIT_FULL each grade runs its three exercises side by side already
@@ -155,21 +159,32 @@ def start_cli(*args):
 
 
 def readme_table():
-    """The README's table of exercises: {name: (what the student writes, check size, tests)}."""
+    """The README's table of exercises: {name: (what the student writes, check size, tests,
+    file, test file)}."""
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index(handout.TABLE_BEGIN) : readme.index(handout.TABLE_END)]
     rows = re.findall(
-        r"^\| `([\w.]+)` \| (.+?) \| (\d+) of (\d+)(?:, (\d+) kept.*?)? \|$", block, re.M
+        r"^\| `([\w.]+)` \| `([\w./]+)` \| (.+?) \| (\d+) of (\d+) in `([\w./]+)`"
+        r"(?:, (\d+) kept.*?)? \|$",
+        block,
+        re.M,
     )
-    return {row[0]: (row[1], int(row[2]), int(row[3])) for row in rows}
+    return {row[0]: (row[2], int(row[3]), int(row[4]), row[1], row[5]) for row in rows}
 
 
-def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_the_file():
-    assert exercises.resolve(list(handout.EXERCISES), TREE) == list(handout.EXERCISES)
+def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_its_file():
     table = readme_table()
     assert list(table) == list(handout.EXERCISES)
-    assert all(table[name][0] == exercise.writes for name, exercise in handout.EXERCISES.items())
-    assert len({total for _, _, total in table.values()}) == 1
+    totals = {}
+    for name, exercise in handout.EXERCISES.items():
+        writes, _, total, module, tests = table[name]
+        assert writes == exercise.writes and module == exercise.module
+        assert tests == exercises.tests_of(module) and (ROOT / tests).is_file()
+        tree = ast.parse((ROOT / module).read_text())
+        assert exercises.resolve([name], tree, module) == [name]
+        totals.setdefault(module, set()).add(total)
+    assert all(len(seen) == 1 for seen in totals.values())
+    assert set(totals) == {"compressive.py", exercises.FEEDBACK, exercises.OVERLAP_POOL}
 
 
 def test_each_check_is_what_blanking_its_function_fails(assignment):
@@ -229,6 +244,8 @@ def test_the_student_folder_holds_no_answer_and_no_hidden_test(hw, assignment):
     assert [c.points for c in assignment.exercises] == [1, 2, 3]
     readme = (student / "README.md").read_text()
     assert "@checks/relative_shift.txt" in readme and "refuses" in readme
+    # the grader's one thread, said where the student runs the checks
+    assert "`OMP_NUM_THREADS=1 pytest -q @checks/relative_shift.txt`" in readme
 
 
 @pytest.mark.parametrize("name", list(exercises.functions(TREE)))
@@ -258,8 +275,8 @@ def test_relative_shifts_student_docstring_has_no_worked_example_and_no_index_fo
     blanked = exercises.blank(ORIGINAL, TREE, ["relative_shift"])
     doc = ast.get_docstring(exercises.functions(ast.parse(blanked))["relative_shift"])
     original = ast.get_docstring(exercises.functions(TREE)["relative_shift"])
-    assert exercises.MARKER in original and "T + j - i" in original and "Worked example" in original
-    assert "T + j - i" not in doc and "Worked example" not in doc and exercises.MARKER not in doc
+    assert "T + j - i" in original and "Worked example" in original
+    assert "T + j - i" not in doc and "Worked example" not in doc
     assert "[..., T, K+1]" in doc and "M + i - j" in doc  # the contract stays
 
 
@@ -351,6 +368,28 @@ CHEATS = {
         "signature or decorators differ",
     ),
     "not Python": ("def relative_shift(:\n", "not Python that parses"),
+    # a decorator or class factory changes the class it is handed, with no attribute assigned
+    "dataclass rewrites Tensor.__eq__": (
+        cheat_in_shift("dataclass(eq=True, init=False, repr=False)(torch.Tensor)"),
+        "`dataclass`",
+    ),
+    "a class factory": (cheat_in_shift("NamedTuple('Tensor', [])"), "`NamedTuple`"),
+    "a hook on every optimizer": (
+        cheat_in_shift("register_optimizer_step_post_hook(print)"),
+        "`register_optimizer_step_post_hook`",
+    ),
+    "a class's method on another object": (
+        cheat_in_shift("nn.Module.train(flat)"),
+        "`nn.Module` is or holds a class",
+    ),
+    "a class handed on through a name": (
+        cheat_in_shift("kind = torch.Tensor"),
+        "`torch.Tensor` is or holds a class",
+    ),
+    "a class handed to a function": (
+        cheat_in_shift("nn.Parameter(torch.Tensor)"),
+        "`torch.Tensor` is or holds a class",
+    ),
 }
 
 
@@ -372,7 +411,73 @@ def test_the_audit_accepts_the_handout_a_correct_answer_and_honest_mistakes(hw):
     ]:
         audit.audit(text, ORIGINAL, EXERCISES)
     # every exercise of the table can be graded: the audit accepts its original body
-    audit.audit(ORIGINAL, ORIGINAL, list(handout.EXERCISES))
+    for module in {e.module for e in handout.EXERCISES.values()}:
+        text = (ROOT / module).read_text()
+        names = [n for n, e in handout.EXERCISES.items() if e.module == module]
+        audit.audit(text, text, names)
+
+
+def test_the_audit_lets_a_class_be_called_tested_and_named_in_an_annotation():
+    answer = cheat_in_shift(
+        "kept: Optional[torch.Tensor] = torch.Tensor(0)",
+        "assert isinstance(flat, (torch.Tensor, nn.Parameter))",
+        "def inner(x: torch.Tensor) -> torch.Tensor:",
+        "    return x",
+    )
+    audit.audit(answer, ORIGINAL, EXERCISES)
+
+
+FORM_FEED_CHEAT = "print('this line of a comment runs')"
+
+
+def above_shift(line):
+    return changed(ORIGINAL, ("\ndef relative_shift(", f"\n{line}\ndef relative_shift("))
+
+
+@pytest.mark.parametrize("breaker", list("\x0c\x0b\x1c\x1d\x1e\x85\u2028\u2029"))
+def test_a_comment_is_a_comment_in_the_spliced_file_too(breaker):
+    """Python's parser ends a line at \\n (or \\r) alone; str.splitlines also at these. A
+    comment holding one, above an exercise's def, is a comment to the audit: it must not become
+    code where the student's function is put into the original."""
+    text = above_shift(f"#{breaker}{FORM_FEED_CHEAT}")
+    audit.audit(text, ORIGINAL, EXERCISES)
+    spliced = exercises.splice(ORIGINAL, text, "relative_shift")
+    assert ast.dump(ast.parse(spliced)) == ast.dump(TREE)
+
+
+def test_a_splice_that_does_not_read_as_written_is_refused_with_its_line(monkeypatch):
+    """The spliced file is parsed again: had the lines been cut where the parser does not cut
+    them, the function put in would not be the one audited, and the splice says where."""
+    monkeypatch.setattr(exercises, "source_lines", lambda text: text.splitlines(keepends=True))
+    text = above_shift(f"#\x0c{FORM_FEED_CHEAT}")
+    with pytest.raises(exercises.KitError, match=r"^line \d+: relative_shift .*original"):
+        exercises.splice(ORIGINAL, text, "relative_shift")
+
+
+def test_a_submission_is_read_as_a_regular_file_of_its_own_folder_only(tmp_path, assignment):
+    """A link to the teacher's solution (the path Gradescope's bundle names is public), a folder
+    linked, a hard link, a pipe: each refused whole, none opened, nothing run."""
+    teacher = assignment.folder / "compressive.py"
+    (tmp_path / "link.py").symlink_to(teacher)
+    (tmp_path / "in-folder").mkdir()
+    (tmp_path / "in-folder" / "compressive.py").symlink_to(teacher)
+    (tmp_path / "linked-folder").symlink_to(assignment.folder)
+    (tmp_path / "below").mkdir()
+    (tmp_path / "below" / "teacher").symlink_to(assignment.folder)
+    os.link(teacher, tmp_path / "hard.py")
+    (tmp_path / "pipe").mkdir()
+    os.mkfifo(tmp_path / "pipe" / "compressive.py")
+    for path, why in [
+        ("link.py", "is a symbolic link"),
+        ("in-folder", "is a symbolic link"),
+        ("linked-folder", "is a symbolic link"),
+        ("below", "holds no compressive.py"),
+        ("hard.py", "is a hard link"),
+        ("pipe", "is not a regular file"),
+    ]:
+        graded = grading.grade(tmp_path / path, assignment)
+        assert graded.score == 0 and why in graded.refused, (path, graded.refused)
+        assert not any(g.failures or g.problem for g in graded.grades), path
 
 
 # ---------------------------------------------------------------- grades ------------------------
@@ -428,6 +533,57 @@ MISTAKES = {  # name: (the exercise it is in, the submission, a line the grade m
         "mem should hold the 6 tokens 6..11, got 8 slots",
     ),
 }
+
+
+# Correct answers the kit once marked wrong: an as_strided view (torch.compile refuses it, and
+# the compile tests were in the check) and torch.hstack (it was not on the allowlist, and one
+# refused exercise refused the whole file); and beside them an exercise the audit refuses.
+AS_STRIDED = """    strides = position_scores.stride()
+    return position_scores.as_strided(
+        (*batch, T, K),
+        (*strides[:-2], strides[-2] - strides[-1], strides[-1]),
+        position_scores.storage_offset() + T * strides[-1],
+    )
+"""
+HONEST_AND_ONE_REFUSED = changed(
+    ORIGINAL,
+    (
+        "    flat = position_scores.reshape(*batch, T * K_plus_1)  # [..., T*(K+1)]\n"
+        + SHIFT_RETURN,
+        AS_STRIDED,
+    ),
+    ("mem = torch.cat([mem, h.detach()], dim=1)", "mem = torch.hstack([mem, h.detach()])"),
+    (
+        "    return F.mse_loss(prediction.float()",
+        "    return getattr(F, 'mse_loss')(prediction.float()",
+    ),
+)
+
+
+def test_a_refused_exercise_costs_itself_alone_and_honest_answers_score(graded):
+    """as_strided in relative_shift and torch.hstack in update_memory score their points;
+    getattr in attention_reconstruction_loss is refused, that exercise alone, naming getattr."""
+    result = graded["honest answers, one refused"]
+    scores = {g.name: g.score for g in result.grades}
+    assert not result.refused and scores == {
+        "relative_shift": 1,
+        "attention_reconstruction_loss": 0,
+        "CompressiveLayer.update_memory": 3,
+    }, result
+    (refused,) = [g for g in result.grades if g.refused]
+    assert "in attention_reconstruction_loss: `getattr`" in refused.refused
+    assert refused.name == "attention_reconstruction_loss" and not refused.failures
+
+
+def test_no_check_holds_a_test_that_runs_torch_compile(hw, assignment):
+    """A correct answer need not compile: the compile tests are left out of every check, the
+    assignment records them, and the student's README says so."""
+    compiled = exercises.compile_tests(assignment.tests)
+    assert len(compiled) >= 2 and assignment.left_out["torch.compile"] == compiled
+    for check in assignment.exercises:
+        assert not {grading.base_name(t) for t in check.tests} & set(compiled), check.name
+    readme = (hw / "student" / "README.md").read_text()
+    assert "`torch.compile`" in readme and "as_strided" in readme
 
 
 def test_each_real_mistake_costs_its_own_exercise_and_says_why(graded):
@@ -524,11 +680,14 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
     assert sorted(names) == sorted(
         ["setup.sh", "run_autograder"]
         + [f"lesson/{n}" for n in gradescope.KIT_FILES]
-        + [f"assignment/{n}" for n in gradescope.ASSIGNMENT_FILES]
+        + ["assignment/compressive.py", "assignment/test_compressive.py"]
+        + ["assignment/assignment.json"]
     )
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
     torch_version = version("torch").split("+")[0]
     assert f"torch=={torch_version} --index-url https://download.pytorch.org/whl/cpu" in setup
+    assert "It needs the network" in setup
+    assert "setup.sh" in TEACHERS and "needs the network" in " ".join(TEACHERS.split())
     assert f"pytest=={pytest.__version__}" in setup
     with tempfile.NamedTemporaryFile("w", suffix=".sh") as script:
         script.write(setup)
@@ -702,17 +861,23 @@ def test_a_file_that_is_not_python_is_refused_in_one_line(tmp_path, hw, content,
     assert "Traceback" not in result.stderr + result.stdout
 
 
-def test_grading_without_assignment_takes_the_last_one_made_here(tmp_path, hw):
-    """The handout command notes its --out in the user's cache; --grade without --assignment
-    says it grades against that one."""
+def test_grading_without_assignment_takes_the_only_one_made_here_and_refuses_to_guess(tmp_path, hw):
+    """The handout command notes each --out in the user's cache; --grade without --assignment
+    grades against the one assignment made here, and names none when there are several."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    record = tmp_path / "cache" / "compressive-kit" / "last-assignment"
+    record = tmp_path / "cache" / "compressive-kit" / "assignments"
     record.parent.mkdir(parents=True)
-    record.write_text(f"{hw}\n")
+    record.write_text(f"{hw}\n{tmp_path / 'removed since'}\n")
     path = submit(tmp_path / "eve", ORIGINAL + "\nprint('graded')\n")
     result = cli("--grade", path, env=env)
     assert result.returncode == 1 and f"the assignment: {hw}" in result.stdout, result.stderr
     assert "refused: " in result.stdout and "total 0/6" in result.stdout
+    other = tmp_path / "hw2"
+    shutil.copytree(hw, other)
+    record.write_text(f"{hw}\n{other}\n")
+    result = cli("--grade", path, env=env)
+    assert result.returncode == 2 and "2 assignments were made here" in result.stderr
+    assert "--assignment FOLDER" in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_bad_command_lines_get_one_clear_error(tmp_path):
@@ -727,9 +892,138 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
         (("--grade", tmp_path / "x.py"), "--assignment FOLDER"),
         (("--grade", tmp_path / "x.py", "--assignment", tmp_path), "no assignment.json"),
         (("relative_shift", "--out", tmp_path / "a", "--points", "1", "2"), "2 numbers for 1"),
+        (("relative_shift", "--out", tmp_path / "a", "--leave-out", "test_no"), "names no test"),
+        (("--grade-class", tmp_path / "full", "--grade", tmp_path / "x.py"), "give functions"),
+        (("--grade-class", tmp_path / "full"), "--assignment FOLDER"),
+        (("--grade", tmp_path / "x.py", "--csv", tmp_path / "g.csv"), "--csv goes with"),
         (("--no-such-flag",), "unrecognized"),
     ]:
         result = cli(*args, env=env)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, args
     assert (tmp_path / "full" / "keep.txt").read_text() == "a teacher's notes"
+
+
+# ---------------------------------------------------------------- a machine of its own -----------
+
+
+@pytest.mark.slow  # two assignments made: four test runs
+def test_a_test_failing_on_this_machine_is_named_and_can_be_left_out(tmp_path):
+    """Making an assignment where a test fails on the original names each failing test and the
+    flag that leaves them out; left out, they are in no check, and the assignment says so."""
+    tests = handout.TESTS.read_text() + "\n\ndef test_fails_here():\n    assert 1 == 2\n"
+    only_these = ["test_relative_shift_returns_a_view_of_its_input", "test_fails_here"]
+    make = lambda folder, leave_out: grading.make_assignment(  # noqa: E731
+        tmp_path / folder,
+        ORIGINAL,
+        tests,
+        ["relative_shift"],
+        {},
+        only=only_these,
+        leave_out=leave_out,
+    )
+    with pytest.raises(exercises.KitError) as error:
+        make("refused", None)
+    assert "test_fails_here" in str(error.value) and "--leave-out test_fails_here" in str(
+        error.value
+    )
+    made = make("made", ["test_fails_here"])
+    assert made.left_out["by the teacher"] == ["test_fails_here"]
+    (check,) = made.exercises
+    assert check.tests and not any("test_fails_here" in t for t in check.tests)
+
+
+def test_grading_with_another_torch_than_the_assignments_says_so_in_one_line(tmp_path, hw):
+    """The torch an assignment's checks were computed with is recorded; grading with another
+    stops with one line (and, on Gradescope, a results.json that says why)."""
+    other = tmp_path / "hw"
+    shutil.copytree(hw, other)
+    record = json.loads((other / "teacher" / "assignment.json").read_text())
+    record["versions"]["torch"] = "1.0.0"
+    (other / "teacher" / "assignment.json").write_text(json.dumps(record))
+    path = submit(tmp_path / "alice", ORIGINAL)
+    result = cli("--grade", path, "--assignment", other, "--results", tmp_path / "r.json")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "computed with torch 1.0.0" in result.stderr and "Traceback" not in result.stderr
+    assert "computed with torch 1.0.0" in json.loads((tmp_path / "r.json").read_text())["output"]
+
+
+CLASS_TIMEOUT_S = 20  # per exercise: the endless loop's cost, and room for the zygote's start
+
+
+@pytest.mark.slow
+def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
+    """--grade-class: a folder or a .py file per student; a correct answer, a blank one, a link
+    to the solution, an endless loop in one exercise (it costs that exercise's timeout alone)."""
+    student_copy = (hw / "student" / "compressive.py").read_text()
+    answer = filled(student_copy)
+    submit(tmp_path / "class" / "alice", answer)
+    (tmp_path / "class" / "bob.py").write_text(student_copy)
+    (tmp_path / "class" / "eve.py").symlink_to(hw / "teacher" / "compressive.py")
+    loop = exercises.splice(answer, cheat_in_shift("while True:", "    pass"), "relative_shift")
+    (tmp_path / "class" / "mallory.py").write_text(loop)
+    csv_path = tmp_path / "grades.csv"
+    result = cli(
+        "--grade-class",
+        tmp_path / "class",
+        "--assignment",
+        hw,
+        "--csv",
+        csv_path,
+        "--timeout",
+        CLASS_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = list(csv.reader(csv_path.open()))
+    assert rows[0] == [
+        "student",
+        *(c.name for c in grading.load_assignment(hw).exercises),
+        "total",
+        "refusals",
+    ]
+    by_student = {row[0]: row[1:] for row in rows[1:]}
+    assert by_student["alice"] == ["1", "2", "3", "6", ""]
+    assert by_student["bob"] == ["0", "0", "0", "0", ""]
+    assert by_student["mallory"] == ["0", "2", "3", "5", ""]
+    assert by_student["eve"][:4] == ["0", "0", "0", "0"] and "symbolic link" in by_student["eve"][4]
+    assert "4 students, 1 with full marks, 1 refused whole" in result.stdout
+    most = result.stdout.split("the tests that failed most (students):")[1].split()
+    assert most[0] == "1" and most[1].startswith("test_"), result.stdout
+
+
+# ---------------------------------------------------------------- beyond the paper ---------------
+
+
+def test_an_assignment_takes_its_exercises_from_one_file(tmp_path):
+    with pytest.raises(exercises.KitError, match="from one file"):
+        handout.make(["relative_shift", "FeedbackLayer.forward"], tmp_path / "hw")
+    assert not (tmp_path / "hw").exists()
+
+
+@pytest.mark.slow  # an assignment made and graded: six test runs
+def test_an_exercise_of_beyond_the_paper_is_handed_out_and_graded_with_its_own_tests(tmp_path):
+    """FeedbackLayer.forward: its module blanked in the student's copy, beside the files it
+    imports; graded with beyond_the_paper/test_feedback.py; its original scores full marks, the
+    blank copy 0."""
+    only_these = [
+        "test_feedback_segment_equals_one_token_at_a_time_through_the_memory",
+        "test_feedback_memory_vector_is_the_softmax_weighted_sum_of_every_layer_output",
+    ]
+    made = handout.make(["FeedbackLayer.forward"], tmp_path / "hw", only=only_these)
+    (check,) = made.exercises
+    assert check.tests and all(
+        t.startswith("beyond_the_paper/test_feedback.py::") for t in check.tests
+    )
+    student = tmp_path / "hw" / "student"
+    copy = (student / exercises.FEEDBACK).read_text()
+    assert "FeedbackLayer.forward: the exercise" in copy
+    for path in ("compressive.py", "test_compressive.py", "beyond_the_paper/agent.py"):
+        assert (student / path).read_text() == (ROOT / path).read_text(), path
+    assert "`beyond_the_paper/feedback.py`" in (student / "README.md").read_text()
+    original = submit(tmp_path / "alice", (ROOT / exercises.FEEDBACK).read_text())
+    original.rename(original.with_name("feedback.py"))
+    blank = submit(tmp_path / "bob", copy)
+    blank.rename(blank.with_name("feedback.py"))
+    assert grading.grade(tmp_path / "alice", made).score == 1
+    graded = grading.grade(tmp_path / "bob", made)
+    assert graded.score == 0 and not graded.refused and graded.grades[0].failures
