@@ -3,7 +3,8 @@
 Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for Long-Range Sequence
 Modelling", arXiv:1911.05507.
 
-The file follows the paper's Algorithm 1 from top to bottom:
+The file builds the model in the order the paper's Algorithm 1 uses its parts (the algorithm's
+loop itself is CompressiveTransformer.hidden_states, in section 7):
 
     1. the configuration
     2. the memory state that one segment hands to the next
@@ -34,7 +35,11 @@ Where this departs from the paper (each a choice a reader may want to undo):
       up to c - 1 fewer than n_m for a while
     - the conv f_c has a bias and starts as mean pooling plus noise; dilated_conv is a residual
       stack of dilated convolutions before it
-    - the attention reconstruction uses the layer's content queries q + u (the authors' code: q)
+    - the attention reconstruction uses the layer's content queries q + u (the paper's
+      Algorithm 2: the plain queries q)
+    - most_used ranks memories by the attention they received summed over their time in mem
+      (the paper: averaged)
+    - mem and c_mem start empty, not as zeros, and fill as the text is read
 
 Why it is fast (none of this changes what is computed):
 
@@ -94,8 +99,9 @@ class Memory(NamedTuple):
     usage[i]: [batch, <= n_m], the attention each mem slot has received; kept only for the
               most_used f_c, which keeps the most attended memories (None otherwise)
 
-    A Memory is plain data: torch.save writes it, and torch.load(f, weights_only=True) reads it
-    back without running code inside torch.serialization.safe_globals([Memory]).
+    A Memory is plain data: torch.save writes it, and torch.load(f, weights_only=True), run
+    inside a `with torch.serialization.safe_globals([Memory]):` block, reads it back without
+    running code.
     """
 
     mem: List[torch.Tensor]
@@ -447,14 +453,14 @@ class CompressiveLayer(nn.Module):
         attended = self.attn(z, memory_kv, r, attn_mask)
         return self.residual_and_feed_forward(h, attended.out), attended
 
-    def residual_and_feed_forward(self, x, attended):
-        """The rest of the layer after attention. Post-LN, as in the paper:
+    def residual_and_feed_forward(self, x, attn):
+        """The rest of the layer after attention, attn [B, T, d]. Post-LN, as in the paper:
         a = LN(x + attn), out = LN(a + mlp(a)). Pre-LN (the attention saw LN(x)):
         a = x + attn, out = a + mlp(LN(a))."""
         if self.pre_norm:
-            a = x + self.dropout(attended)
+            a = x + self.dropout(attn)
             return a + self.dropout(self.ff(self.ff_norm(a)))
-        a = self.attn_norm(x + self.dropout(attended))
+        a = self.attn_norm(x + self.dropout(attn))
         return self.ff_norm(a + self.dropout(self.ff(a)))
 
     def memory_keys_values(self, memories):
@@ -466,6 +472,7 @@ class CompressiveLayer(nn.Module):
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
         """The two FIFOs of the paper's Algorithm 1.
 
+        0. (most_used only) Add the attention each mem slot just received to its usage.
         1. Append the layer inputs h of the new tokens to mem, detached.
         2. When mem holds more than n_m, evict its oldest memories in whole blocks of c
            (n_evicted). Transformer-XL (n_cm = 0) evicts exactly the overflow and drops it.
@@ -529,9 +536,6 @@ class CompressiveLayer(nn.Module):
             attended.values[:, :, old].detach(),
             compressed,
         )
-
-
-# 7. The language model ----------------------------------------------------------------------------
 
 
 # 7. The language model ----------------------------------------------------------------------------
@@ -691,8 +695,9 @@ class CompressiveTransformer(nn.Module):
 
 # 8. The checks of the public entry points ---------------------------------------------------------
 # Each raises one ValueError or TypeError that says what is wrong, before any computation. None
-# reads a value back from an accelerator, so none makes the host wait for the device (the token
-# ids' range is checked only on the CPU).
+# reads a value back from an accelerator in forward, so a training step never makes the host wait
+# for the device: the token ids' range is checked there only on the CPU (generate checks its
+# prompt's once, on any device).
 
 
 def check_config(cfg: CompressiveConfig) -> None:
@@ -816,6 +821,8 @@ def check_generate_arguments(model, prompt, max_new_tokens, temperature, top_k) 
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    check_tokens(model, prompt)
-    if bool(((prompt < 0) | (prompt >= model.cfg.vocab_size)).any()):  # once per generate
+    check_tokens(model, prompt)  # the ids' range: on the CPU; elsewhere, once per generate here
+    if prompt.device.type != "cpu" and bool(
+        ((prompt < 0) | (prompt >= model.cfg.vocab_size)).any()
+    ):
         raise ValueError(f"token ids must lie in [0, {model.cfg.vocab_size})")

@@ -2,15 +2,17 @@
 
 The paper trains on one long text. An agent (or a stream of packed documents) runs B independent
 streams side by side, and each stream's episode ends and a new one begins at its own moments. This
-module adds, on top of compressive.py:
+module adds, on top of compressive.py, in this order:
 
-    1. episodes: starts [B, T] marks where a new episode begins, anywhere in a call, and
+    1. the state an agent carries: AgentMemory, compressive.Memory's fields and what follows
+    2. episodes: starts [B, T] marks where a new episode begins, anywhere in a call, and
        AgentMemory.reset(done) forgets whole rows between two calls; a new episode sees nothing
        of the old one, while the other rows carry on
-    2. acting: in eval mode without gradient (T = 1 per call, typically) the memory keeps the
+    3. acting: in eval mode without gradient (T = 1 per call, typically) the memory keeps the
        keys and values of its slots and W_r R, so a step projects only itself
-    3. AgentTransformer, the model with both, and AgentCore, its layers without the token
+    4. AgentTransformer, the model with both, and AgentCore, its layers without the token
        embedding and head, for observations that are vectors and outputs that are not logits
+    5. the checks of what this module adds to the inputs
 
     model = AgentCore(CompressiveConfig(d_model=128, ...))
     h, memory, recon_loss = model(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
@@ -44,8 +46,8 @@ class Kept(NamedTuple):
 
     keys: List[torch.Tensor]  # [B, H, M, d_head], of [c_mem; mem]
     values: List[torch.Tensor]  # [B, H, M, d_head]
-    blank_keys: List[torch.Tensor]  # [1, H, 1, d_head], of a zero vector: a forgotten slot's
-    blank_values: List[torch.Tensor]  # [1, H, 1, d_head]
+    blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]: a zero vector's, which reset puts in
+    blank_values: List[torch.Tensor]  # [1, H, 1, d_head]   the slots of a forgotten row
     positions: List[torch.Tensor]  # W_r R [H, n, d_head] for the distances n - 1, ..., 0
 
 
@@ -78,7 +80,8 @@ class AgentMemory(NamedTuple):
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None) -> "AgentMemory":
-        """As Memory.to; since_start keeps its dtype, and the kept projections stay behind."""
+        """As Memory.to; since_start keeps its dtype, and the kept projections stay behind (as
+        with without_kept(): the next call projects every slot anew)."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
         moved = Memory(self.mem, self.c_mem, self.usage).to(device, dtype)

@@ -48,13 +48,23 @@ from compressive import (
 )
 
 
-class FeedbackAttention(RelativeMultiHeadAttention):
-    """compressive.py's relative attention (W_r, u, v, W_o and attend) with no W_q, W_k, W_v of
-    its own: the layer makes the queries, the model the keys and values."""
+class FeedbackAttention(nn.Module):
+    """compressive.py's relative attention without a W_q, W_k, W_v of its own (the layer makes
+    the queries, the model the keys and values): W_r, u, v and W_o, and the very functions of
+    compressive.RelativeMultiHeadAttention that use them."""
 
     def __init__(self, cfg: CompressiveConfig):
-        super().__init__(cfg)
-        del self.qkv
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.position = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_r
+        self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # u
+        self.position_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # v
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_o
+        self.dropout = cfg.dropout
+
+    split_heads = RelativeMultiHeadAttention.split_heads
+    project_positions = RelativeMultiHeadAttention.project_positions
+    attend = RelativeMultiHeadAttention.attend  # the four score terms, the softmax, W_o
 
 
 class FeedbackLayer(nn.Module):
@@ -72,7 +82,8 @@ class FeedbackLayer(nn.Module):
         )
         self.dropout = nn.Dropout(cfg.dropout)
 
-    # the rest of a layer after attention, post-LN or pre-LN, is compressive.py's
+    # the rest of a layer after attention, post-LN or pre-LN, is compressive.py's: it reads
+    # pre_norm, attn_norm, ff, ff_norm and dropout, which this layer has as CompressiveLayer does
     residual_and_feed_forward = CompressiveLayer.residual_and_feed_forward
 
     def forward(self, x, keys, values, r, shared_kv, attn_mask=None):
@@ -118,7 +129,7 @@ class FeedbackTransformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(CompressiveTransformer.init_weights)
 
-    # the embedding, hidden_states and the head; sampling through the memory: as compressive.py's
+    # sampling one token at a time through the memory: compressive.py's generate, as it is
     generate = CompressiveTransformer.generate
 
     def forward(self, tokens, memory=None, starts=None):

@@ -474,8 +474,8 @@ def test_acting_with_kept_keys_values_computes_what_projecting_every_slot_comput
                 kept, projected = kept.reset(done), projected.reset(done)
             x, s = xs[:, t : t + 1], starts[:, t : t + 1]
             h, kept, recon_loss = model.hidden_states(x, kept, s)
-            uncached = None if projected is None else projected.without_kept()
-            h0, projected, recon0 = model.hidden_states(x, uncached, s)
+            fresh = None if projected is None else projected.without_kept()
+            h0, projected, recon0 = model.hidden_states(x, fresh, s)
             torch.testing.assert_close(h, h0, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(recon_loss, recon0, rtol=1e-5, atol=1e-6)
             for a, b in zip(kept.mem + kept.c_mem, projected.mem + projected.c_mem):

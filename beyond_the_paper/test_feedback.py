@@ -74,7 +74,7 @@ def test_feedback_memory_is_bounded_without_grad_and_gradients_flow_within_a_seg
 
 
 def test_feedback_projects_each_memory_vector_once_for_every_layer():
-    model = feedback(n_layers=3)  # training mode: no cache, the carried memory is projected
+    model = feedback(n_layers=3)  # training mode: nothing kept, the carried memory is projected
     inputs = []
     model.kv.register_forward_hook(lambda m, args, out: inputs.append(args[0]))
     _, memory, _ = model(tokens(2, 4))
