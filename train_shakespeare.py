@@ -6,9 +6,9 @@
 
 Each row of a batch is its own contiguous stream through the text, so the memory of row b always
 holds the text just before it, as Transformer-XL and the Compressive Transformer are trained.
-This file reads top to bottom: the settings, the data, the model, the optimizer, the loop, the
-evaluation. The commands that use a trained checkpoint are in training/ beside the plumbing
-(files, checkpoints, devices, processes):
+This file reads top to bottom: the settings, the model, the optimizer, the loop, the evaluation.
+The commands that use a trained checkpoint are in training/ beside the plumbing (the text and its
+streams, files, checkpoints, devices, processes):
 
     python -m training.sample --prompt "ROMEO:"        # text from OUT/ckpt.pt
     python -m training.evaluate --eval-c-mem-len 0     # its loss, its memory cut or not
@@ -40,7 +40,7 @@ from compressive import (
 )
 from training import checkpoint, checks, distributed, files, plots
 from training.checks import UserError, exit_status
-from training.data import IGNORE, Data, load_data
+from training.data import IGNORE, Data, load_data, make_streams, segment_at, streams_of_rank
 from training.device import (
     DTYPES,
     autocast_for,
@@ -119,47 +119,6 @@ def check_args(args) -> None:
         args.data = os.path.abspath(args.data)
     with torch.device("meta"):  # the model flags together, without memory: on the meta device
         make_model(args.model, model_config(args, vocab_size=65), args.compression)
-
-
-# --------------------------------------------------------------------------------------------------
-# Data (training/data.py reads Tiny Shakespeare or --data), cut into parallel contiguous streams
-
-
-def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
-    """Cut data into n_streams equal contiguous strands, [n_streams, L + 1] (the +1 is the target
-    of each strand's last input; strand b ends where strand b+1 begins)."""
-    length = (len(data) - 1) // n_streams
-    if length < 1:
-        raise UserError(f"{len(data)} characters cannot feed {n_streams} streams")
-    return torch.stack([data[b * length : b * length + length + 1] for b in range(n_streams)])
-
-
-def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
-    """The batch of a step: segment step % n_segments of every stream, its targets (the next
-    characters), and whether the streams wrapped back to their start (then the memory no longer
-    precedes the text)."""
-    n_segments = (streams.size(1) - 1) // seq_len
-    start = (step % n_segments) * seq_len
-    return (
-        streams[:, start : start + seq_len],
-        targets[:, start + 1 : start + seq_len + 1],
-        start == 0,
-    )
-
-
-def streams_of_rank(data: Data, batch_size: int, seq_len: int, rank: int, world: int):
-    """The training streams of process rank and their targets (rank r takes streams [r*B,
-    (r+1)*B) of the world * B)."""
-    mine = slice(rank * batch_size, (rank + 1) * batch_size)
-    streams = make_streams(data.train, batch_size * world)[mine]
-    targets = streams
-    if data.train_targets is not None:
-        targets = make_streams(data.train_targets, batch_size * world)[mine]
-    if (streams.size(1) - 1) // seq_len < 1:
-        raise UserError(
-            "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
-        )
-    return streams, targets
 
 
 # --------------------------------------------------------------------------------------------------
@@ -279,6 +238,7 @@ def train(args, data: Data, validate=None):
         f"data: {data.name}; {len(data.train):,} characters to train on, "
         f"{len(data.val):,} to validate"
     )
+    # this process's batch_size streams through the text: row b of every batch is stream b
     streams, targets = streams_of_rank(data, args.batch_size, args.seq_len, rank, world)
     streams, targets = streams.to(device), targets.to(device)
     val, val_targets = data.val.to(device), data.val_targets

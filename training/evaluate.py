@@ -22,7 +22,7 @@ from compressive import Memory
 
 from . import checkpoint, checks, files
 from .checks import UserError, exit_status
-from .data import IGNORE, Data, load_data
+from .data import IGNORE, Data, load_data, make_streams
 from .device import DTYPES, autocast_for, keep_freed_memory, pick_device
 
 
@@ -39,10 +39,8 @@ def per_character(model, data: torch.Tensor, n_streams: int, seq_len: int, autoc
     char_losses is unused."""
     was_training = model.training
     model.eval()
-    streams = train_shakespeare.make_streams(data, n_streams)
-    target_streams = (
-        streams if targets is None else train_shakespeare.make_streams(targets, n_streams)
-    )
+    streams = make_streams(data, n_streams)
+    target_streams = streams if targets is None else make_streams(targets, n_streams)
     length = streams.size(1) - 1
     predictions = torch.zeros_like(data)
     by_stream = predictions[1 : 1 + n_streams * length].view(n_streams, length)

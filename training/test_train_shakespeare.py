@@ -23,18 +23,18 @@ from training import bench, checkpoint, checks, data, evaluate, files, plots, sa
 
 
 def test_streams_stay_contiguous_across_steps():
-    data = torch.arange(1001)
-    streams = ts.make_streams(data, 4)
+    text = torch.arange(1001)
+    streams = data.make_streams(text, 4)
     assert streams.shape == (4, 251)
     assert streams[1, 0] == streams[0, -1]  # strand b ends where strand b+1 begins
-    x0, y0, wrapped0 = ts.segment_at(streams, streams, 0, 16)
-    x1, y1, wrapped1 = ts.segment_at(streams, streams, 1, 16)
+    x0, y0, wrapped0 = data.segment_at(streams, streams, 0, 16)
+    x1, y1, wrapped1 = data.segment_at(streams, streams, 1, 16)
     assert wrapped0 and not wrapped1
     assert (x1[:, 0] == x0[:, -1] + 1).all() and (y0 == x0 + 1).all()  # row b continues row b
     n_segments = 250 // 16
-    assert ts.segment_at(streams, streams, n_segments, 16)[2]  # wraps after the last segment
+    assert data.segment_at(streams, streams, n_segments, 16)[2]  # wraps after the last segment
     targets = streams.masked_fill(streams % 2 == 0, -100)  # a task that scores odd ids alone
-    x, y, _ = ts.segment_at(streams, targets, 1, 16)
+    x, y, _ = data.segment_at(streams, targets, 1, 16)
     assert x.equal(x1) and y.equal(y1.masked_fill(y1 % 2 == 0, -100))
 
 
