@@ -6,9 +6,9 @@
 
 Each row of a batch is its own contiguous stream through the text, so the memory of row b always
 holds the text just before it, as Transformer-XL and the Compressive Transformer are trained.
-This file reads top to bottom: the settings, the model, the optimizer, the loop, the evaluation.
-The commands that use a trained checkpoint are in training/ beside the plumbing (the text and its
-streams, files, checkpoints, devices, processes):
+This file reads top to bottom: the settings, the model, the optimizer, the loop. The plumbing is
+in training/ (the text and its streams, the evaluation, files, checkpoints, devices, processes),
+beside the commands that use a trained checkpoint:
 
     python -m training.sample --prompt "ROMEO:"        # text from OUT/ckpt.pt
     python -m training.evaluate --eval-c-mem-len 0     # its loss, its memory cut or not
@@ -36,11 +36,10 @@ from compressive import (
     RECONSTRUCTIONS,
     CompressiveConfig,
     CompressiveTransformer,
-    Memory,
 )
 from training import checkpoint, checks, distributed, files, plots
 from training.checks import UserError, exit_status
-from training.data import IGNORE, Data, load_data, make_streams, segment_at, streams_of_rank
+from training.data import IGNORE, Data, load_data, segment_at, streams_of_rank
 from training.device import (
     DTYPES,
     autocast_for,
@@ -49,6 +48,7 @@ from training.device import (
     keep_freed_memory,
     pick_device,
 )
+from training.evaluate import evaluate
 
 # --------------------------------------------------------------------------------------------------
 # Settings: every flag of a run (a research/ command adds its own to them)
@@ -355,43 +355,6 @@ def train(args, data: Data, validate=None):
     plot = os.path.join(args.out, "loss.png")
     plots.plot_history(progress["history"], plot, progress["train_log"])
     return metrics
-
-
-# --------------------------------------------------------------------------------------------------
-# Evaluation: every character of the validation text, with memory carried
-
-
-@torch.no_grad()
-def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
-    """The mean loss in nats/char over every character of data after the first (those that targets
-    scores, where it is not IGNORE; None scores them all), carrying memory through n_streams
-    streams. The streams cover all but the last few characters; those continue the last stream.
-    (training/evaluate.py walks the text the same way, keeping each character's loss.)"""
-    was_training = model.training
-    model.eval()
-    streams = make_streams(data, n_streams)
-    target_streams = streams if targets is None else make_streams(targets, n_streams)
-    length = streams.size(1) - 1
-    sums, counts, memory = [], [], None  # per segment, read back once at the end
-    for start in range(0, length, seq_len):
-        end = min(start + seq_len, length)
-        x, y = streams[:, start:end], target_streams[:, start + 1 : end + 1]
-        with autocast:
-            logits, memory, _ = model(x, memory)
-        sums.append(F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").sum())
-        counts.append(y.ne(IGNORE).sum())
-    tail = data[n_streams * length :]  # continues the last stream exactly
-    if len(tail) > 1:
-        last = slice(n_streams - 1, n_streams)
-        usage = [u[last] for u in memory.usage] if memory.usage is not None else None
-        memory = Memory([m[last] for m in memory.mem], [c[last] for c in memory.c_mem], usage)
-        with autocast:
-            logits, _, _ = model(tail[None, :-1], memory)
-        y = (data if targets is None else targets)[n_streams * length + 1 :]
-        sums.append(F.cross_entropy(logits.float()[0], y, reduction="none").sum())
-        counts.append(y.ne(IGNORE).sum())
-    model.train(was_training)
-    return sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
 
 
 # --------------------------------------------------------------------------------------------------
