@@ -238,12 +238,9 @@ def train(args, data: Data, validate=None):
         f"data: {data.name}; {len(data.train):,} characters to train on, "
         f"{len(data.val):,} to validate"
     )
+    data = data.to(device)
     # this process's batch_size streams through the text: row b of every batch is stream b
     streams, targets = streams_of_rank(data, args.batch_size, args.seq_len, rank, world)
-    streams, targets = streams.to(device), targets.to(device)
-    val, val_targets = data.val.to(device), data.val_targets
-    if val_targets is not None:
-        val_targets = val_targets.to(device)
 
     # the model (the same initial weights in every process, each its own dropout) and optimizer
     cfg = model_config(args, len(data.vocab))
@@ -262,7 +259,7 @@ def train(args, data: Data, validate=None):
     autocast = autocast_for(device, args.dtype)
 
     def validate_loss(model):  # the script's own validation: the loss on the whole text
-        loss = evaluate(model, val, args.batch_size, args.seq_len, autocast, val_targets)
+        loss = evaluate(model, data.val, args.batch_size, args.seq_len, autocast, data.val_targets)
         return {"val_loss": loss}
 
     validate = validate or validate_loss

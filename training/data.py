@@ -31,6 +31,12 @@ class Data(NamedTuple):
     train_targets: Optional[torch.Tensor] = None
     val_targets: Optional[torch.Tensor] = None
 
+    def to(self, device) -> "Data":
+        """The same text with its ids on device."""
+        on = lambda ids: None if ids is None else ids.to(device)
+        texts = ("train", "val", "train_targets", "val_targets")
+        return self._replace(**{name: on(getattr(self, name)) for name in texts})
+
 
 def load_text(path) -> str:
     """The text of path, or of the shipped Tiny Shakespeare (checked against its SHA-256, so an

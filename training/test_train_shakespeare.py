@@ -38,6 +38,16 @@ def test_streams_stay_contiguous_across_steps():
     assert x.equal(x1) and y.equal(y1.masked_fill(y1 % 2 == 0, -100))
 
 
+def test_a_text_moves_to_a_device_whole():
+    ids = torch.tensor([0, 1, 1, 0])
+    text = data.Data(
+        ["a", "b"], ids, ids.flip(0), "ab", val_targets=ids.masked_fill(ids == 0, -100)
+    )
+    moved = text.to("meta")
+    assert moved.train.is_meta and moved.val.is_meta and moved.val_targets.is_meta
+    assert moved.train_targets is None and (moved.vocab, moved.name) == (["a", "b"], "ab")
+
+
 def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
     out = str(tmp_path / "run")
     assert (
