@@ -39,7 +39,8 @@ def segments(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, 
     targets = data if targets is None else targets
     streams, target_streams = make_streams(data, n_streams), make_streams(targets, n_streams)
     length = streams.size(1) - 1
-    first = 1 + length * torch.arange(n_streams, device=data.device)[:, None]  # stream b's first y
+    # stream b starts at b * length in data (make_streams); its first target is the next character
+    first = 1 + length * torch.arange(n_streams, device=data.device)[:, None]
     memory = None
     for start in range(0, length, seq_len):
         end = min(start + seq_len, length)
