@@ -6,9 +6,9 @@
 
 Each row of a batch is its own contiguous stream through the text, so the memory of row b always
 holds the text just before it, as Transformer-XL and the Compressive Transformer are trained.
-This file reads top to bottom: the settings, the data, the model, the optimizer, the loop, the
-evaluation. The commands that use a trained checkpoint are in training/ beside the plumbing
-(files, checkpoints, devices, processes):
+This file reads top to bottom: the settings, the model, the optimizer, the loop. The plumbing is
+in training/ (the text and its streams, the evaluation, files, checkpoints, devices, processes),
+beside the commands that use a trained checkpoint:
 
     python -m training.sample --prompt "ROMEO:"        # text from OUT/ckpt.pt
     python -m training.evaluate --eval-c-mem-len 0     # its loss, its memory cut or not
@@ -36,11 +36,10 @@ from compressive import (
     RECONSTRUCTIONS,
     CompressiveConfig,
     CompressiveTransformer,
-    Memory,
 )
 from training import checkpoint, checks, distributed, files, plots
 from training.checks import UserError, exit_status
-from training.data import IGNORE, Data, load_data
+from training.data import IGNORE, Data, load_data, segment_at, streams_of_rank
 from training.device import (
     DTYPES,
     autocast_for,
@@ -49,6 +48,7 @@ from training.device import (
     keep_freed_memory,
     pick_device,
 )
+from training.evaluate import evaluate
 
 # --------------------------------------------------------------------------------------------------
 # Settings: every flag of a run (a research/ command adds its own to them)
@@ -119,47 +119,6 @@ def check_args(args) -> None:
         args.data = os.path.abspath(args.data)
     with torch.device("meta"):  # the model flags together, without memory: on the meta device
         make_model(args.model, model_config(args, vocab_size=65), args.compression)
-
-
-# --------------------------------------------------------------------------------------------------
-# Data (training/data.py reads Tiny Shakespeare or --data), cut into parallel contiguous streams
-
-
-def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
-    """Cut data into n_streams equal contiguous strands, [n_streams, L + 1] (the +1 is the target
-    of each strand's last input; strand b ends where strand b+1 begins)."""
-    length = (len(data) - 1) // n_streams
-    if length < 1:
-        raise UserError(f"{len(data)} characters cannot feed {n_streams} streams")
-    return torch.stack([data[b * length : b * length + length + 1] for b in range(n_streams)])
-
-
-def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
-    """The batch of a step: segment step % n_segments of every stream, its targets (the next
-    characters), and whether the streams wrapped back to their start (then the memory no longer
-    precedes the text)."""
-    n_segments = (streams.size(1) - 1) // seq_len
-    start = (step % n_segments) * seq_len
-    return (
-        streams[:, start : start + seq_len],
-        targets[:, start + 1 : start + seq_len + 1],
-        start == 0,
-    )
-
-
-def streams_of_rank(data: Data, batch_size: int, seq_len: int, rank: int, world: int):
-    """The training streams of process rank and their targets (rank r takes streams [r*B,
-    (r+1)*B) of the world * B)."""
-    mine = slice(rank * batch_size, (rank + 1) * batch_size)
-    streams = make_streams(data.train, batch_size * world)[mine]
-    targets = streams
-    if data.train_targets is not None:
-        targets = make_streams(data.train_targets, batch_size * world)[mine]
-    if (streams.size(1) - 1) // seq_len < 1:
-        raise UserError(
-            "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
-        )
-    return streams, targets
 
 
 # --------------------------------------------------------------------------------------------------
@@ -279,11 +238,9 @@ def train(args, data: Data, validate=None):
         f"data: {data.name}; {len(data.train):,} characters to train on, "
         f"{len(data.val):,} to validate"
     )
+    data = data.to(device)
+    # this process's batch_size streams through the text: row b of every batch is stream b
     streams, targets = streams_of_rank(data, args.batch_size, args.seq_len, rank, world)
-    streams, targets = streams.to(device), targets.to(device)
-    val, val_targets = data.val.to(device), data.val_targets
-    if val_targets is not None:
-        val_targets = val_targets.to(device)
 
     # the model (the same initial weights in every process, each its own dropout) and optimizer
     cfg = model_config(args, len(data.vocab))
@@ -302,7 +259,7 @@ def train(args, data: Data, validate=None):
     autocast = autocast_for(device, args.dtype)
 
     def validate_loss(model):  # the script's own validation: the loss on the whole text
-        loss = evaluate(model, val, args.batch_size, args.seq_len, autocast, val_targets)
+        loss = evaluate(model, data.val, args.batch_size, args.seq_len, autocast, data.val_targets)
         return {"val_loss": loss}
 
     validate = validate or validate_loss
@@ -395,43 +352,6 @@ def train(args, data: Data, validate=None):
     plot = os.path.join(args.out, "loss.png")
     plots.plot_history(progress["history"], plot, progress["train_log"])
     return metrics
-
-
-# --------------------------------------------------------------------------------------------------
-# Evaluation: every character of the validation text, with memory carried
-
-
-@torch.no_grad()
-def evaluate(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
-    """The mean loss in nats/char over every character of data after the first (those that targets
-    scores, where it is not IGNORE; None scores them all), carrying memory through n_streams
-    streams. The streams cover all but the last few characters; those continue the last stream.
-    (training/evaluate.py walks the text the same way, keeping each character's loss.)"""
-    was_training = model.training
-    model.eval()
-    streams = make_streams(data, n_streams)
-    target_streams = streams if targets is None else make_streams(targets, n_streams)
-    length = streams.size(1) - 1
-    sums, counts, memory = [], [], None  # per segment, read back once at the end
-    for start in range(0, length, seq_len):
-        end = min(start + seq_len, length)
-        x, y = streams[:, start:end], target_streams[:, start + 1 : end + 1]
-        with autocast:
-            logits, memory, _ = model(x, memory)
-        sums.append(F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").sum())
-        counts.append(y.ne(IGNORE).sum())
-    tail = data[n_streams * length :]  # continues the last stream exactly
-    if len(tail) > 1:
-        last = slice(n_streams - 1, n_streams)
-        usage = [u[last] for u in memory.usage] if memory.usage is not None else None
-        memory = Memory([m[last] for m in memory.mem], [c[last] for c in memory.c_mem], usage)
-        with autocast:
-            logits, _, _ = model(tail[None, :-1], memory)
-        y = (data if targets is None else targets)[n_streams * length + 1 :]
-        sums.append(F.cross_entropy(logits.float()[0], y, reduction="none").sum())
-        counts.append(y.ne(IGNORE).sum())
-    model.train(was_training)
-    return sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
 
 
 # --------------------------------------------------------------------------------------------------

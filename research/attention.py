@@ -17,6 +17,7 @@ from compressive import CompressiveTransformer
 from research import recall, tasks
 from training import checkpoint, files, plots
 from training.checks import UserError, exit_status
+from training.data import make_streams
 from training.device import keep_freed_memory, pick_device
 
 BUCKETS_PER_REGION = 4
@@ -241,7 +242,7 @@ def analyze_checkpoint(args) -> None:
         )
     data, answers = tasks.validation_data(args, ckpt)
     print(f"validation text: {data.name}")
-    streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
+    streams = make_streams(data.val, args.batch_size).to(device)
     caption = (
         f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Drawn by: python "
         f"-m research.attention, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "

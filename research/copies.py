@@ -61,7 +61,7 @@ def bucket_of(beyond: torch.Tensor, distance: torch.Tensor, edges=EDGES) -> torc
 
 
 def evaluation_geometry(text: str, n_streams: int, seq_len: int, n: int = NGRAM):
-    """For each position p of a text evaluated as train_shakespeare.evaluate cuts it (n_streams
+    """For each position p of a text evaluated as training.evaluate.evaluate cuts it (n_streams
     contiguous streams, segments of seq_len, the tail continuing the last stream in a segment of
     its own): (copy distance within p's stream, the index i of the query that predicts p in its
     segment). Position 0 is predicted by nothing (index -1)."""

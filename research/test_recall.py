@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import train_shakespeare as ts
 from beyond_the_paper.feedback import FeedbackTransformer
 from compressive import CompressiveTransformer
 from conftest import TINY_FLAGS, error_line
@@ -116,7 +115,7 @@ def test_validation_loss_on_answers_is_the_mean_loss_over_the_answer_digits():
     data = torch.tensor([recall.VOCAB.index(ch) for ch in made.text])
     model = make(vocab_size=len(recall.VOCAB), seq_len=len(data) - 1).eval()
     targets = recall.answer_targets(data)
-    loss = ts.evaluate(model, data, 1, len(data) - 1, nullcontext(), targets)  # one segment
+    loss = evaluate.evaluate(model, data, 1, len(data) - 1, nullcontext(), targets)  # one segment
     with torch.no_grad():
         logits, _, _ = model(data[None, :-1])
     at = made.answers[:, 0] - 1  # the '?' before each answer digit

@@ -1,6 +1,7 @@
-"""A trained checkpoint on the whole validation text: its loss, and the ablation that cuts its
-memory to show what the memory is worth. The studies (research/) read each character's loss and
-prediction through per_character(), on a checkpoint or on a model they are training.
+"""The loss on a whole validation text, walked as the model is trained (evaluate(): the training
+script's validation), and a trained checkpoint's loss, with the ablation that cuts its memory to
+show what the memory is worth. The studies (research/) read each character's loss and prediction
+through per_character(), on a checkpoint or on a model they are training.
 
     python -m training.evaluate                        # OUT/ckpt.pt on its own validation text
     python -m training.evaluate --eval-c-mem-len 0     # the same weights without c_mem
@@ -17,12 +18,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-import train_shakespeare
 from compressive import Memory
 
 from . import checkpoint, checks, files
 from .checks import UserError, exit_status
-from .data import IGNORE, Data, load_data
+from .data import IGNORE, Data, load_data, make_streams
 from .device import DTYPES, autocast_for, keep_freed_memory, pick_device
 
 
@@ -32,33 +32,22 @@ class Evaluation(NamedTuple):
     char_losses: torch.Tensor  # [len(data)]: at p, the loss of data[p]; NaN where not scored
 
 
-@torch.no_grad()
-def per_character(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
-    """The Evaluation of every character of data after the first, read as train_shakespeare.evaluate
-    reads it (the same streams, segments and memory, so the same loss); index 0 of predictions and
-    char_losses is unused."""
-    was_training = model.training
-    model.eval()
-    streams = train_shakespeare.make_streams(data, n_streams)
-    target_streams = (
-        streams if targets is None else train_shakespeare.make_streams(targets, n_streams)
-    )
+def segments(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
+    """The walk of the evaluation through data, with memory carried: for each segment, (at: the
+    positions in data of the characters it predicts, its logits, their targets). The streams of
+    data (make_streams) cover all but its last few characters; those continue the last stream."""
+    targets = data if targets is None else targets
+    streams, target_streams = make_streams(data, n_streams), make_streams(targets, n_streams)
     length = streams.size(1) - 1
-    predictions = torch.zeros_like(data)
-    by_stream = predictions[1 : 1 + n_streams * length].view(n_streams, length)
-    char_losses = torch.full(data.shape, float("nan"), device=data.device)
-    losses_by_stream = char_losses[1 : 1 + n_streams * length].view(n_streams, length)
-    sums, counts, memory = [], [], None  # per segment, read back once at the end
+    # stream b starts at b * length in data (make_streams); its first target is the next character
+    first = 1 + length * torch.arange(n_streams, device=data.device)[:, None]
+    memory = None
     for start in range(0, length, seq_len):
         end = min(start + seq_len, length)
-        x, y = streams[:, start:end], target_streams[:, start + 1 : end + 1]
         with autocast:
-            logits, memory, _ = model(x, memory)
-        losses = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # [B, T]
-        sums.append(losses.sum())
-        counts.append(y.ne(IGNORE).sum())
-        losses_by_stream[:, start:end] = losses.masked_fill(y.eq(IGNORE), float("nan"))
-        by_stream[:, start:end] = logits.argmax(dim=-1)
+            logits, memory, _ = model(streams[:, start:end], memory)
+        at = first + torch.arange(start, end, device=data.device)
+        yield at, logits, target_streams[:, start + 1 : end + 1]
     tail = data[n_streams * length :]  # continues the last stream exactly
     if len(tail) > 1:
         last = slice(n_streams - 1, n_streams)
@@ -66,14 +55,41 @@ def per_character(model, data: torch.Tensor, n_streams: int, seq_len: int, autoc
         memory = Memory([m[last] for m in memory.mem], [c[last] for c in memory.c_mem], usage)
         with autocast:
             logits, _, _ = model(tail[None, :-1], memory)
-        y = (data if targets is None else targets)[n_streams * length + 1 :]
-        losses = F.cross_entropy(logits.float()[0], y, reduction="none")
+        at = torch.arange(n_streams * length + 1, len(data), device=data.device)
+        yield at, logits[0], targets[n_streams * length + 1 :]
+
+
+@torch.no_grad()
+def evaluate(
+    model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None, keep=None
+):
+    """The mean loss in nats/char over every character of data after the first (those that targets
+    scores, where it is not IGNORE; None scores them all), carrying memory through n_streams
+    streams as training does. keep(at, logits, losses): given each segment, the losses NaN where
+    not scored (per_character keeps them)."""
+    was_training = model.training
+    model.eval()
+    sums, counts = [], []  # per segment, read back once at the end
+    for at, logits, y in segments(model, data, n_streams, seq_len, autocast, targets):
+        losses = F.cross_entropy(logits.float().movedim(-1, 1), y, reduction="none")  # as y
         sums.append(losses.sum())
         counts.append(y.ne(IGNORE).sum())
-        char_losses[n_streams * length + 1 :] = losses.masked_fill(y.eq(IGNORE), float("nan"))
-        predictions[n_streams * length + 1 :] = logits[0].argmax(dim=-1)
+        if keep is not None:
+            keep(at, logits, losses.masked_fill(y.eq(IGNORE), float("nan")))
     model.train(was_training)
-    loss = sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
+    return sum(torch.stack(sums).tolist()) / max(1, sum(torch.stack(counts).tolist()))
+
+
+def per_character(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
+    """The Evaluation of every character of data after the first: evaluate()'s loss, and what it
+    kept of each character; index 0 of predictions and char_losses is unused."""
+    predictions = torch.zeros_like(data)
+    char_losses = torch.full(data.shape, float("nan"), device=data.device)
+
+    def keep(at, logits, losses):
+        predictions[at], char_losses[at] = logits.argmax(dim=-1), losses
+
+    loss = evaluate(model, data, n_streams, seq_len, autocast, targets, keep)
     return Evaluation(loss, predictions, char_losses)
 
 
@@ -110,6 +126,8 @@ def load_checkpoint(args, tasks=("shakespeare",)):
     """(model, checkpoint, how its memory was cut): OUT/ckpt.pt's model on --device, its memory cut
     to --eval-mem-len / --eval-c-mem-len where given. tasks: the texts the command reads (a
     research command reads its own); another's checkpoint is one error."""
+    import train_shakespeare  # here, not at the top: the script imports this module (evaluate)
+
     model, ckpt = checkpoint.load_model(
         args.out, pick_device(args.device), train_shakespeare.make_model
     )

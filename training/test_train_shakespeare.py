@@ -23,19 +23,29 @@ from training import bench, checkpoint, checks, data, evaluate, files, plots, sa
 
 
 def test_streams_stay_contiguous_across_steps():
-    data = torch.arange(1001)
-    streams = ts.make_streams(data, 4)
+    text = torch.arange(1001)
+    streams = data.make_streams(text, 4)
     assert streams.shape == (4, 251)
     assert streams[1, 0] == streams[0, -1]  # strand b ends where strand b+1 begins
-    x0, y0, wrapped0 = ts.segment_at(streams, streams, 0, 16)
-    x1, y1, wrapped1 = ts.segment_at(streams, streams, 1, 16)
+    x0, y0, wrapped0 = data.segment_at(streams, streams, 0, 16)
+    x1, y1, wrapped1 = data.segment_at(streams, streams, 1, 16)
     assert wrapped0 and not wrapped1
     assert (x1[:, 0] == x0[:, -1] + 1).all() and (y0 == x0 + 1).all()  # row b continues row b
     n_segments = 250 // 16
-    assert ts.segment_at(streams, streams, n_segments, 16)[2]  # wraps after the last segment
+    assert data.segment_at(streams, streams, n_segments, 16)[2]  # wraps after the last segment
     targets = streams.masked_fill(streams % 2 == 0, -100)  # a task that scores odd ids alone
-    x, y, _ = ts.segment_at(streams, targets, 1, 16)
+    x, y, _ = data.segment_at(streams, targets, 1, 16)
     assert x.equal(x1) and y.equal(y1.masked_fill(y1 % 2 == 0, -100))
+
+
+def test_a_text_moves_to_a_device_whole():
+    ids = torch.tensor([0, 1, 1, 0])
+    text = data.Data(
+        ["a", "b"], ids, ids.flip(0), "ab", val_targets=ids.masked_fill(ids == 0, -100)
+    )
+    moved = text.to("meta")
+    assert moved.train.is_meta and moved.val.is_meta and moved.val_targets.is_meta
+    assert moved.train_targets is None and (moved.vocab, moved.name) == (["a", "b"], "ab")
 
 
 def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
@@ -133,22 +143,34 @@ def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
         assert says in error_line(capsys)
 
 
-def test_evaluation_per_character_is_the_loops_evaluation(small_text):
-    """training/evaluate.py walks the text as the script's evaluate does, keeping every character:
-    the same loss, and each character's loss where it is scored."""
+def test_evaluation_keeps_each_character_where_the_walk_reads_it(small_text):
+    """per_character keeps each character's loss and prediction from the segment that predicts it
+    (a model without memory reads each segment alone), and evaluate's loss is their mean."""
     torch.manual_seed(0)
     args = ts.parse_args([*TINY_FLAGS])
     model = ts.make_model("compressive", ts.model_config(args, 65))
     text = torch.randint(0, 65, (1003,))  # 4 streams of 250 and a tail of 2 (the last stream's)
     targets = text.masked_fill(text % 3 == 0, data.IGNORE)
     for scored in (None, targets):
-        loss = ts.evaluate(model, text, 4, 16, nullcontext(), scored)
+        loss = evaluate.evaluate(model, text, 4, 16, nullcontext(), scored)
         each = evaluate.per_character(model, text, 4, 16, nullcontext(), scored)
-        torch.testing.assert_close(each.loss, loss, rtol=1e-12, atol=0)
         counted = ~torch.isnan(each.char_losses)
         assert counted.sum() == (1002 if scored is None else scored[1:].ne(data.IGNORE).sum())
         mean = each.char_losses[counted].double().mean().item()
         torch.testing.assert_close(mean, loss, rtol=1e-5, atol=0)  # float32 sums, another order
+    args = ts.parse_args([*TINY_FLAGS, "--model", "vanilla"])
+    vanilla = ts.make_model("vanilla", ts.model_config(args, 65)).eval()
+    each = evaluate.per_character(vanilla, text, 4, 16, nullcontext())
+    for start, end in ((2 * 250 + 16, 2 * 250 + 32), (1000, 1002)):  # stream 2's 2nd; the tail
+        with torch.no_grad():
+            logits = vanilla(text[None, start:end])[0][0]  # one row, not four: another order
+        alone = torch.nn.functional.cross_entropy(
+            logits, text[start + 1 : end + 1], reduction="none"
+        )
+        torch.testing.assert_close(
+            each.char_losses[start + 1 : end + 1], alone, rtol=1e-5, atol=1e-6
+        )
+        assert each.predictions[start + 1 : end + 1].equal(logits.argmax(dim=-1))
 
 
 @pytest.mark.parametrize(
