@@ -2,7 +2,8 @@
 trained. It imports nothing of research/ or lesson/, which build on it.
 
     data.py         the text as ids: the shipped Tiny Shakespeare (checked) or --data, split as
-                    nanoGPT splits it; the Data a research command brings in the same form
+                    nanoGPT splits it; the Data a research command brings in the same form; the
+                    text cut into the contiguous streams that the rows of a batch read
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit;
                     a checkpoint's model with less memory (--eval-mem-len); how it was made
     device.py       the device, autocast and the float16 gradient scaler, compiling once the
@@ -16,7 +17,8 @@ The commands, each on a checkpoint or a model of the script's flags:
 
     python -m training.sample     text from a trained model
     python -m training.evaluate   a checkpoint's loss on its whole validation text, its memory cut
-                                  or not; per_character() is what the studies read of each character
+                                  or not; evaluate() is the script's validation, per_character()
+                                  what the studies read of each character, both one walk
     python -m training.bench      tokens/s, ms per step, peak memory and mfu of training steps
     python -m training.plots OUT  a run's loss curve drawn again from its files
 
