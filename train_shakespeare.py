@@ -306,7 +306,7 @@ def train(args, data: Data, validate=None):
             rate = (step - logged_step) * args.batch_size * args.seq_len * world
             rate /= max(time.time() - last_log, 1e-9)
             say(
-                f"step {step}/{args.steps} | loss {train_loss:.4f} | recon {recon_loss:.5f} | "
+                f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss {recon_loss:.5f} | "
                 f"lr {lr:.2e} | {rate:,.0f} tok/s",
                 flush=True,
             )
