@@ -170,7 +170,9 @@ class Episodes:
         keep = keep[:, None, :, None]  # [B, 1, K, 1]
         keys = torch.where(keep, attended.keys, blank_k)
         values = torch.where(keep, attended.values, blank_v)
-        return h, mem, c_mem, usage, attended._replace(weights=weights, keys=keys, values=values)
+        # a new Attended rather than _replace: torch.compile before 2.11 cannot trace _replace
+        attended = Attended(attended.out, weights, attended.content_queries, keys, values)
+        return h, mem, c_mem, usage, attended
 
 
 def forget_rows(memory: AgentMemory, done: torch.Tensor) -> AgentMemory:
@@ -191,7 +193,7 @@ def forget_rows(memory: AgentMemory, done: torch.Tensor) -> AgentMemory:
     if kept is not None:  # a zeroed slot's keys and values are those of a zero vector
         keys = [forget(k, blank) for k, blank in zip(kept.keys, kept.blank_keys)]
         values = [forget(v, blank) for v, blank in zip(kept.values, kept.blank_values)]
-        kept = kept._replace(keys=keys, values=values)
+        kept = Kept(keys, values, kept.blank_keys, kept.blank_values, kept.positions)
     return AgentMemory(mem, c_mem, usage, since_start, kept)
 
 
