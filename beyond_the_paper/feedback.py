@@ -50,8 +50,9 @@ from compressive import (
 
 class FeedbackAttention(nn.Module):
     """compressive.py's relative attention without a W_q, W_k, W_v of its own (the layer makes
-    the queries, the model the keys and values): W_r, u, v and W_o, and the very functions of
-    compressive.RelativeMultiHeadAttention that use them."""
+    the queries, the model the keys and values): W_r, u, v and W_o, made in the order
+    compressive.py makes them (so a seed gives the weights it always gave), and the very
+    functions of compressive.RelativeMultiHeadAttention that use them."""
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
