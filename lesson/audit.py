@@ -15,8 +15,9 @@ needs:
 - attributes from an allowlist (ALLOWED_ATTRIBUTES): those compressive.py itself reads, and the
   tensor operations an answer could reasonably reach for (TENSOR_OPERATIONS);
 - classes (torch.Tensor, nn.Module, compressive.py's own, any name or attribute spelled with a
-  capital and more than one letter) only called, tested with isinstance, or in an annotation:
-  never read an attribute of, passed as an argument, bound to a name or returned;
+  capital and more than one letter) only called, tested with isinstance, named as a type in an
+  annotation, or (a safe builtin exception) caught or raised: never read an attribute of, passed
+  as an argument, bound to a name or returned;
 - no attribute assigned or deleted, no global or nonlocal, no class definition, no import.
 
 Why the class rule and the short list of imported names: a decorator or class factory rewrites
@@ -26,8 +27,11 @@ sets an attribute of the class it is handed as self. So `dataclass` and `NamedTu
 factories) are left out although compressive.py imports them, as is anything else it may import
 one day beyond IMPORTED_NAMES (a hook registry, say), and no class can be handed to anything:
 what a decorator or an unbound method would change never reaches it. What is let in: calling a class
-(it builds a new object, a tensor or a module, and changes no class), isinstance (it reads), and
-annotations (Optional[torch.Tensor]), which run nothing.
+(it builds a new object, a tensor or a module, and changes no class), isinstance (it reads),
+`except ValueError:` and `raise ValueError`, and annotations. A local variable's annotation is
+never evaluated; a nested def's is, when the def runs, so there a class may stand only as a type
+(torch.Tensor, Optional[torch.Tensor]) and the rest is audited as the code it is:
+`def probe(x: nn.Module.train(torch.Tensor))` hands the class to a function.
 
 An allowlist holds where a list of forbidden names would not: a name built from a string at run
 time (getattr(torch, "lo" + "ad"), __import__, vars(...)["..."]) needs getattr, __import__, vars
@@ -56,7 +60,8 @@ SAFE_BUILTINS = frozenset(
 
 # Of the names compressive.py imports, those an answer may use: the modules of tensor operations
 # and math, and the typing names of annotations (see the module docstring for those left out).
-IMPORTED_NAMES = frozenset({"torch", "nn", "F", "math", "List", "Optional", "Tuple", "Dict"})
+TYPING_NAMES = frozenset({"List", "Optional", "Tuple", "Dict"})
+IMPORTED_NAMES = frozenset({"torch", "nn", "F", "math"}) | TYPING_NAMES
 # The project's own modules: what a module of beyond_the_paper/ imports from them (compressive.py's
 # functions and classes, say) is the project's, as compressive.py's own names are.
 PROJECT_MODULES = frozenset({"compressive", "beyond_the_paper"})
@@ -276,28 +281,53 @@ def names_a_class(node: ast.AST, classes, local) -> bool:
 
 def places_for_a_class(function: ast.FunctionDef) -> set:
     """The ids of the nodes where a class may stand: what a call calls, isinstance's second
-    argument (or its tuple's items), and anything inside an annotation."""
+    argument (or its tuple's items), a safe builtin exception in an except clause or a raise,
+    anything inside a local variable's annotation, and a type in a nested def's annotation."""
     places = set()
-
-    def whole(tree):
-        if tree is not None:
-            places.update(id(n) for n in ast.walk(tree))
-
     for node in ast.walk(function):
         if isinstance(node, ast.Call):
             places.add(id(node.func))
             is_isinstance = isinstance(node.func, ast.Name) and node.func.id == "isinstance"
             if is_isinstance and len(node.args) == 2:
-                second = node.args[1]
-                places.add(id(second))
-                if isinstance(second, ast.Tuple):
-                    places.update(id(item) for item in second.elts)
-        elif isinstance(node, ast.arg):
-            whole(node.annotation)
+                places.update(id(item) for item in items(node.args[1]))
+        elif isinstance(node, ast.ExceptHandler) and node.type is not None:
+            places.update(id(item) for item in items(node.type) if is_safe_builtin(item))
+        elif isinstance(node, ast.Raise) and node.exc is not None and is_safe_builtin(node.exc):
+            places.add(id(node.exc))
         elif isinstance(node, ast.AnnAssign):
-            whole(node.annotation)
-        elif isinstance(node, ast.FunctionDef):
-            whole(node.returns)
+            # in a function Python never evaluates a variable's annotation (class bodies, where
+            # it would, are refused)
+            places.update(id(n) for n in ast.walk(node.annotation))
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            places.update(type_places(node.annotation))
+        elif isinstance(node, ast.FunctionDef) and node.returns is not None:
+            places.update(type_places(node.returns))
+    return places
+
+
+def items(node: ast.AST) -> list:
+    """A tuple's items and the tuple itself, or the node alone."""
+    return [node, *node.elts] if isinstance(node, ast.Tuple) else [node]
+
+
+def is_safe_builtin(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in SAFE_BUILTINS
+
+
+def type_places(annotation: ast.AST) -> set:
+    """Where a class may stand in a nested def's annotation, which Python evaluates when the def
+    runs: the annotation itself when it is a name or an attribute (torch.Tensor), and the
+    typing name and each item of a subscript (Optional[torch.Tensor], Tuple[Tensor, Tensor]).
+    Anything else in it is audited as the expression it is: nn.Module.train(torch.Tensor) hands
+    the class to a function there as anywhere."""
+    if isinstance(annotation, (ast.Name, ast.Attribute)):
+        return {id(annotation)}
+    is_typing = isinstance(annotation, ast.Subscript) and isinstance(annotation.value, ast.Name)
+    if not (is_typing and annotation.value.id in TYPING_NAMES):
+        return set()
+    places = {id(annotation.value), id(annotation.slice)}
+    for item in items(annotation.slice)[1:] or [annotation.slice]:
+        places |= type_places(item)
     return places
 
 

@@ -390,6 +390,31 @@ CHEATS = {
         cheat_in_shift("nn.Parameter(torch.Tensor)"),
         "`torch.Tensor` is or holds a class",
     ),
+    # a nested def's annotations run when the def statement does
+    "a class handed to a function in a nested def's annotation": (
+        cheat_in_shift(
+            "try:",
+            "",
+            "    def probe(x: nn.Module.train(torch.Tensor)):",
+            "        return x",
+            "",
+            "except:  # noqa: E722",
+            "    pass",
+        ),
+        "`nn.Module` is or holds a class",
+    ),
+    "a class handed on in a nested def's return annotation": (
+        cheat_in_shift("def probe() -> Optional[nn.Module.train(torch.Tensor)]:", "    pass"),
+        "`nn.Module` is or holds a class",
+    ),
+    "a class's attribute read in a nested def's annotation": (
+        cheat_in_shift("def probe(x: torch.Tensor.training):", "    pass"),
+        "`torch.Tensor` is or holds a class",
+    ),
+    "a class caught that is no builtin exception": (
+        cheat_in_shift("try:", "    pass", "except nn.Module:", "    pass"),
+        "`nn.Module` is or holds a class",
+    ),
 }
 
 
@@ -421,8 +446,20 @@ def test_the_audit_lets_a_class_be_called_tested_and_named_in_an_annotation():
     answer = cheat_in_shift(
         "kept: Optional[torch.Tensor] = torch.Tensor(0)",
         "assert isinstance(flat, (torch.Tensor, nn.Parameter))",
-        "def inner(x: torch.Tensor) -> torch.Tensor:",
+        "def inner(x: torch.Tensor, y: Optional[List[nn.Module]]) -> torch.Tensor:",
         "    return x",
+    )
+    audit.audit(answer, ORIGINAL, EXERCISES)
+
+
+def test_the_audit_lets_an_answer_catch_and_raise_a_builtin_exception():
+    answer = cheat_in_shift(
+        "try:",
+        "    flat = flat + 0",
+        "except ValueError:",
+        "    raise ValueError",
+        "except (TypeError, RuntimeError) as e:",
+        "    raise ValueError from e",
     )
     audit.audit(answer, ORIGINAL, EXERCISES)
 
