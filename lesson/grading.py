@@ -625,7 +625,9 @@ def read_submission(path: Path, name: str = "compressive.py") -> str:
             raise audit.Refusal(f"{file} is a hard link to another file: submit a copy")
         data = handle.read(audit.MAX_BYTES + 1)
     try:
-        return data.decode("utf-8")
+        # utf-8-sig: an editor's byte order mark (Windows Notepad writes one) is no part of the
+        # text, as Python itself reads the file
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise audit.Refusal("it is not UTF-8 text") from None
 

@@ -464,6 +464,16 @@ def test_the_audit_lets_an_answer_catch_and_raise_a_builtin_exception():
     audit.audit(answer, ORIGINAL, EXERCISES)
 
 
+def test_a_file_saved_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path, hw, assignment):
+    """Windows Notepad starts a UTF-8 file with U+FEFF, which Python's own reading drops."""
+    answer = filled((hw / "student" / "compressive.py").read_text())
+    path = tmp_path / "compressive.py"
+    path.write_bytes(answer.encode("utf-8-sig"))
+    prepared = grading.prepare(path, assignment)
+    assert (prepared.refused, prepared.refusals) == ("", {})
+    assert set(prepared.spliced) == set(EXERCISES)
+
+
 FORM_FEED_CHEAT = "print('this line of a comment runs')"
 
 
