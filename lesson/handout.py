@@ -338,6 +338,24 @@ def class_submissions(folder: Path) -> Dict[str, Path]:
 MOST_FAILED = 10  # tests in the class summary
 
 
+def class_note(result: grading.Grading) -> str:
+    """What a student's line adds to the score: the file refused, or how many exercises were
+    refused and each exercise not graded (killed at the timeout, say), which scores 0."""
+    if result.refused:
+        return f", {grading.audit_line(result.refused)}"
+    refused = sum(bool(g.refused) for g in result.grades)
+    notes = [f"{refused} exercise{'' if refused == 1 else 's'} refused"] if refused else []
+    notes += [f"{g.name} not graded: {g.problem}" for g in result.grades if g.problem]
+    return "".join(f", {note}" for note in notes)
+
+
+def spreadsheet_cell(text: str) -> str:
+    """text as a spreadsheet must show it: a cell that starts with = + - @ (or a tab or a carriage
+    return) is read as a formula, so a student named =HYPERLINK(...) would run one in the
+    teacher's spreadsheet; such a cell gets a leading single quote, as OWASP advises."""
+    return f"'{text}" if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
+
+
 def grade_class(
     folder: Path,
     assignment_folder: Optional[Path],
@@ -353,15 +371,10 @@ def grade_class(
     print(f"grading {len(submissions)} submissions, {grading.workers()} runs at a time")
 
     def graded(student, result):
-        refused = sum(bool(g.refused) for g in result.grades)
-        if result.refused:
-            note = f", {grading.audit_line(result.refused)}"
-        else:
-            note = f", {refused} exercises refused" if refused else ""
-        print(f"{student}: {result.score:g}/{result.max_score:g}{note}", flush=True)
+        print(f"{student}: {result.score:g}/{result.max_score:g}{class_note(result)}", flush=True)
 
     results = grading.grade_class(submissions, assignment, partial, timeout_s, graded)
-    rows = [["student", *names, "total", "refusals"]]
+    rows = [["student", *names, "total", "refusals", "not graded"]]
     for student, result in results.items():
         scores = {g.name: f"{g.score:g}" for g in result.grades}
         why = (
@@ -369,7 +382,10 @@ def grade_class(
             if result.refused
             else [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
         )
-        rows.append([student, *(scores[n] for n in names), f"{result.score:g}", "; ".join(why)])
+        ungraded = [f"{g.name}: {g.problem}" for g in result.grades if g.problem]
+        row = [student, *(scores[n] for n in names), f"{result.score:g}"]
+        row += ["; ".join(why), "; ".join(ungraded)]
+        rows.append([spreadsheet_cell(cell) for cell in row])
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     staging = csv_path.with_name(f".{csv_path.name}.tmp")
     with staging.open("w", newline="", encoding="utf-8") as handle:

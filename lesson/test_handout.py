@@ -1027,15 +1027,64 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
         *(c.name for c in grading.load_assignment(hw).exercises),
         "total",
         "refusals",
+        "not graded",
     ]
     by_student = {row[0]: row[1:] for row in rows[1:]}
-    assert by_student["alice"] == ["1", "2", "3", "6", ""]
-    assert by_student["bob"] == ["0", "0", "0", "0", ""]
-    assert by_student["mallory"] == ["0", "2", "3", "5", ""]
+    assert by_student["alice"] == ["1", "2", "3", "6", "", ""]
+    assert by_student["bob"] == ["0", "0", "0", "0", "", ""]
+    assert by_student["mallory"][:5] == ["0", "2", "3", "5", ""]
+    assert by_student["mallory"][5].startswith("relative_shift: it did not finish within 20 s")
     assert by_student["eve"][:4] == ["0", "0", "0", "0"] and "symbolic link" in by_student["eve"][4]
+    assert "mallory: 5/6, relative_shift not graded: it did not finish" in result.stdout
     assert "4 students, 1 with full marks, 1 refused whole" in result.stdout
     most = result.stdout.split("the tests that failed most (students):")[1].split()
     assert most[0] == "1" and most[1].startswith("test_"), result.stdout
+
+
+def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a_formula(
+    tmp_path, hw, assignment, monkeypatch, capsys
+):
+    """--grade-class with the runs stubbed: an exercise killed at the timeout scores 0 and says
+    so, on the console and in the CSV; one exercise refused is one; a cell a spreadsheet would
+    read as a formula (a student named =HYPERLINK(...)) is text."""
+    timed_out = "it did not finish within 20 s (an endless loop?)"
+
+    def graded_as(refused_whole="", refused="", problem=""):
+        """Full marks, but for the file refused whole, or relative_shift refused or not graded."""
+        grades = []
+        for c in assignment.exercises:
+            shift = c.name == "relative_shift"
+            lost = refused_whole or (shift and (refused or problem))
+            grade = grading.Grade(c.name, c.points, 0.0 if lost else c.points, [], [], [], "")
+            grades.append(grade._replace(problem=problem, refused=refused) if shift else grade)
+        return grading.Grading("", grades, refused_whole, False, 0.0)
+
+    gradings = {
+        '=HYPERLINK("http:evil")': graded_as(),
+        "gina": graded_as(problem=timed_out),
+        "ivan": graded_as(refused="line 9: `os`"),
+        "@sum": graded_as(refused_whole="-1 is not a file"),
+    }
+
+    def grade_class(submissions, assignment, partial, timeout_s, graded):
+        for student in submissions:
+            graded(student, gradings[student])
+        return {student: gradings[student] for student in submissions}
+
+    monkeypatch.setattr(grading, "grade_class", grade_class)
+    (tmp_path / "class").mkdir()
+    for student in gradings:
+        (tmp_path / "class" / f"{student}.py").write_text("")
+    handout.grade_class(tmp_path / "class", hw, tmp_path / "grades.csv", None, None)
+    printed = capsys.readouterr().out
+    assert f"gina: 5/6, relative_shift not graded: {timed_out}\n" in printed
+    assert "ivan: 5/6, 1 exercise refused\n" in printed
+    rows = {row[0]: row[1:] for row in csv.reader((tmp_path / "grades.csv").open())}
+    assert rows["gina"] == ["0", "2", "3", "5", "", f"relative_shift: {timed_out}"]
+    assert rows["'@sum"] == ["0", "0", "0", "0", "'-1 is not a file", ""]
+    assert rows["ivan"][4] == "relative_shift: line 9: `os`"
+    assert rows['\'=HYPERLINK("http:evil")'] == ["1", "2", "3", "6", "", ""]
+    assert not any(cell[:1] in "=+-@" for row in rows.values() for cell in row if cell)
 
 
 # ---------------------------------------------------------------- beyond the paper ---------------
