@@ -19,9 +19,15 @@ from lesson import explore, memory_picture
 from test_compressive import make
 
 MISSING = explore.browser_missing()
-needs_browser = pytest.mark.skipif(
-    bool(MISSING), reason=f"the page is tested in a real browser, and {MISSING}"
-)
+
+
+def needs_browser(test):
+    """A test that starts a real browser: among the slow tests (`pytest -m slow`, a CI step of
+    its own, where CI checks a browser is there), and skipped, saying why, where none is."""
+    reason = f"the page is tested in a real browser, and {MISSING}"
+    return pytest.mark.slow(pytest.mark.skipif(bool(MISSING), reason=reason)(test))
+
+
 # A passage that tries to close the page's script: the data must stay data
 TEXT = "It is a </script><b>truth</b> universally acknowledged, that a single man in possession"
 START, N_SEGMENTS, N_S, C = 3, 7, 8, 2
