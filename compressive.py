@@ -33,7 +33,7 @@ Where this departs from the paper (each a choice a reader may want to undo):
       positions count slots, not the c tokens behind each one
     - overflow is evicted in whole blocks of c, so when T is not a multiple of c, mem may hold
       up to c - 1 fewer than n_m for a while
-    - the conv f_c has a bias and starts as mean pooling plus noise; dilated_conv is a residual
+    - the conv f_c has a bias and begins as mean pooling plus noise; dilated_conv is a residual
       stack of dilated convolutions before it
     - the attention reconstruction uses the layer's content queries q + u (the paper's
       Algorithm 2: the plain queries q)
