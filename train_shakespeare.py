@@ -108,8 +108,19 @@ def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.Argu
     return p
 
 
+# Flags of this script that became commands of their own, each reading the checkpoint in --out
+MOVED = {
+    "--sample": "python -m training.sample --out OUT --chars N",
+    "--eval-only": "python -m training.evaluate --out OUT",
+    "--bench": "python -m training.bench --bench-steps N (with the model flags)",
+}
+
+
 def parse_args(argv=None):
-    return training_flags().parse_args(argv)
+    parser = training_flags()
+    for flag in set(sys.argv[1:] if argv is None else argv) & set(MOVED):
+        parser.exit(2, f"{parser.prog}: error: {flag} is now a command: {MOVED[flag]}\n")
+    return parser.parse_args(argv)
 
 
 def check_args(args) -> None:

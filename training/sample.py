@@ -22,7 +22,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
     p.add_argument("--chars", type=int, default=500, help="how many characters to generate")
-    p.add_argument("--prompt", help="the text it starts from (default: a newline, else '.')")
+    p.add_argument("--prompt", help="the text it starts from; by default a newline, else '.'")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
     p.add_argument("--top-k", type=int, help="sample from the k most likely characters")
     p.add_argument("--seed", type=int, default=1337)

@@ -725,6 +725,16 @@ def test_the_recall_flags_are_the_recall_tasks_own(small_text, tmp_path, capsys)
     assert "unrecognized arguments: --max-distance 50" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--sample", "--eval-only", "--bench"])
+def test_a_flag_that_became_a_command_names_that_command(flag, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        ts.main(["--out", str(tmp_path / "run"), flag])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} is now a command: python -m training." in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
 # ---------------------------------------------------------------- torchrun, --bench
 
 
