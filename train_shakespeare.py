@@ -108,18 +108,9 @@ def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.Argu
     return p
 
 
-# Flags of this script that became commands of their own, each reading the checkpoint in --out
-MOVED = {
-    "--sample": "python -m training.sample --out OUT --chars N",
-    "--eval-only": "python -m training.evaluate --out OUT",
-    "--bench": "python -m training.bench --bench-steps N (with the model flags)",
-}
-
-
 def parse_args(argv=None):
     parser = training_flags()
-    for flag in set(sys.argv[1:] if argv is None else argv) & set(MOVED):
-        parser.exit(2, f"{parser.prog}: error: {flag} is now a command: {MOVED[flag]}\n")
+    checks.refuse_moved_flags(parser, sys.argv[1:] if argv is None else argv)
     return parser.parse_args(argv)
 
 
