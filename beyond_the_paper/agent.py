@@ -23,10 +23,12 @@ import math
 from typing import List, NamedTuple, Optional
 
 import torch
+import torch.nn as nn
 
 from compressive import (
     Attended,
     CompressiveConfig,
+    CompressiveLayer,
     CompressiveTransformer,
     Memory,
     autocasting,
@@ -296,7 +298,7 @@ class AgentTransformer(CompressiveTransformer):
     """
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
-        return AgentMemory(*super().empty_memory(batch_size, device, dtype))
+        return AgentMemory(*CompressiveTransformer.empty_memory(self, batch_size, device, dtype))
 
     def forward(self, tokens, memory=None, starts=None):
         check_tokens(self, tokens)
@@ -375,18 +377,31 @@ class AgentTransformer(CompressiveTransformer):
         return self.out_norm(h), memory, recon_loss
 
 
-class AgentCore(AgentTransformer):
+class AgentCore(nn.Module):
     """The layers of AgentTransformer without the token embedding and the head: inputs are
     vectors [B, T, d_model] (an encoder's output), and so are the outputs (for a policy and a
     value head of one's own). Every parameter gets a gradient, so DistributedDataParallel needs
     find_unused_parameters only for f_c (no gradient in a call that compresses nothing).
 
         h, memory, recon_loss = core(x, memory, starts=None)
+
+    It is no language model (no forward over tokens, no generate); its methods are
+    AgentTransformer's, which read only cfg, layers and out_norm.
     """
 
     def __init__(self, cfg: CompressiveConfig):
-        super().__init__(cfg)
-        del self.embed, self.head  # vocab_size is unused
+        super().__init__()
+        if not isinstance(cfg, CompressiveConfig):
+            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        self.cfg = cfg  # vocab_size is unused
+        self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
+        self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+        self.apply(CompressiveTransformer.init_weights)
+
+    empty_memory = AgentTransformer.empty_memory
+    blank_keys_values = AgentTransformer.blank_keys_values
+    hidden_states = AgentTransformer.hidden_states
+    reach = CompressiveTransformer.reach
 
     def forward(self, x, memory=None, starts=None):
         return self.hidden_states(x, memory, starts)

@@ -48,6 +48,8 @@ def test_the_core_without_embedding_and_head_computes_what_hidden_states_compute
     core = AgentCore(tiny())
     agent = make()
     assert not hasattr(core, "embed") and not hasattr(core, "head")
+    assert not isinstance(core, CompressiveTransformer) and not hasattr(core, "generate")
+    assert core.reach(4) == agent.reach(4)
     missing = agent.load_state_dict(core.state_dict(), strict=False).missing_keys
     assert sorted(missing) == ["embed.weight", "head.weight"]
     x, memory, agent_memory = inputs(2, 6), None, None
@@ -58,6 +60,13 @@ def test_the_core_without_embedding_and_head_computes_what_hidden_states_compute
         assert h.equal(expected)
         h.sum().backward()
     assert all(p.grad is not None for name, p in core.named_parameters() if "compress" not in name)
+    core.eval(), agent.eval()
+    with torch.no_grad():  # acting: both keep the keys and values of their slots
+        for n in range(3):
+            x = inputs(2, 1, seed=10 + n)
+            h, memory, _ = core(x, memory)
+            expected, agent_memory, _ = agent.hidden_states(x, agent_memory)
+            assert memory.kept is not None and h.equal(expected)
 
 
 def test_reach_takes_the_call_length():
