@@ -31,12 +31,16 @@ Where this departs from the paper (each a choice a reader may want to undo):
     - Xavier-scale initialisation of every linear layer, an N(0, 1) embedding and an untied head
     - a compressed slot sits at the relative distance of one position, like any memory:
       positions count slots, not the c tokens behind each one
-    - overflow is evicted in whole blocks of c, so when T is not a multiple of c, mem may hold
-      up to c - 1 fewer than n_m for a while
+    - overflow is evicted in whole blocks of c, so when T is not a multiple of c, mem holds
+      between n_m - c + 1 and n_m states, cycling from call to call (at T = 1, as in generate,
+      through every length in between)
+    - a call longer than n_m evicts its own oldest inputs too, and they are compressed like the
+      rest (Algorithm 1 compresses only the n_s oldest of the old memory, assuming n_s <= n_m)
     - the conv f_c has a bias and begins as mean pooling plus noise; dilated_conv is a residual
       stack of dilated convolutions before it
-    - the attention reconstruction uses the layer's content queries q + u (the paper's
-      Algorithm 2: the plain queries q)
+    - the attention reconstruction uses the layer's content queries q + u and its scores scaled
+      by 1/sqrt(d_head), and takes the mean of the squared differences over the elements, summed
+      over layers (the paper's Algorithm 2: the plain queries q, unscaled scores, the L2 norm)
     - most_used ranks memories by the attention they received summed over their time in mem
       (the paper: averaged)
     - mem and c_mem start empty, not as zeros, and fill as the text is read
@@ -173,7 +177,7 @@ class Attended(NamedTuple):
     keys and values (detached there); an analysis can read the weights through a forward hook."""
 
     out: torch.Tensor  # [B, T, d], the attention's output, after W_o
-    weights: torch.Tensor  # [B, H, T, K], the softmax over the keys [c_mem; mem; segment]
+    weights: torch.Tensor  # [B, H, T, K], the softmax over [c_mem; mem; segment], then dropout
     content_queries: torch.Tensor  # [B, H, T, d_head], (q + u) / sqrt(d_head)
     keys: torch.Tensor  # [B, H, K, d_head]
     values: torch.Tensor  # [B, H, K, d_head]
@@ -214,7 +218,7 @@ class RelativeMultiHeadAttention(nn.Module):
         """
         B, H, T, d_head = q.shape
         scale = d_head**-0.5
-        content_q = q + self.content_bias * scale
+        content_q = q + self.content_bias * scale  # q is scaled already: (q + u) / sqrt(d_head)
         content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
         position_q = q + self.position_bias * scale
         position_q = position_q.transpose(0, 1).reshape(H, B * T, d_head)  # the batch in the rows
@@ -380,8 +384,8 @@ def attention_reconstruction_loss(
                 attention saw the memories through layer.attn_norm, so compressed goes through
                 it too, with its weights detached
 
-    The authors' code uses the plain queries q, without the content bias u (the module's list of
-    departures; the README's reach study compares the two).
+    The paper's Algorithm 2 uses the plain queries q, without the content bias u (the module's
+    list of departures; docs/REACH.md compares the two on one seed).
     """
     attn = layer.attn
     if layer.pre_norm:  # the attention sees normalised memories: use the layer's norm, frozen
@@ -525,7 +529,9 @@ class CompressiveLayer(nn.Module):
 
     def reconstruction_loss(self, old_mem, compressed, attended: Attended, n_c_mem: int):
         """f_c's auxiliary loss (section 5) on the memories it has just compressed; old_mem's
-        keys are the first keys after the n_c_mem keys of c_mem."""
+        keys are the first keys after the n_c_mem keys of c_mem. (A call that evicts more than
+        mem held, as one longer than n_m can, evicts its own oldest inputs too: their keys follow
+        mem's, so the slice runs on into the segment's.)"""
         if self.decoder is not None:
             return autoencoding_loss(self.decoder, old_mem, compressed)
         old = slice(n_c_mem, n_c_mem + old_mem.size(1))
@@ -551,8 +557,8 @@ class CompressiveTransformer(nn.Module):
         h, memory, recon_loss = model.hidden_states(x, memory)
             the same without the embedding and the head: x and h are [B, T, d_model]
 
-    Under DistributedDataParallel, wrap the model with find_unused_parameters=True: f_c gets no
-    gradient in a call that compresses nothing.
+    Under DistributedDataParallel, wrap the model with find_unused_parameters=True: f_c (and,
+    under autoencoding, its decoder) gets no gradient in a call that compresses nothing.
     """
 
     def __init__(self, cfg: CompressiveConfig):
@@ -574,7 +580,7 @@ class CompressiveTransformer(nn.Module):
     def init_weights(module):
         # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), rather than GPT-2's
         # N(0, 0.02): at d_model 128 the smaller start puts the initial attention scores near 0,
-        # so every head begins by averaging uniformly (the README's results compare the two).
+        # so every head begins by averaging uniformly.
         if isinstance(module, nn.Linear):
             nn.init.xavier_normal_(module.weight)
             if getattr(module, "bias", None) is not None:
@@ -680,10 +686,14 @@ class CompressiveTransformer(nn.Module):
         return torch.cat(out, dim=1)
 
     def reach(self, call_length: Optional[int] = None):
-        """[(region, how far back it reaches)] for the last token of a call of call_length tokens
-        (default n_s) once the memories are full: its own call, then mem n_m further, then c_mem
-        c * n_cm further. An earlier token of the call sees as far, less its distance from the
-        call's end."""
+        """[(region, how many of the latest tokens it covers)] for the last token of a call of
+        call_length tokens (default n_s), with both memories full: its own call (the token itself
+        included), then mem n_m tokens more, then c_mem c * n_cm more. An earlier token of the
+        call sees as far, less its distance from the call's end.
+
+        This is one layer's direct view. Each layer reads the states of the layer below, which
+        saw as far again, so the model's reach grows with depth (the paper's maximum temporal
+        range: n_layers * (n_m + c * n_cm)). mem may hold fewer than n_m (the departures)."""
         cfg = self.cfg
         edges = [("segment", call_length or cfg.seq_len)]
         if cfg.mem_len:
@@ -755,10 +765,11 @@ def check_inputs(model: nn.Module, x) -> None:
     """hidden_states' inputs x: [batch, time, d_model], floating point, on the model's device, in
     its dtype unless autocast decides the dtypes."""
     weight = next(model.parameters())
-    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
         raise TypeError(
-            f"x must be a floating-point torch.Tensor (token ids go to forward), "
-            f"got {getattr(x, 'dtype', type(x).__name__)}"
+            f"x must hold vectors, floating point, got {x.dtype} (embed token ids first)"
         )
     d_model = model.cfg.d_model
     if x.dim() != 3 or x.size(0) == 0 or x.size(1) == 0 or x.size(2) != d_model:
