@@ -43,14 +43,15 @@ from compressive import (
 
 class Kept(NamedTuple):
     """What acting keeps beside the memories, per layer, made by the weights of the call that made
-    them, exactly as the memories themselves are (none of it is recomputed when the weights
-    change: AgentMemory.without_kept() drops it, and the next call projects every slot anew)."""
+    them. None of it is recomputed when the weights change, and W_r R is never replaced while
+    acting goes on: AgentMemory.without_kept() drops it all, and the next call projects every
+    slot anew."""
 
     keys: List[torch.Tensor]  # [B, H, M, d_head], of [c_mem; mem]
     values: List[torch.Tensor]  # [B, H, M, d_head]
     blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]: a zero vector's, which reset puts in
     blank_values: List[torch.Tensor]  # [1, H, 1, d_head]   the slots of a forgotten row
-    positions: List[torch.Tensor]  # W_r R [H, n, d_head] for the distances n - 1, ..., 0
+    position_keys: List[torch.Tensor]  # W_r R [H, n, d_head], the distances n - 1, ..., 0
 
 
 class AgentMemory(NamedTuple):
@@ -77,13 +78,14 @@ class AgentMemory(NamedTuple):
 
     def without_kept(self) -> "AgentMemory":
         """This memory without its kept keys, values and W_r R: the next call projects every slot
-        with the weights it has then. Drop them after the weights change, where a step must
-        equal what fresh projections give."""
+        with the weights it has then. Call it after every change of the weights (an optimizer
+        step, a loaded checkpoint) and before another model (a target network) reads this
+        memory; reset() keeps the kept W_r R, and acting never replaces it."""
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None) -> "AgentMemory":
-        """As Memory.to; since_start keeps its dtype, and the kept projections stay behind (as
-        with without_kept(): the next call projects every slot anew)."""
+        """As Memory.to; since_start keeps its dtype, and the kept projections are dropped (as
+        by without_kept(): the next call projects every slot anew)."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
         moved = Memory(self.mem, self.c_mem, self.usage).to(device, dtype)
@@ -195,7 +197,7 @@ def forget_rows(memory: AgentMemory, done: torch.Tensor) -> AgentMemory:
     if kept is not None:  # a zeroed slot's keys and values are those of a zero vector
         keys = [forget(k, blank) for k, blank in zip(kept.keys, kept.blank_keys)]
         values = [forget(v, blank) for v, blank in zip(kept.values, kept.blank_values)]
-        kept = Kept(keys, values, kept.blank_keys, kept.blank_values, kept.positions)
+        kept = Kept(keys, values, kept.blank_keys, kept.blank_values, kept.position_keys)
     return AgentMemory(mem, c_mem, usage, since_start, kept)
 
 
@@ -236,16 +238,16 @@ def position_projections(model, K: int, x: torch.Tensor, kept: Optional[Kept]):
     """W_r R of every layer for the distances n - 1, ..., 1, 0, n >= K + 1: [H, n, d_head] each.
     Acting, made once for the distances up to n_m + n_cm + 1 and kept (for_distances slices
     what a call needs); else made for K + 1."""
-    if kept is not None and kept.positions[0].size(1) >= K + 1:
-        return kept.positions
+    if kept is not None and kept.position_keys[0].size(1) >= K + 1:
+        return kept.position_keys
     n = max(K + 1, model.cfg.mem_len + model.cfg.c_mem_len + 2) if acting(model) else K + 1
     R = sinusoid_positions(n, model.cfg.d_model, x.device).to(x.dtype)
     return [layer.attn.project_positions(R) for layer in model.layers]
 
 
-def for_distances(positions, K: int):
+def for_distances(position_keys, K: int):
     """The distances K, ..., 1, 0 of W_r R made for more: [H, K+1, d_head] each."""
-    return [r[:, r.size(1) - K - 1 :] for r in positions]
+    return [r[:, r.size(1) - K - 1 :] for r in position_keys]
 
 
 def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem):
@@ -271,7 +273,7 @@ def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem
     return torch.cat(keys, dim=2), torch.cat(values, dim=2)  # [B, H, M', d_head] each
 
 
-def make_kept(keys_values, blanks, positions, previous: Optional[Kept]) -> Kept:
+def make_kept(keys_values, blanks, position_keys, previous: Optional[Kept]) -> Kept:
     """The Kept of a new memory: keys_values [(keys, values)] per layer; blanks() gives the
     [(key, value)] of a zero vector per layer, made once per episode of acting."""
     if previous is not None:
@@ -279,7 +281,7 @@ def make_kept(keys_values, blanks, positions, previous: Optional[Kept]) -> Kept:
     else:
         blank_keys, blank_values = zip(*blanks())
     keys, values = zip(*keys_values)
-    return Kept(list(keys), list(values), list(blank_keys), list(blank_values), positions)
+    return Kept(list(keys), list(values), list(blank_keys), list(blank_values), position_keys)
 
 
 # 4. The models ----------------------------------------------------------------------------------
@@ -332,8 +334,8 @@ class AgentTransformer(CompressiveTransformer):
         M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         is_acting = acting(self)
         kept = usable_kept(memory, h) if is_acting else None
-        positions = position_projections(self, K, h, kept)
-        r = for_distances(positions, K)  # W_r R of every layer for the distances K, ..., 0
+        position_keys = position_projections(self, K, h, kept)
+        r = for_distances(position_keys, K)  # W_r R of every layer for the distances K, ..., 0
         attn_mask = None  # one step sees every key: nothing lies in its future
         if T > 1:
             attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)
@@ -372,7 +374,7 @@ class AgentTransformer(CompressiveTransformer):
             new_c_mem,
             new_usage if self.cfg.compression == "most_used" else None,
             None if episodes is None else episodes.since_start_after,
-            make_kept(new_kv, self.blank_keys_values, positions, kept) if is_acting else None,
+            make_kept(new_kv, self.blank_keys_values, position_keys, kept) if is_acting else None,
         )
         return self.out_norm(h), memory, recon_loss
 
@@ -381,7 +383,8 @@ class AgentCore(nn.Module):
     """The layers of AgentTransformer without the token embedding and the head: inputs are
     vectors [B, T, d_model] (an encoder's output), and so are the outputs (for a policy and a
     value head of one's own). Every parameter gets a gradient, so DistributedDataParallel needs
-    find_unused_parameters only for f_c (no gradient in a call that compresses nothing).
+    find_unused_parameters only for f_c and, under autoencoding, its decoder (no gradient in a
+    call that compresses nothing).
 
         h, memory, recon_loss = core(x, memory, starts=None)
 

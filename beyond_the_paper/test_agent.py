@@ -207,7 +207,7 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
     model = make()
     _, memory, _ = model(tokens(2, 6))
     cases = [
-        (lambda: model.hidden_states(tokens(2, 6)), TypeError, "floating-point"),
+        (lambda: model.hidden_states(tokens(2, 6)), TypeError, "embed token ids first"),
         (lambda: model.hidden_states(inputs(2, 6)[0]), ValueError, r"\[batch >= 1"),
         (lambda: model.hidden_states(torch.randn(2, 6, 8)), ValueError, "d_model = 16"),
         (lambda: model.hidden_states(inputs(2, 0)), ValueError, "time >= 1"),
