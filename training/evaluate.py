@@ -115,7 +115,11 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
     p.add_argument("--data", help="a text to evaluate on instead of the checkpoint's own")
-    p.add_argument("--batch-size", type=int, default=12, help="parallel streams of the text")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="parallel streams of the text; by default the training's, whose loss it then repeats",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="autocast dtype")
     add_ablation_flags(p)
@@ -171,6 +175,9 @@ def main(argv=None) -> int:
     def run():
         checks.check_flags(args)
         model, ckpt, cut = load_checkpoint(args)
+        if args.batch_size is None:  # the training's streams cut the text as its evaluation did
+            saved = ckpt["args"].get("batch_size")
+            args.batch_size = saved if isinstance(saved, int) and saved > 0 else 12
         data = load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
         loss = evaluate_checkpoint(args, model, ckpt, data, cut).loss
         files.record_evaluation(args.out, cut, {"val_loss": loss, "step": ckpt["step"]})

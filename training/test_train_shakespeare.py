@@ -107,8 +107,8 @@ def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
     assert sample.main(flags) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
-    # no --data: its own text; --batch-size 4: the training's validation streams
-    assert evaluate.main(["--out", out, "--device", "cpu", "--batch-size", "4"]) == 0
+    # no --data: its own text; no --batch-size: the training's validation streams (4 here)
+    assert evaluate.main(["--out", out, "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     assert f"validation text: {small_text}" in printed and "val loss" in printed
     metrics = json.load(open(os.path.join(out, "metrics.json")))
