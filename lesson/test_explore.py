@@ -253,15 +253,17 @@ def test_the_command_writes_one_page_and_gives_one_error_line_for_bad_input(
     if MISSING:
         assert explore.main([*flags, "--screenshot", str(tmp_path / "explorer.png")]) == 2
         assert MISSING in error_line(capsys)
-    else:  # a window of the page, its Playwright in a thread of its own (the sync API
-        # runs one at a time in a thread, and the browser fixture may hold this one)
-        png = tmp_path / "explorer.png"
-        with ThreadPoolExecutor(1) as thread:
-            status = thread.submit(
-                explore.main, [*flags, "--segments", "4", "--screenshot", str(png)]
-            )
-            assert status.result() == 0
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     damage(os.path.join(trained, "ckpt.pt"), "garbage")
     assert explore.main(flags) == 2
     assert "checkpoint" in error_line(capsys)
+
+
+@needs_browser
+def test_the_screenshot_is_a_png_of_the_page(trained, small_text, tmp_path):
+    # its Playwright in a thread of its own (the sync API runs one at a time in a thread, and
+    # the browser fixture may hold this one)
+    png = tmp_path / "explorer.png"
+    flags = ["--out", trained, "--data", small_text, "--segments", "4", "--screenshot", str(png)]
+    with ThreadPoolExecutor(1) as thread:
+        assert thread.submit(explore.main, flags).result() == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

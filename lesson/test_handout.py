@@ -5,9 +5,10 @@ cheats.
 The assignment graded here blanks update_memory, attention_reconstruction_loss and
 relative_shift. By default each exercise's check is cut to the tests of FAST_TESTS (the kit
 computes it the same way, by blanking for real, over fewer tests) and a mistake is graded on its
-own exercise, so the file runs in seconds. With KIT_FULL=1 (CI) the same tests use every test
-of each check, grade every submission on all three exercises, and run the Gradescope bundle end to
-end on each."""
+own exercise, so the file runs in seconds; the grades of whole submissions, which start test
+processes, are among the slow tests (`pytest -m slow`). With KIT_FULL=1 (CI) the same tests use
+every test of each check, grade every submission on all three exercises, and run the Gradescope
+bundle end to end on each."""
 
 import ast
 import csv
@@ -607,6 +608,7 @@ HONEST_AND_ONE_REFUSED = changed(
 )
 
 
+@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
 def test_a_refused_exercise_costs_itself_alone_and_honest_answers_score(graded):
     """as_strided in relative_shift and torch.hstack in update_memory score their points;
     getattr in attention_reconstruction_loss is refused, that exercise alone, naming getattr."""
@@ -633,6 +635,7 @@ def test_no_check_holds_a_test_that_runs_torch_compile(hw, assignment):
     assert "`torch.compile`" in readme and "as_strided" in readme
 
 
+@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
 def test_each_real_mistake_costs_its_own_exercise_and_says_why(graded):
     for mistake, (name, _, says) in MISTAKES.items():
         grading_ = graded[mistake]
@@ -798,6 +801,7 @@ ATTACKS = {
 }
 
 
+@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
 @pytest.mark.parametrize(
     "attack, verdict",
     [
@@ -828,6 +832,7 @@ def test_without_the_zygote_a_run_reads_the_same_and_a_hook_at_exit_is_caught(
     assert not run.problem and list(run.outcomes.values()) == ["passed"]
 
 
+@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
 def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     (g,) = graded["an endless loop"].grades
     assert g.score == 0 and f"did not finish within {LOOP_TIMEOUT_S} s" in g.problem
@@ -927,6 +932,7 @@ def test_grading_without_assignment_takes_the_only_one_made_here_and_refuses_to_
     assert "--assignment FOLDER" in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow  # twelve fresh processes of the command
 def test_bad_command_lines_get_one_clear_error(tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "no-cache"))  # no last assignment
     (tmp_path / "full").mkdir()

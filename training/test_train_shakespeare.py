@@ -233,6 +233,7 @@ def test_a_model_too_large_for_the_machine_gives_one_error_line(small_text, tmp_
     assert not checks.is_out_of_memory(RuntimeError("shape mismatch"))
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
     script = os.path.join(ROOT, "train_shakespeare.py")
     # one process (each costs a Python and torch start-up); argparse's own errors exit 2 alike
