@@ -435,6 +435,55 @@ def test_compile_that_fails_says_so_once_and_trains_on_eagerly(
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)  # the same eager steps
 
 
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+]
+
+
+@pytest.mark.slow  # Inductor compiles a model: tens of seconds
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_gradient_is_the_gradient_of_its_own_forward_with_dropout(device):
+    """Compiled training diverged on a GPU where eager did not, though one compiled step at
+    dropout 0 computes the eager step's gradient. With dropout on, the backward must use the masks
+    the forward drew: the same seed before each forward draws the same masks, so the gradient's
+    dot product with a random direction equals the central difference of the language-model loss
+    along it (f_c's loss is left out: it detaches its inputs, so its gradient is not that of its
+    value). float64, but the softmax runs in float32: hence the tolerance."""
+    from compressive import CompressiveConfig, CompressiveTransformer
+
+    torch.manual_seed(0)
+    cfg = CompressiveConfig(
+        vocab_size=65, d_model=32, n_heads=2, n_layers=1, d_ff=64, seq_len=16, mem_len=16,
+        c_mem_len=8, compression_rate=4, dropout=0.3, pre_norm=True,
+    )  # fmt: skip
+    model = CompressiveTransformer(cfg).to(device).double().train()
+    with torch.no_grad():
+        memory = None
+        for _ in range(3):  # full memories, as when --compile takes over
+            _, memory, _ = model(torch.randint(0, 65, (2, 16), device=device), memory)
+    x, y = (torch.randint(0, 65, (2, 16), device=device) for _ in range(2))
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+
+    def loss_with_masks_of_seed_1():
+        torch.manual_seed(1)
+        logits, _, _ = compiled(x, memory)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    loss_with_masks_of_seed_1().backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    direction = [torch.randn_like(p) for p in params]
+    along = sum((p.grad * d).sum() for p, d in zip(params, direction)).item()
+    eps, ends = 1e-5, []
+    with torch.no_grad():
+        for sign in (1, -2, 1):  # to +eps, to -eps, back
+            for p, d in zip(params, direction):
+                p.add_(sign * eps * d)
+            ends.append(loss_with_masks_of_seed_1().item())
+    difference = (ends[0] - ends[1]) / (2 * eps)
+    assert abs(along - difference) <= 2e-3 * abs(difference), (along, difference)
+
+
 def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
     from training import device
 
