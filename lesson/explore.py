@@ -7,8 +7,10 @@ one, as `python -m lesson.memory_picture` does for one query; here every query o
 kept. The page shows, for the segment chosen with its slider, the keys its queries see in each
 layer, [c_mem; mem; segment] oldest first, each slot labelled with the text positions it stands
 for; a click on any character of the passage (or the arrow keys) makes it the query, and the slots
-are shaded by its attention, per layer (the mean over the heads, or one head). Stepping forward
-shows the block of c that leaves mem and the c_mem slot f_c makes of it.
+are shaded by its attention, per layer (the mean over the heads, or one head). The keys act on
+the query wherever the focus is. Stepping forward shows the block of c that leaves mem and the
+c_mem slot f_c makes of it. Above the query's view, a summary of the whole segment: per layer and
+head, the share of its attention on c_mem, mem and the segment, averaged over all its queries.
 
 The page is one file, its data, script and style inline: it opens from the disk by a double click
 and asks for nothing over the network. Its numbers are the model's own: the attention weights of
@@ -78,12 +80,26 @@ def packed(attention, n_held: int) -> str:
     return base64.b64encode(struct.pack(f"<{len(flat)}H", *flat)).decode()
 
 
+def region_shares(attention, n_c_mem: int, n_mem: int) -> list:
+    """Where each layer and head looks over a whole segment: record[layer] [1, H, T, K], keys
+    [c_mem; mem; segment], summed over each region's keys and averaged over the T queries, as
+    [layer][head] = [c_mem, mem, segment] shares (each triple sums to 1), rounded to 1e-4."""
+    shares = []
+    for weights in attention:
+        w = weights[0].double()  # [H, T, K]
+        regions = (w[..., :n_c_mem], w[..., n_c_mem : n_c_mem + n_mem], w[..., n_c_mem + n_mem :])
+        per_query = torch.stack([r.sum(-1) for r in regions], dim=-1)  # [H, T, 3]
+        shares.append(per_query.mean(dim=1).round(decimals=4).tolist())  # [H, 3]
+    return shares
+
+
 @torch.no_grad()
 def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query=None) -> dict:
     """Run model (a CompressiveTransformer) over n_segments segments of n_s from ids[start] (the
     memory empty before it) and return the page's data: the passage, the model's sizes, and per
     segment the slots its queries see (c_mem and mem before it, as the text positions they stand
-    for), what the FIFOs move after it, and its attention weights (packed). query: the text
+    for), what the FIFOs move after it, its attention weights (packed) and, per layer and head,
+    the share of c_mem, mem and the segment over all its queries (region_shares). query: the text
     position the page opens on (default: the passage's last). Raises ValueError for a passage or
     query outside the text."""
     check_model(model)
@@ -107,7 +123,8 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
             for k, step in enumerate(steps):
                 _, memory, _ = model(passage[:, k * n_s : (k + 1) * n_s], memory)
                 held = (memory.mem[0].size(1), memory.c_mem[0].size(1))
-                n_held = len(before.mem) + len(before.c_mem) if before else 0
+                c_mem, mem = (before.c_mem, before.mem) if before else ([], [])  # what it saw
+                n_held = len(c_mem) + len(mem)
                 if (
                     held != (len(step.mem), len(step.c_mem))
                     or attention[0].size(-1) != n_held + n_s
@@ -119,12 +136,13 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
                 pages.append(
                     {
                         "segment": step.segment[0],
-                        "c_mem": before.c_mem if before else [],
-                        "mem": before.mem if before else [],
+                        "c_mem": c_mem,
+                        "mem": mem,
                         "evicted": step.evicted,
                         "compressed": step.compressed,
                         "dropped": step.dropped,
                         "weights": packed(attention, n_held),
+                        "shares": region_shares(attention, len(c_mem), len(mem)),
                     }
                 )
                 before = step

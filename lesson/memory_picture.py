@@ -30,6 +30,12 @@ c_mem slot's positions are its evicted block of c (overlap_max_pool also pools t
 the block, which the figure says). The Feedback Transformer has no such picture: one memory shared
 by its layers, made token by token, nothing compressed (one error line).
 
+    python -m lesson.memory_picture --fifo-svg docs/fifo.svg   # the README's schematic
+
+The schematic of the two FIFOs (no checkpoint): a one-layer model of the lesson's toy sizes
+reads the text positions as its tokens, and the positions its memory tensors hold after each
+segment are read back and drawn, row by row (model_fifo_steps, fifo_svg).
+
 From Python (a notebook, say), on any CompressiveTransformer (compressive, XL, no memory):
 
     from lesson.memory_picture import memory_picture, draw_png, draw_gif, write_json
@@ -47,12 +53,13 @@ import os
 import textwrap
 from dataclasses import dataclass, field
 from typing import List, NamedTuple, Optional
+from xml.sax.saxutils import escape as xml_escape
 
 import torch
 
 import train_shakespeare
 from beyond_the_paper import overlap_pool
-from compressive import CompressiveTransformer, n_evicted
+from compressive import CompressiveConfig, CompressiveTransformer, n_evicted
 from research import tasks
 from research.attention import recorded_attention
 from training import checkpoint, files
@@ -96,6 +103,209 @@ def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoSte
                     dropped, c_mem = c_mem[: max(0, len(c_mem) - n_cm)], c_mem[-n_cm:]
         steps.append(FifoStep(segment, mem, c_mem, evicted, compressed, dropped))
     return steps
+
+
+# --------------------------------------------------------------------------------------------------
+# The schematic of the two FIFOs (docs/fifo.svg): a real model's memory, read back as positions
+
+SCHEMATIC_TEXT = "It is a truth universally acknowledged"  # the lesson notebook's toy sentence
+SCHEMATIC_SIZES = (4, 8, 3, 2, 6)  # n_s, n_m, n_cm, c and the segments read: the notebook's toy
+
+
+@torch.no_grad()
+def model_fifo_steps(n_s: int, n_m: int, n_cm: int, c: int, n_segments: int) -> List[FifoStep]:
+    """The FIFOs after each segment as a real CompressiveTransformer holds them. A one-layer
+    model reads the text positions 0, 1, 2, ... as its tokens, each embedded one-hot, with the
+    mean_pool f_c: its mem then holds one one-hot a slot (layer 0 keeps its raw inputs), and each
+    c_mem slot the mean of its block's one-hots, so the positions are read back from the tensors.
+    What left mem and fell off c_mem is what the tensors lost (so a segment must not make more
+    c_mem slots than n_cm, which the tensors would never show). Raises RuntimeError where the
+    model and fifo_steps (the rule, through n_evicted) disagree: a bug."""
+    n = n_s * n_segments
+    d = n + n % 2  # two heads
+    cfg = CompressiveConfig(
+        vocab_size=d,
+        d_model=d,
+        n_heads=2,
+        n_layers=1,
+        d_ff=d,
+        seq_len=n_s,
+        mem_len=n_m,
+        c_mem_len=n_cm,
+        compression_rate=c,
+        compression="mean_pool",
+    )
+    model = CompressiveTransformer(cfg).eval()
+    model.embed.weight.copy_(torch.eye(d))
+    memory, mem, c_mem, steps = None, [], [], []
+    for k in range(n_segments):
+        segment = list(range(k * n_s, (k + 1) * n_s))
+        _, memory, _ = model(torch.tensor([segment]), memory)
+        new_mem = memory.mem[0][0].argmax(-1).tolist()
+        new_c_mem = [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
+        evicted = [p for p in mem + segment if p not in new_mem]
+        compressed = [block for block in new_c_mem if block not in c_mem]
+        dropped = [block for block in c_mem + compressed if block not in new_c_mem]
+        mem, c_mem = new_mem, new_c_mem
+        steps.append(FifoStep(segment, mem, c_mem, evicted, compressed, dropped))
+    if steps != fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c):
+        raise RuntimeError("the model's memory tensors and the FIFO rule disagree")
+    return steps
+
+
+SVG_FILLS = {"c_mem": "#dbe6f1", "mem": "#fde4cc", "segment": "#dcefd8"}
+SVG_EDGES = {"c_mem": "#4c78a8", "mem": "#c2410c", "segment": "#2f7a2b"}
+
+
+def svg_text(x, y, words, **style) -> str:
+    attributes = "".join(f' {name.replace("_", "-")}="{value}"' for name, value in style.items())
+    return f'<text x="{x}" y="{y}"{attributes}>{xml_escape(words)}</text>'
+
+
+def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> List[str]:
+    """What the FIFOs do after a segment, in lines; held: what mem holds with the segment
+    appended."""
+    if not step.evicted:
+        return [f"then mem holds {held} \u2264 n_m = {n_m}:", "nothing leaves it"]
+    k, s = len(step.compressed), "s" * (len(step.compressed) > 1)
+    lines = [
+        f"then mem would hold {held} > n_m = {n_m}, so",
+        f"{step.evicted[0]}\u2013{step.evicted[-1]} leave it: {k} block{s} of c = {c} "
+        f"\u2192 f_c \u2192 {k} c_mem slot{s}",
+    ]
+    if step.dropped:
+        n = len(step.dropped)
+        oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
+        lines.append(f"c_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}")
+    return lines
+
+
+def fifo_svg(steps: List[FifoStep], text: str, n_s: int, n_m: int, n_cm: int, c: int) -> str:
+    """The schematic: one row per segment read, the keys its queries attend over, [c_mem; mem;
+    segment] oldest first, each under the text positions it stands for (so a block that leaves
+    mem reappears below as one c_mem slot), and at the right what the FIFOs do after it. Every
+    shape of a slot carries data-row (the segment), data-kind and data-pos (its positions).
+    Drawn for a model with both memories (n_m, n_cm > 0)."""
+    if not (n_m and n_cm):
+        raise ValueError(f"the schematic draws both FIFOs: n_m = {n_m}, n_cm = {n_cm}")
+    cell, row_h, left, top = 22, 50, 128, 92
+    n = len(steps) * n_s
+    notes_x = left + n * cell + 16
+    width, height = notes_x + 330, top + len(steps) * row_h + 34
+    shown_at = lambda p: text[p].replace(" ", "\u00b7")
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif" '
+        f'font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+        svg_text(
+            12,
+            22,
+            f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
+            f"n_cm = {n_cm}, c = {c}",
+            font_size=15,
+            font_weight="bold",
+        ),
+        svg_text(
+            12,
+            42,
+            "Each row: what one segment's queries attend over, [c_mem; mem; segment], oldest "
+            "first, under the text positions each slot stands for.",
+        ),
+    ]
+    x = 12
+    legend = [
+        ("c_mem", "c_mem: a slot is f_c of a block of c inputs (bold: new)"),
+        ("mem", "mem: a slot is one input"),
+        ("segment", "the segment read"),
+        (None, "leaves mem after the segment"),
+    ]
+    for kind, words in legend:
+        if kind:
+            out.append(
+                f'<rect x="{x}" y="54" width="22" height="13" fill="{SVG_FILLS[kind]}" '
+                f'stroke="{SVG_EDGES[kind]}"/>'
+            )
+        else:
+            out.append(
+                f'<line x1="{x}" y1="66" x2="{x + 22}" y2="66" stroke="#b91c1c" '
+                f'stroke-width="2" stroke-dasharray="4 2"/>'
+            )
+        out.append(svg_text(x + 28, 65, words))
+        x += 40 + round(6.4 * len(words))
+    for p in range(0, n, n_s):  # the text positions, at the start of every segment
+        out.append(svg_text(left + p * cell + 2, top - 8, str(p), font_size=10, fill="#555555"))
+    before = FifoStep([], [], [], [], [], [])
+    for k, step in enumerate(steps):
+        y = top + k * row_h
+        out.append(svg_text(12, y + 16, f"segment {k + 1} reads"))
+        held = [p for block in before.c_mem for p in block] + before.mem + step.segment
+        for p in range(n):  # what was read before and is no longer held: grey
+            if p < step.segment[0] and p not in held:
+                out.append(
+                    svg_text(
+                        left + p * cell + 11,
+                        y + 16,
+                        shown_at(p),
+                        text_anchor="middle",
+                        fill="#b0b0b0",
+                    )
+                )
+        slots = (
+            [("c_mem", block) for block in before.c_mem]
+            + [("mem", [p]) for p in before.mem]
+            + [("segment", [p]) for p in step.segment]
+        )
+        for kind, positions in slots:
+            x0 = left + positions[0] * cell
+            out.append(
+                f'<rect data-row="{k}" data-kind="{kind}" '
+                f'data-pos="{" ".join(map(str, positions))}" x="{x0 + 1}" y="{y}" '
+                f'width="{len(positions) * cell - 2}" height="24" rx="3" '
+                f'fill="{SVG_FILLS[kind]}" stroke="{SVG_EDGES[kind]}" '
+                f'stroke-width="{2.5 if positions in before.compressed else 1}"/>'
+            )
+            for p in positions:
+                out.append(
+                    svg_text(
+                        left + p * cell + 11,
+                        y + 16,
+                        shown_at(p),
+                        text_anchor="middle",
+                        font_family="DejaVu Sans Mono, monospace",
+                    )
+                )
+        for p in step.evicted:
+            x0 = left + p * cell
+            out.append(
+                f'<line data-row="{k}" data-evicted="{p}" x1="{x0 + 2}" y1="{y + 29}" '
+                f'x2="{x0 + cell - 2}" y2="{y + 29}" stroke="#b91c1c" stroke-width="2" '
+                f'stroke-dasharray="4 2"/>'
+            )
+        notes = fifo_notes(step, len(before.mem) + n_s, n_m, n_cm, c)
+        for line, words in enumerate(notes):
+            out.append(svg_text(notes_x, y + 7 + 13 * line, words, font_size=11))
+        before = step
+    out.append(
+        svg_text(
+            12,
+            height - 12,
+            "Drawn by python -m lesson.memory_picture --fifo-svg from a CompressiveTransformer's "
+            "own memory tensors (the positions read back from them) after each segment.",
+            font_size=10.5,
+            fill="#555555",
+        )
+    )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_fifo_svg(path: str) -> None:
+    """The schematic of the notebook's toy FIFOs, from a real model's memory, into path."""
+    n_s, n_m, n_cm, c, n_segments = SCHEMATIC_SIZES
+    steps = model_fifo_steps(n_s, n_m, n_cm, c, n_segments)
+    svg = fifo_svg(steps, SCHEMATIC_TEXT, n_s, n_m, n_cm, c)
+    files.write_atomically(path, lambda f: f.write(svg.encode("utf-8")))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -778,12 +988,26 @@ def parse_args(argv=None):
         action="store_true",
         help="the attention per layer and head, not only per layer (the mean over the heads)",
     )
+    p.add_argument(
+        "--fifo-svg",
+        metavar="SVG",
+        help="write only the schematic of the two FIFOs (docs/fifo.svg), read back from a tiny "
+        "model's memory tensors; no checkpoint is needed",
+    )
     return p.parse_args(argv)
 
 
 def picture_checkpoint(args) -> None:
     """The picture of OUT/ckpt.pt's model (a CompressiveTransformer) on its validation text, into
-    OUT: memory.json, memory.png, memory.gif."""
+    OUT: memory.json, memory.png, memory.gif. With --fifo-svg, the schematic alone."""
+    if args.fifo_svg:
+        if not args.fifo_svg.endswith(".svg"):
+            raise UserError(f"--fifo-svg {args.fifo_svg}: the schematic is an SVG, name it .svg")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.fifo_svg))):
+            raise UserError(f"--fifo-svg {args.fifo_svg}: no such folder")
+        write_fifo_svg(args.fifo_svg)
+        print(f"wrote {args.fifo_svg}")
+        return
     device = pick_device(args.device)
     model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
     if not isinstance(model, CompressiveTransformer):

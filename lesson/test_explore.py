@@ -192,6 +192,94 @@ def test_the_page_of_transformer_xl_and_of_no_memory(mem_len, c_mem_len, tmp_pat
     page.context.close()
 
 
+def shares_by_picture(model, ids, vocab, k):
+    """Segment k's [layer][head] = [c_mem, mem, segment] shares, each query's view taken from the
+    memory picture (its own forward from the passage's start), summed per region, averaged."""
+    total = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, 3, dtype=torch.float64)
+    regions = ["c_mem", "mem", "segment"]
+    for query in range(START + k * N_S, START + (k + 1) * N_S):
+        picture = memory_picture.memory_picture(model, ids, vocab, START, query, heads=True)
+        for slot in picture.data["slots"]:
+            by_head = torch.tensor(slot["attention_by_head"], dtype=torch.float64)  # [L, H]
+            total[:, :, regions.index(slot["region"])] += by_head
+    return total / N_S
+
+
+def shares_shown(page):
+    """The summary's cells as the page shows them: {(layer, head or "mean"): [c_mem, mem,
+    segment]}."""
+    cells = page.eval_on_selector_all(
+        "#shares td.share",
+        "els => els.map(e => [Number(e.dataset.layer), e.dataset.head, "
+        "[e.dataset.cMem, e.dataset.mem, e.dataset.segment].map(Number)])",
+    )
+    return {(layer, head): shares for layer, head, shares in cells}
+
+
+def query_shown(page):
+    (query,) = page.eval_on_selector_all(
+        "#passage .query", "els => els.map(e => Number(e.dataset.queryPos))"
+    )
+    return query
+
+
+@pytest.mark.parametrize("mem_len, c_mem_len", [(8, 4), (8, 0)])
+def test_the_summary_is_each_regions_share_of_every_query_of_a_segment(mem_len, c_mem_len):
+    model, ids, vocab = tiny_model(mem_len, c_mem_len)
+    data = explore.explorer_data(model, ids, vocab, START, N_SEGMENTS)
+    for k in (0, 3, N_SEGMENTS - 1):  # no memory yet; filling; both full and moving
+        shares = torch.tensor(data["steps"][k]["shares"], dtype=torch.float64)
+        assert shares.shape == (2, 2, 3)
+        torch.testing.assert_close(
+            shares, shares_by_picture(model, ids, vocab, k), atol=1e-4, rtol=0
+        )
+        torch.testing.assert_close(
+            shares.sum(-1), torch.ones(2, 2, dtype=torch.float64), atol=2e-4, rtol=0
+        )
+    assert (torch.tensor(data["steps"][0]["shares"])[..., :2] == 0).all()  # nothing held yet
+    last = torch.tensor(data["steps"][-1]["shares"])
+    assert (last[..., 0] > 0).all() == (c_mem_len > 0) and (last[..., 1] > 0).all()
+
+
+@needs_browser
+def test_the_keys_move_the_query_wherever_the_focus_is_and_the_summary_follows(tmp_path, browser):
+    model, ids, vocab = tiny_model()
+    page, asked, errors = opened(browser, model, ids, vocab, tmp_path)
+    end, last = START + N_SEGMENTS * N_S, str(N_SEGMENTS - 1)
+    page.focus("#step")  # the slider has the focus: ← → still move the query, by one character
+    page.keyboard.press("ArrowLeft")
+    assert query_shown(page) == end - 2 and page.locator("#step").input_value() == last
+    page.keyboard.press("Home")  # the segment's first character, not the slider's minimum
+    assert query_shown(page) == end - N_S and page.locator("#step").input_value() == last
+    page.keyboard.press("ArrowUp")  # ↑ ↓: the segment, the slider following
+    assert query_shown(page) == end - 2 * N_S
+    assert page.locator("#step").input_value() == str(N_SEGMENTS - 2)
+    page.focus("#head")  # the menu has the focus: the keys move the query, the menu stays
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    assert query_shown(page) == end - N_S + 1 and page.locator("#head").input_value() == "mean"
+    assert_shows(page, model, ids, vocab, end - N_S + 1)
+    assert page.evaluate("document.activeElement.id") == "head"
+
+    for k in (N_SEGMENTS - 1, 3):  # the summary: the shown segment's shares, every head
+        page.locator("#step").fill(str(k))
+        expected = shares_by_picture(model, ids, vocab, k)
+        shown = shares_shown(page)
+        assert sorted(shown) == sorted((layer, h) for layer in (0, 1) for h in ("0", "1", "mean"))
+        for (layer, head), shares in shown.items():
+            model_shares = expected[layer].mean(0) if head == "mean" else expected[layer, int(head)]
+            torch.testing.assert_close(
+                torch.tensor(shares, dtype=torch.float64), model_shares, atol=1e-4, rtol=0
+            )
+        title = page.inner_text("#summary-title")
+        assert f"segment {k + 1}" in title and f"all {N_S} queries" in title
+    notes = page.inner_text("#model-notes")  # the two sentences, with this model's numbers
+    assert "A c_mem slot is one position to the model" in notes
+    assert "l × (n_m + c·n_cm) = 2 × 16 = 32" in notes  # l = 2, n_m = 8, c = 2, n_cm = 4
+    assert errors == [] and asked == []
+    page.context.close()
+
+
 def unpacked(step, n_layers, n_heads, n_s):
     """A segment's packed weights as whole units, and how many each query of it should have."""
     raw = base64.b64decode(step["weights"])

@@ -5,6 +5,7 @@ checks need nothing beyond the standard library."""
 
 import ast
 import json
+import re
 from pathlib import Path
 
 NOTEBOOK = Path(__file__).resolve().parent / "lesson.ipynb"
@@ -53,3 +54,28 @@ def test_every_run_the_notebook_starts_has_a_quick_form():
     assert len(runs) == 3  # Shakespeare, the reach benchmark, the cost of reach
     assert all("QUICK" in run for run in runs)
     assert all(".main(" in run for run in runs)
+
+
+def test_every_command_the_text_names_is_run_by_a_cell_so_that_quick_mode_checks_it():
+    """A command the text tells a reader to run goes through its main in a code cell, on the
+    notebook's own folder OUT, so CI's QUICK run fails where it would fail for the reader."""
+    text = "\n".join(source(c) for c in cells("markdown"))
+    code = "\n".join(source(c) for c in cells("code"))
+    named = set(re.findall(r"python -m ([\w.]+)", text))
+    assert named >= {"lesson.memory_picture", "lesson.explore", "research.recall"}
+    for module in named:
+        assert f"{module.rsplit('.', 1)[-1]}.main(" in code, module
+    assert 'explore.main(["--out", OUT])' in code
+
+
+def test_the_questions_point_to_their_answers():
+    answers = (NOTEBOOK.parent / "TEACHERS.md").read_text(encoding="utf-8")
+    anchors = {
+        re.sub(r"[^\w -]", "", line[3:].lower()).replace(" ", "-")  # GitHub's anchors
+        for line in answers.splitlines()
+        if line.startswith("## ")
+    }
+    for cell in cells("markdown"):
+        if re.search(r"^1\. ", source(cell), flags=re.M):  # a list of questions
+            links = re.findall(r"\(TEACHERS\.md#([\w-]+)\)", source(cell))
+            assert len(links) == 1 and links[0] in anchors, source(cell)[:60]

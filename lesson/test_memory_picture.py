@@ -5,13 +5,14 @@ import json
 import math
 import os
 import sys
+from xml.etree import ElementTree
 
 import pytest
 import torch
 
 from beyond_the_paper.feedback import FeedbackTransformer
-from compressive import CompressiveTransformer
-from conftest import DAMAGES, craft, damage, error_line
+from compressive import CompressiveTransformer, n_evicted
+from conftest import DAMAGES, ROOT, craft, damage, error_line
 from lesson import memory_picture
 from test_compressive import make, tiny
 
@@ -167,3 +168,68 @@ def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
     # the '?' at 89 ends the segment 82-89; mem holds 74-81, c_mem 66-73; the fact's digit is 70
     assert (query, fact) == (89, [66, 67, 68, 69, 70]) and start == 89 - 7 - 4 * 8  # 5 segments
     assert memory_picture.recall_fact(answers, 59) == [43, 44, 45, 46, 47]
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def drawn_rows(path):
+    """What the schematic draws, per row: its slots (kind, positions), oldest first, and the
+    positions marked as leaving mem."""
+    slots, leaving = {}, {}
+    for shape in ElementTree.parse(path).getroot():
+        if shape.tag == f"{SVG}rect" and "data-row" in shape.attrib:
+            positions = [int(p) for p in shape.get("data-pos").split()]
+            slots.setdefault(int(shape.get("data-row")), []).append(
+                (shape.get("data-kind"), positions)
+            )
+        if shape.tag == f"{SVG}line" and "data-evicted" in shape.attrib:
+            leaving.setdefault(int(shape.get("data-row")), []).append(
+                int(shape.get("data-evicted"))
+            )
+    return slots, leaving
+
+
+def test_the_fifo_schematic_is_made_today_as_committed_and_draws_the_fifo_rule(tmp_path, capsys):
+    path = tmp_path / "fifo.svg"
+    assert memory_picture.main(["--fifo-svg", str(path)]) == 0
+    assert capsys.readouterr().out == f"wrote {path}\n"
+    committed = os.path.join(ROOT, "docs", "fifo.svg")
+    assert path.read_bytes() == open(committed, "rb").read(), (
+        "docs/fifo.svg is not what `python -m lesson.memory_picture --fifo-svg docs/fifo.svg` "
+        "makes today: run it"
+    )
+    # the rule worked out here, from n_evicted: append the segment; evict the n_evicted oldest,
+    # each block of c one c_mem slot; keep c_mem's newest n_cm
+    n_s, n_m, n_cm, c, n_segments = memory_picture.SCHEMATIC_SIZES
+    slots, leaving = drawn_rows(path)
+    assert sorted(slots) == list(range(n_segments))
+    mem, c_mem, dropped = [], [], 0
+    for k in range(n_segments):
+        segment = list(range(k * n_s, (k + 1) * n_s))
+        seen = [("c_mem", b) for b in c_mem] + [("mem", [p]) for p in mem]
+        assert slots[k] == seen + [("segment", [p]) for p in segment]
+        mem = mem + segment
+        n = n_evicted(len(mem), n_m, n_cm, c)
+        assert leaving.get(k, []) == mem[:n]
+        c_mem = c_mem + [mem[i : i + c] for i in range(0, n, c)]
+        dropped += max(0, len(c_mem) - n_cm)
+        mem, c_mem = mem[n:], c_mem[-n_cm:]
+    assert dropped > 0 and len(c_mem) == n_cm  # both FIFOs filled and moved
+    for bad, message in [("fifo.png", "name it .svg"), ("no/fifo.svg", "no such folder")]:
+        assert memory_picture.main(["--fifo-svg", str(tmp_path / bad)]) == 2
+        assert message in error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "sizes", [(5, 7, 3, 3, 6), (3, 2, 2, 2, 5)]
+)  # T not a multiple of c; T > n_m
+def test_the_schematics_positions_are_read_back_from_the_models_memory_tensors(sizes, monkeypatch):
+    steps = memory_picture.model_fifo_steps(*sizes)
+    n_s, n_m, n_cm, c, n_segments = sizes
+    assert steps == memory_picture.fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c)
+    # a rule that evicts a block too few disagrees with the model, and the drawing stops
+    wrong = lambda length, n_m, n_cm, c: max(0, n_evicted(length, n_m, n_cm, c) - c)
+    monkeypatch.setattr(memory_picture, "n_evicted", wrong)
+    with pytest.raises(RuntimeError, match="disagree"):
+        memory_picture.model_fifo_steps(*sizes)

@@ -97,6 +97,34 @@ def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
         torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
 
 
+def test_resume_follows_the_schedule_of_the_flags_it_is_given_from_the_step_reached(
+    small_text, tmp_path
+):
+    """--resume keeps no schedule of its own: the learning rate at each step is the warm-up and
+    cosine decay of the resumed command's --lr, --min-lr, --warmup and --steps. A larger --steps
+    after a finished run raises the rate again, to where a run planned that long from the start
+    would be."""
+    out = str(tmp_path / "run")
+    common = ["--data", small_text, "--out", out, "--eval-every", "100", *TINY_FLAGS]
+
+    def last_lr():  # the rate the optimizer last stepped with, as the checkpoint keeps it
+        ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+        return ckpt["step"], ckpt["optimizer"]["param_groups"][0]["lr"]
+
+    def planned(step, steps, lr=3e-3, min_lr=1e-4, warmup=5):  # TINY_FLAGS's, --min-lr's default
+        return min_lr + 0.5 * (lr - min_lr) * (
+            1 + math.cos(math.pi * (step - warmup) / (steps - warmup))
+        )
+
+    assert ts.main([*common, "--steps", "12"]) == 0
+    step, decayed = last_lr()
+    assert step == 12 and math.isclose(decayed, planned(11, 12), rel_tol=1e-9)  # 2.4e-4
+    assert ts.main([*common, "--steps", "24", "--stop-after", "1", "--resume"]) == 0
+    step, resumed = last_lr()
+    assert step == 13 and math.isclose(resumed, planned(12, 24), rel_tol=1e-9)  # 2.1e-3
+    assert resumed > 5 * decayed
+
+
 def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
     small_text, tmp_path, capsys
 ):
