@@ -3,59 +3,49 @@
 Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for Long-Range Sequence
 Modelling", arXiv:1911.05507.
 
-The file builds the model in the order the paper's Algorithm 1 uses its parts (the algorithm's
-loop itself is CompressiveTransformer.hidden_states, in section 7):
-
-    1. the configuration
-    2. the memory state that one segment hands to the next
-    3. Transformer-XL relative attention over [compressed memory; memory; segment]
-    4. the compression functions f_c
-    5. the reconstruction losses that train f_c
-    6. one layer: attention and feed-forward, then the update of its two FIFOs
-    7. the language model, with generation
-    8. the checks of the public entry points: one clear error per mistake
-
-Symbols used throughout (the paper's):
-
-    n_s   segment length: tokens per forward in training (any T >= 1 is accepted)
-    n_m   memory length: the most recent layer inputs h^(i), kept without gradient
-    n_cm  compressed-memory length
-    c     compression rate: c evicted memories become one compressed memory
-    f_c   the compression function, one per layer (model.layers[i].compress)
-
-Tensors are batch first: [batch, time, d_model]. Memories are stored oldest first.
-
-Where this departs from the paper (each a choice a reader may want to undo):
-
-    - post-LN as in the paper, with a pre-LN option (pre_norm=True); GELU in the feed-forward
-    - Xavier-scale initialisation of every linear layer, an N(0, 1) embedding and an untied head
-    - a compressed slot sits at the relative distance of one position, like any memory:
-      positions count slots, not the c tokens behind each one
-    - overflow is evicted in whole blocks of c, so when T is not a multiple of c, mem holds
-      between n_m - c + 1 and n_m states, cycling from call to call (at T = 1, as in generate,
-      through every length in between)
-    - a call longer than n_m evicts its own oldest inputs too, and they are compressed like the
-      rest (Algorithm 1 compresses only the n_s oldest of the old memory, assuming n_s <= n_m)
-    - the conv f_c has a bias and begins as mean pooling plus noise; dilated_conv is a residual
-      stack of dilated convolutions before it
-    - the attention reconstruction uses the layer's content queries q + u and its scores scaled
-      by 1/sqrt(d_head), and takes the mean of the squared differences over the elements, summed
-      over layers (the paper's Algorithm 2: the plain queries q, unscaled scores, the L2 norm)
-    - most_used ranks memories by the attention they received summed over their time in mem
-      (the paper: averaged)
-    - mem and c_mem start empty, not as zeros, and fill as the text is read
-
-Why it is fast (none of this changes what is computed):
-
-    - the queries are scaled by 1/sqrt(d_head) once, before the scores, and u and v with them
-    - W_r R is the same for every row of a batch, so the position scores fold the batch into the
-      rows of one product per head instead of copying W_r R once per row
-    - queries, keys and values are laid out head-major and contiguous, [B, H, time, d_head],
-      which the batched matmuls read fastest; keys and values are concatenated in that layout
-    - the causal mask is added to the scores (-inf hides a key) rather than applied with
-      masked_fill, which is cheaper forwards and backwards
-    - the conv f_c is one matmul over blocks of c laid side by side, not a Conv1d
+Each note is a block of comments above the code it explains (docs/compressive.html lays them side
+by side, formulas typeset); a docstring says only what a function takes and returns.
 """
+
+# The file builds the model in the order the paper's Algorithm 1 uses its parts; the algorithm's
+# loop itself is `CompressiveTransformer.hidden_states`, in section 7.
+#
+# 1. the configuration
+# 2. the memory state that one segment hands to the next
+# 3. Transformer-XL relative attention over `[c_mem; mem; segment]`
+# 4. the compression functions $f_c$
+# 5. the reconstruction losses that train $f_c$
+# 6. one layer: attention and feed-forward, then the update of its two FIFOs
+# 7. the language model, with generation
+# 8. the checks of the public entry points: one clear error per mistake
+#
+# The paper's symbols, used throughout:
+#
+# - $n_s$, the segment length: tokens per forward in training (any $T \ge 1$ is accepted)
+# - $n_m$, the memory length: the most recent layer inputs $h^{(i)}$, kept without gradient
+# - $n_{cm}$, the compressed-memory length
+# - $c$, the compression rate: $c$ evicted memories become one compressed memory
+# - $f_c$, the compression function, one per layer (`model.layers[i].compress`)
+#
+# Tensors are batch first, `[batch, time, d_model]`. Memories are stored oldest first.
+#
+# Where this departs from the paper, each a choice a reader may want to undo, a note marked
+# **Departure** says so beside the code:
+#
+# - post-LN as in the paper, with a pre-LN option: `CompressiveConfig`; GELU in the feed-forward:
+#   `CompressiveLayer.__init__`
+# - Xavier-scale initialisation, an $\mathcal{N}(0, 1)$ embedding and an untied head:
+#   `CompressiveTransformer`
+# - a compressed slot sits one position away, like any memory: `hidden_states`
+# - eviction in whole blocks of $c$: `n_evicted`
+# - a call longer than $n_m$ compresses its own oldest inputs too: `update_memory`
+# - the conv $f_c$'s bias and start: `ConvCompress`; dilated_conv's residual stack:
+#   `DilatedConvCompress`
+# - the attention reconstruction's queries, scale and mean: `attention_reconstruction_loss`
+# - most_used ranks by summed attention: `add_usage`
+# - mem and c_mem start empty: `empty_memory`
+#
+# Notes marked **Speed** say why a line is written as it is; none changes what is computed.
 
 import math
 from dataclasses import dataclass
@@ -65,6 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# The names a configuration may give $f_c$ (section 4) and the loss that trains it (section 5).
 COMPRESSIONS = ("conv", "max_pool", "mean_pool", "dilated_conv", "most_used")
 RECONSTRUCTIONS = ("attention", "autoencoding")
 
@@ -72,6 +63,12 @@ RECONSTRUCTIONS = ("attention", "autoencoding")
 # 1. Configuration ---------------------------------------------------------------------------------
 
 
+# The model's sizes, in the paper's symbols where it has one. `mem_len=0` gives a model without
+# memory at all (a relative-attention transformer); `c_mem_len=0` gives Transformer-XL, which drops
+# what leaves mem. `compression` names $f_c$, `reconstruction` the loss that trains it.
+#
+# **Departure:** a pre-LN option, `pre_norm=True`; the default is post-LN, as in the paper and
+# Transformer-XL.
 @dataclass
 class CompressiveConfig:
     vocab_size: int = 65
@@ -81,40 +78,42 @@ class CompressiveConfig:
     d_ff: int = 512
     dropout: float = 0.0
     seq_len: int = 64  # n_s: the training segment length
-    mem_len: int = 64  # n_m; 0: no memory at all (a relative-attention transformer)
-    c_mem_len: int = 32  # n_cm; 0: Transformer-XL (evicted memories are dropped)
+    mem_len: int = 64  # n_m
+    c_mem_len: int = 32  # n_cm
     compression_rate: int = 4  # c
     compression: str = "conv"  # f_c: one of COMPRESSIONS
-    reconstruction: str = "attention"  # the loss that trains f_c: one of RECONSTRUCTIONS
-    pre_norm: bool = False  # False: post-LN, as in the paper and Transformer-XL; True: pre-LN
+    reconstruction: str = "attention"  # one of RECONSTRUCTIONS
+    pre_norm: bool = False
 
+    # A configuration is checked when it is made (section 8): one clear error per mistake.
     def __post_init__(self):
-        check_config(self)  # section 8: one clear error per mistake
+        check_config(self)
 
 
 # 2. The memory state ------------------------------------------------------------------------------
 
 
+# What one forward hands to the next. For each layer $i$, `mem[i]` holds the layer's inputs
+# $h^{(i)}$ for the most recent tokens, at most $n_m$ of them, and `c_mem[i]` at most $n_{cm}$
+# compressed memories, $f_c$ of what fell out of `mem[i]`; both oldest first, neither requiring
+# grad. `usage[i]` is kept only for the most_used $f_c$, which keeps the most attended memories:
+# the attention each mem slot has received.
+#
+# A Memory is plain data: `torch.save` writes it, and `torch.load(f, weights_only=True)`, run
+# inside a `with torch.serialization.safe_globals([Memory]):` block, reads it back without running
+# code.
 class Memory(NamedTuple):
-    """What one forward hands to the next. Per layer i, oldest first, never requiring grad:
-
-    mem[i]:   [batch, <= n_m, d_model], the inputs h^(i) of layer i for the most recent tokens
-    c_mem[i]: [batch, <= n_cm, d_model], the compressed memories: f_c of what fell out of mem[i]
-    usage[i]: [batch, <= n_m], the attention each mem slot has received; kept only for the
-              most_used f_c, which keeps the most attended memories (None otherwise)
-
-    A Memory is plain data: torch.save writes it, and torch.load(f, weights_only=True), run
-    inside a `with torch.serialization.safe_globals([Memory]):` block, reads it back without
-    running code.
-    """
+    """Per layer, oldest first: mem [batch, <= n_m, d_model], c_mem [batch, <= n_cm, d_model], and
+    usage [batch, <= n_m] (most_used only, else None)."""
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
     usage: Optional[List[torch.Tensor]] = None
 
+    # As a tensor's `.to`: `memory.to(torch.bfloat16)` works too. usage moves but stays float32:
+    # it is a running sum.
     def to(self, device=None, dtype=None) -> "Memory":
-        """This memory on another device, or with mem and c_mem in another floating dtype (usage
-        keeps its float32); memory.to(torch.bfloat16) works as for a tensor."""
+        """This memory on another device, or with mem and c_mem in another floating dtype."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
         usage = None if self.usage is None else [u.to(device) for u in self.usage]
@@ -126,20 +125,23 @@ class Memory(NamedTuple):
 
 
 # 3. Transformer-XL relative attention -------------------------------------------------------------
-# With M = len(c_mem) + len(mem) memories and T segment tokens, the keys are the K = M + T
-# positions of [c_mem; mem; segment]. Query i sits at position M + i and key j at position j, so
-# their relative distance is M + i - j; keys at a negative distance lie in the future and are
-# masked. The score of query i on key j (Dai et al. 2019, section 3.3) has four terms:
+# With $M$ memories (the slots of c_mem and mem) and $T$ segment tokens, the keys are the
+# $K = M + T$ positions of `[c_mem; mem; segment]`. Query $i$ sits at position $M + i$ and key $j$
+# at position $j$, so their relative distance is $M + i - j$; keys at a negative distance lie in the
+# future and are masked. The score of query $i$ on key $j$ (Dai et al. 2019, section 3.3) has four
+# terms:
 #
 #     A_ij =   q_i . k_j            (a) content: what the query looks for in the key
 #            + q_i . W_r R_{M+i-j}  (b) position: how far back the query looks
 #            + u . k_j              (c) a global bias towards some contents
 #            + v . W_r R_{M+i-j}    (d) a global bias towards some distances
 #
-# with sinusoidal R, a learned projection W_r and learned biases u and v. (a) + (c) is computed
-# as (q_i + u) . k_j and (b) + (d) as (q_i + v) . W_r R_{M+i-j}.
+# with sinusoidal $R$, a learned projection $W_r$ and learned biases $u$ and $v$. (a) + (c) is
+# computed as $(q_i + u) \cdot k_j$ and (b) + (d) as $(q_i + v) \cdot W_r R_{M+i-j}$.
 
 
+# $R$: the sinusoids of Vaswani et al. (2017), one row per distance. The rows run from the largest
+# distance down to 0, the order in which `relative_shift` reads them.
 def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Tensor:
     """R for the distances n_positions - 1, ..., 1, 0 (descending): [n_positions, d_model]."""
     distance = torch.arange(n_positions - 1, -1, -1.0, device=device)
@@ -148,45 +150,53 @@ def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Ten
     return torch.cat([angles.sin(), angles.cos()], dim=-1)[:, :d_model]
 
 
+# The position terms come out per (query, distance): row $i$ holds query $i$'s score at every
+# distance from $K$ down to 0. The softmax needs them per (query, key), key $j$ lying at distance
+# $M + i - j$ from query $i$: a different column in every row. The shift lines them up without a
+# gather and without a copy.
 def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
-    """Turn scores per (query, distance) into scores per (query, key), as a view.
+    """Scores per (query, distance), [..., T, K+1], as scores per (query, key), [..., T, K], a view.
 
-    position_scores: [..., T, K+1]; column p holds distance K - p (column 0 is distance K, one
-    more than any key needs; the last column is distance 0). Returns [..., T, K] with
-    out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
-
-    Worked example, T = 2 queries, K = 3 keys (M = 1 memory), entries named by distance:
-
-        input rows (distances 3 2 1 0):   q0: [3 2 1 0]     q1: [3 2 1 0]
-        flat:                             3 2 1 0 3 2 1 0
-        skip T = 2, read 2 rows of K = 3: [1 0 3] [2 1 0]
-
-    q0 sees keys 0 and 1 at distances 1 and 0 (key 2 is in its future: the causal mask hides
-    the 3 that wrapped in); q1 sees keys 0, 1 and 2 at distances 2, 1 and 0. Transformer-XL pads
-    a zero column and re-views; the spare distance-K column plays the pad's role, so nothing is
-    copied.
+    Column p of position_scores holds distance K - p (column 0: distance K, one more than any key
+    needs); out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
     """
+    # Worked example, $T = 2$ queries, $K = 3$ keys ($M = 1$ memory), entries named by distance:
+    #
+    #     input rows (distances 3 2 1 0):   q0: [3 2 1 0]     q1: [3 2 1 0]
+    #     flat:                             3 2 1 0 3 2 1 0
+    #     skip T = 2, read 2 rows of K = 3: [1 0 3] [2 1 0]
+    #
+    # q0 sees keys 0 and 1 at distances 1 and 0 (key 2 is in its future: the causal mask hides the
+    # 3 that wrapped in); q1 sees keys 0, 1 and 2 at distances 2, 1 and 0. Transformer-XL pads a
+    # zero column and re-views; the spare distance-$K$ column plays the pad's role, so nothing is
+    # copied.
     *batch, T, K_plus_1 = position_scores.shape
     K = K_plus_1 - 1
     flat = position_scores.reshape(*batch, T * K_plus_1)  # [..., T*(K+1)]
     return flat[..., T : T + T * K].view(*batch, T, K)  # [..., T, K]
 
 
+# What one attention call computed. $f_c$'s reconstruction loss (section 5) reuses the content
+# queries, keys and values, detached there; an analysis can read the weights through a forward
+# hook.
 class Attended(NamedTuple):
-    """What one attention call computed. f_c's reconstruction loss reuses the content queries,
-    keys and values (detached there); an analysis can read the weights through a forward hook."""
+    """out [B, T, d]; weights [B, H, T, K]; content_queries [B, H, T, d_head]; keys and values
+    [B, H, K, d_head]."""
 
-    out: torch.Tensor  # [B, T, d], the attention's output, after W_o
-    weights: torch.Tensor  # [B, H, T, K], the softmax over [c_mem; mem; segment], then dropout
-    content_queries: torch.Tensor  # [B, H, T, d_head], (q + u) / sqrt(d_head)
-    keys: torch.Tensor  # [B, H, K, d_head]
-    values: torch.Tensor  # [B, H, K, d_head]
+    out: torch.Tensor  # the attention's output, after W_o
+    weights: torch.Tensor  # the softmax over [c_mem; mem; segment], then dropout
+    content_queries: torch.Tensor  # (q + u) / sqrt(d_head)
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
+# The attention of a layer's segment $h$ over `[c_mem; mem; h]`: $W_q$, $W_k$, $W_v$, the four
+# score terms with $W_r$, $u$ and $v$, the softmax, and $W_o$.
 class RelativeMultiHeadAttention(nn.Module):
-    """The attention of a layer's segment h over [c_mem; mem; h]: W_q, W_k, W_v, the four score
-    terms with W_r, u and v, the softmax, and W_o."""
+    """Attention of a segment [B, T, d] over [c_mem; mem; segment]; forward returns an Attended."""
 
+    # The parameters in the paper's names, $u$ and $v$ one per head. $W_q$, $W_k$ and $W_v$ are one
+    # matrix: the segment needs all three, memories only keys and values.
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
@@ -195,36 +205,56 @@ class RelativeMultiHeadAttention(nn.Module):
         self.position_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # v
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_o
         self.dropout = cfg.dropout
-        # W_q, W_k, W_v in one matrix: the segment needs all three, memories only keys and values
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
 
+    # **Speed:** queries, keys and values are laid out head-major, `[B, H, time, d_head]`, which
+    # the batched matmuls read fastest.
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, d] -> [B, H, T, d_head]."""
         return x.view(x.size(0), x.size(1), self.n_heads, self.d_head).transpose(1, 2)
 
+    # $W_r R$, every head's share side by side. The positions are those of every row of the
+    # batch, so this is computed once per layer and call.
     def project_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """W_r R: [n, d] -> [H, n, d_head]."""
         return self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)
 
+    # The scores $A_{ij}$ of section 3, their softmax over the keys, and the weighted values. Per
+    # head, in plain terms,
+    #
+    # $$
+    # A_{ij} = \frac{(q_i + u)^\top k_j + (q_i + v)^\top W_r R_{M+i-j}}{\sqrt{d_{head}}}
+    # $$
+    #
+    # $$
+    # o_i = \sum_j \mathrm{softmax}_j(A_{ij}) \, \mathrm{value}_j
+    # $$
+    #
+    # with $A_{ij} = -\infty$ where key $j$ lies in query $i$'s future, and the heads' $o_i$ side
+    # by side through $W_o$. test_compressive.py's
+    # `test_attention_weights_match_a_brute_force_transformer_xl_score` computes these scores so,
+    # one $(i, j)$ at a time, and compares the weights. The code computes the same, faster: its
+    # **Speed** notes say how.
     def attend(self, q, keys, values, r, attn_mask) -> Attended:
-        """The scores A_ij, their softmax over the keys, and the weighted values.
-
-        q:         [B, H, T, d_head], the queries, already scaled by 1/sqrt(d_head)
-        keys:      [B, H, K, d_head]
-        values:    [B, H, K, d_head]
-        r:         [H, K+1, d_head], W_r R for the distances K, ..., 1, 0
-        attn_mask: [T, K], or [B, 1, T, K] per row, added to the scores: -inf where a key lies
-                   in the query's future, else 0; None: every key is visible
-        """
+        """q [B, H, T, d_head], the queries scaled by 1/sqrt(d_head); keys and values
+        [B, H, K, d_head]; r [H, K+1, d_head], W_r R for the distances K, ..., 1, 0; attn_mask
+        [T, K] or [B, 1, T, K], -inf where a key lies in the query's future, else 0, or None."""
         B, H, T, d_head = q.shape
         scale = d_head**-0.5
+        # **Speed:** `q` comes scaled by $1/\sqrt{d_{head}}$ (forward scales it once, before any
+        # score), so $u$ and $v$ are scaled with it: `content_q` is $(q + u)/\sqrt{d_{head}}$.
         content_q = q + self.content_bias * scale  # q is scaled already: (q + u) / sqrt(d_head)
         content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
+        # (b) + (d). **Speed:** $W_r R$ is the same for every row of the batch, so the batch is
+        # folded into the rows of one product per head instead of copying $W_r R$ once per row.
         position_q = q + self.position_bias * scale
         position_q = position_q.transpose(0, 1).reshape(H, B * T, d_head)  # the batch in the rows
         position = torch.bmm(position_q, r.transpose(-1, -2))  # (b) + (d): [H, B*T, K+1]
         position = position.view(H, B, T, -1)  # [H, B, T, K+1], per distance
         position = relative_shift(position)  # per distance -> per key: [H, B, T, K]
+        # The four terms, summed in place in `content`'s storage. **Speed:** the causal mask is
+        # added to the scores ($-\infty$ hides a key) rather than applied with `masked_fill`, which
+        # costs more forwards and backwards.
         scores = content.add_(position.transpose(0, 1))  # [B, H, T, K]
         if attn_mask is not None:
             scores.add_(attn_mask)
@@ -235,22 +265,20 @@ class RelativeMultiHeadAttention(nn.Module):
         out = self.out(out.transpose(1, 2).reshape(B, T, H * self.d_head))  # [B, T, d]
         return Attended(out, weights, content_q, keys, values)
 
+    # Memories need only keys and values: the $W_k$ and $W_v$ rows of the one matrix.
     def memory_keys_values(self, memories):
-        """The keys and values of memories [B, M, d], with the W_k and W_v rows of the matrix:
-        each [B, H, M, d_head]."""
+        """The keys and values of memories [B, M, d]: each [B, H, M, d_head]."""
         d = memories.size(-1)
         k, v = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)  # [B, M, d]
         return self.split_heads(k), self.split_heads(v)
 
+    # The keys and values are those of `[c_mem; mem; h]`, $K = M + T$ of them: the memories' come
+    # in made (`memory_keys_values`), the segment's are made here with its queries. **Speed:** the
+    # queries are scaled by $1/\sqrt{d_{head}}$ once, here, before any score; keys and values are
+    # concatenated head-major, the layout `attend`'s matmuls read.
     def forward(self, h, memory_kv, r, attn_mask) -> Attended:
-        """The keys and values are those of [c_mem; mem; h], K = M + T of them.
-
-        h:         [B, T, d], the segment
-        memory_kv: the keys and values of [c_mem; mem], each [B, H, M, d_head]
-                   (memory_keys_values)
-        r:         [H, K+1, d_head], W_r R for the distances K, ..., 1, 0 (project_positions)
-        attn_mask: as attend's
-        """
+        """h [B, T, d], the segment; memory_kv, the keys and values of [c_mem; mem], each
+        [B, H, M, d_head]; r [H, K+1, d_head], W_r R; attn_mask as attend's."""
         q, k, v = self.qkv(h).chunk(3, dim=-1)  # each [B, T, d]
         k_mem, v_mem = memory_kv
         q = self.split_heads(q * self.d_head**-0.5).contiguous()  # [B, H, T, d_head]
@@ -259,53 +287,63 @@ class RelativeMultiHeadAttention(nn.Module):
         return self.attend(q, k, v, r, attn_mask)
 
 
-# 4. The compression functions f_c -----------------------------------------------------------------
-# Every f_c is called the same way, compressed = f_c(old_mem, following, usage):
+# 4. The compression functions $f_c$ ---------------------------------------------------------------
+# Every $f_c$ is called the same way, `compressed = f_c(old_mem, following, usage)`:
 #
-#     old_mem:    [B, k*c, d], the memories just evicted from mem, oldest first (k blocks of c)
-#     following:  [B, >= 1, d], the memories still in mem after them (none of the paper's f_c
-#                 reads them; an f_c of one's own may)
-#     usage:      [B, k*c], the attention each evicted memory received (only most_used reads it)
-#     compressed: [B, k, d], one compressed memory per block of c
+# - `old_mem`, `[B, k*c, d]`: the memories just evicted from mem, oldest first ($k$ blocks of $c$)
+# - `following`, `[B, >= 1, d]`: the memories still in mem after them (none of the paper's $f_c$
+#   reads them; an $f_c$ of one's own may)
+# - `usage`, `[B, k*c]`: the attention each evicted memory received (only most_used reads it)
+# - `compressed`, `[B, k, d]`: one compressed memory per block of $c$
 
 
+# The paper's best $f_c$: a 1-D convolution with kernel = stride = $c$. The windows do not overlap,
+# so the convolution is one linear map `[c*d] -> [d]` applied to each block of $c$ consecutive
+# memories laid side by side.
 class ConvCompress(nn.Module):
-    """The paper's best f_c: a 1-D convolution with kernel = stride = c.
+    """The paper's best f_c: a 1-D convolution with kernel = stride = c."""
 
-    The windows do not overlap, so the convolution is one linear map [c*d] -> [d] applied to
-    each block of c consecutive memories laid side by side."""
-
+    # **Departure:** this $f_c$ has a bias, and it starts as mean pooling (plus noise), so that
+    # compressed memories carry meaning from the first step; the reconstruction loss then moves
+    # $f_c$ wherever it helps attention most.
     def __init__(self, d_model: int, rate: int):
         super().__init__()
         self.rate = rate
-        # Start as mean pooling (plus noise), so that compressed memories carry meaning from the
-        # first step; the reconstruction loss then moves f_c wherever it helps attention most.
         mean_pool = torch.eye(d_model).repeat(1, rate) / rate  # [d, c*d]
         noise = torch.randn(d_model, rate * d_model) * 0.02 / rate
         self.weight = nn.Parameter(mean_pool + noise)
         self.bias = nn.Parameter(torch.zeros(d_model))
 
+    # **Speed:** the convolution is one matmul over the blocks of $c$ laid side by side, not a
+    # `Conv1d`.
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
         B, length, d = old_mem.shape
         blocks = old_mem.reshape(B, length // self.rate, self.rate * d)  # [B, k, c*d]
         return F.linear(blocks, self.weight, self.bias)  # [B, k, d]
 
 
+# The paper's dilated-convolution $f_c$: dilated convolutions (dilations 1 and 2, length kept) mix
+# neighbouring memories, then the kernel = stride = $c$ convolution sets the rate.
+#
+# **Departure:** the dilated convolutions form a residual stack, and the rate-$c$ convolution
+# after them is `ConvCompress`, with its start.
 class DilatedConvCompress(nn.Module):
     """Dilated convolutions (dilations 1 and 2, residual, length kept) that mix neighbouring
     memories, then the kernel = stride = c convolution that sets the rate."""
 
+    # Each residual branch starts near zero, so the stack starts as the identity.
     def __init__(self, d_model: int, rate: int):
         super().__init__()
         self.dilated = nn.ModuleList(
             nn.Conv1d(d_model, d_model, kernel_size=3, dilation=dilation, padding=dilation)
             for dilation in (1, 2)
         )
-        for conv in self.dilated:  # start as the identity: the residual branch begins near zero
+        for conv in self.dilated:
             nn.init.normal_(conv.weight, 0.0, 0.02 / math.sqrt(3 * d_model))
             nn.init.zeros_(conv.bias)
         self.reduce = ConvCompress(d_model, rate)
 
+    # The dilated convolutions, each added to what it reads, then the rate-$c$ convolution.
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
         x = old_mem.transpose(1, 2)  # Conv1d wants [B, d, k*c]
         for conv in self.dilated:
@@ -313,32 +351,42 @@ class DilatedConvCompress(nn.Module):
         return self.reduce(x.transpose(1, 2))  # [B, k, d]
 
 
+# Max or mean pooling over each block of $c$, the paper's simplest $f_c$. No parameters: nothing
+# for a reconstruction loss to train.
 class PoolCompress(nn.Module):
     """Max or mean pooling with kernel = stride = c (no parameters)."""
 
+    # `kind` is max_pool or mean_pool.
     def __init__(self, rate: int, kind: str):
         super().__init__()
         self.rate = rate
         self.pool = F.max_pool1d if kind == "max_pool" else F.avg_pool1d
 
+    # Each block of $c$ memories pooled into one.
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
+        # torch pools over the last dimension, so time goes there and back.
         return self.pool(old_mem.transpose(1, 2), self.rate, self.rate).transpose(1, 2)
 
 
+# Keep the $k$ of the $k c$ evicted memories that received the most attention while in memory
+# (`usage`, summed by `add_usage`), in their original order in time. No parameters.
 class MostUsedCompress(nn.Module):
     """Keep the k of the k*c evicted memories that received the most attention while in
     memory, in their original order in time (no parameters)."""
 
+    # Only the rate: which memories to keep is read from their usage.
     def __init__(self, rate: int):
         super().__init__()
         self.rate = rate
 
+    # The $k$ most used memories, still oldest first, as c_mem keeps them.
     def forward(self, old_mem, following, usage) -> torch.Tensor:
         keep = old_mem.size(1) // self.rate
         index = usage.topk(keep, dim=1).indices.sort(dim=1).values  # [B, k], in time order
         return old_mem.gather(1, index.unsqueeze(-1).expand(-1, -1, old_mem.size(-1)))
 
 
+# The $f_c$ that a configuration names, one per layer.
 def make_compression(cfg: CompressiveConfig) -> nn.Module:
     c = cfg.compression_rate
     if cfg.compression == "conv":
@@ -350,43 +398,44 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
     return PoolCompress(c, cfg.compression)
 
 
-# 5. The reconstruction losses: the only signal that trains f_c ------------------------------------
-# Compressed memories are stored without gradient, so the language-model loss never reaches f_c.
-# Instead f_c learns from an auxiliary loss on the memories it has just compressed. Every input
-# and every parameter other than f_c's (and the auto-encoder's decoder) is detached, so this loss
+# 5. The reconstruction losses: the only signal that trains $f_c$ ----------------------------------
+# Compressed memories are stored without gradient, so the language-model loss never reaches $f_c$.
+# Instead $f_c$ learns from an auxiliary loss on the memories it has just compressed. Every input
+# and every parameter other than $f_c$'s (and the auto-encoder's decoder) is detached, so this loss
 # cannot change what the rest of the network does.
 
 
+# Attention without positions, terms (a) + (c) only: what the reconstruction compares, attention
+# over the old memories against attention over their compression.
 def content_attention(queries, keys, values):
-    """Attention without positions, terms (a) + (c) only.
-
-    queries: [B, H, T, d_head], already scaled by 1/sqrt(d_head)
-    keys:    [B, H, M, d_head]
-    values:  [B, H, M, d_head]
-    Returns [B, H, T, d_head].
-    """
+    """queries [B, H, T, d_head], already scaled by 1/sqrt(d_head); keys and values
+    [B, H, M, d_head]. Returns [B, H, T, d_head]."""
     return torch.matmul(torch.matmul(queries, keys.transpose(-1, -2)).softmax(dim=-1), values)
 
 
+# The paper's Algorithm 2,
+#
+# $$
+# \lVert \mathrm{attn}(h, m) - \mathrm{attn}(h, f_c(m)) \rVert^2
+# $$
+#
+# for the old memories $m$, with the layer's own content attention, frozen. The layer's forward
+# has just computed everything on the side of $m$: its content queries of the current inputs $h$,
+# the keys and values of the memories it is now evicting; all arrive detached. The only new input
+# is `compressed` $= f_c(m)$, projected here with detached weights, so the gradient of this loss
+# reaches $f_c$ alone. Under pre-LN the attention saw the memories through `layer.attn_norm`, so
+# `compressed` goes through it too, with its weights detached.
+#
+# **Departure:** Algorithm 2 uses the plain queries $q$, unscaled scores and the L2 norm; this uses
+# the layer's content queries $q + u$, scores scaled by $1/\sqrt{d_{head}}$, and the mean of the
+# squared differences over the elements, summed over the layers (docs/REACH.md compares the two
+# queries on one seed).
 def attention_reconstruction_loss(
     layer: "CompressiveLayer", queries, old_keys, old_values, compressed
 ):
-    """The paper's Algorithm 2: || attn(h, old_mem) - attn(h, f_c(old_mem)) ||^2, the mean over
-    the elements, with the layer's own content attention, frozen.
-
-    The layer's forward has just computed everything on the old_mem side, all detached here:
-
-    queries:    [B, H, T, d_head], its content queries of the current inputs h
-    old_keys:   [B, H, k*c, d_head], the keys of the memories it is now evicting
-    old_values: [B, H, k*c, d_head], their values
-    compressed: [B, k, d], f_c(old_mem), the only new input; it is projected with detached
-                weights, so the gradient of this loss reaches f_c alone. Under pre-LN the
-                attention saw the memories through layer.attn_norm, so compressed goes through
-                it too, with its weights detached
-
-    The paper's Algorithm 2 uses the plain queries q, without the content bias u (the module's
-    list of departures; docs/REACH.md compares the two on one seed).
-    """
+    """queries [B, H, T, d_head], the layer's content queries of h; old_keys and old_values
+    [B, H, k*c, d_head], of the memories it evicts; all detached. compressed [B, k, d], f_c of
+    those memories. Returns the 0-dim loss."""
     attn = layer.attn
     if layer.pre_norm:  # the attention sees normalised memories: use the layer's norm, frozen
         norm = layer.attn_norm
@@ -401,9 +450,11 @@ def attention_reconstruction_loss(
     return F.mse_loss(prediction.float(), target.float())
 
 
+# The paper's alternative: reconstruct the old memories from their compression, through a
+# transposed convolution (the layer's `decoder`), trained with $f_c$.
 def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
     """The paper's alternative: reconstruct the old memories [B, k*c, d] from their compression
-    [B, k, d]."""
+    [B, k, d]. Returns the 0-dim loss."""
     decoded = decoder(compressed.transpose(1, 2)).transpose(1, 2)
     return F.mse_loss(decoded.float(), old_mem.float())
 
@@ -411,19 +462,30 @@ def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
 # 6. One layer: attention over [c_mem; mem; h] and the feed-forward, then the two FIFOs ------------
 
 
+# How many of the oldest memories leave mem once the new inputs are appended and it holds `length`
+# of them: none while `length` $\le n_m$; beyond that, the overflow. Transformer-XL
+# ($n_{cm} = 0$) drops exactly the overflow.
+#
+# **Departure:** overflow that is compressed ($n_{cm} > 0$) leaves in whole blocks of $c$, so when
+# $T$ is not a multiple of $c$, mem holds between $n_m - c + 1$ and $n_m$ states, cycling from call
+# to call (at $T = 1$, as in `generate`, through every length in between).
 def n_evicted(length: int, n_m: int, n_cm: int, c: int) -> int:
-    """How many of the oldest memories leave mem when it holds length of them after the append:
-    none while length <= n_m; beyond that the overflow, rounded up to whole blocks of c when they
-    are compressed (n_cm > 0), or exactly the overflow when they are dropped (n_cm = 0)."""
+    """How many of the oldest memories leave mem when it holds length of them after the append,
+    for the config's n_m, n_cm and c."""
     overflow = length - n_m
     if overflow <= 0:
         return 0
     return overflow if n_cm == 0 else math.ceil(overflow / c) * c
 
 
+# One layer: attention over `[c_mem; mem; h]` and the feed-forward, then its $f_c$ and its two
+# FIFOs.
 class CompressiveLayer(nn.Module):
     """One layer: attention over [c_mem; mem; h] and the feed-forward, its f_c, its FIFOs."""
 
+    # The attention, the feed-forward and their LayerNorms; **Departure:** GELU in the
+    # feed-forward. The auto-encoder's decoder is a transposed convolution with kernel = stride =
+    # $c$, and only exists where it has an $f_c$ with weights to train.
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         self.cfg, self.pre_norm = cfg, cfg.pre_norm
@@ -434,8 +496,9 @@ class CompressiveLayer(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model)
         )
         self.dropout = nn.Dropout(cfg.dropout)
-        # f_c only where something is ever compressed: Transformer-XL (n_cm = 0) and a model
-        # without memory carry no idle weights
+        # $f_c$ only where something is ever compressed: Transformer-XL ($n_{cm} = 0$) and a model
+        # without memory carry no idle weights. A pooling or most_used $f_c$ has no weights, and
+        # so nothing to reconstruct for.
         compresses = cfg.mem_len > 0 and cfg.c_mem_len > 0
         self.compress = make_compression(cfg) if compresses else None
         self.reconstructs = compresses and any(p.requires_grad for p in self.compress.parameters())
@@ -444,56 +507,49 @@ class CompressiveLayer(nn.Module):
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
 
+    # Attention over `[c_mem; mem; h]`, then the feed-forward (section 3, then the method below).
     def forward(self, h, memory_kv, r, attn_mask):
-        """Attention over [c_mem; mem; h], then the feed-forward.
-
-        h:         [B, T, d], the layer's input h^(i)
-        memory_kv: the keys and values of this layer's [c_mem; mem] (memory_keys_values)
-        r:         [H, K+1, d_head], its W_r R for the distances K, ..., 0
-        attn_mask: [T, K] or [B, 1, T, K], added to the scores
-        Returns the layer's output [B, T, d] and the Attended of its attention (section 3).
-        """
+        """h [B, T, d], the layer's input h^(i); memory_kv, r and attn_mask as the attention's.
+        Returns the layer's output [B, T, d] and its attention's Attended."""
         z = self.attn_norm(h) if self.pre_norm else h  # pre-LN: the attention sees LN(h)
         attended = self.attn(z, memory_kv, r, attn_mask)
         return self.residual_and_feed_forward(h, attended.out), attended
 
+    # The rest of the layer after attention. Post-LN, as in the paper: `a = LN(x + attn)`,
+    # `out = LN(a + mlp(a))`. Pre-LN, where the attention saw `LN(x)`: `a = x + attn`,
+    # `out = a + mlp(LN(a))`.
     def residual_and_feed_forward(self, x, attn):
-        """The rest of the layer after attention, attn [B, T, d]. Post-LN, as in the paper:
-        a = LN(x + attn), out = LN(a + mlp(a)). Pre-LN (the attention saw LN(x)):
-        a = x + attn, out = a + mlp(LN(a))."""
+        """x [B, T, d], the layer's input; attn [B, T, d], its attention's output. Returns
+        [B, T, d]."""
         if self.pre_norm:
             a = x + self.dropout(attn)
             return a + self.dropout(self.ff(self.ff_norm(a)))
         a = self.attn_norm(x + self.dropout(attn))
         return self.ff_norm(a + self.dropout(self.ff(a)))
 
+    # A layer's memories are its past inputs, so they are normalised as its inputs are before their
+    # keys and values are made.
     def memory_keys_values(self, memories):
-        """The keys and values [B, H, M, d_head] of this layer's memories [B, M, d], normalised
-        as its inputs are."""
+        """The keys and values [B, H, M, d_head] of this layer's memories [B, M, d]."""
         z = self.attn_norm(memories) if self.pre_norm else memories
         return self.attn.memory_keys_values(z)
 
+    # The two FIFOs of the paper's Algorithm 1:
+    #
+    # 0. (most_used only) add the attention each mem slot just received to its usage;
+    # 1. append the layer inputs $h$ of the new tokens to mem, detached;
+    # 2. when mem holds more than $n_m$, evict its oldest memories in whole blocks of $c$
+    #    (`n_evicted`); Transformer-XL ($n_{cm} = 0$) evicts exactly the overflow and drops it;
+    # 3. compress what was evicted: $f_c$(old_mem, the mem left after it, their usage);
+    # 4. append the compressed memories to c_mem, detached, and keep its newest $n_{cm}$.
+    #
+    # With $n_m = 0$ nothing is kept. mem and c_mem come back contiguous in memory. `c_mem` holds
+    # `c_mem.size(1)` slots (`len(c_mem)` is the batch size). The loss is 0 unless
+    # `self.reconstructs` (`reconstruction_loss`, below).
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
-        """The two FIFOs of the paper's Algorithm 1.
-
-        0. (most_used only) Add the attention each mem slot just received to its usage.
-        1. Append the layer inputs h of the new tokens to mem, detached.
-        2. When mem holds more than n_m, evict its oldest memories in whole blocks of c
-           (n_evicted). Transformer-XL (n_cm = 0) evicts exactly the overflow and drops it.
-        3. Compress what was evicted: f_c(old_mem, the mem left after it, their usage).
-        4. Append the compressed memories to c_mem, detached, and keep its newest n_cm.
-
-        With n_m = 0 nothing is kept. mem and c_mem come back contiguous in memory.
-
-        h:        [B, T, d], this layer's inputs for the new tokens
-        mem:      [B, n_mem, d]
-        c_mem:    [B, n_c_mem, d], n_c_mem = c_mem.size(1) slots (len(c_mem) is the batch size)
-        usage:    [B, n_mem], the attention per mem slot for the most_used f_c, else None
-                  (add_usage keeps it)
-        attended: this layer's attention over [c_mem; mem; h]
-        Returns the new mem, c_mem and usage, and f_c's loss recon_loss, 0-dim: 0 unless
-        self.reconstructs (reconstruction_loss below).
-        """
+        """h [B, T, d], this layer's inputs for the new tokens; mem [B, n_mem, d]; c_mem
+        [B, n_c_mem, d]; usage [B, n_mem] (most_used only, else None); attended, this layer's
+        attention. Returns the new mem, c_mem and usage, and f_c's 0-dim recon_loss."""
         n_m, n_cm, c = self.cfg.mem_len, self.cfg.c_mem_len, self.cfg.compression_rate
         recon_loss = h.new_zeros(())
         if n_m == 0:  # no memory at all
@@ -503,6 +559,9 @@ class CompressiveLayer(nn.Module):
         n_evict = n_evicted(mem.size(1), n_m, n_cm, c)
         if n_evict == 0:
             return mem, c_mem, usage, recon_loss
+        # **Departure:** a call longer than $n_m$ evicts its own oldest inputs
+        # too, and they are compressed like the rest (Algorithm 1 compresses only the $n_s$ oldest
+        # of the old memory, assuming $n_s \le n_m$).
         old_mem, mem = mem[:, :n_evict], mem[:, n_evict:].contiguous()  # evict the oldest
         old_usage = None
         if usage is not None:
@@ -516,22 +575,29 @@ class CompressiveLayer(nn.Module):
         c_mem = c_mem[:, -n_cm:].contiguous()  # its newest n_cm
         return mem, c_mem, usage, recon_loss
 
+    # The most_used $f_c$'s bookkeeping: add the attention each mem slot received in this forward
+    # (mem's keys come after the `n_c_mem` keys of c_mem), then open a zero slot for each of the
+    # `n_new` inputs.
+    #
+    # **Departure:** a memory's rank is the attention it received summed over its time in mem; the
+    # paper averages it.
     @staticmethod
     def add_usage(usage, attended: Attended, n_c_mem: int, n_new: int):
-        """The most_used f_c's bookkeeping: add the attention each mem slot received in this
-        forward (mem's keys come after the n_c_mem keys of c_mem), then open a zero slot for each
-        of the n_new inputs."""
+        """usage [B, n_mem] or None; attended, this layer's attention. Returns [B, n_mem + n_new],
+        or None."""
         if usage is None:
             return None
         mem_keys = slice(n_c_mem, n_c_mem + usage.size(1))
         received = attended.weights[..., mem_keys].detach().sum(dim=(1, 2))  # [B, n_mem]
         return torch.cat([usage + received, usage.new_zeros(usage.size(0), n_new)], dim=1)
 
+    # $f_c$'s auxiliary loss (section 5) on the memories it has just compressed. old_mem's keys
+    # are the first keys after the `n_c_mem` keys of c_mem. A call that evicts more than mem held,
+    # as one longer than $n_m$ can, evicts its own oldest inputs too: their keys follow mem's, so
+    # the slice runs on into the segment's.
     def reconstruction_loss(self, old_mem, compressed, attended: Attended, n_c_mem: int):
-        """f_c's auxiliary loss (section 5) on the memories it has just compressed; old_mem's
-        keys are the first keys after the n_c_mem keys of c_mem. (A call that evicts more than
-        mem held, as one longer than n_m can, evicts its own oldest inputs too: their keys follow
-        mem's, so the slice runs on into the segment's.)"""
+        """old_mem [B, k*c, d] and its compression [B, k, d]; attended, this layer's attention.
+        Returns the 0-dim loss."""
         if self.decoder is not None:
             return autoencoding_loss(self.decoder, old_mem, compressed)
         old = slice(n_c_mem, n_c_mem + old_mem.size(1))
@@ -547,20 +613,24 @@ class CompressiveLayer(nn.Module):
 # 7. The language model ----------------------------------------------------------------------------
 
 
+# The language model: the embedding, the layers, the head (`c_mem_len=0`: Transformer-XL;
+# `mem_len=0`: no memory).
+#
+#     logits, memory, recon_loss = model(tokens, memory)
+#     h, memory, recon_loss = model.hidden_states(x, memory)
+#
+# `tokens` are `[B, T]` ids, `memory` the Memory of the previous call or None, the logits
+# `[B, T, vocab]`; `recon_loss` is $f_c$'s 0-dim loss, to add to the language-model loss.
+# `hidden_states` is the same without the embedding and the head: `x` and `h` are `[B, T, d_model]`.
+#
+# Under DistributedDataParallel, wrap the model with `find_unused_parameters=True`: $f_c$ (and,
+# under autoencoding, its decoder) gets no gradient in a call that compresses nothing.
 class CompressiveTransformer(nn.Module):
-    """The Compressive Transformer language model (n_cm = 0: Transformer-XL; n_m = 0: no
-    memory).
+    """The Compressive Transformer language model: logits [B, T, vocab], memory, recon_loss =
+    model(tokens [B, T], memory of the previous call or None); add recon_loss to the loss."""
 
-        logits, memory, recon_loss = model(tokens, memory)
-            tokens [B, T] of ids, memory the Memory of the previous call or None; logits
-            [B, T, vocab]; recon_loss is f_c's 0-dim loss, to add to the language-model loss
-        h, memory, recon_loss = model.hidden_states(x, memory)
-            the same without the embedding and the head: x and h are [B, T, d_model]
-
-    Under DistributedDataParallel, wrap the model with find_unused_parameters=True: f_c (and,
-    under autoencoding, its decoder) gets no gradient in a call that compresses nothing.
-    """
-
+    # The layers between the embedding and the head; a final LayerNorm under pre-LN only, since a
+    # post-LN layer ends in one.
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         if not isinstance(cfg, CompressiveConfig):
@@ -570,50 +640,47 @@ class CompressiveTransformer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
-        # An untied output head. The embedding keeps PyTorch's N(0, 1) start: post-LN, every
-        # other layer's input is a LayerNorm output of unit scale, so layer 0's inputs and
-        # memories then look like the rest.
+        # **Departure:** an untied output head. The embedding keeps PyTorch's $\mathcal{N}(0, 1)$
+        # start: post-LN, every other layer's input is a LayerNorm output of unit scale, so layer
+        # 0's inputs and memories then look like the rest.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self.init_weights)
 
+    # **Departure:** Xavier (Glorot & Bengio) scale, std $= \sqrt{2 / (\mathrm{fan_{in}} +
+    # \mathrm{fan_{out}})}$, rather than GPT-2's $\mathcal{N}(0, 0.02)$: at d_model 128 the smaller
+    # start puts the initial attention scores near 0, so every head begins by averaging uniformly.
     @staticmethod
     def init_weights(module):
-        # Xavier (Glorot & Bengio) scale, std = sqrt(2 / (fan_in + fan_out)), rather than GPT-2's
-        # N(0, 0.02): at d_model 128 the smaller start puts the initial attention scores near 0,
-        # so every head begins by averaging uniformly.
         if isinstance(module, nn.Linear):
             nn.init.xavier_normal_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
+    # **Departure:** mem and c_mem start empty, not as zeros, and fill as the text is read.
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
+        # One layer's memory, `[B, 0, d_model]`, on the weights' device and in their dtype unless
+        # told otherwise.
         def empty():
             weight = self.layers[0].attn.qkv.weight
             return weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
 
         return Memory([empty() for _ in self.layers], [empty() for _ in self.layers])
 
+    # The embedding, then `hidden_states`, then the head.
     def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
-        """The embedding, then hidden_states, then the head.
-
-        tokens: [B, T], token ids
-        memory: the Memory returned by the previous call, or None
-        Returns the logits [B, T, vocab], the new Memory and recon_loss (0-dim).
-        """
+        """tokens [B, T] of ids; memory, the Memory returned by the previous call, or None.
+        Returns the logits [B, T, vocab], the new Memory and recon_loss (0-dim)."""
         check_tokens(self, tokens)
         x = self.dropout(self.embed(tokens))
         h, memory, recon_loss = self.hidden_states(x, memory)
         return self.head(h), memory, recon_loss
 
+    # The paper's Algorithm 1 for one segment, through every layer. Without a memory the call
+    # starts from an empty one; the most_used $f_c$ starts each mem slot's usage at 0.
     def hidden_states(self, x: torch.Tensor, memory: Optional[Memory] = None):
-        """The paper's Algorithm 1 for one segment, through every layer.
-
-        x:      [B, T, d_model], the first layer's input h^(1) (forward passes the embedded
-                tokens)
-        memory: the Memory returned by the previous call, or None
-        Returns the last layer's output [B, T, d_model] (after the final norm when pre-LN), the
-        new Memory, and f_c's reconstruction loss recon_loss (0-dim), summed over the layers.
-        """
+        """x [B, T, d_model], the first layer's input h^(1); memory as forward's. Returns the last
+        layer's output [B, T, d_model] (after the final norm under pre-LN), the new Memory and
+        recon_loss (0-dim)."""
         check_inputs(self, x)
         B, T, _ = x.shape
         h = x  # h^(1)
@@ -626,7 +693,11 @@ class CompressiveTransformer(nn.Module):
         elif self.cfg.compression == "most_used":
             usage = [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
 
-        # All layers hold the same number of memories, so R and the causal mask are shared.
+        # All layers hold the same number of memories, so $R$ and the causal mask are shared. The
+        # mask is $-\infty$ where key $j$ lies in query $i$'s future, $j > M + i$.
+        #
+        # **Departure:** a compressed slot sits at the relative distance of one position, like any
+        # memory: positions count slots, not the $c$ tokens behind each one.
         n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
         M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         R = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)  # distances K..0
@@ -634,16 +705,17 @@ class CompressiveTransformer(nn.Module):
         if T > 1:
             attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)  # j > M + i
 
+        # Each layer attends from the segment over `[c_mem; mem; h]` (memories need only keys and
+        # values), then feeds forward; then it moves its inputs $h$ into mem, and what overflows
+        # through $f_c$ into c_mem. Its output is the next layer's input; $f_c$'s losses are summed
+        # over the layers.
         new_mem, new_c_mem, new_usage = [], [], []
         recon_loss = h.new_zeros(())
         for i, layer in enumerate(self.layers):  # Algorithm 1, per layer:
             mem, c_mem = memory.mem[i], memory.c_mem[i]
-            # attend from the segment over [c_mem; mem; h] (memories need only keys and values),
-            # then feed forward
             memory_kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
             r = layer.attn.project_positions(R)  # W_r R: [H, K+1, d_head]
             out, attended = layer(h, memory_kv, r, attn_mask)
-            # then move the layer's inputs h into mem, and what overflows through f_c into c_mem
             mem, c_mem, layer_usage, layer_recon_loss = layer.update_memory(
                 h, mem, c_mem, usage[i], attended
             )
@@ -656,6 +728,8 @@ class CompressiveTransformer(nn.Module):
         memory = Memory(new_mem, new_c_mem, new_usage if tracks_usage else None)
         return self.out_norm(h), memory, recon_loss
 
+    # Feed the prompt in segments of $n_s$, then sample one token at a time through the memory,
+    # so each new token costs the same however long the text grows.
     @torch.no_grad()
     def generate(
         self,
@@ -664,9 +738,8 @@ class CompressiveTransformer(nn.Module):
         temperature: float = 1.0,
         top_k: Optional[int] = None,
     ) -> torch.Tensor:
-        """Feed the prompt [B, T0] in segments of n_s, then sample one token at a time through
-        the memory, so each new token costs the same however long the text grows. Returns
-        [B, T0 + max_new_tokens]."""
+        """prompt [B, T0] of ids. Returns [B, T0 + max_new_tokens]: the prompt and the tokens
+        sampled at temperature, from the top_k most likely when top_k is given."""
         check_generate_arguments(self, prompt, max_new_tokens, temperature, top_k)
         was_training = self.training
         self.eval()
@@ -685,15 +758,17 @@ class CompressiveTransformer(nn.Module):
         self.train(was_training)
         return torch.cat(out, dim=1)
 
+    # How far back the last token of a call sees, with both memories full: its own call (the token
+    # itself included), then mem $n_m$ tokens more, then c_mem $c \, n_{cm}$ more. An earlier token
+    # of the call sees as far, less its distance from the call's end. mem may hold fewer than $n_m$
+    # (`n_evicted`'s departure).
+    #
+    # This is one layer's direct view. Each layer reads the states of the layer below, which saw as
+    # far again, so the model's reach grows with depth: the paper's maximum temporal range is
+    # $n_{layers} (n_m + c \, n_{cm})$.
     def reach(self, call_length: Optional[int] = None):
         """[(region, how many of the latest tokens it covers)] for the last token of a call of
-        call_length tokens (default n_s), with both memories full: its own call (the token itself
-        included), then mem n_m tokens more, then c_mem c * n_cm more. An earlier token of the
-        call sees as far, less its distance from the call's end.
-
-        This is one layer's direct view. Each layer reads the states of the layer below, which
-        saw as far again, so the model's reach grows with depth (the paper's maximum temporal
-        range: n_layers * (n_m + c * n_cm)). mem may hold fewer than n_m (the departures)."""
+        call_length tokens (default n_s): segment, then mem, then c_mem, as the model has them."""
         cfg = self.cfg
         edges = [("segment", call_length or cfg.seq_len)]
         if cfg.mem_len:
@@ -710,6 +785,9 @@ class CompressiveTransformer(nn.Module):
 # prompt's once, on any device).
 
 
+# Every size an int (a bool is not one), positive, or $\ge 0$ for the two memories; heads that
+# divide d_model; a known $f_c$ and loss; and, where something is compressed, a mem of at least
+# one block of $c$, since evictions come in blocks.
 def check_config(cfg: CompressiveConfig) -> None:
     sizes = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len", "compression_rate")
     for name in (*sizes, "mem_len", "c_mem_len"):
@@ -728,16 +806,18 @@ def check_config(cfg: CompressiveConfig) -> None:
         raise ValueError(f"unknown compression {cfg.compression!r}; choose one of {COMPRESSIONS}")
     if cfg.reconstruction not in RECONSTRUCTIONS:
         raise ValueError(f"unknown reconstruction {cfg.reconstruction!r}; one of {RECONSTRUCTIONS}")
-    if 0 < cfg.mem_len < cfg.compression_rate and cfg.c_mem_len > 0:  # evictions come in blocks
+    if 0 < cfg.mem_len < cfg.compression_rate and cfg.c_mem_len > 0:
         raise ValueError(
             f"mem_len ({cfg.mem_len}) must be >= compression_rate ({cfg.compression_rate}) "
             f"when c_mem_len > 0"
         )
 
 
+# Token ids: a 2-D integer tensor, ids in the vocabulary. The range is checked only on the CPU
+# outside torch.compile: on an accelerator it would wait for the device on every call (an id out of
+# range then fails in the embedding).
 def check_tokens(model: nn.Module, tokens) -> None:
-    """The token ids' range is checked only on the CPU outside torch.compile: on an accelerator
-    it would wait for the device on every call (an id out of range then fails in the embedding)."""
+    """tokens: [batch, time] integer ids in [0, vocab_size)."""
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
@@ -756,14 +836,17 @@ def check_tokens(model: nn.Module, tokens) -> None:
             )
 
 
+# Where autocast decides the dtypes, inputs and memories may come in another dtype than the
+# weights'. The meta device has no autocast.
 def autocasting(device: torch.device) -> bool:
-    """Whether autocast is on for this device (the meta device has no autocast)."""
+    """Whether autocast is on for this device."""
     return device.type != "meta" and torch.is_autocast_enabled(device.type)
 
 
+# `hidden_states`' inputs: vectors of the model's width, floating point, on the model's device, in
+# its dtype unless autocast decides the dtypes.
 def check_inputs(model: nn.Module, x) -> None:
-    """hidden_states' inputs x: [batch, time, d_model], floating point, on the model's device, in
-    its dtype unless autocast decides the dtypes."""
+    """x: [batch, time, d_model]."""
     weight = next(model.parameters())
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -784,9 +867,11 @@ def check_inputs(model: nn.Module, x) -> None:
         )
 
 
+# The memory every call is handed: a Memory of one tensor per layer, each within its length, on
+# the inputs' device and in their dtype. Under autocast a layer's output, and so the next layer's
+# memory, may come out in another dtype than x: any dtype passes there.
 def check_memory(model: nn.Module, memory, batch_size: int, x: torch.Tensor) -> None:
-    """The memory every call is handed, for the inputs x. Under autocast a layer's output, and so
-    the next layer's memory, may come out in another dtype than x: any dtype passes there."""
+    """memory: a Memory for batch_size rows, beside the inputs x."""
     if not isinstance(memory, Memory):
         raise TypeError(
             f"memory must be a Memory returned by the model or None, got {memory!r:.60}"
@@ -825,6 +910,8 @@ def check_memory(model: nn.Module, memory, batch_size: int, x: torch.Tensor) -> 
         raise ValueError("memory.usage must be None or one tensor [batch, mem slots] per layer")
 
 
+# generate's arguments. The prompt's ids are checked as forward's are, and their range once more
+# here off the CPU: once per generate, where forward never reads a value back from the device.
 def check_generate_arguments(model, prompt, max_new_tokens, temperature, top_k) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")

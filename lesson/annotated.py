@@ -1,0 +1,356 @@
+"""A Python file as one page to read: its notes on the left, the code they explain on the right.
+
+    python -m lesson.annotated [FILE] --out DIR    # DIR/<FILE's stem>.html; FILE: compressive.py
+
+The notes are the file's own comments. A note is a block of full-line comments (blank lines
+between them allowed), or the module's docstring; it goes beside the code that follows it, up to
+the next note. Notes are Markdown with $...$ and $$...$$ math, typeset as MathML (which browsers
+render natively); a comment like `# 3. Transformer-XL relative attention -----` is a heading, and
+a `name` of one of the file's defs or classes links to its code. Other docstrings and trailing
+comments are code. The page is one file, its style inline: it opens from the disk and asks for
+nothing over the network.
+
+Each section of the page is an element with data-lines="START-END" (the 1-based lines of FILE
+it shows; the sections cover the file once, in order) holding a data-note and a data-code element.
+
+It needs an optional extra, which compressive.py and its tests never do:
+
+    pip install -r requirements-annotated.txt   # markdown-it-py, mdit-py-plugins, latex2mathml,
+                                                # pygments (pinned: CI checks docs/ is up to date)
+"""
+
+import argparse
+import ast
+import html
+import io
+import re
+import tokenize
+from pathlib import Path
+from typing import List, NamedTuple
+
+from training.checks import UserError, exit_status, one_line
+from training.files import write_atomically
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_FILE = ROOT / "compressive.py"
+DEFAULT_OUT = ROOT / "docs"
+EXTRA = "pip install -r requirements-annotated.txt"
+PACKAGES = {  # the modules it imports: the packages that hold them
+    "markdown_it": "markdown-it-py",
+    "mdit_py_plugins": "mdit-py-plugins",
+    "latex2mathml": "latex2mathml",
+    "pygments": "pygments",
+}
+# `# 3. Transformer-XL relative attention ------`: a heading; a comment of dashes alone: a rule
+HEADING = re.compile(r"^(\S.*?)\s*-{3,}$")
+RULE = re.compile(r"^-{3,}$")
+
+
+class Section(NamedTuple):
+    start: int  # the first line it shows, 1-based
+    end: int  # the last, included
+    note: str  # Markdown
+    code: List[int]  # the lines of code it shows, 1-based, in order
+
+
+# --------------------------------------------------------------------------------------------------
+# The file as sections: which lines are notes, which are code
+
+
+def source_lines(text: str) -> List[str]:
+    """The lines as Python counts them (a line ends at \\n, \\r\\n or \\r), without their ends."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def note_lines(text: str, tree: ast.Module) -> dict:
+    """{line: its Markdown} for every line that belongs to a note: the full-line comments, and the
+    module docstring's lines (its first line holds the whole docstring, the others nothing).
+    Lines inside strings are never comments, whatever they hold."""
+    lines = source_lines(text)
+    notes = {}
+    for token in tokenize.generate_tokens(io.StringIO("\n".join(lines)).readline):
+        row, column = token.start
+        if token.type == tokenize.COMMENT and not lines[row - 1][:column].strip():
+            notes[row] = comment_markdown(token.string)
+    docstring = module_docstring(tree)
+    if docstring:
+        node = tree.body[0]
+        notes.update({row: "" for row in range(node.lineno, node.end_lineno + 1)})
+        notes[node.lineno] = docstring
+    return notes
+
+
+def module_docstring(tree: ast.Module) -> str:
+    """The module's docstring as Markdown: a one-line first paragraph becomes the page's title."""
+    docstring = ast.get_docstring(tree, clean=True)
+    if not docstring:
+        return ""
+    first, _, rest = docstring.partition("\n\n")
+    return f"# {first}\n\n{rest}" if "\n" not in first else docstring
+
+
+def comment_markdown(comment: str) -> str:
+    """One comment line as Markdown: `#` and one space off; a heading marked as one."""
+    text = comment[1:]
+    text = text[1:] if text.startswith(" ") else text
+    if RULE.match(text.strip()):
+        return ""
+    heading = HEADING.match(text)
+    return f"## {heading[1]}" if heading and not text.startswith(" ") else text
+
+
+def sections(text: str, tree: ast.Module) -> List[Section]:
+    """The file cut into sections, each a note and the code after it up to the next note. Blank
+    lines between two comment blocks join them into one note; lines before the first note are a
+    section without one."""
+    lines = source_lines(text)
+    if lines and lines[-1] == "":  # the end of the last line
+        lines.pop()
+    notes = note_lines(text, tree)
+    found, row = [], 1
+    while row <= len(lines):
+        start, note = row, []
+        while row <= len(lines):  # the note: comment lines, and blank lines before more of them
+            if row in notes:
+                note.append(notes[row])
+                row += 1
+                continue
+            after = row
+            while after <= len(lines) and not lines[after - 1].strip():
+                after += 1
+            if after > row and after in notes and note:
+                note.extend([""] * (after - row))
+                row = after
+                continue
+            break
+        code = []
+        while row <= len(lines) and row not in notes:
+            code.append(row)
+            row += 1
+        while code and not lines[code[-1] - 1].strip():
+            code.pop()
+        while code and not lines[code[0] - 1].strip():
+            code.pop(0)
+        found.append(Section(start, row - 1, "\n".join(note).strip("\n"), code))
+    return found
+
+
+def read_source(path: Path):
+    """The text and syntax tree of a Python file (parsed, never run), or a UserError."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not Python source: it is not UTF-8 text") from None
+    try:
+        return text, ast.parse(text)
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        why = e.msg if isinstance(e, SyntaxError) else str(e)
+        raise UserError(f"{path} is not Python source: {why}{where}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# The page: Markdown and math for the notes, pygments for the code
+
+
+def dependencies():
+    """markdown-it-py with its dollar-math plugin, latex2mathml and pygments, or one line saying
+    how to install them."""
+    try:
+        import latex2mathml.converter
+        import pygments
+        from markdown_it import MarkdownIt
+        from mdit_py_plugins.dollarmath import dollarmath_plugin
+    except ImportError as e:
+        package = PACKAGES.get((e.name or "").split(".")[0], e.name)
+        raise UserError(f"lesson.annotated needs {package}, an optional extra: {EXTRA}") from None
+    return MarkdownIt, dollarmath_plugin, latex2mathml.converter, pygments
+
+
+def markdown_renderer():
+    """Markdown to HTML: CommonMark without raw HTML or images (a note can ask for nothing), with
+    $...$ and $$...$$ typeset as MathML."""
+    MarkdownIt, dollarmath_plugin, latex2mathml, _ = dependencies()
+
+    def math(latex: str, options: dict) -> str:
+        display = "block" if options.get("display_mode") else "inline"
+        try:
+            return latex2mathml.convert(latex.strip(), display=display)
+        except Exception as e:  # latex2mathml raises its own errors for LaTeX it cannot read
+            raise UserError(
+                f"${latex.strip()}$ is not LaTeX that latex2mathml reads: {one_line(e)}"
+            ) from None
+
+    md = MarkdownIt("commonmark", {"html": False}).disable("image")
+    return md.use(dollarmath_plugin, allow_space=False, allow_digits=False, renderer=math)
+
+
+def highlighted_lines(text: str) -> List[str]:
+    """Each line of the file as highlighted HTML (the file is lexed whole, so a docstring is a
+    string from its first line to its last)."""
+    _, _, _, pygments = dependencies()
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    source = "\n".join(source_lines(text))
+    lexer = PythonLexer(stripnl=False, ensurenl=False)
+    out = pygments.highlight(source, lexer, HtmlFormatter(nowrap=True)).split("\n")
+    if len(out) < len(source_lines(text)):
+        raise UserError("pygments returned fewer lines than the file has")  # not seen; say so
+    return out
+
+
+def code_style() -> str:
+    """pygments' colours for the code cells (its token classes, scoped to them)."""
+    from pygments.formatters import HtmlFormatter
+
+    return "\n".join(HtmlFormatter(style="default").get_token_style_defs(".code"))
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ margin: 0; color: #1d1d1f; background: #fff;
+  font: 15px/1.55 Georgia, "DejaVu Serif", "Times New Roman", serif; }}
+header {{ padding: 12px 24px; border-bottom: 1px solid #e4e4ec; font-size: 13px; color: #666;
+  font-family: system-ui, "DejaVu Sans", sans-serif; }}
+header code {{ font-size: 12px; }}
+main {{ max-width: 1600px; margin: 0 auto; }}
+section {{ display: grid; grid-template-columns: minmax(0, 2fr) minmax(0, 3fr); }}
+.note {{ padding: 6px 22px 6px 24px; overflow-wrap: anywhere; }}
+.note > :first-child {{ margin-top: 4px; }}
+.note > :last-child {{ margin-bottom: 4px; }}
+.note h1 {{ font-size: 26px; line-height: 1.25; margin: 18px 0 10px; }}
+.note h2 {{ font-size: 19px; margin: 26px 0 6px; padding-top: 10px; border-top: 2px solid #dde; }}
+.note p, .note ul, .note ol {{ margin: 0 0 8px; }}
+.note ul, .note ol {{ padding-left: 22px; }}
+.note a {{ color: inherit; text-decoration-color: #99a; }}
+.note code {{ font: 12.5px/1.4 "DejaVu Sans Mono", Menlo, Consolas, monospace;
+  background: #f3f3f8; padding: 0 3px; border-radius: 3px; }}
+.note pre {{ background: #f6f6fa; border: 1px solid #e6e6ee; padding: 6px 8px; overflow-x: auto;
+  margin: 4px 0 8px; }}
+.note pre code {{ background: none; padding: 0; font-size: 12px; }}
+.note math {{ font-size: 1.05em;
+  font-family: "DejaVu Math TeX Gyre", "STIX Two Math", "Latin Modern Math", math; }}
+.note math[display="block"] {{ margin: 8px 0; overflow-x: auto; }}
+.code {{ background: #f7f7fb; border-left: 1px solid #e4e4ec; min-width: 0; }}
+.code pre {{ margin: 0; padding: 6px 12px 6px 0; overflow-x: auto;
+  font: 12px/1.5 "DejaVu Sans Mono", Menlo, Consolas, monospace; }}
+.code .l::before {{ content: attr(data-n); display: inline-block; width: 4ch; margin-right: 2ch;
+  text-align: right; color: #b0b0bc; user-select: none; }}
+section:target .note {{ background: #fffbe6; }}
+@media (max-width: 900px) {{ section {{ grid-template-columns: minmax(0, 1fr); }}
+  .code {{ border-left: 0; }} }}
+{code_style}
+</style>
+</head>
+<body>
+<header>{title}: each note beside the code it explains. Made from the file by
+<code>python -m lesson.annotated</code>; the notes are its comments.</header>
+<main>
+{sections}
+</main>
+</body>
+</html>
+"""
+
+
+def definitions(tree: ast.Module) -> dict:
+    """{name: line} of the file's defs and classes, by qualified name (`Layer.forward`) and, where
+    no other has it, by their own name (`forward` alone when only one def is so named)."""
+    found, by_name = {}, {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                line = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                found[prefix + child.name] = line
+                by_name.setdefault(child.name, []).append(line)
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(tree, "")
+    found.update({name: lines[0] for name, lines in by_name.items() if len(lines) == 1})
+    return found
+
+
+def linked(note: str, targets: dict) -> str:
+    """A note's HTML with each `name` of a def or class a link to the section that shows it."""
+
+    def link(match):
+        line = targets.get(html.unescape(match[1]))
+        return f'<a href="#L{line}">{match[0]}</a>' if line else match[0]
+
+    return re.sub(r"<code>([A-Za-z_][\w.]*)</code>", link, note)
+
+
+def render(text: str, tree: ast.Module, title: str) -> str:
+    """The page of a Python file's text."""
+    md = markdown_renderer()
+    code = highlighted_lines(text)
+    cut = sections(text, tree)
+    starts = {n: s.start for s in cut for n in range(s.start, s.end + 1)}
+    targets = {name: starts[line] for name, line in definitions(tree).items()}
+    parts = []
+    for section in cut:
+        try:
+            note = linked(md.render(section.note), targets) if section.note else ""
+        except UserError as e:
+            raise UserError(
+                f"{title}, the note of lines {section.start}-{section.end}: {e}"
+            ) from None
+        lines = "\n".join(
+            f'<span class="l" data-n="{n}">{code[n - 1]}</span>' for n in section.code
+        )
+        parts.append(
+            f'<section id="L{section.start}" data-lines="{section.start}-{section.end}">\n'
+            f'<div class="note" data-note>{note}</div>\n'
+            f'<div class="code" data-code><pre>{lines}</pre></div>\n'
+            "</section>"
+        )
+    return PAGE.format(title=html.escape(title), code_style=code_style(), sections="\n".join(parts))
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "file", nargs="?", type=Path, default=DEFAULT_FILE, help="the Python file to lay out"
+    )
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="the folder the page goes to, as STEM.html"
+    )
+    return p.parse_args(argv)
+
+
+def annotate(args) -> None:
+    dependencies()
+    text, tree = read_source(args.file)
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out {args.out} is a file, not a folder")
+    page = render(text, tree, args.file.name)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"{args.file.stem}.html"
+        write_atomically(str(path), lambda f: f.write(page.encode("utf-8")))
+    except OSError as e:
+        raise UserError(f"--out {args.out}: {one_line(e)}") from None
+    print(f"wrote {path}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return exit_status(lambda: annotate(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
