@@ -1,6 +1,6 @@
 """A Python file as one page to read: its notes on the left, the code they explain on the right.
 
-    python -m lesson.annotated [FILE] --out DIR    # DIR/<FILE's stem>.html; FILE: compressive.py
+    python -m lesson.annotated [FILE] --out DIR    # DIR/compressive.html; FILE: compressive.py
 
 The notes are the file's own comments. A note is a block of full-line comments (blank lines
 between them allowed), or the module's docstring; it goes beside the code that follows it, up to
@@ -34,6 +34,7 @@ from training.files import write_atomically
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILE = ROOT / "compressive.py"
 DEFAULT_OUT = ROOT / "docs"
+PAGE_NAME = "compressive.html"  # the name the README links and CI compares, whatever FILE is called
 EXTRA = "pip install -r requirements-annotated.txt"
 PACKAGES = {  # the modules it imports: the packages that hold them
     "markdown_it": "markdown-it-py",
@@ -327,7 +328,10 @@ def parse_args(argv=None):
         "file", nargs="?", type=Path, default=DEFAULT_FILE, help="the Python file to lay out"
     )
     p.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="the folder the page goes to, as STEM.html"
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="the folder the page goes to, as compressive.html",
     )
     return p.parse_args(argv)
 
@@ -340,7 +344,9 @@ def annotate(args) -> None:
     page = render(text, tree, args.file.name)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{args.file.stem}.html"
+        path = (
+            args.out / PAGE_NAME
+        )  # whatever FILE is called: a copy of the file makes the same page
         write_atomically(str(path), lambda f: f.write(page.encode("utf-8")))
     except OSError as e:
         raise UserError(f"--out {args.out}: {one_line(e)}") from None

@@ -199,12 +199,12 @@ def run(capsys, *argv):
 
 
 @needs_extra
-def test_the_command_writes_the_page_named_after_the_file(tmp_path, capsys):
+def test_the_command_writes_compressive_html_into_the_folder(tmp_path, capsys):
     source = tmp_path / "tiny.py"
     source.write_text("# A note with $a^2$.\nx = 1\n")
     status, out = run(capsys, source, "--out", tmp_path / "new" / "folder")
-    assert status == 0 and "tiny.html" in out.out
-    page = (tmp_path / "new" / "folder" / "tiny.html").read_text()
+    assert status == 0 and "compressive.html" in out.out
+    page = (tmp_path / "new" / "folder" / "compressive.html").read_text()
     assert 'data-lines="1-2"' in page and "<msup>" in page and "<title>tiny.py</title>" in page
 
 
@@ -224,7 +224,7 @@ def test_bad_input_gives_one_error_line(tmp_path, capsys, content, why):
         source.write_bytes(content)
     status = annotated.main([str(source), "--out", str(tmp_path)])
     assert status == 2 and why in error_line(capsys)
-    assert not (tmp_path / "bad.html").exists()
+    assert not (tmp_path / "compressive.html").exists()
 
 
 @needs_extra
@@ -349,7 +349,7 @@ def test_a_comment_put_into_a_copy_of_the_source_shows_on_the_page_made_from_it(
     note = "# A note put in by a test: $x_{42}^2$ beside relative_shift.\n"
     copy.write_text(text.replace("\ndef relative_shift(", f"\n{note}def relative_shift("))
     assert annotated.main([str(copy), "--out", str(tmp_path)]) == 0
-    page, asked = opened(browser, tmp_path / "copy.html")
+    page, asked = opened(browser, tmp_path / "compressive.html")
     found = page.evaluate(
         """() => [...document.querySelectorAll('[data-lines]')]
             .filter(s => s.querySelector('[data-note]').innerText.includes('put in by a test'))
