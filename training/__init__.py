@@ -19,7 +19,8 @@ The commands, each on a checkpoint or a model of the script's flags:
     python -m training.evaluate   a checkpoint's loss on its whole validation text, its memory cut
                                   or not; evaluate() is the script's validation, per_character()
                                   what the studies read of each character, both one walk
-    python -m training.bench      tokens/s, ms per step, peak memory and mfu of training steps
+    python -m training.bench      tokens/s, ms per step, peak memory and mfu of training steps;
+                                  with --profile, where their time goes
     python -m training.plots OUT  a run's loss curve drawn again from its files
 
 test_train_shakespeare.py specifies the script and all of it.

@@ -1,21 +1,26 @@
 """Time training steps of a model of train_shakespeare.py's flags on random tokens, once both
 memories are full, and report tokens/s, ms per step, peak memory and mfu (model FLOPs over the best
-matmul rate measured here).
+matmul rate measured here). --profile runs the same steps under torch.profiler instead and prints
+where their time goes: forward, backward, optimizer and the rest apart, and the operators that
+take the most of each.
 
     python -m training.bench --bench-steps 10    # and any of the script's model and runtime flags
+    python -m training.bench --profile --device cpu
 """
 
+import collections
 import math
 import resource
 import sys
 import time
 
 import torch
+from torch.profiler import profile, record_function
 
 import train_shakespeare
 from beyond_the_paper.feedback import FeedbackTransformer
 
-from .checks import exit_status
+from .checks import UserError, exit_status
 from .device import DTYPES, keep_freed_memory, pick_device
 
 
@@ -71,19 +76,28 @@ def matmul_peak_flops(device, dtype) -> float:
         n *= 2
 
 
+def random_batches(cfg, batch_size: int, seed: int, device) -> list:
+    """Four batches of random tokens [batch_size, n_s + 1], the steps' inputs and targets."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [
+        torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
+        for _ in range(4)
+    ]
+
+
+def warmup_steps(model) -> int:
+    """Steps until the memories hold all that the last token reaches, and two more, so that the
+    measured steps do the steady-state work."""
+    return 2 + math.ceil(model.reach()[-1][1] / model.cfg.seq_len)
+
+
 def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dtype) -> None:
     """train_step(x, y, memory) -> (loss, reconstruction loss, memory) does one whole optimizer
     step, as in training (train_shakespeare.make_train_step)."""
     cfg = model.cfg
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    batches = [
-        torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
-        for _ in range(4)
-    ]
+    batches = random_batches(cfg, batch_size, seed, device)
     memory = None
-    # warm up until the memories hold all that the last token reaches, and two steps more, so that
-    # the timed steps do the steady-state work
-    warmup = 2 + math.ceil(model.reach()[-1][1] / cfg.seq_len)
+    warmup = warmup_steps(model)
     warm_start = time.perf_counter()
     for i in range(warmup + steps):
         if i == warmup:
@@ -115,9 +129,70 @@ def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dty
     )
 
 
+def phase_of(event) -> str:
+    """The part of a training step a profiled operator ran in, read from the outermost event
+    around it: the model's forward (marked by profile_steps), autograd's backward, the optimizer's
+    step and zero_grad, or the rest (the loss, the gradient clipping, the memory handed on)."""
+    while event.cpu_parent is not None:
+        event = event.cpu_parent
+    if event.name == "forward":
+        return "forward"
+    if event.name.startswith("autograd::engine::evaluate_function"):
+        return "backward"
+    if event.name.startswith("Optimizer."):
+        return "optimizer"
+    return "rest"
+
+
+def profile_steps(train_step, model, batch_size: int, steps: int, seed: int, device, rows=8):
+    """Take steps training steps under torch.profiler once the memories are full, and print each
+    phase's ms a step and share, then the rows operators of each phase that took the most time
+    of their own (a matmul's time, not the time of the Python around it). The profiler's own cost
+    makes every step slower than bench times it; the shares are what to read. The times are the
+    host's: on a GPU they show what launches the kernels, not the kernels."""
+    batches, memory = random_batches(model.cfg, batch_size, seed, device), None
+    for i in range(warmup_steps(model)):
+        batch = batches[i % len(batches)]
+        _, _, memory = train_step(batch[:, :-1], batch[:, 1:], memory)
+    marks = []  # the model's forward as one profiler range, opened and closed by module hooks
+
+    def open_mark(*_):
+        marks.append(record_function("forward"))
+        marks[-1].__enter__()
+
+    hooks = [
+        model.register_forward_pre_hook(open_mark),
+        model.register_forward_hook(lambda *_: marks.pop().__exit__(None, None, None)),
+    ]
+    try:
+        with profile() as prof:
+            for i in range(steps):
+                batch = batches[i % len(batches)]
+                _, _, memory = train_step(batch[:, :-1], batch[:, 1:], memory)
+                sync(device)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    per_phase, per_op = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        phase = phase_of(event)
+        per_phase[phase] += event.self_cpu_time_total  # microseconds
+        per_op[phase, event.name] += event.self_cpu_time_total
+    total = sum(per_phase.values())
+    print(f"profile of {steps} training step(s), {torch.get_num_threads()} thread(s), {device}")
+    for phase, us in per_phase.most_common():
+        print(f"{phase:9s} {us / steps / 1000:8.1f} ms/step {100 * us / total:5.1f}%")
+        top = [(op, t) for (p, op), t in per_op.most_common() if p == phase][:rows]
+        for op, us_op in top:
+            print(f"    {op[:60]:60s} {us_op / steps / 1000:8.2f} ms {100 * us_op / total:5.1f}%")
+
+
 def parse_args(argv=None):
     parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
     parser.add_argument("--bench-steps", type=int, default=10, help="timed steps")
+    parser.add_argument(
+        "--profile", action="store_true", help="where the steps' time goes (torch.profiler)"
+    )
     return parser.parse_args(argv)
 
 
@@ -128,12 +203,17 @@ def main(argv=None) -> int:
 
     def run():
         train_shakespeare.check_args(args)
+        if args.profile and args.compile:  # a compiled step is one region the profile cannot split
+            raise UserError("--profile profiles eager steps: drop --compile")
         device = pick_device(args.device)
         torch.manual_seed(args.seed)
         cfg = train_shakespeare.model_config(args, vocab_size=65)
         model = train_shakespeare.make_model(args.model, cfg, args.compression).to(device)
         optimizer = train_shakespeare.make_optimizer(model, args)
         step = train_shakespeare.make_train_step(model, optimizer, args, device)
+        if args.profile:
+            profile_steps(step, model, args.batch_size, args.bench_steps, args.seed, device)
+            return
         dtype = DTYPES[args.dtype]
         bench(step, model, args.batch_size, args.bench_steps, args.seed, device, dtype)
 

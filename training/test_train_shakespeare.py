@@ -878,6 +878,29 @@ def test_bench_prints_its_summary_as_the_last_line(capsys):
     assert float(match[3]) > 0 and 0 < float(match[4]) < 10
 
 
+def test_bench_profile_splits_the_steps_time_into_forward_backward_and_optimizer(capsys):
+    assert bench.main(["--profile", "--bench-steps", "1", *TINY_FLAGS]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("profile of 1 training step(s)")
+    phases = {}
+    for line in lines[1:]:
+        match = re.fullmatch(r"(\w+) +([\d.]+) ms/step +([\d.]+)%", line)
+        if match:
+            phases[match[1]] = float(match[3])
+    assert {"forward", "backward", "optimizer"} <= set(phases), phases
+    assert set(phases) <= {"forward", "backward", "optimizer", "rest"}, phases
+    assert abs(sum(phases.values()) - 100) < 0.5, phases  # every operator in one phase
+    # each phase's operators follow it: a matmul among the forward's and the backward's, the
+    # fused AdamW kernel among the optimizer's
+    for phase, operator in [("forward", "aten::mm"), ("backward", "aten::mm")]:
+        at = next(i for i, line in enumerate(lines) if line.startswith(phase))
+        assert any(line.split()[0] == operator for line in lines[at + 1 : at + 9]), lines
+    at = next(i for i, line in enumerate(lines) if line.startswith("optimizer"))
+    assert any(line.split()[0] == "aten::_fused_adamw_" for line in lines[at + 1 : at + 9])
+    assert bench.main(["--profile", "--compile", *TINY_FLAGS]) == 2
+    assert error_line(capsys) == "error: --profile profiles eager steps: drop --compile"
+
+
 def test_a_checkpoint_says_how_it_was_made(trained):
     """For the captions of the figures drawn from a checkpoint: its command and the flags that
     differ from the defaults, its seed and step, the torch and threads its numbers depend on."""
