@@ -26,7 +26,6 @@ from typing import List, NamedTuple, Optional
 import torch
 import torch.nn as nn
 
-from beyond_the_paper.agent import check_starts, described
 from compressive import (
     CompressiveConfig,
     CompressiveLayer,
@@ -427,3 +426,25 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
         )
     check_episodes_and_kept(memory, batch_size, x.device)
     return memory
+
+
+def described(value) -> str:
+    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of {value.dtype}"
+    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
+
+
+def check_starts(starts, batch_size: int, T: int, device) -> None:
+    """starts is batch first, as the tokens are: [B, T]."""
+    if starts is None:
+        return
+    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
+        raise TypeError(
+            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
+        )
+    if starts.shape != (batch_size, T) or starts.device != device:
+        raise ValueError(
+            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
+            f"inputs; got {list(starts.shape)} on {starts.device}"
+        )

@@ -396,9 +396,13 @@ def test_rows_without_a_start_compute_exactly_what_they_would_without_starts(kin
     for (h, memory, recon_loss), (h1, memory1, _), (h0, memory0, recon0) in zip(
         plain, with_starts, none
     ):
-        assert h.equal(h0) and h[[0, 2]].equal(h1[[0, 2]]) and recon_loss.equal(recon0)
+        # no starts and None: one computation; a start in row 1 makes the segment ends of the
+        # rows project apart (another order of the same sums for rows 0 and 2)
+        assert h.equal(h0) and recon_loss.equal(recon0)
+        close(h[[0, 2]], h1[[0, 2]])
         for a, b, c in zip(states(memory), states(memory1), states(memory0)):
-            assert a.equal(c) and a[[0, 2]].equal(b[[0, 2]])
+            assert a.equal(c)
+            close(a[[0, 2]], b[[0, 2]])
 
 
 @pytest.mark.parametrize("kind", ["conv", "xl", "feedback"])
@@ -627,9 +631,10 @@ def test_acting_projects_only_the_new_step_and_the_c_mem_slots_a_segment_end_mak
     with torch.no_grad():
         for t in range(30):
             _, memory, _ = model.hidden_states(inputs(2, 1, seed=t), memory, starts[:, t : t + 1])
-    # each segment end of a row makes n_s / c = 2 c_mem slots, projected for that row alone
-    # both rows at step 5, row 0 at 11, 17, 23 and 29, row 1 (from its start) at 13, 19, 25
-    assert projected == [(2, 2)] + [(1, 2)] * 7
+    # each segment end of a row makes n_s / c = 2 c_mem slots, projected for that row alone, and
+    # f_c's loss reads the keys of the n_s = 6 steps it evicts: both rows at step 5, row 0 at 11,
+    # 17, 23 and 29, row 1 (from its start) at 13, 19 and 25; no other slot is projected
+    assert projected == [(2, 2), (2, 6)] + [(1, 2), (1, 6)] * 7
 
 
 # ---------------------------------------------------------------- kept keys never go stale ------

@@ -82,6 +82,19 @@ class Agent(nn.Module):
         return self.policy(h), self.value(h)[..., 0], memory, recon_loss
 
 
+def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.95):
+    """Generalised advantage estimates [B, T] of a rollout: rewards, values, dones [B, T] (dones
+    1.0 where the step ended its episode, which cuts the return there), next_value [B] the value
+    of the observation after the rollout."""
+    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(rewards.size(1))):
+        following = next_value if t == rewards.size(1) - 1 else values[:, t + 1]
+        delta = rewards[:, t] + gamma * following * (1 - dones[:, t]) - values[:, t]
+        last = delta + gamma * lam * (1 - dones[:, t]) * last
+        advantages[:, t] = last
+    return advantages
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, default=300, help="rollouts and updates per seed")
@@ -149,12 +162,7 @@ def train(args, seed: int):
                 returns += rewards[done, t].tolist()
             # the value of the next observation, from the memory now (not kept)
             next_value = agent(envs.observation[:, None], memory, start[:, None])[1][:, 0]
-        advantages, last = torch.zeros(B, T), torch.zeros(B)
-        for t in reversed(range(T)):  # GAE; an episode's end cuts the return there
-            following = next_value if t == T - 1 else values[:, t + 1]
-            delta = rewards[:, t] + gamma * following * (1 - dones[:, t]) - values[:, t]
-            last = delta + gamma * lam * (1 - dones[:, t]) * last
-            advantages[:, t] = last
+        advantages = gae(rewards, values, dones, next_value, gamma, lam)
         targets = advantages + values
 
         # update: each minibatch of environments re-runs its rollout in one call from the
