@@ -230,7 +230,13 @@ def plot(results, path: str) -> None:
     ax.axhline(1 / N_CUES, color="grey", linestyle=":", label="chance")
     ax.set(xlabel="iteration (16 envs x 32 steps)", ylabel="return per episode", ylim=(0, 1.05))
     ax.legend()
-    fig.tight_layout()
+    seeds = " ".join(str(seed) for seed in results)
+    foot = (
+        f"python -m research.ppo_cue --seeds {seeds}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), CPU"
+    )
+    fig.text(0.01, 0.01, foot, fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=120)
 
 

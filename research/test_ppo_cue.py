@@ -1,6 +1,7 @@
 """research/ppo_cue.py: its environments play the cue task, and its updates compute what its
 actor computed."""
 
+import pytest
 import torch
 
 from research import ppo_cue
@@ -30,3 +31,10 @@ def test_every_update_starts_from_the_actor_s_policy(capsys):
     assert all(worst < 1e-5 and outside == 0 for worst, outside in exactness)
     assert ppo_cue.main(flags) == 0
     assert "largest fraction outside the clip range 0.000" in capsys.readouterr().out
+
+
+def test_the_plot_of_the_curves_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    path = tmp_path / "curves.png"
+    ppo_cue.plot({0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}, str(path))
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
