@@ -199,7 +199,11 @@ def combine(memories, how) -> AgentMemory:
         or not memories
         or not all(isinstance(m, AgentMemory) for m in memories)
     ):
-        raise TypeError(f"join and stack take a list of AgentMemory, got {memories!r:.60}")
+        got = type(memories).__name__
+        if isinstance(memories, (list, tuple)):
+            names = ", ".join(sorted({type(m).__name__ for m in memories}))
+            got += f" of {names}" if names else " (empty)"
+        raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
     shapes = [[tuple(t.shape[1:]) for t in tensors_of(m)] for m in memories]
     one_batch = len({m.filled.shape for m in memories}) == 1
     if any(s != shapes[0] for s in shapes) or (how is torch.stack and not one_batch):
@@ -689,8 +693,8 @@ def hidden_states(model, x, memory=None, starts=None):
         made_by = stale(made_by)
     elif not usable:  # made now, by the weights of now
         made_by = stamp_of_rows(model, B)
-        blank_k = [b.expand(B, -1, -1, -1) for b in blank_k]
-        blank_v = [b.expand(B, -1, -1, -1) for b in blank_v]
+        blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
+        blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
     kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)

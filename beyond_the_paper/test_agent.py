@@ -420,6 +420,21 @@ def test_a_reset_is_a_start_at_the_next_calls_first_step(kind):
     assert memory.since_start[1] == 12
 
 
+def test_a_nan_of_the_old_episode_crosses_a_start_but_not_a_reset():
+    # As the README says: a start gives the old episode's slots weight 0, and 0 x NaN is NaN;
+    # a reset puts zeros in them. Row 1's old episode has a NaN; row 0 is clean.
+    model = make(compression="conv", seq_len=6, mem_len=8, compression_rate=3).eval()
+    old = inputs(2, 12)
+    old[1, -1, 0] = float("nan")
+    with torch.no_grad():
+        _, memory, _ = model.hidden_states(old, None)
+        x, first = inputs(2, 3, seed=5), torch.tensor([False, True])
+        started = model.hidden_states(x, memory, torch.stack([first] + [~first] * 2, dim=1))[0]
+        reset = model.hidden_states(x, memory.reset(first))[0]
+    assert started[1].isnan().any() and not reset.isnan().any()
+    assert not started[0].isnan().any()  # the NaN stays in its row
+
+
 @pytest.mark.slow  # torch.compile traces the call: seconds
 def test_starts_and_resets_under_torch_compile_without_recompiling_and_on_the_meta_device():
     torch.compiler.reset()
