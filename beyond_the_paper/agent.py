@@ -817,7 +817,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         if got != shapes or any(t.device != x.device for t in tensors):  # one per layer
             raise ValueError(
                 f"memory.{name} must be {shapes[0] if shapes else 'empty'} on {x.device} (this "
-                f"model's memory for a batch of {batch_size}); got {got[:1]} on "
+                f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
     for name in ("filled", "since_start"):
