@@ -227,7 +227,7 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
         (lambda: model.hidden_states(inputs(2, 6).double()), TypeError, "float64"),
         (lambda: model.hidden_states(inputs(2, 6).to("meta")), ValueError, "meta"),
         (lambda: model.hidden_states([[0.5] * 16]), TypeError, "torch.Tensor"),
-        (lambda: model.hidden_states(inputs(3, 6), memory), ValueError, "batch of 3"),
+        (lambda: model.hidden_states(inputs(3, 6), memory), ValueError, "batch size of 3"),
         (lambda: memory.reset([True, False]), TypeError, "bool tensor"),
         (lambda: memory.reset(torch.tensor([1, 0])), TypeError, "bool tensor"),
         (lambda: memory.reset(torch.tensor([True, False, True])), ValueError, r"shape \[2\]"),
