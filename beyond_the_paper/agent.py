@@ -1,65 +1,109 @@
-"""An agent's memory, beyond the paper: episodes that begin anywhere, and acting one step at a time.
+"""An agent's memory, beyond the paper: train on a rollout exactly as the agent acted on it.
 
-The paper trains on one long text. An agent (or a stream of packed documents) runs B independent
-streams side by side, and each stream's episode ends and a new one begins at its own moments. This
-module adds, on top of compressive.py, in this order:
+The paper trains on one long text, a segment of n_s tokens per call. An agent runs B environments
+side by side, acts one step per call, and each row's episode ends at its own moment; it then
+learns from the rollout it played, in one call. This module makes those two computations one:
 
-    1. the state an agent carries: AgentMemory, compressive.Memory's fields and what follows
-    2. episodes: starts [B, T] marks where a new episode begins, anywhere in a call, and
-       AgentMemory.reset(done) forgets whole rows between two calls; a new episode sees nothing
-       of the old one, while the other rows carry on
-    3. acting: in eval mode without gradient (T = 1 per call, typically) the memory keeps the
-       keys and values of its slots and W_r R, so a step projects only itself
-    4. AgentTransformer, the model with both, and AgentCore, its layers without the token
-       embedding and head, for observations that are vectors and outputs that are not logits
-    5. the checks of what this module adds to the inputs
+    - segments of n_s steps per row, wherever calls begin and end: a row's step sees c_mem and mem
+      as they stood when its segment began, and its segment's earlier steps; the FIFOs move once,
+      when the segment's n_s-th step is done. So T calls of one step (acting), one call of T
+      steps (the update) and calls of n_s steps (the paper's training) compute the same, and a
+      call of n_s steps from a segment's start is compressive.py's call
+    - a memory of one fixed shape: c_mem, mem and the open segment as slots, with the steps each
+      row has filled; an empty memory is one whose slots no step sees. Memories of any time stack,
+      rows come out (take) and join (AgentMemory.join)
+    - episodes: starts [B, T] marks a row's first step of a new episode, anywhere in a call;
+      from there the row is a fresh memory, its segments counted from its start, and nothing of
+      the old episode reaches what it computes; memory.reset(done) is a start at the next step
+    - acting: the memory keeps the keys and values of its slots, so a step without gradient
+      projects only itself; they carry a stamp of the weights that made them, and a call after
+      any in-place change of those weights (an optimizer step, load_state_dict) projects anew
 
-    model = AgentCore(CompressiveConfig(d_model=128, ...))
-    h, memory, recon_loss = model(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
-    memory = memory.reset(done)                        # done: [B] bool, rows whose episode ended
+It builds on compressive.py in this order:
+
+    1. the memory: AgentMemory and the keys it keeps (Kept)
+    2. where each step of a call stands in its row's stream: Layout
+    3. one layer over a call: attention over what each step sees, then the FIFOs of every
+       segment the call closes
+    4. the stamp that tells kept keys from stale ones
+    5. AgentTransformer (tokens) and AgentCore (vectors), the models
+    6. the checks of what this module adds to the inputs
+
+    core = AgentCore(CompressiveConfig(d_model=128, ...))
+    memory = core.empty_memory(batch)
+    h, memory, recon_loss = core(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
 """
 
-import math
+import secrets
+import zlib
 from typing import List, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from compressive import (
     Attended,
     CompressiveConfig,
     CompressiveLayer,
     CompressiveTransformer,
-    Memory,
     autocasting,
     check_inputs,
-    check_memory,
     check_tokens,
+    relative_shift,
     sinusoid_positions,
 )
 
-# 1. The state an agent carries ------------------------------------------------------------------
+# 1. The memory ----------------------------------------------------------------------------------
+# A row's stream: the inputs h^(i) of each layer, step after step. Of it the memory holds, per
+# layer and oldest first:
+#
+#     c_mem  n_cm slots: f_c of blocks of c steps, the newest n_cm of them
+#     mem    n_mem + n_s - 1 slots, right-aligned: mem's n_mem steps, then the open segment's
+#            `filled` steps; the n_s - 1 - filled slots before them are unused (zeros)
+#
+# A segment's end evicts the n_s oldest of [mem; segment] into n_s / c new c_mem slots and keeps
+# the newest n_mem as mem. n_s must be a multiple of c, so that every segment end evicts n_s steps
+# and mem holds n_mem = n_m rounded down to a multiple of c after it, as compressive.py's mem does
+# after an n_s-token call once full. An empty memory's slots hold zeros that no step sees
+# (since_start = 0), as a reset row's do.
 
 
 class Kept(NamedTuple):
-    """What acting keeps beside the memories, per layer, made by the weights of the call that made
-    them. None of it is recomputed when the weights change, and W_r R is never replaced while
-    acting goes on: AgentMemory.without_kept() drops it all, and the next call projects every
-    slot anew."""
+    """The keys and values of a memory's slots, per layer, and what made them. made_by stays on
+    the CPU: reading it never waits for a device. Acting hands them on; a training call hands on
+    the ones it was given, marked stale (the next optimizer step would make its own stale). A
+    slot no step sees keeps whatever key it had: none is ever read.
 
-    keys: List[torch.Tensor]  # [B, H, M, d_head], of [c_mem; mem]
-    values: List[torch.Tensor]  # [B, H, M, d_head]
-    blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]: a zero vector's, which reset puts in
-    blank_values: List[torch.Tensor]  # [1, H, 1, d_head]   the slots of a forgotten row
-    position_keys: List[torch.Tensor]  # W_r R [H, n, d_head], the distances n - 1, ..., 0
+    keys, values:             [B, H, n_mem + n_s - 1, d_head] per layer, mem's slots'
+    c_mem_keys, c_mem_values: [B, H, n_cm, d_head] per layer
+    blank_keys, blank_values: [B, H, 1, d_head] per layer, a zero vector's (reset's slots)
+    made_by: [B, 2 + 2 w] int64: the config's checksum, the model's identity, then the id and the
+             version counter of each of the w weights a key depends on (W_k and W_v, and pre-LN's
+             norm), as they were when the keys were made
+    """
+
+    keys: List[torch.Tensor]
+    values: List[torch.Tensor]
+    c_mem_keys: List[torch.Tensor]
+    c_mem_values: List[torch.Tensor]
+    blank_keys: List[torch.Tensor]
+    blank_values: List[torch.Tensor]
+    made_by: torch.Tensor
 
 
 class AgentMemory(NamedTuple):
-    """compressive.Memory's fields, then what episodes and acting add:
+    """What one call hands to the next; every tensor is batch first and has the same shape from
+    empty to full, so memories of any time stack, and rows come out and join:
 
-    since_start: [batch] float, the steps each row has been fed since its episode started (inf:
-                 no start seen); None until a start or a reset
-    kept:        the keys, values and W_r R kept while acting (Kept), else None
+    mem:         [B, n_mem + n_s - 1, d_model] per layer (section 1's layout)
+    c_mem:       [B, n_cm, d_model] per layer
+    usage:       [B, n_mem + n_s - 1] per layer, the attention each mem slot received (most_used
+                 f_c only; else an empty list)
+    filled:      [B] int64, the steps of the open segment
+    since_start: [B] int64, the steps of each row's episode so far (saturating at the span the
+                 memory holds); slots older than its first step are hidden
+    kept:        the keys and values of the slots (Kept)
 
     Saved with torch.save and read back with torch.load(f, weights_only=True) inside
     torch.serialization.safe_globals([AgentMemory, Kept]).
@@ -67,240 +111,620 @@ class AgentMemory(NamedTuple):
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
-    usage: Optional[List[torch.Tensor]] = None
-    since_start: Optional[torch.Tensor] = None
-    kept: Optional[Kept] = None
+    usage: List[torch.Tensor]
+    filled: torch.Tensor
+    since_start: torch.Tensor
+    kept: Kept
 
     def reset(self, done: torch.Tensor) -> "AgentMemory":
-        """Forget everything the rows where done ([batch] bool) is true hold: the same as a start
-        at the next call's first step."""
-        return forget_rows(self, done)
+        """The rows where done ([B] bool) is true become empty, as a fresh memory's rows; the
+        others stay as they are. The same as a start at the next call's first step."""
+        check_done(self, done)
+
+        def forget(tensors, blanks=None):
+            blanks = blanks or [0] * len(tensors)
+            return [
+                torch.where(done.view(-1, *[1] * (t.dim() - 1)), b, t)
+                for t, b in zip(tensors, blanks)
+            ]
+
+        kept = self.kept
+        return AgentMemory(
+            forget(self.mem),
+            forget(self.c_mem),
+            forget(self.usage),
+            *forget([self.filled, self.since_start]),
+            kept._replace(
+                keys=forget(kept.keys, kept.blank_keys),
+                values=forget(kept.values, kept.blank_values),
+                c_mem_keys=forget(kept.c_mem_keys, kept.blank_keys),
+                c_mem_values=forget(kept.c_mem_values, kept.blank_values),
+            ),
+        )
+
+    def take(self, rows) -> "AgentMemory":
+        """The memory of the rows given: indices, a bool mask or a slice, as for a tensor's first
+        dimension (of a stacked memory: a tuple, (which memory, which row))."""
+        parts = rows if isinstance(rows, tuple) else (rows,)
+        on_cpu = tuple(r.cpu() if isinstance(r, torch.Tensor) else r for r in parts)
+        return map_tensors(self, lambda t: t[rows], lambda t: t[on_cpu])
+
+    @staticmethod
+    def join(memories) -> "AgentMemory":
+        """One memory of the rows of memories (a list), in order: their batches concatenated."""
+        return combine(memories, torch.cat)
+
+    @staticmethod
+    def stack(memories) -> "AgentMemory":
+        """The memories (a list, all of one batch size) along a new first dimension, as a
+        rollout buffer keeps them; stacked.take((n, rows)) gives rows of the n-th."""
+        return combine(memories, torch.stack)
 
     def without_kept(self) -> "AgentMemory":
-        """This memory without its kept keys, values and W_r R: the next call projects every slot
-        with the weights it has then. Call it after every change of the weights (an optimizer
-        step, a loaded checkpoint) and before another model (a target network) reads this
-        memory; reset() keeps the kept W_r R, and acting never replaces it."""
-        return self._replace(kept=None)
+        """This memory with its kept keys and values marked stale: the next call projects every
+        slot (a step that keeps nothing, to compare with; no weight change needs it)."""
+        return self._replace(kept=self.kept._replace(made_by=stale(self.kept.made_by)))
 
     def to(self, device=None, dtype=None) -> "AgentMemory":
-        """As Memory.to; since_start keeps its dtype, and the kept projections are dropped (as
-        by without_kept(): the next call projects every slot anew)."""
+        """This memory on another device, or with its states and keys in another floating dtype
+        (usage, filled, since_start and made_by keep theirs; made_by stays on the CPU). Keys in
+        another dtype are not what a projection in it gives: they are marked stale."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
-        moved = Memory(self.mem, self.c_mem, self.usage).to(device, dtype)
-        since_start = None if self.since_start is None else self.since_start.to(device)
-        return AgentMemory(*moved, since_start)
+
+        def move(t):
+            return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
+
+        moved = map_tensors(self, move, lambda t: t)
+        moved = moved._replace(usage=[u.to(device) for u in self.usage])  # float32 always
+        converted = dtype is not None and dtype != self.kept.keys[0].dtype
+        return moved.without_kept() if converted else moved
 
 
-# 2. Episodes: rows of a batch that forget their past ---------------------------------------------
-# Every shape stays as it is, so the batch still runs as one tensor program, without a host sync:
+def map_tensors(memory: AgentMemory, on_device, on_cpu) -> AgentMemory:
+    """The memory with on_device applied to each tensor, and on_cpu to made_by."""
+
+    def each(value):
+        return [on_device(t) for t in value] if isinstance(value, list) else on_device(value)
+
+    kept = Kept(*(each(v) for v in memory.kept[:-1]), on_cpu(memory.kept.made_by))
+    return AgentMemory(*(each(v) for v in memory[:-1]), kept)
+
+
+def combine(memories, how) -> AgentMemory:
+    """AgentMemory.join (how = torch.cat) and AgentMemory.stack (torch.stack)."""
+    if (
+        not isinstance(memories, (list, tuple))
+        or isinstance(memories, AgentMemory)
+        or not memories
+        or not all(isinstance(m, AgentMemory) for m in memories)
+    ):
+        got = type(memories).__name__
+        if isinstance(memories, (list, tuple)):
+            names = ", ".join(sorted({type(m).__name__ for m in memories}))
+            got += f" of {names}" if names else " (empty)"
+        raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
+    shapes = [[tuple(t.shape[1:]) for t in tensors_of(m)] for m in memories]
+    one_batch = len({m.filled.shape for m in memories}) == 1
+    if any(s != shapes[0] for s in shapes) or (how is torch.stack and not one_batch):
+        raise ValueError(
+            "memories to join or stack must come from models of one config (one layout of "
+            "slots), and to stack, of one batch size"
+        )
+    joined = [how(list(parts), dim=0) for parts in zip(*map(tensors_of, memories))]
+    return rebuild(memories[0], joined)
+
+
+def tensors_of(memory: AgentMemory) -> List[torch.Tensor]:
+    """Every tensor of a memory, in a fixed order (rebuild puts them back)."""
+    out = []
+    for value in (*memory[:-1], *memory.kept):
+        out.extend(value if isinstance(value, list) else [value])
+    return out
+
+
+def rebuild(like: AgentMemory, tensors: List[torch.Tensor]) -> AgentMemory:
+    it = iter(tensors)
+
+    def refill(value):
+        return [next(it) for _ in value] if isinstance(value, list) else next(it)
+
+    fields = [refill(v) for v in like[:-1]]
+    return AgentMemory(*fields, Kept(*(refill(v) for v in like.kept)))
+
+
+def stale(made_by: torch.Tensor) -> torch.Tensor:
+    """made_by with its weights' part no model's: the config's checksum stays."""
+    return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
+
+
+def memory_sizes(cfg: CompressiveConfig):
+    """(n_cm, n_mem, n_new): the slots of c_mem and mem, and the c_mem slots a segment's end
+    makes. A model that never compresses (n_m = 0 or n_cm = 0) holds no c_mem; Transformer-XL
+    (n_cm = 0) drops what it evicts, so its mem holds n_m steps."""
+    if cfg.mem_len == 0 or cfg.c_mem_len == 0:
+        return 0, cfg.mem_len, 0
+    c = cfg.compression_rate
+    return cfg.c_mem_len, cfg.mem_len - cfg.mem_len % c, cfg.seq_len // c
+
+
+def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
+    """A memory of batch_size rows whose slots hold zeros no step sees, stamped by model."""
+    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
+    weight = model.layers[0].attn.qkv.weight
+    device = weight.device if device is None else torch.device(device)
+    dtype = weight.dtype if dtype is None else dtype
+    n_slots = n_mem + cfg.seq_len - 1
+
+    def zeros(*shape, of=dtype):
+        return torch.zeros(batch_size, *shape, device=device, dtype=of)
+
+    blank_k, blank_v = zip(*blank_keys_values(model, device, dtype))
+
+    def blanks(which, n):
+        return [b.expand(batch_size, -1, n, -1).contiguous() for b in which]
+
+    tracks_usage = cfg.compression == "most_used" and n_cm > 0
+    return AgentMemory(
+        [zeros(n_slots, cfg.d_model) for _ in model.layers],
+        [zeros(n_cm, cfg.d_model) for _ in model.layers],
+        [zeros(n_slots, of=torch.float32) for _ in model.layers] if tracks_usage else [],
+        zeros(of=torch.long),
+        zeros(of=torch.long),
+        Kept(
+            blanks(blank_k, n_slots),
+            blanks(blank_v, n_slots),
+            blanks(blank_k, n_cm),
+            blanks(blank_v, n_cm),
+            blanks(blank_k, 1),
+            blanks(blank_v, 1),
+            stamp_of_rows(model, batch_size),
+        ),
+    )
+
+
+@torch.no_grad()
+def blank_keys_values(model, device, dtype):
+    """Per layer, the key and value [1, H, 1, d_head] of a zero vector (a slot no step sees)."""
+    zero = torch.zeros(1, 1, model.cfg.d_model, device=device, dtype=dtype)
+    return [layer.memory_keys_values(zero) for layer in model.layers]
+
+
+# 2. Where each step of a call stands --------------------------------------------------------------
+# A call lays each row's stream out as cat(mem, the call's T steps): n_mem + n_s - 1 + T places,
+# right-aligned, so the call's step t sits at place s = n_mem + n_s - 1 + t in every row whatever
+# its open segment holds. A row's frame is the stream as its latest episode lays it out: the
+# memory's own (its mem's oldest slot first after the unused ones), or from a start at step t0, a
+# fresh memory's, whose mem would end just before t0. In its frame a step has seen k segments end;
+# it sees
 #
-#     attention: step t of row b sees only the keys of its own episode (a mask per row)
-#     memory: before the FIFOs move, what precedes a row's latest start is zeroed, so nothing of
-#         it reaches mem, c_mem, f_c, f_c's loss or usage; since_start counts the steps of each
-#         row's episode, which tells later calls what they may see
+#     c_mem as k segment ends left it: the newest n_cm of [c_mem; the slots each end made]
+#     the stream from its mem's oldest place (the frame's origin + k n_s) up to itself
 #
-# A block of c that a start cuts holds f_c of the block with the earlier episode's memories
-# zeroed: the new episode's part alone. It stays visible to the new episode, so none of its first
-# steps is lost. Where the start falls on a block boundary, the blocks are those a fresh start
-# makes. (The reconstruction loss of the call that holds a start still counts the queries before
-# it, which belong to the old episode; from the next call on, a row's loss is its episode's own.)
-# The most_used f_c keeps memories chosen across the blocks it compresses, while a compressed
-# slot is seen as its block: where one call evicts blocks of both episodes, a new step it keeps
-# may be taken for the old episode's, and hidden.
+# less what precedes its episode's first step: a place j at distance s - j (the same in every
+# row, so compressive.py's relative shift serves), a c_mem slot of rank r (1: the newest) at the
+# distance of mem's oldest place plus r. The index tensors serve every layer.
 
 
-def key_positions(n_c_mem: int, n_mem: int, n_new: int, rate: int, device) -> torch.Tensor:
-    """The position of the newest step each key of [c_mem; mem; n_new new steps] holds, counted
-    from the first new step (position 0): [K], float. mem's k-th newest slot is at -k. c_mem's
-    k-th newest slot holds the c steps before the (k-1)-th's (the first: those before mem's
-    oldest), so its newest step is at -(n_mem + (k - 1) c + 1)."""
-    c_mem = -(n_mem + rate * torch.arange(n_c_mem - 1, -1, -1, device=device) + 1)
-    mem = -torch.arange(n_mem, 0, -1, device=device)
-    new = torch.arange(n_new, device=device)
-    return torch.cat([c_mem, mem, new]).float()
+class Close(NamedTuple):
+    """The i-th segment end of a call in each row (rows with fewer: the next end their frame
+    would reach, made False), and what it evicts."""
+
+    made: torch.Tensor  # [B] bool
+    rows: Optional[torch.Tensor]  # the rows that make it, where only those are computed; None: all
+    frame: torch.Tensor  # [B, T] bool: the call's steps in its frame, up to it (usage counts them)
+    oldest: torch.Tensor  # [B]: the first of the n_s places it evicts, mem's oldest then
+    evicted_seen: torch.Tensor  # [B, n_s] bool: those of the episode (the rest become zeros)
+    following_seen: torch.Tensor  # [B, 1] bool: the same of the mem place after them
+    positions: torch.Tensor  # [B, n_new]: the newest place of each block of c it compresses
 
 
-def episode_mask(begun: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """-inf where a key lies before the step where its query's episode began, else 0.
-    begun: [B, T], that position for each query; positions: [K], key_positions. Returns
-    [B, 1, T, K]."""
-    before = positions[None, None, :] < begun[:, :, None]  # [B, T, K]
-    mask = torch.zeros(before.shape, device=begun.device).masked_fill_(before, float("-inf"))
-    return mask[:, None]
+class Layout:
+    """The index tensors of one call: filled and since_start [B] from the memory, starts [B, T]
+    or None, T steps. read_back: find on the host which rows end a segment, and compute each
+    end for those rows alone (else for every row: no value is read back)."""
 
-
-class Episodes:
-    """Where the episode of each step of one call began, and what follows for its attention and
-    its memory. since_start: the memory's, or None; starts: [B, T] bool, or None (one of the two
-    is given)."""
-
-    def __init__(self, since_start, starts, n_c_mem: int, n_mem: int, cfg: CompressiveConfig, T):
-        given = since_start if since_start is not None else starts
-        B, device = given.size(0), given.device
-        self.sizes = (n_c_mem, n_mem, T)
-        # begun[b, t]: where step t's episode began; -since_start when before this call, -inf
-        # when no start was ever seen, else the latest start at or before t
-        if since_start is None:
-            begun = torch.full((B, T), float("-inf"), device=device)
-        else:
-            begun = (-since_start)[:, None].expand(B, T)
+    def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
+        n_cm, n_mem, n_new = memory_sizes(cfg)
+        n_s, c, B, device = cfg.seq_len, cfg.compression_rate, filled.size(0), filled.device
+        self.n_stream = n_mem + n_s - 1 + T
+        self.span = n_cm * c + n_mem + n_s  # the steps a memory can hold: since_start saturates
+        t = torch.arange(T, device=device)
+        unused = (n_s - 1 - filled)[:, None]  # [B, 1]: the places before the row's mem
+        s = n_mem + n_s - 1 + t  # [T]: each step's place
+        latest = torch.full((B, T), -1, device=device)  # the latest start at or before t
         if starts is not None:
-            steps = torch.arange(T, device=device, dtype=torch.float).expand(B, T)
-            latest = torch.where(starts, steps, float("-inf")).cummax(dim=1).values
-            begun = torch.maximum(begun, latest)
-        self.begun = begun  # [B, T]
-        self.positions = key_positions(n_c_mem, n_mem, T, cfg.compression_rate, device)  # [K]
-        self.mask = episode_mask(begun, self.positions)  # [B, 1, T, K]
-        self.since_start_after = T - begun[:, -1]  # [B]: the steps of each row's latest episode
+            latest = torch.where(starts, t, -1).cummax(dim=1).values
+        new = latest >= 0
+        # [B, T]: the place of the episode's first step (the memory's own: since_start back),
+        # and the frame's origin, its mem's oldest place
+        begun = torch.where(new, s - t + latest, n_mem + n_s - 1 - since_start[:, None])
+        origin = torch.where(new, n_s - 1 + latest, unused)
+        first = torch.maximum(begun, unused)  # the first place both in the stream and seen
+        into = s - origin - n_mem  # [B, T]: steps since the frame's first segment began
+        k = into // n_s  # segment ends in the frame before step t
+        closes = (into + 1) % n_s == 0  # step t ends a segment
+        ended = closes.long().cumsum(dim=1)  # segment ends of the call up to t, included
+        self.n_closes = (n_s - 1 + T) // n_s if n_new else 0  # at most, in any row
+        self.n_seen_closes = (n_s - 2 + T) // n_s if n_new else 0  # ... before a step
 
-    def forget(self, layer, h, mem, c_mem, usage, attended: Attended):
-        """Zero what precedes each row's latest start, in the layer's memory and its new inputs
-        h, before update_memory moves them. Returns h, mem, c_mem, usage and attended, as
-        update_memory takes them: usage keeps only what the latest episode's queries gave, and
-        the keys and values of a zeroed slot become those of a zero vector (f_c's loss reads
-        them, and so do the keys and values kept for acting)."""
-        keep = self.positions[None, :] >= self.begun[:, -1:]  # [B, K]: the latest episode's
-        keep_c_mem, keep_mem, keep_new = keep.split(self.sizes, dim=1)
-        h = torch.where(keep_new[..., None], h, 0)
-        mem = torch.where(keep_mem[..., None], mem, 0)
-        c_mem = torch.where(keep_c_mem[..., None], c_mem, 0)
-        weights = attended.weights
-        if usage is not None:
-            usage = torch.where(keep_mem, usage, 0)
-            weights = torch.where(keep_new[:, None, :, None], weights, 0)  # queries' rows
-        blank_k, blank_v = layer.memory_keys_values(h.new_zeros(1, 1, h.size(-1)))
-        keep = keep[:, None, :, None]  # [B, 1, K, 1]
-        keys = torch.where(keep, attended.keys, blank_k)
-        values = torch.where(keep, attended.values, blank_v)
-        # a new Attended rather than _replace: torch.compile before 2.11 cannot trace _replace
-        attended = Attended(attended.out, weights, attended.content_queries, keys, values)
-        return h, mem, c_mem, usage, attended
+        # each segment end: the places it evicts, and its c_mem slots' (their newest step's)
+        self.closes = []
+        for i in range(1, self.n_closes + 1):
+            nth = closes & (ended == i)
+            made = nth.any(dim=1)
+            rows = made.nonzero()[:, 0] if read_back else None
+            if read_back and len(rows) == 0:  # no row ends a segment i times in this call
+                self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
+                break
+            step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
+            frame_origin, at, seen_from = origin.gather(1, step), s[step], first.gather(1, step)
+            oldest = frame_origin + k.gather(1, step) * n_s  # mem's oldest at that end
+            evicted = oldest + torch.arange(n_s, device=device)
+            following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
+            self.closes.append(
+                Close(
+                    made,
+                    rows,
+                    (origin == frame_origin) & (t <= step),
+                    oldest[:, 0],
+                    (evicted >= seen_from) & (evicted <= at),
+                    (following >= seen_from) & (following <= at),
+                    oldest + (torch.arange(n_new, device=device) + 1) * c - 1,
+                )
+            )
+        # the memory's c_mem slots: the newest step of each block, before its mem's oldest
+        c_mem_positions = unused - (torch.arange(n_cm - 1, -1, -1, device=device) * c + 1)
+        union = [c_mem_positions] + [close.positions for close in self.closes]
+        self.union_positions = torch.cat(union, dim=1)  # [B, n_cm + n_closes n_new]
 
+        # what each step sees: [c_mem; the slots of the segment ends before it; the stream]
+        self.n_union = n_cm + self.n_seen_closes * n_new
+        u = torch.arange(self.n_union, device=device)
+        rank = n_cm + (ended - closes.long())[..., None] * n_new - u  # [B, T, n_union]: 1 newest
+        mem_oldest = (origin + k * n_s)[..., None]  # [B, T, 1]
+        union_seen = (rank >= 1) & (rank <= n_cm)
+        union_seen &= self.union_positions[:, None, : self.n_union] >= begun[..., None]
+        place = torch.arange(self.n_stream, device=device)
+        stream_seen = (place >= mem_oldest) & (place <= s[:, None]) & (place >= first[..., None])
+        seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
+        self.mask = torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
+        self.mask = self.mask[:, None]  # [B, 1, T, K]
+        self.max_distance = n_mem + n_s - 1 + max(T, n_cm)
+        # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
+        union_distance = s[:, None] - mem_oldest + rank
+        self.union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
+        if cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
+            self.in_mem = (place >= mem_oldest) & (place < mem_oldest + n_mem)  # [B, T, n_stream]
 
-def forget_rows(memory: AgentMemory, done: torch.Tensor) -> AgentMemory:
-    """AgentMemory.reset: forget all that the rows where done is true hold, and leave the others
-    exactly as they are. On the first call there is no memory to reset: give that call starts
-    instead (or reset model.empty_memory(batch))."""
-    check_done(memory, done)
-
-    def forget(t, blank=0):
-        return torch.where(done.view(-1, *[1] * (t.dim() - 1)), blank, t)
-
-    # a row that never saw a start has seen its episode since ever: inf
-    since_start = memory.since_start if memory.since_start is not None else math.inf
-    since_start = torch.where(done, 0.0, since_start)
-    usage = None if memory.usage is None else [forget(u) for u in memory.usage]
-    mem, c_mem = [forget(t) for t in memory.mem], [forget(t) for t in memory.c_mem]
-    kept = memory.kept
-    if kept is not None:  # a zeroed slot's keys and values are those of a zero vector
-        keys = [forget(k, blank) for k, blank in zip(kept.keys, kept.blank_keys)]
-        values = [forget(v, blank) for v, blank in zip(kept.values, kept.blank_values)]
-        kept = Kept(keys, values, kept.blank_keys, kept.blank_values, kept.position_keys)
-    return AgentMemory(mem, c_mem, usage, since_start, kept)
-
-
-# 3. Acting one step at a time: keys, values and W_r R kept ---------------------------------------
-# An agent acts, and generate samples, one step per call: T = 1. Each such call would project the
-# keys and values of all n_cm + n_m memory slots of every layer again, though only one slot is
-# new. With relative attention a slot's key and value do not depend on where it sits (positions
-# enter through W_r R alone), so they can be kept as the slot is. In eval mode without gradient
-# (acting, not training) the memory carries them, and a call projects only its own steps and
-# the compressed memories it has just made. They belong to the memory as its hidden states do:
-# made once, by the weights of the call that made them.
-
-
-def acting(model) -> bool:
-    """Eval mode without gradient, outside torch.compile: where keys and values are kept."""
-    return not (model.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
-
-
-def usable_kept(memory: AgentMemory, x: torch.Tensor) -> Optional[Kept]:
-    """The memory's kept projections, where they fit these slots and the dtype a projection
-    would give now (autocast's, else x's); None where they do not, and the call projects anew."""
-    kept = memory.kept
-    if kept is None:
-        return None
-    dtype = torch.get_autocast_dtype(x.device.type) if autocasting(x.device) else x.dtype
-    n_slots = memory.mem[0].size(1) + (memory.c_mem[0].size(1) if memory.c_mem else 0)
-    for keys in kept.keys:
-        if (
-            keys.dtype != dtype
-            or keys.device != x.device
-            or keys.shape[0::2] != (x.size(0), n_slots)
-        ):
-            return None
-    return kept
+        # the memory handed on: the frame of the call's last step, after its last segment end.
+        # Its mem is the stream's newest n_mem + n_s - 1 places, seen from mem's oldest place
+        # and the episode's first step on
+        end_begun = begun[:, -1:]
+        self.end_frame = origin == origin[:, -1:]  # [B, T]
+        mem_oldest = origin[:, -1:] + (k[:, -1:] + closes[:, -1:].long()) * n_s  # [B, 1]
+        self.mem_seen = place[T:] >= torch.maximum(mem_oldest, end_begun)  # [B, n_mem + n_s - 1]
+        self.filled = (s[-1] + 1 - mem_oldest - n_mem)[:, 0]  # [B]
+        # nothing hidden anew and nothing moved (known where read back): no slot to zero
+        self.unmoved = read_back and not (closes.any() or (starts is not None and starts.any()))
+        self.c_mem_first = ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
+        c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=device)
+        self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
+        self.since_start = (s[-1] + 1 - end_begun[:, 0]).clamp(max=self.span)
 
 
-def position_projections(model, K: int, x: torch.Tensor, kept: Optional[Kept]):
-    """W_r R of every layer for the distances n - 1, ..., 1, 0, n >= K + 1: [H, n, d_head] each.
-    Acting, made once for the distances up to n_m + n_cm + 1 and kept (for_distances slices
-    what a call needs); else made for K + 1."""
-    if kept is not None and kept.position_keys[0].size(1) >= K + 1:
-        return kept.position_keys
-    n = max(K + 1, model.cfg.mem_len + model.cfg.c_mem_len + 2) if acting(model) else K + 1
-    R = sinusoid_positions(n, model.cfg.d_model, x.device).to(x.dtype)
-    return [layer.attn.project_positions(R) for layer in model.layers]
-
-
-def for_distances(position_keys, K: int):
-    """The distances K, ..., 1, 0 of W_r R made for more: [H, K+1, d_head] each."""
-    return [r[:, r.size(1) - K - 1 :] for r in position_keys]
-
-
-def keys_values_after_update(layer, attended: Attended, n_c_mem: int, mem, c_mem):
-    """The keys and values [B, H, M', d_head] of the updated [c_mem; mem], from those the
-    attention has just used ([c_mem; mem; segment], the segment's projected as its keys): only
-    the compressed memories made in this call are projected."""
-    K = attended.keys.size(2)
-    n_new_c_mem, n_new_mem = c_mem.size(1), mem.size(1)
-    n_left = K - n_c_mem - n_new_mem  # the slots of [mem; segment] evicted from mem
-    n_made = n_left // layer.cfg.compression_rate if layer.compress is not None else 0
-    n_made = min(n_made, n_new_c_mem)  # the newest slots of c_mem
-    n_kept = n_new_c_mem - n_made  # the old c_mem slots still held
-    if n_made == 0 and (n_kept == 0 or n_left == 0):
-        # nothing new in c_mem, and the old slots kept border mem's: the new [c_mem; mem] is
-        # one range at the end of the attention's keys, a view without a copy
-        start = K - n_new_mem - n_kept
-        return attended.keys[:, :, start:], attended.values[:, :, start:]
-    made_k, made_v = layer.memory_keys_values(c_mem[:, n_kept:])  # [B, H, n_made, d_head]
-    old_slots = slice(n_c_mem - n_kept, n_c_mem)
-    mem_slots = slice(K - n_new_mem, K)  # mem is the newest n_new_mem of [mem; segment]
-    keys = [attended.keys[:, :, old_slots], made_k, attended.keys[:, :, mem_slots]]
-    values = [attended.values[:, :, old_slots], made_v, attended.values[:, :, mem_slots]]
-    return torch.cat(keys, dim=2), torch.cat(values, dim=2)  # [B, H, M', d_head] each
-
-
-def make_kept(keys_values, blanks, position_keys, previous: Optional[Kept]) -> Kept:
-    """The Kept of a new memory: keys_values [(keys, values)] per layer; blanks() gives the
-    [(key, value)] of a zero vector per layer, made once per episode of acting."""
-    if previous is not None:
-        blank_keys, blank_values = previous.blank_keys, previous.blank_values
+def window(values, first, seen, blank=0, rows=None):
+    """The m = seen.size(1) slots of values [B, n] (usage), [B, n, d] (states) or [B, H, n,
+    d_head] (keys) from slot first [B] on, each row its own; blank where not seen ([B, m] bool;
+    blank None: every slot as it is). rows: only these rows (first and seen are all rows').
+    A row's window is a contiguous copy: unfold, then one index per row."""
+    m, dim = seen.size(1), 2 if values.dim() == 4 else 1
+    if rows is None:
+        rows = torch.arange(len(values), device=values.device)
     else:
-        blank_keys, blank_values = zip(*blanks())
-    keys, values = zip(*keys_values)
-    return Kept(list(keys), list(values), list(blank_keys), list(blank_values), position_keys)
+        first, seen = first[rows], seen[rows]
+    first = first.clamp(0, values.size(dim) - m)
+    windows = values.unfold(dim, m, 1)  # [B, (H,) n - m + 1, (d,) m]
+    if values.dim() == 4:
+        taken, seen = windows[rows, :, first].transpose(-1, -2), seen[:, None, :, None]
+    elif values.dim() == 3:
+        taken, seen = windows[rows, first].transpose(-1, -2), seen[..., None]
+    else:
+        taken = windows[rows, first]
+    return torch.where(seen, taken, blank) if blank is not None else taken
 
 
-# 4. The models ----------------------------------------------------------------------------------
+def scattered(rows, values, batch_size: int):
+    """values of the rows given, as a batch of batch_size rows (zeros elsewhere)."""
+    if rows is None:
+        return values
+    return values.new_zeros(batch_size, *values.shape[1:]).index_copy(0, rows, values)
+
+
+def newest(values, seen, blank=0):
+    """The newest m = seen.size(1) slots of values [B, n] / [B, n, d], blank where not seen
+    ([B, m] bool)."""
+    seen = seen if values.dim() == 2 else seen[..., None]
+    return torch.where(seen, values[:, -seen.size(1) :], blank)
+
+
+# 3. One layer over a call -------------------------------------------------------------------------
+# compressive.py's layer over each row's stream: the attention's four score terms over what each
+# step sees (the position term of the stream by compressive.py's relative shift, of a c_mem slot
+# read at its own distance), the feed-forward, then for each segment end the FIFOs as
+# CompressiveLayer.update_memory moves them at the end of an n_s-step call: f_c of the n_s
+# evicted steps, its reconstruction loss, and the slots that stay. The keys kept for a slot no
+# step sees (unused, or before its row's episode) are left as they are: they are never read.
+
+
+def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
+    """The attention the stream's places first [B] to first + m received while in mem, up to a
+    segment end (the most_used f_c's ranking): what the memory had counted, plus what the call's
+    steps ([B, T] bool: those of the same frame up to it) gave them. weights: [B, H, T, K]."""
+    stream = weights[..., -layout.n_stream :].detach().sum(dim=1)  # [B, T, n_stream]
+    received = (stream * (layout.in_mem & steps[..., None])).sum(dim=1)  # [B, n_stream]
+    counted = F.pad(stored, (0, received.size(1) - stored.size(1)))
+    return window(counted + received, first, seen)
+
+
+def layer_over_call(
+    layer: CompressiveLayer, h, memory: AgentMemory, i: int, usable: bool, keeps: bool, layout, R
+):
+    """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], this layer's fields of
+    the memory handed on (mem, c_mem, usage, keys, values, c_mem_keys, c_mem_values), the key and
+    value of a zero vector, and f_c's loss. usable: the memory's kept keys are this layer's;
+    keeps: hand on the keys of the new memory (else the old ones, which the caller marks
+    stale, and no blank)."""
+    attn, cfg = layer.attn, layer.cfg
+    n_cm, n_mem, n_new = memory_sizes(cfg)
+    B, T, d = h.shape
+    H, d_head = attn.n_heads, attn.d_head
+    scale = d_head**-0.5
+    kept, mem, c_mem = memory.kept, memory.mem[i], memory.c_mem[i]
+
+    # the queries, keys and values of the call's steps; the memory's keys, kept or projected
+    z = layer.attn_norm(h) if layer.pre_norm else h
+    q, k, v = attn.qkv(z).chunk(3, dim=-1)
+    q = attn.split_heads(q * scale)  # [B, H, T, d_head]
+    k, v = attn.split_heads(k), attn.split_heads(v)
+    if usable:
+        c_keys, c_values = kept.c_mem_keys[i], kept.c_mem_values[i]
+        mem_keys, mem_values = kept.keys[i], kept.values[i]
+        blank = kept.blank_keys[i], kept.blank_values[i]
+    else:  # one projection of [c_mem; mem]
+        kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
+        (c_keys, mem_keys), (c_values, mem_values) = (t.split([n_cm, mem.size(1)], 2) for t in kv)
+        blank = blank_of(layer, h) if keeps else None
+    stream = torch.cat([mem, h.detach()], dim=1)  # [B, n_stream, d], stored without gradient
+
+    # the scores' position terms (b) + (d), for [c_mem; new c_mem slots; stream]: the stream's by
+    # compressive.py's shift (a view), a c_mem slot's read at its own distance
+    content_q = q + attn.content_bias * scale  # (q + u) / sqrt(d_head)
+    position_q = (q + attn.position_bias * scale).transpose(0, 1).reshape(H, B * T, d_head)
+    r = attn.project_positions(R)  # W_r R: [H, max_distance + 1, d_head]
+    by_distance = torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1)
+    # the shift over all distances leaves the stream's keys last: [B, H, T, n_stream]
+    stream_position = relative_shift(by_distance)[..., -layout.n_stream :].transpose(0, 1)
+    rows = layout.union_row.expand(B, H, T, -1)
+    union_position = by_distance.transpose(0, 1).gather(-1, rows)  # [B, H, T, n_union]
+    position = torch.cat([union_position, stream_position], dim=-1).add_(layout.mask)
+
+    def attention(made_keys, made_values):
+        """The weights [B, H, T, K'] over [c_mem; the new slots made so far; stream], and the
+        keys and values they weigh (of the ends a step can follow)."""
+        n_seen = min(len(made_keys), layout.n_seen_closes)
+        keys = torch.cat([c_keys, *made_keys[:n_seen], mem_keys, k], dim=2)
+        values = torch.cat([c_values, *made_values[:n_seen], mem_values, v], dim=2)
+        n_union, p = n_cm + n_seen * n_new, position  # (b) + (d), and the mask
+        if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
+            p = torch.cat([p[..., :n_union], p[..., layout.n_union :]], dim=-1)
+        logits = torch.matmul(content_q, keys.transpose(-1, -2)).add_(p)  # (a) + (c) + ...
+        weights = logits.float().softmax(dim=-1).to(values.dtype)
+        if layer.training and attn.dropout > 0:
+            weights = F.dropout(weights, attn.dropout)
+        return weights, keys, values
+
+    # each segment end: evict n_s steps and compress them, for the rows that make it where only
+    # those are computed. The most_used f_c ranks the evicted steps by the attention they
+    # received, so it needs the attention of the steps before the end
+    tracks_usage = bool(memory.usage)
+    made, made_keys, made_values, compressing = [], [], [], []
+    for close in layout.closes:
+        rows = close.rows
+        evicted = window(stream, close.oldest, close.evicted_seen, rows=rows)  # [B, n_s, d]
+        following = window(stream, close.oldest + cfg.seq_len, close.following_seen, rows=rows)
+        usage = None
+        if tracks_usage:
+            weights, _, _ = attention(made_keys, made_values)
+            seen = close.evicted_seen
+            usage = usage_at(layout, memory.usage[i], weights, close.frame, close.oldest, seen)
+            usage = usage if rows is None else usage[rows]
+        compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
+        compressing.append((close, evicted, compressed))
+        # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
+        new_k, new_v = layer.memory_keys_values(compressed.detach())  # [B, H, n_new, d_head]
+        made.append(scattered(rows, compressed.detach(), B))
+        made_keys.append(scattered(rows, new_k, B))
+        made_values.append(scattered(rows, new_v, B))
+
+    # the attention, then the feed-forward
+    weights, keys, values = attention(made_keys, made_values)
+    out = torch.matmul(weights, values)  # [B, H, T, d_head]
+    out = attn.out(out.transpose(1, 2).reshape(B, T, H * d_head))  # [B, T, d]
+    out = layer.residual_and_feed_forward(h, out)
+
+    # f_c's loss for each segment end, weighted by the share of rows it is in: the attention of
+    # the call's steps over the evicted steps' keys (a zeroed step's: a zero vector's), and over
+    # their compression's
+    recon_loss = h.new_zeros(())
+    for close, evicted, compressed in compressing if layer.reconstructs else ():
+        rows = close.rows
+        with torch.no_grad():
+            old_k, old_v = layer.memory_keys_values(evicted)
+        queries = content_q if rows is None else content_q[rows]
+        attended = Attended(None, None, queries, old_k, old_v)
+        loss = layer.reconstruction_loss(evicted, compressed, attended, 0)
+        share = close.made.float().mean() if rows is None else len(rows) / B
+        recon_loss = recon_loss + share * loss
+
+    # the memory handed on: the stream's newest slots, and c_mem as the last segment end left it
+    usage = None
+    if tracks_usage:
+        first = torch.full((B,), T, device=h.device)
+        usage = usage_at(layout, memory.usage[i], weights, layout.end_frame, first, layout.mem_seen)
+
+    def c_mem_of(old, new, blank):
+        if not new:  # no segment ended: c_mem stays, less what a start hid
+            if blank is None or layout.unmoved:
+                return old
+            return torch.where(layout.c_mem_seen[..., None], old, blank)
+        union = torch.cat([old, *new], dim=-2)
+        return window(union, layout.c_mem_first, layout.c_mem_seen, blank)
+
+    n_slots = layout.mem_seen.size(1)
+    fields = [
+        stream[:, -n_slots:] if layout.unmoved else newest(stream, layout.mem_seen),
+        c_mem_of(c_mem, made, 0),
+        usage,
+    ]
+    if keeps:
+        fields += [
+            keys[:, :, -n_slots:],
+            values[:, :, -n_slots:],
+            c_mem_of(c_keys, made_keys, None),
+            c_mem_of(c_values, made_values, None),
+        ]
+    else:
+        fields += [kept.keys[i], kept.values[i], kept.c_mem_keys[i], kept.c_mem_values[i]]
+        blank = kept.blank_keys[i], kept.blank_values[i]
+    return out, [f if f is None else f.detach() for f in fields], blank, recon_loss
+
+
+def blank_of(layer, h):
+    """The layer's key and value [1, H, 1, d_head] of a zero vector, by the weights of now."""
+    with torch.no_grad():
+        return layer.memory_keys_values(h.new_zeros(1, 1, h.size(-1)))
+
+
+# 4. Kept keys that cannot go stale ----------------------------------------------------------------
+# A kept key is W_k of a slot, made once; W_k changes in place (an optimizer step, a loaded state
+# dict), or another model (a target network) reads the memory. Every in-place change of a tensor
+# bumps its version counter, which autograd reads to refuse a tensor changed since it was saved
+# (torch.autograd.graph.increment_version is the public way to bump it; tensor._version reads it,
+# and no public API sees every in-place change: an optimizer's hooks miss load_state_dict and a
+# change by hand). The kept keys record the id and the version of each weight they depend on, and
+# the model's identity: a call whose weights are not those projects every slot anew. Two changes
+# escape the counter: a write through .data, and the fused optimizers (fused=True) of this torch;
+# after those call memory.without_kept() or bump the counters with increment_version.
+
+
+def stamp(model) -> List[int]:
+    """The config's checksum, the model's identity, and each key weight's id and version."""
+    cfg = model.cfg
+    layout = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.seq_len, cfg.mem_len, cfg.c_mem_len)
+    config = (*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)
+    made_by = [zlib.crc32(repr(config).encode()), model.identity]
+    for layer in model.layers:
+        weights = [layer.attn.qkv.weight]
+        if layer.pre_norm:
+            weights += [layer.attn_norm.weight, layer.attn_norm.bias]
+        made_by += [x for w in weights for x in (id(w), w._version)]
+    return made_by
+
+
+@torch.compiler.disable
+def stamp_of_rows(model, batch_size: int) -> torch.Tensor:
+    """made_by for keys made now: [batch_size, 2 + 2 w] int64 on the CPU."""
+    return torch.tensor(stamp(model)).expand(batch_size, -1).contiguous()
+
+
+@torch.compiler.disable
+def kept_usable(model, memory: AgentMemory) -> bool:
+    """Whether the memory's kept keys are this model's of now; a memory made under another config
+    is refused. Outside torch.compile's graph: it reads host integers only."""
+    now = torch.tensor(stamp(model))
+    made_by = memory.kept.made_by
+    if made_by.shape[1:] != now.shape or not made_by[:, 0].eq(now[0]).all():
+        raise ValueError(
+            "memory was made by a model of another config (layers, sizes, compression or "
+            "pre_norm differ): give it a memory of its own, model.empty_memory(batch)"
+        )
+    return torch.equal(made_by, now.expand_as(made_by))
+
+
+# 5. The models ----------------------------------------------------------------------------------
+
+
+def hidden_states(model, x, memory=None, starts=None):
+    """The layers over a call of T steps of each row's stream (any T): x [B, T, d_model], the
+    memory the previous call returned (or None: an empty one), starts None or [B, T] bool.
+    Returns the outputs [B, T, d_model], the new AgentMemory and f_c's loss, summed over the
+    layers."""
+    check_inputs(model, x)
+    B, T, _ = x.shape
+    memory = model.empty_memory(B, x.device, x.dtype) if memory is None else memory
+    check_agent_memory(model, memory, B, x)
+    check_starts(starts, B, T, x.device)
+    # acting (no gradient) reads and hands on the keys kept; a training call projects every
+    # slot, and its keys would go stale at the next optimizer step: it hands on none
+    keeps = not torch.is_grad_enabled()
+    usable = kept_usable(model, memory) and keeps
+    usable = usable and memory.kept.keys[0].dtype == projection_dtype(x)
+
+    # acting (no gradient, outside torch.compile): read back which rows end a segment, so
+    # that f_c runs for those rows alone, once per segment (an actor reads its step's action
+    # back anyway); a training call and a compiled step read nothing back
+    read_back = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+    read_back = read_back and x.device.type != "meta"
+    layout = Layout(model.cfg, memory.filled, memory.since_start, starts, T, read_back)
+    R = sinusoid_positions(layout.max_distance + 1, model.cfg.d_model, x.device).to(x.dtype)
+    h, recon_loss = x, x.new_zeros(())
+    fields = [[] for _ in range(9)]  # mem, c_mem, usage, keys, values, c_mem's, the blanks'
+    for i, layer in enumerate(model.layers):
+        h, layer_fields, blank, layer_loss = layer_over_call(
+            layer, h, memory, i, usable, keeps, layout, R
+        )
+        for field, value in zip(fields, (*layer_fields, *blank)):
+            field.append(value)
+        recon_loss = recon_loss + layer_loss
+    mem, c_mem, usage, keys, values, c_keys, c_values, blank_k, blank_v = fields
+    made_by = memory.kept.made_by
+    if not keeps:  # the old keys, marked stale
+        made_by = stale(made_by)
+    elif not usable:  # made now, by the weights of now
+        made_by = stamp_of_rows(model, B)
+        blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
+        blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
+    kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
+    usage = usage if memory.usage else []
+    new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
+    return model.out_norm(h), new_memory, recon_loss
+
+
+def projection_dtype(x):
+    """The dtype a projection of x gives: autocast's, else x's."""
+    return torch.get_autocast_dtype(x.device.type) if autocasting(x.device) else x.dtype
 
 
 class AgentTransformer(CompressiveTransformer):
-    """compressive.CompressiveTransformer with episodes and acting:
+    """compressive.CompressiveTransformer over each row's stream, with episodes and acting:
 
         logits, memory, recon_loss = model(tokens, memory, starts=None)
         h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
 
-    memory: an AgentMemory (or a compressive.Memory, or None); starts: None or [B, T] bool, true
-    at the first step of a new episode. Without starts, resets and acting, it computes exactly
-    what CompressiveTransformer computes. model.reach(T) says how far back a call of T steps
-    sees.
+    memory: an AgentMemory (None: model.empty_memory(B)); starts: None or [B, T] bool, true at
+    the first step of a new episode. Fed in calls of n_s tokens, without starts and resets, it
+    computes what CompressiveTransformer computes (its f_c's loss aside while blank slots are
+    evicted); fed in calls of any other length, what those calls of n_s compute.
     """
 
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__(cfg)
+        check_agent_config(cfg)
+        self.identity = secrets.randbits(62)  # tells this model's kept keys from another's
+
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
-        return AgentMemory(*CompressiveTransformer.empty_memory(self, batch_size, device, dtype))
+        return empty_memory(self, batch_size, device, dtype)
 
     def forward(self, tokens, memory=None, starts=None):
         check_tokens(self, tokens)
@@ -308,75 +732,7 @@ class AgentTransformer(CompressiveTransformer):
         h, memory, recon_loss = self.hidden_states(x, memory, starts)
         return self.head(h), memory, recon_loss
 
-    def blank_keys_values(self):
-        """Per layer, the key and value [1, H, 1, d_head] of a zeroed slot."""
-        zero = self.layers[0].attn.qkv.weight.new_zeros(1, 1, self.cfg.d_model)
-        return [layer.memory_keys_values(zero) for layer in self.layers]
-
-    def hidden_states(self, x, memory=None, starts=None):
-        """compressive.CompressiveTransformer.hidden_states, step for step, with each row's
-        episodes (a mask, then forgetting before the FIFOs move) and, acting, the kept keys,
-        values and W_r R. Returns the outputs [B, T, d_model], the new AgentMemory and
-        recon_loss."""
-        check_inputs(self, x)
-        B, T, _ = x.shape
-        h = x  # h^(1)
-        memory = self.empty_memory(B, h.device, h.dtype) if memory is None else memory
-        memory = check_agent_memory(self, memory, B, h)
-        check_starts(starts, B, T, h.device)
-        usage = [None] * self.cfg.n_layers  # attention per mem slot, for the most_used f_c only
-        if self.cfg.compression == "most_used" and memory.usage is not None:
-            usage = list(memory.usage)  # a list of our own: the caller's memory stays as it was
-        elif self.cfg.compression == "most_used":
-            usage = [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
-
-        n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
-        M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
-        is_acting = acting(self)
-        kept = usable_kept(memory, h) if is_acting else None
-        position_keys = position_projections(self, K, h, kept)
-        r = for_distances(position_keys, K)  # W_r R of every layer for the distances K, ..., 0
-        attn_mask = None  # one step sees every key: nothing lies in its future
-        if T > 1:
-            attn_mask = torch.full((T, K), float("-inf"), device=h.device).triu_(M + 1)
-        episodes = None
-        if starts is not None or memory.since_start is not None:
-            episodes = Episodes(memory.since_start, starts, n_c_mem, n_mem, self.cfg, T)
-            # [B, 1, T, K]: each step sees its episode
-            attn_mask = episodes.mask if attn_mask is None else attn_mask + episodes.mask
-
-        new_mem, new_c_mem, new_usage, new_kv = [], [], [], []
-        recon_loss = h.new_zeros(())
-        for i, layer in enumerate(self.layers):
-            mem, c_mem = memory.mem[i], memory.c_mem[i]
-            if kept is None:
-                memory_kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
-            else:  # acting: the keys and values the memory kept
-                memory_kv = kept.keys[i], kept.values[i]
-            out, attended = layer(h, memory_kv, r[i], attn_mask)
-            inputs = h
-            if starts is not None:  # a row's memory keeps only its latest episode
-                inputs, mem, c_mem, usage[i], attended = episodes.forget(
-                    layer, h, mem, c_mem, usage[i], attended
-                )
-            mem, c_mem, layer_usage, layer_recon_loss = layer.update_memory(
-                inputs, mem, c_mem, usage[i], attended
-            )
-            if is_acting:  # keep the keys and values of the new memory
-                new_kv.append(keys_values_after_update(layer, attended, n_c_mem, mem, c_mem))
-            new_mem.append(mem)
-            new_c_mem.append(c_mem)
-            new_usage.append(layer_usage)
-            recon_loss = recon_loss + layer_recon_loss
-            h = out  # h^(i+1)
-        memory = AgentMemory(
-            new_mem,
-            new_c_mem,
-            new_usage if self.cfg.compression == "most_used" else None,
-            None if episodes is None else episodes.since_start_after,
-            make_kept(new_kv, self.blank_keys_values, position_keys, kept) if is_acting else None,
-        )
-        return self.out_norm(h), memory, recon_loss
+    hidden_states = hidden_states
 
 
 class AgentCore(nn.Module):
@@ -387,30 +743,37 @@ class AgentCore(nn.Module):
     call that compresses nothing).
 
         h, memory, recon_loss = core(x, memory, starts=None)
-
-    It is no language model (no forward over tokens, no generate); its methods are
-    AgentTransformer's, which read only cfg, layers and out_norm.
     """
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         if not isinstance(cfg, CompressiveConfig):
             raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        check_agent_config(cfg)
         self.cfg = cfg  # vocab_size is unused
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.apply(CompressiveTransformer.init_weights)
+        self.identity = secrets.randbits(62)
 
     empty_memory = AgentTransformer.empty_memory
-    blank_keys_values = AgentTransformer.blank_keys_values
-    hidden_states = AgentTransformer.hidden_states
+    hidden_states = hidden_states
     reach = CompressiveTransformer.reach
 
     def forward(self, x, memory=None, starts=None):
         return self.hidden_states(x, memory, starts)
 
 
-# 5. The checks ----------------------------------------------------------------------------------
+# 6. The checks ----------------------------------------------------------------------------------
+
+
+def check_agent_config(cfg: CompressiveConfig) -> None:
+    compresses = cfg.mem_len > 0 and cfg.c_mem_len > 0
+    if compresses and cfg.seq_len % cfg.compression_rate:
+        raise ValueError(
+            f"an agent's memory evicts a whole segment at its end: seq_len ({cfg.seq_len}) must "
+            f"be a multiple of compression_rate ({cfg.compression_rate})"
+        )
 
 
 def described(value) -> str:
@@ -420,43 +783,57 @@ def described(value) -> str:
     return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
 
 
-def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> AgentMemory:
-    """compressive's checks of the memory, then those of what an AgentMemory adds; a
-    compressive.Memory becomes an AgentMemory."""
-    memory = as_agent_memory(memory)
-    check_memory(model, Memory(memory.mem, memory.c_mem, memory.usage), batch_size, x)
-    check_episodes_and_kept(memory, batch_size, x.device)
-    return memory
-
-
-def as_agent_memory(memory) -> AgentMemory:
-    if isinstance(memory, Memory):
-        return AgentMemory(*memory)
-    if not isinstance(memory, AgentMemory):
+def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
+    """Every tensor of the memory has the shape, device and dtype this model's memory has."""
+    if not isinstance(memory, AgentMemory) or not isinstance(memory.kept, Kept):
         raise TypeError(
-            f"memory must be an AgentMemory returned by the model or None, got "
-            f"{type(memory).__name__}"
+            f"memory must be an AgentMemory made by the model (model.empty_memory(batch) or a "
+            f"call's), or None; got {type(memory).__name__}"
         )
-    return memory
-
-
-def check_episodes_and_kept(memory: AgentMemory, batch_size: int, device) -> None:
-    since = memory.since_start
-    if since is not None and not (
-        isinstance(since, torch.Tensor)
-        and since.device == device
-        and since.shape == (batch_size,)
-        and since.is_floating_point()
-    ):
-        raise ValueError(
-            f"memory.since_start must be None or a float tensor [{batch_size}] on {device}, as "
-            f"AgentMemory.reset and starts make it"
+    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
+    L, H, d, n_slots = cfg.n_layers, cfg.n_heads, cfg.d_model, n_mem + cfg.seq_len - 1
+    tracks_usage = cfg.compression == "most_used" and n_cm > 0
+    expected = {
+        "mem": [(batch_size, n_slots, d)] * L,
+        "c_mem": [(batch_size, n_cm, d)] * L,
+        "usage": [(batch_size, n_slots)] * L if tracks_usage else [],
+        "filled": (batch_size,),
+        "since_start": (batch_size,),
+        "kept.keys": [(batch_size, H, n_slots, d // H)] * L,
+        "kept.values": [(batch_size, H, n_slots, d // H)] * L,
+        "kept.c_mem_keys": [(batch_size, H, n_cm, d // H)] * L,
+        "kept.c_mem_values": [(batch_size, H, n_cm, d // H)] * L,
+        "kept.blank_keys": [(batch_size, H, 1, d // H)] * L,
+        "kept.blank_values": [(batch_size, H, 1, d // H)] * L,
+    }
+    for name, shapes in expected.items():
+        value = memory.kept if name.startswith("kept.") else memory
+        value = getattr(value, name.removeprefix("kept."))
+        tensors = value if isinstance(value, list) else [value]
+        shapes = shapes if isinstance(shapes, list) else [shapes]
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise TypeError(f"memory.{name} must hold tensors, got {value!r:.60}")
+        got = [tuple(t.shape) for t in tensors]
+        if got != shapes or any(t.device != x.device for t in tensors):  # one per layer
+            raise ValueError(
+                f"memory.{name} must be {shapes[0] if shapes else 'empty'} on {x.device} (this "
+                f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
+                f"{tensors[0].device if tensors else x.device}"
+            )
+    for name in ("filled", "since_start"):
+        if getattr(memory, name).dtype != torch.long:
+            raise TypeError(f"memory.{name} must be int64, as the model makes it")
+    states = memory.mem + memory.c_mem
+    if any(t.dtype != x.dtype for t in states) and not autocasting(x.device):
+        raise TypeError(
+            f"memory has dtype {states[0].dtype}, the inputs {x.dtype}: convert the memory with "
+            f"memory.to(dtype={x.dtype})"
         )
-    if memory.kept is not None and not isinstance(memory.kept, Kept):
-        raise TypeError(f"memory.kept must be None or a Kept, got {type(memory.kept).__name__}")
 
 
 def check_starts(starts, batch_size: int, T: int, device) -> None:
+    """starts is batch first, as x is: [B, T]. (A time-major [T, B] tensor is refused unless B
+    equals T, when no shape can tell the two apart.)"""
     if starts is None:
         return
     if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
@@ -465,14 +842,14 @@ def check_starts(starts, batch_size: int, T: int, device) -> None:
         )
     if starts.shape != (batch_size, T) or starts.device != device:
         raise ValueError(
-            f"starts must have shape [{batch_size}, {T}] on {device}, like the inputs; got "
-            f"{list(starts.shape)} on {starts.device}"
+            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
+            f"inputs; got {list(starts.shape)} on {starts.device}"
         )
 
 
 def check_done(memory: AgentMemory, done) -> None:
     """The checks of AgentMemory.reset."""
-    batch, device = memory.mem[0].size(0), memory.mem[0].device
+    batch, device = memory.filled.size(0), memory.filled.device
     if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
         raise TypeError(f"done must be a bool tensor, got {described(done)}")
     if done.shape != (batch,) or done.device != device:

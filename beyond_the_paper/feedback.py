@@ -11,41 +11,214 @@ and at step t every layer attends over [m_(t-n_m), ..., m_(t-1); its own input x
 compressive.py's relative attention. The price is recurrence: m_(t-1) needs every layer at step
 t-1, so a segment's tokens go through one at a time (the loop over time below). W_k and W_v are
 shared by all layers (the paper's faster variant), so each memory vector is projected once, when
-it is made. The memory is an AgentMemory (beyond_the_paper/agent.py) holding one tensor,
-mem = [the last n_m memory vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
-Episodes (starts, reset) and acting with kept keys and values work as in agent.py.
+it is made. The memory is a FeedbackMemory holding one tensor, mem = [the last n_m memory
+vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
+Episodes (starts, reset) are marked as in agent.py; acting keeps the memory vectors' keys and
+values.
 
     model = FeedbackTransformer(CompressiveConfig(mem_len=64, ...))
     logits, memory, zero = model(tokens, memory, starts=None)
 """
 
 import math
-from typing import Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
 
-from beyond_the_paper.agent import (
-    AgentMemory,
-    acting,
-    as_agent_memory,
-    check_episodes_and_kept,
-    check_starts,
-    episode_mask,
-    key_positions,
-    make_kept,
-    position_projections,
-    usable_kept,
-)
 from compressive import (
     CompressiveConfig,
     CompressiveLayer,
     CompressiveTransformer,
+    Memory,
     RelativeMultiHeadAttention,
     autocasting,
     check_inputs,
     check_tokens,
+    sinusoid_positions,
 )
+
+# The memory: the last n_m memory vectors, and what acting keeps ---------------------------------
+# The Feedback Transformer runs its steps one at a time whatever the call's length, so acting
+# and training already compute the same; acting keeps the keys and values of the memory vectors
+# (made once, by the weights of the call that made them) and W_r R.
+
+
+class Kept(NamedTuple):
+    """What acting keeps beside the memory vectors, made by the weights of the call that made
+    them. None of it is recomputed when the weights change: FeedbackMemory.without_kept() drops
+    it all, and the next call projects every vector anew."""
+
+    keys: List[torch.Tensor]  # [B, H, M, d_head], of mem
+    values: List[torch.Tensor]  # [B, H, M, d_head]
+    blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]: a zero vector's, which reset puts in
+    blank_values: List[torch.Tensor]  # [1, H, 1, d_head]   the slots of a forgotten row
+    position_keys: List[torch.Tensor]  # W_r R [H, n, d_head], the distances n - 1, ..., 0
+
+
+class FeedbackMemory(NamedTuple):
+    """compressive.Memory's fields (one mem tensor for all layers, no c_mem), then what episodes
+    and acting add:
+
+    since_start: [batch] float, the steps each row has been fed since its episode started (inf:
+                 no start seen); None until a start or a reset
+    kept:        the keys, values and W_r R kept while acting (Kept), else None
+
+    Saved with torch.save and read back with torch.load(f, weights_only=True) inside
+    torch.serialization.safe_globals([FeedbackMemory, Kept]).
+    """
+
+    mem: List[torch.Tensor]
+    c_mem: List[torch.Tensor]
+    usage: Optional[List[torch.Tensor]] = None
+    since_start: Optional[torch.Tensor] = None
+    kept: Optional[Kept] = None
+
+    def reset(self, done: torch.Tensor) -> "FeedbackMemory":
+        """Forget everything the rows where done ([batch] bool) is true hold: the same as a start
+        at the next call's first step."""
+        return forget_rows(self, done)
+
+    def without_kept(self) -> "FeedbackMemory":
+        """This memory without its kept keys, values and W_r R: the next call projects every
+        vector with the weights it has then. Call it after every change of the weights (an
+        optimizer step, a loaded checkpoint) and before another model reads this memory."""
+        return self._replace(kept=None)
+
+    def to(self, device=None, dtype=None) -> "FeedbackMemory":
+        """As Memory.to; since_start keeps its dtype, and the kept projections are dropped (as
+        by without_kept(): the next call projects every slot anew)."""
+        if isinstance(device, torch.dtype):
+            device, dtype = None, device
+        moved = Memory(self.mem, self.c_mem, self.usage).to(device, dtype)
+        since_start = None if self.since_start is None else self.since_start.to(device)
+        return FeedbackMemory(*moved, since_start)
+
+
+def key_positions(n_c_mem: int, n_mem: int, n_new: int, rate: int, device) -> torch.Tensor:
+    """The position of the newest step each key of [c_mem; mem; n_new new steps] holds, counted
+    from the first new step (position 0): [K], float. mem's k-th newest slot is at -k. c_mem's
+    k-th newest slot holds the c steps before the (k-1)-th's (the first: those before mem's
+    oldest), so its newest step is at -(n_mem + (k - 1) c + 1)."""
+    c_mem = -(n_mem + rate * torch.arange(n_c_mem - 1, -1, -1, device=device) + 1)
+    mem = -torch.arange(n_mem, 0, -1, device=device)
+    new = torch.arange(n_new, device=device)
+    return torch.cat([c_mem, mem, new]).float()
+
+
+def episode_mask(begun: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """-inf where a key lies before the step where its query's episode began, else 0.
+    begun: [B, T], that position for each query; positions: [K], key_positions. Returns
+    [B, 1, T, K]."""
+    before = positions[None, None, :] < begun[:, :, None]  # [B, T, K]
+    mask = torch.zeros(before.shape, device=begun.device).masked_fill_(before, float("-inf"))
+    return mask[:, None]
+
+
+def forget_rows(memory: FeedbackMemory, done: torch.Tensor) -> FeedbackMemory:
+    """FeedbackMemory.reset: forget all that the rows where done is true hold, and leave the others
+    exactly as they are. On the first call there is no memory to reset: give that call starts
+    instead (or reset model.empty_memory(batch))."""
+    check_done(memory, done)
+
+    def forget(t, blank=0):
+        return torch.where(done.view(-1, *[1] * (t.dim() - 1)), blank, t)
+
+    # a row that never saw a start has seen its episode since ever: inf
+    since_start = memory.since_start if memory.since_start is not None else math.inf
+    since_start = torch.where(done, 0.0, since_start)
+    usage = None if memory.usage is None else [forget(u) for u in memory.usage]
+    mem, c_mem = [forget(t) for t in memory.mem], [forget(t) for t in memory.c_mem]
+    kept = memory.kept
+    if kept is not None:  # a zeroed slot's keys and values are those of a zero vector
+        keys = [forget(k, blank) for k, blank in zip(kept.keys, kept.blank_keys)]
+        values = [forget(v, blank) for v, blank in zip(kept.values, kept.blank_values)]
+        kept = Kept(keys, values, kept.blank_keys, kept.blank_values, kept.position_keys)
+    return FeedbackMemory(mem, c_mem, usage, since_start, kept)
+
+
+def acting(model) -> bool:
+    """Eval mode without gradient, outside torch.compile: where keys and values are kept."""
+    return not (model.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
+
+
+def usable_kept(memory: FeedbackMemory, x: torch.Tensor) -> Optional[Kept]:
+    """The memory's kept projections, where they fit these slots and the dtype a projection
+    would give now (autocast's, else x's); None where they do not, and the call projects anew."""
+    kept = memory.kept
+    if kept is None:
+        return None
+    dtype = torch.get_autocast_dtype(x.device.type) if autocasting(x.device) else x.dtype
+    n_slots = memory.mem[0].size(1) + (memory.c_mem[0].size(1) if memory.c_mem else 0)
+    for keys in kept.keys:
+        if (
+            keys.dtype != dtype
+            or keys.device != x.device
+            or keys.shape[0::2] != (x.size(0), n_slots)
+        ):
+            return None
+    return kept
+
+
+def position_projections(model, K: int, x: torch.Tensor, kept: Optional[Kept]):
+    """W_r R of every layer for the distances n - 1, ..., 1, 0, n >= K + 1: [H, n, d_head] each.
+    Acting, made once for the distances up to n_m + n_cm + 1 and kept (for_distances slices
+    what a call needs); else made for K + 1."""
+    if kept is not None and kept.position_keys[0].size(1) >= K + 1:
+        return kept.position_keys
+    n = max(K + 1, model.cfg.mem_len + model.cfg.c_mem_len + 2) if acting(model) else K + 1
+    R = sinusoid_positions(n, model.cfg.d_model, x.device).to(x.dtype)
+    return [layer.attn.project_positions(R) for layer in model.layers]
+
+
+def make_kept(keys_values, blanks, position_keys, previous: Optional[Kept]) -> Kept:
+    """The Kept of a new memory: keys_values [(keys, values)] per layer; blanks() gives the
+    [(key, value)] of a zero vector per layer, made once per episode of acting."""
+    if previous is not None:
+        blank_keys, blank_values = previous.blank_keys, previous.blank_values
+    else:
+        blank_keys, blank_values = zip(*blanks())
+    keys, values = zip(*keys_values)
+    return Kept(list(keys), list(values), list(blank_keys), list(blank_values), position_keys)
+
+
+def as_feedback_memory(memory) -> FeedbackMemory:
+    if isinstance(memory, Memory):
+        return FeedbackMemory(*memory)
+    if not isinstance(memory, FeedbackMemory):
+        raise TypeError(
+            f"memory must be an FeedbackMemory returned by the model or None, got "
+            f"{type(memory).__name__}"
+        )
+    return memory
+
+
+def check_episodes_and_kept(memory: FeedbackMemory, batch_size: int, device) -> None:
+    since = memory.since_start
+    if since is not None and not (
+        isinstance(since, torch.Tensor)
+        and since.device == device
+        and since.shape == (batch_size,)
+        and since.is_floating_point()
+    ):
+        raise ValueError(
+            f"memory.since_start must be None or a float tensor [{batch_size}] on {device}, as "
+            f"FeedbackMemory.reset and starts make it"
+        )
+    if memory.kept is not None and not isinstance(memory.kept, Kept):
+        raise TypeError(f"memory.kept must be None or a Kept, got {type(memory.kept).__name__}")
+
+
+def check_done(memory: FeedbackMemory, done) -> None:
+    """The checks of FeedbackMemory.reset."""
+    batch, device = memory.mem[0].size(0), memory.mem[0].device
+    if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
+        raise TypeError(f"done must be a bool tensor, got {described(done)}")
+    if done.shape != (batch,) or done.device != device:
+        raise ValueError(
+            f"done must have shape [{batch}] on {device}, like the memory; got "
+            f"{list(done.shape)} on {done.device}"
+        )
 
 
 class FeedbackAttention(nn.Module):
@@ -139,10 +312,10 @@ class FeedbackTransformer(nn.Module):
         h, memory, zero = self.hidden_states(x, memory, starts)
         return self.head(h), memory, zero
 
-    def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
+    def empty_memory(self, batch_size: int, device=None, dtype=None) -> FeedbackMemory:
         weight = self.embed.weight
         empty = weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
-        return AgentMemory([empty], [])
+        return FeedbackMemory([empty], [])
 
     def shared_kv(self, x):
         """Keys and values [B, H, T, d_head] of x [B, T, d], with the W_k, W_v all layers share."""
@@ -157,9 +330,9 @@ class FeedbackTransformer(nn.Module):
         """The recurrence over the steps of a segment.
 
         x:      [B, T, d_model], x^0 of every step (forward passes the embedded tokens)
-        memory: the AgentMemory returned by the previous call, or None
+        memory: the FeedbackMemory returned by the previous call, or None
         starts: None, or [B, T] bool, true at the first step of a new episode
-        Returns the outputs [B, T, d_model], the new AgentMemory and a zero (no reconstruction
+        Returns the outputs [B, T, d_model], the new FeedbackMemory and a zero (no reconstruction
         loss). Gradients flow through the memory vectors made inside the segment, not into the
         memory carried in.
         """
@@ -216,16 +389,16 @@ class FeedbackTransformer(nn.Module):
         new_kept = None
         if is_acting:
             new_kept = make_kept([(keys, values)], self.blank_keys_values, r, kept)
-        return h, AgentMemory([new_memory], [], None, since, new_kept), h.new_zeros(())
+        return h, FeedbackMemory([new_memory], [], None, since, new_kept), h.new_zeros(())
 
     def reach(self, call_length: Optional[int] = None):
         """Every token sees the last n_m memory vectors, wherever it sits in its call."""
         return [("mem", self.cfg.mem_len)]
 
 
-def check_feedback_memory(model, memory, batch_size: int, x) -> AgentMemory:
+def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
     """One mem tensor [B, <= n_m, d_model] and no c_mem, on x's device, in x's dtype."""
-    memory = as_agent_memory(memory)
+    memory = as_feedback_memory(memory)
     if len(memory.mem) != 1 or len(memory.c_mem) != 0:
         raise ValueError(
             f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; the Feedback "
@@ -253,3 +426,25 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> AgentMemory:
         )
     check_episodes_and_kept(memory, batch_size, x.device)
     return memory
+
+
+def described(value) -> str:
+    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of {value.dtype}"
+    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
+
+
+def check_starts(starts, batch_size: int, T: int, device) -> None:
+    """starts is batch first, as the tokens are: [B, T]."""
+    if starts is None:
+        return
+    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
+        raise TypeError(
+            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
+        )
+    if starts.shape != (batch_size, T) or starts.device != device:
+        raise ValueError(
+            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
+            f"inputs; got {list(starts.shape)} on {starts.device}"
+        )

@@ -1,13 +1,14 @@
 """The specification of beyond_the_paper/agent.py (and of episodes and acting in the Feedback
-Transformer, which works the same way), as tests."""
+Transformer, which keeps a memory of its own), as tests."""
 
-import math
+import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from beyond_the_paper.agent import AgentCore, AgentMemory, AgentTransformer, Kept
+from beyond_the_paper import agent as agent_module
+from beyond_the_paper.agent import AgentCore, AgentMemory, AgentTransformer, Kept, stamp_of_rows
 from beyond_the_paper.feedback import FeedbackTransformer
 from beyond_the_paper.overlap_pool import use_overlap_max_pool
 from compressive import COMPRESSIONS, CompressiveTransformer, Memory
@@ -30,17 +31,48 @@ def feedback(seed=0, **overrides) -> FeedbackTransformer:
     return FeedbackTransformer(tiny(**{"c_mem_len": 0, **overrides}))
 
 
-def test_without_starts_resets_or_acting_it_computes_what_compressive_py_computes():
+def inputs(batch, length, seed=3):
+    return torch.randn(batch, length, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def states(memory):
+    """The states a memory holds, which say what it has seen (not its kept keys)."""
+    if isinstance(memory, AgentMemory):
+        return [*memory.mem, *memory.c_mem, *memory.usage, memory.filled, memory.since_start]
+    since_start = [] if memory.since_start is None else [memory.since_start]
+    return [*memory.mem, *memory.c_mem, *(memory.usage or []), *since_start]
+
+
+def close(a, b):
+    """Two computation orders (one call against many, kept keys against projected ones, a batch
+    against one row) agree to float32's last bits, which differ from one processor to another:
+    1e-5 here."""
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def close_states(memory, other):
+    for a, b in zip(states(memory), states(other), strict=True):
+        close(a, b)
+
+
+def test_in_calls_of_n_s_it_computes_what_compressive_py_computes():
+    # calls of n_s = 6 from an empty memory: the same logits call after call, the same mem and
+    # c_mem (the agent's empty slots, zeros no step sees, aside), the same f_c's loss (the
+    # agent's first call evicts empty slots, whose loss is 0 at initialisation)
     for overrides in (dict(), dict(pre_norm=True), dict(compression="most_used")):
         agent, paper = make(**overrides), CompressiveTransformer(tiny(**overrides))
         paper.load_state_dict(agent.state_dict())
         memory = paper_memory = None
-        for n in range(5):
+        for n in range(7):
             x = tokens(2, 6, seed=n)
             logits, memory, recon_loss = agent(x, memory)
             expected, paper_memory, expected_recon_loss = paper(x, paper_memory)
-            assert logits.equal(expected) and recon_loss.equal(expected_recon_loss)
-            assert memory.kept is None and memory.since_start is None
+            close(logits, expected)
+            for ours, theirs in zip(
+                memory.mem + memory.c_mem, paper_memory.mem + paper_memory.c_mem
+            ):
+                close(ours[:, ours.size(1) - theirs.size(1) :], theirs)
+            close(recon_loss, expected_recon_loss)
 
 
 def test_the_core_without_embedding_and_head_computes_what_hidden_states_computes():
@@ -52,7 +84,7 @@ def test_the_core_without_embedding_and_head_computes_what_hidden_states_compute
     assert core.reach(4) == agent.reach(4)
     missing = agent.load_state_dict(core.state_dict(), strict=False).missing_keys
     assert sorted(missing) == ["embed.weight", "head.weight"]
-    x, memory, agent_memory = inputs(2, 6), None, None
+    memory, agent_memory = None, None
     for n in range(4):
         x = inputs(2, 6, seed=n)
         h, memory, _ = core(x, memory)
@@ -61,17 +93,17 @@ def test_the_core_without_embedding_and_head_computes_what_hidden_states_compute
         h.sum().backward()
     assert all(p.grad is not None for name, p in core.named_parameters() if "compress" not in name)
     core.eval(), agent.eval()
-    with torch.no_grad():  # acting: both keep the keys and values of their slots
+    with torch.no_grad():  # acting: both read the keys and values their memory kept
         for n in range(3):
             x = inputs(2, 1, seed=10 + n)
             h, memory, _ = core(x, memory)
             expected, agent_memory, _ = agent.hidden_states(x, agent_memory)
-            assert memory.kept is not None and h.equal(expected)
+            assert h.equal(expected)
 
 
 def test_reach_takes_the_call_length():
-    model = make(seq_len=16, mem_len=8, c_mem_len=4, compression_rate=3)
-    assert model.reach() == [("segment", 16), ("mem", 24), ("c_mem", 36)]
+    model = make(seq_len=15, mem_len=8, c_mem_len=4, compression_rate=3)
+    assert model.reach() == [("segment", 15), ("mem", 23), ("c_mem", 35)]
     assert model.reach(64) == [("segment", 64), ("mem", 72), ("c_mem", 84)]
 
 
@@ -90,20 +122,6 @@ def feed(model, xs, memory=None, reset_before=None, done=None, seq_len=None):
             h, memory, recon_loss = model.hidden_states(x, memory)
             results.append((h, memory, recon_loss))
     return results, memory
-
-
-def inputs(batch, length, seed=3):
-    return torch.randn(batch, length, 16, generator=torch.Generator().manual_seed(seed))
-
-
-def memory_tensors(memory):
-    return [*memory.mem, *memory.c_mem, *(memory.usage or []), memory.since_start]
-
-
-def close(a, b):
-    """Two computation orders (kept keys against projected ones, a batch against one row) agree
-    to float32's last bits, which differ from one processor to another: 1e-5 here."""
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["compressive", "xl", "pre-LN", "feedback"])
@@ -130,7 +148,7 @@ def test_forward_is_the_embedding_then_hidden_states_then_the_head(kind):
 
 FRESH_START = [
     ("compressive", dict(compression=f))
-    for f in ("conv", "max_pool", "mean_pool", "overlap_max_pool")
+    for f in ("conv", "max_pool", "mean_pool", "dilated_conv", "most_used", "overlap_max_pool")
 ] + [("compressive", dict(c_mem_len=0)), ("feedback", {})]
 
 
@@ -142,9 +160,9 @@ FRESH_START = [
 def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_computes(
     kind, overrides
 ):
-    # n_s = 4 and n_m = 8 are multiples of c = 2, so the blocks of c fall where a fresh run's do.
     # At the reset, mem and c_mem are full; after it, c_mem fills (n_m + c*n_cm = 14 tokens) and
-    # overflows again.
+    # overflows again. A reset row is a fresh memory: every f_c, most_used's ranking and the
+    # dilated convolution's neighbours included, sees what a fresh run sees
     shape = dict(seq_len=4, mem_len=8, c_mem_len=3, compression_rate=2)
     model = (feedback if kind == "feedback" else make)(**{**shape, **overrides}).eval()
     xs = inputs(3, 11 * 4)
@@ -152,9 +170,9 @@ def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_com
     segments, memory = feed(model, xs, reset_before=4, done=done)
     fresh_segments, fresh = feed(model, xs[1:2, 4 * 4 :])
     for (h, _, _), (fresh_h, _, _) in zip(segments[4:], fresh_segments):
-        torch.testing.assert_close(h[1:2], fresh_h, rtol=1e-5, atol=1e-5)
+        close(h[1:2], fresh_h)
     for ours, theirs in zip(memory.mem + memory.c_mem, fresh.mem + fresh.c_mem):
-        torch.testing.assert_close(ours[1:2], theirs, rtol=1e-5, atol=1e-5)  # memories full again
+        close(ours[1:2], theirs)  # memories full again
 
 
 @pytest.mark.parametrize(
@@ -164,11 +182,10 @@ def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_com
 def test_nothing_a_row_was_given_before_its_reset_reaches_what_it_computes_after(
     compression, reconstruction
 ):
-    # n_s = 5 is not a multiple of c = 3: blocks of c straddle the reset. After it, 8 segments of
-    # 5 fill c_mem (n_m + c*n_cm = 20 tokens) and overflow it.
-    model = make(compression=compression, reconstruction=reconstruction, seq_len=5).eval()
+    # After the reset, 8 segments of 6 fill c_mem (n_mem + c*n_cm = 18 tokens) and overflow it.
+    model = make(compression=compression, reconstruction=reconstruction).eval()
     done = torch.tensor([False, True, False])
-    past, other_past, after = inputs(3, 4 * 5), inputs(3, 4 * 5, seed=5), inputs(3, 8 * 5, seed=4)
+    past, other_past, after = inputs(3, 4 * 6), inputs(3, 4 * 6, seed=5), inputs(3, 8 * 6, seed=4)
     other_past[[0, 2]] = past[[0, 2]]  # only the row that resets was given something else
     runs = [
         feed(model, torch.cat([p, after], dim=1), reset_before=4, done=done)
@@ -179,7 +196,7 @@ def test_nothing_a_row_was_given_before_its_reset_reaches_what_it_computes_after
         runs[0][0][4:], runs[1][0][4:]
     ):
         assert h.equal(other_h) and recon_loss.equal(other_recon)
-        assert all(a.equal(b) for a, b in zip(memory_tensors(memory), memory_tensors(other_memory)))
+        assert all(a.equal(b) for a, b in zip(states(memory), states(other_memory)))
     assert model.layers[0].reconstructs == (compression in ("conv", "dilated_conv"))
 
 
@@ -194,11 +211,7 @@ def test_rows_that_do_not_reset_compute_exactly_what_they_would_without_it(kind)
         plain, one_row, no_row
     ):
         assert h[[0, 2]].equal(h1[[0, 2]]) and h.equal(h0) and recon_loss.equal(recon0)
-        for a, b, c in zip(
-            memory.mem + memory.c_mem + (memory.usage or []),
-            memory1.mem + memory1.c_mem + (memory1.usage or []),
-            memory0.mem + memory0.c_mem + (memory0.usage or []),
-        ):
+        for a, b, c in zip(states(memory), states(memory1), states(memory0)):
             assert a[[0, 2]].equal(b[[0, 2]]) and a.equal(c)
     assert not plain[-1][0][1].equal(one_row[-1][0][1])  # the row that reset did change
 
@@ -214,7 +227,7 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
         (lambda: model.hidden_states(inputs(2, 6).double()), TypeError, "float64"),
         (lambda: model.hidden_states(inputs(2, 6).to("meta")), ValueError, "meta"),
         (lambda: model.hidden_states([[0.5] * 16]), TypeError, "torch.Tensor"),
-        (lambda: model.hidden_states(inputs(3, 6), memory), ValueError, "batch size"),
+        (lambda: model.hidden_states(inputs(3, 6), memory), ValueError, "batch size of 3"),
         (lambda: memory.reset([True, False]), TypeError, "bool tensor"),
         (lambda: memory.reset(torch.tensor([1, 0])), TypeError, "bool tensor"),
         (lambda: memory.reset(torch.tensor([True, False, True])), ValueError, r"shape \[2\]"),
@@ -230,6 +243,12 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
             ValueError,
             "memory.usage",
         ),
+        (
+            lambda: model(tokens(2, 6), memory._replace(filled=memory.filled.float())),
+            TypeError,
+            "int64",
+        ),
+        (lambda: model(tokens(2, 6), tuple(memory)), TypeError, "AgentMemory"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
@@ -244,8 +263,8 @@ EPISODE_KINDS = [*COMPRESSIONS, "xl", "feedback"]
 
 
 def episode_model(kind, **overrides):
-    """A model of each kind with n_s = 5, n_m = 8, c = 3 (n_cm = 4 where it compresses)."""
-    shape = dict(seq_len=5, mem_len=8, compression_rate=3, **overrides)
+    """A model of each kind with n_s = 6, n_m = 8, c = 3 (n_cm = 4 where it compresses)."""
+    shape = dict(seq_len=6, mem_len=8, compression_rate=3, **overrides)
     if kind == "feedback":
         return feedback(**shape).eval()
     if kind == "xl":
@@ -276,78 +295,77 @@ def start_at(batch, length, *places):
 
 @pytest.mark.parametrize("kind", EPISODE_KINDS)
 def test_nothing_before_a_start_reaches_anything_computed_at_or_after_it(kind):
-    # 12 calls of 5 steps: after the start c_mem fills (n_m + c*n_cm = 20 steps) and overflows.
-    # The start lies inside the 5th call, at each place in a block of c = 3 (steps 21, 22, 23).
+    # 11 calls of 6 steps: after the start c_mem fills (n_mem + c*n_cm = 18 steps) and overflows.
+    # The start lies inside the 4th call, at each place in a block of c = 3 (steps 19, 20, 21).
     model = episode_model(kind)
-    for step in (21, 22, 23):
-        xs = inputs(3, 60, seed=step)
+    for step in (19, 20, 21):
+        xs = inputs(3, 66, seed=step)
         other = xs.clone()
         other[1, :step] = inputs(1, step, seed=100)[0]  # row 1's old episode, changed
-        starts = start_at(3, 60, (1, step))
+        starts = start_at(3, 66, (1, step))
         runs = [feed_with_starts(model, x, starts) for x in (xs, other)]
-        first = step // 5  # the call that holds the start
-        for n in range(first, 12):
+        first = step // 6  # the call that holds the start
+        for n in range(first, 11):
             (h, memory, recon_loss), (other_h, other_memory, other_recon) = runs[0][n], runs[1][n]
-            since = step - 5 * n if n == first else 0
+            since = step - 6 * n if n == first else 0
             assert h[1, since:].equal(other_h[1, since:]), (step, n)
             assert h[[0, 2]].equal(other_h[[0, 2]])
-            assert all(
-                a.equal(b) for a, b in zip(memory_tensors(memory), memory_tensors(other_memory))
-            )
+            assert all(a.equal(b) for a, b in zip(states(memory), states(other_memory)))
             if n > first:  # the call of the start also counts the old episode's queries
                 assert recon_loss.equal(other_recon)
         assert not runs[0][first - 1][0][1].equal(runs[1][first - 1][0][1])  # before: they differ
 
 
 def test_the_first_step_of_an_episode_still_reaches_a_later_step_through_c_mem():
-    # One layer, conv f_c, c = 3; calls of 5 steps. Whatever the place of the start in a block
-    # of c, its first step ends in a c_mem slot (a block it shares with the old episode's last
-    # steps, zeroed there) that later steps see: changing it changes them.
-    for step in (21, 22, 23):
-        model = make(n_layers=1, seq_len=5, mem_len=8, compression_rate=3).eval()
-        xs = inputs(1, 45, seed=step)
+    # One layer, conv f_c, c = 3; calls of 6 steps. Whatever the place of the start, its first
+    # step ends in a c_mem slot that later steps see once mem and the open segment no longer
+    # hold it: changing it changes them.
+    for step in (19, 20, 21):
+        model = make(n_layers=1, seq_len=6, mem_len=8, compression_rate=3).eval()
+        xs = inputs(1, 48, seed=step)
         changed = xs.clone()
         changed[0, step] += 1.0
-        starts = start_at(1, 45, (0, step))
+        starts = start_at(1, 48, (0, step))
         runs = [feed_with_starts(model, x, starts) for x in (xs, changed)]
         in_c_mem = 0
-        for n in range(1, 9):  # call n sees the memory that call n - 1 handed on
+        for n in range(1, 8):  # call n sees the memory that call n - 1 handed on
             memory, h, other_h = runs[0][n - 1][1], runs[0][n][0], runs[1][n][0]
-            mem_begins = 5 * n - memory.mem[0].size(1)
-            if mem_begins - 3 * memory.c_mem[0].size(1) <= step < mem_begins:
+            steps_held = 6 + int(memory.filled)  # n_mem = 6 and the open segment's
+            since = int(memory.since_start)  # the episode's steps so far
+            if n > step // 6 and steps_held < since <= steps_held + 3 * 4:
                 in_c_mem += 1
                 assert not torch.allclose(h, other_h), (step, n)
         assert in_c_mem >= 2, step
 
 
-FRESH = ["xl", "feedback", "conv", "mean_pool", "max_pool", "overlap_max_pool"]
+FRESH = ["xl", "feedback", "conv", "mean_pool", "max_pool", "overlap_max_pool", "most_used"]
 
 
 @pytest.mark.parametrize("kind", FRESH)
 def test_after_a_start_a_row_computes_what_a_fresh_run_on_its_steps_since_computes(kind):
-    # The start at step 21, inside the 5th call of 5 steps, falls on a block boundary of c = 3
-    # (21 = 7 * 3), so the block f_c make the blocks a fresh run makes. After it c_mem fills and
-    # overflows (n_m + c*n_cm = 20 steps).
+    # The start at step 22 lies inside the 4th call of 6, at no block boundary of c = 3 nor
+    # segment boundary: the row's segments begin at its start, as a fresh run's do, whatever the
+    # calls. After it c_mem fills and overflows (n_mem + c*n_cm = 18 steps).
     model = episode_model(kind)
-    xs = inputs(3, 60)
-    starts = start_at(3, 60, (1, 21))
+    xs = inputs(3, 66)
+    starts = start_at(3, 66, (1, 22))
     runs = feed_with_starts(model, xs, starts)
-    # the fresh run's calls end where the batch's do: the first holds steps 21 to 24
-    fresh = feed_with_starts(model, xs[1:2, 21:], start_at(1, 39), lengths=[4] + [5] * 7)
-    ours = torch.cat([h[1:2] for h, _, _ in runs], dim=1)[:, 21:]
+    fresh = feed_with_starts(model, xs[1:2, 22:], start_at(1, 44), lengths=[2, 5] + [6] * 6 + [1])
+    ours = torch.cat([h[1:2] for h, _, _ in runs], dim=1)[:, 22:]
     theirs = torch.cat([h for h, _, _ in fresh], dim=1)
-    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    close(ours, theirs)
 
 
 @pytest.mark.parametrize("kind", EPISODE_KINDS)
 def test_one_call_with_starts_inside_equals_the_same_steps_split_at_each_start(kind):
-    # Both rows start new episodes at steps 7 and 12 (block boundaries of c = 3: 12; and 7, not
-    # one) of a 20-step unroll. Split there, each piece after a start runs from a reset memory.
+    # Both rows start new episodes at steps 7 and 12 of a 20-step unroll. Split there, each piece
+    # after a start runs from a reset memory.
     model = episode_model(kind)
     xs, after = inputs(2, 20), inputs(2, 10, seed=9)
     starts = start_at(2, 20, (0, 7), (1, 7), (0, 12), (1, 12))
     with torch.no_grad():
-        memory = feed_with_starts(model, inputs(2, 15, seed=8), start_at(2, 15))[-1][1]
+        memory = feed_with_starts(model, inputs(2, 15, seed=8), start_at(2, 15), lengths=[15])
+        memory = memory[-1][1]
         whole, whole_memory, _ = model.hidden_states(xs, memory, starts)
         pieces, split_memory = [], memory
         everyone = torch.ones(2, dtype=torch.bool)
@@ -356,35 +374,35 @@ def test_one_call_with_starts_inside_equals_the_same_steps_split_at_each_start(k
                 split_memory = split_memory.reset(everyone)
             h, split_memory, _ = model.hidden_states(xs[:, begin:end], split_memory)
             pieces.append(h)
-        torch.testing.assert_close(whole, torch.cat(pieces, dim=1), rtol=1e-5, atol=1e-5)
+        close(whole, torch.cat(pieces, dim=1))
         # the unroll after it: the two memories hold the same
         next_whole = model.hidden_states(after, whole_memory)[0]
         next_split = model.hidden_states(after, split_memory)[0]
-    torch.testing.assert_close(next_whole, next_split, rtol=1e-5, atol=1e-5)
+    close(next_whole, next_split)
 
 
 @pytest.mark.parametrize("kind", ["conv", "most_used", "xl", "feedback"])
 def test_rows_without_a_start_compute_exactly_what_they_would_without_starts(kind):
     model = episode_model(kind)
-    xs = inputs(3, 40)
-    plain = feed_with_starts(model, xs, torch.zeros(3, 40, dtype=torch.bool))
-    with_starts = feed_with_starts(model, xs, start_at(3, 40, (1, 13), (1, 27)))
+    xs = inputs(3, 42)
+    plain = feed_with_starts(model, xs, torch.zeros(3, 42, dtype=torch.bool))
+    with_starts = feed_with_starts(model, xs, start_at(3, 42, (1, 13), (1, 27)))
     none = []
     memory = None
     with torch.no_grad():
-        for x in xs.split(5, dim=1):
+        for x in xs.split(6, dim=1):
             h, memory, recon_loss = model.hidden_states(x, memory)
             none.append((h, memory, recon_loss))
     for (h, memory, recon_loss), (h1, memory1, _), (h0, memory0, recon0) in zip(
         plain, with_starts, none
     ):
-        assert h.equal(h0) and h[[0, 2]].equal(h1[[0, 2]]) and recon_loss.equal(recon0)
-        for a, b, c in zip(
-            memory.mem + memory.c_mem + (memory.usage or []),
-            memory1.mem + memory1.c_mem + (memory1.usage or []),
-            memory0.mem + memory0.c_mem + (memory0.usage or []),
-        ):
-            assert a.equal(c) and a[[0, 2]].equal(b[[0, 2]])
+        # no starts and None: one computation; a start in row 1 makes the segment ends of the
+        # rows project apart (another order of the same sums for rows 0 and 2)
+        assert h.equal(h0) and recon_loss.equal(recon0)
+        close(h[[0, 2]], h1[[0, 2]])
+        for a, b, c in zip(states(memory), states(memory1), states(memory0)):
+            assert a.equal(c)
+            close(a[[0, 2]], b[[0, 2]])
 
 
 @pytest.mark.parametrize("kind", ["conv", "xl", "feedback"])
@@ -392,36 +410,55 @@ def test_a_reset_is_a_start_at_the_next_calls_first_step(kind):
     model = episode_model(kind)
     xs = inputs(2, 30)
     done = torch.tensor([False, True])
-    reset, _ = feed(model, xs, reset_before=3, done=done)
-    started = feed_with_starts(model, xs, start_at(2, 30, (1, 15)))
-    for n, ((h, memory, recon_loss), (h1, memory1, recon1)) in enumerate(zip(reset, started)):
-        torch.testing.assert_close(h, h1, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(recon_loss, recon1)
-        for a, b in zip(memory.mem + memory.c_mem, memory1.mem + memory1.c_mem):
-            torch.testing.assert_close(a, b)
-        if n >= 3:  # the steps of each row's episode: 5 * (n - 2) since the start, or all
-            torch.testing.assert_close(memory.since_start, memory1.since_start)
-    assert memory.since_start.tolist() == [math.inf, 15]
+    reset, _ = feed(model, xs, reset_before=3, done=done, seq_len=6)
+    started = feed_with_starts(model, xs, start_at(2, 30, (1, 18)))
+    for (h, memory, recon_loss), (h1, memory1, recon1) in zip(reset, started):
+        close(h, h1)
+        close(recon_loss, recon1)
+        for a, b in zip(memory.mem + memory.c_mem, memory1.mem + memory1.c_mem, strict=True):
+            close(a, b)
+    assert memory.since_start[1] == 12
 
 
-def test_starts_and_resets_under_torch_compile_as_one_graph_and_on_the_meta_device():
+def test_a_nan_of_the_old_episode_crosses_a_start_but_not_a_reset():
+    # As the README says: a start gives the old episode's slots weight 0, and 0 x NaN is NaN;
+    # a reset puts zeros in them. Row 1's old episode has a NaN; row 0 is clean.
+    model = make(compression="conv", seq_len=6, mem_len=8, compression_rate=3).eval()
+    old = inputs(2, 12)
+    old[1, -1, 0] = float("nan")
+    with torch.no_grad():
+        _, memory, _ = model.hidden_states(old, None)
+        x, first = inputs(2, 3, seed=5), torch.tensor([False, True])
+        started = model.hidden_states(x, memory, torch.stack([first] + [~first] * 2, dim=1))[0]
+        reset = model.hidden_states(x, memory.reset(first))[0]
+    assert started[1].isnan().any() and not reset.isnan().any()
+    assert not started[0].isnan().any()  # the NaN stays in its row
+
+
+@pytest.mark.slow  # torch.compile traces the call: seconds
+def test_starts_and_resets_under_torch_compile_without_recompiling_and_on_the_meta_device():
     torch.compiler.reset()
     model = make(n_layers=1).eval()
+    graphs = []
+
+    def counting(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
 
     def step(x, memory, done, starts):
         return model.hidden_states(x, memory.reset(done), starts)
 
-    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=False)
+    compiled = torch.compile(step, backend=counting, dynamic=False)
     _, memory = feed(model, inputs(2, 4 * 6))
     with torch.no_grad():
-        for n in range(3):
-            x, starts = inputs(2, 6, seed=n), start_at(2, 6, (n % 2, 2 + n))
-            done = torch.tensor([False, n == 2])  # row 1 restarts at the last call's first step
+        for n in range(4):
+            x, starts = inputs(2, 6, seed=n), start_at(2, 6, (n % 2, 2 + n % 3))
+            done = torch.tensor([False, n == 2])  # row 1 restarts at the call's first step
             expected, expected_memory, _ = step(x, memory, done, starts)
             h, memory, _ = compiled(x, memory, done, starts)
-            torch.testing.assert_close(h, expected)
-            torch.testing.assert_close(memory.since_start, expected_memory.since_start)
-    assert memory.since_start.tolist() == [2, 6]
+            close(h, expected)
+            close_states(memory, expected_memory)
+    assert len(graphs) <= 2
     with torch.device("meta"):  # no value is read back to the host: a step never waits
         model = make()
     memory = None
@@ -443,6 +480,11 @@ def test_bad_starts_raise_one_clear_error():
             ValueError,
             r"shape \[2, 6\]",
         ),
+        (  # time-major starts [T, B], when T differs from B
+            lambda: model(tokens(2, 6), None, torch.zeros(6, 2, dtype=torch.bool)),
+            ValueError,
+            r"shape \[2, 6\] .*batch first",
+        ),
         (
             lambda: model(tokens(2, 6), None, torch.zeros(2, 6, dtype=torch.bool, device="meta")),
             ValueError,
@@ -459,85 +501,335 @@ def test_bad_starts_raise_one_clear_error():
             call()
 
 
-# ---------------------------------------------------------------- acting: keys and values kept ---
-# In eval mode without gradient a Memory carries the keys and values of its slots, so that a
-# step of T = 1 projects only itself (and the compressed memories it makes).
+# ---------------------------------------------------------------- train as you act --------------
+# The FIFOs move once per segment of n_s steps of each row, wherever calls end: one step per
+# call (acting, the memory's kept keys read) and one call over the rollout (the update, with
+# gradient, every slot projected) compute the same.
 
-ACTING_KINDS = ["conv", "most_used", "overlap_max_pool", "pre-LN", "xl", "feedback"]
-
-
-def acting_model(kind):
-    return make(pre_norm=True).eval() if kind == "pre-LN" else episode_model(kind)
-
-
-@pytest.mark.parametrize("kind", ACTING_KINDS)
-def test_acting_with_kept_keys_values_computes_what_projecting_every_slot_computes(kind):
-    model = acting_model(kind)
-    xs = inputs(3, 60)
-    starts = start_at(3, 60, (1, 17), (0, 31), (2, 32))
-    kept = projected = None
-    with torch.no_grad():
-        for t in range(60):
-            if t == 45:  # rows 0 and 1 end an episode between two calls
-                done = torch.tensor([True, True, False])
-                kept, projected = kept.reset(done), projected.reset(done)
-            x, s = xs[:, t : t + 1], starts[:, t : t + 1]
-            h, kept, recon_loss = model.hidden_states(x, kept, s)
-            fresh = None if projected is None else projected.without_kept()
-            h0, projected, recon0 = model.hidden_states(x, fresh, s)
-            torch.testing.assert_close(h, h0, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(recon_loss, recon0, rtol=1e-5, atol=1e-6)
-            for a, b in zip(kept.mem + kept.c_mem, projected.mem + projected.c_mem):
-                close(a, b)
-            n_slots = kept.mem[0].size(1) + (kept.c_mem[0].size(1) if kept.c_mem else 0)
-            assert all(k.shape[2] == n_slots for k in kept.kept.keys + kept.kept.values)
+TRAIN_AS_YOU_ACT = ["conv", "most_used", "pre-LN"] + [
+    pytest.param(kind, marks=pytest.mark.slow)
+    for kind in ("dilated_conv", "overlap_max_pool", "xl")
+]
 
 
-def test_acting_projects_only_the_new_step_and_the_memories_it_compresses():
-    model = make(n_layers=1, seq_len=5, mem_len=8, compression_rate=3).eval()
-    projected = []
-    original = model.layers[0].attn.memory_keys_values
-    model.layers[0].attn.memory_keys_values = lambda m: projected.append(m.size(1)) or original(m)
-    memory = None
-    with torch.no_grad():
-        for t in range(30):
-            _, memory, _ = model.hidden_states(inputs(2, 1, seed=t), memory)
-    # the first call projects its empty memory and the zero vector that Memory.reset needs; then
-    # no call projects anything but the c_mem slot it made, one every c = 3 steps once mem is
-    # full: at the 9th step, the 12th, ..., the 30th
-    assert projected == [0, 1] + [1] * 8
-
-
-def test_training_keeps_nothing_and_kept_projections_belong_to_the_memory_that_made_them():
-    """Kept keys, values and W_r R are the memory's state, made by the weights of the call that
-    made them, as its hidden states are: a weight change does not touch them, and without_kept()
-    drops them so that the next call projects every slot with the weights of now."""
-    model = make()
-    _, memory, _ = model(tokens(2, 6))  # training mode
-    assert memory.kept is None
+def acted_and_updated(model, xs, starts, rollout: int):
+    """Act one step per call over xs [B, L, d] (eval, no gradient), keeping the memory at each
+    rollout's start; then update each rollout in one call from that memory (train mode, with
+    gradient). Returns the actor's outputs and memories at each rollout's end, and the
+    update's."""
+    acted, acted_memories, stored = [], [], []
+    memory = model.empty_memory(xs.size(0))
     model.eval()
     with torch.no_grad():
-        _, memory, _ = model(tokens(2, 6), None)
-        _, memory, _ = model(tokens(2, 6, seed=2), memory)
-        assert isinstance(memory.kept, Kept)
+        for t in range(xs.size(1)):
+            if t % rollout == 0:
+                stored.append(memory)
+            h, memory, _ = model.hidden_states(xs[:, t : t + 1], memory, starts[:, t : t + 1])
+            acted.append(h)
+            if (t + 1) % rollout == 0 or t + 1 == xs.size(1):
+                acted_memories.append(memory)
+    model.train()
+    updated, updated_memories = [], []
+    for n, start in enumerate(stored):
+        steps = slice(n * rollout, (n + 1) * rollout)
+        h, memory, recon_loss = model.hidden_states(xs[:, steps], start, starts[:, steps])
+        (h.square().mean() + recon_loss).backward()  # a training call: the graph is whole
+        updated.append(h.detach())
+        updated_memories.append(memory)
+    return torch.cat(acted, 1), acted_memories, torch.cat(updated, 1), updated_memories
+
+
+@pytest.mark.parametrize("kind", TRAIN_AS_YOU_ACT)
+def test_the_update_from_the_stored_memory_gives_every_step_what_the_actor_got(kind):
+    # Rollouts of 7 and of 4 steps (n_s = 6: segments end inside rollouts and rollouts end
+    # inside segments), episodes of 3 rows ending at different steps, some at a rollout's first
+    # step, some inside a segment; after 60 steps c_mem has filled and overflowed.
+    model = make(pre_norm=True) if kind == "pre-LN" else episode_model(kind)
+    xs = inputs(3, 60, seed=11)
+    starts = start_at(3, 60, (0, 0), (1, 0), (2, 0), (1, 9), (0, 14), (2, 21), (1, 28), (0, 40))
+    for rollout in (7, 4):
+        acted, acted_memories, updated, updated_memories = acted_and_updated(
+            model, xs, starts, rollout
+        )
+        close(updated, acted)
+        for ours, theirs in zip(updated_memories, acted_memories, strict=True):
+            close_states(ours, theirs)
+
+
+def test_the_update_from_rows_stored_at_different_times_gives_each_what_its_actor_got():
+    # A replay batch: rows of memories stored at different times (empty, mid-segment, full),
+    # joined, updated in one call: each row gets what its own actor got
+    model = episode_model("conv")
+    xs = inputs(1, 40, seed=2)
+    starts = start_at(1, 40, (0, 0), (0, 25))
+    acted, stored = [], []
+    memory = model.empty_memory(1)
+    with torch.no_grad():
+        for t in range(40):
+            stored.append(memory)
+            h, memory, _ = model.hidden_states(xs[:, t : t + 1], memory, starts[:, t : t + 1])
+            acted.append(h)
+    acted = torch.cat(acted, 1)
+    times = [0, 9, 23, 27, 30]  # 5 steps from each: empty, mid-segment, full, after a start
+    batch = AgentMemory.join([stored[t] for t in times])
+    x = torch.cat([xs[:, t : t + 5] for t in times])
+    s = torch.cat([starts[:, t : t + 5] for t in times])
+    model.train()
+    h, _, _ = model.hidden_states(x, batch, s)
+    close(h, torch.cat([acted[:, t : t + 5] for t in times]))
+
+
+def test_acting_with_kept_keys_computes_what_projecting_every_slot_computes():
+    for kind in ("conv", "most_used", "pre-LN", "xl", "feedback"):
+        model = make(pre_norm=True) if kind == "pre-LN" else episode_model(kind)
+        xs = inputs(3, 50)
+        starts = start_at(3, 50, (1, 17), (0, 31), (2, 32))
+        kept = projected = None
+        with torch.no_grad():
+            for t in range(50):
+                if t == 45:  # rows 0 and 1 end an episode between two calls
+                    done = torch.tensor([True, True, False])
+                    kept, projected = kept.reset(done), projected.reset(done)
+                x, s = xs[:, t : t + 1], starts[:, t : t + 1]
+                h, kept, recon_loss = model.hidden_states(x, kept, s)
+                fresh = None if projected is None else projected.without_kept()
+                h0, projected, recon0 = model.hidden_states(x, fresh, s)
+                close(h, h0)
+                torch.testing.assert_close(recon_loss, recon0, rtol=1e-5, atol=1e-6)
+                close_states(kept, projected)
+
+
+@pytest.mark.slow  # torch.compile traces the step: seconds
+def test_a_compiled_acting_step_makes_at_most_two_graphs_from_empty_to_full_reading_kept_keys(
+    monkeypatch,
+):
+    torch.compiler.reset()
+    model = episode_model("conv", n_layers=1)
+    graphs, projected_anew = [], []
+
+    def counting(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    # traced, a step that projected its memory anew would call blank_of while tracing
+    blank_of = agent_module.blank_of
+    monkeypatch.setattr(
+        agent_module, "blank_of", lambda *a: projected_anew.append(1) or blank_of(*a)
+    )
+
+    def act(x, memory, starts):
+        return model.hidden_states(x, memory, starts)
+
+    compiled = torch.compile(act, backend=counting)
+    xs, starts = inputs(2, 40), start_at(2, 40, (1, 23))  # 40 steps: c_mem fills, overflows
+    memory = expected_memory = model.empty_memory(2)
+    with torch.no_grad():
+        for t in range(40):
+            x, s = xs[:, t : t + 1], starts[:, t : t + 1]
+            expected, expected_memory, _ = act(x, expected_memory, s)
+            h, memory, _ = compiled(x, memory, s)
+            close(h, expected)
+    close_states(memory, expected_memory)
+    assert len(graphs) <= 2 and not projected_anew
+
+
+def test_acting_projects_only_the_new_step_and_the_c_mem_slots_a_segment_end_makes():
+    model = make(n_layers=1, seq_len=6, mem_len=8, compression_rate=3).eval()
+    projected = []
+    original = model.layers[0].attn.memory_keys_values
+    model.layers[0].attn.memory_keys_values = lambda m: (
+        projected.append(tuple(m.shape[:2])) or (original(m))
+    )
+    memory = model.empty_memory(2)  # projects the zero vector once: its key fills empty slots
+    projected.clear()
+    starts = start_at(2, 30, (1, 8))  # row 1's segments end 6 steps after its start
+    with torch.no_grad():
+        for t in range(30):
+            _, memory, _ = model.hidden_states(inputs(2, 1, seed=t), memory, starts[:, t : t + 1])
+    # each segment end of a row makes n_s / c = 2 c_mem slots, projected for that row alone, and
+    # f_c's loss reads the keys of the n_s = 6 steps it evicts: both rows at step 5, row 0 at 11,
+    # 17, 23 and 29, row 1 (from its start) at 13, 19 and 25; no other slot is projected
+    assert projected == [(2, 2), (2, 6)] + [(1, 2), (1, 6)] * 7
+
+
+# ---------------------------------------------------------------- kept keys never go stale ------
+
+
+def test_kept_keys_after_any_weight_change_are_projected_anew_never_read_stale():
+    model = make().eval()
+    with torch.no_grad():
+        _, memory, _ = model(tokens(2, 15))
     x = tokens(2, 1, seed=3)
+
+    def acted(model, memory):
+        with torch.no_grad():
+            return model(x, memory)[0], model(x, memory.without_kept())[0]
+
+    kept, fresh = acted(model, memory)
+    close(kept, fresh)
+    # an optimizer step (in place on the weights)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    logits, _, recon_loss = model(tokens(2, 6, seed=4))
+    (F.cross_entropy(logits.flatten(0, 1), tokens(2, 6, seed=5).flatten()) + recon_loss).backward()
+    optimizer.step()
+    model.eval()
+    kept, fresh = acted(model, memory)
+    close(kept, fresh)
+    # the same memory read with its keys as kept (a stale stamp forged to pass): far off, so the
+    # check above could fail
+    forged = memory.kept._replace(made_by=stamp_of_rows(model, 2))
     with torch.no_grad():
-        logits, _, _ = model(x, memory)
-        expected, _, _ = model(x, memory.without_kept())
-    close(logits, expected)  # the weights that made them are the weights of now
+        stale = model(x, memory._replace(kept=forged))[0]
+    assert (stale - fresh).abs().max() > 1e-2
+    # a loaded state dict, a change in place by hand, and a target network (a copy)
+    model.load_state_dict(make(seed=1).state_dict())
+    close(*acted(model, memory))
     with torch.no_grad():
-        for layer in model.layers:  # change W_k, W_v and W_r
-            layer.attn.qkv.weight.mul_(1.5)
-            layer.attn.position.weight.mul_(0.5)
-        kept, _, _ = model(x, memory)
-        fresh, _, _ = model(x, memory.without_kept())
-        _, unkept_memory, _ = model(x, memory.without_kept())
-    assert (kept - fresh).abs().max() > 1e-2  # the old projections, as the memory holds them
-    assert unkept_memory.kept is not None  # acting again: kept anew, by the new weights
-    with torch.enable_grad():
-        model.train()
-        _, trained, _ = model(x, memory)
-    assert trained.kept is None
+        model.layers[0].attn.qkv.weight.mul_(1.5)
+    close(*acted(model, memory))
+    target = copy.deepcopy(model)
+    with torch.no_grad():
+        _, memory, _ = model(tokens(2, 3, seed=6), memory)  # kept by the online network
+        target.layers[1].attn.qkv.weight.mul_(0.5)
+    close(*acted(target, memory))
+
+
+def test_a_memory_made_under_another_config_is_refused():
+    model = make()
+    _, memory, _ = model(tokens(2, 6))
+    # the same shapes of slots, another f_c
+    other = make(compression="mean_pool")
+    with pytest.raises(ValueError, match="another config"):
+        other(tokens(2, 6), memory)
+    with pytest.raises(ValueError, match="memory.mem"):
+        make(mem_len=12)(tokens(2, 6), memory)
+
+
+def test_the_agent_needs_segments_of_whole_blocks_of_c():
+    with pytest.raises(ValueError, match="seq_len .5. must be a multiple of compression_rate .3."):
+        AgentCore(tiny(seq_len=5))
+    AgentCore(tiny(seq_len=5, c_mem_len=0))  # Transformer-XL evicts no blocks
+
+
+# ---------------------------------------------------------------- the memory as an object -------
+
+
+def test_every_tensor_of_a_memory_keeps_its_shape_from_empty_to_full_and_after_resets():
+    for kind in ("conv", "most_used", "xl", "pre-LN"):
+        model = make(pre_norm=True) if kind == "pre-LN" else episode_model(kind)
+        memory = model.empty_memory(2)
+        shapes = [t.shape for t in memory_tensors(memory)]
+        with torch.no_grad():
+            for t, length in enumerate([1, 1, 5, 6, 1, 13, 7, 1, 30]):
+                if t == 4:
+                    memory = memory.reset(torch.tensor([True, False]))
+                starts = start_at(2, length, (1, length - 1))
+                _, memory, _ = model.hidden_states(inputs(2, length, seed=t), memory, starts)
+                assert [t.shape for t in memory_tensors(memory)] == shapes
+
+
+def memory_tensors(memory: AgentMemory):
+    return [
+        *memory.mem,
+        *memory.c_mem,
+        *memory.usage,
+        memory.filled,
+        memory.since_start,
+        *memory.kept.keys,
+        *memory.kept.values,
+        *memory.kept.c_mem_keys,
+        *memory.kept.c_mem_values,
+        *memory.kept.blank_keys,
+        *memory.kept.blank_values,
+        memory.kept.made_by,
+    ]
+
+
+def test_memories_of_any_time_stack_and_their_rows_come_out_and_join():
+    model = episode_model("most_used")
+    memories, memory = [], model.empty_memory(2)
+    with torch.no_grad():
+        for t in range(30):
+            memories.append(memory)
+            _, memory, _ = model.hidden_states(inputs(2, 1, seed=t), memory)
+    stacked = AgentMemory.stack(memories)  # [30, 2, ...], as a rollout buffer keeps them
+    assert stacked.mem[0].shape == (30, *memory.mem[0].shape)
+    which, rows = torch.tensor([3, 17, 29]), torch.tensor([1, 0, 1])
+    taken = stacked.take((which, rows))  # rows of three memories of three times
+    joined = AgentMemory.join(
+        [memories[3].take([1]), memories[17].take([0]), memories[29].take([1])]
+    )
+    for a, b in zip(memory_tensors(taken), memory_tensors(joined), strict=True):
+        assert a.equal(b)
+    x = inputs(3, 9, seed=50)
+    with torch.no_grad():
+        h, _, _ = model.hidden_states(x, joined)
+        for n, (t, row) in enumerate(zip(which.tolist(), rows.tolist())):
+            alone, _, _ = model.hidden_states(x[n : n + 1], memories[t].take([row]))
+            close(h[n : n + 1], alone)
+    with pytest.raises(ValueError, match="one config"):
+        AgentMemory.join([memory, make().empty_memory(2)])
+    with pytest.raises(TypeError, match="list of AgentMemory"):
+        AgentMemory.join(memory)
+
+
+def test_a_call_leaves_the_memory_it_was_handed_as_it_was():
+    """A caller may keep a memory (a replay buffer, a rollout's start, a second pass)."""
+    model = make(compression="most_used", mem_len=8, compression_rate=2).eval()
+    _, memory, _ = model(tokens(2, 3))
+    _, memory, _ = model(tokens(2, 5, seed=1), memory)  # the first call's slots gain usage
+    assert all(u.sum() > 0 for u in memory.usage)
+    handed = memory_tensors(memory)
+    kept = [t.clone() for t in handed]
+    model(tokens(2, 6, seed=2), memory, start_at(2, 6, (0, 3), (1, 1)))
+    model(tokens(2, 6, seed=2), memory.reset(torch.tensor([True, False])))
+    assert all(a.equal(b) for a, b in zip(memory_tensors(memory), kept, strict=True))
+
+
+def test_an_agent_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
+    model = make(compression="most_used").eval()
+    with torch.no_grad():
+        _, memory, _ = model(tokens(2, 6))
+        _, memory, _ = model(tokens(2, 6, seed=2), memory, start_at(2, 6, (1, 2)))
+    half = memory.to(dtype=torch.bfloat16)
+    assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem + half.kept.keys)
+    assert all(u.dtype == torch.float32 for u in half.usage)
+    assert half.since_start.tolist() == [12, 4] and (half.kept.made_by[:, 1:] == -1).all()
+    moved = memory.to("meta")
+    assert all(t.device.type == "meta" for t in memory_tensors(moved)[:-1])
+    assert moved.kept.made_by.device.type == "cpu"  # read without waiting for a device
+    torch.save(memory, tmp_path / "memory.pt")
+    with torch.serialization.safe_globals([AgentMemory, Kept]):
+        loaded = torch.load(tmp_path / "memory.pt", weights_only=True)
+    assert all(a.equal(b) for a, b in zip(memory_tensors(loaded), memory_tensors(memory)))
+    with torch.no_grad():
+        expected, _, _ = model(tokens(2, 3), memory)
+        logits, _, _ = model(tokens(2, 3), loaded)
+    assert logits.equal(expected)  # one computation, run twice
+    plain = Memory(memory.mem, memory.c_mem, memory.usage)  # compressive.py's: another layout
+    with pytest.raises(TypeError, match="AgentMemory made by the model"):
+        model(tokens(2, 3), plain)
+
+
+def test_a_memory_of_another_dtype_or_an_empty_one_to_reset_get_one_clear_answer():
+    model = make()
+    _, memory, _ = model(tokens(2, 6))
+    with pytest.raises(TypeError, match=r"dtype torch.bfloat16, the inputs torch.float32"):
+        model(tokens(2, 6), memory.to(dtype=torch.bfloat16))
+    # under autocast a layer's output may come out in another dtype than the inputs (CUDA runs
+    # LayerNorm in float32), and the next layer's memory with it: accepted
+    x = inputs(2, 6).bfloat16()
+    mixed = memory._replace(mem=[memory.mem[0].bfloat16(), *memory.mem[1:]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h, _, _ = model.hidden_states(x, mixed)
+    assert h.isfinite().all()
+    # the first call's memory is empty: resetting it changes nothing, as starts there do not
+    done = torch.tensor([True, False])
+    empty = model.empty_memory(2).reset(done)
+    logits, _, _ = model(tokens(2, 6), empty)
+    expected, _, _ = model(tokens(2, 6), None, start_at(2, 6, (0, 0)))
+    close(logits, expected)
 
 
 @pytest.mark.parametrize("kind", ["compressive", "feedback"])
@@ -555,64 +847,3 @@ def test_generate_with_kept_keys_values_samples_what_projecting_every_slot_sampl
         for t in range(9, 39):
             assert out[:, t].equal(logits[:, -1].argmax(-1))
             logits, memory, _ = model(out[:, t : t + 1], memory.without_kept())
-
-
-# ---------------------------------------------------------------- the memory as an object -------
-
-
-def test_a_call_leaves_the_memory_it_was_handed_as_it_was():
-    """A caller may keep a Memory (a replay buffer, a burn-in, a second pass over an unroll)."""
-    model = make(compression="most_used", mem_len=8, compression_rate=2).eval()
-    _, memory, _ = model(tokens(2, 3))
-    _, memory, _ = model(tokens(2, 3, seed=1), memory)  # the first call's slots gain usage
-    assert all(u.sum() > 0 for u in memory.usage)
-    handed = [t for t in memory_tensors(memory) if t is not None]
-    kept = [t.clone() for t in handed]
-    model(tokens(2, 6, seed=2), memory, start_at(2, 6, (0, 3), (1, 1)))
-    model(tokens(2, 6, seed=2), memory.reset(torch.tensor([True, False])))
-    now = [t for t in memory_tensors(memory) if t is not None]
-    assert len(now) == len(kept) and all(a.equal(b) for a, b in zip(now, kept))
-
-
-def test_an_agent_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
-    model = make(compression="most_used").eval()
-    with torch.no_grad():
-        _, memory, _ = model(tokens(2, 6))
-        _, memory, _ = model(tokens(2, 6, seed=2), memory, start_at(2, 6, (1, 2)))
-    half = memory.to(dtype=torch.bfloat16)
-    assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem)
-    assert all(u.dtype == torch.float32 for u in half.usage)
-    assert half.since_start.tolist() == [math.inf, 4] and half.kept is None
-    moved = memory.to("meta")
-    assert all(t.device.type == "meta" for t in memory_tensors(moved))
-    torch.save(memory, tmp_path / "memory.pt")
-    with torch.serialization.safe_globals([AgentMemory, Kept]):
-        loaded = torch.load(tmp_path / "memory.pt", weights_only=True)
-    assert all(a.equal(b) for a, b in zip(memory_tensors(loaded), memory_tensors(memory)))
-    with torch.no_grad():
-        expected, _, _ = model(tokens(2, 3), memory)
-        logits, _, _ = model(tokens(2, 3), loaded)
-    assert logits.equal(expected)  # one computation, run twice
-    plain = Memory(memory.mem, memory.c_mem, memory.usage)  # compressive.py's Memory is taken too
-    with torch.no_grad():
-        assert model(tokens(2, 3), plain)[0].shape == (2, 3, 13)
-
-
-def test_a_memory_of_another_dtype_or_an_empty_one_to_reset_get_one_clear_answer():
-    model = make()
-    _, memory, _ = model(tokens(2, 6))
-    with pytest.raises(TypeError, match=r"dtype torch.bfloat16, the inputs torch.float32"):
-        model(tokens(2, 6), memory.to(dtype=torch.bfloat16))
-    # under autocast a layer's output may come out in another dtype than the inputs (CUDA runs
-    # LayerNorm in float32), and the next layer's memory with it: accepted
-    x = inputs(2, 6).bfloat16()
-    mixed = memory._replace(mem=[memory.mem[0].bfloat16(), *memory.mem[1:]])
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        h, _, _ = model.hidden_states(x, mixed)
-    assert h.isfinite().all()
-    # the first call has no memory to reset: an empty one can be, or the call given starts
-    done = torch.tensor([True, False])
-    empty = model.empty_memory(2).reset(done)
-    logits, _, _ = model(tokens(2, 6), empty)
-    expected, _, _ = model(tokens(2, 6), None, start_at(2, 6, (0, 0)))
-    torch.testing.assert_close(logits, expected)

@@ -87,8 +87,8 @@ def parse_args(argv):
         "--max-blanks",
         type=int,
         default=180,
-        help="most blank steps after a cue (acting one step at a time, the memory reaches "
-        "n_m + c*n_cm = 192 steps back, less up to c - 1 while mem is short of n_m)",
+        help="most blank steps after a cue (a step sees its segment's steps so far, the n_m = 64 "
+        "before them, and c*n_cm = 128 more in c_mem: 192 steps back and more)",
     )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -109,8 +109,8 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    # n_m = 64 memories and n_cm = 32 compressed ones of c = 4: a step reaches 192 steps before
-    # its call, a cue more than 64 steps back only through c_mem
+    # segments of n_s = 64 steps, n_m = 64 memories and n_cm = 32 compressed ones of c = 4: a
+    # step sees its segment's steps so far, the 64 before them and 128 more through c_mem
     cfg = CompressiveConfig(
         d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32, compression_rate=4
     )
@@ -161,7 +161,10 @@ def main(argv=None) -> int:
     right = answers[env, query].eq(targets[env, query]).float()
     cue = cue_steps[env, query]
     mid_unroll = cue % T != 0  # where an unroll of T steps would have cut the stream
-    in_c_mem = query - cue > cfg.mem_len  # beyond the n_m memories of the step before the query
+    # a row's segments begin at its episode's first step, the cue: at the query, mem and the open
+    # segment hold the n_m steps before the segment and the segment's own, distance % n_s of them
+    distance = query - cue
+    in_c_mem = distance > cfg.mem_len + distance % cfg.seq_len
     print(
         f"accuracy {right.mean():.3f} over {len(right)} queries (chance 0.25); episodes begun "
         f"inside an unroll {right[mid_unroll].mean():.3f} ({int(mid_unroll.sum())}); cues that "

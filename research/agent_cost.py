@@ -1,0 +1,138 @@
+"""What the agent's memory costs: a step of acting, and the update's call, against compressive.py.
+
+    python -m research.agent_cost                 # d_model 128, n_s 32, n_m 64, n_cm 32, batch 16
+    python -m research.agent_cost --rounds 15 --batch 32
+
+With full memories and dropout 0, on the CPU, one thread, each measured as the CPU time of this
+thread (which a busy machine disturbs least), in alternation, one of each per round; the median of
+the rounds is reported, and each ratio is the median of the rounds' ratios:
+
+  acting             AgentCore, one step per call without gradient, its memory's keys kept: the
+                     mean of n_s calls in a row, so that one segment's end (f_c, the FIFOs) is in
+  acting, projected  the same steps projecting every slot again (the memory's kept keys set
+                     aside: memory.without_kept() before each call)
+  compressive.py     CompressiveTransformer's own one-token call, which keeps no keys
+  update             AgentCore's call of n_s steps, from a memory that holds part of a segment
+                     (so the call closes one segment inside), forward and backward
+  compressive.py's   CompressiveTransformer's call of n_s tokens from its full memory, forward
+  n_s-step call      and backward: the paper's training call
+
+Both models have the same layers and weights; AgentCore takes vectors, so compressive.py's model
+is timed on hidden_states, after its embedding.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from beyond_the_paper.agent import AgentCore
+from compressive import CompressiveConfig, CompressiveTransformer
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--n-layers", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=32, help="n_s")
+    p.add_argument("--mem-len", type=int, default=64, help="n_m")
+    p.add_argument("--c-mem-len", type=int, default=32, help="n_cm")
+    p.add_argument("--batch", type=int, default=16, help="environments")
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    for name in ("d_model", "n_heads", "n_layers", "seq_len", "mem_len", "c_mem_len", "batch"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    return args
+
+
+def cpu_ms(run) -> float:
+    began = time.thread_time()
+    run()
+    return 1000 * (time.thread_time() - began)
+
+
+def measure(args) -> dict:
+    """{name: [ms per round]} of the five calls above."""
+    torch.manual_seed(0)
+    cfg = CompressiveConfig(
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        n_layers=args.n_layers,
+        d_ff=4 * args.d_model,
+        seq_len=args.seq_len,
+        mem_len=args.mem_len,
+        c_mem_len=args.c_mem_len,
+    )
+    B, n_s, d = args.batch, cfg.seq_len, cfg.d_model
+    core, paper = AgentCore(cfg), CompressiveTransformer(cfg)
+    paper.load_state_dict(core.state_dict(), strict=False)  # the same layers
+    memory, paper_memory = core.empty_memory(B), None
+    with torch.no_grad():  # fill both memories, then leave the agent's a few steps into a segment
+        for _ in range(2 + (cfg.mem_len + cfg.c_mem_len * cfg.compression_rate) // n_s):
+            _, memory, _ = core(torch.randn(B, n_s, d), memory)
+            _, paper_memory, _ = paper.hidden_states(torch.randn(B, n_s, d), paper_memory)
+        _, memory, _ = core(torch.randn(B, 3, d), memory)
+    state = {"memory": memory}
+    step, call = torch.randn(B, 1, d), torch.randn(B, n_s, d)
+
+    def act(project_all: bool):
+        with torch.no_grad():
+            for _ in range(n_s):
+                given = state["memory"].without_kept() if project_all else state["memory"]
+                _, state["memory"], _ = core(step, given)
+
+    def paper_step():
+        with torch.no_grad():
+            paper.hidden_states(step, paper_memory)
+
+    def update(model, given):
+        h, _, recon_loss = model(call, given) if model is core else model.hidden_states(call, given)
+        (h.square().mean() + recon_loss).backward()
+
+    at_start = state["memory"]
+    calls = {
+        "acting": lambda: act(False),
+        "acting, projected": lambda: act(True),
+        "compressive.py step": paper_step,
+        "update": lambda: update(core, at_start),
+        "compressive.py n_s-step call": lambda: update(paper, paper_memory),
+    }
+    for run in calls.values():  # warm up
+        run()
+    times = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, run in calls.items():
+            times[name].append(cpu_ms(run) / (n_s if name.startswith("acting") else 1))
+    return times
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = measure(args)
+    finally:
+        torch.set_num_threads(threads)
+    for name, ms in times.items():
+        print(f"{name:30s} {statistics.median(ms):8.2f} ms")
+
+    def ratio(a, b):
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    print(f"acting / acting, projected: {ratio('acting', 'acting, projected'):.2f}")
+    print(f"acting / compressive.py step: {ratio('acting', 'compressive.py step'):.2f}")
+    update = ratio("update", "compressive.py n_s-step call")
+    print(f"update / compressive.py n_s-step call: {update:.2f}")
+    print(f"(torch {torch.__version__}, 1 thread, {args.rounds} rounds, batch {args.batch})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""PPO that remembers a cue: the agent acts one step per call, and each update re-runs the rollout
+in one call from the memory stored at its start, exactly as the agent acted.
+
+Each of --envs environments plays one episode after another. An episode shows a cue (one of
+four) at its first step, then --min-delay to --max-delay blank steps (40 to 100), then a query:
+the action taken at the query is the answer, rewarded 1 if it names the cue, 0 otherwise, and the
+episode ends there. The environments' episodes end at different steps. The agent is an
+embedding of the observation, AgentCore (beyond_the_paper/agent.py) as its memory, and a policy
+and a value head: PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments),
+with rollouts of --rollout steps (32: not a multiple of n_s = 24 here, so rollouts begin and end
+inside segments).
+
+    python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
+    python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
+
+What it prints per seed, every --report iterations: the episodes' mean return (their accuracy:
+chance is 0.25) and, over every update before its first optimizer step, the largest |log ratio|
+between the update's policy and the actor's and the largest fraction of samples outside the clip
+range: 0 when the update computes what the actor computed.
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+from beyond_the_paper.agent import AgentCore
+from compressive import CompressiveConfig
+
+N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
+
+
+class CueEnvs:
+    """n_envs environments of the cue task, stepped together on the CPU."""
+
+    def __init__(self, n_envs: int, min_delay: int, max_delay: int, generator):
+        self.n, self.min_delay, self.max_delay, self.generator = (
+            n_envs,
+            min_delay,
+            max_delay,
+            generator,
+        )
+        self.cue = torch.zeros(n_envs, dtype=torch.long)
+        self.left = torch.zeros(n_envs, dtype=torch.long)  # blank steps before the query
+        self.observation = torch.zeros(n_envs, dtype=torch.long)
+        self.begin(torch.ones(n_envs, dtype=torch.bool))
+
+    def begin(self, rows):
+        """New episodes in rows: a cue now, the query after a delay of its own."""
+        n = int(rows.sum())
+        self.cue[rows] = torch.randint(0, N_CUES, (n,), generator=self.generator)
+        delay = torch.randint(self.min_delay, self.max_delay + 1, (n,), generator=self.generator)
+        self.left[rows] = delay
+        self.observation[rows] = self.cue[rows]
+
+    def step(self, action):
+        """Act in every environment: (reward, done) [n] each; the next observation is in
+        self.observation, a new episode's first where done."""
+        at_query = self.observation == QUERY
+        reward = (at_query & (action == self.cue)).float()
+        done = at_query
+        self.left -= 1
+        self.observation = torch.where(self.left > 0, BLANK, QUERY)
+        self.begin(done)
+        return reward, done
+
+
+class Agent(nn.Module):
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
+        self.core = AgentCore(cfg)
+        self.policy = nn.Linear(cfg.d_model, N_CUES)
+        self.value = nn.Linear(cfg.d_model, 1)
+
+    def forward(self, observations, memory, starts):
+        """observations, starts [B, T] -> logits [B, T, N_CUES], values [B, T], memory, f_c's
+        loss."""
+        h, memory, recon_loss = self.core(self.observe(observations), memory, starts)
+        return self.policy(h), self.value(h)[..., 0], memory, recon_loss
+
+
+def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.95):
+    """Generalised advantage estimates [B, T] of a rollout: rewards, values, dones [B, T] (dones
+    1.0 where the step ended its episode, which cuts the return there), next_value [B] the value
+    of the observation after the rollout."""
+    advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(rewards.size(1))):
+        following = next_value if t == rewards.size(1) - 1 else values[:, t + 1]
+        delta = rewards[:, t] + gamma * following * (1 - dones[:, t]) - values[:, t]
+        last = delta + gamma * lam * (1 - dones[:, t]) * last
+        advantages[:, t] = last
+    return advantages
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iterations", type=int, default=300, help="rollouts and updates per seed")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--envs", type=int, default=16)
+    p.add_argument("--rollout", type=int, default=32, help="steps acted per rollout")
+    p.add_argument("--min-delay", type=int, default=40, help="fewest blank steps after the cue")
+    p.add_argument("--max-delay", type=int, default=100, help="most blank steps after the cue")
+    p.add_argument("--epochs", type=int, default=4, help="passes over each rollout")
+    p.add_argument("--minibatches", type=int, default=2, help="of environments, per pass")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--report", type=int, default=25, help="print every this many iterations")
+    p.add_argument("--plot", default=None, help="a PNG of the return curves")
+    args = p.parse_args(argv)
+    for name in ("iterations", "envs", "rollout", "epochs", "minibatches", "report"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.envs % args.minibatches:
+        p.error("--envs must be a multiple of --minibatches")
+    if not 0 <= args.min_delay <= args.max_delay:
+        p.error("--min-delay and --max-delay must satisfy 0 <= min <= max")
+    return args
+
+
+def train(args, seed: int):
+    """One seed of PPO; returns the curve [(iteration, mean return of the episodes ended in the
+    last --report iterations, their number)] and, for every update before its first optimizer
+    step, (max |log ratio| over the rollout's samples, the fraction outside the clip range)."""
+    torch.manual_seed(seed)
+    # n_m = 48 memories and n_cm = 24 compressed ones of c = 4: the query reaches 144 steps and
+    # more before its segment, the cue 41 to 101 steps back
+    cfg = CompressiveConfig(
+        d_model=32,
+        n_heads=2,
+        n_layers=2,
+        d_ff=64,
+        seq_len=24,
+        mem_len=48,
+        c_mem_len=24,
+        compression_rate=4,
+    )
+    agent = Agent(cfg)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+    envs = CueEnvs(args.envs, args.min_delay, args.max_delay, torch.Generator().manual_seed(seed))
+    gamma, lam, clip, B, T = 0.99, 0.95, 0.2, args.envs, args.rollout
+    memory, start = agent.core.empty_memory(B), torch.ones(B, dtype=torch.bool)
+    curve, exactness, returns = [], [], []
+    for iteration in range(1, args.iterations + 1):
+        # act: one step per call, the memory carried; the update starts from this memory
+        at_start = memory
+        observations = torch.zeros(B, T, dtype=torch.long)
+        starts = torch.zeros(B, T, dtype=torch.bool)
+        actions, logprobs = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T)
+        values, rewards, dones = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T)
+        agent.eval()
+        with torch.no_grad():
+            for t in range(T):
+                observations[:, t], starts[:, t] = envs.observation, start
+                logits, value, memory, _ = agent(envs.observation[:, None], memory, start[:, None])
+                dist = torch.distributions.Categorical(logits=logits[:, 0])
+                actions[:, t] = dist.sample()
+                logprobs[:, t], values[:, t] = dist.log_prob(actions[:, t]), value[:, 0]
+                rewards[:, t], done = envs.step(actions[:, t])
+                dones[:, t], start = done.float(), done
+                returns += rewards[done, t].tolist()
+            # the value of the next observation, from the memory now (not kept)
+            next_value = agent(envs.observation[:, None], memory, start[:, None])[1][:, 0]
+        advantages = gae(rewards, values, dones, next_value, gamma, lam)
+        targets = advantages + values
+
+        # update: each minibatch of environments re-runs its rollout in one call from the
+        # memory stored at the rollout's start, with the rollout's starts. Before any optimizer
+        # step the policy is the actor's: how far is the update's from it, over every sample?
+        agent.train()
+        with torch.no_grad():
+            logits = agent(observations, at_start, starts)[0]
+            log_ratio = torch.distributions.Categorical(logits=logits).log_prob(actions) - logprobs
+            outside = ((log_ratio.exp() - 1).abs() > clip).float().mean()
+            exactness.append((log_ratio.abs().max().item(), outside.item()))
+        for _ in range(args.epochs):
+            for rows in torch.randperm(B).chunk(args.minibatches):
+                logits, value, _, recon_loss = agent(
+                    observations[rows], at_start.take(rows), starts[rows]
+                )
+                dist = torch.distributions.Categorical(logits=logits)
+                log_ratio = dist.log_prob(actions[rows]) - logprobs[rows]
+                ratio = log_ratio.exp()
+                adv = advantages[rows]
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
+                value_loss = 0.5 * (value - targets[rows]).square().mean()
+                loss = policy_loss + 0.5 * value_loss - 0.01 * dist.entropy().mean() + recon_loss
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+                optimizer.step()
+        if iteration % args.report == 0:
+            curve.append((iteration, sum(returns) / max(len(returns), 1), len(returns)))
+            returns = []
+    return curve, exactness
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    results = {}
+    for seed in args.seeds:
+        began = time.time()
+        curve, exactness = train(args, seed)
+        results[seed] = curve
+        worst = max(r for r, _ in exactness)
+        clipped = max(f for _, f in exactness)
+        print(
+            f"seed {seed}: return per episode (accuracy) "
+            + ", ".join(f"{i}: {r:.2f}" for i, r, _ in curve)
+            + f" | every update before its first step: max |log ratio| {worst:.1e}, largest"
+            f" fraction outside the clip range {clipped:.3f} ({time.time() - began:.0f} s)",
+            flush=True,
+        )
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+def plot(results, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for seed, curve in results.items():
+        ax.plot([i for i, _, _ in curve], [r for _, r, _ in curve], label=f"seed {seed}")
+    ax.axhline(1 / N_CUES, color="grey", linestyle=":", label="chance")
+    ax.set(xlabel="iteration (16 envs x 32 steps)", ylabel="return per episode", ylim=(0, 1.05))
+    ax.legend()
+    seeds = " ".join(str(seed) for seed in results)
+    foot = (
+        f"python -m research.ppo_cue --seeds {seeds}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), CPU"
+    )
+    fig.text(0.01, 0.01, foot, fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""research/ppo_cue.py: its environments play the cue task, and its updates compute what its
+actor computed."""
+
+import pytest
+import torch
+
+from research import ppo_cue
+
+
+def test_an_episode_shows_its_cue_then_blanks_then_asks_and_rewards_the_cue_alone():
+    envs = ppo_cue.CueEnvs(3, 2, 4, torch.Generator().manual_seed(0))
+    cue, seen, delays = envs.cue.clone(), [envs.observation.clone()], []
+    for step in range(1, 6):
+        answer = torch.where(envs.observation == ppo_cue.QUERY, cue, (cue + 1) % 4)
+        reward, done = envs.step(answer)
+        assert reward.equal(done.float())  # the query's answer alone is rewarded: here, right
+        delays += [step] * int(done.sum())
+        seen.append(envs.observation.clone())
+        if done.any():
+            assert envs.observation[done].lt(ppo_cue.N_CUES).all()  # a new episode's cue
+            break
+    assert seen[0].equal(cue) and all(2 <= d <= 4 for d in delays)
+    assert all((s[~done] == ppo_cue.BLANK).all() for s in seen[1:-1])
+
+
+def test_every_update_starts_from_the_actor_s_policy(capsys):
+    flags = ["--iterations", "2", "--report", "1", "--envs", "4", "--rollout", "8"]
+    flags += ["--epochs", "1", "--seeds", "0", "--min-delay", "3", "--max-delay", "6"]
+    curve, exactness = ppo_cue.train(ppo_cue.parse_args(flags), seed=0)
+    assert len(curve) == 2 and len(exactness) == 2
+    assert all(worst < 1e-5 and outside == 0 for worst, outside in exactness)
+    assert ppo_cue.main(flags) == 0
+    assert "largest fraction outside the clip range 0.000" in capsys.readouterr().out
+
+
+def test_the_plot_of_the_curves_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    path = tmp_path / "curves.png"
+    ppo_cue.plot({0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}, str(path))
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
