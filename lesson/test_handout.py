@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -27,11 +28,12 @@ from pathlib import Path
 from subprocess import PIPE
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the kit is imported as the lesson package, as -m runs it
 
-from lesson import audit, exercises, gradescope, grading, handout  # noqa: E402
+from lesson import audit, exercises, gradescope, grading, handout, sandbox  # noqa: E402
 
 FULL = os.environ.get("KIT_FULL") == "1"
 EXERCISES = ["relative_shift", "attention_reconstruction_loss", "CompressiveLayer.update_memory"]
@@ -103,16 +105,14 @@ LOOP_TIMEOUT_S = 2
 
 @pytest.fixture(scope="module")
 def graded(hw, assignment, tmp_path_factory):
-    """The grades made in this process, side by side: each real mistake, and the attacks on the
-    report channel (which skip the audit: check_first=False)."""
+    """The grades made in this process, side by side: each real mistake, honest answers, an
+    endless loop."""
     folder = tmp_path_factory.mktemp("graded")
     shift = only(assignment, "relative_shift")
     jobs = {}
     for number, (mistake, (name, text, _)) in enumerate(MISTAKES.items()):
         graded_on = assignment if FULL else only(assignment, name)
         jobs[mistake] = (submit(folder / str(number), text), graded_on)
-    for attack, lines in ATTACKS.items():
-        jobs[attack] = (submit(folder / attack, cheat_in_shift(*lines)), shift, None, None, False)
     honest = submit(folder / "honest", HONEST_AND_ONE_REFUSED)
     jobs["honest answers, one refused"] = (honest, assignment)
     loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
@@ -468,6 +468,31 @@ def test_the_audit_lets_an_answer_catch_and_raise_a_builtin_exception():
     audit.audit(answer, ORIGINAL, EXERCISES)
 
 
+# A name bound in a nested scope (a lambda's parameter, a comprehension's variable, a nested
+# def's parameter) is local there alone: read in the function's own body, it is the builtin.
+@pytest.mark.parametrize(
+    "lines, name",
+    [
+        (["(lambda exec: exec)", "exec('import os')"], "exec"),
+        (["[getattr for getattr in (1,)]", "getattr(torch, 'lo' + 'ad')"], "getattr"),
+        (["def inner(eval):", "    return eval", "eval('1 + 1')"], "eval"),
+    ],
+    ids=["a lambda's parameter", "a comprehension's variable", "a nested def's parameter"],
+)
+def test_a_builtin_bound_in_a_nested_scope_is_still_the_builtin_in_the_body(lines, name):
+    with pytest.raises(audit.Refusal) as refusal:
+        audit.audit(cheat_in_shift(*lines), ORIGINAL, EXERCISES)
+    assert f"in relative_shift: `{name}` is not something an answer may use" in str(refusal.value)
+
+
+def test_the_audit_resolves_names_as_python_does():
+    """A name an answer may use stays usable when a nested scope binds it too; a class read as a
+    global where a lambda binds its name is a class there all the same."""
+    audit.audit(cheat_in_shift("(lambda len: len)(1)", "assert len(flat) > 0"), ORIGINAL, EXERCISES)
+    with pytest.raises(audit.Refusal, match="`Memory` is or holds a class"):
+        audit.audit(cheat_in_shift("(lambda Memory: 0)", "kind = Memory"), ORIGINAL, EXERCISES)
+
+
 def test_a_file_saved_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path, hw, assignment):
     """Windows Notepad starts a UTF-8 file with U+FEFF, which Python's own reading drops."""
     answer = filled((hw / "student" / "compressive.py").read_text())
@@ -529,6 +554,197 @@ def test_a_submission_is_read_as_a_regular_file_of_its_own_folder_only(tmp_path,
         graded = grading.grade(tmp_path / path, assignment)
         assert graded.score == 0 and why in graded.refused, (path, graded.refused)
         assert not any(g.failures or g.problem for g in graded.grades), path
+
+
+# ---------------------------------------------------------------- the sandbox's messages ---------
+# What crosses between a test process and a worker: run here, in this process, as the same
+# messages (JSON headers and raw bytes), with the functions of PROBE as the student's.
+
+PROBE = """
+import torch
+from typing import NamedTuple
+
+
+class Pair(NamedTuple):
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+def shift(scores):  # relative_shift's way: a view of its argument
+    *batch, T, K_plus_1 = scores.shape
+    flat = scores.reshape(*batch, T * K_plus_1)
+    return flat[..., T : T + T * (K_plus_1 - 1)].view(*batch, T, K_plus_1 - 1)
+
+
+def attend(q, k, v):  # new tensors, with a gradient
+    return Pair((q @ k.transpose(-1, -2)).softmax(-1) @ v, q.sum())
+
+
+def double_in_place(x):
+    x.mul_(2)
+
+
+def draw(n):
+    return torch.rand(n)
+
+
+def read(layer):
+    return layer.weight.sum(), layer.training
+
+
+def refuse():
+    raise ValueError("a student's own words")
+"""
+
+
+class Loopback(sandbox.Sandbox):
+    """A worker of PROBE served in this process: the messages go through JSON and bytes, as
+    between processes, to sandbox.Server."""
+
+    def __init__(self, function, reply=None):
+        graded = {"module": "kit_probe", "function": function, "source": PROBE}
+        super().__init__(-1, graded, 60, {})
+        self.reply = reply  # a forged reply instead of the worker's: reply(header) -> (reply, out)
+
+    def exchange(self, message):
+        header, blobs = message
+        header = json.loads(json.dumps(header))
+        if header["op"] == "module":
+            self.server = sandbox.Server(header["module"], blobs[0].decode(), header["function"])
+            probe = sys.modules["kit_probe"]
+            self.classes = {"kit_probe:Pair": probe.Pair}
+            return {"op": "imported", **self.server.failed}, []
+        if self.reply is not None:
+            return self.reply(header)
+        if header["op"] == "call":
+            reply, out = self.server.call(header, blobs)
+        else:
+            reply, out = self.server.backward(header, blobs)
+        return json.loads(json.dumps(reply)), out
+
+
+def test_what_a_function_returns_in_the_sandbox_comes_back_as_it_would_here():
+    scores = torch.randn(2, 2, 3, 6, requires_grad=True)
+    shifted = Loopback("shift").call((scores,), {})
+    local = sys.modules["kit_probe"].shift(scores)
+    # a view of the caller's own tensor, as relative_shift's test asks, and a gradient through it
+    assert shifted.untyped_storage().data_ptr() == scores.untyped_storage().data_ptr()
+    assert shifted.equal(local) and shifted.stride() == local.stride()
+    (shifted * torch.arange(15.0).view(3, 5)).sum().backward()
+    through, scores.grad = scores.grad, None
+    (local * torch.arange(15.0).view(3, 5)).sum().backward()
+    torch.testing.assert_close(through, scores.grad)
+    # new tensors in the module's own named tuple, and the gradient of each back from the sandbox
+    q, k, v = (torch.randn(2, 4, 3, requires_grad=True) for _ in range(3))
+    pair = Loopback("attend").call((q, k, v), {})
+    assert type(pair).__name__ == "Pair" and pair.first.shape == (2, 4, 3)
+    (pair.first.square().sum() + pair.second).backward()
+    grads = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    local = sys.modules["kit_probe"].attend(q, k, v)
+    (local.first.square().sum() + local.second).backward()
+    for got, expected in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, expected)
+
+
+def test_a_change_in_place_the_random_state_and_an_exception_come_back_too():
+    x = torch.ones(3)
+    Loopback("double_in_place").call((x,), {})
+    assert x.tolist() == [2.0, 2.0, 2.0]
+    torch.manual_seed(3)
+    drawn, after = Loopback("draw").call((4,), {}), torch.rand(4)
+    torch.manual_seed(3)
+    assert drawn.equal(torch.rand(4)) and after.equal(torch.rand(4))
+    with pytest.raises(ValueError, match="a student's own words"):
+        Loopback("refuse").call((), {})
+
+
+def test_the_worker_keeps_a_module_sent_until_it_changes():
+    """A module goes once; a later call sends the bytes that changed (an optimiser's step) and
+    the module again when its attributes did (eval())."""
+    layer = torch.nn.Linear(3, 3)
+    box = Loopback("read")
+    total, training = box.call((layer,), {})
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    layer.eval()
+    changed_total, changed_training = box.call((layer,), {})
+    torch.testing.assert_close(changed_total, total + 9)
+    assert (training, changed_training) == (True, False)
+
+
+def forged(value=None, tensors=(), changed=(), blobs=()):
+    """A worker's reply, forged: what it returned and the bytes beside."""
+
+    def reply(header):
+        rng = torch.get_rng_state()
+        out = [bytes(rng.numpy()), *blobs]
+        storage = header["storages"][0][0] if header["storages"] else 0
+        made = {"value": value(storage) if callable(value) else value, "tensors": list(tensors)}
+        return {**made, "changed": list(changed), "rng": 0, "call": 1}, out
+
+    return reply
+
+
+FLOAT = {"dtype": "float32", "requires_grad": False, "blob": 1}
+FORGERIES = {
+    "a view beyond the storage it was handed": forged(
+        lambda storage: {
+            "view": storage,
+            "dtype": "float32",
+            "offset": 0,
+            "shape": [99],
+            "stride": [1],
+        }
+    ),
+    "a view of a storage it was not handed": forged(
+        {"view": 999, "dtype": "float32", "offset": 0, "shape": [1], "stride": [1]}
+    ),
+    "an expanded view larger than the limit": forged(
+        {"tensor": 0},
+        [{**FLOAT, "shape": [1 << 13, 1 << 13], "stride": [0, 0]}],
+        blobs=[b"\0" * 4],
+    ),
+    "a shape that the bytes sent do not hold": forged(
+        {"tensor": 0}, [{**FLOAT, "shape": [64], "stride": [1]}], blobs=[b"\0" * 8]
+    ),
+    "a dtype of no tensor": forged(
+        {"tensor": 0}, [{**FLOAT, "dtype": "object", "shape": [1], "stride": [1]}], blobs=[b"1"]
+    ),
+    "a named tuple no module of the run defines": forged(
+        {"namedtuple": "os:stat_result", "items": []}
+    ),
+    "a change in place of a storage it was not handed": forged(
+        None, changed=[[999, 1]], blobs=[b"x"]
+    ),
+    "a string that is not one": forged({"str": 5}),
+    "a value of no kind": forged({"code": "import os"}),
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_what_no_call_returns_is_refused_and_the_worker_is_heard_no_more(forgery):
+    assert Loopback("shift", reply=forged(7)).call((torch.randn(2, 3, 4),), {}) == 7  # read
+    box = Loopback("shift", reply=FORGERIES[forgery])
+    with pytest.raises(RuntimeError, match="the sandbox sent what no call returns"):
+        box.call((torch.randn(2, 3, 4),), {})
+    with pytest.raises(RuntimeError, match="the sandbox sent what no call returns"):
+        box.call((torch.randn(2, 3, 4),), {})  # no second word from it is read
+
+
+def test_a_message_too_large_or_not_one_is_refused_before_it_is_read(tmp_path):
+    for data, why in [
+        (struct.pack(">QQ", 2, sandbox.MAX_BYTES), "a message of"),
+        (struct.pack(">QQ", 5, 0) + b"{oops", "whose header is not one"),
+        (struct.pack(">QQ", 14, 3) + b'{"blobs": [5]}' + b"abc", "whose blobs do not add up"),
+    ]:
+        read, write = os.pipe()
+        os.write(write, data)
+        os.close(write)
+        with pytest.raises(sandbox.Refused, match=why):
+            sandbox.receive(read, deadline=None)
+        os.close(read)
 
 
 # ---------------------------------------------------------------- grades ------------------------
@@ -611,7 +827,7 @@ HONEST_AND_ONE_REFUSED = changed(
 )
 
 
-@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
 def test_a_refused_exercise_costs_itself_alone_and_honest_answers_score(graded):
     """as_strided in relative_shift and torch.hstack in update_memory score their points;
     getattr in attention_reconstruction_loss is refused, that exercise alone, naming getattr."""
@@ -638,7 +854,7 @@ def test_no_check_holds_a_test_that_runs_torch_compile(hw, assignment):
     assert "`torch.compile`" in readme and "as_strided" in readme
 
 
-@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
 def test_each_real_mistake_costs_its_own_exercise_and_says_why(graded):
     for mistake, (name, _, says) in MISTAKES.items():
         grading_ = graded[mistake]
@@ -782,96 +998,11 @@ def scores_of(assignment):
     return {c.name: c.points for c in assignment.exercises}
 
 
-# ---------------------------------------------------------------- the report channel ------------
-# The audit keeps a submission from reaching the test runner; these submissions skip it
-# (check_first=False) to show that the report holds even against code that does.
-
-ATTACKS = {
-    "forge the report, now and at exit": [
-        "import atexit, json, os, sys",
-        "fd = int(sys.argv[1])",  # the report's pipe, as the test process was handed it
-        "copy = os.dup(fd)",
-        "def forge():",
-        "    for when in ('setup', 'call', 'teardown'):",
-        "        line = {'test': 'x', 'when': when, 'outcome': 'passed', 'message': ''}",
-        "        os.write(copy, (json.dumps(line) + chr(10)).encode())",
-        "    os.write(copy, (json.dumps({'finished': 0}) + chr(10)).encode())",
-        "forge()",
-        "atexit.register(forge)",  # a run started by the zygote ends before atexit: it never runs
-        "raise NotImplementedError",
-    ],
-    "leave early, exit status 0": ["import os", "os._exit(0)"],
-}
-
-
-@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
-@pytest.mark.parametrize(
-    "attack, verdict",
-    [
-        ("forge the report, now and at exit", "its report was forged"),
-        ("leave early, exit status 0", "ended before its report"),
-    ],
-)
-def test_a_forged_or_missing_report_scores_zero(graded, attack, verdict):
-    (g,) = graded[attack].grades
-    assert g.score == 0 and verdict in g.problem, (attack, g.problem)
-
-
-@pytest.mark.slow
-def test_without_the_zygote_a_run_reads_the_same_and_a_hook_at_exit_is_caught(
-    tmp_path, assignment, monkeypatch
-):
-    """Where runs start as fresh processes (not Linux, or no zygote), an atexit hook does run,
-    after pytest's last line: the lines it writes come after the run's end."""
-    monkeypatch.setattr(grading.Zygote, "broken", True)
-    forger = ATTACKS["forge the report, now and at exit"]
-    at_exit_only = [line for line in forger if line != "forge()"]
-    path = submit(tmp_path, cheat_in_shift(*at_exit_only))
-    (g,) = grading.grade(path, only(assignment, "relative_shift"), None, None, False).grades
-    assert g.score == 0 and "wrote after the end of the pytest run" in g.problem, g.problem
-    run = grading.run_tests(
-        ORIGINAL, assignment.tests, None, ["test_relative_shift_returns_a_view_of_its_input"]
-    )
-    assert not run.problem and list(run.outcomes.values()) == ["passed"]
-
-
-@pytest.mark.slow  # the graded fixture: twelve submissions graded in test processes
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
 def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     (g,) = graded["an endless loop"].grades
     assert g.score == 0 and f"did not finish within {LOOP_TIMEOUT_S} s" in g.problem
-    assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 20
-
-
-def report(*events, selected=("t::a", "t::b"), exit_code=0):
-    return grading.read_report(
-        [json.dumps(e).encode() for e in events], list(selected) if selected else None, exit_code
-    )
-
-
-def phases(test, outcome="passed"):
-    return [
-        {"test": test, "when": w, "outcome": outcome, "message": ""}
-        for w in ("setup", "call", "teardown")
-    ]
-
-
-def test_the_report_is_read_strictly():
-    whole = [{"collected": ["t::a", "t::b"]}, *phases("t::a"), *phases("t::b"), {"finished": 0}]
-    assert report(*whole).problem == "" and set(report(*whole).outcomes.values()) == {"passed"}
-    cases = {
-        "a line after the end": (whole + [{"test": "t::a"}], 0, "forged"),
-        "a test reported twice": (whole[:4] + phases("t::a") + whole[4:], 0, "forged"),
-        "a test missing": (whole[:4] + [{"finished": 0}], 0, "forged"),
-        "no end": (whole[:-1], 0, "ended before its report"),
-        "an exit status against the report": (whole, 3, "exited with 3"),
-        "a line not an event": (whole[:1] + [{"nonsense": 1}] + whole[1:], 0, "forged"),
-        "a test not collected": (whole[:1] + phases("t::z") + whole[1:], 0, "forged"),
-    }
-    for case, (events, code, problem) in cases.items():
-        assert problem in report(*events, exit_code=code).problem, case
-    failed = [whole[0], *phases("t::a", "failed"), *phases("t::b"), {"finished": 1}]
-    run = report(*failed, exit_code=1)
-    assert run.problem == "" and run.outcomes["t::a"] == "failed"
+    assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 60
 
 
 def test_points_are_all_or_nothing_unless_partial():
@@ -1075,7 +1206,7 @@ def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a
         "@sum": graded_as(refused_whole="-1 is not a file"),
     }
 
-    def grade_class(submissions, assignment, partial, timeout_s, graded):
+    def grade_class(submissions, assignment, partial, timeout_s, graded, audited):
         for student in submissions:
             graded(student, gradings[student])
         return {student: gradings[student] for student in submissions}
