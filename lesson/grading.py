@@ -118,10 +118,10 @@ def child_environment() -> Dict[str, str]:
 
 
 class Confinement(NamedTuple):
-    """How sandboxes start on this machine."""
+    """How sandboxes start on this machine: in bubblewrap, where it runs; and where the grader
+    is root, each as a uid of the kit's own (SANDBOX_UIDS)."""
 
     bwrap: str  # bubblewrap's path; "" where it does not run
-    drop: bool  # root only: a sandbox runs as a uid of its own outside bubblewrap too
     note: str  # the one line that says what is missing ("" when nothing is)
 
 
@@ -167,8 +167,10 @@ def system_mounts() -> List[str]:
     return args
 
 
-def sandbox_environment(count_processes: bool) -> Dict[str, str]:
-    """All a sandbox's environment holds."""
+def sandbox_environment(count_processes: bool, uid: Optional[int] = None) -> Dict[str, str]:
+    """All a sandbox's environment holds: KIT_UID, the uid its first process takes before any
+    student code runs (bubblewrap started as root); KIT_COUNT_PROCESSES, where its processes can
+    be counted on their own (a user namespace, or a uid of the kit's own)."""
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": "/tmp",
@@ -178,46 +180,62 @@ def sandbox_environment(count_processes: bool) -> Dict[str, str]:
     }
     if count_processes:
         env["KIT_COUNT_PROCESSES"] = "1"
+    if uid is not None:
+        env["KIT_UID"] = str(uid)
     return env
 
 
 def sandbox_command(bwrap: str, folder: str, argv: List[str], uid: Optional[int]) -> list:
     """The command that starts Python with argv in a sandbox on folder (a submission's: a copy
-    of sandbox.py and its modules, nothing else of the teacher's). In bubblewrap when bwrap names
-    it: namespaces of its own for processes (every one dies with it), network (none), users (uid
-    inside, no capability, no namespace nested), IPC and host name; the system and Python
-    read-only; a scratch /tmp of its own; no environment but what it needs. Without bubblewrap,
-    Python alone (the caller starts it in folder, as a uid of the kit's where it can)."""
+    of sandbox.py and the project's other modules, nothing of the teacher's tests). In bubblewrap
+    where bwrap names it: namespaces of its own for processes (every one dies with it), network
+    (none), IPC and host name; the system and Python read-only; a scratch /tmp of its own; no
+    environment but what it needs. uid (the grader is root): bubblewrap runs as root, and its
+    first process, holding no capability but those to change its uid, takes uid before anything
+    else runs, a real uid of the machine's, whose processes the kernel counts and whose files it
+    checks as no one's but its own. Else bubblewrap runs as the grader's user, in a user
+    namespace of its own too (no capability, none nested). Without bubblewrap, Python alone
+    (started in folder, as uid where the grader is root)."""
     python = str(Path(sys.executable).resolve())
     if not bwrap:
         return [python, *argv]
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+    if uid is None:
+        args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+    else:
+        args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
-    for name, value in sandbox_environment(count_processes=True).items():
+    for name, value in sandbox_environment(True, uid).items():
         args += ["--setenv", name, value]
     # the scratch /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
     # it, read-only, after
-    args += ["--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp"]
+    args += ["--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
     args += system_mounts()
+    made = {"/", "/tmp"}
     for path in python_folders():
+        for above in reversed(Path(path).parents):  # readable by any uid, as they are not always
+            if str(above) not in made:
+                made.add(str(above))
+                args += ["--perms", "0755", "--dir", str(above)]
         args += ["--ro-bind", path, path]
     args += ["--ro-bind", folder, INSIDE, "--chdir", INSIDE]
     args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
-    if uid is not None:
-        args += ["--uid", str(uid), "--gid", str(uid)]
     return [*args, "--", python, *argv]
 
 
 def probe(bwrap: str, uid: Optional[int]) -> str:
     """Why a sandbox cannot start this way ("" when it can): Python, and torch's files, seen
-    from inside it."""
+    from inside it as uid."""
     torch_init = torch_folder() / "torch" / "__init__.py"
     with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder:
-        if uid is not None and os.geteuid() == 0:
-            os.chown(folder, uid, uid)
-        look = f"import os, sys; sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)"
+        os.chmod(folder, 0o755)
+        look = "import os, sys\n"
+        if uid is not None and bwrap:
+            look += f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
+        look += f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)\n"
         command = sandbox_command(bwrap, folder, ["-I", "-c", look], uid)
-        user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+        user = {"user": uid, "group": uid, "extra_groups": []} if uid and not bwrap else {}
         try:
             done = subprocess.run(
                 command, cwd=folder, capture_output=True, text=True, timeout=60, **user
@@ -234,24 +252,21 @@ def probe(bwrap: str, uid: Optional[int]) -> str:
 
 @functools.lru_cache(maxsize=None)
 def confinement() -> Confinement:
-    """bubblewrap as a uid of the kit's own (where the grader is root and Python is readable by
-    other users), else bubblewrap as the grader's user; without bubblewrap, a uid of the kit's
-    own (root only) or, for a grader that is not root, the grader's own user, said in a line."""
+    """bubblewrap where it runs; without it, a uid of the kit's own (the grader is root, and
+    that uid can run this Python: else nothing is graded) or, for a grader that is not root, the
+    grader's own user, said in a line."""
     root = os.geteuid() == 0
-    uid = SANDBOX_UIDS[0]
+    uid = SANDBOX_UIDS[0] if root else None
     bwrap = shutil.which("bwrap") or ""
     why = "bwrap is not installed (Debian and Ubuntu: apt-get install bubblewrap)"
     if bwrap:
-        for drop in (True, False) if root else (False,):
-            why = probe(bwrap, uid if drop else None)
-            if not why:
-                return Confinement(bwrap, drop, "")
+        why = probe(bwrap, uid)
+        if not why:
+            return Confinement(bwrap, "")
         why = f"bwrap does not run here ({why})"
     if not root:
         return Confinement(
-            "",
-            False,
-            f"no sandbox: {why}; student code runs as this user and can read what this user can",
+            "", f"no sandbox: {why}; student code runs as this user and can read what it can"
         )
     cannot = probe("", uid)
     if cannot:
@@ -261,9 +276,8 @@ def confinement() -> Confinement:
         )
     return Confinement(
         "",
-        True,
-        f"no sandbox: {why}; student code runs as a uid of its own, which can read "
-        "what every user can",
+        f"no sandbox: {why}; student code runs as a uid of its own, which can read what "
+        "every user can",
     )
 
 
@@ -305,9 +319,9 @@ class StudentSandbox:
                 (self.folder / path).parent.mkdir(parents=True, exist_ok=True)
                 (self.folder / path).write_text(text, encoding="utf-8")
         shutil.copyfile(SANDBOX, self.folder / SANDBOX.name)
-        if root and ways.drop:  # a folder only this sandbox's uid can read
-            for path in [self.folder, *self.folder.rglob("*")]:
-                os.chown(path, self.uid, self.uid)
+        # what it holds is the project's own (no submission's code: that goes over a socket),
+        # readable by the sandbox's uid
+        self.folder.chmod(0o755)
         base = INSIDE if ways.bwrap else str(self.folder)
         ours, theirs = socket.socketpair()
         # its scratch folder, emptied between exercises: bubblewrap's /tmp, its own
@@ -315,11 +329,12 @@ class StudentSandbox:
         argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), scratch, base]
         argv.append(str(torch_folder()))
         self.log = tempfile.TemporaryFile()
-        user = {"user": self.uid, "group": self.uid, "extra_groups": []} if ways.drop else {}
+        uid = self.uid if root else None
+        user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
         self.process = subprocess.Popen(
-            sandbox_command(ways.bwrap, str(self.folder), argv, self.uid if root else None),
+            sandbox_command(ways.bwrap, str(self.folder), argv, uid),
             cwd=self.folder,
-            env=sandbox_environment(count_processes=bool(ways.bwrap) or ways.drop),
+            env=sandbox_environment(count_processes=bool(ways.bwrap) or root),
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=self.log,
@@ -378,7 +393,7 @@ class StudentSandbox:
                 pass
             self.process.wait()
             self.log.close()
-            if os.geteuid() == 0 and confinement().drop and not confinement().bwrap:
+            if os.geteuid() == 0 and not confinement().bwrap:
                 end_every_process_of(self.uid)
             shutil.rmtree(self.folder, ignore_errors=True)
             SLOTS.put(self.uid)

@@ -113,6 +113,7 @@ def make(
             leave_out,
             layout,
         )
+        (staging / "teacher").chmod(0o700)  # the solution: its owner's alone
         write_student_folder(staging / "student", text, tree, tests, assignment)
         write_bundle(assignment, staging / "gradescope.zip")
         umask = os.umask(0)

@@ -667,9 +667,16 @@ def end_others(scratch: str) -> None:
 
 
 def main(argv: List[str]) -> int:
-    """In the sandbox, before anything of a submission runs: the limits, which no process in it
-    can raise again (none holds a capability), then the workers."""
+    """In the sandbox, before anything of a submission runs: its uid, the limits, which no
+    process in it can raise again (none holds a capability), then the workers."""
     control_fd, scratch, folder, *paths = argv
+    with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
+        adj.write("1000")
+    if os.environ.get("KIT_UID"):  # bubblewrap started as root: the kit's own uid, from here on
+        uid = int(os.environ["KIT_UID"])
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # and with it, the capabilities to change it
     for limit, value in (
         (resource.RLIMIT_AS, ADDRESS_SPACE),
         (resource.RLIMIT_FSIZE, FILE_SIZE),
@@ -680,8 +687,6 @@ def main(argv: List[str]) -> int:
     # of its own may have its processes counted (KIT_COUNT_PROCESSES is then set)
     if os.environ.get("KIT_COUNT_PROCESSES"):
         resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
-    with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
-        adj.write("1000")
     sys.path[:0] = [folder]  # the project's other modules, as they are
     sys.path += paths
     # what the first gradient asked with grad_outputs, or the first operation on the meta device,

@@ -1066,7 +1066,7 @@ def test_grading_without_assignment_takes_the_only_one_made_here_and_refuses_to_
     assert "--assignment FOLDER" in result.stderr and result.stderr.count("\n") == 1
 
 
-@pytest.mark.slow  # twelve fresh processes of the command
+@pytest.mark.slow  # thirteen fresh processes of the command
 def test_bad_command_lines_get_one_clear_error(tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "no-cache"))  # no last assignment
     (tmp_path / "full").mkdir()
@@ -1084,6 +1084,7 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
         (("--grade-class", tmp_path / "full"), "--assignment FOLDER"),
         (("--grade", tmp_path / "x.py", "--csv", tmp_path / "g.csv"), "--csv goes with"),
         (("--no-such-flag",), "unrecognized"),
+        (("relative_shift", "--out", tmp_path / "a", "--no-audit"), "--no-audit goes with"),
     ]:
         result = cli(*args, env=env)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (args, result.stderr)
@@ -1225,6 +1226,216 @@ def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a
     assert rows["ivan"][4] == "relative_shift: line 9: `os`"
     assert rows['\'=HYPERLINK("http:evil")'] == ["1", "2", "3", "6", "", ""]
     assert not any(cell[:1] in "=+-@" for row in rows.values() for cell in row if cell)
+
+
+# ---------------------------------------------------------------- the sandbox -------------------
+
+OBSERVE = """
+import os
+import resource
+import socket
+import time
+
+
+def observe(teacher, repository):
+    first, outside, _ = map(int, open("/proc/self/uid_map").read().split()[:3])
+    seen = {"uid": os.getuid(), "outside": os.getuid() - first + outside}
+    seen["teacher"], seen["repository"] = os.path.exists(teacher), os.path.exists(repository)
+    seen["top"] = sorted(os.listdir("/"))
+    seen["processes"] = len([p for p in os.listdir("/proc") if p.isdigit()])
+    try:
+        socket.create_connection(("1.1.1.1", 53), timeout=2)
+        seen["network"] = "reached"
+    except OSError as e:
+        seen["network"] = type(e).__name__
+    for where in ("/usr/kit-probe", "/sandbox/kit-probe", "/tmp/kit-probe"):
+        try:
+            open(where, "w").close()
+            seen[where] = "written"
+        except OSError as e:
+            seen[where] = type(e).__name__
+    seen["address space"] = resource.getrlimit(resource.RLIMIT_AS)[1]
+    seen["processes limit"] = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    status = open("/proc/self/status").read().split("\\n")
+    seen["capabilities"] = next(line.split()[1] for line in status if line.startswith("CapEff"))
+    seen["environment"] = sorted(os.environ)
+    children = 0
+    try:
+        while children < 100:
+            if os.fork() == 0:
+                time.sleep(60)
+                os._exit(0)
+            children += 1
+    except OSError:
+        pass
+    seen["children"] = children
+    return seen
+"""
+
+
+@pytest.mark.slow  # a sandbox started: torch imported in it
+def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_limits(hw):
+    ways = grading.confinement()
+    if not ways.bwrap:
+        pytest.skip(ways.note)
+    layout = grading.Layout("kit_probe.py", "test_kit_probe.py", {})
+    box = grading.StudentSandbox({"observe": OBSERVE}, layout, 60)
+    try:
+        graded = {"module": "kit_probe", "function": "observe", "source": OBSERVE}
+        worker = sandbox.Sandbox(box.open(), graded, 60, {})
+        seen = worker.call((str(hw / "teacher" / "compressive.py"), str(ROOT)), {})
+        worker.close()
+    finally:
+        box.close()
+    assert seen["uid"] != 0 and not seen["teacher"] and not seen["repository"], seen
+    if os.geteuid() == 0:  # outside too, a uid of the kit's own
+        assert seen["outside"] in grading.SANDBOX_UIDS, seen
+    else:
+        assert seen["outside"] == os.geteuid(), seen
+    # the system and Python (read-only), its folder, its scratch /tmp, its own /proc and /dev
+    assert ROOT.parts[1] not in seen["top"] or ROOT.parts[1] in {"usr", "tmp"}, seen["top"]
+    assert seen["processes"] <= 3, seen  # bubblewrap's first, the sandbox's first, the worker
+    assert seen["network"] != "reached"
+    assert seen["/usr/kit-probe"] != "written" and seen["/sandbox/kit-probe"] != "written"
+    assert seen["/tmp/kit-probe"] == "written"
+    assert seen["address space"] == sandbox.ADDRESS_SPACE
+    assert seen["processes limit"] == sandbox.PROCESSES
+    assert seen["children"] < sandbox.PROCESSES, seen  # the limit holds
+    assert int(seen["capabilities"], 16) == 0
+    # nothing of the grader's environment: what the kit sets, and what the sandbox's processes
+    # set themselves (Python's locale coercion, bubblewrap's --chdir, torch's compiler import)
+    own = {"LC_CTYPE", "PWD", "TORCHINDUCTOR_CACHE_DIR"}
+    kit = grading.sandbox_environment(True, grading.SANDBOX_UIDS[0])
+    assert set(seen["environment"]) <= set(kit) | own, seen
+
+
+def test_without_bubblewrap_the_kit_says_so_in_one_line_or_refuses_to_grade(monkeypatch):
+    """Without bubblewrap a grader that is root runs student code as a uid of the kit's own
+    (where that uid can run this Python) and says so in one line; where it cannot, it grades
+    nothing, in one line. A grader that is not root says that the code runs as its own user."""
+    monkeypatch.setattr(grading.shutil, "which", lambda name: None)
+    grading.confinement.cache_clear()
+    try:
+        ways = grading.confinement()
+    except exercises.KitError as error:
+        assert os.geteuid() == 0 and "\n" not in str(error)
+        assert "bwrap is not installed" in str(error) and "install bubblewrap" in str(error)
+    else:
+        assert not ways.bwrap and "\n" not in ways.note and "no sandbox" in ways.note
+    finally:
+        grading.confinement.cache_clear()
+
+
+# ---------------------------------------------------------------- with the audit off ------------
+# --no-audit lets a submission run anything in its sandbox. Mallory's does, in each of her three
+# exercises: it looks for the teacher's answer on disk and runs it, stops every process it can
+# see (its parent first), forges pytest's reports (a patched TestReport, report lines on every
+# descriptor it holds, a printed "passed"), and forks a daemon that overwrites every
+# compressive.py it can reach for 40 s.
+
+ATTACK = """
+    import glob, os, signal, sys, time
+    me = sys.modules[__name__]
+    if not getattr(me, "attacked", False):
+        me.attacked = True
+        for pid in [os.getppid(), *(int(p) for p in os.listdir("/proc") if p.isdigit())]:
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+        try:
+            import _pytest.reports
+            _pytest.reports.TestReport.outcome = "passed"
+        except ImportError:
+            pass
+        forged = b'{"collected": [], "outcomes": {}, "messages": {}, "problem": ""}\\n'
+        for fd in range(3, 64):
+            try:
+                os.write(fd, forged)
+            except OSError:
+                pass
+        print("1000 passed")
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                end = time.time() + 40
+                while time.time() < end:
+                    for top in TOPS:
+                        for path in glob.glob(top + "/**/compressive.py", recursive=True):
+                            try:
+                                open(path, "w").write("raise SystemExit(0)\\n")
+                            except OSError:
+                                pass
+                    time.sleep(0.2)
+            os._exit(0)
+    for path in [found for pattern in STOLEN for found in glob.glob(pattern, recursive=True)]:
+        try:
+            answer = {}
+            exec(compile(open(path).read(), path, "exec"), answer)
+            result = RUN
+        except Exception:
+            continue
+        return result
+    raise NotImplementedError("attacked: no answer found on disk")
+"""
+RUNS = {  # what runs the stolen answer, in each exercise's own arguments
+    "relative_shift": "answer['relative_shift'](position_scores)",
+    "attention_reconstruction_loss": (
+        "answer['attention_reconstruction_loss'](layer, queries, old_keys, old_values, compressed)"
+    ),
+    "CompressiveLayer.update_memory": (
+        "answer['CompressiveLayer'].update_memory(self, h, mem, c_mem, usage, attended)"
+    ),
+}
+
+
+def attacking(student_copy: str, tops, stolen) -> str:
+    """The student copy with each exercise's body the attack."""
+    tree = ast.parse(student_copy)
+    lines = exercises.source_lines(student_copy)
+    for name in sorted(EXERCISES, key=lambda n: -exercises.functions(tree)[n].body[-1].lineno):
+        raise_line = exercises.functions(tree)[name].body[-1]  # raise NotImplementedError
+        indent = " " * raise_line.col_offset
+        body = ATTACK.replace("TOPS", repr(list(tops))).replace("STOLEN", repr(list(stolen)))
+        body = body.replace("RUN", RUNS[name])
+        body = "".join(indent + line[4:] + "\n" for line in body.strip("\n").split("\n"))
+        lines[raise_line.lineno - 1 : raise_line.end_lineno] = [body]
+    return "".join(lines)
+
+
+@pytest.mark.slow  # a class graded in sandboxes, one submission out to break it
+def test_with_the_audit_off_no_submission_raises_its_grade_or_lowers_a_classmates(
+    tmp_path, hw, assignment, capsys
+):
+    if not grading.confinement().bwrap:
+        pytest.skip(grading.confinement().note)
+    teacher = hw / "teacher" / "compressive.py"
+    student_copy = (hw / "student" / "compressive.py").read_text()
+    answer = filled(student_copy)
+    stolen = [str(teacher), str(ROOT / "compressive.py"), "/sandbox/**/*.py", "/tmp/**/*.py"]
+    answer_on_disk = {}  # where she can read it, the teacher's answer runs
+    exec(compile(teacher.read_text(), str(teacher), "exec"), answer_on_disk)
+    assert answer_on_disk["relative_shift"](torch.zeros(1, 2, 4)).shape == (1, 2, 3)
+    # the daemon's targets: the assignment, the class, the scratch folders (not the repository)
+    mallory = attacking(student_copy, [str(hw), str(tmp_path), "/tmp", "/sandbox"], stolen)
+    for student, text in [("alice", answer), ("bob", answer), ("mallory", mallory)]:
+        submit(tmp_path / "class" / student, text)
+    files = [teacher, ROOT / "compressive.py", *(tmp_path / "class").rglob("compressive.py")]
+    before = {path: path.read_bytes() for path in files}
+    submissions = handout.class_submissions(tmp_path / "class")
+    handout.say_how_code_runs(audited=False)
+    results = grading.grade_class(submissions, assignment, None, CLASS_TIMEOUT_S, audited=False)
+    assert "warning: --no-audit" in capsys.readouterr().err
+    scores = {student: [g.score for g in r.grades] for student, r in results.items()}
+    assert scores == {"alice": [1, 2, 3], "bob": [1, 2, 3], "mallory": [0, 0, 0]}, results
+    first, *later = results["mallory"].grades
+    # the attack ran in her first exercise (its lines on every descriptor reached the worker's
+    # socket: the test process heard no more from it), and stopped the first process of her
+    # sandbox, so that her later exercises' workers never started
+    assert first.failures and not first.problem, first
+    assert all(f"did not finish within {CLASS_TIMEOUT_S} s" in g.problem for g in later), later
+    assert all(path.read_bytes() == data for path, data in before.items())
 
 
 # ---------------------------------------------------------------- beyond the paper ---------------
