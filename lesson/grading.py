@@ -1,22 +1,23 @@
 """Running the tests, the one way the kit does it, and grading a submission with them.
 
-Every run is a test process of its own (lesson/grading_child.py), in a fresh folder holding the
-teacher's original module and test file, nothing else; its outcomes come back as one record.
-A run that computes an exercise's check runs the teacher's code alone. A run that grades an
-exercise runs the same tests on the same original, with the exercise's function replaced by a
-proxy to a sandbox (lesson/sandbox.py): a process of its own, in bubblewrap where it runs, that
-holds the original with only the student's function put in (exercises.splice) and returns what
-that function computes. The grader and the test process never import a submission, and the
-verdict is the tests' own assertions on the values returned, so nothing a student's code prints,
-writes or reports can raise a score; and since the sandbox is the original but for that function,
-a mistake in one exercise costs that exercise and no other.
+Every run is a test process of its own (lesson/grading_child.py, forked by a zygote), in a
+fresh folder holding the teacher's original module and test file, nothing else; its outcomes
+come back as one record. A run that computes an exercise's check runs the teacher's code alone.
+A run that grades an exercise runs the same tests on the same original, with the exercise's
+function replaced by a proxy to a worker in the submission's sandbox (lesson/sandbox.py, started
+here: StudentSandbox), which holds the original with only the student's function put in
+(exercises.splice) and returns what that function computes. The grader and the test process
+never import a submission, and the verdict is the tests' own assertions on the values returned,
+so nothing a student's code prints, writes or reports can raise a score; and since the worker's
+module is the original but for that function, a mistake in one exercise costs that exercise and
+no other.
 
 An exercise's check is the tests that fail when its function alone is blanked, found by blanking
 it for real (compute_checks), less those that do not pass when the original's own function runs
-in the sandbox (checked when the assignment is made). A submission is graded one exercise at a
-time, after the static audit (lesson/audit.py) has accepted the file and that exercise: an
-exercise it refuses scores 0 alone, with the reason. A class is graded the same way, every
-exercise of every student side by side (grade_class).
+in the sandbox (sandbox_checks, when the assignment is made). A submission is graded one exercise
+after another, each after the static audit (lesson/audit.py) has accepted the file and that
+exercise: an exercise it refuses scores 0 alone, with the reason. A class is graded the same
+way, students side by side, one per core (grade_class).
 """
 
 import ast

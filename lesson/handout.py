@@ -24,9 +24,11 @@ one file.
 
 An exercise's check is computed one way, the exact one: the tests that fail when its function
 alone is blanked, found by blanking it for real (lesson/grading.py). Grading audits the
-submitted file first (lesson/audit.py) and then grades each exercise alone, the original with
-only the student's function put in, on the teacher's tests; it prints per exercise its points
-and each failing test with the first line of why. Exit status: 0 when every exercise scores
+submitted file first (lesson/audit.py) and then grades each exercise alone: the teacher's tests
+run on the teacher's original, in a process of their own, and only the exercise's function is
+the student's, run in a sandbox that sends back what it returns (lesson/sandbox.py). It prints
+per exercise its points and each failing test with the first line of why; --no-audit grades
+without the audit (to test the sandbox). Exit status: 0 when every exercise scores
 all its points, 1 when one does not (or the file is refused), 2 on bad input, with one error
 line. --grade-class grades every submission of a folder (a folder or a .py file per student),
 all side by side, and writes one CSV row per student and which tests failed most.
@@ -202,10 +204,11 @@ def student_readme(
     graded = textwrap.fill(
         "**How it is graded.** Each exercise alone: your function is put into the original "
         f"`{module}`, so a mistake in one exercise costs that exercise only, and it scores "
-        f"its points {credit}, along with a few tests your teacher keeps. Write only inside "
-        "these bodies. The grader refuses a file that differs from this one anywhere else or "
-        "imports anything; and it refuses an exercise alone (it scores 0, the others are "
-        "graded) whose body uses more than its arguments, its own names, the names "
+        f"its points {credit}, along with a few tests your teacher keeps. Your function runs in "
+        "a sandbox of its own; the tests check what it returns and raises, and nothing it prints "
+        "counts. Write only inside these bodies. The grader refuses a file that differs from this "
+        "one anywhere else or imports anything; and it refuses an exercise alone (it scores 0, "
+        "the others are graded) whose body uses more than its arguments, its own names, the names "
         f"`{module}` defines or takes from the project's modules, torch, F, nn and math, tensor "
         "operations and plain builtins "
         "(len, range, min, max, ...), or hands a class to anything; it says which line and "

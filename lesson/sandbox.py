@@ -146,7 +146,7 @@ def receive(fd: int, deadline: Optional[float] = None):
         sizes = header["blobs"]
         if not all(type(size) is int and size >= 0 for size in sizes):
             raise TypeError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # JSON nested past Python's stack
         raise Refused("a message whose header is not one") from None
     if sum(sizes) != blobs_length:
         raise Refused("a message whose blobs do not add up")
@@ -800,7 +800,7 @@ class Sandbox:
             ctypes.memmove(storage[2].untyped_storage().data_ptr(), data, len(data))
             storage[1] = data
         if "error" in reply:
-            kind = EXCEPTIONS.get(reply["error"], RuntimeError)
+            kind = EXCEPTIONS.get(text(reply["error"]), RuntimeError)
             return kind(text(reply["message"]))
         new = [self.tensor(entry, out) for entry in reply["tensors"]]
         leaves = [t for t in sent.reached.values() if t.requires_grad]
@@ -877,9 +877,10 @@ class Sandbox:
             "grads": [None if e is None else table[e["tensor"]] for e in entries],
         }
         reply, out = self.exchange((header, blobs))
-        if "error" in reply:
-            raise EXCEPTIONS.get(reply["error"], RuntimeError)(text(reply["message"]))
         try:
+            if "error" in reply:  # the student's code raised it, in its backward
+                error = EXCEPTIONS.get(text(reply["error"]), RuntimeError)(text(reply["message"]))
+                reply = {"tensors": [], "grads": [None] * len(link.leaves), "raised": error}
             new = [self.tensor(entry, out) for entry in reply["tensors"]]
             found = [None if e is None else self.value(e, {}, new, 0) for e in reply["grads"]]
             if len(found) != len(link.leaves) or any(
@@ -889,6 +890,8 @@ class Sandbox:
                 raise Refused("gradients that do not fit the tensors")
         except (Refused, KeyError, IndexError, TypeError, ValueError, RuntimeError) as why:
             self.end(f"the sandbox sent what no backward returns ({str(why)[:200]})")
+        if "raised" in reply:
+            raise reply["raised"]
         return found
 
     def reset(self) -> None:

@@ -594,6 +594,20 @@ def read(layer):
 
 def refuse():
     raise ValueError("a student's own words")
+
+
+class Fragile(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ValueError("no gradient here")
+
+
+def fragile(x):
+    return Fragile.apply(x)
 """
 
 
@@ -658,6 +672,10 @@ def test_a_change_in_place_the_random_state_and_an_exception_come_back_too():
     assert drawn.equal(torch.rand(4)) and after.equal(torch.rand(4))
     with pytest.raises(ValueError, match="a student's own words"):
         Loopback("refuse").call((), {})
+    box, x = Loopback("fragile"), torch.ones(2, requires_grad=True)
+    with pytest.raises(ValueError, match="no gradient here"):  # raised in its backward
+        box.call((x,), {}).sum().backward()
+    assert box.call((x,), {}).tolist() == [2.0, 2.0]  # and the worker still serves
 
 
 def test_the_worker_keeps_a_module_sent_until_it_changes():
@@ -956,6 +974,7 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
     torch_version = version("torch").split("+")[0]
     assert f"torch=={torch_version} --index-url https://download.pytorch.org/whl/cpu" in setup
     assert "It needs the network" in setup
+    assert "apt-get install -y python3 python3-venv bubblewrap" in setup  # the sandbox
     assert "setup.sh" in TEACHERS and "needs the network" in " ".join(TEACHERS.split())
     assert f"pytest=={pytest.__version__}" in setup
     with tempfile.NamedTemporaryFile("w", suffix=".sh") as script:
