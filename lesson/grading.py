@@ -168,10 +168,9 @@ def system_mounts() -> List[str]:
     return args
 
 
-def sandbox_environment(count_processes: bool, uid: Optional[int] = None) -> Dict[str, str]:
-    """All a sandbox's environment holds: KIT_UID, the uid its first process takes before any
-    student code runs (bubblewrap started as root); KIT_COUNT_PROCESSES, where its processes can
-    be counted on their own (a user namespace, or a uid of the kit's own)."""
+def sandbox_environment(count_processes: bool) -> Dict[str, str]:
+    """All a sandbox's environment holds: KIT_COUNT_PROCESSES, where its processes can be
+    counted on their own (a user namespace, or a uid of the kit's own)."""
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": "/tmp",
@@ -181,37 +180,38 @@ def sandbox_environment(count_processes: bool, uid: Optional[int] = None) -> Dic
     }
     if count_processes:
         env["KIT_COUNT_PROCESSES"] = "1"
-    if uid is not None:
-        env["KIT_UID"] = str(uid)
     return env
 
 
-def sandbox_command(bwrap: str, folder: str, argv: List[str], uid: Optional[int]) -> list:
-    """The command that starts Python with argv in a sandbox on folder (a submission's: a copy
-    of sandbox.py and the project's other modules, nothing of the teacher's tests). In bubblewrap
-    where bwrap names it: namespaces of its own for processes (every one dies with it), network
-    (none), IPC and host name; the system and Python read-only; a scratch /tmp of its own; no
-    environment but what it needs. uid (the grader is root): bubblewrap runs as root, and its
-    first process, holding no capability but those to change its uid, takes uid before anything
-    else runs, a real uid of the machine's, whose processes the kernel counts and whose files it
-    checks as no one's but its own. Else bubblewrap runs as the grader's user, in a user
-    namespace of its own too (no capability, none nested). Without bubblewrap, Python alone
-    (started in folder, as uid where the grader is root)."""
+def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> list:
+    """The command that starts Python with argv in a sandbox on folder (a copy of sandbox.py and
+    the project's other modules, nothing of the teacher's tests). In bubblewrap where bwrap names
+    it: namespaces of its own for processes (every one dies with it), network (none), IPC and
+    host name; the system and Python read-only; a scratch /tmp of its own; no environment but
+    what it needs. root (the grader is): bubblewrap runs as root, without a user namespace, its
+    first process holding no capability but those to change uid and to give a folder away, and
+    /tmp writable by root alone: the process that runs a submission takes a uid of the kit's
+    own, and a folder of /tmp, before anything of the submission runs, a real uid of the
+    machine's, whose processes the kernel counts and whose files it checks as no one's but its
+    own. Else bubblewrap runs as the grader's user, in a user namespace of its own too (no
+    capability, none nested). Without bubblewrap, Python alone (started in folder)."""
     python = str(Path(sys.executable).resolve())
     if not bwrap:
         return [python, *argv]
-    if uid is None:
+    if not root:
         args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     else:
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
-        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"):
+            args += ["--cap-add", capability]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
-    for name, value in sandbox_environment(True, uid).items():
+    for name, value in sandbox_environment(True).items():
         args += ["--setenv", name, value]
     # the scratch /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
     # it, read-only, after
-    args += ["--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
+    tmp_mode = "0711" if root else "1777"  # as root, each submission's folder in it, its own
+    args += ["--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
     args += system_mounts()
     made = {"/", "/tmp"}
     for path in python_folders():
@@ -235,7 +235,7 @@ def probe(bwrap: str, uid: Optional[int]) -> str:
         if uid is not None and bwrap:
             look += f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
         look += f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)\n"
-        command = sandbox_command(bwrap, folder, ["-I", "-c", look], uid)
+        command = sandbox_command(bwrap, folder, ["-I", "-c", look], uid is not None)
         user = {"user": uid, "group": uid, "extra_groups": []} if uid and not bwrap else {}
         try:
             done = subprocess.run(
@@ -293,10 +293,108 @@ class SandboxFailed(Exception):
     """The machine's failure, not the submission's: the sandbox did not start."""
 
 
+def launch(layout: Layout, scratch: str, uid: Optional[int]):
+    """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
+    sandbox.py and the project files the module imports, nothing of the teacher's tests; uid: the
+    grader is root. Its process, its control socket, its log and its folder."""
+    ways = confinement()
+    folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
+    for path, text in layout.support.items():
+        if not PurePosixPath(path).name.startswith("test_"):
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text, encoding="utf-8")
+    shutil.copyfile(SANDBOX, folder / SANDBOX.name)
+    # what it holds is the project's own (no submission's code: that goes over a socket),
+    # readable by the sandbox's uid
+    folder.chmod(0o755)
+    base = INSIDE if ways.bwrap else str(folder)
+    ours, theirs = socket.socketpair()
+    argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), scratch, base]
+    argv.append(str(torch_folder()))
+    log = tempfile.TemporaryFile()
+    user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
+    process = subprocess.Popen(
+        sandbox_command(ways.bwrap, str(folder), argv, uid is not None),
+        cwd=folder,
+        env=sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        pass_fds=(theirs.fileno(),),
+        start_new_session=True,  # its own process group, killed whole when it ends
+        **user,
+    )
+    theirs.close()
+    return process, ours, log, folder
+
+
+def last_line(log) -> str:
+    """The last line a sandbox's log holds (read without moving it: threads share a log)."""
+    size = os.fstat(log.fileno()).st_size
+    tail = os.pread(log.fileno(), 4000, max(0, size - 4000))
+    lines = tail.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:300] if lines else ""
+
+
+class SharedSandbox:
+    """Where the grader is root and bubblewrap runs: one sandbox for the submissions of a
+    grading (of an assignment's layout), whose first process imports torch once and forks each
+    submission's first process as the uid the submission holds (sandbox.start_submissions).
+    Submissions in it share its namespaces, and are kept apart by their uids: none can signal,
+    trace or read another's processes or scratch folder. Ended when the grader ends."""
+
+    lock = threading.Lock()
+    running: Dict[tuple, "SharedSandbox"] = {}
+
+    @classmethod
+    def of(cls, layout: Layout) -> "SharedSandbox":
+        key = (os.getpid(), tuple(sorted(layout.support.items())))
+        with cls.lock:
+            box = cls.running.get(key)
+            if box is None or box.process.poll() is not None:
+                box = cls.running[key] = cls(layout)
+            return box
+
+    def __init__(self, layout: Layout):
+        self.lock = threading.Lock()
+        self.process, self.control, self.log, self.folder = launch(layout, "shared", 0)
+        atexit.register(self.stop)
+
+    def request(self, op: str, uid: int) -> socket.socket:
+        """A socket to the process started for op ("start": a submission's first process;
+        "end": the one that ends every process of uid and empties its scratch folder)."""
+        ours, theirs = socket.socketpair()
+        with self.lock:
+            try:
+                message = json.dumps({"op": op, "uid": uid}).encode()
+                socket.send_fds(self.control, [message], [theirs.fileno()])
+            except OSError:
+                pass  # it has ended: the socket says so, closed
+            finally:
+                theirs.close()
+        return ours
+
+    def end(self, uid: int) -> None:
+        """Every process of uid ended, its scratch folder emptied: its socket closes then."""
+        done = self.request("end", uid)
+        done.settimeout(60)
+        with contextlib.suppress(OSError):
+            done.recv(1)
+        done.close()
+
+    def stop(self) -> None:
+        self.control.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class StudentSandbox:
-    """The sandbox of one submission (the kit's own uid while it runs, where the grader is
-    root): started for its first exercise, ended by close(). Its folder holds a copy of
-    sandbox.py and the project files the module imports, nothing of the teacher's tests. Its
+    """Where one submission runs (the kit's own uid while it runs, where the grader is root):
+    started for its first exercise, ended by close(). A sandbox of its own, or, where the grader
+    is root and bubblewrap runs, a first process of its own in the grading's SharedSandbox. Its
     exercises run one at a time, each in a worker of its own whose socket goes to the exercise's
     test process (open); the test process sends the worker its module, the original with only
     that exercise's function taken from the submission (spliced: exercise -> text)."""
@@ -304,58 +402,40 @@ class StudentSandbox:
     def __init__(self, spliced: Dict[str, str], layout: Layout, timeout_s: float):
         self.spliced, self.layout, self.timeout_s = spliced, layout, timeout_s
         self.lock = threading.Lock()
-        self.process: Optional[subprocess.Popen] = None
+        self.started = False
+        self.shared: Optional[SharedSandbox] = None
+        self.process: Optional[subprocess.Popen] = None  # a sandbox of its own
         self.control: Optional[socket.socket] = None
-        self.word: Optional[bytes] = None  # what its first process said once torch was imported
+        self.word: Optional[bytes] = None  # what its first process said once it could serve
         self.uid: Optional[int] = None
-        self.folder: Optional[Path] = None
 
     def start(self) -> None:
         ways = confinement()
         root = os.geteuid() == 0
         self.uid = SLOTS.get()
-        self.folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
-        for path, text in self.layout.support.items():
-            if not PurePosixPath(path).name.startswith("test_"):
-                (self.folder / path).parent.mkdir(parents=True, exist_ok=True)
-                (self.folder / path).write_text(text, encoding="utf-8")
-        shutil.copyfile(SANDBOX, self.folder / SANDBOX.name)
-        # what it holds is the project's own (no submission's code: that goes over a socket),
-        # readable by the sandbox's uid
-        self.folder.chmod(0o755)
-        base = INSIDE if ways.bwrap else str(self.folder)
-        ours, theirs = socket.socketpair()
+        self.started = True
+        if ways.bwrap and root:
+            self.shared = SharedSandbox.of(self.layout)
+            self.control, self.log = self.shared.request("start", self.uid), self.shared.log
+            return
         # its scratch folder, emptied between exercises: bubblewrap's /tmp, its own
         scratch = "/tmp" if ways.bwrap else "-"
-        argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), scratch, base]
-        argv.append(str(torch_folder()))
-        self.log = tempfile.TemporaryFile()
         uid = self.uid if root else None
-        user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
-        self.process = subprocess.Popen(
-            sandbox_command(ways.bwrap, str(self.folder), argv, uid),
-            cwd=self.folder,
-            env=sandbox_environment(count_processes=bool(ways.bwrap) or root),
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=self.log,
-            pass_fds=(theirs.fileno(),),
-            start_new_session=True,  # its own process group, killed whole by close()
-            **user,
-        )
-        theirs.close()
-        self.control = ours
+        self.process, self.control, self.log, self.folder = launch(self.layout, scratch, uid)
 
     def open(self) -> int:
         """A socket to a new worker, for an exercise's test process, which sends it its module;
         SandboxFailed when the sandbox did not start."""
-        if self.process is None:
+        if not self.started:
             self.start()
         why = self.failure()
         if why:
             raise SandboxFailed(why)
         with self.lock:
             ours, theirs = socket.socketpair()
+            for end in (ours, theirs):  # a step's parameters in one write, not many
+                end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             try:
                 job = json.dumps({"seconds": max(1, int(self.timeout_s))}).encode()
                 socket.send_fds(self.control, [job], [theirs.fileno()])
@@ -378,27 +458,27 @@ class StudentSandbox:
                 self.control.settimeout(None)
             if self.word == b"started":
                 return ""
-            self.log.seek(0)
-            lines = self.log.read()[-4000:].decode("utf-8", "replace").strip().splitlines()
-            return f"the sandbox did not start ({lines[-1][:300] if lines else self.word[:20]!r})"
+            return f"the sandbox did not start ({last_line(self.log) or self.word[:20]!r})"
 
     def close(self) -> None:
-        """The sandbox and every process in it; its folder; its uid, freed for the next."""
+        """Every process of the submission; its sandbox and folder where they are its own; its
+        uid, freed for the next."""
         with self.lock:
-            if self.process is None:
+            if not self.started:
                 return
             self.control.close()
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.process.wait()
-            self.log.close()
-            if os.geteuid() == 0 and not confinement().bwrap:
-                end_every_process_of(self.uid)
-            shutil.rmtree(self.folder, ignore_errors=True)
+            if self.shared:
+                self.shared.end(self.uid)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+                self.log.close()
+                if os.geteuid() == 0 and not confinement().bwrap:
+                    end_every_process_of(self.uid)
+                shutil.rmtree(self.folder, ignore_errors=True)
             SLOTS.put(self.uid)
-            self.process = None
+            self.started = False
 
 
 def end_every_process_of(uid: int) -> None:

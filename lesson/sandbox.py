@@ -12,10 +12,14 @@ random number generator.
 
     python sandbox.py CONTROL_FD SCRATCH FOLDER [PATH ...]     its first process, in the sandbox
 
-One sandbox serves one submission. Its first process imports torch, then forks a worker for
-each exercise in turn, which makes the original module with only that exercise's function taken
-from the submission (its source comes from the test process, and is never a file) and serves
-that exercise's test process on a socket.
+A submission's first process forks a worker for each exercise in turn, which makes the original
+module with only that exercise's function taken from the submission (its source comes from the
+test process, and is never a file) and serves that exercise's test process on a socket. Where
+the grader is not root, each submission has a sandbox of its own, whose first process imports
+torch. Where it is root, one sandbox serves every submission of the grading (SCRATCH is
+"shared"): its first process imports torch once, holding only the capabilities to change uid
+and to give a folder away, and forks each submission's first process, which takes a uid of the
+kit's own and a scratch folder of its own before anything of the submission runs.
 
 A message is a length, a JSON header and raw byte blobs. The test process builds each tensor it
 receives with torch.frombuffer and as_strided, after checking every field of the header (a dtype
@@ -45,6 +49,7 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -639,6 +644,53 @@ def start_workers(control_fd: int, scratch: str) -> None:
             os.close(fd)
 
 
+def start_submissions(control_fd: int) -> None:
+    """The first process of a sandbox shared by the submissions of a grading (bubblewrap started
+    as root, without a user namespace): torch imported once, it forks the first process of each
+    submission the grader sends ("start": its uid, a socket), which takes that uid, and so loses
+    every capability, and a scratch folder of its own (under /tmp, which only this process may
+    write) before anything of the submission runs; and, asked to "end" a uid, a process that
+    takes it and kills every process it may signal (every process of that uid, in this
+    sandbox or not) and empties its scratch folder, the socket sent closing when that is done.
+    It runs no student code, and no student's process can signal, trace or read it (a uid of
+    its own, not dumpable)."""
+    control = socket.socket(fileno=control_fd)
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    gc.freeze()
+    one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+    control.sendall(b"started" if one_thread else b"unsafe")
+    if not one_thread:
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
+    scratches: Dict[int, str] = {}  # uid -> its scratch folder
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        if not message:  # the grader has gone
+            return
+        request = json.loads(message)
+        uid = int(request["uid"])
+        if request["op"] == "start" and uid not in scratches:
+            scratches[uid] = tempfile.mkdtemp(prefix="submission-", dir="/tmp")
+            os.chown(scratches[uid], uid, uid)
+        if os.fork() == 0:
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)  # and with it, the capabilities to change it
+                scratch = scratches.get(uid, "")
+                if request["op"] == "end":
+                    end_others(scratch)
+                else:
+                    os.environ["TMPDIR"] = os.environ["HOME"] = scratch
+                    start_workers(fds[0], scratch)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
 def end_others(scratch: str) -> None:
     """Every other process of the sandbox killed (kill(-1) reaches all that its uid may signal,
     never the caller), the dead reaped, the scratch folder emptied."""
@@ -667,16 +719,12 @@ def end_others(scratch: str) -> None:
 
 
 def main(argv: List[str]) -> int:
-    """In the sandbox, before anything of a submission runs: its uid, the limits, which no
-    process in it can raise again (none holds a capability), then the workers."""
+    """In the sandbox, before anything of a submission runs: the limits, which no process in it
+    can raise again (none holds the capability to), torch imported, then the workers (or, in a
+    shared sandbox, each submission's first process)."""
     control_fd, scratch, folder, *paths = argv
     with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
         adj.write("1000")
-    if os.environ.get("KIT_UID"):  # bubblewrap started as root: the kit's own uid, from here on
-        uid = int(os.environ["KIT_UID"])
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)  # and with it, the capabilities to change it
     for limit, value in (
         (resource.RLIMIT_AS, ADDRESS_SPACE),
         (resource.RLIMIT_FSIZE, FILE_SIZE),
@@ -684,7 +732,8 @@ def main(argv: List[str]) -> int:
     ):
         resource.setrlimit(limit, (value, value))
     # bubblewrap's user namespace counts this sandbox's processes alone; without one, only a uid
-    # of its own may have its processes counted (KIT_COUNT_PROCESSES is then set)
+    # of its own may have its processes counted (KIT_COUNT_PROCESSES is then set; root's own,
+    # the shared sandbox's first process, are not)
     if os.environ.get("KIT_COUNT_PROCESSES"):
         resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
     sys.path[:0] = [folder]  # the project's other modules, as they are
@@ -693,7 +742,10 @@ def main(argv: List[str]) -> int:
     # imports (symbolic shapes, sympy, the compiler's modules): once here, not once per worker
     import torch._dynamo  # noqa: F401
 
-    start_workers(int(control_fd), "" if scratch == "-" else scratch)
+    if scratch == "shared":
+        start_submissions(int(control_fd))
+    else:
+        start_workers(int(control_fd), "" if scratch == "-" else scratch)
     return 0
 
 
