@@ -189,9 +189,9 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> lis
     it: namespaces of its own for processes (every one dies with it), network (none), IPC and
     host name; the system and Python read-only; a scratch /tmp of its own; no environment but
     what it needs. root (the grader is): bubblewrap runs as root, without a user namespace, its
-    first process holding no capability but those to change uid and to give a folder away, and
-    /tmp writable by root alone: the process that runs a submission takes a uid of the kit's
-    own, and a folder of /tmp, before anything of the submission runs, a real uid of the
+    first process holding no capability but those to change uid and to make namespaces, and
+    /tmp writable by root alone; each submission's first process has namespaces of its own and
+    takes a uid of the kit's own before anything of the submission runs, a real uid of the
     machine's, whose processes the kernel counts and whose files it checks as no one's but its
     own. Else bubblewrap runs as the grader's user, in a user namespace of its own too (no
     capability, none nested). Without bubblewrap, Python alone (started in folder)."""
@@ -203,7 +203,7 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> lis
     else:
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
-        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"):
+        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_SYS_ADMIN"):
             args += ["--cap-add", capability]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
     for name, value in sandbox_environment(True).items():
@@ -340,8 +340,8 @@ class SharedSandbox:
     """Where the grader is root and bubblewrap runs: one sandbox for the submissions of a
     grading (of an assignment's layout), whose first process imports torch once and forks each
     submission's first process as the uid the submission holds (sandbox.start_submissions).
-    Submissions in it share its namespaces, and are kept apart by their uids: none can signal,
-    trace or read another's processes or scratch folder. Ended when the grader ends."""
+    Each submission has namespaces of its own in it (processes, network, IPC, host name,
+    mounts), a scratch folder of its own and a uid of its own. Ended when the grader ends."""
 
     lock = threading.Lock()
     running: Dict[tuple, "SharedSandbox"] = {}

@@ -18,8 +18,8 @@ test process, and is never a file) and serves that exercise's test process on a 
 the grader is not root, each submission has a sandbox of its own, whose first process imports
 torch. Where it is root, one sandbox serves every submission of the grading (SCRATCH is
 "shared"): its first process imports torch once, holding only the capabilities to change uid
-and to give a folder away, and forks each submission's first process, which takes a uid of the
-kit's own and a scratch folder of its own before anything of the submission runs.
+and to make namespaces, and forks for each submission a process with namespaces of its own,
+whose first process takes a uid of the kit's own before anything of the submission runs.
 
 A message is a length, a JSON header and raw byte blobs. The test process builds each tensor it
 receives with torch.frombuffer and as_strided, after checking every field of the header (a dtype
@@ -49,7 +49,6 @@ import signal
 import socket
 import struct
 import sys
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -644,44 +643,49 @@ def start_workers(control_fd: int, scratch: str) -> None:
             os.close(fd)
 
 
+# A submission's namespaces (unshare(2)), and the flags of its mounts (mount(2))
+NEW_NAMESPACES = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000  # mount, host
+# name, IPC, processes, network
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+
+
 def start_submissions(control_fd: int) -> None:
     """The first process of a sandbox shared by the submissions of a grading (bubblewrap started
-    as root, without a user namespace): torch imported once, it forks the first process of each
-    submission the grader sends ("start": its uid, a socket), which takes that uid, and so loses
-    every capability, and a scratch folder of its own (under /tmp, which only this process may
-    write) before anything of the submission runs; and, asked to "end" a uid, a process that
-    takes it and kills every process it may signal (every process of that uid, in this
-    sandbox or not) and empties its scratch folder, the socket sent closing when that is done.
-    It runs no student code, and no student's process can signal, trace or read it (a uid of
-    its own, not dumpable)."""
+    as root, without a user namespace): torch imported once, it forks for each submission the
+    grader sends ("start": its uid, a socket) a process that gives it namespaces of its own
+    (processes, network, IPC, host name, mounts: its own /proc and scratch folder), whose first
+    process takes that uid, and with it loses every capability, before anything of the
+    submission runs; and, asked to "end" a uid, a process that takes it and kills every process
+    that uid runs (the first of its namespace of processes among them, with which all die), its
+    socket closing when that is done. It runs no student code, and no student's process can
+    signal, trace or read it (root, not dumpable)."""
     control = socket.socket(fileno=control_fd)
-    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
     gc.freeze()
     one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
     control.sendall(b"started" if one_thread else b"unsafe")
     if not one_thread:
         return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
-    scratches: Dict[int, str] = {}  # uid -> its scratch folder
     while True:
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
         if not message:  # the grader has gone
             return
         request = json.loads(message)
-        uid = int(request["uid"])
-        if request["op"] == "start" and uid not in scratches:
-            scratches[uid] = tempfile.mkdtemp(prefix="submission-", dir="/tmp")
-            os.chown(scratches[uid], uid, uid)
         if os.fork() == 0:
             try:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)  # and with it, the capabilities to change it
-                scratch = scratches.get(uid, "")
+                scratch = f"/tmp/{int(request['uid'])}"
+                if request["op"] == "start":
+                    isolate(libc, scratch)
+                    if os.fork():  # the next process is the first of its namespace
+                        os._exit(0)
+                    mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                become(int(request["uid"]))
                 if request["op"] == "end":
-                    end_others(scratch)
+                    end_others("")
                 else:
                     os.environ["TMPDIR"] = os.environ["HOME"] = scratch
                     start_workers(fds[0], scratch)
@@ -689,6 +693,30 @@ def start_submissions(control_fd: int) -> None:
                 os._exit(0)
         for fd in fds:
             os.close(fd)
+
+
+def isolate(libc, scratch: str) -> None:
+    """Namespaces of its own for this process's next children, and a scratch folder of its
+    own: a tmpfs on scratch, a folder of /tmp, where only root may write (as /tmp may hold
+    Python, it stays)."""
+    os.makedirs(scratch, exist_ok=True)
+    if libc.unshare(NEW_NAMESPACES) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing it mounts reaches another
+    size = f"size={64 << 20},mode=1777".encode()
+    mount(libc, "tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, size)
+
+
+def mount(libc, source, target, kind, flags, data=None) -> None:
+    encode = [None if v is None else v.encode() for v in (source, target, kind)]
+    if libc.mount(*encode, ctypes.c_ulong(flags), data) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target}")
+
+
+def become(uid: int) -> None:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)  # and with it, every capability
 
 
 def end_others(scratch: str) -> None:
