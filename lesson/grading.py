@@ -133,6 +133,7 @@ def module_name(path: str) -> str:
 
 INSIDE = "/sandbox"  # where a submission's sandbox folder appears in bubblewrap, read-only
 SCRATCH_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
+NAMESPACES = 0x6C020000  # sandbox.NEW_NAMESPACES: mount, host name, IPC, processes, network
 
 
 def torch_folder() -> Path:
@@ -232,7 +233,8 @@ def probe(bwrap: str, uid: Optional[int]) -> str:
     with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder:
         os.chmod(folder, 0o755)
         look = "import os, sys\n"
-        if uid is not None and bwrap:
+        if uid is not None and bwrap:  # a submission's namespaces made (sandbox.isolate), its uid
+            look += f"import ctypes\nif ctypes.CDLL(None).unshare({NAMESPACES}): sys.exit(4)\n"
             look += f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
         look += f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)\n"
         command = sandbox_command(bwrap, folder, ["-I", "-c", look], uid is not None)
@@ -245,6 +247,8 @@ def probe(bwrap: str, uid: Optional[int]) -> str:
             return str(e)
     if done.returncode == 3:
         return f"torch ({torch_init}) cannot be read there"
+    if done.returncode == 4:
+        return "a submission's namespaces cannot be made there"
     lines = (done.stderr or done.stdout).strip().splitlines()
     return (
         "" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")

@@ -1326,6 +1326,7 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     assert seen["processes limit"] == sandbox.PROCESSES
     assert seen["children"] < sandbox.PROCESSES, seen  # the limit holds
     assert int(seen["capabilities"], 16) == 0
+    assert grading.NAMESPACES == sandbox.NEW_NAMESPACES  # what the probe checks can be made
     # nothing of the grader's environment: what the kit sets, and what the sandbox's processes
     # set themselves (Python's locale coercion, bubblewrap's --chdir, torch's compiler import)
     own = {"LC_CTYPE", "PWD", "TORCHINDUCTOR_CACHE_DIR"}
