@@ -46,6 +46,7 @@ effect no one foresaw. Grading runs student code: run it in a container, as Grad
 
 import ast
 import functools
+import symtable
 from typing import Dict, List, NamedTuple
 
 from lesson.exercises import functions, without_functions
@@ -185,6 +186,7 @@ def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> 
             f"{where}: the file differs from the handout outside the exercises "
             f"({', '.join(exercises)}): change nothing but their bodies"
         )
+    scopes = symtable.symtable(student_text, "the submission", "exec")
     refused = {}
     for name in exercises:
         ours, theirs = found[name], reference.functions[name]
@@ -194,7 +196,10 @@ def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> 
                 f"handout's: write only its body"
             )
             continue
-        why = check_body(ours, name, reference.names, reference.attributes, reference.classes)
+        local = local_names(ours) - global_reads(scopes, name, ours.lineno)
+        why = check_body(
+            ours, name, local, reference.names, reference.attributes, reference.classes
+        )
         if why:
             refused[name] = why
     return refused
@@ -230,7 +235,8 @@ def signature(node: ast.FunctionDef) -> str:
 
 def local_names(function: ast.FunctionDef) -> set:
     """Every name the function binds anywhere inside it: arguments (its own, its lambdas' and
-    nested defs'), assignments, loop and with targets, comprehension variables, except-as."""
+    nested defs'), assignments, loop and with targets, comprehension variables, except-as. A name
+    is the answer's own only where it is never read as a global too (global_reads)."""
     bound = set()
     for node in ast.walk(function):
         if isinstance(node, ast.arg):
@@ -244,10 +250,28 @@ def local_names(function: ast.FunctionDef) -> set:
     return bound
 
 
-def check_body(function: ast.FunctionDef, name: str, names, attributes, classes) -> str:
+def global_reads(scopes: symtable.SymbolTable, name: str, line: int) -> set:
+    """The names that the function (name, qualified; its def at line) or any scope nested in it
+    reads as a global or a builtin, as Python resolves them (symtable). Bound as a lambda's
+    parameter, a comprehension's variable or a nested def's, `exec` is local there alone: read
+    in the function's own body, it is the builtin."""
+    table = scopes
+    for part in name.split("."):
+        matches = [t for t in table.get_children() if t.get_name() == part]
+        table = next((t for t in matches if t.get_lineno() == line), matches[-1])
+    reads, stack = set(), [table]
+    while stack:
+        scope = stack.pop()
+        stack += scope.get_children()
+        for symbol in scope.get_symbols():
+            if symbol.is_referenced() and symbol.is_global():
+                reads.add(symbol.get_name())
+    return reads
+
+
+def check_body(function: ast.FunctionDef, name: str, local, names, attributes, classes) -> str:
     """Why the body may not run, or "": its every name and attribute, and where it names a class.
     Of what it may not use, the first in the text is named (in open(f).read(), open)."""
-    local = local_names(function)
     found = []
     class_places = places_for_a_class(function)
     for node in (node for statement in function.body for node in ast.walk(statement)):

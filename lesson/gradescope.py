@@ -20,6 +20,7 @@ KIT_FILES = [
     "audit.py",
     "grading.py",
     "grading_child.py",
+    "sandbox.py",
     "gradescope.py",
 ]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -33,12 +34,14 @@ def setup_sh(versions: Dict[str, str]) -> str:
 # Gradescope runs this once, as root, when it builds the autograder's image (pick an Ubuntu base
 # image whose python3 torch {torch_version} supports). It needs the network (apt's mirrors, the
 # Python package index and torch's own index), as Gradescope's image builder has; grading itself
-# needs none. A virtual environment of its own, so the system's packages play no part; the CPU
-# build of torch (the GPU build is a multi-GB download a grader has no use for) and pytest,
-# pinned to the versions the assignment's checks were computed with.
+# needs none. Bubblewrap, the sandbox each student's function runs in (where the container
+# forbids it, grading says so and runs that code as a uid of its own). A virtual environment of
+# its own, so the system's packages play no part; the CPU build of torch (the GPU build is a
+# multi-GB download a grader has no use for) and pytest, pinned to the versions the assignment's
+# checks were computed with.
 set -euo pipefail
 apt-get update
-apt-get install -y python3 python3-venv
+apt-get install -y python3 python3-venv bubblewrap
 python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install --no-cache-dir torch=={torch_version} --index-url {TORCH_CPU_INDEX}
 /autograder/venv/bin/pip install --no-cache-dir pytest=={pytest_version}
@@ -48,8 +51,10 @@ python3 -m venv /autograder/venv
 RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for each submission: it grades the module the student uploaded
 # (submission/) with the teacher's tests and original (source/assignment/) and writes
-# results/results.json. Every exercise is graded alone, after a static audit of the whole file;
-# the student's other files are never read. The root is the folder that holds source/,
+# results/results.json. Every exercise is graded alone, after a static audit of the whole file,
+# the student's function in a sandbox; the student's other files are never read. source/ is
+# made readable by root alone, so that no student code, whatever uid it runs as, reads the
+# teacher's original in it. The root is the folder that holds source/,
 # submission/ and results/: /autograder on Gradescope, where this script is copied to the root,
 # or the folder above it when run from source/ (AUTOGRADER_ROOT overrides). The Python is
 # setup.sh's, or else python3, said on stderr (AUTOGRADER_PYTHON overrides); the grade refuses a
@@ -71,6 +76,7 @@ fi
 results="$root/results/results.json"
 mkdir -p "$root/results"
 rm -f "$results"
+chmod go-rwx "$root/source"
 cd "$root/source" || exit 1
 "$python" -m lesson.handout --grade "$root/submission" --assignment assignment --results "$results"
 status=$?

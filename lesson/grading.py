@@ -1,26 +1,34 @@
 """Running the tests, the one way the kit does it, and grading a submission with them.
 
-Every run, whether it computes an exercise's check or grades a student, is a process of its own
-(forked from a zygote that has imported torch, or started fresh) in a fresh folder holding a
-compressive.py and the teacher's test_compressive.py, nothing else (lesson/grading_child.py).
-Its outcomes reach this process on a pipe, one line per test as it ends, so a run's verdict is
-read as it happens: a run that reports fewer tests than it should, reports one twice, writes
-after its end, exits with a status its report disagrees with, or outlives its timeout, scores 0.
+Every run is a test process of its own (lesson/grading_child.py, forked by a zygote), in a
+fresh folder holding the teacher's original module and test file, nothing else; its outcomes
+come back as one record. A run that computes an exercise's check runs the teacher's code alone.
+A run that grades an exercise runs the same tests on the same original, with the exercise's
+function replaced by a proxy to a worker in the submission's sandbox (lesson/sandbox.py, started
+here: StudentSandbox), which holds the original with only the student's function put in
+(exercises.splice) and returns what that function computes. The grader and the test process
+never import a submission, and the verdict is the tests' own assertions on the values returned,
+so nothing a student's code prints, writes or reports can raise a score; and since the worker's
+module is the original but for that function, a mistake in one exercise costs that exercise and
+no other.
 
 An exercise's check is the tests that fail when its function alone is blanked, found by blanking
-it for real (compute_checks). A submission is graded one exercise at a time: the teacher's
-original compressive.py with only the student's function put in (exercises.splice), so a mistake
-in one exercise costs that exercise and no other, and only after the static audit (lesson/audit.py)
-has accepted the file and that exercise: an exercise it refuses scores 0 alone, with the reason.
-A class is graded the same way, every exercise of every student side by side (grade_class).
+it for real (compute_checks), less those that do not pass when the original's own function runs
+in the sandbox (sandbox_checks, when the assignment is made). A submission is graded one exercise
+after another, each after the static audit (lesson/audit.py) has accepted the file and that
+exercise: an exercise it refuses scores 0 alone, with the reason. A class is graded the same
+way, students side by side, one per core (grade_class).
 """
 
 import ast
 import atexit
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import json
 import os
+import queue
 import selectors
 import shutil
 import signal
@@ -48,11 +56,16 @@ from lesson.exercises import (
     splice,
 )
 
-CHILD = Path(__file__).resolve().with_name("grading_child.py")
-FORMAT = 2  # of assignment.json
+KIT = Path(__file__).resolve().parent
+CHILD = KIT / "grading_child.py"
+SANDBOX = KIT / "sandbox.py"
+FORMAT = 3  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
+# Where the grader runs as root, each sandbox runs as a uid of its own, one per run at a time:
+# never a user's, and after a run without bubblewrap the kit kills whatever that uid still runs.
+SANDBOX_UIDS = range(2_100_000_000, 2_100_000_064)
 
 
 class Layout(NamedTuple):
@@ -65,6 +78,13 @@ class Layout(NamedTuple):
 
 
 COMPRESSIVE = Layout()
+
+
+class Graded(NamedTuple):
+    """The exercise a run grades: its function, and the sandbox of the submission it runs in."""
+
+    function: str
+    sandbox: "StudentSandbox"
 
 
 class Run(NamedTuple):
@@ -95,25 +115,420 @@ def child_environment() -> Dict[str, str]:
     return env
 
 
+# ---------------------------------------------------------------- the sandbox ---------------------
+
+
+class Confinement(NamedTuple):
+    """How sandboxes start on this machine: in bubblewrap, where it runs; and where the grader
+    is root, each as a uid of the kit's own (SANDBOX_UIDS)."""
+
+    bwrap: str  # bubblewrap's path; "" where it does not run
+    note: str  # the one line that says what is missing ("" when nothing is)
+
+
+def module_name(path: str) -> str:
+    """beyond_the_paper/feedback.py -> beyond_the_paper.feedback"""
+    return str(PurePosixPath(path).with_suffix("")).replace("/", ".")
+
+
+INSIDE = "/sandbox"  # where a submission's sandbox folder appears in bubblewrap, read-only
+SCRATCH_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
+NAMESPACES = 0x6C020000  # sandbox.NEW_NAMESPACES: mount, host name, IPC, processes, network
+
+
+def torch_folder() -> Path:
+    """The site folder torch lies in, found without importing it (the grader never does)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        raise KitError("torch is not installed for this Python")
+    return Path(spec.origin).resolve().parent.parent
+
+
+def python_folders() -> List[str]:
+    """The folders a Python with torch needs, outside the system's: its prefixes and the site
+    folder torch lies in (a virtual environment's, a user's)."""
+    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    folders |= {str(torch_folder()), str(Path(sys.executable).resolve().parent.parent)}
+    kept = []
+    for folder in sorted(folders, key=len):
+        system = folder == "/usr" or folder.startswith("/usr/")
+        if not system and not any(folder.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(folder)
+    return kept
+
+
+def system_mounts() -> List[str]:
+    """Read-only: /usr, and /bin, /lib, ... as the machine has them (links into /usr, or not)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    return args
+
+
+def sandbox_environment(count_processes: bool) -> Dict[str, str]:
+    """All a sandbox's environment holds: KIT_COUNT_PROCESSES, where its processes can be
+    counted on their own (a user namespace, or a uid of the kit's own)."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "OMP_NUM_THREADS": "1",  # the tests' models are tiny: one thread is fastest
+        "MKL_NUM_THREADS": "1",
+    }
+    if count_processes:
+        env["KIT_COUNT_PROCESSES"] = "1"
+    return env
+
+
+def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> list:
+    """The command that starts Python with argv in a sandbox on folder (a copy of sandbox.py and
+    the project's other modules, nothing of the teacher's tests). In bubblewrap where bwrap names
+    it: namespaces of its own for processes (every one dies with it), network (none), IPC and
+    host name; the system and Python read-only; a scratch /tmp of its own; no environment but
+    what it needs. root (the grader is): bubblewrap runs as root, without a user namespace, its
+    first process holding no capability but those to change uid and to make namespaces, and
+    /tmp writable by root alone; each submission's first process has namespaces of its own and
+    takes a uid of the kit's own before anything of the submission runs, a real uid of the
+    machine's, whose processes the kernel counts and whose files it checks as no one's but its
+    own. Else bubblewrap runs as the grader's user, in a user namespace of its own too (no
+    capability, none nested). Without bubblewrap, Python alone (started in folder)."""
+    python = str(Path(sys.executable).resolve())
+    if not bwrap:
+        return [python, *argv]
+    if not root:
+        args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+    else:
+        args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
+        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_SYS_ADMIN"):
+            args += ["--cap-add", capability]
+    args += ["--die-with-parent", "--new-session", "--clearenv"]
+    for name, value in sandbox_environment(True).items():
+        args += ["--setenv", name, value]
+    # the scratch /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
+    # it, read-only, after
+    tmp_mode = "0711" if root else "1777"  # as root, each submission's folder in it, its own
+    args += ["--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
+    args += system_mounts()
+    made = {"/", "/tmp"}
+    for path in python_folders():
+        for above in reversed(Path(path).parents):  # readable by any uid, as they are not always
+            if str(above) not in made:
+                made.add(str(above))
+                args += ["--perms", "0755", "--dir", str(above)]
+        args += ["--ro-bind", path, path]
+    args += ["--ro-bind", folder, INSIDE, "--chdir", INSIDE]
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    return [*args, "--", python, *argv]
+
+
+def probe(bwrap: str, uid: Optional[int]) -> str:
+    """Why a sandbox cannot start this way ("" when it can): Python, and torch's files, seen
+    from inside it as uid."""
+    torch_init = torch_folder() / "torch" / "__init__.py"
+    with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder:
+        os.chmod(folder, 0o755)
+        look = "import os, sys\n"
+        if uid is not None and bwrap:  # a submission's namespaces made (sandbox.isolate), its uid
+            look += f"import ctypes\nif ctypes.CDLL(None).unshare({NAMESPACES}): sys.exit(4)\n"
+            look += f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
+        look += f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)\n"
+        command = sandbox_command(bwrap, folder, ["-I", "-c", look], uid is not None)
+        user = {"user": uid, "group": uid, "extra_groups": []} if uid and not bwrap else {}
+        try:
+            done = subprocess.run(
+                command, cwd=folder, capture_output=True, text=True, timeout=60, **user
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            return str(e)
+    if done.returncode == 3:
+        return f"torch ({torch_init}) cannot be read there"
+    if done.returncode == 4:
+        return "a submission's namespaces cannot be made there"
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return (
+        "" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def confinement() -> Confinement:
+    """bubblewrap where it runs; without it, a uid of the kit's own (the grader is root, and
+    that uid can run this Python: else nothing is graded) or, for a grader that is not root, the
+    grader's own user, said in a line."""
+    root = os.geteuid() == 0
+    uid = SANDBOX_UIDS[0] if root else None
+    bwrap = shutil.which("bwrap") or ""
+    why = "bwrap is not installed (Debian and Ubuntu: apt-get install bubblewrap)"
+    if bwrap:
+        why = probe(bwrap, uid)
+        if not why:
+            return Confinement(bwrap, "")
+        why = f"bwrap does not run here ({why})"
+    if not root:
+        return Confinement(
+            "", f"no sandbox: {why}; student code runs as this user and can read what it can"
+        )
+    cannot = probe("", uid)
+    if cannot:
+        raise KitError(
+            f"cannot grade here: {why}, and Python cannot run as an unprivileged user "
+            f"({cannot}): install bubblewrap, or a Python that other users can read"
+        )
+    return Confinement(
+        "",
+        f"no sandbox: {why}; student code runs as a uid of its own, which can read what "
+        "every user can",
+    )
+
+
+STARTUP_S = 120  # for a sandbox's first process to import torch
+
+SLOTS: "queue.Queue[int]" = queue.Queue()
+for _uid in SANDBOX_UIDS:
+    SLOTS.put(_uid)
+
+
+class SandboxFailed(Exception):
+    """The machine's failure, not the submission's: the sandbox did not start."""
+
+
+def launch(layout: Layout, scratch: str, uid: Optional[int]):
+    """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
+    sandbox.py and the project files the module imports, nothing of the teacher's tests; uid: the
+    grader is root. Its process, its control socket, its log and its folder."""
+    ways = confinement()
+    folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
+    for path, text in layout.support.items():
+        if not PurePosixPath(path).name.startswith("test_"):
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text, encoding="utf-8")
+    shutil.copyfile(SANDBOX, folder / SANDBOX.name)
+    # what it holds is the project's own (no submission's code: that goes over a socket),
+    # readable by the sandbox's uid
+    folder.chmod(0o755)
+    base = INSIDE if ways.bwrap else str(folder)
+    ours, theirs = socket.socketpair()
+    argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), scratch, base]
+    argv.append(str(torch_folder()))
+    log = tempfile.TemporaryFile()
+    user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
+    process = subprocess.Popen(
+        sandbox_command(ways.bwrap, str(folder), argv, uid is not None),
+        cwd=folder,
+        env=sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        pass_fds=(theirs.fileno(),),
+        start_new_session=True,  # its own process group, killed whole when it ends
+        **user,
+    )
+    theirs.close()
+    return process, ours, log, folder
+
+
+def last_line(log) -> str:
+    """The last line a sandbox's log holds (read without moving it: threads share a log)."""
+    size = os.fstat(log.fileno()).st_size
+    tail = os.pread(log.fileno(), 4000, max(0, size - 4000))
+    lines = tail.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1][:300] if lines else ""
+
+
+class SharedSandbox:
+    """Where the grader is root and bubblewrap runs: one sandbox for the submissions of a
+    grading (of an assignment's layout), whose first process imports torch once and forks each
+    submission's first process as the uid the submission holds (sandbox.start_submissions).
+    Each submission has namespaces of its own in it (processes, network, IPC, host name,
+    mounts), a scratch folder of its own and a uid of its own. Ended when the grader ends."""
+
+    lock = threading.Lock()
+    running: Dict[tuple, "SharedSandbox"] = {}
+
+    @classmethod
+    def of(cls, layout: Layout) -> "SharedSandbox":
+        key = (os.getpid(), tuple(sorted(layout.support.items())))
+        with cls.lock:
+            box = cls.running.get(key)
+            if box is None or box.process.poll() is not None:
+                box = cls.running[key] = cls(layout)
+            return box
+
+    def __init__(self, layout: Layout):
+        self.lock = threading.Lock()
+        self.process, self.control, self.log, self.folder = launch(layout, "shared", 0)
+        atexit.register(self.stop)
+
+    def request(self, op: str, uid: int) -> socket.socket:
+        """A socket to the process started for op ("start": a submission's first process;
+        "end": the one that ends every process of uid and empties its scratch folder)."""
+        ours, theirs = socket.socketpair()
+        with self.lock:
+            try:
+                message = json.dumps({"op": op, "uid": uid}).encode()
+                socket.send_fds(self.control, [message], [theirs.fileno()])
+            except OSError:
+                pass  # it has ended: the socket says so, closed
+            finally:
+                theirs.close()
+        return ours
+
+    def end(self, uid: int) -> None:
+        """Every process of uid ended, its scratch folder emptied: its socket closes then."""
+        done = self.request("end", uid)
+        done.settimeout(60)
+        with contextlib.suppress(OSError):
+            done.recv(1)
+        done.close()
+
+    def stop(self) -> None:
+        self.control.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class StudentSandbox:
+    """Where one submission runs (the kit's own uid while it runs, where the grader is root):
+    started for its first exercise, ended by close(). A sandbox of its own, or, where the grader
+    is root and bubblewrap runs, a first process of its own in the grading's SharedSandbox. Its
+    exercises run one at a time, each in a worker of its own whose socket goes to the exercise's
+    test process (open); the test process sends the worker its module, the original with only
+    that exercise's function taken from the submission (spliced: exercise -> text)."""
+
+    def __init__(self, spliced: Dict[str, str], layout: Layout, timeout_s: float):
+        self.spliced, self.layout, self.timeout_s = spliced, layout, timeout_s
+        self.lock = threading.Lock()
+        self.started = False
+        self.shared: Optional[SharedSandbox] = None
+        self.process: Optional[subprocess.Popen] = None  # a sandbox of its own
+        self.control: Optional[socket.socket] = None
+        self.word: Optional[bytes] = None  # what its first process said once it could serve
+        self.uid: Optional[int] = None
+
+    def start(self) -> None:
+        ways = confinement()
+        root = os.geteuid() == 0
+        self.uid = SLOTS.get()
+        self.started = True
+        if ways.bwrap and root:
+            self.shared = SharedSandbox.of(self.layout)
+            self.control, self.log = self.shared.request("start", self.uid), self.shared.log
+            return
+        # its scratch folder, emptied between exercises: bubblewrap's /tmp, its own
+        scratch = "/tmp" if ways.bwrap else "-"
+        uid = self.uid if root else None
+        self.process, self.control, self.log, self.folder = launch(self.layout, scratch, uid)
+
+    def open(self) -> int:
+        """A socket to a new worker, for an exercise's test process, which sends it its module;
+        SandboxFailed when the sandbox did not start."""
+        if not self.started:
+            self.start()
+        why = self.failure()
+        if why:
+            raise SandboxFailed(why)
+        with self.lock:
+            ours, theirs = socket.socketpair()
+            for end in (ours, theirs):  # a step's parameters in one write, not many
+                end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            try:
+                job = json.dumps({"seconds": max(1, int(self.timeout_s))}).encode()
+                socket.send_fds(self.control, [job], [theirs.fileno()])
+            except OSError:
+                pass  # it has ended: failure() says why
+            finally:
+                theirs.close()
+            return ours.detach()
+
+    def failure(self) -> str:
+        """Why the sandbox did not start ("" when it did): the machine's failure, which makes
+        a run worth nothing, not the submission's. Waits for its first process's word."""
+        with self.lock:
+            if self.word is None:
+                self.control.settimeout(STARTUP_S)
+                try:
+                    self.word = self.control.recv(16)
+                except OSError:
+                    self.word = b""
+                self.control.settimeout(None)
+            if self.word == b"started":
+                return ""
+            return f"the sandbox did not start ({last_line(self.log) or self.word[:20]!r})"
+
+    def close(self) -> None:
+        """Every process of the submission; its sandbox and folder where they are its own; its
+        uid, freed for the next."""
+        with self.lock:
+            if not self.started:
+                return
+            self.control.close()
+            if self.shared:
+                self.shared.end(self.uid)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+                self.log.close()
+                if os.geteuid() == 0 and not confinement().bwrap:
+                    end_every_process_of(self.uid)
+                shutil.rmtree(self.folder, ignore_errors=True)
+            SLOTS.put(self.uid)
+            self.started = False
+
+
+def end_every_process_of(uid: int) -> None:
+    """Without bubblewrap's namespace, a process the sandbox started may outlive it: kill(-1) as
+    that uid reaches each of them, and nothing else."""
+    python = str(Path(sys.executable).resolve())
+    kill = "import os, signal; os.kill(-1, signal.SIGKILL)"
+    subprocess.run(
+        [python, "-I", "-S", "-c", kill],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        timeout=60,
+    )
+
+
+# ---------------------------------------------------------------- runs ----------------------------
+
+
 class Zygote:
-    """The process that starts runs by forking (grading_child.serve), one per grading process,
-    started on first use. Where it cannot be had (not Linux, a thread in it after its imports, a
-    failed start) runs start as fresh processes, which read the same report the same way."""
+    """The process that starts test processes by forking (grading_child.serve), one per grading
+    process, started on first use. Where it cannot be had (not Linux, a thread in it after its
+    imports, a failed start) runs start as fresh processes, which report the same way."""
 
     lock = threading.Lock()
     connection: Optional[socket.socket] = None
-    process: Optional[subprocess.Popen] = None
     owner = 0  # the process id that started it: a forked grader starts its own
     broken = False
 
     @classmethod
-    def send(cls, job: dict, fds: List[int]) -> bool:
-        """Ask for a run; False when there is no zygote to ask."""
+    def ensure(cls) -> bool:
+        """Start it unless it runs; False when there is none to be had."""
         with cls.lock:
             if cls.broken or not sys.platform.startswith("linux"):
                 return False
             if cls.connection is None or cls.owner != os.getpid():
                 cls.start()
+            return not cls.broken
+
+    @classmethod
+    def send(cls, job: dict, fds: List[int]) -> bool:
+        """Ask for a run; False when there is no zygote to ask."""
+        if not cls.ensure():
+            return False
+        with cls.lock:
             try:
                 socket.send_fds(cls.connection, [json.dumps(job).encode()], fds)
                 return True
@@ -124,7 +539,7 @@ class Zygote:
     @classmethod
     def start(cls) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cls.process = subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, str(CHILD), "--zygote", str(theirs.fileno())],
             env=child_environment(),
             stdin=subprocess.DEVNULL,
@@ -141,9 +556,9 @@ class Zygote:
         ours.settimeout(None)
         if not ready:
             ours.close()
-            cls.process.kill()
+            process.kill()
             cls.broken = True
-            raise OSError("the zygote is not ready")
+            return
         cls.connection, cls.owner = ours, os.getpid()
         atexit.register(ours.close)  # its recv then ends, and so does it
 
@@ -155,86 +570,97 @@ def run_tests(
     names: Optional[List[str]] = None,
     leave_out: Optional[List[str]] = None,
     layout: Layout = COMPRESSIVE,
+    graded: Optional[Graded] = None,
     timeout_s=TIMEOUT_S,
 ) -> Run:
     """Run tests (the text of a test file) on compressive (the text of the module they test,
     compressive.py unless layout says another) in a fresh process and folder; selected: the node
     ids to run, names: the test functions to run (None and None: every test), leave_out: test
-    functions not to run."""
+    functions not to run; graded: the function whose calls go to a worker of the sandbox."""
     began = time.monotonic()
     control = {
         "tests": selected,
         "names": names,
         "leave_out": leave_out or [],
         "test_file": layout.tests,
+        "timeout_s": timeout_s,
     }
-    with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
-        folder = Path(folder)
-        files = {**layout.support, layout.module: compressive, layout.tests: tests}
-        for path, text in files.items():
-            (folder / path).parent.mkdir(parents=True, exist_ok=True)
-            (folder / path).write_text(text, encoding="utf-8")
-        # this folder is pytest's rootdir, and the top the tests import the modules from
-        (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
-        shutil.copyfile(CHILD, folder / CHILD.name)
-        pipes = [os.pipe() for _ in range(3)]  # the report, the output, the status
-        (report_r, report_w), (output_r, output_w), (status_r, status_w) = pipes
-        proc = None
+    sandbox_fd = None
+    if graded:
+        control["graded"] = {
+            "function": graded.function,
+            "module": module_name(layout.module),
+            "source": graded.sandbox.spliced[graded.function],
+        }
         try:
-            job = {"folder": str(folder), "control": control}
-            if not Zygote.send(job, [report_w, output_w, status_w]):
-                proc = spawn(folder, control, report_w, output_w)
-        finally:
-            for _, write_end in pipes:
-                os.close(write_end)
-        if proc is None:
-            lines, output, reported, timed_out = read_until_closed(
-                [report_r, output_r, status_r], began + timeout_s
-            )
-            pid_and_code = reported.split()
-            code = int(pid_and_code[1]) if len(pid_and_code) == 2 else None
-        else:
-            os.close(status_r)
-            lines, output, _, timed_out = read_until_closed(
-                [report_r, output_r], began + timeout_s, f"{proc.pid}\n".encode()
-            )
-            code = proc.wait()
-    run = read_report(lines, selected, code)
-    problem = run.problem
-    if timed_out:
-        problem = f"it did not finish within {timeout_s:g} s (an endless loop?)"
-    elif problem and not run.tests:
-        tail = output.decode("utf-8", "replace").strip().splitlines()
-        problem += f" (its last output: {tail[-1][:200]})" if tail else ""
-    return run._replace(problem=problem, seconds=time.monotonic() - began)
-
-
-def spawn(folder: Path, control: dict, report_w: int, output_w: int) -> subprocess.Popen:
-    """A run in a fresh process, writing its report to report_w and its output to output_w."""
-    proc = subprocess.Popen(
-        [sys.executable, str(folder / CHILD.name), str(report_w)],
-        cwd=folder,
-        env=child_environment(),
-        stdin=subprocess.PIPE,
-        stdout=output_w,
-        stderr=output_w,
-        pass_fds=(report_w,),
-        start_new_session=True,  # its own process group, killed whole at the timeout
-    )
+            sandbox_fd = graded.sandbox.open()
+        except SandboxFailed as e:
+            return Run([], {}, {}, str(e), {}, time.monotonic() - began)
     try:
-        proc.stdin.write((json.dumps(control) + "\n").encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass  # it died at once: its report is empty, and says so
-    return proc
+        with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
+            folder = Path(folder)
+            files = {**layout.support, layout.module: compressive, layout.tests: tests}
+            for path, text in files.items():
+                (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                (folder / path).write_text(text, encoding="utf-8")
+            # this folder is pytest's rootdir, and the top the tests import the modules from
+            (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+            limit_s = timeout_s + 60  # the run stops its sandbox's worker at timeout_s itself
+            record, output, code, timed_out = start_and_read(folder, control, sandbox_fd, limit_s)
+    finally:
+        if sandbox_fd is not None:
+            os.close(sandbox_fd)
+    run = read_record(record, selected, code, output, timeout_s)
+    if timed_out:
+        run = run._replace(problem=f"the test process did not end within {limit_s:g} s")
+    return run._replace(seconds=time.monotonic() - began)
 
 
-def read_until_closed(fds: List[int], deadline: float, status: bytes = b""):
-    """Read the report, the output and the status (the run's process id, then its exit code)
-    until each closes or the deadline passes; then the run's process group is killed. Returns
-    the report's lines, the last 16 KB of output, the status, and whether it timed out."""
+def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit_s: float):
+    """The test process on folder, forked by the zygote or started fresh: its record, the tail of
+    its output, its exit status (None when forked), and whether it was killed at limit_s."""
+    (report_r, report_w), (output_r, output_w) = os.pipe(), os.pipe()
+    extra = [] if sandbox_fd is None else [sandbox_fd]
+    proc = None
+    try:
+        job = {"folder": str(folder), "control": control}
+        if not Zygote.send(job, [report_w, output_w, *extra]):
+            proc = subprocess.Popen(
+                [sys.executable, str(CHILD), str(report_w), str(sandbox_fd or "-")],
+                cwd=folder,
+                env=child_environment(),
+                stdin=subprocess.PIPE,
+                stdout=output_w,
+                stderr=output_w,
+                pass_fds=(report_w, *extra),
+                start_new_session=True,  # its own process group, killed whole at the limit
+            )
+    finally:
+        os.close(report_w)
+        os.close(output_w)
+    if proc is not None:
+        try:
+            proc.stdin.write((json.dumps(control) + "\n").encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once: its record is missing, and says so
+    report, output, timed_out = read_until_closed(report_r, output_r, time.monotonic() + limit_s)
+    pid, _, record = report.partition(b"\n")
+    if timed_out and pid.strip().isdigit():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pid), signal.SIGKILL)
+    code = proc.wait() if proc is not None else None
+    try:
+        record = json.loads(record) if record else None
+    except ValueError:
+        record = None
+    return record, output, code, timed_out
+
+
+def read_until_closed(report_fd: int, output_fd: int, deadline: float):
+    """The report and the last 16 KB of output, read until both close or the deadline passes."""
     selector = selectors.DefaultSelector()
-    for fd in fds:
+    for fd in (report_fd, output_fd):
         selector.register(fd, selectors.EVENT_READ)
     report, output, timed_out = b"", b"", False
     try:
@@ -242,90 +668,39 @@ def read_until_closed(fds: List[int], deadline: float, status: bytes = b""):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
-                if status.split():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(int(status.split()[0]), signal.SIGKILL)
                 break
             for key, _ in selector.select(remaining):
                 data = os.read(key.fd, 1 << 16)
                 if not data:
                     selector.unregister(key.fd)
-                elif key.fd == fds[0]:
+                elif key.fd == report_fd:
                     report += data
-                elif len(fds) > 2 and key.fd == fds[2]:
-                    status += data
                 else:
-                    output = (output + data)[-(1 << 14) :]  # a flood of prints is cut, not kept
+                    output = (output + data)[-(1 << 14) :]
     finally:
         selector.close()
-        for fd in fds:
-            os.close(fd)
-    return report.split(b"\n"), output, status.decode(), timed_out
+        os.close(report_fd)
+        os.close(output_fd)
+    return report, output, timed_out
 
 
-def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: Optional[int]) -> Run:
-    """The outcomes a run's report gives, and why the report is worth nothing, if it is."""
-    collected, outcomes, messages, versions = None, {}, {}, {}
-    phases, finished, collect_error = set(), None, ""
-    rank = ["passed", "skipped", "failed"]
-
-    def forged(why: str) -> Run:
-        return Run(collected or [], {}, {}, f"its report was forged: {why}", versions, 0.0)
-
-    for raw in lines:
-        if not raw.strip():
-            continue
-        if finished is not None:
-            return forged("it wrote after the end of the pytest run")
-        try:
-            event = json.loads(raw)
-            kinds = ("collected", "collect_error", "test", "finished")
-            kind = next(k for k in kinds if isinstance(event, dict) and k in event)
-        except (ValueError, StopIteration):
-            return forged("a line that is not one of its events")
-        if kind == "collected":
-            if collected is not None or not isinstance(event["collected"], list):
-                return forged("the tests were collected twice")
-            collected, versions = [str(t) for t in event["collected"]], event.get("versions", {})
-        elif kind == "collect_error":
-            collect_error = collect_error or str(event["collect_error"])
-        elif kind == "test":
-            key = (event.get("test"), event.get("when"))
-            if collected is None or key[0] not in collected or key in phases:
-                return forged(f"{key[0]} reported out of turn")
-            if key[1] not in ("setup", "call", "teardown") or event.get("outcome") not in rank:
-                return forged(f"{key[0]}: an unknown phase or outcome")
-            phases.add(key)
-            worst = max(outcomes.get(key[0], "passed"), event["outcome"], key=rank.index)
-            outcomes[key[0]] = worst
-            if event["outcome"] != "passed" and key[0] not in messages:
-                messages[key[0]] = str(event.get("message", ""))[:500]
-        else:
-            finished = event["finished"]
-    tests = collected or []
-    if finished is None:
-        done = sum((t, "teardown") in phases for t in tests)
-        return Run(
-            tests,
-            outcomes,
-            messages,
-            f"the test process ended before its report did (exit status {exit_code}, "
-            f"after {done} of {len(selected) if selected is not None else len(tests)} tests)",
-            versions,
-            0.0,
-        )
-    if exit_code is None:
-        return Run(tests, outcomes, messages, "its exit status never came", versions, 0.0)
-    if exit_code != finished:
-        return forged(f"the process exited with {exit_code}, its report says {finished}")
-    for test in tests:
-        ran = [when for when in ("setup", "call", "teardown") if (test, when) in phases]
-        skipped_at_setup = ran == ["setup", "teardown"] and outcomes[test] != "passed"
-        if ran != ["setup", "call", "teardown"] and not skipped_at_setup:
-            return forged(f"{test} has no complete report")
+def read_record(
+    record: Optional[dict], selected: Optional[List[str]], code, output: bytes, timeout_s
+) -> Run:
+    """The outcomes of a run from the test process's record, and why the run is worth nothing,
+    if it is."""
+    if record is None:
+        tail = output.decode("utf-8", "replace").strip().splitlines()
+        last = f"; its last output: {tail[-1][:200]}" if tail else ""
+        problem = f"the test process ended without its report (exit status {code}{last})"
+        return Run([], {}, {}, problem, {}, 0.0)
+    versions = record.get("versions", {})
+    if record["problem"]:  # the sandbox's worker was stopped at the timeout
+        problem = f"it did not finish within {timeout_s:g} s (an endless loop?)"
+        return Run(record["collected"] or [], {}, {}, problem, versions, 0.0)
+    tests, outcomes, messages = record["collected"] or [], record["outcomes"], record["messages"]
+    collect_error = record["collect_error"]
     if selected is not None:
-        if set(tests) - set(selected):
-            return forged("it ran tests it was not asked to")
         for test in selected:
             if test not in outcomes:
                 outcomes[test] = "failed"
@@ -337,8 +712,8 @@ def read_report(lines: List[bytes], selected: Optional[List[str]], exit_code: Op
 
 
 def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
-    """run_tests on each (compressive, tests, selected[, names[, leave_out[, layout]]]), side by
-    side, one per core."""
+    """run_tests on each (compressive, tests, selected[, names[, leave_out[, layout[,
+    graded]]]]), side by side, one per core."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
         return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
 
@@ -384,6 +759,32 @@ def compute_checks(
     return original.tests, checks, original.versions
 
 
+def sandbox_checks(
+    reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
+) -> Dict[str, List[str]]:
+    """Each check run once more as grading runs it, with the original's own function in the
+    sandbox: the tests that fail so are taken out of the check (in place) and returned. One run
+    per exercise, side by side."""
+    names = list(checks)
+    boxes = {n: StudentSandbox({n: reference}, layout, TIMEOUT_S) for n in names}
+    try:
+        runs = run_many(
+            [(reference, tests, checks[n], None, None, layout, Graded(n, boxes[n])) for n in names]
+        )
+    finally:
+        for box in boxes.values():
+            box.close()
+    unsandboxed = {}
+    for name, run in zip(names, runs):
+        if run.problem:
+            raise KitError(f"{name} cannot be graded here: in the sandbox, {run.problem}")
+        unsandboxed[name] = [t for t in checks[name] if run.outcomes.get(t) != "passed"]
+        checks[name] = [t for t in checks[name] if t not in unsandboxed[name]]
+        if not checks[name]:
+            raise KitError(f"no test of {name}'s check passes with its function in the sandbox")
+    return unsandboxed
+
+
 def base_name(node_id: str) -> str:
     """test_compressive.py::test_x[param] -> test_x"""
     return node_id.split("::")[-1].split("[")[0]
@@ -397,6 +798,10 @@ class Check(NamedTuple):
     points: float
     tests: List[str]  # its check, in file order
     hidden: List[str]  # those of its tests that the student's copy of the tests leaves out
+    # the tests that fail with it blanked yet fail too with the original's own function in the
+    # sandbox (one that hooks a module the function calls: the sandbox's copy carries no hook),
+    # left out of its check
+    unsandboxed: List[str] = []
 
 
 class Assignment(NamedTuple):
@@ -449,6 +854,7 @@ def make_assignment(
     all_tests, checks, versions = compute_checks(
         reference, tests, names, only, all_left_out, layout
     )
+    unsandboxed = sandbox_checks(reference, tests, checks, layout)
     hidden = set(hidden_tests(tests))
     exercises = [
         Check(
@@ -456,6 +862,7 @@ def make_assignment(
             float(points.get(n, 1.0)),
             checks[n],
             [t for t in checks[n] if base_name(t) in hidden],
+            unsandboxed[n],
         )
         for n in names
     ]
@@ -505,7 +912,13 @@ def load_assignment(folder: Path) -> Assignment:
         reference, tests = files[module], files[tests_path]
         support = {p: files[p] for p in paths[2:]}
         exercises = [
-            Check(str(e["name"]), float(e["points"]), list(e["tests"]), list(e["hidden"]))
+            Check(
+                str(e["name"]),
+                float(e["points"]),
+                list(e["tests"]),
+                list(e["hidden"]),
+                list(e["unsandboxed"]),
+            )
             for e in record["exercises"]
         ]
         partial, visibility = bool(record["partial"]), str(record["hidden_visibility"])
@@ -642,18 +1055,19 @@ class Prepared(NamedTuple):
     began: float
 
 
-def prepare(submission: Path, assignment: Assignment, check_first: bool = True) -> Prepared:
+def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> Prepared:
     """Read and audit a submission, and put each accepted exercise into the original
-    (check_first=False skips the audit: only the kit's own tests of the report channel do that)."""
+    (audited=False skips the audit: --no-audit, to test the sandbox alone)."""
     began = time.monotonic()
     names = [c.name for c in assignment.exercises]
     try:
         text = read_submission(submission, PurePosixPath(assignment.layout.module).name)
-        if check_first:
+        if audited:
             refusals = audit.audit_each(text, assignment.reference, names)
         else:
             parse(text, "the submission")
-            refusals = {}
+            missing = [name for name in names if name not in functions(ast.parse(text))]
+            refusals = {name: f"it has no function {name}" for name in missing}
     except (KitError, audit.Refusal) as e:
         return Prepared(str(submission), str(e), {}, {}, began)
     spliced = {}
@@ -666,23 +1080,40 @@ def prepare(submission: Path, assignment: Assignment, check_first: bool = True) 
     return Prepared(str(submission), "", refusals, spliced, began)
 
 
+def job(assignment: Assignment, check: "Check", box: StudentSandbox) -> tuple:
+    """run_tests's arguments for one exercise of a submission: the teacher's original and tests,
+    the exercise's check, and the submission's sandbox, where its function runs."""
+    layout, graded = assignment.layout, Graded(check.name, box)
+    return (assignment.reference, assignment.tests, check.tests, None, None, layout, graded)
+
+
 def grade(
     submission: Path,
     assignment: Assignment,
     partial: Optional[bool] = None,
     timeout_s: Optional[float] = None,
-    check_first: bool = True,
+    audited: bool = True,
 ) -> Grading:
     """Grade a student's compressive.py: each exercise alone, its refusal or its run."""
-    prepared = prepare(submission, assignment, check_first)
-    jobs = [
-        (prepared.spliced[c.name], assignment.tests, c.tests, None, None, assignment.layout)
-        for c in assignment.exercises
-        if c.name in prepared.spliced
-    ]
-    runs = run_many(jobs, timeout_s or assignment.timeout_s)
-    ran = [c.name for c in assignment.exercises if c.name in prepared.spliced]
-    return finish(prepared, assignment, dict(zip(ran, runs)), partial)
+    prepared = prepare(submission, assignment, audited)
+    timeout = timeout_s or assignment.timeout_s
+    return finish(prepared, assignment, run_submission(prepared, assignment, timeout), partial)
+
+
+def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float) -> Dict[str, Run]:
+    """Each exercise of a submission run, one at a time, in the submission's sandbox."""
+    box = StudentSandbox(prepared.spliced, assignment.layout, timeout_s)
+    try:
+        if prepared.spliced:  # the sandbox imports torch while the test processes' zygote does
+            box.start()
+            Zygote.ensure()
+        return {
+            c.name: run_tests(*job(assignment, c, box), timeout_s=timeout_s)
+            for c in assignment.exercises
+            if c.name in prepared.spliced
+        }
+    finally:
+        box.close()
 
 
 def finish(
@@ -846,35 +1277,25 @@ def grade_class(
     partial: Optional[bool] = None,
     timeout_s: Optional[float] = None,
     graded=lambda student, grading: None,
+    audited: bool = True,
 ) -> Dict[str, Grading]:
-    """Grade each student's submission (student -> path), every exercise of every student side
-    by side, one run per core; graded(student, grading) is called as each student's last run
-    ends. A run that does not end costs its own exercise's timeout, on one core."""
-    prepared = {student: prepare(path, assignment) for student, path in submissions.items()}
-    runs: Dict[str, Dict[str, Run]] = {student: {} for student in prepared}
+    """Grade each student's submission (student -> path), students side by side, one per core,
+    each one's exercises one after another in its sandbox; graded(student, grading) is called as
+    each student's last run ends. A run that does not end costs its own exercise's timeout."""
+    prepared = {
+        student: prepare(path, assignment, audited) for student, path in submissions.items()
+    }
+    timeout = timeout_s or assignment.timeout_s
     gradings = {}
-
-    def done(student):
-        if len(runs[student]) == len(prepared[student].spliced):
-            gradings[student] = finish(prepared[student], assignment, runs[student], partial)
-            graded(student, gradings[student])
-
     with ThreadPoolExecutor(max_workers=workers()) as pool:
-        futures = {}
-        for student, ready in prepared.items():
-            for check in assignment.exercises:
-                if check.name in ready.spliced:
-                    job = (ready.spliced[check.name], assignment.tests, check.tests)
-                    job += (None, None, assignment.layout)
-                    timeout = timeout_s or assignment.timeout_s
-                    future = pool.submit(run_tests, *job, timeout_s=timeout)
-                    futures[future] = (student, check.name)
-            if not ready.spliced:
-                done(student)
+        futures = {
+            pool.submit(run_submission, ready, assignment, timeout): student
+            for student, ready in prepared.items()
+        }
         for future in as_completed(futures):
-            student, name = futures[future]
-            runs[student][name] = future.result()
-            done(student)
+            student = futures[future]
+            gradings[student] = finish(prepared[student], assignment, future.result(), partial)
+            graded(student, gradings[student])
     return {student: gradings[student] for student in submissions}
 
 

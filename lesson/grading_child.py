@@ -1,30 +1,46 @@
-"""The test process of the teachers' kit: runs pytest on a test file of its folder (control's
-"test_file", test_compressive.py unless it says another), and streams each test's outcome to the
-grader as it happens.
+"""The test process of the teachers' kit: pytest on the teacher's files in a folder of its own,
+its outcomes sent to the grader as one JSON record when the run ends.
 
-    python grading_child.py FD          one run; the tests to run come on stdin
+    python grading_child.py FD SOCKET   the run to make comes as JSON on stdin; the record on FD
     python grading_child.py --zygote FD a process that starts runs by forking (Linux)
 
 A run is told the tests to run: node ids ("tests"), names of test functions ("names"), or every
-test (both null), less the test functions of "leave_out". It writes one JSON line per event to
-the pipe FD: the tests collected, each phase of each test (setup, call, teardown) with its
-outcome and the first line of why it failed, then the end of the run. Each line is written as
-its test ends, before pytest returns, so nothing the tested code does afterwards (an atexit hook,
-say) can change a line already sent; the pipe is closed before the process exits, and the grader
-counts any line after the run's end, any missing test and any test reported twice as a forged
-report.
+test (both null), less the test functions of "leave_out". The folder holds the teacher's
+original module and test file ("test_file"), nothing of a student's.
 
-Importing torch and the helpers its test functions load on first use takes about 1.6 s of CPU,
-most of a small run. The zygote pays it once: it imports them, runs nothing, and for each run
-the grader sends it forks a waiter, which forks the run itself and reports the run's process id
-and exit status. Forking is safe only from a process with one thread; the zygote checks that it
-has one before it says it is ready. Standard library, pytest and torch only.
+To grade an exercise ("graded"), the run first puts a proxy in place of the exercise's function
+in the original module (lesson/sandbox.py), talking to a worker in the submission's sandbox over
+the socket it was handed: it sends the worker its module ("source", the original with the
+student's function put in), the student's function runs there, and only its values come back.
+So this process, which decides pass and fail, never imports or runs a line of a submission, and
+every assertion of the tests runs here, on what the student's function returned.
+
+Importing torch and pytest takes about 2 s of CPU, most of a small run. The zygote pays it once:
+it imports them, runs nothing, and forks a run for each job the grader sends. Standard library,
+pytest and torch only.
 """
 
 import gc
+import importlib
 import json
 import os
+import signal
+import socket
 import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+
+sys.path[0] = os.getcwd()  # the run's folder: its module and tests, not the kit's
+sys.path.append(str(Path(__file__).resolve().parent))
+import sandbox  # noqa: E402  the kit's own, beside this file
+
+# pytest collects garbage five times as it ends; frozen, the objects of the imports so far (torch,
+# pytest) are not walked by each collection, which would otherwise cost most of a small run
+gc.freeze()
 
 
 def first_line(report) -> str:
@@ -41,23 +57,21 @@ def first_line(report) -> str:
     return lines[0][:500] if lines else "failed"
 
 
-def run(report_fd: int, control: dict) -> int:
-    """pytest on the test file of the current folder, each event a line on report_fd."""
-    channel = os.fdopen(report_fd, "w", encoding="utf-8", buffering=1)
+def run(control: dict, sandbox_fd: Optional[int]) -> dict:
+    """pytest on the test file of this folder; the record of what happened. sandbox_fd: the
+    socket of the worker that runs the graded function."""
     selected, names = control.get("tests"), control.get("names")
     leave_out = set(control.get("leave_out") or [])
-
-    def send(**event):
-        channel.write(json.dumps(event) + "\n")
-        channel.flush()
-
-    import pytest
-    import torch
-
-    # pytest collects garbage five times as it ends (to flush unraisable exceptions); frozen, the
-    # objects of torch and pytest imported so far are not walked by each collection, which would
-    # otherwise cost most of a small run.
-    gc.freeze()
+    record = {"collected": None, "outcomes": {}, "messages": {}, "collect_error": "", "problem": ""}
+    record["versions"] = {"torch": torch.__version__, "pytest": pytest.__version__}
+    box = None
+    graded = control.get("graded")
+    if graded:  # the proxy in place before the tests import anything of the module
+        module = importlib.import_module(graded["module"])  # the teacher's original, from here
+        classes = sandbox.named_tuples(os.getcwd())
+        box = sandbox.Sandbox(sandbox_fd, graded, control["timeout_s"], classes)
+        sandbox.install(module, graded["function"], box)
+    rank = ["passed", "skipped", "failed"]
 
     class Reporter:
         def pytest_collection_modifyitems(self, session, config, items):
@@ -74,50 +88,58 @@ def run(report_fd: int, control: dict) -> int:
             items[:] = keep
 
         def pytest_collectreport(self, report):
-            if report.failed:
-                send(collect_error=first_line(report))
+            if report.failed and not record["collect_error"]:
+                record["collect_error"] = first_line(report)
 
         def pytest_collection_finish(self, session):
-            send(
-                collected=[item.nodeid for item in session.items],
-                versions={"torch": torch.__version__, "pytest": pytest.__version__},
-            )
+            record["collected"] = [item.nodeid for item in session.items]
 
         def pytest_runtest_logreport(self, report):
-            message = "" if report.passed else first_line(report)
-            send(test=report.nodeid, when=report.when, outcome=report.outcome, message=message)
-
-        def pytest_sessionfinish(self, session, exitstatus):
-            send(finished=int(exitstatus))
+            outcomes, test = record["outcomes"], report.nodeid
+            outcomes[test] = max(outcomes.get(test, "passed"), report.outcome, key=rank.index)
+            if not report.passed and test not in record["messages"]:
+                record["messages"][test] = first_line(report)
+            if report.when == "teardown" and box is not None:
+                box.reset()  # the sandbox forgets the graphs of this test's calls
 
     # --tb=no: the first line of each failure is all the grader reads, and a long traceback
     # through the model costs more than the test
     test_file = control.get("test_file") or "test_compressive.py"
     args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", test_file]
-    status = pytest.main(args, plugins=[Reporter()])
-    channel.close()
-    return int(status)
+    try:
+        record["exit_status"] = int(pytest.main(args, plugins=[Reporter()]))
+    finally:
+        if box is not None:
+            record["problem"] = box.problem
+            box.close()
+    return record
+
+
+def report(report_fd: int, control: dict, sandbox_fd: Optional[int]) -> None:
+    """The run, on report_fd: this process's id first (the grader kills its group at its
+    limit), then the record."""
+    with os.fdopen(report_fd, "w", encoding="utf-8") as channel:
+        channel.write(f"{os.getpid()}\n")
+        channel.flush()
+        channel.write(json.dumps(run(control, sandbox_fd)))
 
 
 def main() -> int:
     control = json.loads(sys.stdin.readline())
     sys.stdin.close()
-    return run(int(sys.argv[1]), control)
+    sandbox_fd = None if sys.argv[2] == "-" else int(sys.argv[2])
+    report(int(sys.argv[1]), control, sandbox_fd)
+    return 0
 
 
 # ---------------------------------------------------------------- the zygote ----------------------
 
 
 def serve(socket_fd: int) -> int:
-    """Import what every run needs, say whether forking is safe here, then fork a waiter for each
-    run the grader sends: its folder, what to run, and three pipes (report, output, status)."""
-    import signal
-    import socket
-    import threading
-
+    """Import what every run needs once, say whether forking is safe here, then fork a run for
+    each job the grader sends: its folder and control, and its pipes (report, output) and the
+    socket of its sandbox's worker. Everything here is the teacher's and the kit's code."""
     connection = socket.socket(fileno=socket_fd)
-    import pytest  # noqa: F401
-    import torch  # noqa: F401
     import torch.testing  # noqa: F401
 
     try:  # what torch.testing.assert_close imports on its first call, and torch.compile's tracer
@@ -125,56 +147,38 @@ def serve(socket_fd: int) -> int:
         import torch.distributed.tensor  # noqa: F401
     except ImportError:
         pass
+    gc.freeze()
     one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
     connection.sendall(b"ready" if one_thread else b"unsafe")
     if not one_thread:
         return 1
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters reap themselves
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the runs reap themselves
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
         except OSError:
-            break
+            return 0
         if not message:  # the grader has gone
-            break
-        if os.fork() == 0:  # the waiter: never returns into this loop
+            return 0
+        if os.fork() == 0:  # a run: never returns into this loop
             try:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 connection.close()
-                wait_for_run(json.loads(message), *fds)
+                job = json.loads(message)
+                os.setsid()  # its own process group, which the grader kills whole at its limit
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(fds[1], 1)
+                os.dup2(fds[1], 2)
+                os.chdir(job["folder"])
+                sys.path[0] = job["folder"]
+                report(fds[0], job["control"], fds[2] if len(fds) > 2 else None)
             finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
                 os._exit(0)
         for fd in fds:
             os.close(fd)
-    return 0
-
-
-def wait_for_run(job: dict, report_fd: int, output_fd: int, status_fd: int) -> None:
-    """In the waiter: fork the run, send its process id, wait for it, send its exit status."""
-    pid = os.fork()
-    if pid == 0:
-        os.close(status_fd)
-        os.setsid()  # its own process group, which the grader kills whole at the timeout
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(output_fd, 1)
-        os.dup2(output_fd, 2)
-        os.close(output_fd)
-        os.chdir(job["folder"])
-        sys.path[0] = job["folder"]
-        sys.argv = [os.path.join(job["folder"], "grading_child.py"), str(report_fd)]
-        code = 1
-        try:
-            code = run(report_fd, job["control"])
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(report_fd)
-    os.close(output_fd)
-    os.write(status_fd, f"{pid}\n".encode())
-    _, status = os.waitpid(pid, 0)
-    os.write(status_fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
 
 
 if __name__ == "__main__":

@@ -24,9 +24,11 @@ one file.
 
 An exercise's check is computed one way, the exact one: the tests that fail when its function
 alone is blanked, found by blanking it for real (lesson/grading.py). Grading audits the
-submitted file first (lesson/audit.py) and then grades each exercise alone, the original with
-only the student's function put in, on the teacher's tests; it prints per exercise its points
-and each failing test with the first line of why. Exit status: 0 when every exercise scores
+submitted file first (lesson/audit.py) and then grades each exercise alone: the teacher's tests
+run on the teacher's original, in a process of their own, and only the exercise's function is
+the student's, run in a sandbox that sends back what it returns (lesson/sandbox.py). It prints
+per exercise its points and each failing test with the first line of why; --no-audit grades
+without the audit (to test the sandbox). Exit status: 0 when every exercise scores
 all its points, 1 when one does not (or the file is refused), 2 on bad input, with one error
 line. --grade-class grades every submission of a folder (a folder or a .py file per student),
 all side by side, and writes one CSV row per student and which tests failed most.
@@ -113,6 +115,7 @@ def make(
             leave_out,
             layout,
         )
+        (staging / "teacher").chmod(0o700)  # the solution: its owner's alone
         write_student_folder(staging / "student", text, tree, tests, assignment)
         write_bundle(assignment, staging / "gradescope.zip")
         umask = os.umask(0)
@@ -201,10 +204,11 @@ def student_readme(
     graded = textwrap.fill(
         "**How it is graded.** Each exercise alone: your function is put into the original "
         f"`{module}`, so a mistake in one exercise costs that exercise only, and it scores "
-        f"its points {credit}, along with a few tests your teacher keeps. Write only inside "
-        "these bodies. The grader refuses a file that differs from this one anywhere else or "
-        "imports anything; and it refuses an exercise alone (it scores 0, the others are "
-        "graded) whose body uses more than its arguments, its own names, the names "
+        f"its points {credit}, along with a few tests your teacher keeps. Your function runs in "
+        "a sandbox of its own; the tests check what it returns and raises, and nothing it prints "
+        "counts. Write only inside these bodies. The grader refuses a file that differs from this "
+        "one anywhere else or imports anything; and it refuses an exercise alone (it scores 0, "
+        "the others are graded) whose body uses more than its arguments, its own names, the names "
         f"`{module}` defines or takes from the project's modules, torch, F, nn and math, tensor "
         "operations and plain builtins "
         "(len, range, min, max, ...), or hands a class to anything; it says which line and "
@@ -225,6 +229,14 @@ def student_readme(
         left_out.append(
             f"Your teacher left out {', '.join(f'`{t}`' for t in teacher_left_out)} too."
         )
+    for check in assignment.exercises:
+        if check.unsandboxed:
+            tests = ", ".join(f"`{grading.short(t)}`" for t in check.unsandboxed)
+            left_out.append(
+                f"{tests} count for no grade of `{check.name}`: the grader runs your function "
+                "in a sandbox of its own, and these tests watch from outside what it calls "
+                "(a hook on a module)."
+            )
     left_out = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in left_out)
     return f"""# Compressive Transformer: the exercise
 
@@ -300,17 +312,29 @@ def load_for_grading(
         raise
 
 
+def say_how_code_runs(audited: bool) -> None:
+    """One line on stderr where student code runs with less than the kit's sandbox gives, or
+    without the audit: grading goes on."""
+    note = grading.confinement().note
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
+    if not audited:
+        print("warning: --no-audit: every exercise's code runs as written", file=sys.stderr)
+
+
 def grade(
     path: Path,
     assignment_folder: Optional[Path],
     results: Optional[Path],
     partial: Optional[bool],
     timeout_s: Optional[float],
+    audited: bool = True,
 ) -> int:
     assignment = load_for_grading(assignment_folder, results)
     if not os.path.lexists(path):
         raise KitError(f"the submission {path} does not exist")
-    graded = grading.grade(path, assignment, partial, timeout_s)
+    say_how_code_runs(audited)
+    graded = grading.grade(path, assignment, partial, timeout_s, audited)
     grading.print_grading(graded)
     if results is not None:
         write_results(results, grading.results_json(graded, assignment))
@@ -362,10 +386,12 @@ def grade_class(
     csv_path: Path,
     partial: Optional[bool],
     timeout_s: Optional[float],
+    audited: bool = True,
 ) -> int:
     """Every submission of folder graded; one CSV row each, and the tests that failed most."""
     assignment = load_for_grading(assignment_folder)
     submissions = class_submissions(folder)
+    say_how_code_runs(audited)
     names = [c.name for c in assignment.exercises]
     began = time.monotonic()
     print(f"grading {len(submissions)} submissions, {grading.workers()} runs at a time")
@@ -373,7 +399,7 @@ def grade_class(
     def graded(student, result):
         print(f"{student}: {result.score:g}/{result.max_score:g}{class_note(result)}", flush=True)
 
-    results = grading.grade_class(submissions, assignment, partial, timeout_s, graded)
+    results = grading.grade_class(submissions, assignment, partial, timeout_s, graded, audited)
     rows = [["student", *names, "total", "refusals", "not graded"]]
     for student, result in results.items():
         scores = {g.name: f"{g.score:g}" for g in result.grades}
@@ -575,6 +601,12 @@ def parse_arguments(argv):
     )
     parser.add_argument("--timeout", type=float, help="seconds per exercise (default: 300)")
     parser.add_argument(
+        "--no-audit",
+        action="store_true",
+        help="grade without the static audit, to test the sandbox: each exercise's code then "
+        "runs as written",
+    )
+    parser.add_argument(
         "--gradescope", type=Path, metavar="FOLDER", help="write FOLDER/gradescope.zip again"
     )
     parser.add_argument(
@@ -607,6 +639,8 @@ def parse_arguments(argv):
         parser.error("--timeout must be positive")
     if args.csv is not None and args.grade_class is None:
         parser.error("--csv goes with --grade-class FOLDER")
+    if args.no_audit and args.grade is None and args.grade_class is None:
+        parser.error("--no-audit goes with --grade or --grade-class")
     if args.leave_out and not args.functions:
         parser.error("--leave-out goes with the functions to blank and --out, when making")
     return args
@@ -617,12 +651,22 @@ def main(argv=None) -> int:
     try:
         if args.grade is not None:
             return grade(
-                args.grade, args.assignment, args.results, args.partial or None, args.timeout
+                args.grade,
+                args.assignment,
+                args.results,
+                args.partial or None,
+                args.timeout,
+                not args.no_audit,
             )
         if args.grade_class is not None:
             csv_path = args.csv or Path("grades.csv")
             return grade_class(
-                args.grade_class, args.assignment, csv_path, args.partial or None, args.timeout
+                args.grade_class,
+                args.assignment,
+                csv_path,
+                args.partial or None,
+                args.timeout,
+                not args.no_audit,
             )
         if args.gradescope is not None:
             assignment = grading.load_assignment(args.gradescope)
@@ -647,6 +691,10 @@ def main(argv=None) -> int:
         for check in assignment.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""
             print(f"{check.name}: blanked; its check is {len(check.tests)} tests{hidden}")
+            for test in check.unsandboxed:
+                print(
+                    f"    {grading.short(test)} left out: it fails with the original in the sandbox"
+                )
         print(
             f"give out {args.out / 'student'}; keep {args.out / 'teacher'}; upload "
             f"{args.out / 'gradescope.zip'} to Gradescope"

@@ -1,0 +1,1046 @@
+"""Where a student's function runs, and the only place it runs: a process of its own, in a
+sandbox, that computes values and decides nothing.
+
+The test process (lesson/grading_child.py) runs the teacher's tests on the teacher's original
+module, with one function, the exercise, replaced by a proxy (install). Each call of the proxy
+sends its arguments here; this process calls the student's function on them (in the original
+module with only that function taken from the submission) and sends back what it returned, or
+the exception it raised, as plain data; the proxy hands that to the test, whose assertions run
+in the test process. A gradient asked of what it returned comes back the same way (backward), as
+do the changes the function made in place to the tensors it was handed and the state of the
+random number generator.
+
+    python sandbox.py CONTROL_FD SCRATCH FOLDER [PATH ...]     its first process, in the sandbox
+
+A submission's first process forks a worker for each exercise in turn, which makes the original
+module with only that exercise's function taken from the submission (its source comes from the
+test process, and is never a file) and serves that exercise's test process on a socket. Where
+the grader is not root, each submission has a sandbox of its own, whose first process imports
+torch. Where it is root, one sandbox serves every submission of the grading (SCRATCH is
+"shared"): its first process imports torch once, holding only the capabilities to change uid
+and to make namespaces, and forks for each submission a process with namespaces of its own,
+whose first process takes a uid of the kit's own before anything of the submission runs.
+
+A message is a length, a JSON header and raw byte blobs. The test process builds each tensor it
+receives with torch.frombuffer and as_strided, after checking every field of the header (a dtype
+of DTYPES; shapes and strides of integers that stay inside the bytes sent; at most MAX_ELEMENTS
+elements; at most MAX_BYTES a message): nothing a sandbox sends is unpickled or run. The other
+way, the call's arguments (modules among them) are pickled: the sandbox trusts its caller.
+
+The grader starts a sandbox (lesson/grading.py: bubblewrap, the uid); `main` sets its limits
+before anything of a submission runs. Standard library and torch only.
+"""
+
+import contextlib
+import ctypes
+import functools
+import gc
+import importlib
+import importlib.util
+import inspect
+import io
+import json
+import math
+import os
+import pickle
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import OrderedDict
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+DTYPES = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+MAX_BYTES = 64 << 20  # a message, either way
+MAX_ELEMENTS = 1 << 24  # a tensor the test process builds, an expanded view's included
+MAX_DIMS = 16
+MAX_DEPTH = 16  # of tuples, lists and dicts nested in a value returned
+MAX_TEXT = 2000  # characters of a string returned or of an exception's message
+# The exceptions that cross as themselves (another crosses as the first of these it derives
+# from): pytest.raises(ValueError, match=...) in a test sees the student's ValueError, its text.
+EXCEPTIONS = {
+    error.__name__: error
+    for error in (
+        ArithmeticError,
+        AssertionError,
+        AttributeError,
+        IndexError,
+        KeyError,
+        LookupError,
+        NotImplementedError,
+        OverflowError,
+        RuntimeError,
+        StopIteration,
+        TypeError,
+        ValueError,
+        ZeroDivisionError,
+    )
+}
+
+# Each sandbox's limits, set by its first process before any submission's code runs: its address
+# space (importing torch takes about 1.5 GB of it), its processes and threads (torch starts a
+# few), and the size of a file it writes; each worker's processor time is its run's timeout.
+ADDRESS_SPACE = 6 << 30
+PROCESSES = 32
+FILE_SIZE = 16 << 20
+
+
+class Refused(Exception):
+    """A message that the protocol does not allow."""
+
+
+# ---------------------------------------------------------------- messages ------------------------
+
+
+def send(fd: int, header: dict, blobs: List[bytes] = ()) -> None:
+    head = json.dumps({**header, "blobs": [len(b) for b in blobs]}).encode()
+    data = b"".join([struct.pack(">QQ", len(head), sum(map(len, blobs))), head, *blobs])
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_exactly(fd: int, n: int, deadline: Optional[float]) -> bytes:
+    parts = []
+    while n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                raise TimeoutError
+        data = os.read(fd, min(n, 1 << 20))
+        if not data:
+            raise EOFError
+        parts.append(data)
+        n -= len(data)
+    return b"".join(parts)
+
+
+def receive(fd: int, deadline: Optional[float] = None):
+    """(header, blobs) of the next message; EOFError when the other side has gone, TimeoutError
+    past the deadline, Refused when what came is no message."""
+    head_length, blobs_length = struct.unpack(">QQ", read_exactly(fd, 16, deadline))
+    if head_length + blobs_length > MAX_BYTES:
+        raise Refused(f"a message of {head_length + blobs_length} bytes (at most {MAX_BYTES})")
+    data = read_exactly(fd, head_length + blobs_length, deadline)
+    try:
+        header = json.loads(data[:head_length])
+        sizes = header["blobs"]
+        if not all(type(size) is int and size >= 0 for size in sizes):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, RecursionError):  # JSON nested past Python's stack
+        raise Refused("a message whose header is not one") from None
+    if sum(sizes) != blobs_length:
+        raise Refused("a message whose blobs do not add up")
+    blobs, start = [], head_length
+    for size in sizes:
+        blobs.append(data[start : start + size])
+        start += size
+    return header, blobs
+
+
+def storage_bytes(t: torch.Tensor, start: int, count: int) -> bytes:
+    """count bytes of t's storage from byte start, copied."""
+    return ctypes.string_at(t.untyped_storage().data_ptr() + start, count) if count else b""
+
+
+def extent(shape, stride) -> int:
+    """The elements a layout reaches from its first (0 when it holds none)."""
+    if 0 in shape:
+        return 0
+    return 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+
+
+def over(blob: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D tensor of dtype over a copy of blob."""
+    if not blob:
+        return torch.empty(0, dtype=dtype)
+    flat = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    return flat[: len(blob) // dtype.itemsize * dtype.itemsize].view(dtype)
+
+
+# ---------------------------------------------------------------- a call, the way in --------------
+# Within one test a worker keeps every storage, tensor and module it was sent, by number (HELD),
+# and the test process remembers what each held when it went (Mirror). A call sends only what is
+# new or changed since: a model's parameters once, then the bytes of a storage a step changed,
+# and a module again only when an attribute of its tree changed. reset, after each test, forgets
+# them on both sides.
+
+HELD: Dict[str, dict] = {
+    "storage": {},  # number -> the storage's bytes, a uint8 tensor
+    "tensor": {},  # number -> the tensor
+    "module": {},  # number -> the module
+    "where": {},  # a tensor's number -> (its storage's number, address, size), or None on meta
+}
+
+
+def handed(kind: str, number: int):
+    """In the sandbox, as a call's pickle is loaded: the tensor or module held as number."""
+    return HELD[kind][number]
+
+
+def new_module(number: int, cls: type) -> nn.Module:
+    """In the sandbox: a module sent whole, held as number (pickle then sets its state)."""
+    HELD["module"][number] = cls.__new__(cls)
+    return HELD["module"][number]
+
+
+class Mirror:
+    """The test process's record of what its worker holds."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.storages: Dict[tuple, list] = {}  # (address, size) -> [number, bytes, a tensor on it]
+        self.tensors: Dict[int, tuple] = {}  # id -> (number, tensor, layout when sent)
+        self.modules: Dict[int, tuple] = {}  # id -> (number, module, signature of its tree)
+        self.by_number: Dict[int, list] = {}  # storage number -> its entry
+        self.count = 0
+
+    def number(self) -> int:
+        self.count += 1
+        return self.count
+
+
+def layout_of(t: torch.Tensor) -> tuple:
+    """What the worker's copy of a tensor must share with it, its storage's address and size
+    last (None on the meta device)."""
+    where = None
+    if not t.is_meta:
+        storage = t.untyped_storage()
+        where = storage.data_ptr(), storage.nbytes()
+    kind = t.dtype, t.requires_grad, type(t) is nn.Parameter
+    return (*kind, t.shape, t.stride(), t.storage_offset(), where)
+
+
+def shape_of(module: nn.Module) -> tuple:
+    """What a module's tree is made of, to tell whether the worker's copy still matches (each
+    module's attributes by name and identity, and those of its parameters, buffers and children:
+    training's flips, a parameter or a child replaced, an attribute set, all show; a value
+    changed inside a mutable attribute does not), and the tensors in it (its parameters, buffers
+    and public tensor attributes), whose bytes are compared on each call."""
+    shape, tensors = [], []
+    for part in module.modules():
+        attributes = vars(part)
+        shape.append(
+            (
+                tuple(attributes),
+                tuple(map(id, attributes.values())),
+                tuple(map(id, part._parameters.values())),
+                tuple(map(id, part._buffers.values())),
+                tuple(map(id, part._modules.values())),
+            )
+        )
+        tensors += [
+            value
+            for name, value in attributes.items()
+            if name[0] != "_" and isinstance(value, torch.Tensor)  # a tensor kept as is
+        ]
+        tensors += [t for t in part._parameters.values() if t is not None]
+        tensors += [t for t in part._buffers.values() if t is not None]
+    return tuple(shape), tensors
+
+
+class CallPickler(pickle.Pickler):
+    """A call's arguments: every tensor by its number, with what the worker lacks of it (its
+    layout, its storage's bytes); every module by its number where the worker's copy still
+    matches, else whole but without its hooks (they belong to the test process, and a hook is
+    often a test's lambda); a function pickle cannot name, found by name in its module."""
+
+    def __init__(self, file, mirror: Mirror):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.mirror = mirror
+        self.blobs: List[bytes] = [b"", b""]  # the pickle and the generator's state, then bytes
+        self.header = {"storages": [], "updates": [], "tensors": []}
+        self.reached: Dict[int, torch.Tensor] = {}  # number -> the tensors of this call
+        self.storage_of: Dict[int, int] = {}  # a tensor's number -> its storage's
+        self.checked = set()  # the storages compared in this call
+        self.no_hooks = OrderedDict()  # pickled once, for every module's hooks
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            return handed, ("tensor", self.tensor(obj))
+        if isinstance(obj, nn.Module):
+            return self.module(obj)
+        if inspect.ismodule(obj):
+            return importlib.import_module, (obj.__name__,)
+        if inspect.isfunction(obj) and "<locals>" in obj.__qualname__:
+            module = sys.modules.get(obj.__module__)
+            names = [name for name, value in vars(module or {}).items() if value is obj]
+            if names:
+                return getattr, (module, names[0])
+        return NotImplemented
+
+    def tensor(self, t: torch.Tensor) -> int:
+        layout = layout_of(t)
+        storage = None if layout[-1] is None else self.storage(t, layout[-1])
+        known = self.mirror.tensors.get(id(t))
+        if known is not None and known[2] == layout:
+            number = known[0]
+        else:
+            number = self.mirror.number()
+            self.mirror.tensors[id(t)] = (number, t, layout)
+            self.header["tensors"].append(
+                {
+                    "number": number,
+                    "dtype": str(t.dtype).removeprefix("torch."),
+                    "shape": list(t.shape),
+                    "stride": list(t.stride()),
+                    "offset": t.storage_offset(),
+                    "storage": storage,  # None: on meta, no data
+                    "requires_grad": t.requires_grad,
+                    "parameter": type(t) is nn.Parameter,
+                }
+            )
+        self.reached[number] = t
+        if storage is not None:
+            self.storage_of[number] = storage
+        return number
+
+    def storage(self, t: torch.Tensor, where: tuple) -> int:
+        known = self.mirror.storages.get(where)
+        if where in self.checked:
+            return known[0]
+        self.checked.add(where)
+        now = storage_bytes(t, 0, where[1])
+        if known is None:
+            known = self.mirror.storages[where] = [self.mirror.number(), now, t]
+            self.mirror.by_number[known[0]] = known
+            self.header["storages"].append([known[0], len(self.blobs)])
+            self.blobs.append(now)
+        elif known[1] != now:  # changed since it went: by the test, or by a step
+            known[1] = now
+            self.header["updates"].append([known[0], len(self.blobs)])
+            self.blobs.append(now)
+        return known[0]
+
+    def module(self, m: nn.Module):
+        """A module by its number where the worker's copy still matches (every module of its
+        tree has the same attributes, and each tensor in it the same layout), else whole."""
+        tree, tensors = shape_of(m)
+        known = self.mirror.modules.get(id(m))
+        if known is not None and known[2] == tree:
+            numbers = [self.mirror.tensors.get(id(t), (None,))[0] for t in tensors]
+            if [self.tensor(t) for t in tensors] == numbers:  # its tensors' bytes, where changed
+                return handed, ("module", known[0])
+        number = self.mirror.number()
+        self.mirror.modules[id(m)] = (number, m, tree)
+        state = {
+            key: self.no_hooks if key.endswith("hooks") and isinstance(value, dict) else value
+            for key, value in vars(m).items()
+        }
+        return new_module, (number, type(m)), state
+
+
+def call_message(args: tuple, kwargs: dict, mirror: Mirror):
+    """A call's header and blobs, and the tensors it reaches, by number. Storages go whole, so
+    both sides lay every tensor out alike: a view of one is a view at the same offsets of the
+    other."""
+    buffer = io.BytesIO()
+    pickler = CallPickler(buffer, mirror)
+    pickler.dump((args, kwargs))
+    rng = torch.get_rng_state()
+    pickler.blobs[:2] = [buffer.getvalue(), storage_bytes(rng, 0, rng.numel())]
+    header = {
+        "op": "call",
+        **pickler.header,
+        "reached": list(pickler.reached),
+        "grad_enabled": torch.is_grad_enabled(),
+        "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+    }
+    return header, pickler.blobs, pickler
+
+
+class CallUnpickler(pickle.Unpickler):
+    """In the sandbox: the call's pickle, whose tensors and modules held come from HELD."""
+
+    def find_class(self, module, name):
+        if name in ("handed", "new_module"):  # this file's own, as the caller imported it
+            return globals()[name]
+        return super().find_class(module, name)
+
+
+def call_arguments(header: dict, blobs: List[bytes]):
+    """In the sandbox: what the call's message brings (new storages, changed bytes, new
+    tensors), then its arguments, and the tensors it reaches by number."""
+    storages, tensors = HELD["storage"], HELD["tensor"]
+    for number, k in header["storages"]:
+        storages[number] = over(blobs[k], torch.uint8)
+    for number, k in header["updates"]:
+        ctypes.memmove(storages[number].data_ptr(), blobs[k], len(blobs[k]))
+    for entry in header["tensors"]:
+        dtype, shape, stride = DTYPES[entry["dtype"]], entry["shape"], entry["stride"]
+        where = None
+        if entry["storage"] is None:
+            t = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        else:
+            base = storages[entry["storage"]]
+            t = base.view(dtype).as_strided(shape, stride, entry["offset"])
+            where = entry["storage"], base.data_ptr(), base.numel()
+        if entry["parameter"]:
+            t = nn.Parameter(t, requires_grad=entry["requires_grad"])
+        elif entry["requires_grad"]:
+            t.requires_grad_()
+        tensors[entry["number"]] = t
+        HELD["where"][entry["number"]] = where
+    args, kwargs = CallUnpickler(io.BytesIO(blobs[0])).load()
+    return args, kwargs, {number: tensors[number] for number in header["reached"]}
+
+
+# ---------------------------------------------------------------- a value, the way out ------------
+
+
+class Encoder:
+    """In the sandbox: a value as JSON. A tensor is either a view into a storage the call was
+    handed (its number and the place in it) or new (the bytes its layout spans, sent)."""
+
+    def __init__(self, handed: Dict[int, torch.Tensor]):
+        self.handed = {}  # (address, dtype) -> storage number
+        for number, t in handed.items():
+            where = HELD["where"].get(number)
+            if where is not None and where[2]:
+                self.handed[(where[1], t.dtype)] = where[0]
+        self.new: List[torch.Tensor] = []
+
+    def encode(self, value, depth=0):
+        if depth > MAX_DEPTH:
+            raise TypeError(f"the value returned is nested deeper than {MAX_DEPTH}")
+        if value is None or isinstance(value, (bool, int, float)):
+            return value if not isinstance(value, float) or math.isfinite(value) else str(value)
+        if isinstance(value, str):
+            return {"str": value[:MAX_TEXT]}
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, torch.dtype):
+            return {"dtype": str(value).removeprefix("torch.")}
+        items = None
+        if isinstance(value, (tuple, list)):
+            items = [self.encode(item, depth + 1) for item in value]
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            kind = type(value)
+            return {"namedtuple": f"{kind.__module__}:{kind.__qualname__}", "items": items}
+        if isinstance(value, torch.Size):
+            return {"size": items}
+        if isinstance(value, (tuple, list)):
+            return {type(value).__name__ if type(value) in (tuple, list) else "tuple": items}
+        if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+            return {"dict": {key: self.encode(item, depth + 1) for key, item in value.items()}}
+        raise TypeError(
+            f"a graded function returns tensors, numbers, strings, dtypes, tuples, lists, dicts "
+            f"and None across the sandbox, not {type(value).__name__}"
+        )
+
+    def tensor(self, t: torch.Tensor) -> dict:
+        layout = {"shape": list(t.shape), "stride": list(t.stride())}
+        if t.device.type != "meta" and t.untyped_storage().nbytes():
+            storage = self.handed.get((t.untyped_storage().data_ptr(), t.dtype))
+            if storage is not None:
+                dtype = str(t.dtype).removeprefix("torch.")
+                return {"view": storage, "dtype": dtype, "offset": t.storage_offset(), **layout}
+        self.new.append(t)
+        return {"tensor": len(self.new) - 1}
+
+    def table(self):
+        """The new tensors' descriptors, and the bytes of each."""
+        table, blobs = [], []
+        for t in self.new:
+            entry = {
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "stride": list(t.stride()),
+                "requires_grad": t.requires_grad,
+                "blob": None,
+            }
+            if t.device.type != "meta":
+                itemsize = t.element_size()
+                count = extent(t.shape, t.stride()) * itemsize
+                entry["blob"] = len(blobs)
+                blobs.append(storage_bytes(t, t.storage_offset() * itemsize, count))
+            table.append(entry)
+        return table, blobs
+
+
+def error_header(error: BaseException) -> dict:
+    crossing = next((c for c in type(error).__mro__ if EXCEPTIONS.get(c.__name__) is c), None)
+    text = str(error) if crossing else f"{type(error).__name__}: {error}"
+    return {"error": crossing.__name__ if crossing else "RuntimeError", "message": text[:MAX_TEXT]}
+
+
+# ---------------------------------------------------------------- the server (in the sandbox) -----
+
+
+class Server:
+    """The student's function, and the graphs of the calls that a gradient may still be asked
+    of (until the test process says reset, after each test)."""
+
+    def __init__(self, module_name: str, source: str, function: str):
+        self.graphs: Dict[int, tuple] = {}
+        self.calls = 0
+        self.target, self.failed = None, {}
+        try:
+            module = load(module_name, source)
+            owner, _, name = function.rpartition(".")
+            raw = inspect.getattr_static(getattr(module, owner) if owner else module, name)
+            self.target = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+        except BaseException as error:  # the submission's own code runs at its import
+            self.failed = error_header(error)
+            self.failed["message"] = f"importing the submission failed: {self.failed['message']}"
+
+    def call(self, header, blobs):
+        if self.failed:
+            return dict(self.failed), []
+        args, kwargs, reached = call_arguments(header, blobs)
+        torch.set_rng_state(over(blobs[1], torch.uint8))
+        torch.set_default_dtype(DTYPES[header["default_dtype"]])
+        before = {}  # the bytes of each storage the call was handed
+        for number in reached:
+            where = HELD["where"][number]
+            if where is not None and where[0] not in before:
+                before[where[0]] = where, ctypes.string_at(where[1], where[2])
+        encoder = Encoder(reached)
+        try:
+            with torch.set_grad_enabled(header["grad_enabled"]):
+                value = self.target(*args, **kwargs)
+            reply = {"value": encoder.encode(value)}
+            table, out = encoder.table()
+        except BaseException as error:
+            reply, table, out = error_header(error), [], []
+        changed = []  # the storages the call changed in place: their bytes now
+        for storage, (where, old) in before.items():
+            new = ctypes.string_at(where[1], where[2])
+            if new != old:
+                changed.append([storage, len(out)])
+                out.append(new)
+        rng = torch.get_rng_state()
+        reply.update(tensors=table, changed=changed, rng=len(out))
+        out.append(storage_bytes(rng, 0, rng.numel()))
+        self.calls += 1
+        reply["call"] = self.calls
+        leaves = [t for t in reached.values() if t.requires_grad]
+        if "value" in reply and leaves and any(t.requires_grad for t in encoder.new):
+            self.graphs[self.calls] = encoder.new, leaves
+        return reply, out
+
+    def backward(self, header, blobs):
+        outputs, leaves = self.graphs[header["call"]]
+        pairs = [(o, gradient(e, blobs)) for o, e in zip(outputs, header["grads"]) if e]
+        pairs = [(o, g) for o, g in pairs if o.requires_grad]
+        if not pairs:
+            return {"grads": [None] * len(leaves), "tensors": []}, []
+        try:
+            found = torch.autograd.grad(
+                [o for o, _ in pairs],
+                leaves,
+                [g for _, g in pairs],
+                retain_graph=True,  # a test may ask twice (backward(retain_graph=True))
+                allow_unused=True,
+            )
+        except BaseException as error:
+            return error_header(error), []
+        encoder = Encoder({})
+        grads = [None if g is None else encoder.tensor(g) for g in found]
+        table, out = encoder.table()
+        return {"grads": grads, "tensors": table}, out
+
+
+def gradient(entry: dict, blobs: List[bytes]) -> torch.Tensor:
+    """In the sandbox: a gradient the test process sent, contiguous (or on meta, no data)."""
+    dtype = DTYPES[entry["dtype"]]
+    if entry["blob"] is None:
+        return torch.empty(entry["shape"], dtype=dtype, device="meta")
+    return over(blobs[entry["blob"]], dtype).view(entry["shape"])
+
+
+def load(name: str, source: str):
+    """The module name made from source, in memory: a worker's module is never a file that
+    another exercise's worker could read."""
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = name.replace(".", "/") + ".py"  # what tracebacks name
+    sys.modules[name] = module
+    package, _, leaf = name.rpartition(".")
+    if package:
+        setattr(importlib.import_module(package), leaf, module)
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
+
+
+def serve(fd: int) -> None:
+    """A worker: its module's source from the test process, then the student's function, served
+    on the socket fd until the test process goes."""
+    header, blobs = receive(fd)
+    server = Server(header["module"], blobs[0].decode("utf-8"), header["function"])
+    send(fd, {"op": "imported", **server.failed})
+    while True:
+        try:
+            header, blobs = receive(fd)
+        except EOFError:
+            return
+        if header["op"] == "call":
+            send(fd, *server.call(header, blobs))
+        elif header["op"] == "backward":
+            send(fd, *server.backward(header, blobs))
+        else:  # reset: the test is over, and no gradient will be asked of its calls
+            server.graphs.clear()
+            for held in HELD.values():
+                held.clear()
+
+
+def start_workers(control_fd: int, scratch: str) -> None:
+    """The sandbox's first process: torch imported, it says so on its control socket, then
+    starts a worker for each exercise the grader sends (its limit of processor time, a socket to
+    its test process), one at a time. Before each, it kills every other process of the sandbox
+    (the last worker, and whatever that one started) and empties the scratch folder, so that
+    nothing one exercise's code leaves behind reaches the next. It cannot be traced or read by
+    a worker (not dumpable), and forks only with one thread (it checks)."""
+    control = socket.socket(fileno=control_fd)
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    # frozen, torch's objects are neither walked by each worker's collections of garbage nor
+    # copied into it page by page as those walks touch them
+    gc.freeze()
+    one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+    control.sendall(b"started" if one_thread else b"unsafe")
+    if not one_thread:
+        return
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        if not message:  # the grader has gone
+            return
+        end_others(scratch)
+        if os.fork() == 0:
+            try:
+                control.close()
+                seconds = json.loads(message)["seconds"]
+                # a worker that never ends is stopped by its limit of processor time
+                resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+                serve(fds[0])
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+# A submission's namespaces (unshare(2)), and the flags of its mounts (mount(2))
+NEW_NAMESPACES = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000  # mount, host
+# name, IPC, processes, network
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+
+
+def start_submissions(control_fd: int) -> None:
+    """The first process of a sandbox shared by the submissions of a grading (bubblewrap started
+    as root, without a user namespace): torch imported once, it forks for each submission the
+    grader sends ("start": its uid, a socket) a process that gives it namespaces of its own
+    (processes, network, IPC, host name, mounts: its own /proc and scratch folder), whose first
+    process takes that uid, and with it loses every capability, before anything of the
+    submission runs; and, asked to "end" a uid, a process that takes it and kills every process
+    that uid runs (the first of its namespace of processes among them, with which all die), its
+    socket closing when that is done. It runs no student code, and no student's process can
+    signal, trace or read it (root, not dumpable)."""
+    control = socket.socket(fileno=control_fd)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    gc.freeze()
+    one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+    control.sendall(b"started" if one_thread else b"unsafe")
+    if not one_thread:
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        if not message:  # the grader has gone
+            return
+        request = json.loads(message)
+        if os.fork() == 0:
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                scratch = f"/tmp/{int(request['uid'])}"
+                if request["op"] == "start":
+                    isolate(libc, scratch)
+                    if os.fork():  # the next process is the first of its namespace
+                        os._exit(0)
+                    mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                become(int(request["uid"]))
+                if request["op"] == "end":
+                    end_others("")
+                else:
+                    os.environ["TMPDIR"] = os.environ["HOME"] = scratch
+                    start_workers(fds[0], scratch)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+def isolate(libc, scratch: str) -> None:
+    """Namespaces of its own for this process's next children, and a scratch folder of its
+    own: a tmpfs on scratch, a folder of /tmp, where only root may write (as /tmp may hold
+    Python, it stays)."""
+    os.makedirs(scratch, exist_ok=True)
+    if libc.unshare(NEW_NAMESPACES) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing it mounts reaches another
+    size = f"size={64 << 20},mode=1777".encode()
+    mount(libc, "tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, size)
+
+
+def mount(libc, source, target, kind, flags, data=None) -> None:
+    encode = [None if v is None else v.encode() for v in (source, target, kind)]
+    if libc.mount(*encode, ctypes.c_ulong(flags), data) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target}")
+
+
+def become(uid: int) -> None:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)  # and with it, every capability
+
+
+def end_others(scratch: str) -> None:
+    """Every other process of the sandbox killed (kill(-1) reaches all that its uid may signal,
+    never the caller), the dead reaped, the scratch folder emptied."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            if os.waitpid(-1, 0)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    if not scratch:
+        return
+    for folder, subfolders, _ in os.walk(scratch):
+        subfolders[:] = [n for n in subfolders if not os.path.ismount(os.path.join(folder, n))]
+        with contextlib.suppress(OSError):  # a worker may have taken its permissions away
+            os.chmod(folder, 0o700)
+    for folder, subfolders, files in os.walk(scratch, topdown=False):
+        for name in files + subfolders:
+            path = os.path.join(folder, name)
+            folder_kept = os.path.isdir(path) and not os.path.islink(path)
+            with contextlib.suppress(OSError):  # a folder that holds a mount (Python's) stays
+                os.rmdir(path) if folder_kept else os.unlink(path)
+
+
+def main(argv: List[str]) -> int:
+    """In the sandbox, before anything of a submission runs: the limits, which no process in it
+    can raise again (none holds the capability to), torch imported, then the workers (or, in a
+    shared sandbox, each submission's first process)."""
+    control_fd, scratch, folder, *paths = argv
+    with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
+        adj.write("1000")
+    for limit, value in (
+        (resource.RLIMIT_AS, ADDRESS_SPACE),
+        (resource.RLIMIT_FSIZE, FILE_SIZE),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        resource.setrlimit(limit, (value, value))
+    # bubblewrap's user namespace counts this sandbox's processes alone; without one, only a uid
+    # of its own may have its processes counted (KIT_COUNT_PROCESSES is then set; root's own,
+    # the shared sandbox's first process, are not)
+    if os.environ.get("KIT_COUNT_PROCESSES"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
+    sys.path[:0] = [folder]  # the project's other modules, as they are
+    sys.path += paths
+    # what the first gradient asked with grad_outputs, or the first operation on the meta device,
+    # imports (symbolic shapes, sympy, the compiler's modules): once here, not once per worker
+    import torch._dynamo  # noqa: F401
+
+    if scratch == "shared":
+        start_submissions(int(control_fd))
+    else:
+        start_workers(int(control_fd), "" if scratch == "-" else scratch)
+    return 0
+
+
+# ---------------------------------------------------------------- the test process's side ---------
+
+
+class Remote(torch.autograd.Function):
+    """Ties what a sandbox returned into the test process's graph: the backward of its outputs
+    asks the sandbox for the gradients of the tensors the call was handed."""
+
+    @staticmethod
+    def forward(ctx, link, *leaves):
+        ctx.link = link
+        ctx.mark_non_differentiable(*[t for t, d in zip(link.new, link.differentiable) if not d])
+        return tuple(link.new)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, *ctx.link.sandbox.backward(ctx.link, grads))
+
+
+class Link:
+    """One call's place in the test process's graph: its new tensors, which of them the sandbox
+    computed with a gradient, and the tensors it was handed that want one (its leaves)."""
+
+    def __init__(self, sandbox, call, new, differentiable, leaves):
+        self.sandbox, self.call, self.new = sandbox, call, new
+        self.differentiable, self.leaves = differentiable, leaves
+
+
+class Sandbox:
+    """The test process's end of a worker: call the student's function in it, ask it for
+    gradients. A worker that outlives the deadline makes the run score 0 (problem says so); one
+    that ends, or sends what the protocol does not allow, makes every later call raise."""
+
+    def __init__(self, fd: int, graded: dict, timeout_s: float, classes: Dict[str, type]):
+        self.fd, self.deadline = fd, time.monotonic() + timeout_s
+        self.module, self.function = graded["module"], graded["function"]
+        self.source = graded["source"]  # the module with the student's function put in
+        self.classes = classes  # the named tuples of the run's own modules, "module:name"
+        self.problem = ""  # why the run is worth nothing ("" while it is not)
+        self.gone = ""  # why no call can be made any more
+        self.imported = False
+        self.mirror = Mirror()
+
+    def started(self) -> None:
+        """The worker's module sent, and its first message: whether the submission imported."""
+        if not self.imported:
+            self.imported = True
+            module = {"op": "module", "module": self.module, "function": self.function}
+            header, _ = self.exchange((module, [self.source.encode("utf-8")]))
+            if header.get("op") != "imported":
+                self.end("the sandbox sent no word of the submission's import")
+            if "error" in header:
+                self.end(text(header.get("message", "")))
+        if self.gone:
+            raise RuntimeError(self.gone)
+
+    def end(self, why: str) -> None:
+        """No call will be made any more: the worker sees its socket close, and ends."""
+        if not self.gone:
+            self.gone = why
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+        raise RuntimeError(self.gone)
+
+    def exchange(self, message) -> tuple:
+        if self.gone:
+            raise RuntimeError(self.gone)
+        try:
+            if message is not None:
+                send(self.fd, *message)
+            return receive(self.fd, self.deadline)
+        except TimeoutError:
+            self.problem = self.problem or "the time ran out"
+            self.end("the sandbox was stopped at the timeout")
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self.end("the sandbox's process ended")
+        except Refused as why:
+            self.end(f"the sandbox sent {why}")
+
+    def call(self, args, kwargs):
+        self.started()
+        header, blobs, sent = call_message(args, kwargs, self.mirror)
+        reply, out = self.exchange((header, blobs))
+        try:
+            value = self.read_reply(reply, out, sent)
+        except (Refused, KeyError, IndexError, TypeError, ValueError, RuntimeError) as why:
+            self.end(f"the sandbox sent what no call returns ({str(why)[:200]})")
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def read_reply(self, reply, out, sent: CallPickler):
+        """The value a call returned, built from the reply after every check; or the exception
+        it raised (returned, to be raised by the caller)."""
+        state = over(blob(out, reply["rng"]), torch.uint8)
+        torch.set_rng_state(state)  # it checks the state's size
+        handed = set(sent.storage_of.values())
+        for number, k in reply["changed"]:  # what it changed in place, changed here too
+            data, storage = blob(out, k), self.mirror.by_number.get(number)
+            if number not in handed or len(data) != len(storage[1]):
+                raise Refused("a change in place of a storage it was not handed")
+            ctypes.memmove(storage[2].untyped_storage().data_ptr(), data, len(data))
+            storage[1] = data
+        if "error" in reply:
+            kind = EXCEPTIONS.get(text(reply["error"]), RuntimeError)
+            return kind(text(reply["message"]))
+        new = [self.tensor(entry, out) for entry in reply["tensors"]]
+        leaves = [t for t in sent.reached.values() if t.requires_grad]
+        differentiable = [entry["requires_grad"] is True for entry in reply["tensors"]]
+        if torch.is_grad_enabled() and leaves and any(differentiable):
+            link = Link(self, integer(reply["call"], 1 << 62), new, differentiable, leaves)
+            new = list(Remote.apply(link, *leaves))
+        bases = {}  # (storage number, dtype) -> a tensor of the call on it, to view it through
+        for number, t in sent.reached.items():
+            if number in sent.storage_of:
+                bases.setdefault((sent.storage_of[number], t.dtype), t)
+        return self.value(reply["value"], bases, new, 0)
+
+    def tensor(self, entry: dict, out: List[bytes]) -> torch.Tensor:
+        dtype, shape, stride = (
+            DTYPES[entry["dtype"]],
+            layout(entry["shape"]),
+            layout(entry["stride"]),
+        )
+        if len(shape) != len(stride) or math.prod(shape) > MAX_ELEMENTS:
+            raise Refused(f"a tensor of shape {shape[:MAX_DIMS]}")
+        if entry["blob"] is None:
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        return over(blob(out, entry["blob"]), dtype).as_strided(shape, stride, 0)
+
+    def value(self, node, handed: dict, new: list, depth: int):
+        if depth > MAX_DEPTH:
+            raise Refused("a value nested too deep")
+        if node is None or type(node) in (bool, int, float):
+            return node
+        if node in ("nan", "inf", "-inf"):  # a float JSON cannot hold
+            return float(node)
+        if type(node) is not dict or len(node) > 5:
+            raise Refused("a value of no known kind")
+        (kind, body), *_ = node.items()
+        if kind == "tensor":
+            return new[integer(body, len(new))]
+        if kind == "view":  # a view into a storage it was handed, at the same place
+            base = handed.get((body, DTYPES[node["dtype"]]))
+            shape, stride = layout(node["shape"]), layout(node["stride"])
+            if base is None or math.prod(shape) > MAX_ELEMENTS:
+                raise Refused("a view of a storage it was not handed, or too large a view")
+            return base.as_strided(shape, stride, integer(node["offset"], 1 << 62))
+        if kind == "str":
+            return text(body)
+        if kind == "dtype":
+            return DTYPES[body]
+        if kind == "dict" and type(body) is dict:
+            return {text(k): self.value(v, handed, new, depth + 1) for k, v in body.items()}
+        if type(body if kind != "namedtuple" else node["items"]) is not list:
+            raise Refused("a value of no known kind")
+        if kind == "namedtuple":
+            cls = self.classes.get(body)
+            items = [self.value(v, handed, new, depth + 1) for v in node["items"]]
+            if cls is None or len(items) != len(cls._fields):
+                raise Refused(f"a named tuple {text(body)[:50]} the module does not define")
+            return cls(*items)
+        items = [self.value(v, handed, new, depth + 1) for v in body]
+        if kind in ("tuple", "list", "size"):
+            return {"tuple": tuple, "list": list, "size": torch.Size}[kind](items)
+        raise Refused("a value of no known kind")
+
+    def backward(self, link: Link, grads) -> list:
+        """The gradients of the tensors a call was handed (its leaves), from the sandbox."""
+        encoder = Encoder({})
+        entries = [
+            encoder.tensor(g.contiguous()) if g is not None and wanted else None
+            for g, wanted in zip(grads, link.differentiable)
+        ]
+        table, blobs = encoder.table()
+        header = {
+            "op": "backward",
+            "call": link.call,
+            "grads": [None if e is None else table[e["tensor"]] for e in entries],
+        }
+        reply, out = self.exchange((header, blobs))
+        try:
+            if "error" in reply:  # the student's code raised it, in its backward
+                error = EXCEPTIONS.get(text(reply["error"]), RuntimeError)(text(reply["message"]))
+                reply = {"tensors": [], "grads": [None] * len(link.leaves), "raised": error}
+            new = [self.tensor(entry, out) for entry in reply["tensors"]]
+            found = [None if e is None else self.value(e, {}, new, 0) for e in reply["grads"]]
+            if len(found) != len(link.leaves) or any(
+                g is not None and (g.shape != t.shape or g.dtype != t.dtype)
+                for g, t in zip(found, link.leaves)
+            ):
+                raise Refused("gradients that do not fit the tensors")
+        except (Refused, KeyError, IndexError, TypeError, ValueError, RuntimeError) as why:
+            self.end(f"the sandbox sent what no backward returns ({str(why)[:200]})")
+        if "raised" in reply:
+            raise reply["raised"]
+        return found
+
+    def reset(self) -> None:
+        self.mirror.reset()
+        if self.imported and not self.gone:
+            try:
+                send(self.fd, {"op": "reset"})
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if not self.gone:
+            self.gone = "closed"
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+
+
+def blob(out: List[bytes], k) -> bytes:
+    return out[integer(k, len(out))]
+
+
+def integer(value, below: int) -> int:
+    if type(value) is not int or not 0 <= value < below:
+        raise Refused(f"an index {str(value)[:20]} out of range")
+    return value
+
+
+def layout(sizes) -> List[int]:
+    if type(sizes) is not list or len(sizes) > MAX_DIMS:
+        raise Refused("a shape or strides that are not a list of at most 16")
+    return [integer(size, 1 << 40) for size in sizes]
+
+
+def text(value) -> str:
+    if type(value) is not str:
+        raise Refused("a string that is not one")
+    return value[:MAX_TEXT]
+
+
+def install(module, function: str, sandbox: Sandbox) -> None:
+    """Put a proxy in place of the module's function (or a class's method, as the class holds
+    it: a staticmethod stays one), so that every caller, the tests and the module's own code,
+    reaches the sandbox. Before the tests import anything from the module."""
+    owner_name, _, name = function.rpartition(".")
+    owner = getattr(module, owner_name) if owner_name else module
+    raw = inspect.getattr_static(owner, name)
+    wraps = (staticmethod, classmethod)
+    target = raw.__func__ if isinstance(raw, wraps) else raw
+
+    @functools.wraps(target)
+    def proxy(*args, **kwargs):
+        return sandbox.call(args, kwargs)
+
+    setattr(owner, name, type(raw)(proxy) if isinstance(raw, wraps) else proxy)
+
+
+def named_tuples(folder: str) -> Dict[str, type]:
+    """The named tuples a graded function may return (Attended, Memory, an agent's Kept): those
+    of the modules loaded from the run's folder, the teacher's, by "module:name"."""
+    found = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None) or ""
+        if not path.startswith(folder.rstrip("/") + "/"):
+            continue
+        for value in vars(module).values():
+            if inspect.isclass(value) and issubclass(value, tuple) and hasattr(value, "_fields"):
+                found[f"{value.__module__}:{value.__qualname__}"] = value
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
