@@ -137,3 +137,11 @@ def craft(path: str, marker: str) -> None:
     ckpt = torch.load(path, weights_only=True)
     ckpt["history"] = [CreatesAFile(marker)]
     torch.save(ckpt, path)
+
+
+def pytest_collection_modifyitems(items):
+    """test_compressive.py runs alone in a student's folder, where no `slow` mark is known: its
+    tests that trace the model with torch.compile (seconds each) are marked slow here instead."""
+    for item in items:
+        if item.module.__name__ == "test_compressive" and "torch_compile" in item.name:
+            item.add_marker(pytest.mark.slow)

@@ -9,6 +9,8 @@ import ast
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # a module's layer: what it may import lies in its own layer or below
 LAYERS = {
@@ -78,6 +80,7 @@ def layer(module: str) -> int:
     return LAYERS[module.split(".")[0]]
 
 
+@pytest.mark.slow  # reads every module: seconds
 def test_the_imports_run_one_way_downwards():
     drawn = import_map()
     assert {
@@ -129,6 +132,7 @@ def handed_a_module(tree: ast.Module) -> list:
     return found
 
 
+@pytest.mark.slow  # reads every module: seconds
 def test_no_function_is_handed_the_training_script():
     handed = {
         module: found

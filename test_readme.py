@@ -6,6 +6,7 @@ import io
 import os
 import re
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -17,6 +18,7 @@ def python_snippets() -> list:
         return re.findall(r"^```python\n(.*?)^```$", f.read(), flags=re.S | re.M)
 
 
+@pytest.mark.slow  # trains and acts: seconds
 def test_every_python_snippet_of_the_readme_runs_as_written(monkeypatch):
     snippets = python_snippets()
     assert len(snippets) == 3  # the language model, the modules beyond the paper, the agent

@@ -152,6 +152,7 @@ FRESH_START = [
 ] + [("compressive", dict(c_mem_len=0)), ("feedback", {})]
 
 
+@pytest.mark.slow  # every f_c: seconds
 @pytest.mark.parametrize(
     "kind, overrides",
     FRESH_START,
@@ -175,6 +176,7 @@ def test_a_reset_row_computes_what_a_fresh_run_on_its_inputs_since_the_reset_com
         close(ours[1:2], theirs)  # memories full again
 
 
+@pytest.mark.slow  # every f_c: seconds
 @pytest.mark.parametrize(
     "compression, reconstruction",
     [(f, "attention") for f in COMPRESSIONS] + [("conv", "autoencoding")],
@@ -293,6 +295,7 @@ def start_at(batch, length, *places):
     return starts
 
 
+@pytest.mark.slow  # every f_c: seconds
 @pytest.mark.parametrize("kind", EPISODE_KINDS)
 def test_nothing_before_a_start_reaches_anything_computed_at_or_after_it(kind):
     # 11 calls of 6 steps: after the start c_mem fills (n_mem + c*n_cm = 18 steps) and overflows.
@@ -579,6 +582,7 @@ def test_the_update_from_rows_stored_at_different_times_gives_each_what_its_acto
     close(h, torch.cat([acted[:, t : t + 5] for t in times]))
 
 
+@pytest.mark.slow  # every f_c, a segment of steps each: seconds
 def test_acting_with_kept_keys_computes_what_projecting_every_slot_computes():
     for kind in ("conv", "most_used", "pre-LN", "xl", "feedback"):
         model = make(pre_norm=True) if kind == "pre-LN" else episode_model(kind)

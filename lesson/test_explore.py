@@ -223,6 +223,7 @@ def query_shown(page):
     return query
 
 
+@pytest.mark.slow  # trains: seconds
 @pytest.mark.parametrize("mem_len, c_mem_len", [(8, 4), (8, 0)])
 def test_the_summary_is_each_regions_share_of_every_query_of_a_segment(mem_len, c_mem_len):
     model, ids, vocab = tiny_model(mem_len, c_mem_len)
@@ -317,6 +318,7 @@ def test_rounded_rows_keep_each_weight_within_one_unit_and_each_row_summing_to_o
     assert (rows.double() - weights.double() * explore.WEIGHT_SCALE).abs().max() < 1.0
 
 
+@pytest.mark.slow  # trains and writes the page: seconds
 def test_the_command_writes_one_page_and_gives_one_error_line_for_bad_input(
     trained, small_text, tmp_path, capsys
 ):

@@ -5,8 +5,9 @@ cheats.
 The assignment graded here blanks update_memory, attention_reconstruction_loss and
 relative_shift. By default each exercise's check is cut to the tests of FAST_TESTS (the kit
 computes it the same way, by blanking for real, over fewer tests) and a mistake is graded on its
-own exercise, so the file runs in seconds; the grades of whole submissions, which start test
-processes, are among the slow tests (`pytest -m slow`). With KIT_FULL=1 (CI) the same tests use
+own exercise; still, the tests that need the assignment made for real (about 14 s) and the
+grades of whole submissions, which start test processes, are among the slow tests (`pytest -m
+slow`), and a plain `pytest` runs the rest in seconds. With KIT_FULL=1 (CI) the same tests use
 every test of each check, grade every submission on all three exercises, and run the Gradescope
 bundle end to end on each."""
 
@@ -188,6 +189,7 @@ def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_its_fil
     assert set(totals) == {"compressive.py", exercises.FEEDBACK, exercises.OVERLAP_POOL}
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_each_check_is_what_blanking_its_function_fails(assignment):
     """The checks were computed by blanking each function for real (the fixture ran the tests on
     the original and on each blanked copy); with KIT_FULL=1 they are the README's table's."""
@@ -210,6 +212,7 @@ def test_each_check_is_what_blanking_its_function_fails(assignment):
     )
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_the_student_folder_holds_no_answer_and_no_hidden_test(hw, assignment):
     student = hw / "student"
     assert sorted(p.name for p in student.iterdir()) == [
@@ -430,6 +433,7 @@ def test_the_audit_refuses_each_cheat_in_one_line_before_any_code_runs(cheat):
     assert reason in str(refusal.value) and "\n" not in str(refusal.value)
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_the_audit_accepts_the_handout_a_correct_answer_and_honest_mistakes(hw):
     student_copy = (hw / "student" / "compressive.py").read_text()
     for text in [
@@ -493,6 +497,7 @@ def test_the_audit_resolves_names_as_python_does():
         audit.audit(cheat_in_shift("(lambda Memory: 0)", "kind = Memory"), ORIGINAL, EXERCISES)
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_a_file_saved_with_a_byte_order_mark_is_read_as_python_reads_it(tmp_path, hw, assignment):
     """Windows Notepad starts a UTF-8 file with U+FEFF, which Python's own reading drops."""
     answer = filled((hw / "student" / "compressive.py").read_text())
@@ -530,6 +535,7 @@ def test_a_splice_that_does_not_read_as_written_is_refused_with_its_line(monkeyp
         exercises.splice(ORIGINAL, text, "relative_shift")
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_a_submission_is_read_as_a_regular_file_of_its_own_folder_only(tmp_path, assignment):
     """A link to the teacher's solution (the path Gradescope's bundle names is public), a folder
     linked, a hard link, a pipe: each refused whole, none opened, nothing run."""
@@ -861,6 +867,7 @@ def test_a_refused_exercise_costs_itself_alone_and_honest_answers_score(graded):
     assert refused.name == "attention_reconstruction_loss" and not refused.failures
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_no_check_holds_a_test_that_runs_torch_compile(hw, assignment):
     """A correct answer need not compile: the compile tests are left out of every check, the
     assignment records them, and the student's README says so."""
@@ -959,6 +966,7 @@ def finish_autograder(process, root: Path) -> dict:
     return json.loads((root / "results" / "results.json").read_text())
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(hw):
     with zipfile.ZipFile(hw / "gradescope.zip") as bundle:
         names = bundle.namelist()
@@ -1050,6 +1058,7 @@ def test_a_short_name_resolves_and_an_unknown_one_is_one_clear_error(tmp_path):
     assert result.returncode == 2 and "more than one" in result.stderr
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -1066,6 +1075,7 @@ def test_a_file_that_is_not_python_is_refused_in_one_line(tmp_path, hw, content,
     assert "Traceback" not in result.stderr + result.stdout
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_grading_without_assignment_takes_the_only_one_made_here_and_refuses_to_guess(tmp_path, hw):
     """The handout command notes each --out in the user's cache; --grade without --assignment
     grades against the one assignment made here, and names none when there are several."""
@@ -1140,6 +1150,7 @@ def test_a_test_failing_on_this_machine_is_named_and_can_be_left_out(tmp_path):
     assert check.tests and not any("test_fails_here" in t for t in check.tests)
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_grading_with_another_torch_than_the_assignments_says_so_in_one_line(tmp_path, hw):
     """The torch an assignment's checks were computed with is recorded; grading with another
     stops with one line (and, on Gradescope, a results.json that says why)."""
@@ -1205,6 +1216,7 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
     assert most[0] == "1" and most[1].startswith("test_"), result.stdout
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
 def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a_formula(
     tmp_path, hw, assignment, monkeypatch, capsys
 ):

@@ -103,6 +103,7 @@ def test_the_pictures_slots_are_the_keys_the_query_sees_and_its_weights_lie_on_t
         memory_picture.memory_picture(FeedbackTransformer(tiny()), ids, vocab)
 
 
+@pytest.mark.slow  # draws a GIF: seconds
 def test_picture_of_a_checkpoint_writes_its_json_png_and_gif(
     trained, small_text, tmp_path, capsys, monkeypatch
 ):

@@ -94,6 +94,7 @@ def test_the_attention_of_a_checkpoint_on_its_own_text(trained, tmp_path, monkey
     assert "no checkpoint at" in error_line(capsys)
 
 
+@pytest.mark.slow  # trains and draws: seconds
 def test_where_the_queries_of_the_recall_task_look(recall_trained, capsys):
     out, _ = recall_trained
     # per phase and layer, where the '?' of queries held in c_mem looks
@@ -132,6 +133,7 @@ def test_a_bad_checkpoint_gives_one_error_line(how, trained, tmp_path, capsys):
     assert "checkpoint" in error_line(capsys) and not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow  # trains and draws: seconds
 def test_the_attention_plot_is_a_valid_png_and_says_how_it_was_made(fresh_pyplot, trained, capsys):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread

@@ -49,6 +49,7 @@ def test_eval_only_by_copy_distance_on_a_checkpoint_of_text_and_with_its_memory_
     assert "at least c = 2" in error_line(capsys)
 
 
+@pytest.mark.slow  # trains: seconds
 def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_evaluation(
     tmp_path, monkeypatch, capsys
 ):

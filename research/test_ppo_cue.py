@@ -33,6 +33,7 @@ def test_every_update_starts_from_the_actor_s_policy(capsys):
     assert "largest fraction outside the clip range 0.000" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # draws: seconds
 def test_the_plot_of_the_curves_is_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     path = tmp_path / "curves.png"

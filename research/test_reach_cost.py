@@ -1,6 +1,7 @@
 """The cost of reach (research/reach_cost.py) as a test: both models timed at each reach, their
 memory state counted from the tensors."""
 
+import pytest
 import torch
 
 import train_shakespeare as ts
@@ -8,6 +9,7 @@ from conftest import TINY_FLAGS, error_line
 from research import reach_cost
 
 
+@pytest.mark.slow  # times four models: seconds
 def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(
     tmp_path, capsys, monkeypatch
 ):

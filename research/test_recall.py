@@ -300,6 +300,7 @@ def recall_table_rows(printed: str):
     return rows
 
 
+@pytest.mark.slow  # trains: seconds
 def test_task_recall_trains_evaluates_and_reports_by_distance(recall_trained, capsys):
     out, printed = recall_trained  # 30 steps, facts asked up to 120 characters later
     assert "recall accuracy by distance" in printed and "recall accuracy:" in printed
@@ -378,6 +379,7 @@ def recall_run(out, steps=4):
     )
 
 
+@pytest.mark.slow  # trains and draws: seconds
 def test_the_recall_plot_is_a_valid_png_and_says_how_it_was_made(fresh_pyplot, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread

@@ -48,6 +48,7 @@ def test_a_text_moves_to_a_device_whole():
     assert moved.train_targets is None and (moved.vocab, moved.name) == (["a", "b"], "ab")
 
 
+@pytest.mark.slow  # trains: seconds
 def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
     out = str(tmp_path / "run")
     assert (
@@ -82,6 +83,7 @@ def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
         assert key in ckpt
 
 
+@pytest.mark.slow  # trains or compiles: seconds
 def test_resume_ends_where_an_uninterrupted_run_would(small_text, tmp_path):
     whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
     common = ["--data", small_text, "--steps", "24", "--eval-every", "100", *TINY_FLAGS]
@@ -278,6 +280,7 @@ def test_the_command_line_reports_bad_input_without_a_traceback(tmp_path):
 # ---------------------------------------------------------------- device, precision, compile
 
 
+@pytest.mark.slow  # trains or compiles: seconds
 def test_half_precision_training_stays_finite_and_close_to_float32(small_text, tmp_path):
     """bfloat16 keeps 8 bits of mantissa, float16 11 (with its gradient scaler): over 20 steps
     the rounding moves the validation loss by a few thousandths, far less than training lowers
@@ -401,6 +404,7 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_log_line(trained, small_tex
     assert open(path, "rb").read() == good
 
 
+@pytest.mark.slow  # trains or compiles: seconds
 def test_compile_traces_one_graph_once_the_memories_are_full(small_text, tmp_path, monkeypatch):
     graphs, compile = [], torch.compile
 
@@ -434,6 +438,7 @@ def test_compile_traces_one_graph_once_the_memories_are_full(small_text, tmp_pat
     assert math.isfinite(json.load(open(os.path.join(out, "metrics.json")))["val_loss"])
 
 
+@pytest.mark.slow  # trains or compiles: seconds
 def test_compile_that_fails_says_so_once_and_trains_on_eagerly(
     small_text, tmp_path, monkeypatch, capsys
 ):
@@ -758,6 +763,7 @@ def test_an_older_checkpoint_of_the_projects_own_f_c_resumes_and_loads(small_tex
 # ---------------------------------------------------------------- plots (optional)
 
 
+@pytest.mark.slow  # trains or compiles: seconds
 def test_the_loss_curve_is_a_valid_png_and_is_drawn_again_from_the_run(
     fresh_pyplot, small_text, tmp_path, capsys
 ):
@@ -861,6 +867,7 @@ def test_torchrun_two_processes_step_like_one_process_on_the_same_streams(small_
         )
 
 
+@pytest.mark.slow  # trains: seconds
 def test_bench_prints_its_summary_as_the_last_line(capsys):
     assert bench.main(["--bench-steps", "2", *TINY_FLAGS]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
