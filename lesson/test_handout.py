@@ -703,7 +703,7 @@ def forged(value=None, tensors=(), changed=(), blobs=()):
 
     def reply(header):
         rng = torch.get_rng_state()
-        out = [bytes(rng.numpy()), *blobs]
+        out = [bytes(rng.tolist()), *blobs]
         storage = header["storages"][0][0] if header["storages"] else 0
         made = {"value": value(storage) if callable(value) else value, "tensors": list(tensors)}
         return {**made, "changed": list(changed), "rng": 0, "call": 1}, out
