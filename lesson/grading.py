@@ -132,7 +132,7 @@ def module_name(path: str) -> str:
 
 
 INSIDE = "/sandbox"  # where a submission's sandbox folder appears in bubblewrap, read-only
-SCRATCH_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
+TMP_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
 NAMESPACES = 0x6C020000  # sandbox.NEW_NAMESPACES: mount, host name, IPC, processes, network
 
 
@@ -188,7 +188,7 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> lis
     """The command that starts Python with argv in a sandbox on folder (a copy of sandbox.py and
     the project's other modules, nothing of the teacher's tests). In bubblewrap where bwrap names
     it: namespaces of its own for processes (every one dies with it), network (none), IPC and
-    host name; the system and Python read-only; a scratch /tmp of its own; no environment but
+    host name; the system and Python read-only; a /tmp of its own; no environment but
     what it needs. root (the grader is): bubblewrap runs as root, without a user namespace, its
     first process holding no capability but those to change uid and to make namespaces, and
     /tmp writable by root alone; each submission's first process has namespaces of its own and
@@ -209,10 +209,10 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> lis
     args += ["--die-with-parent", "--new-session", "--clearenv"]
     for name, value in sandbox_environment(True).items():
         args += ["--setenv", name, value]
-    # the scratch /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
+    # its own /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
     # it, read-only, after
     tmp_mode = "0711" if root else "1777"  # as root, each submission's folder in it, its own
-    args += ["--size", str(SCRATCH_BYTES), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
+    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
     args += system_mounts()
     made = {"/", "/tmp"}
     for path in python_folders():
@@ -297,7 +297,7 @@ class SandboxFailed(Exception):
     """The machine's failure, not the submission's: the sandbox did not start."""
 
 
-def launch(layout: Layout, scratch: str, uid: Optional[int]):
+def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
     """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
     sandbox.py and the project files the module imports, nothing of the teacher's tests; uid: the
     grader is root. Its process, its control socket, its log and its folder."""
@@ -313,7 +313,7 @@ def launch(layout: Layout, scratch: str, uid: Optional[int]):
     folder.chmod(0o755)
     base = INSIDE if ways.bwrap else str(folder)
     ours, theirs = socket.socketpair()
-    argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), scratch, base]
+    argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), tmp_folder, base]
     argv.append(str(torch_folder()))
     log = tempfile.TemporaryFile()
     user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
@@ -345,7 +345,7 @@ class SharedSandbox:
     grading (of an assignment's layout), whose first process imports torch once and forks each
     submission's first process as the uid the submission holds (sandbox.start_submissions).
     Each submission has namespaces of its own in it (processes, network, IPC, host name,
-    mounts), a scratch folder of its own and a uid of its own. Ended when the grader ends."""
+    mounts), a temporary folder of its own and a uid of its own. Ended when the grader ends."""
 
     lock = threading.Lock()
     running: Dict[tuple, "SharedSandbox"] = {}
@@ -366,7 +366,7 @@ class SharedSandbox:
 
     def request(self, op: str, uid: int) -> socket.socket:
         """A socket to the process started for op ("start": a submission's first process;
-        "end": the one that ends every process of uid and empties its scratch folder)."""
+        "end": the one that ends every process of uid and empties its temporary folder)."""
         ours, theirs = socket.socketpair()
         with self.lock:
             try:
@@ -379,7 +379,7 @@ class SharedSandbox:
         return ours
 
     def end(self, uid: int) -> None:
-        """Every process of uid ended, its scratch folder emptied: its socket closes then."""
+        """Every process of uid ended, its temporary folder emptied: its socket closes then."""
         done = self.request("end", uid)
         done.settimeout(60)
         with contextlib.suppress(OSError):
@@ -422,10 +422,10 @@ class StudentSandbox:
             self.shared = SharedSandbox.of(self.layout)
             self.control, self.log = self.shared.request("start", self.uid), self.shared.log
             return
-        # its scratch folder, emptied between exercises: bubblewrap's /tmp, its own
-        scratch = "/tmp" if ways.bwrap else "-"
+        # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own
+        tmp_folder = "/tmp" if ways.bwrap else "-"
         uid = self.uid if root else None
-        self.process, self.control, self.log, self.folder = launch(self.layout, scratch, uid)
+        self.process, self.control, self.log, self.folder = launch(self.layout, tmp_folder, uid)
 
     def open(self) -> int:
         """A socket to a new worker, for an exercise's test process, which sends it its module;

@@ -10,13 +10,13 @@ in the test process. A gradient asked of what it returned comes back the same wa
 do the changes the function made in place to the tensors it was handed and the state of the
 random number generator.
 
-    python sandbox.py CONTROL_FD SCRATCH FOLDER [PATH ...]     its first process, in the sandbox
+    python sandbox.py CONTROL_FD TMP FOLDER [PATH ...]     its first process, in the sandbox
 
 A submission's first process forks a worker for each exercise in turn, which makes the original
 module with only that exercise's function taken from the submission (its source comes from the
 test process, and is never a file) and serves that exercise's test process on a socket. Where
 the grader is not root, each submission has a sandbox of its own, whose first process imports
-torch. Where it is root, one sandbox serves every submission of the grading (SCRATCH is
+torch. Where it is root, one sandbox serves every submission of the grading (TMP is
 "shared"): its first process imports torch once, holding only the capabilities to change uid
 and to make namespaces, and forks for each submission a process with namespaces of its own,
 whose first process takes a uid of the kit's own before anything of the submission runs.
@@ -609,11 +609,11 @@ def serve(fd: int) -> None:
                 held.clear()
 
 
-def start_workers(control_fd: int, scratch: str) -> None:
+def start_workers(control_fd: int, tmp_folder: str) -> None:
     """The sandbox's first process: torch imported, it says so on its control socket, then
     starts a worker for each exercise the grader sends (its limit of processor time, a socket to
     its test process), one at a time. Before each, it kills every other process of the sandbox
-    (the last worker, and whatever that one started) and empties the scratch folder, so that
+    (the last worker, and whatever that one started) and empties the temporary folder, so that
     nothing one exercise's code leaves behind reaches the next. It cannot be traced or read by
     a worker (not dumpable), and forks only with one thread (it checks)."""
     control = socket.socket(fileno=control_fd)
@@ -629,7 +629,7 @@ def start_workers(control_fd: int, scratch: str) -> None:
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
         if not message:  # the grader has gone
             return
-        end_others(scratch)
+        end_others(tmp_folder)
         if os.fork() == 0:
             try:
                 control.close()
@@ -653,7 +653,7 @@ def start_submissions(control_fd: int) -> None:
     """The first process of a sandbox shared by the submissions of a grading (bubblewrap started
     as root, without a user namespace): torch imported once, it forks for each submission the
     grader sends ("start": its uid, a socket) a process that gives it namespaces of its own
-    (processes, network, IPC, host name, mounts: its own /proc and scratch folder), whose first
+    (processes, network, IPC, host name, mounts: its own /proc and temporary folder), whose first
     process takes that uid, and with it loses every capability, before anything of the
     submission runs; and, asked to "end" a uid, a process that takes it and kills every process
     that uid runs (the first of its namespace of processes among them, with which all die), its
@@ -677,9 +677,9 @@ def start_submissions(control_fd: int) -> None:
             try:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                scratch = f"/tmp/{int(request['uid'])}"
+                tmp_folder = f"/tmp/{int(request['uid'])}"
                 if request["op"] == "start":
-                    isolate(libc, scratch)
+                    isolate(libc, tmp_folder)
                     if os.fork():  # the next process is the first of its namespace
                         os._exit(0)
                     mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -687,24 +687,24 @@ def start_submissions(control_fd: int) -> None:
                 if request["op"] == "end":
                     end_others("")
                 else:
-                    os.environ["TMPDIR"] = os.environ["HOME"] = scratch
-                    start_workers(fds[0], scratch)
+                    os.environ["TMPDIR"] = os.environ["HOME"] = tmp_folder
+                    start_workers(fds[0], tmp_folder)
             finally:
                 os._exit(0)
         for fd in fds:
             os.close(fd)
 
 
-def isolate(libc, scratch: str) -> None:
-    """Namespaces of its own for this process's next children, and a scratch folder of its
-    own: a tmpfs on scratch, a folder of /tmp, where only root may write (as /tmp may hold
+def isolate(libc, tmp_folder: str) -> None:
+    """Namespaces of its own for this process's next children, and a temporary folder of its
+    own: a tmpfs on tmp_folder, a folder of /tmp, where only root may write (as /tmp may hold
     Python, it stays)."""
-    os.makedirs(scratch, exist_ok=True)
+    os.makedirs(tmp_folder, exist_ok=True)
     if libc.unshare(NEW_NAMESPACES) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing it mounts reaches another
     size = f"size={64 << 20},mode=1777".encode()
-    mount(libc, "tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, size)
+    mount(libc, "tmpfs", tmp_folder, "tmpfs", MS_NOSUID | MS_NODEV, size)
 
 
 def mount(libc, source, target, kind, flags, data=None) -> None:
@@ -719,9 +719,9 @@ def become(uid: int) -> None:
     os.setuid(uid)  # and with it, every capability
 
 
-def end_others(scratch: str) -> None:
+def end_others(tmp_folder: str) -> None:
     """Every other process of the sandbox killed (kill(-1) reaches all that its uid may signal,
-    never the caller), the dead reaped, the scratch folder emptied."""
+    never the caller), the dead reaped, the temporary folder emptied."""
     try:
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
@@ -732,13 +732,13 @@ def end_others(scratch: str) -> None:
                 break
         except ChildProcessError:
             break
-    if not scratch:
+    if not tmp_folder:
         return
-    for folder, subfolders, _ in os.walk(scratch):
+    for folder, subfolders, _ in os.walk(tmp_folder):
         subfolders[:] = [n for n in subfolders if not os.path.ismount(os.path.join(folder, n))]
         with contextlib.suppress(OSError):  # a worker may have taken its permissions away
             os.chmod(folder, 0o700)
-    for folder, subfolders, files in os.walk(scratch, topdown=False):
+    for folder, subfolders, files in os.walk(tmp_folder, topdown=False):
         for name in files + subfolders:
             path = os.path.join(folder, name)
             folder_kept = os.path.isdir(path) and not os.path.islink(path)
@@ -750,7 +750,7 @@ def main(argv: List[str]) -> int:
     """In the sandbox, before anything of a submission runs: the limits, which no process in it
     can raise again (none holds the capability to), torch imported, then the workers (or, in a
     shared sandbox, each submission's first process)."""
-    control_fd, scratch, folder, *paths = argv
+    control_fd, tmp_folder, folder, *paths = argv
     with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
         adj.write("1000")
     for limit, value in (
@@ -770,10 +770,10 @@ def main(argv: List[str]) -> int:
     # imports (symbolic shapes, sympy, the compiler's modules): once here, not once per worker
     import torch._dynamo  # noqa: F401
 
-    if scratch == "shared":
+    if tmp_folder == "shared":
         start_submissions(int(control_fd))
     else:
-        start_workers(int(control_fd), "" if scratch == "-" else scratch)
+        start_workers(int(control_fd), "" if tmp_folder == "-" else tmp_folder)
     return 0
 
 

@@ -1289,7 +1289,7 @@ def observe(teacher, repository):
             seen[where] = "written"
         except OSError as e:
             seen[where] = type(e).__name__
-    seen["scratch"] = seen.pop(os.environ["TMPDIR"])
+    seen["tmp_folder"] = seen.pop(os.environ["TMPDIR"])
     seen["address space"] = resource.getrlimit(resource.RLIMIT_AS)[1]
     seen["processes limit"] = resource.getrlimit(resource.RLIMIT_NPROC)[1]
     status = open("/proc/self/status").read().split("\\n")
@@ -1328,12 +1328,12 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
         assert seen["outside"] in grading.SANDBOX_UIDS, seen
     else:
         assert seen["outside"] == os.geteuid(), seen
-    # the system and Python (read-only), its folder, its scratch /tmp, its own /proc and /dev
+    # the system and Python (read-only), its folder, its own /tmp, its own /proc and /dev
     assert ROOT.parts[1] not in seen["top"] or ROOT.parts[1] in {"usr", "tmp"}, seen["top"]
     assert seen["processes"] <= 3, seen  # bubblewrap's first, the sandbox's first, the worker
     assert seen["network"] != "reached"
     assert seen["/usr"] != "written" and seen["/sandbox"] != "written"
-    assert seen["scratch"] == "written"
+    assert seen["tmp_folder"] == "written"
     assert seen["address space"] == sandbox.ADDRESS_SPACE
     assert seen["processes limit"] == sandbox.PROCESSES
     assert seen["children"] < sandbox.PROCESSES, seen  # the limit holds
@@ -1454,7 +1454,7 @@ def test_with_the_audit_off_no_submission_raises_its_grade_or_lowers_a_classmate
     answer_on_disk = {}  # where she can read it, the teacher's answer runs
     exec(compile(teacher.read_text(), str(teacher), "exec"), answer_on_disk)
     assert answer_on_disk["relative_shift"](torch.zeros(1, 2, 4)).shape == (1, 2, 3)
-    # the daemon's targets: the assignment, the class, the scratch folders (not the repository)
+    # the daemon's targets: the assignment, the class, the temporary folders (not the repository)
     mallory = attacking(student_copy, [str(hw), str(tmp_path), "/tmp", "/sandbox"], stolen)
     for student, text in [("alice", answer), ("bob", answer), ("mallory", mallory)]:
         submit(tmp_path / "class" / student, text)
