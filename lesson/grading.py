@@ -1055,9 +1055,20 @@ class Prepared(NamedTuple):
     began: float
 
 
+# Python 3.11's ast is not safe in two threads at once ("SystemError: AST constructor recursion
+# depth mismatch"): submissions graded side by side (grade() called from threads) are read,
+# audited and spliced one at a time
+PARSING = threading.Lock()
+
+
 def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> Prepared:
     """Read and audit a submission, and put each accepted exercise into the original
     (audited=False skips the audit: --no-audit, to test the sandbox alone)."""
+    with PARSING:
+        return prepare_alone(submission, assignment, audited)
+
+
+def prepare_alone(submission: Path, assignment: Assignment, audited: bool) -> Prepared:
     began = time.monotonic()
     names = [c.name for c in assignment.exercises]
     try:
