@@ -1064,30 +1064,27 @@ PARSING = threading.Lock()
 def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> Prepared:
     """Read and audit a submission, and put each accepted exercise into the original
     (audited=False skips the audit: --no-audit, to test the sandbox alone)."""
-    with PARSING:
-        return prepare_alone(submission, assignment, audited)
-
-
-def prepare_alone(submission: Path, assignment: Assignment, audited: bool) -> Prepared:
     began = time.monotonic()
     names = [c.name for c in assignment.exercises]
-    try:
-        text = read_submission(submission, PurePosixPath(assignment.layout.module).name)
-        if audited:
-            refusals = audit.audit_each(text, assignment.reference, names)
-        else:
-            parse(text, "the submission")
-            missing = [name for name in names if name not in functions(ast.parse(text))]
-            refusals = {name: f"it has no function {name}" for name in missing}
-    except (KitError, audit.Refusal) as e:
-        return Prepared(str(submission), str(e), {}, {}, began)
-    spliced = {}
-    for name in names:
-        if name not in refusals:
-            try:
-                spliced[name] = splice(assignment.reference, text, name)
-            except KitError as e:
-                refusals[name] = str(e)
+    with PARSING:
+        try:
+            text = read_submission(submission, PurePosixPath(assignment.layout.module).name)
+            if audited:
+                refusals = audit.audit_each(text, assignment.reference, names)
+            else:
+                found = functions(parse(text, "the submission")[1])
+                refusals = {
+                    name: f"it has no function {name}" for name in names if name not in found
+                }
+        except (KitError, audit.Refusal) as e:
+            return Prepared(str(submission), str(e), {}, {}, began)
+        spliced = {}
+        for name in names:
+            if name not in refusals:
+                try:
+                    spliced[name] = splice(assignment.reference, text, name)
+                except KitError as e:
+                    refusals[name] = str(e)
     return Prepared(str(submission), "", refusals, spliced, began)
 
 
