@@ -1,6 +1,9 @@
-"""The layout of the repository, read from the code's own imports: the model file at the bottom,
-the training script and its plumbing (training/) on it, the studies (research/) on those, the
-lesson on top. Imports run one way, downwards, and no function is handed the training script.
+"""The layout of the repository, read from the code's own imports, floor on floor: the model file
+at the bottom, the modules beyond the paper on it, the script's plumbing (training/) on those,
+the training script (and bench.py beside it) on its plumbing, the studies (research/), then the
+lesson (what a learner opens) and the teachers' kit. Imports run one way, downwards: a module
+imports its own floor or those below, so no circle can form across floors, and no function is
+handed the training script.
 
     python test_layout.py      # prints the import map
 """
@@ -17,22 +20,23 @@ LAYERS = {
     "compressive": 0,
     "test_compressive": 0,
     "beyond_the_paper": 1,
-    "train_shakespeare": 1,
-    "training": 1,
-    "conftest": 1,
-    "research": 2,
-    "lesson": 3,
+    "training": 2,
+    "train_shakespeare": 3,
+    "bench": 3,
+    "research": 4,
+    "lesson": 5,
+    "teachers_kit": 6,
 }
-NAMES = ("compressive", "test_compressive", "train_shakespeare", "training", "conftest")
 
 
 def python_files():
-    """{module name: path} of every Python file of the repository, this one aside."""
+    """{module name: path} of every Python file of the repository, its tests aside."""
     found = {}
     for folder, subfolders, names in os.walk(ROOT):
         subfolders[:] = [s for s in subfolders if not s.startswith((".", "__", "out"))]
         for name in names:
-            if name.endswith(".py") and name != "test_layout.py":
+            # the tests stand over every floor: they are not of the layout
+            if name.endswith(".py") and not name.startswith(("test_", "conftest")):
                 relative = os.path.relpath(os.path.join(folder, name), ROOT)
                 found[relative[:-3].replace(os.sep, ".").removesuffix(".__init__")] = relative
     return found
@@ -69,7 +73,7 @@ def import_map() -> dict:
     def as_file(name):
         return name if name in files else name.split(".")[0]
 
-    packages = ("training", "research", "lesson")
+    packages = ("beyond_the_paper", "training", "research", "lesson", "teachers_kit")
     return {
         module: sorted({as_file(name) for name in imported(module, parsed(path))} - set(packages))
         for module, path in sorted(files.items())
@@ -80,30 +84,72 @@ def layer(module: str) -> int:
     return LAYERS[module.split(".")[0]]
 
 
+def upward_imports(drawn: dict) -> list:
+    """Each import of drawn ({module: the modules it imports}) that climbs to a higher floor."""
+    return [
+        f"{module} imports {name}"
+        for module, names in drawn.items()
+        for name in names
+        if layer(name) > layer(module)
+    ]
+
+
+def circles(drawn: dict) -> list:
+    """The import circles of drawn, each as the modules around it (depth-first search)."""
+    found, state = [], {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for name in drawn.get(module, []):
+            if state.get(name) == "open":
+                found.append(path[path.index(name) :] + [name])
+            elif name not in state:
+                visit(name, path + [name])
+        state[module] = "done"
+
+    for module in drawn:
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
 @pytest.mark.slow  # reads every module: seconds
 def test_the_imports_run_one_way_downwards():
     drawn = import_map()
     assert {
         "train_shakespeare",
         "training.data",
+        "training.evaluate",
         "research.recall",
         "lesson.memory_picture",
     } <= set(drawn)
-    upward = [
-        f"{module} imports {name}"
-        for module, names in drawn.items()
-        for name in names
-        if layer(name) > layer(module)
-    ]
-    assert upward == [], "\n".join(upward)
-    # in particular: the script's plumbing imports nothing of the research or of the lesson
+    assert upward_imports(drawn) == [], "\n".join(upward_imports(drawn))
+    assert circles(drawn) == []
+    # in particular: the script's plumbing imports nothing of the script, the research or the
+    # lesson, and the lesson nothing of the research
     for module, names in drawn.items():
-        if module.startswith("training") or module == "train_shakespeare":
-            assert not [n for n in names if n.startswith(("research", "lesson"))], module
+        if module.startswith("training"):
+            assert not [n for n in names if n.startswith(("train_shakespeare", "bench"))], module
+        if module.startswith("lesson"):
+            assert not [n for n in names if n.startswith("research")], module
     assert drawn["compressive"] == []  # the model file stands alone
     # what the map sees: absolute and relative imports, by the files they name
     tree = ast.parse("from research import recall\nfrom . import files\nimport compressive")
     assert imported("training.data", tree) >= {"research.recall", "training.files", "compressive"}
+
+
+def test_the_check_finds_an_import_up_and_a_circle():
+    """The circle the script and its evaluation once made: training/evaluate.py imported the
+    script inside a function (to make its models), and the script imports evaluate()."""
+    tree = ast.parse("def load():\n    import train_shakespeare\n    return train_shakespeare")
+    drawn = {
+        "training.evaluate": sorted(imported("training.evaluate", tree)),
+        "train_shakespeare": ["training.evaluate"],
+    }
+    assert upward_imports(drawn) == ["training.evaluate imports train_shakespeare"]
+    assert circles(drawn) == [["training.evaluate", "train_shakespeare", "training.evaluate"]]
+    # the benchmark, once in training/, imported the script: an import up
+    assert upward_imports({"training.bench": ["train_shakespeare"]}) != []
 
 
 def handed_a_module(tree: ast.Module) -> list:

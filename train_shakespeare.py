@@ -6,13 +6,14 @@
 
 Each row of a batch is its own contiguous stream through the text, so the memory of row b always
 holds the text just before it, as Transformer-XL and the Compressive Transformer are trained.
-This file reads top to bottom: the settings, the model, the optimizer, the loop. The plumbing is
-in training/ (the text and its streams, the evaluation, files, checkpoints, devices, processes),
-beside the commands that use a trained checkpoint:
+This file reads top to bottom: the settings, the model, the streams, the optimizer, the loop.
+The plumbing is in training/ (the text, the model kinds, the evaluation, files, checkpoints,
+devices, processes), beside the commands that use a trained checkpoint; bench.py stands beside
+this script and times its training steps:
 
     python -m training.sample --prompt "ROMEO:"        # text from OUT/ckpt.pt
     python -m training.evaluate --eval-c-mem-len 0     # its loss, its memory cut or not
-    python -m training.bench                           # training steps timed
+    python bench.py                                    # training steps timed
 
 The studies in research/ train with train() and read what they need through training.evaluate.
 """
@@ -30,16 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from beyond_the_paper import overlap_pool
-from beyond_the_paper.feedback import FeedbackTransformer
-from compressive import (
-    COMPRESSIONS,
-    RECONSTRUCTIONS,
-    CompressiveConfig,
-    CompressiveTransformer,
-)
+from compressive import COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig
 from training import checkpoint, checks, distributed, files, plots
 from training.checks import UserError, exit_status
-from training.data import IGNORE, Data, load_data, segment_at, streams_of_rank
+from training.data import IGNORE, Data, load_data
 from training.device import (
     DTYPES,
     autocast_for,
@@ -49,6 +44,7 @@ from training.device import (
     pick_device,
 )
 from training.evaluate import evaluate
+from training.models import MODELS, make_model
 
 # --------------------------------------------------------------------------------------------------
 # Settings: every flag of a run (a research/ command adds its own to them)
@@ -109,29 +105,20 @@ def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.Argu
 
 
 def parse_args(argv=None):
-    parser = training_flags()
-    checks.refuse_moved_flags(parser, sys.argv[1:] if argv is None else argv)
-    return parser.parse_args(argv)
+    return training_flags().parse_args(argv)
 
 
 def check_args(args) -> None:
-    """Every flag, before any data is read or any file written."""
+    """Every flag on its own, before any data is read or any file written (the model flags are
+    checked together where the model is made, once the data says the vocabulary's size)."""
     checks.check_flags(args)
     if args.data is not None:  # saved in the checkpoint as a path that works from anywhere
         args.data = os.path.abspath(args.data)
-    with torch.device("meta"):  # the model flags together, without memory: on the meta device
-        make_model(args.model, model_config(args, vocab_size=65), args.compression)
 
 
 # --------------------------------------------------------------------------------------------------
-# The model
-
-MODELS = {
-    "compressive": CompressiveTransformer,  # n_m memories and n_cm compressed ones per layer
-    "xl": CompressiveTransformer,  # Transformer-XL: n_cm = 0
-    "vanilla": CompressiveTransformer,  # no memory: n_m = n_cm = 0
-    "feedback": FeedbackTransformer,  # one memory of n_m vectors for all layers
-}
+# The model: one of training/models.py's MODELS (--model), its sizes from the flags and its
+# vocabulary from the data
 
 
 def model_config(args, vocab_size: int) -> CompressiveConfig:
@@ -151,16 +138,55 @@ def model_config(args, vocab_size: int) -> CompressiveConfig:
         raise UserError(f"invalid model configuration: {e}") from None
 
 
-def make_model(name: str, cfg: CompressiveConfig, compression: str = ""):
-    """The model of kind name; compression: the --compression flag, which may name this
-    project's own f_c (beyond_the_paper/overlap_pool.py) where cfg has the paper's max_pool."""
-    try:
-        model = MODELS[name](cfg)
-        if compression == overlap_pool.NAME and name == "compressive":
-            overlap_pool.use_overlap_max_pool(model)
-        return model
-    except (ValueError, TypeError) as e:
-        raise UserError(f"invalid model configuration: {e}") from None
+# --------------------------------------------------------------------------------------------------
+# The key idea: each row of a batch is its own stream through the text
+#
+# Memory only helps if it holds what came just before. So the training text is cut into B equal
+# strands, one per row of the batch, and each step feeds every row the next n_s characters of its
+# own strand: row b of step t+1 continues row b of step t, and the memory the model returns for
+# row b (n_m memories, n_cm compressed ones, per layer) is the past of row b's next segment.
+#
+#     text:    |---- strand 0 ----|---- strand 1 ----| ... |---- strand B-1 ----|
+#     step t:  row b = strand b[t n_s : (t+1) n_s], its targets one character on
+#
+# When the strands run out they start again from their beginning, and the memory is dropped: it
+# no longer precedes the text. This is how Transformer-XL and the Compressive Transformer are
+# trained (the paper's "contiguous" segments); shuffled windows would leave the memory meaningless.
+
+
+def make_streams(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
+    """ids cut into n_streams contiguous strands, [n_streams, L + 1]: the +1 is the target of a
+    strand's last input, so strand b ends where strand b+1 begins."""
+    length = (len(ids) - 1) // n_streams
+    if length < 1:
+        raise UserError(f"{len(ids)} characters cannot feed {n_streams} streams")
+    return ids[: n_streams * length + 1].unfold(0, length + 1, length)  # [n_streams, L + 1]
+
+
+def streams_of_rank(data: Data, args, rank: int, world: int):
+    """This process's --batch-size strands of the training text and of its targets (rank r takes
+    strands [r*B, (r+1)*B) of the world's B*world: every process reads its own text)."""
+    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
+    streams = make_streams(data.train, args.batch_size * world)[mine]
+    targets = streams  # each character is the target of the one before it
+    if data.train_targets is not None:  # a task that scores only some characters (research/)
+        targets = make_streams(data.train_targets, args.batch_size * world)[mine]
+    if streams.size(1) - 1 < args.seq_len:
+        raise UserError(
+            "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
+        )
+    return streams, targets
+
+
+def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
+    """The batch of a step: segment step % n_segments of every stream [B, n_s], its targets (the
+    next characters) [B, n_s], and whether the streams are back at their start (the memory must
+    then be dropped: it no longer precedes the text)."""
+    n_segments = (streams.size(1) - 1) // seq_len
+    start = (step % n_segments) * seq_len
+    x = streams[:, start : start + seq_len]
+    y = targets[:, start + 1 : start + seq_len + 1]
+    return x, y, start == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -231,58 +257,14 @@ def train(args, data: Data, validate=None):
     run's metrics (also in OUT/metrics.json) on rank 0 of a run that finished, else None.
     validate(model) -> dict: a study's own validation in place of evaluate() (research/ passes
     one), on rank 0: the loss as val_loss, and what the study records beside it."""
-    rank, world, local_rank = distributed.ranks()
-    device = pick_device(args.device, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    say = print if rank == 0 else (lambda *a, **k: None)
-    say(
-        f"data: {data.name}; {len(data.train):,} characters to train on, "
-        f"{len(data.val):,} to validate"
-    )
-    data = data.to(device)
-    # this process's batch_size streams through the text: row b of every batch is stream b
-    streams, targets = streams_of_rank(data, args.batch_size, args.seq_len, rank, world)
-
-    # the model (the same initial weights in every process, each its own dropout) and optimizer
-    cfg = model_config(args, len(data.vocab))
-    torch.manual_seed(args.seed)
-    model = make_model(args.model, cfg, args.compression).to(device)
-    torch.manual_seed(args.seed + rank)
-    optimizer = make_optimizer(model, args)
-    files.make_folder(args.out, "--out")
-    ckpt_path = os.path.join(args.out, "ckpt.pt")
-    memory, progress = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
-    if args.resume:
-        memory, progress = checkpoint.resume(ckpt_path, args, model, optimizer)
-        say(f"resuming from {ckpt_path} at step {progress['step']}/{args.steps}")
-    saved_step = progress["step"] if args.resume else None
-    train_step = make_train_step(model, optimizer, args, device)
-    autocast = autocast_for(device, args.dtype)
-
-    def validate_loss(model):  # the script's own validation: the loss on the whole text
-        loss = evaluate(model, data.val, args.batch_size, args.seq_len, autocast, data.val_targets)
-        return {"val_loss": loss}
-
-    validate = validate or validate_loss
-
-    n_params = sum(p.numel() for p in model.parameters()) / 1e6
-    say(
-        f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
-        f"n_cm={cfg.c_mem_len}; device {device}, {world} process(es) x {args.batch_size} streams"
-    )
-
-    def stop(what: str, value):
-        kept = f"the last good checkpoint is kept at {ckpt_path} (step {saved_step})"
-        kept = kept if saved_step is not None else "no checkpoint was written"
-        raise UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
-
-    step, seconds_before, t0 = progress["step"], progress["seconds"], time.time()
-    elapsed = lambda: seconds_before + time.time() - t0  # this run's seconds and those resumed
-    last_log = t0
+    run = start_run(args, data)
+    model, optimizer, progress, say = run.model, run.optimizer, run.progress, run.say
+    streams, targets = streams_of_rank(run.data, args, run.rank, run.world)
+    train_step = make_train_step(model, optimizer, args, run.device)
+    validate = validate or run.validate_loss
+    memory, step = run.memory, progress["step"]
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
-    logged_step = step
-    all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss since the last log
+    all_finite = torch.ones((), dtype=torch.bool, device=run.device)  # every loss since a log
     model.train()
     while step < last_step:
         # the batch: the next segment of every stream, and the memory that precedes it
@@ -299,60 +281,142 @@ def train(args, data: Data, validate=None):
         # log: the only place the losses come back from the device; a non-finite loss on any rank
         # since the last line stops every rank here
         if step % args.log_every == 0 or evaluating or step == last_step:
-            if not distributed.all_ranks_agree(bool(all_finite), device):
-                stop("the training loss", f"seen within steps {logged_step + 1}-{step}")
-            train_loss, recon_loss = train_loss.item(), recon_loss.item()
-            seconds, lr = elapsed(), lr_at(step - 1, args)
-            log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
-            progress["train_log"].append({**log, "seconds": seconds})
-            rate = (step - logged_step) * args.batch_size * args.seq_len * world
-            rate /= max(time.time() - last_log, 1e-9)
-            say(
-                f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss {recon_loss:.5f} | "
-                f"lr {lr:.2e} | {rate:,.0f} tok/s",
-                flush=True,
-            )
-            last_log, logged_step = time.time(), step
-        # evaluate on the whole validation text (rank 0; every rank learns the loss), checkpoint
+            if not distributed.all_ranks_agree(bool(all_finite), run.device):
+                run.stop(
+                    step, "the training loss", f"seen within steps {run.logged_step + 1}-{step}"
+                )
+            train_loss = run.log(step, train_loss.item(), recon_loss.item())
+        # validate on the whole validation text (rank 0; every rank learns the loss), checkpoint
         if evaluating:
-            if rank == 0:
-                found = validate(model)
-            val_loss = distributed.broadcast_number(
-                found["val_loss"] if rank == 0 else None, device
-            )
+            found = validate(model) if run.rank == 0 else {"val_loss": None}
+            val_loss = distributed.broadcast_number(found["val_loss"], run.device)
             if not math.isfinite(val_loss):
-                stop("the validation loss", val_loss)
-            progress.update(step=step, seconds=elapsed())
-            if rank == 0:
-                bpc = val_loss / math.log(2)
-                say(f"eval step {step}: val loss {val_loss:.4f} nats/char, {bpc:.4f} bpc")
-                record = {"step": step, "train_loss": train_loss, **found}
-                progress["history"].append({**record, "seconds": progress["seconds"]})
-            checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
-            saved_step = step
-    progress.update(step=step, seconds=elapsed())
+                run.stop(step, "the validation loss", val_loss)
+            record = {"step": step, "train_loss": train_loss, **found, "val_loss": val_loss}
+            run.save(step, memory, record)
+    run.save(step, memory)
     if step < args.steps:  # --stop-after
-        checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
         say(f"stopped after step {step}/{args.steps}; continue with --resume")
         return None
-    if rank != 0:
-        return None
+    return finish(run, step, train_loss) if run.rank == 0 else None
+
+
+class Run:
+    """What the loop keeps beside the model: this process's place among the processes, the run's
+    progress {step, history, train_log, seconds} and the last checkpoint saved, and the log."""
+
+    def __init__(self, args, data, model, optimizer, device, memory, progress):
+        self.args, self.data, self.model, self.optimizer = args, data, model, optimizer
+        self.device, self.memory, self.progress = device, memory, progress
+        self.rank, self.world, _ = distributed.ranks()
+        self.say = print if self.rank == 0 else (lambda *a, **k: None)
+        self.ckpt_path = os.path.join(args.out, "ckpt.pt")
+        self.saved_step = progress["step"] if args.resume else None
+        self.seconds_before, self.t0 = progress["seconds"], time.time()
+        self.logged_step, self.last_log = progress["step"], self.t0
+        self.autocast = autocast_for(device, args.dtype)
+
+    def elapsed(self) -> float:
+        """This run's seconds and those of the runs it resumed."""
+        return self.seconds_before + time.time() - self.t0
+
+    def validate_loss(self, model) -> dict:
+        """The script's own validation: the loss on the whole validation text."""
+        data, args = self.data, self.args
+        loss = evaluate(
+            model, data.val, args.batch_size, args.seq_len, self.autocast, data.val_targets
+        )
+        return {"val_loss": loss}
+
+    def log(self, step: int, train_loss: float, recon_loss: float) -> float:
+        """One log line, recorded in the run's train_log; returns the training loss."""
+        args, lr = self.args, lr_at(step - 1, self.args)
+        log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
+        self.progress["train_log"].append({**log, "seconds": self.elapsed()})
+        tokens = (step - self.logged_step) * args.batch_size * args.seq_len * self.world
+        rate = tokens / max(time.time() - self.last_log, 1e-9)
+        self.say(
+            f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss {recon_loss:.5f} | "
+            f"lr {lr:.2e} | {rate:,.0f} tok/s",
+            flush=True,
+        )
+        self.last_log, self.logged_step = time.time(), step
+        return train_loss
+
+    def save(self, step: int, memory, record=None) -> None:
+        """A checkpoint of the run at step (every rank calls it; rank 0 writes), after recording a
+        validation's result; without one, only where the run stops before an evaluation did."""
+        self.progress.update(step=step, seconds=self.elapsed())
+        if record is None and self.saved_step == step:
+            return  # the evaluation at this step saved it
+        if record is not None and self.rank == 0:
+            val_loss = record["val_loss"]
+            self.say(
+                f"eval step {step}: val loss {val_loss:.4f} nats/char, "
+                f"{val_loss / math.log(2):.4f} bpc"
+            )
+            self.progress["history"].append({**record, "seconds": self.progress["seconds"]})
+        args = self.args
+        checkpoint.save(
+            self.ckpt_path, self.model, self.optimizer, memory, self.progress, self.data.vocab, args
+        )
+        self.saved_step = step
+
+    def stop(self, step: int, what: str, value):
+        kept = f"the last good checkpoint is kept at {self.ckpt_path} (step {self.saved_step})"
+        kept = kept if self.saved_step is not None else "no checkpoint was written"
+        raise UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
+
+
+def start_run(args, data: Data) -> Run:
+    """The run's device, data, model and optimizer (the same initial weights in every process,
+    each its own dropout), restored from OUT/ckpt.pt with --resume."""
+    rank, world, local_rank = distributed.ranks()
+    device = pick_device(args.device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    train_chars, val_chars = len(data.train), len(data.val)
+    say(f"data: {data.name}; {train_chars:,} characters to train on, {val_chars:,} to validate")
+    cfg = model_config(args, vocab_size=len(data.vocab))
+    torch.manual_seed(args.seed)
+    model = make_model(args.model, cfg, args.compression).to(device)
+    torch.manual_seed(args.seed + rank)
+    optimizer = make_optimizer(model, args)
+    files.make_folder(args.out, "--out")
+    memory, progress = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
+    if args.resume:
+        ckpt_path = os.path.join(args.out, "ckpt.pt")
+        memory, progress = checkpoint.resume(ckpt_path, args, model, optimizer)
+        say(f"resuming from {ckpt_path} at step {progress['step']}/{args.steps}")
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    say(
+        f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
+        f"n_cm={cfg.c_mem_len}; device {device}, {world} process(es) x {args.batch_size} streams"
+    )
+    return Run(args, data.to(device), model, optimizer, device, memory, progress)
+
+
+def finish(run: Run, step: int, train_loss: float) -> dict:
+    """The finished run's metrics, written to OUT/metrics.json, and its loss curve."""
+    args, progress = run.args, run.progress
     val_loss = progress["history"][-1]["val_loss"]  # the loop always validates at the last step
     metrics = {
         "val_loss": val_loss,
         "val_bpc": val_loss / math.log(2),
         "train_loss": train_loss,
         "step": step,
-        "tokens_seen": step * args.batch_size * args.seq_len * world,
+        "tokens_seen": step * args.batch_size * args.seq_len * run.world,
         **{name: progress[name] for name in ("seconds", "history", "train_log")},
     }
     files.write_json(os.path.join(args.out, "metrics.json"), metrics)
-    say(
+    run.say(
         f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val_loss:.4f} nats/char "
-        f"({metrics['val_bpc']:.4f} bpc); checkpoint {ckpt_path}"
+        f"({metrics['val_bpc']:.4f} bpc); checkpoint {run.ckpt_path}"
     )
-    plot = os.path.join(args.out, "loss.png")
-    plots.plot_history(progress["history"], plot, progress["train_log"])
+    plots.plot_history(
+        progress["history"], os.path.join(args.out, "loss.png"), progress["train_log"]
+    )
     return metrics
 
 

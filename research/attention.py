@@ -17,7 +17,6 @@ from compressive import CompressiveTransformer
 from research import recall, tasks
 from training import checkpoint, files, plots
 from training.checks import UserError, exit_status
-from training.data import make_streams
 from training.device import keep_freed_memory, pick_device
 
 BUCKETS_PER_REGION = 4
@@ -234,7 +233,7 @@ def analyze_checkpoint(args) -> None:
     if args.batch_size <= 0:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
     device = pick_device(args.device)
-    model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
+    model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):
         raise UserError(
             "the attention is read over [c_mem; mem; segment] of the compressive, xl and "
@@ -242,7 +241,7 @@ def analyze_checkpoint(args) -> None:
         )
     data, answers = tasks.validation_data(args, ckpt)
     print(f"validation text: {data.name}")
-    streams = make_streams(data.val, args.batch_size).to(device)
+    streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
     caption = (
         f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Drawn by: python "
         f"-m research.attention, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "

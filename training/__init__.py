@@ -1,9 +1,10 @@
 """The plumbing of train_shakespeare.py, one job per module, and the commands that use what it
-trained. It imports nothing of research/ or lesson/, which build on it.
+trained. It imports nothing of the script, research/ or lesson/, which build on it (bench.py,
+which times the script's own training step, stands beside the script).
 
     data.py         the text as ids: the shipped Tiny Shakespeare (checked) or --data, split as
-                    nanoGPT splits it; the Data a research command brings in the same form; the
-                    text cut into the contiguous streams that the rows of a batch read
+                    nanoGPT splits it; the Data a research command brings in the same form
+    models.py       the models that --model names, made from a CompressiveConfig
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit;
                     a checkpoint's model with less memory (--eval-mem-len); how it was made
     device.py       the device, autocast and the float16 gradient scaler, compiling once the
@@ -19,8 +20,6 @@ The commands, each on a checkpoint or a model of the script's flags:
     python -m training.evaluate   a checkpoint's loss on its whole validation text, its memory cut
                                   or not; evaluate() is the script's validation, per_character()
                                   what the studies read of each character, both one walk
-    python -m training.bench      tokens/s, ms per step, peak memory and mfu of training steps;
-                                  with --profile, where their time goes
     python -m training.plots OUT  a run's loss curve drawn again from its files
 
 test_train_shakespeare.py specifies the script and all of it.

@@ -12,11 +12,11 @@ import re
 
 import torch
 
-from beyond_the_paper.feedback import FeedbackTransformer, check_feedback_memory
-from compressive import CompressiveConfig, CompressiveTransformer, Memory, check_memory
+from compressive import CompressiveConfig, CompressiveTransformer, Memory
 
 from . import distributed, files
 from .checks import UserError, one_line
+from .models import check_memory_of, make_model
 
 
 def save(path, model, optimizer, memory, progress: dict, vocab, args) -> None:
@@ -138,7 +138,7 @@ def resume(path: str, args, model, optimizer):
                 for part in ckpt["memory"][rank]
             )
             memory = Memory(mem, c_mem, usage)
-            check_memory_of(model, memory, args.batch_size, device)
+            check_memory_of(model, memory, args.batch_size)
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank]["cpu"])
             if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
@@ -154,15 +154,6 @@ def resume(path: str, args, model, optimizer):
         **{name: ckpt[name] for name in ("step", "history", "seconds")},
         "train_log": train_log,
     }
-
-
-def check_memory_of(model, memory, batch_size: int, device) -> None:
-    """The checks forward would make of memory, for inputs of this batch size on device."""
-    inputs = next(model.parameters()).new_zeros(batch_size, 1, model.cfg.d_model)
-    if isinstance(model, FeedbackTransformer):
-        check_feedback_memory(model, memory, batch_size, inputs.to(device))
-    else:
-        check_memory(model, memory, batch_size, inputs.to(device))
 
 
 def config_of(ckpt: dict) -> dict:
@@ -183,7 +174,7 @@ def trained_by(saved_args: dict) -> str:
 
 
 # The flags of --sample and --bench, which the script had before they became commands of their
-# own (training/sample.py, training/bench.py), at their defaults: a checkpoint it wrote holds them.
+# own (training/sample.py, bench.py), at their defaults: a checkpoint it wrote holds them.
 FLAGS_THAT_LEFT = {"temperature": 0.8, "bench_steps": 10}
 
 
@@ -217,9 +208,8 @@ def training_command(ckpt: dict, defaults: dict) -> str:
     return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}; {ran})"
 
 
-def load_model(out: str, device, make_model):
-    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint. make_model(name, cfg,
-    compression) builds an untrained model of the checkpoint's kind."""
+def load_model(out: str, device):
+    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint."""
     path = os.path.join(out, "ckpt.pt")
     ckpt = read(path, device)
     config, args = config_of(ckpt), ckpt["args"]

@@ -11,19 +11,6 @@ import torch
 
 from .device import mps_available
 
-# Flags the training script had before they became commands of their own
-MOVED = {
-    "--sample": "python -m training.sample --out OUT --chars N",
-    "--eval-only": "python -m training.evaluate --out OUT",
-    "--bench": "python -m training.bench --bench-steps N (with the model flags)",
-}
-
-
-def refuse_moved_flags(parser, argv) -> None:
-    """One line naming the command that replaced a flag the script no longer has (exit 2)."""
-    for flag in sorted(set(argv) & set(MOVED)):
-        parser.exit(2, f"{parser.prog}: error: {flag} is now a command: {MOVED[flag]}\n")
-
 
 class UserError(Exception):
     """A problem the user can fix; reported as one line, without a traceback."""

@@ -1,7 +1,8 @@
 """The text train_shakespeare.py learns, as ids: Tiny Shakespeare (shipped in data/) or a --data
 text, split as nanoGPT splits it (the first 90% to train, the last 10% to validate). A research
-command brings its own text in the same form (research/recall.py, research/code.py). Training and
-evaluation read a text as parallel contiguous streams (make_streams), a segment of each at once."""
+command brings its own text in the same form (research/recall.py, research/code.py). The script
+reads a text as parallel contiguous streams (train_shakespeare.make_streams), and so does the
+evaluation."""
 
 import hashlib
 import os
@@ -73,44 +74,3 @@ def load_data(args, vocab=None, saved_args=None) -> Data:
     data = encode(text, vocab)
     split = int(0.9 * len(data))
     return Data(vocab, data[:split], data[split:], path or "Tiny Shakespeare (data/)")
-
-
-# Each row of a batch is its own contiguous stream through the text, so the memory of row b always
-# holds the text just before it, as Transformer-XL and the Compressive Transformer are trained.
-
-
-def make_streams(data: torch.Tensor, n_streams: int) -> torch.Tensor:
-    """Cut data into n_streams equal contiguous strands, [n_streams, L + 1] (the +1 is the target
-    of each strand's last input; strand b ends where strand b+1 begins)."""
-    length = (len(data) - 1) // n_streams
-    if length < 1:
-        raise UserError(f"{len(data)} characters cannot feed {n_streams} streams")
-    return torch.stack([data[b * length : b * length + length + 1] for b in range(n_streams)])
-
-
-def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
-    """The batch of a step: segment step % n_segments of every stream, its targets (the next
-    characters), and whether the streams wrapped back to their start (then the memory no longer
-    precedes the text)."""
-    n_segments = (streams.size(1) - 1) // seq_len
-    start = (step % n_segments) * seq_len
-    return (
-        streams[:, start : start + seq_len],
-        targets[:, start + 1 : start + seq_len + 1],
-        start == 0,
-    )
-
-
-def streams_of_rank(data: Data, batch_size: int, seq_len: int, rank: int, world: int):
-    """The training streams of process rank and their targets (rank r takes streams [r*B,
-    (r+1)*B) of the world * B)."""
-    mine = slice(rank * batch_size, (rank + 1) * batch_size)
-    streams = make_streams(data.train, batch_size * world)[mine]
-    targets = streams
-    if data.train_targets is not None:
-        targets = make_streams(data.train_targets, batch_size * world)[mine]
-    if (streams.size(1) - 1) // seq_len < 1:
-        raise UserError(
-            "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
-        )
-    return streams, targets

@@ -22,7 +22,7 @@ from compressive import Memory
 
 from . import checkpoint, checks, files
 from .checks import UserError, exit_status
-from .data import IGNORE, Data, load_data, make_streams
+from .data import IGNORE, Data, load_data
 from .device import DTYPES, autocast_for, keep_freed_memory, pick_device
 
 
@@ -32,14 +32,23 @@ class Evaluation(NamedTuple):
     char_losses: torch.Tensor  # [len(data)]: at p, the loss of data[p]; NaN where not scored
 
 
+def strands(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
+    """ids cut as the script cuts its training text (train_shakespeare.make_streams): n_streams
+    contiguous strands [n_streams, L + 1], strand b ending where strand b+1 begins."""
+    length = (len(ids) - 1) // n_streams
+    if length < 1:
+        raise UserError(f"{len(ids)} characters cannot feed {n_streams} streams")
+    return ids[: n_streams * length + 1].unfold(0, length + 1, length)
+
+
 def segments(model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None):
     """The walk of the evaluation through data, with memory carried: for each segment, (at: the
-    positions in data of the characters it predicts, its logits, their targets). The streams of
-    data (make_streams) cover all but its last few characters; those continue the last stream."""
+    positions in data of the characters it predicts, its logits, their targets). The strands of
+    data cover all but its last few characters; those continue the last strand."""
     targets = data if targets is None else targets
-    streams, target_streams = make_streams(data, n_streams), make_streams(targets, n_streams)
+    streams, target_streams = strands(data, n_streams), strands(targets, n_streams)
     length = streams.size(1) - 1
-    # stream b starts at b * length in data (make_streams); its first target is the next character
+    # strand b starts at b * length in data; its first target is the next character
     first = 1 + length * torch.arange(n_streams, device=data.device)[:, None]
     memory = None
     for start in range(0, length, seq_len):
@@ -130,11 +139,7 @@ def load_checkpoint(args, tasks=("shakespeare",)):
     """(model, checkpoint, how its memory was cut): OUT/ckpt.pt's model on --device, its memory cut
     to --eval-mem-len / --eval-c-mem-len where given. tasks: the texts the command reads (a
     research command reads its own); another's checkpoint is one error."""
-    import train_shakespeare  # here, not at the top: the script imports this module (evaluate)
-
-    model, ckpt = checkpoint.load_model(
-        args.out, pick_device(args.device), train_shakespeare.make_model
-    )
+    model, ckpt = checkpoint.load_model(args.out, pick_device(args.device))
     task = ckpt["args"].get("task", "shakespeare")
     if task not in tasks:
         command = "python -m training.evaluate"

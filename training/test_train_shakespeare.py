@@ -17,24 +17,27 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+import bench
 import train_shakespeare as ts
 from conftest import DAMAGES, ROOT, SHAKESPEARE, TINY_FLAGS, craft, damage, error_line
-from training import bench, checkpoint, checks, data, evaluate, files, plots, sample
+from training import checkpoint, checks, data, evaluate, files, plots, sample
+from training.models import make_model
 
 
 def test_streams_stay_contiguous_across_steps():
     text = torch.arange(1001)
-    streams = data.make_streams(text, 4)
+    streams = ts.make_streams(text, 4)
     assert streams.shape == (4, 251)
     assert streams[1, 0] == streams[0, -1]  # strand b ends where strand b+1 begins
-    x0, y0, wrapped0 = data.segment_at(streams, streams, 0, 16)
-    x1, y1, wrapped1 = data.segment_at(streams, streams, 1, 16)
+    assert evaluate.strands(text, 4).equal(streams)  # the evaluation cuts a text the same way
+    x0, y0, wrapped0 = ts.segment_at(streams, streams, 0, 16)
+    x1, y1, wrapped1 = ts.segment_at(streams, streams, 1, 16)
     assert wrapped0 and not wrapped1
     assert (x1[:, 0] == x0[:, -1] + 1).all() and (y0 == x0 + 1).all()  # row b continues row b
     n_segments = 250 // 16
-    assert data.segment_at(streams, streams, n_segments, 16)[2]  # wraps after the last segment
+    assert ts.segment_at(streams, streams, n_segments, 16)[2]  # wraps after the last segment
     targets = streams.masked_fill(streams % 2 == 0, -100)  # a task that scores odd ids alone
-    x, y, _ = data.segment_at(streams, targets, 1, 16)
+    x, y, _ = ts.segment_at(streams, targets, 1, 16)
     assert x.equal(x1) and y.equal(y1.masked_fill(y1 % 2 == 0, -100))
 
 
@@ -178,7 +181,7 @@ def test_evaluation_keeps_each_character_where_the_walk_reads_it(small_text):
     (a model without memory reads each segment alone), and evaluate's loss is their mean."""
     torch.manual_seed(0)
     args = ts.parse_args([*TINY_FLAGS])
-    model = ts.make_model("compressive", ts.model_config(args, 65))
+    model = make_model("compressive", ts.model_config(args, 65))
     text = torch.randint(0, 65, (1003,))  # 4 streams of 250 and a tail of 2 (the last stream's)
     targets = text.masked_fill(text % 3 == 0, data.IGNORE)
     for scored in (None, targets):
@@ -189,7 +192,7 @@ def test_evaluation_keeps_each_character_where_the_walk_reads_it(small_text):
         mean = each.char_losses[counted].double().mean().item()
         torch.testing.assert_close(mean, loss, rtol=1e-5, atol=0)  # float32 sums, another order
     args = ts.parse_args([*TINY_FLAGS, "--model", "vanilla"])
-    vanilla = ts.make_model("vanilla", ts.model_config(args, 65)).eval()
+    vanilla = make_model("vanilla", ts.model_config(args, 65)).eval()
     each = evaluate.per_character(vanilla, text, 4, 16, nullcontext())
     for start, end in ((2 * 250 + 16, 2 * 250 + 32), (1000, 1002)):  # stream 2's 2nd; the tail
         with torch.no_grad():
@@ -807,16 +810,6 @@ def test_the_recall_flags_are_the_recall_tasks_own(small_text, tmp_path, capsys)
         ts.main(["--data", small_text, "--out", str(tmp_path), "--max-distance", "50"])
     assert exited.value.code == 2
     assert "unrecognized arguments: --max-distance 50" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("flag", ["--sample", "--eval-only", "--bench"])
-def test_a_flag_that_became_a_command_names_that_command(flag, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exited:
-        ts.main(["--out", str(tmp_path / "run"), flag])
-    assert exited.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{flag} is now a command: python -m training." in err[0], err
-    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------- torchrun, --bench

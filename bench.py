@@ -4,8 +4,11 @@ matmul rate measured here). --profile runs the same steps under torch.profiler i
 where their time goes: forward, backward, optimizer and the rest apart, and the operators that
 take the most of each.
 
-    python -m training.bench --bench-steps 10    # and any of the script's model and runtime flags
-    python -m training.bench --profile --device cpu
+    python bench.py --bench-steps 10    # and any of the script's model and runtime flags
+    python bench.py --profile --device cpu
+
+It stands beside train_shakespeare.py, as nanoGPT's bench.py beside its train.py: it takes the
+script's flags, model, optimizer and training step as they are.
 """
 
 import collections
@@ -19,9 +22,10 @@ from torch.profiler import profile, record_function
 
 import train_shakespeare
 from beyond_the_paper.feedback import FeedbackTransformer
-
-from .checks import UserError, exit_status
-from .device import DTYPES, keep_freed_memory, pick_device
+from training.checks import UserError, exit_status
+from training.data import load_data
+from training.device import DTYPES, keep_freed_memory, pick_device
+from training.models import make_model
 
 
 def train_flops_per_step(model, batch: int) -> float:
@@ -207,8 +211,9 @@ def main(argv=None) -> int:
             raise UserError("--profile profiles eager steps: drop --compile")
         device = pick_device(args.device)
         torch.manual_seed(args.seed)
-        cfg = train_shakespeare.model_config(args, vocab_size=65)
-        model = train_shakespeare.make_model(args.model, cfg, args.compression).to(device)
+        vocab = load_data(args).vocab  # the text's characters: random tokens of as many kinds
+        cfg = train_shakespeare.model_config(args, vocab_size=len(vocab))
+        model = make_model(args.model, cfg, args.compression).to(device)
         optimizer = train_shakespeare.make_optimizer(model, args)
         step = train_shakespeare.make_train_step(model, optimizer, args, device)
         if args.profile:
