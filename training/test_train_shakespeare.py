@@ -743,6 +743,12 @@ def test_a_checkpoint_of_an_older_version_still_loads(trained, small_text, capsy
     capsys.readouterr()
     for mode in ("sample", "evaluate", "resume"):
         assert MODES[mode](trained, small_text) == 0, mode
+        if mode == "evaluate":  # its weights give the loss its training recorded
+            metrics = json.load(open(os.path.join(trained, "metrics.json")))
+            recorded = ckpt["history"][-1]["val_loss"]
+            torch.testing.assert_close(
+                metrics["eval_only"]["val_loss"], recorded, rtol=1e-6, atol=0
+            )
     assert torch.load(path, weights_only=True)["step"] == 4
 
 
