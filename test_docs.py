@@ -21,6 +21,9 @@ OTHER_PROJECTS = {"pip", "venv", "pytest", "http.server", "ensurepip"}
 # commands that read their arguments without argparse, so that --help is taken for a file name:
 # the documents name them, and they wait for a parser of their own
 NO_HELP_YET = {"research.copies": "python -m research.copies FILE...: --help is read as a file"}
+# files that a document links and that come with work not yet in this tree: a link to one is checked
+# once it exists, and the file's arrival fails the test until it leaves this list
+ARRIVING = {"teachers_kit/README.md": "the teachers' kit's own README"}
 COMMAND = re.compile(
     r"\bpython3? +(?:-m +(?P<module>[\w.]+)|(?P<script>[\w./-]+\.py))"
     r"(?P<rest>(?:(?!\bpython3? ).)*)"  # up to the next command on the line
@@ -181,6 +184,12 @@ def anchors(path: str) -> set:
 
 
 def test_every_relative_link_of_the_documents_points_to_what_exists():
+    arrived = [
+        f"{name} exists: take it out of ARRIVING"
+        for name in ARRIVING
+        if os.path.exists(os.path.join(ROOT, name))
+    ]
+    assert arrived == [], arrived
     broken = []
     for document in documents():
         with open(os.path.join(ROOT, document), encoding="utf-8") as f:
@@ -191,6 +200,8 @@ def test_every_relative_link_of_the_documents_points_to_what_exists():
             file, _, anchor = target.partition("#")
             path = os.path.normpath(os.path.join(ROOT, os.path.dirname(document), file or "."))
             path = path if file else os.path.join(ROOT, document)
+            if os.path.relpath(path, ROOT) in ARRIVING:
+                continue
             if file and not os.path.exists(path):
                 broken.append(f"{document}: {target} (no such file)")
             elif anchor and path.endswith(".md") and anchor not in anchors(path):
