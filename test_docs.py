@@ -35,7 +35,10 @@ def documents() -> list:
     found = {"README.md", "lesson/TEACHERS.md"}
     found |= set(glob.glob("docs/*.md", root_dir=ROOT))
     found |= set(glob.glob("**/README.md", root_dir=ROOT, recursive=True))
-    return sorted(f for f in found if not f.startswith(("out", ".")) and "/out" not in f)
+    outside = ("out/", "/out/", "site-packages")  # run outputs, a virtual environment's packages
+    return sorted(
+        f for f in found if not f.startswith(outside) and not any(o in f for o in outside)
+    )
 
 
 def prose_and_code(text: str) -> str:
