@@ -23,6 +23,7 @@ that only the compressed memory (or a Transformer-XL as long as its reach) can c
     python -m research.copies FILE [FILE ...]      # a text's share of characters by copy distance
 """
 
+import argparse
 import sys
 
 import torch
@@ -140,8 +141,10 @@ def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:
     return out
 
 
-def main(paths) -> int:
-    for path in paths:
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="The share of each text's characters by copy distance.")
+    p.add_argument("paths", nargs="+", metavar="FILE", help="UTF-8 texts to profile")
+    for path in p.parse_args(argv).paths:
         try:
             with open(path, encoding="utf-8") as f:
                 shares = profile(f.read())
@@ -156,4 +159,4 @@ def main(paths) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
