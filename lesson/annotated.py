@@ -380,7 +380,7 @@ def figure(path: str, caption: str, folder: Path) -> str:
         raise UserError(f"the figure {path} is not an SVG")
     return (
         f'<figure class="figure" data-figure="{html.escape(path)}">{svg}'
-        f"<figcaption>{caption}</figcaption></figure>"
+        f"<figcaption>{caption[:1].upper()}{caption[1:]}</figcaption></figure>"
     )
 
 

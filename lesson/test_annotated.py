@@ -263,7 +263,7 @@ def test_speed_and_departure_are_set_apart_links_move_to_docs_and_a_figure_goes_
     hrefs = re.findall(r'href="([^"]*)"', page)
     assert hrefs == ["../test_x.py", "y.md", "https://a.b"]
     assert '<figure class="figure" data-figure="fig.svg"><svg width="10"><rect/></svg>' in page
-    assert "<figcaption>a caption.</figcaption>" in page and "Figure:" not in page
+    assert "<figcaption>A caption.</figcaption>" in page and "Figure:" not in page
     (tmp_path / "fig.svg").unlink()
     with pytest.raises(annotated.UserError, match="the figure fig.svg"):
         annotated.render(text, ast.parse(text), "t.py", tmp_path)
