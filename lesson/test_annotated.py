@@ -442,6 +442,74 @@ def test_the_page_lays_notes_beside_code_and_typesets_the_math_asking_for_nothin
     page.close()
 
 
+# At a width: notes or formulas that scroll or stick out of their note, the code cells that
+# scroll, the formulas of 25 elements or more, the page's own width, the figure's width
+FIT = """() => {
+    const over = e => e.scrollWidth > e.clientWidth + 1;
+    const where = e => e.closest('[data-lines]').dataset.lines;
+    const notes = [...document.querySelectorAll('[data-note]')];
+    const cut = [...document.querySelectorAll('[data-note] math, [data-note] pre')].filter(m => {
+        const r = m.getBoundingClientRect(), n = m.closest('[data-note]').getBoundingClientRect();
+        return r.right > n.right + 1 || over(m); }).map(where);
+    const codes = [...document.querySelectorAll('[data-code] pre')];
+    const big = [...document.querySelectorAll('math')].filter(
+        m => m.querySelectorAll('*').length >= 25).length;
+    const figure = document.querySelector('[data-figure] svg').getBoundingClientRect().width;
+    return [notes.filter(over).map(where), cut, codes.filter(over).length, codes.length, big,
+            document.documentElement.scrollWidth, figure];
+}"""
+
+
+# Punctuation that starts a line of a note (", W_v" after a formula): text that opens with it,
+# its first character at its paragraph's left edge
+ORPHANS = r"""() => {
+    const found = [];
+    for (const note of document.querySelectorAll('[data-note]')) {
+        const walker = document.createTreeWalker(note, NodeFilter.SHOW_TEXT);
+        for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+            if (!/^[,.;:)]/.test(n.textContent) || n.parentElement.closest('math, pre')) continue;
+            const range = document.createRange();
+            range.setStart(n, 0);
+            range.setEnd(n, 1);
+            const block = n.parentElement.closest('p, li') || note;
+            const left = block.getBoundingClientRect().left
+                + parseFloat(getComputedStyle(block).paddingLeft);
+            const at = range.getBoundingClientRect();
+            if (at.width && Math.abs(at.left - left) < 3) found.push(n.textContent.slice(0, 20));
+        }
+    }
+    return found;
+}"""
+
+
+@needs_browser
+@pytest.mark.parametrize("width", [1024, 1280, 1400])
+def test_the_page_fits_a_laptop_and_hides_the_speed_notes_on_request(tmp_path, browser, width):
+    assert annotated.main([str(SOURCE), "--out", str(tmp_path)]) == 0
+    page, asked = opened(browser, tmp_path / "compressive.html")
+    page.set_viewport_size({"width": width, "height": 900})
+    scrolling_notes, cut, scrolling_code, n_code, big, page_width, figure = page.evaluate(FIT)
+    assert scrolling_notes == [] and page_width <= width
+    assert big >= 8 and figure > 0.9 * min(width - 48, 1002)
+    if width >= 1280:
+        assert cut == [] and scrolling_code <= 0.1 * n_code
+    else:  # at 1024 px every formula still fits its note; a few wide blocks of code scroll
+        math_cut = page.evaluate(
+            "() => [...document.querySelectorAll('[data-note] math')].filter(m => "
+            "m.getBoundingClientRect().right > m.closest('[data-note]').getBoundingClientRect()"
+            ".right + 1 || m.scrollWidth > m.clientWidth + 1).length"
+        )
+        assert math_cut == 0
+    assert page.evaluate(ORPHANS) == []
+    shown = "() => [...document.querySelectorAll('.speed')].filter(e => e.offsetParent).length"
+    assert page.evaluate(shown) >= 5
+    page.click("label[for=hide-speed]")
+    assert page.evaluate(shown) == 0
+    assert page.evaluate("document.querySelectorAll('.departure')[0].offsetParent !== null")
+    assert asked == []
+    page.close()
+
+
 @needs_browser
 def test_a_comment_put_into_a_copy_of_the_source_shows_on_the_page_made_from_it(
     tmp_path, browser, capsys
