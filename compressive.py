@@ -184,21 +184,23 @@ def sinusoid_positions(n_positions: int, d_model: int, device=None) -> torch.Ten
 
 # The position terms come out per (query, distance): row $i$ holds query $i$'s score at every
 # distance from $K$ down to 0. The softmax needs them per (query, key), key $j$ lying at distance
-# $M + i - j$ from query $i$: a different column in every row. With $P$ the scores per (query,
-# distance), column $p$ holding distance $K - p$, the shift reads
-#
-# $$
-# \mathrm{out}_{ij} = P_{i, \, T + j - i}
-# $$
-#
-# the column of distance $K - (T + j - i) = M + i - j$, and lines them up without a gather and
-# without a copy.
+# $M + i - j$ from query $i$: a different column in every row. The shift lines them up without a
+# gather and without a copy.
 def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     """Scores per (query, distance), [..., T, K+1], as scores per (query, key), [..., T, K], a view.
 
     Column p of position_scores holds distance K - p (column 0: distance K, one more than any key
     needs); out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
     """
+    # With $P$ the scores per (query, distance), column $p$ holding distance $K - p$, the shift
+    # reads
+    #
+    # $$
+    # \mathrm{out}_{ij} = P_{i, \, T + j - i}
+    # $$
+    #
+    # the column of distance $K - (T + j - i) = M + i - j$.
+    #
     # Worked example, $T = 2$ queries, $K = 3$ keys ($M = 1$ memory), entries named by distance:
     #
     #     per distance:  q0 [3 2 1 0]  q1 [3 2 1 0]
