@@ -1,10 +1,15 @@
 """The Compressive Transformer in one file.
 
 Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for Long-Range Sequence
-Modelling", arXiv:1911.05507.
+Modelling", [arXiv:1911.05507](https://arxiv.org/abs/1911.05507). It builds on Transformer-XL
+(Dai et al. 2019, [arXiv:1901.02860](https://arxiv.org/abs/1901.02860)), itself built on the
+Transformer (Vaswani et al. 2017, [arXiv:1706.03762](https://arxiv.org/abs/1706.03762)).
 
 Each note is a block of comments above the code it explains (docs/compressive.html lays them side
-by side, formulas typeset); a docstring says only what a function takes and returns.
+by side, formulas typeset); code without a note of its own belongs to the note above it. A
+docstring says only what a function takes and returns. The specification, as tests:
+[test_compressive.py](test_compressive.py); what the compressed memory buys, measured:
+[docs/REACH.md](docs/REACH.md).
 """
 
 # The file builds the model in the order the paper's Algorithm 1 uses its parts; the algorithm's
@@ -26,6 +31,18 @@ by side, formulas typeset); a docstring says only what a function takes and retu
 # - $n_{cm}$, the compressed-memory length
 # - $c$, the compression rate: $c$ evicted memories become one compressed memory
 # - $f_c$, the compression function, one per layer (`model.layers[i].compress`)
+#
+# Per layer, the two FIFOs are small and reach far: the slots they hold and the tokens those
+# slots stand for are
+#
+# $$
+# \begin{array}{lrr}
+# & \text{slots} & \text{tokens} \\
+# \text{mem} & n_m & n_m \\
+# \text{c_mem} & n_{cm} & c \, n_{cm} \\
+# \text{both} & n_m + n_{cm} & n_m + c \, n_{cm}
+# \end{array}
+# $$
 #
 # Tensors are batch first, `[batch, time, d_model]`. Memories are stored oldest first.
 #
@@ -129,15 +146,30 @@ class Memory(NamedTuple):
 # $K = M + T$ positions of `[c_mem; mem; segment]`. Query $i$ sits at position $M + i$ and key $j$
 # at position $j$, so their relative distance is $M + i - j$; keys at a negative distance lie in the
 # future and are masked. The score of query $i$ on key $j$ (Dai et al. 2019, section 3.3) has four
-# terms:
+# terms, one a line:
 #
-#     A_ij =   q_i . k_j            (a) content: what the query looks for in the key
-#            + q_i . W_r R_{M+i-j}  (b) position: how far back the query looks
-#            + u . k_j              (c) a global bias towards some contents
-#            + v . W_r R_{M+i-j}    (d) a global bias towards some distances
+# $$
+# \begin{array}{rll}
+# A_{ij} = & q_i^\top k_j & \text{(a) content} \\
+# + & q_i^\top W_r R_{M+i-j} & \text{(b) position} \\
+# + & u^\top k_j & \text{(c) content bias} \\
+# + & v^\top W_r R_{M+i-j} & \text{(d) position bias}
+# \end{array}
+# $$
+#
+# - (a) what the query looks for in the key;
+# - (b) how far back the query looks;
+# - (c) a global bias towards some contents;
+# - (d) a global bias towards some distances;
 #
 # with sinusoidal $R$, a learned projection $W_r$ and learned biases $u$ and $v$. (a) + (c) is
-# computed as $(q_i + u) \cdot k_j$ and (b) + (d) as $(q_i + v) \cdot W_r R_{M+i-j}$.
+# computed as $(q_i + u)^\top k_j$ and (b) + (d) as $(q_i + v)^\top W_r R_{M+i-j}$.
+#
+# Why relative positions: a memory is reused by the segments that follow, so an absolute position
+# would be ambiguous, as every segment would number its tokens from the same start and a memory
+# could not be told from the segment token at the same index. Only the distance
+# $M + i - j$ between query and key enters the score, and a memory keeps its meaning as the FIFOs
+# move it back (Dai et al. 2019, section 3.3).
 
 
 # $R$: the sinusoids of Vaswani et al. (2017), one row per distance. The rows run from the largest
@@ -160,11 +192,20 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     Column p of position_scores holds distance K - p (column 0: distance K, one more than any key
     needs); out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
     """
+    # With $P$ the scores per (query, distance), column $p$ holding distance $K - p$, the shift
+    # reads
+    #
+    # $$
+    # \mathrm{out}_{ij} = P_{i, \, T + j - i}
+    # $$
+    #
+    # the column of distance $K - (T + j - i) = M + i - j$.
+    #
     # Worked example, $T = 2$ queries, $K = 3$ keys ($M = 1$ memory), entries named by distance:
     #
-    #     input rows (distances 3 2 1 0):   q0: [3 2 1 0]     q1: [3 2 1 0]
-    #     flat:                             3 2 1 0 3 2 1 0
-    #     skip T = 2, read 2 rows of K = 3: [1 0 3] [2 1 0]
+    #     per distance:  q0 [3 2 1 0]  q1 [3 2 1 0]
+    #     flat:          3 2 1 0 3 2 1 0
+    #     skip T = 2:    [1 0 3] [2 1 0], rows of K = 3
     #
     # q0 sees keys 0 and 1 at distances 1 and 0 (key 2 is in its future: the causal mask hides the
     # 3 that wrapped in); q1 sees keys 0, 1 and 2 at distances 2, 1 and 0. Transformer-XL pads a
@@ -300,9 +341,12 @@ class RelativeMultiHeadAttention(nn.Module):
 # The paper's best $f_c$: a 1-D convolution with kernel = stride = $c$. The windows do not overlap,
 # so the convolution is one linear map `[c*d] -> [d]` applied to each block of $c$ consecutive
 # memories laid side by side.
+#
+# The paper compared the $f_c$ of this section (max and mean pooling, this convolution, dilated
+# convolutions, most used) and the losses of the next on Enwik8, and kept this convolution trained
+# by the attention reconstruction; its full model reaches 0.97 bits per character there (its
+# abstract). docs/REACH.md measures what the compressed memory buys on this repository's data.
 class ConvCompress(nn.Module):
-    """The paper's best f_c: a 1-D convolution with kernel = stride = c."""
-
     # **Departure:** this $f_c$ has a bias, and it starts as mean pooling (plus noise), so that
     # compressed memories carry meaning from the first step; the reconstruction loss then moves
     # $f_c$ wherever it helps attention most.
@@ -328,9 +372,6 @@ class ConvCompress(nn.Module):
 # **Departure:** the dilated convolutions form a residual stack, and the rate-$c$ convolution
 # after them is `ConvCompress`, with its start.
 class DilatedConvCompress(nn.Module):
-    """Dilated convolutions (dilations 1 and 2, residual, length kept) that mix neighbouring
-    memories, then the kernel = stride = c convolution that sets the rate."""
-
     # Each residual branch starts near zero, so the stack starts as the identity.
     def __init__(self, d_model: int, rate: int):
         super().__init__()
@@ -343,7 +384,6 @@ class DilatedConvCompress(nn.Module):
             nn.init.zeros_(conv.bias)
         self.reduce = ConvCompress(d_model, rate)
 
-    # The dilated convolutions, each added to what it reads, then the rate-$c$ convolution.
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
         x = old_mem.transpose(1, 2)  # Conv1d wants [B, d, k*c]
         for conv in self.dilated:
@@ -354,15 +394,11 @@ class DilatedConvCompress(nn.Module):
 # Max or mean pooling over each block of $c$, the paper's simplest $f_c$. No parameters: nothing
 # for a reconstruction loss to train.
 class PoolCompress(nn.Module):
-    """Max or mean pooling with kernel = stride = c (no parameters)."""
-
-    # `kind` is max_pool or mean_pool.
     def __init__(self, rate: int, kind: str):
         super().__init__()
         self.rate = rate
         self.pool = F.max_pool1d if kind == "max_pool" else F.avg_pool1d
 
-    # Each block of $c$ memories pooled into one.
     def forward(self, old_mem, following=None, usage=None) -> torch.Tensor:
         # torch pools over the last dimension, so time goes there and back.
         return self.pool(old_mem.transpose(1, 2), self.rate, self.rate).transpose(1, 2)
@@ -371,15 +407,10 @@ class PoolCompress(nn.Module):
 # Keep the $k$ of the $k c$ evicted memories that received the most attention while in memory
 # (`usage`, summed by `add_usage`), in their original order in time. No parameters.
 class MostUsedCompress(nn.Module):
-    """Keep the k of the k*c evicted memories that received the most attention while in
-    memory, in their original order in time (no parameters)."""
-
-    # Only the rate: which memories to keep is read from their usage.
     def __init__(self, rate: int):
         super().__init__()
         self.rate = rate
 
-    # The $k$ most used memories, still oldest first, as c_mem keeps them.
     def forward(self, old_mem, following, usage) -> torch.Tensor:
         keep = old_mem.size(1) // self.rate
         index = usage.topk(keep, dim=1).indices.sort(dim=1).values  # [B, k], in time order
@@ -399,10 +430,17 @@ def make_compression(cfg: CompressiveConfig) -> nn.Module:
 
 
 # 5. The reconstruction losses: the only signal that trains $f_c$ ----------------------------------
-# Compressed memories are stored without gradient, so the language-model loss never reaches $f_c$.
-# Instead $f_c$ learns from an auxiliary loss on the memories it has just compressed. Every input
-# and every parameter other than $f_c$'s (and the auto-encoder's decoder) is detached, so this loss
-# cannot change what the rest of the network does.
+# Why memories carry no gradient: a gradient into a memory would run back into the forward that
+# made it, and from there into the memories that forward read. Backpropagating through the past
+# means keeping the graphs of every past segment in reach alive, $L (n_m + c \, n_{cm})$ tokens of
+# activations, and training through them: the cost the memories were meant to avoid. So mem and
+# c_mem are stored detached, as Transformer-XL stores mem.
+#
+# That leaves $f_c$ without a signal: its output is only ever read through c_mem, detached, so the
+# language-model loss never reaches it. Instead $f_c$ learns from an auxiliary loss on the memories
+# it has just compressed, computed in the same forward. Every input and every parameter other than
+# $f_c$'s (and the auto-encoder's decoder) is detached, so this loss cannot change what the rest of
+# the network does.
 
 
 # Attention without positions, terms (a) + (c) only: what the reconstruction compares, attention
@@ -413,18 +451,25 @@ def content_attention(queries, keys, values):
     return torch.matmul(torch.matmul(queries, keys.transpose(-1, -2)).softmax(dim=-1), values)
 
 
-# The paper's Algorithm 2,
+# The paper's Algorithm 2, summed over the layers $i$:
 #
 # $$
-# \lVert \mathrm{attn}(h, m) - \mathrm{attn}(h, f_c(m)) \rVert^2
+# \begin{array}{rl}
+# \mathcal{L}^{attn} = \sum_i \lVert & \mathrm{attn}(h^{(i)}, m^{(i)}) \\
+# & - \, \mathrm{attn}(h^{(i)}, f_c^{(i)}(m^{(i)})) \rVert_2
+# \end{array}
 # $$
 #
-# for the old memories $m$, with the layer's own content attention, frozen. The layer's forward
-# has just computed everything on the side of $m$: its content queries of the current inputs $h$,
-# the keys and values of the memories it is now evicting; all arrive detached. The only new input
-# is `compressed` $= f_c(m)$, projected here with detached weights, so the gradient of this loss
-# reaches $f_c$ alone. Under pre-LN the attention saw the memories through `layer.attn_norm`, so
-# `compressed` goes through it too, with its weights detached.
+# $$
+# \mathrm{attn}(h, m) = \sigma\big((h Q)(m K)\big) \, (m V)
+# $$
+#
+# for the old memories $m$ (old_mem), with the layer's own content attention, frozen. The layer's
+# forward has just computed everything on the side of $m$: its content queries of the current
+# inputs $h$, the keys and values of the memories it is now evicting; all arrive detached. The
+# only new input is `compressed` $= f_c(m)$, projected here with detached weights, so the gradient
+# of this loss reaches $f_c$ alone. Under pre-LN the attention saw the memories through
+# `layer.attn_norm`, so `compressed` goes through it too, with its weights detached.
 #
 # **Departure:** Algorithm 2 uses the plain queries $q$, unscaled scores and the L2 norm; this uses
 # the layer's content queries $q + u$, scores scaled by $1/\sqrt{d_{head}}$, and the mean of the
@@ -451,10 +496,18 @@ def attention_reconstruction_loss(
 
 
 # The paper's alternative: reconstruct the old memories from their compression, through a
-# transposed convolution (the layer's `decoder`), trained with $f_c$.
+# transposed convolution (the layer's `decoder`, $g$), trained with $f_c$. The paper writes it,
+# for the old memories $m$ of each layer $i$,
+#
+# $$
+# \mathcal{L}^{ae} = \left\lVert m^{(i)} - g\big(f_c^{(i)}(m^{(i)})\big) \right\rVert_2
+# $$
+#
+# and here it is the mean of the squared differences. It keeps everything, whether attention needs
+# it or not; the attention reconstruction keeps what attention reads, the lossy objective that
+# the paper preferred.
 def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
-    """The paper's alternative: reconstruct the old memories [B, k*c, d] from their compression
-    [B, k, d]. Returns the 0-dim loss."""
+    """old_mem [B, k*c, d] and its compression [B, k, d]. Returns the 0-dim loss."""
     decoded = decoder(compressed.transpose(1, 2)).transpose(1, 2)
     return F.mse_loss(decoded.float(), old_mem.float())
 
@@ -466,9 +519,11 @@ def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
 # of them: none while `length` $\le n_m$; beyond that, the overflow. Transformer-XL
 # ($n_{cm} = 0$) drops exactly the overflow.
 #
-# **Departure:** overflow that is compressed ($n_{cm} > 0$) leaves in whole blocks of $c$, so when
-# $T$ is not a multiple of $c$, mem holds between $n_m - c + 1$ and $n_m$ states, cycling from call
-# to call (at $T = 1$, as in `generate`, through every length in between).
+# **Departure:** overflow that is compressed ($n_{cm} > 0$) leaves in whole blocks of $c$, so mem
+# holds between $n_m - c + 1$ and $n_m$ states. Calls of $T$ tokens from an empty memory leave it
+# $n_m$ after every call when $c$ divides $T$ and $n_m$; $c \lfloor n_m / c \rfloor$ when $c$
+# divides $T$ alone; otherwise a length that cycles from call to call (at $T = 1$, as in
+# `generate`, through every length in between).
 def n_evicted(length: int, n_m: int, n_cm: int, c: int) -> int:
     """How many of the oldest memories leave mem when it holds length of them after the append,
     for the config's n_m, n_cm and c."""
@@ -481,11 +536,12 @@ def n_evicted(length: int, n_m: int, n_cm: int, c: int) -> int:
 # One layer: attention over `[c_mem; mem; h]` and the feed-forward, then its $f_c$ and its two
 # FIFOs.
 class CompressiveLayer(nn.Module):
-    """One layer: attention over [c_mem; mem; h] and the feed-forward, its f_c, its FIFOs."""
-
-    # The attention, the feed-forward and their LayerNorms; **Departure:** GELU in the
-    # feed-forward. The auto-encoder's decoder is a transposed convolution with kernel = stride =
-    # $c$, and only exists where it has an $f_c$ with weights to train.
+    # The attention, the feed-forward and their LayerNorms. The auto-encoder's decoder is a
+    # transposed convolution with kernel = stride = $c$, and only exists where it has an $f_c$ with
+    # weights to train. `forward` is the attention over `[c_mem; mem; h]` (section 3), then the
+    # feed-forward (`residual_and_feed_forward`).
+    #
+    # **Departure:** GELU in the feed-forward.
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
         self.cfg, self.pre_norm = cfg, cfg.pre_norm
@@ -507,7 +563,6 @@ class CompressiveLayer(nn.Module):
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
 
-    # Attention over `[c_mem; mem; h]`, then the feed-forward (section 3, then the method below).
     def forward(self, h, memory_kv, r, attn_mask):
         """h [B, T, d], the layer's input h^(i); memory_kv, r and attn_mask as the attention's.
         Returns the layer's output [B, T, d] and its attention's Attended."""
@@ -546,6 +601,23 @@ class CompressiveLayer(nn.Module):
     # With $n_m = 0$ nothing is kept. mem and c_mem come back contiguous in memory. `c_mem` holds
     # `c_mem.size(1)` slots (`len(c_mem)` is the batch size). The loss is 0 unless
     # `self.reconstructs` (`reconstruction_loss`, below).
+    #
+    # A worked trace at the lesson's toy sizes, $n_s = 4$, $n_m = 8$, $n_{cm} = 3$, $c = 2$: the
+    # slots each FIFO holds after each call, from an empty memory,
+    #
+    # $$
+    # \begin{array}{rcccccc}
+    # \text{call} & 1 & 2 & 3 & 4 & 5 & 6 \\
+    # \text{mem} & 4 & 8 & 8 & 8 & 8 & 8 \\
+    # \text{evicted} & 0 & 0 & 4 & 4 & 4 & 4 \\
+    # \text{compressed} & 0 & 0 & 2 & 2 & 2 & 2 \\
+    # \text{fell off c_mem} & 0 & 0 & 0 & 1 & 2 & 2 \\
+    # \text{c_mem} & 0 & 0 & 2 & 3 & 3 & 3
+    # \end{array}
+    # $$
+    #
+    # Figure: docs/fifo.svg, the same six calls as a model's memory tensors hold them, drawn by
+    # `python -m lesson.memory_picture --fifo-svg docs/fifo.svg`.
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
         """h [B, T, d], this layer's inputs for the new tokens; mem [B, n_mem, d]; c_mem
         [B, n_c_mem, d]; usage [B, n_mem] (most_used only, else None); attended, this layer's
@@ -758,23 +830,54 @@ class CompressiveTransformer(nn.Module):
         self.train(was_training)
         return torch.cat(out, dim=1)
 
-    # How far back the last token of a call sees, with both memories full: its own call (the token
-    # itself included), then mem $n_m$ tokens more, then c_mem $c \, n_{cm}$ more. An earlier token
-    # of the call sees as far, less its distance from the call's end. mem may hold fewer than $n_m$
-    # (`n_evicted`'s departure).
+    # How far back the last token of a call sees, with both memories full. One layer sees its own
+    # call (the token itself included), then mem, then c_mem:
     #
-    # This is one layer's direct view. Each layer reads the states of the layer below, which saw as
-    # far again, so the model's reach grows with depth: the paper's maximum temporal range is
-    # $n_{layers} (n_m + c \, n_{cm})$.
-    def reach(self, call_length: Optional[int] = None):
+    # $$
+    # \underbrace{n_s}_{\text{segment}} + \underbrace{n_m}_{\text{mem}}
+    # + \underbrace{c \, n_{cm}}_{\text{c_mem}} \text{ tokens}
+    # $$
+    #
+    # An earlier token of the call sees as far, less its distance from the call's end. The paper's
+    # maximum temporal range, $L (n_m + c \, n_{cm})$, counts the memories of $L$ layers.
+    #
+    # Each layer reads the states of the layer below, and a memory holds a state made when its own
+    # token was read, which saw as far back again from the start of that token's call. So the
+    # reach grows with depth. With $S = n_m + c \, n_{cm}$, calls of $n_s$ tokens and $c$ dividing
+    # $n_s$ and $n_m$ (so that mem holds $n_m$ after every call), layer $l$'s output at a call's
+    # last token depends on the tokens up to $r_l$ positions back:
+    #
+    # $$
+    # r_l = n_s - 1 + S + (l - 1) \, n_s \left\lceil \frac{S}{n_s} \right\rceil
+    # $$
+    #
+    # When $n_s$ divides $S$, the oldest memory is the first token of its call and
+    #
+    # $$
+    # r_L = n_s - 1 + L (n_m + c \, n_{cm})
+    # $$
+    #
+    # Otherwise the oldest memory sits inside its call and sees further back, from that call's
+    # start. The defaults ($n_s = n_m = 64$, $n_{cm} = 32$, $c = 4$, $L = 4$) are aligned:
+    # $S = 64 + 4 \cdot 32 = 192$ and $r_4 = 63 + 4 \cdot 192 = 831$ positions back, 832 tokens,
+    # where one layer sees 256. Otherwise mem holds fewer than $n_m$ (`n_evicted`'s departure)
+    # and $r_l$ is an upper bound. test_compressive.py's
+    # `test_reach_at_every_depth_is_where_a_changed_token_stops_changing_the_layer` measures $r_l$
+    # by changing one token and watching each layer's output.
+    def reach(self, call_length: Optional[int] = None, depth: int = 1):
         """[(region, how many of the latest tokens it covers)] for the last token of a call of
-        call_length tokens (default n_s): segment, then mem, then c_mem, as the model has them."""
+        call_length tokens (default n_s), memories full: segment, then mem, then c_mem, as one
+        layer has them; then ("layer l", r_l + 1) for l = 2, ..., depth."""
         cfg = self.cfg
-        edges = [("segment", call_length or cfg.seq_len)]
+        n_s = call_length or cfg.seq_len
+        edges = [("segment", n_s)]
         if cfg.mem_len:
             edges.append(("mem", edges[-1][1] + cfg.mem_len))
         if cfg.mem_len and cfg.c_mem_len:
             edges.append(("c_mem", edges[-1][1] + cfg.compression_rate * cfg.c_mem_len))
+        S = edges[-1][1] - n_s  # n_m + c n_cm
+        for layer in range(2, depth + 1):
+            edges.append((f"layer {layer}", edges[-1][1] + n_s * math.ceil(S / n_s)))
         return edges
 
 

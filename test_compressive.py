@@ -553,6 +553,55 @@ def test_causality_future_tokens_never_change_past_logits(pre_norm):
     assert_causal(make(pre_norm=pre_norm).eval())
 
 
+def last_token_per_layer(model, ids, n_s):
+    """Each layer's output at the last token, [layer, batch, d_model], after ids are read in
+    calls of n_s tokens."""
+    seen = {}
+    hooks = [
+        layer.register_forward_hook(lambda m, i, out, k=k: seen.__setitem__(k, out[0][:, -1]))
+        for k, layer in enumerate(model.layers)
+    ]
+    memory = None
+    with torch.no_grad():
+        for call in ids.split(n_s, dim=1):
+            _, memory, _ = model(call, memory)
+    for hook in hooks:
+        hook.remove()
+    return torch.stack([seen[k] for k in range(len(model.layers))])
+
+
+# With c dividing n_s and n_m, mem holds n_m after every call, and reach() is exact; the oldest
+# memory starts a call when n_s divides S = n_m + c n_cm (the first), else it lies inside one
+@pytest.mark.parametrize("n_s, n_m, n_cm, c", [(4, 4, 2, 2), (4, 6, 2, 2), (6, 9, 2, 3)])
+def test_reach_at_every_depth_is_where_a_changed_token_stops_changing_the_layer(n_s, n_m, n_cm, c):
+    model = make(n_layers=3, seq_len=n_s, mem_len=n_m, c_mem_len=n_cm, compression_rate=c)
+    model = model.double().eval()
+    covered = [tokens for _, tokens in model.reach(depth=3)][-3:]  # layers 1, 2, 3
+    S = n_m + c * n_cm
+    reach = [cov - 1 for cov in covered]
+    assert reach == [n_s - 1 + S + layer * n_s * math.ceil(S / n_s) for layer in range(3)]
+    if S % n_s == 0:
+        assert reach[-1] == n_s - 1 + 3 * S  # n_s - 1 + L (n_m + c n_cm)
+    # the memories full long before the oldest token that matters: row 0 as read, then one row
+    # per distance with the token that far back from the last changed
+    n = (reach[-1] + 2 * S + 3 * n_s) // n_s * n_s
+    backs = [back for r in reach for back in (r, r + 1)]
+    ids = tokens(1, n).repeat(1 + len(backs), 1)
+    for row, back in enumerate(backs, 1):
+        ids[row, n - 1 - back] = (ids[row, n - 1 - back] + 1) % 13
+    out = last_token_per_layer(model, ids, n_s)  # [layer, row, d]
+    changed = (out[:, 1:] - out[:, :1]).abs().amax(-1) > 1e-9  # [layer, distance]
+    for layer, r in enumerate(reach):
+        assert changed[layer, backs.index(r)], f"layer {layer + 1} sees {r} back"
+        assert not changed[layer, backs.index(r + 1)], f"layer {layer + 1} sees beyond {r}"
+
+
+def test_reach_of_the_default_model_is_831_positions_back():
+    model = CompressiveTransformer(CompressiveConfig())
+    assert model.reach() == [("segment", 64), ("mem", 128), ("c_mem", 256)]
+    assert model.reach(depth=4)[-1] == ("layer 4", 832)
+
+
 @pytest.mark.parametrize("pre_norm", [True, False])
 def test_transformer_xl_equivalence_segments_with_memory_equal_one_pass(pre_norm):
     model = make(c_mem_len=0, mem_len=64, pre_norm=pre_norm).eval()

@@ -4,11 +4,17 @@
 
 The notes are the file's own comments. A note is a block of full-line comments (blank lines
 between them allowed), or the module's docstring; it goes beside the code that follows it, up to
-the next note. Notes are Markdown with $...$ and $$...$$ math, typeset as MathML (which browsers
-render natively); a comment like `# 3. Transformer-XL relative attention -----` is a heading, and
-a `name` of one of the file's defs or classes links to its code. Other docstrings and trailing
-comments are code. The page is one file, its style inline: it opens from the disk and asks for
-nothing over the network.
+the next note: code without a note of its own belongs to the note above it. Notes are Markdown
+with $...$ and $$...$$ math, typeset as MathML (which browsers render natively); a comment like
+`# 3. Transformer-XL relative attention -----` is a heading, and a `name` of one of the file's defs
+or classes links to its code. Other docstrings and trailing comments are code.
+
+On the page, a paragraph from **Speed:** or **Departure:** on is set apart (a box at the top hides
+the Speed notes); the numbered list before the first heading links to the numbered headings;
+links relative to the file's folder are made relative to the page's, docs/; and a paragraph
+`Figure: PATH.svg, caption` puts that SVG, read from the file's folder, inline below its section,
+the caption under it. Inline math keeps the punctuation that follows it on its line. The page is
+one file, its style inline: it opens from the disk and asks for nothing over the network.
 
 Each section of the page is an element with data-lines="START-END" (the 1-based lines of FILE
 it shows; the sections cover the file once, in order) holding a data-note and a data-code element.
@@ -223,8 +229,10 @@ body {{ margin: 0; color: #1d1d1f; background: #fff;
 header {{ padding: 12px 24px; border-bottom: 1px solid #e4e4ec; font-size: 13px; color: #666;
   font-family: system-ui, "DejaVu Sans", sans-serif; }}
 header code {{ font-size: 12px; }}
+header label {{ float: right; margin-right: 8px; }}
+#hide-speed {{ position: absolute; top: 12px; right: 14px; margin: 2px 0; }}
 main {{ max-width: 1600px; margin: 0 auto; }}
-section {{ display: grid; grid-template-columns: minmax(0, 2fr) minmax(0, 3fr); }}
+section {{ display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, min(62%, 790px)); }}
 .note {{ padding: 6px 22px 6px 24px; overflow-wrap: anywhere; }}
 .note > :first-child {{ margin-top: 4px; }}
 .note > :last-child {{ margin-bottom: 4px; }}
@@ -237,10 +245,20 @@ section {{ display: grid; grid-template-columns: minmax(0, 2fr) minmax(0, 3fr); 
   background: #f3f3f8; padding: 0 3px; border-radius: 3px; }}
 .note pre {{ background: #f6f6fa; border: 1px solid #e6e6ee; padding: 6px 8px; overflow-x: auto;
   margin: 4px 0 8px; }}
-.note pre code {{ background: none; padding: 0; font-size: 12px; }}
+.note pre code {{ background: none; padding: 0; font-size: 11px; }}
 .note math {{ font-size: 1.05em;
   font-family: "DejaVu Math TeX Gyre", "STIX Two Math", "Latin Modern Math", math; }}
 .note math[display="block"] {{ margin: 8px 0; overflow-x: auto; }}
+.note .nowrap {{ white-space: nowrap; }}
+.note mtd[columnalign="left"] {{ text-align: left; }}
+.note mtd[columnalign="right"] {{ text-align: right; }}
+.note p.departure, .note p.speed {{ padding: 4px 9px; border-left: 3px solid; border-radius: 2px; }}
+.note p.departure {{ border-color: #d97706; background: #fff7ed; }}
+.note p.speed {{ border-color: #4c78a8; background: #f1f5fb; font-size: 14px; }}
+#hide-speed:checked ~ main .speed {{ display: none; }}
+.figure {{ grid-column: 1 / -1; margin: 0; padding: 8px 24px 14px; border-top: 1px solid #e4e4ec; }}
+.figure svg {{ display: block; max-width: 100%; height: auto; margin: 0 auto; }}
+.figure figcaption {{ font-size: 13px; color: #555; text-align: center; margin-top: 4px; }}
 .code {{ background: #f7f7fb; border-left: 1px solid #e4e4ec; min-width: 0; }}
 .code pre {{ margin: 0; padding: 6px 12px 6px 0; overflow-x: auto;
   font: 12px/1.5 "DejaVu Sans Mono", Menlo, Consolas, monospace; }}
@@ -253,8 +271,10 @@ section:target .note {{ background: #fffbe6; }}
 </style>
 </head>
 <body>
-<header>{title}: each note beside the code it explains. Made from the file by
-<code>python -m lesson.annotated</code>; the notes are its comments.</header>
+<input type="checkbox" id="hide-speed">
+<header><label for="hide-speed">hide the Speed notes</label>{title}: each note beside the code
+it explains. Made from the file by <code>python -m lesson.annotated</code>; the notes are its
+comments.</header>
 <main>
 {sections}
 </main>
@@ -291,21 +311,105 @@ def linked(note: str, targets: dict) -> str:
     return re.sub(r"<code>([A-Za-z_][\w.]*)</code>", link, note)
 
 
-def render(text: str, tree: ast.Module, title: str) -> str:
-    """The page of a Python file's text."""
+# Inline math and the punctuation around it, kept on one line: a browser may break a line on either
+# side of a <math>, which would leave ", W_v" or "." alone at the start of the next
+KEPT_TOGETHER = re.compile(
+    r"(\(?)(<span class=\"math inline\"><math .*?</math></span>)((?:[,.;:!?)\]]|'s|\u2019s)*)",
+    re.S,
+)
+SET_APART = re.compile(r"<p>((?:(?!</p>).)*?)<strong>(Speed|Departure):</strong>(.*?)</p>", re.S)
+HEADING_NUMBER = re.compile(r"<h2>(\d+)\. ")
+FIGURE = re.compile(r"<p>Figure: ([\w./-]+\.svg),? ?(.*?)</p>\n?", re.S)
+
+
+def kept_together(note: str) -> str:
+    def keep(match):
+        if not match[1] and not match[3]:
+            return match[0]
+        return f'<span class="nowrap">{match[0]}</span>'
+
+    return KEPT_TOGETHER.sub(keep, note)
+
+
+def set_apart(note: str) -> str:
+    """A paragraph's words from **Speed:** or **Departure:** on, as a paragraph of that class."""
+
+    def split(match):
+        before, kind, rest = match[1].strip(), match[2], match[3]
+        head = f"<p>{before}</p>\n" if before else ""
+        return f'{head}<p class="{kind.lower()}"><strong>{kind}:</strong>{rest}</p>'
+
+    return SET_APART.sub(split, note)
+
+
+def relative_to_the_page(note: str) -> str:
+    """Links relative to the file's folder, made relative to the page's (docs/)."""
+
+    def move(match):
+        href = match[1]
+        if re.match(r"[a-z][a-z0-9+.-]*:|#", href):
+            return match[0]
+        return f'href="{href[len("docs/") :] if href.startswith("docs/") else "../" + href}"'
+
+    return re.sub(r'href="([^"]*)"', move, note)
+
+
+def contents_linked(note: str, numbers: set) -> str:
+    """A note's first numbered list, each item i a link to the heading numbered i."""
+    match = re.search(r'<ol(?: start="(\d+)")?>\n(.*?)</ol>', note, re.S)
+    if not match:
+        return note
+    items = re.findall(r"<li>(.*?)</li>", match[2], re.S)
+    first = int(match[1] or 1)
+    if not {first + k for k in range(len(items))} <= numbers:
+        return note
+    linked_items = "".join(
+        f'<li><a href="#section-{first + k}">{item}</a></li>\n' for k, item in enumerate(items)
+    )
+    return note[: match.start(2)] + linked_items + note[match.end(2) :]
+
+
+def figure(path: str, caption: str, folder: Path) -> str:
+    """The SVG at path (relative to folder) inline, with its caption."""
+    try:
+        svg = (folder / path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"the figure {path}: {one_line(e)}") from None
+    svg = re.sub(r"^<\?xml[^>]*\?>\s*", "", svg)
+    if not svg.lstrip().startswith("<svg"):
+        raise UserError(f"the figure {path} is not an SVG")
+    return (
+        f'<figure class="figure" data-figure="{html.escape(path)}">{svg}'
+        f"<figcaption>{caption[:1].upper()}{caption[1:]}</figcaption></figure>"
+    )
+
+
+def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.parent) -> str:
+    """The page of a Python file's text; folder: the file's, where its links and figures are."""
     md = markdown_renderer()
     code = highlighted_lines(text)
     cut = sections(text, tree)
     starts = {n: s.start for s in cut for n in range(s.start, s.end + 1)}
     targets = {name: starts[line] for name, line in definitions(tree).items()}
-    parts = []
+    notes = []
     for section in cut:
         try:
-            note = linked(md.render(section.note), targets) if section.note else ""
+            notes.append(linked(md.render(section.note), targets) if section.note else "")
         except UserError as e:
             raise UserError(
                 f"{title}, the note of lines {section.start}-{section.end}: {e}"
             ) from None
+    numbers = {int(n) for note in notes for n in HEADING_NUMBER.findall(note)}
+    before_headings = True
+    parts = []
+    for section, note in zip(cut, notes):
+        if before_headings and "<h2>" not in note:
+            note = contents_linked(note, numbers)
+        before_headings = before_headings and "<h2>" not in note
+        note = HEADING_NUMBER.sub(lambda m: f'<h2 id="section-{m[1]}">{m[1]}. ', note)
+        note = relative_to_the_page(kept_together(set_apart(note)))
+        figures = [figure(path, caption, folder) for path, caption in FIGURE.findall(note)]
+        note = FIGURE.sub("", note)
         lines = "\n".join(
             f'<span class="l" data-n="{n}">{code[n - 1]}</span>' for n in section.code
         )
@@ -313,7 +417,8 @@ def render(text: str, tree: ast.Module, title: str) -> str:
             f'<section id="L{section.start}" data-lines="{section.start}-{section.end}">\n'
             f'<div class="note" data-note>{note}</div>\n'
             f'<div class="code" data-code><pre>{lines}</pre></div>\n'
-            "</section>"
+            + "".join(f"{f}\n" for f in figures)
+            + "</section>"
         )
     return PAGE.format(title=html.escape(title), code_style=code_style(), sections="\n".join(parts))
 
@@ -341,7 +446,7 @@ def annotate(args) -> None:
     text, tree = read_source(args.file)
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out} is a file, not a folder")
-    page = render(text, tree, args.file.name)
+    page = render(text, tree, args.file.name, args.file.resolve().parent)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         path = (

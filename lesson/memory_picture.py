@@ -162,13 +162,13 @@ def svg_text(x, y, words, **style) -> str:
 
 
 def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> List[str]:
-    """What the FIFOs do after a segment, in lines; held: what mem holds with the segment
-    appended."""
+    """What the FIFOs do after a segment (the update that the next row shows done), in lines;
+    held: what mem holds with the segment appended."""
     if not step.evicted:
-        return [f"then mem holds {held} \u2264 n_m = {n_m}:", "nothing leaves it"]
+        return [f"after it, mem holds {held} \u2264 n_m = {n_m}:", "nothing leaves it"]
     k, s = len(step.compressed), "s" * (len(step.compressed) > 1)
     lines = [
-        f"then mem would hold {held} > n_m = {n_m}, so",
+        f"after it, mem would hold {held} > n_m = {n_m}, so",
         f"{step.evicted[0]}\u2013{step.evicted[-1]} leave it: {k} block{s} of c = {c} "
         f"\u2192 f_c \u2192 {k} c_mem slot{s}",
     ]
@@ -187,7 +187,7 @@ def fifo_svg(steps: List[FifoStep], text: str, n_s: int, n_m: int, n_cm: int, c:
     Drawn for a model with both memories (n_m, n_cm > 0)."""
     if not (n_m and n_cm):
         raise ValueError(f"the schematic draws both FIFOs: n_m = {n_m}, n_cm = {n_cm}")
-    cell, row_h, left, top = 22, 50, 128, 92
+    cell, row_h, left, top = 22, 50, 128, 148
     n = len(steps) * n_s
     notes_x = left + n * cell + 16
     width, height = notes_x + 330, top + len(steps) * row_h + 34
@@ -208,36 +208,71 @@ def fifo_svg(steps: List[FifoStep], text: str, n_s: int, n_m: int, n_cm: int, c:
         svg_text(
             12,
             42,
-            "Each row: what one segment's queries attend over, [c_mem; mem; segment], oldest "
-            "first, under the text positions each slot stands for.",
+            f"n_s = {n_s}: the tokens of a segment (one forward); n_m, n_cm: the slots of mem "
+            "and c_mem; c: the inputs that one c_mem slot compresses.",
+        ),
+        svg_text(
+            12,
+            60,
+            "Left, one row a segment: what its queries attend over, [c_mem; mem; segment], oldest "
+            "first, as the FIFOs hold them before the update,",
+        ),
+        svg_text(
+            12,
+            76,
+            "under the text positions each slot stands for. Right: the update after the segment, "
+            "which the next row shows done.",
         ),
     ]
-    x = 12
     legend = [
-        ("c_mem", "c_mem: a slot is f_c of a block of c inputs (bold: new)"),
-        ("mem", "mem: a slot is one input"),
-        ("segment", "the segment read"),
-        (None, "leaves mem after the segment"),
+        [
+            ("c_mem", "c_mem: one vector, f_c of a block of c inputs (their positions inside)"),
+            ("mem", "mem: a slot is one input"),
+            ("segment", "the segment read"),
+        ],
+        [
+            ("evicted", "leaves mem after the segment"),
+            ("new", "bold: made by the update before"),
+            ("grey", "t  grey: read before, no longer held"),
+            ("space", "\u00b7  a space"),
+        ],
     ]
-    for kind, words in legend:
-        if kind:
-            out.append(
-                f'<rect x="{x}" y="54" width="22" height="13" fill="{SVG_FILLS[kind]}" '
-                f'stroke="{SVG_EDGES[kind]}"/>'
-            )
-        else:
-            out.append(
-                f'<line x1="{x}" y1="66" x2="{x + 22}" y2="66" stroke="#b91c1c" '
-                f'stroke-width="2" stroke-dasharray="4 2"/>'
-            )
-        out.append(svg_text(x + 28, 65, words))
-        x += 40 + round(6.4 * len(words))
+    for line, items in enumerate(legend):
+        x, y = 12, 90 + 18 * line
+        for kind, words in items:
+            if kind in SVG_FILLS:
+                out.append(
+                    f'<rect x="{x}" y="{y}" width="22" height="13" fill="{SVG_FILLS[kind]}" '
+                    f'stroke="{SVG_EDGES[kind]}"/>'
+                )
+            elif kind == "evicted":
+                out.append(
+                    f'<line x1="{x}" y1="{y + 12}" x2="{x + 22}" y2="{y + 12}" stroke="#b91c1c" '
+                    f'stroke-width="2" stroke-dasharray="4 2"/>'
+                )
+            elif kind == "new":
+                out.append(
+                    f'<rect x="{x}" y="{y}" width="22" height="13" fill="{SVG_FILLS["c_mem"]}" '
+                    f'stroke="{SVG_EDGES["c_mem"]}" stroke-width="2.5"/>'
+                )
+            x0 = x if kind in ("grey", "space") else x + 28
+            if kind in ("grey", "space"):  # a sample as the rows draw it, then what it means
+                sample, words = words[0], words[3:]
+                grey = "#b0b0b0" if kind == "grey" else "#1d1d1f"
+                out.append(
+                    svg_text(
+                        x0 + 5, y + 11, sample, fill=grey, font_family="DejaVu Sans Mono, monospace"
+                    )
+                )
+                x0 += 20
+            out.append(svg_text(x0, y + 11, words))
+            x = x0 + 24 + round(7 * len(words))
     for p in range(0, n, n_s):  # the text positions, at the start of every segment
         out.append(svg_text(left + p * cell + 2, top - 8, str(p), font_size=10, fill="#555555"))
     before = FifoStep([], [], [], [], [], [])
     for k, step in enumerate(steps):
         y = top + k * row_h
-        out.append(svg_text(12, y + 16, f"segment {k + 1} reads"))
+        out.append(svg_text(12, y + 16, f"segment {k + 1} sees"))
         held = [p for block in before.c_mem for p in block] + before.mem + step.segment
         for p in range(n):  # what was read before and is no longer held: grey
             if p < step.segment[0] and p not in held:
@@ -264,6 +299,19 @@ def fifo_svg(steps: List[FifoStep], text: str, n_s: int, n_m: int, n_cm: int, c:
                 f'fill="{SVG_FILLS[kind]}" stroke="{SVG_EDGES[kind]}" '
                 f'stroke-width="{2.5 if positions in before.compressed else 1}"/>'
             )
+            if kind == "c_mem":  # one vector, not its characters: where it came from
+                centre = x0 + len(positions) * cell / 2
+                out.append(
+                    svg_text(centre, y + 10, "f_c", text_anchor="middle", font_size=9)
+                    + svg_text(
+                        centre,
+                        y + 20,
+                        f"{positions[0]}\u2013{positions[-1]}",
+                        text_anchor="middle",
+                        font_size=9,
+                    )
+                )
+                continue
             for p in positions:
                 out.append(
                     svg_text(

@@ -1,9 +1,13 @@
 """The annotated page (lesson/annotated.py) as tests: compressive.py cut into sections that cover
-it once, in order, each note beside the code it explains, every line of code shown, every def and
-class with a note of its own, headings as headings, the aligned blocks kept, the math typeset;
-then the page in a real browser (Debian's chromium driven by Playwright) at 1400 px: notes and code
-side by side, the MathML laid out, no request, and a comment put into a copy of the source on the
-page made from it. The command gives one error line for bad input, a missing extra included."""
+it once, in order, each note beside the code it explains, every line of code shown, code without a
+note of its own beside the note above it (every def and class beside a note, no docstring saying
+again what its note says), headings as headings, the four-term score typeset one term a line, the
+math typeset, Speed and Departure notes set apart, the contents linked, the FIFO figure inline and
+the worked trace the model's own; then the page in a real browser (Debian's chromium driven by
+Playwright) at 1024, 1280 and 1400 px: notes and code side by side, the MathML laid out, no note
+cut off or scrolling, few code cells scrolling, the Speed notes hidden on request, no request, and
+a comment put into a copy of the source on the page made from it. The command gives one error
+line for bad input, a missing extra included."""
 
 import ast
 import importlib.metadata
@@ -124,32 +128,76 @@ def test_the_sections_cover_the_file_once_and_show_every_line_of_code_in_order(p
         assert all(line in lines for line in s["code"])
 
 
+def first_line(node) -> int:
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
+
+
 @needs_extra
-def test_every_def_and_class_has_a_note_of_its_own_right_above_it(page):
+def test_only_a_note_starts_a_section_so_every_def_lies_beside_a_note(page):
     sections = read_page(page)
     text = SOURCE.read_text(encoding="utf-8")
     tree = ast.parse(text)
-    definitions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    assert len(definitions) > 50
-    for node in definitions:
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        (section,) = [s for s in sections if s["start"] <= first <= s["end"]]
-        assert section["note"].strip(), f"{node.name} (line {first}) has no note"
-        assert section["code"][0].strip().startswith(("def ", "class ", "@")), node.name
-        assert section["code"][0] == text.split("\n")[first - 1], node.name
+    assert all(s["note"].strip() for s in sections)  # code without a note joins the one above
+    lines = text.split("\n")
+    for s in sections[1:]:  # each section opens on a comment line
+        assert lines[s["start"] - 1].lstrip().startswith("#"), s["start"]
+    top = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert len(top) > 20
+    for node in top:  # every top-level def and class opens the section of a note of its own
+        (section,) = [s for s in sections if s["start"] <= first_line(node) <= s["end"]]
+        assert section["code"][0] == lines[first_line(node) - 1], node.name
+
+
+def words(text: str):
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def docstrings_that_repeat_their_note(text: str):
+    """The defs and classes whose docstring's first sentence is mostly in the note beside them:
+    [(name, the share of its runs of six words found there)]."""
+    tree = ast.parse(text)
+    cut = annotated.sections(text, tree)
+    found = []
+    for node in ast.walk(tree):
+        doc = isinstance(node, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node)
+        if not doc:
+            continue
+        (section,) = [s for s in cut if s.start <= first_line(node) <= s.end]
+        sentence, note = words(doc.split(". ")[0]), " ".join(words(section.note))
+        runs = [" ".join(sentence[k : k + 6]) for k in range(max(1, len(sentence) - 5))]
+        share = sum(run in note for run in runs) / len(runs)
+        if share >= 0.2:
+            found.append((node.name, round(share, 2)))
+    return found
+
+
+def test_no_docstring_says_again_what_its_note_says():
+    assert docstrings_that_repeat_their_note(SOURCE.read_text(encoding="utf-8")) == []
+    # the pairs that said one thing twice, caught
+    pair = (
+        "# The paper's best $f_c$: a 1-D convolution with kernel = stride = $c$.\n"
+        "class ConvCompress:\n"
+        '    """The paper\'s best f_c: a 1-D convolution with kernel = stride = c."""\n'
+    )
+    assert docstrings_that_repeat_their_note(pair) == [("ConvCompress", 1.0)]
 
 
 @needs_extra
-def test_headings_are_headings_and_the_four_term_block_keeps_its_layout(page):
-    headings = re.findall(r"<h2>(.*?)</h2>", page)
-    assert [h.split(" ")[0] for h in headings] == [f"{n}." for n in range(1, 9)]
-    assert headings[2] == "3. Transformer-XL relative attention"
-    assert "<li>Transformer-XL relative attention</li>" not in page
-    # the (a)-(d) block: a preformatted block in the note, each line as the source aligns it
-    block = re.search(r"<pre><code>(A_ij = .*?)</code></pre>", page, re.S)[1]
-    source = SOURCE.read_text()
-    four_lines = source[source.index("#     A_ij =") :].split("\n")[:4]
-    assert block.rstrip("\n").split("\n") == [line[len("#     ") :] for line in four_lines]
+def test_headings_are_headings_linked_from_the_contents_and_the_score_is_typeset(page):
+    headings = re.findall(r'<h2 id="section-(\d+)">(.*?)</h2>', page)
+    assert [(int(n), h.split(" ")[0]) for n, h in headings] == [(n, f"{n}.") for n in range(1, 9)]
+    assert headings[2][1] == "3. Transformer-XL relative attention"
+    contents = re.findall(r'<li><a href="#section-(\d+)">', page)
+    assert contents == [str(n) for n in range(1, 9)]
+    # the four-term score: one row a term, each with its label
+    table = next(
+        t for t in re.findall(r"<mtable.*?</mtable>", page, re.S) if "content&#x000A0;bias" in t
+    )
+    rows = re.findall(r"<mtr>(.*?)</mtr>", table, re.S)
+    labels = [
+        re.findall(r"<mtext>(.*?)</mtext>", row)[-1].replace("&#x000A0;", " ") for row in rows
+    ]
+    assert labels == ["(a) content", "(b) position", "(c) content bias", "(d) position bias"]
 
 
 @needs_extra
@@ -157,7 +205,9 @@ def test_the_math_is_typeset_and_the_page_asks_for_nothing(page):
     sections = read_page(page)
     math = [tag for s in sections for tag in s["tags"] if tag == "math"]
     assert len(math) > 100 and "mfrac" in {t for s in sections for t in s["tags"]}
-    assert page.count('display="block"') >= 4  # the attention's two, Algorithm 2's, ...
+    assert page.count('display="block"') >= 10  # the score, the shift, Algorithm 2, the reach...
+    big = [m for m in re.findall(r"<math .*?</math>", page, re.S) if m.count("<") // 2 >= 25]
+    assert len(big) >= 8
     for s in sections:  # no $ is left in a note's text outside code
         prose = re.sub(r"<code>.*?</code>", "", s["note"], flags=re.S)
         assert "$" not in prose, s["start"]
@@ -191,6 +241,58 @@ def f():
     )
     assert sections[1].code == [11, 12, 13, 14]  # the docstring's lines and the trailing comment
     assert sections[2].note == "a note inside the body" and sections[2].code == [16]
+
+
+@needs_extra
+def test_speed_and_departure_are_set_apart_links_move_to_docs_and_a_figure_goes_inline(tmp_path):
+    (tmp_path / "fig.svg").write_text('<?xml version="1.0"?>\n<svg width="10"><rect/></svg>\n')
+    text = (
+        "# Why $x_1$, then $y$. **Speed:** one matmul.\n"
+        "#\n"
+        "# **Departure:** none; see [the tests](test_x.py), [a doc](docs/y.md), [c](https://a.b).\n"
+        "#\n"
+        "# Figure: fig.svg, a caption.\n"
+        "x = 1\n"
+    )
+    page = annotated.render(text, ast.parse(text), "t.py", tmp_path)
+    assert '<p class="speed"><strong>Speed:</strong> one matmul.</p>' in page
+    assert '<p class="departure"><strong>Departure:</strong> none;' in page
+    inline = r'<span class="math inline"><math .*?</math></span>'
+    assert re.search(rf'<span class="nowrap">{inline},</span>', page)  # "$x_1$," on one line
+    assert re.search(rf'<span class="nowrap">{inline}\.</span>', page)
+    hrefs = re.findall(r'href="([^"]*)"', page)
+    assert hrefs == ["../test_x.py", "y.md", "https://a.b"]
+    assert '<figure class="figure" data-figure="fig.svg"><svg width="10"><rect/></svg>' in page
+    assert "<figcaption>A caption.</figcaption>" in page and "Figure:" not in page
+    (tmp_path / "fig.svg").unlink()
+    with pytest.raises(annotated.UserError, match="the figure fig.svg"):
+        annotated.render(text, ast.parse(text), "t.py", tmp_path)
+
+
+def test_the_worked_trace_beside_update_memory_is_what_a_model_holds():
+    """The table of FIFO lengths in update_memory's note, against a real model's memory tensors
+    read back as positions (lesson.memory_picture, which also checks them against the rule)."""
+    from lesson import memory_picture
+
+    source = SOURCE.read_text(encoding="utf-8")
+    sizes = re.search(
+        r"\$n_s = (\d+)\$, \$n_m = (\d+)\$, \$n_\{cm\} = (\d+)\$, \$c = (\d+)\$", source
+    )
+    table = source[source.index("\\text{call}") : source.index("\\end{array}", sizes.end())]
+    rows = {}
+    for line in filter(lambda line: "&" in line, table.split("\n")):
+        cells = [c.strip() for c in line.lstrip("# ").rstrip("\\ ").split("&")]
+        rows[cells[0].removeprefix("\\text{").removesuffix("}")] = [int(c) for c in cells[1:]]
+    n_s, n_m, n_cm, c = map(int, sizes.groups())
+    steps = memory_picture.model_fifo_steps(n_s, n_m, n_cm, c, len(rows["call"]))
+    assert rows == {
+        "call": list(range(1, len(steps) + 1)),
+        "mem": [len(s.mem) for s in steps],
+        "evicted": [len(s.evicted) for s in steps],
+        "compressed": [len(s.compressed) for s in steps],
+        "fell off c_mem": [len(s.dropped) for s in steps],
+        "c_mem": [len(s.c_mem) for s in steps],
+    }
 
 
 def run(capsys, *argv):
@@ -340,6 +442,74 @@ def test_the_page_lays_notes_beside_code_and_typesets_the_math_asking_for_nothin
     page.close()
 
 
+# At a width: notes or formulas that scroll or stick out of their note, the code cells that
+# scroll, the formulas of 25 elements or more, the page's own width, the figure's width
+FIT = """() => {
+    const over = e => e.scrollWidth > e.clientWidth + 1;
+    const where = e => e.closest('[data-lines]').dataset.lines;
+    const notes = [...document.querySelectorAll('[data-note]')];
+    const cut = [...document.querySelectorAll('[data-note] math, [data-note] pre')].filter(m => {
+        const r = m.getBoundingClientRect(), n = m.closest('[data-note]').getBoundingClientRect();
+        return r.right > n.right + 1 || over(m); }).map(where);
+    const codes = [...document.querySelectorAll('[data-code] pre')];
+    const big = [...document.querySelectorAll('math')].filter(
+        m => m.querySelectorAll('*').length >= 25).length;
+    const figure = document.querySelector('[data-figure] svg').getBoundingClientRect().width;
+    return [notes.filter(over).map(where), cut, codes.filter(over).length, codes.length, big,
+            document.documentElement.scrollWidth, figure];
+}"""
+
+
+# Punctuation that starts a line of a note (", W_v" after a formula): text that opens with it,
+# its first character at its paragraph's left edge
+ORPHANS = r"""() => {
+    const found = [];
+    for (const note of document.querySelectorAll('[data-note]')) {
+        const walker = document.createTreeWalker(note, NodeFilter.SHOW_TEXT);
+        for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+            if (!/^[,.;:)]/.test(n.textContent) || n.parentElement.closest('math, pre')) continue;
+            const range = document.createRange();
+            range.setStart(n, 0);
+            range.setEnd(n, 1);
+            const block = n.parentElement.closest('p, li') || note;
+            const left = block.getBoundingClientRect().left
+                + parseFloat(getComputedStyle(block).paddingLeft);
+            const at = range.getBoundingClientRect();
+            if (at.width && Math.abs(at.left - left) < 3) found.push(n.textContent.slice(0, 20));
+        }
+    }
+    return found;
+}"""
+
+
+@needs_browser
+@pytest.mark.parametrize("width", [1024, 1280, 1400])
+def test_the_page_fits_a_laptop_and_hides_the_speed_notes_on_request(tmp_path, browser, width):
+    assert annotated.main([str(SOURCE), "--out", str(tmp_path)]) == 0
+    page, asked = opened(browser, tmp_path / "compressive.html")
+    page.set_viewport_size({"width": width, "height": 900})
+    scrolling_notes, cut, scrolling_code, n_code, big, page_width, figure = page.evaluate(FIT)
+    assert scrolling_notes == [] and page_width <= width
+    assert big >= 8 and figure > 0.9 * min(width - 48, 1002)
+    if width >= 1280:
+        assert cut == [] and scrolling_code <= 0.1 * n_code
+    else:  # at 1024 px every formula still fits its note; a few wide blocks of code scroll
+        math_cut = page.evaluate(
+            "() => [...document.querySelectorAll('[data-note] math')].filter(m => "
+            "m.getBoundingClientRect().right > m.closest('[data-note]').getBoundingClientRect()"
+            ".right + 1 || m.scrollWidth > m.clientWidth + 1).length"
+        )
+        assert math_cut == 0
+    assert page.evaluate(ORPHANS) == []
+    shown = "() => [...document.querySelectorAll('.speed')].filter(e => e.offsetParent).length"
+    assert page.evaluate(shown) >= 5
+    page.click("label[for=hide-speed]")
+    assert page.evaluate(shown) == 0
+    assert page.evaluate("document.querySelectorAll('.departure')[0].offsetParent !== null")
+    assert asked == []
+    page.close()
+
+
 @needs_browser
 def test_a_comment_put_into_a_copy_of_the_source_shows_on_the_page_made_from_it(
     tmp_path, browser, capsys
@@ -348,6 +518,8 @@ def test_a_comment_put_into_a_copy_of_the_source_shows_on_the_page_made_from_it(
     text = SOURCE.read_text(encoding="utf-8")
     note = "# A note put in by a test: $x_{42}^2$ beside relative_shift.\n"
     copy.write_text(text.replace("\ndef relative_shift(", f"\n{note}def relative_shift("))
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "fifo.svg", tmp_path / "docs" / "fifo.svg")  # its figure
     assert annotated.main([str(copy), "--out", str(tmp_path)]) == 0
     page, asked = opened(browser, tmp_path / "compressive.html")
     found = page.evaluate(

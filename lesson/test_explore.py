@@ -16,7 +16,7 @@ import torch
 from beyond_the_paper import overlap_pool
 from conftest import damage, error_line
 from lesson import explore, memory_picture
-from test_compressive import make
+from test_compressive import last_token_per_layer, make
 
 MISSING = explore.browser_missing()
 
@@ -179,6 +179,41 @@ def test_the_page_shows_the_models_attention_offline_and_follows_clicks_slider_a
 
 
 @needs_browser
+def test_each_layer_shows_its_own_reach_where_a_changed_character_stops_changing_it(
+    tmp_path, browser
+):
+    model, ids, vocab = tiny_model()
+    page, asked, errors = opened(browser, model, ids, vocab, tmp_path)
+    end = START + N_SEGMENTS * N_S
+    query = end - 1  # the page opens on the passage's last character
+    oldest = page.eval_on_selector_all(
+        ".layer-reach", "els => els.map(e => [Number(e.dataset.layer), Number(e.dataset.oldest)])"
+    )
+    assert [layer for layer, _ in oldest] == [0, 1]
+    oldest = [position for _, position in oldest]
+    reach = [tokens - 1 for _, tokens in model.reach(depth=2)][-2:]  # layers 0 and 1, full
+    assert oldest == [query - r for r in reach] and oldest[1] < oldest[0]
+    # the model itself: a character changed at a layer's oldest changes that layer's output at
+    # the query, one further back does not
+    text = ids[START:end]
+    rows = [text]
+    for position in oldest:
+        for at in (position, position - 1):
+            changed = text.clone()
+            changed[at - START] = (changed[at - START] + 1) % len(vocab)
+            rows.append(changed)
+    out = last_token_per_layer(model.double(), torch.stack(rows), N_S)  # [layer, row, d]
+    changes = (out[:, 1:] - out[:, :1]).abs().amax(-1) > 1e-9
+    for layer in range(2):
+        assert changes[layer, 2 * layer] and not changes[layer, 2 * layer + 1], layer
+    page.click(f'#passage [data-query-pos="{START + 3}"]')  # the first segment: no memory yet
+    shown = page.eval_on_selector_all(".layer-reach", "els => els.map(e => e.dataset.oldest)")
+    assert shown == [str(START), str(START)]
+    assert errors == [] and asked == []
+    page.context.close()
+
+
+@needs_browser
 @pytest.mark.parametrize("mem_len, c_mem_len", [(8, 0), (0, 0)], ids=["xl", "no memory"])
 def test_the_page_of_transformer_xl_and_of_no_memory(mem_len, c_mem_len, tmp_path, browser):
     model, ids, vocab = tiny_model(mem_len, c_mem_len)
@@ -276,7 +311,7 @@ def test_the_keys_move_the_query_wherever_the_focus_is_and_the_summary_follows(t
         assert f"segment {k + 1}" in title and f"all {N_S} queries" in title
     notes = page.inner_text("#model-notes")  # the two sentences, with this model's numbers
     assert "A c_mem slot is one position to the model" in notes
-    assert "l × (n_m + c·n_cm) = 2 × 16 = 32" in notes  # l = 2, n_m = 8, c = 2, n_cm = 4
+    assert "n_s − 1 + l × (n_m + c·n_cm) = 7 + 2 × 16 = 39" in notes  # n_s = 8, n_m = 8, ...
     assert errors == [] and asked == []
     page.context.close()
 
