@@ -30,12 +30,10 @@ import torch
 import torch.nn.functional as F
 
 from beyond_the_paper import overlap_pool
-from beyond_the_paper.feedback import FeedbackTransformer
 from compressive import (
     COMPRESSIONS,
     RECONSTRUCTIONS,
     CompressiveConfig,
-    CompressiveTransformer,
 )
 from training import checkpoint, checks, distributed, files, plots
 from training.checks import UserError, exit_status
@@ -49,6 +47,7 @@ from training.device import (
     pick_device,
 )
 from training.evaluate import evaluate
+from training.models import MODELS, make_model
 
 # --------------------------------------------------------------------------------------------------
 # Settings: every flag of a run (a research/ command adds its own to them)
@@ -126,13 +125,6 @@ def check_args(args) -> None:
 # --------------------------------------------------------------------------------------------------
 # The model
 
-MODELS = {
-    "compressive": CompressiveTransformer,  # n_m memories and n_cm compressed ones per layer
-    "xl": CompressiveTransformer,  # Transformer-XL: n_cm = 0
-    "vanilla": CompressiveTransformer,  # no memory: n_m = n_cm = 0
-    "feedback": FeedbackTransformer,  # one memory of n_m vectors for all layers
-}
-
 
 def model_config(args, vocab_size: int) -> CompressiveConfig:
     same = ["d_model", "n_heads", "n_layers", "d_ff", "dropout", "seq_len"]
@@ -147,18 +139,6 @@ def model_config(args, vocab_size: int) -> CompressiveConfig:
             c_mem_len=args.c_mem_len if args.model == "compressive" else 0,
             pre_norm=not args.post_norm,
         )
-    except (ValueError, TypeError) as e:
-        raise UserError(f"invalid model configuration: {e}") from None
-
-
-def make_model(name: str, cfg: CompressiveConfig, compression: str = ""):
-    """The model of kind name; compression: the --compression flag, which may name this
-    project's own f_c (beyond_the_paper/overlap_pool.py) where cfg has the paper's max_pool."""
-    try:
-        model = MODELS[name](cfg)
-        if compression == overlap_pool.NAME and name == "compressive":
-            overlap_pool.use_overlap_max_pool(model)
-        return model
     except (ValueError, TypeError) as e:
         raise UserError(f"invalid model configuration: {e}") from None
 

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-import train_shakespeare
 from lesson.memory_picture import NO_FEEDBACK_PICTURE, check_model, compression_name, fifo_steps
 from research import tasks
 from research.attention import recorded_attention
@@ -247,7 +246,7 @@ def explore_checkpoint(args) -> None:
         raise UserError(f"--screenshot: {browser_missing()}")
     if args.segments < 1:
         raise UserError(f"--segments must be at least 1, got {args.segments}")
-    model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"), train_shakespeare.make_model)
+    model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"))
     try:
         check_model(model)
     except ValueError:

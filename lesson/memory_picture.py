@@ -57,7 +57,6 @@ from xml.sax.saxutils import escape as xml_escape
 
 import torch
 
-import train_shakespeare
 from beyond_the_paper import overlap_pool
 from compressive import CompressiveConfig, CompressiveTransformer, n_evicted
 from research import tasks
@@ -1009,7 +1008,7 @@ def picture_checkpoint(args) -> None:
         print(f"wrote {args.fifo_svg}")
         return
     device = pick_device(args.device)
-    model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
+    model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):
         raise UserError(NO_FEEDBACK_PICTURE)
     data, answers = tasks.validation_data(args, ckpt)

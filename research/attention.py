@@ -12,7 +12,6 @@ from contextlib import contextmanager
 
 import torch
 
-import train_shakespeare
 from compressive import CompressiveTransformer
 from research import recall, tasks
 from training import checkpoint, files, plots
@@ -234,7 +233,7 @@ def analyze_checkpoint(args) -> None:
     if args.batch_size <= 0:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
     device = pick_device(args.device)
-    model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
+    model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):
         raise UserError(
             "the attention is read over [c_mem; mem; segment] of the compressive, xl and "

@@ -4,6 +4,7 @@ trained. It imports nothing of research/ or lesson/, which build on it.
     data.py         the text as ids: the shipped Tiny Shakespeare (checked) or --data, split as
                     nanoGPT splits it; the Data a research command brings in the same form; the
                     text cut into the contiguous streams that the rows of a batch read
+    models.py       the model kinds (compressive, xl, vanilla, feedback), made from a config
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit;
                     a checkpoint's model with less memory (--eval-mem-len); how it was made
     device.py       the device, autocast and the float16 gradient scaler, compiling once the

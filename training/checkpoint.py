@@ -17,6 +17,7 @@ from compressive import CompressiveConfig, CompressiveTransformer, Memory, check
 
 from . import distributed, files
 from .checks import UserError, one_line
+from .models import make_model
 
 
 def save(path, model, optimizer, memory, progress: dict, vocab, args) -> None:
@@ -217,9 +218,8 @@ def training_command(ckpt: dict, defaults: dict) -> str:
     return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}; {ran})"
 
 
-def load_model(out: str, device, make_model):
-    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint. make_model(name, cfg,
-    compression) builds an untrained model of the checkpoint's kind."""
+def load_model(out: str, device):
+    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint."""
     path = os.path.join(out, "ckpt.pt")
     ckpt = read(path, device)
     config, args = config_of(ckpt), ckpt["args"]

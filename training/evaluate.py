@@ -130,11 +130,7 @@ def load_checkpoint(args, tasks=("shakespeare",)):
     """(model, checkpoint, how its memory was cut): OUT/ckpt.pt's model on --device, its memory cut
     to --eval-mem-len / --eval-c-mem-len where given. tasks: the texts the command reads (a
     research command reads its own); another's checkpoint is one error."""
-    import train_shakespeare  # here, not at the top: the script imports this module (evaluate)
-
-    model, ckpt = checkpoint.load_model(
-        args.out, pick_device(args.device), train_shakespeare.make_model
-    )
+    model, ckpt = checkpoint.load_model(args.out, pick_device(args.device))
     task = ckpt["args"].get("task", "shakespeare")
     if task not in tasks:
         command = "python -m training.evaluate"

@@ -9,8 +9,6 @@ import sys
 
 import torch
 
-import train_shakespeare
-
 from . import checkpoint, checks
 from .checks import UserError, exit_status
 from .device import pick_device
@@ -57,7 +55,7 @@ def main(argv=None) -> int:
     def run():
         checks.check_flags(args)
         device = pick_device(args.device)
-        model, ckpt = checkpoint.load_model(args.out, device, train_shakespeare.make_model)
+        model, ckpt = checkpoint.load_model(args.out, device)
         print(sample(model, ckpt["vocab"], args, device))
 
     return exit_status(run)
