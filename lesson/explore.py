@@ -33,9 +33,9 @@ import torch
 
 from lesson.memory_picture import NO_FEEDBACK_PICTURE, check_model, compression_name, fifo_steps
 from research import tasks
-from research.attention import recorded_attention
 from training import checkpoint, files
 from training.checks import UserError, exit_status, one_line
+from training.recorded_attention import recorded_attention
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.html")
 WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)

@@ -60,10 +60,10 @@ import torch
 from beyond_the_paper import overlap_pool
 from compressive import CompressiveConfig, CompressiveTransformer, n_evicted
 from research import tasks
-from research.attention import recorded_attention
 from training import checkpoint, files
 from training.checks import UserError, exit_status
 from training.device import pick_device
+from training.recorded_attention import recorded_attention
 
 # --------------------------------------------------------------------------------------------------
 # The FIFO rule, applied to text positions
