@@ -952,7 +952,8 @@ def recall_query(model, facts, n: int):
     if "c_mem" not in reach:
         return None
     for fact in facts:
-        query, marker, digit = fact["query"], *fact["fact"][-2:]
+        query, needed = fact["query"], fact["fact"][-2:]  # the '=' and the digit
+        marker, digit = needed[0], needed[-1]
         oldest = query + 1 - reach["c_mem"]  # c_mem's oldest position, once full
         newest = query - reach["mem"]  # and its newest
         # the start from which the '?' is the last character of the last of default_segments
