@@ -177,6 +177,8 @@ def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
     assert memory_picture.recall_fact(facts, 60) == []
     # 29: too near the text's start to fill both memories; 59: its fact is still in mem
     assert memory_picture.recall_query(model, facts[:2], 200) is None
+    one = [{"query": 89, "fact": [70]}]  # a fact of one position: it is its own '=' and digit
+    assert memory_picture.recall_query(model, one, 200) == (50, 89, [70])
 
 
 def as_if_a_study_trained(out: str, task: str) -> None:
