@@ -1,6 +1,8 @@
 """The memory explorer: one HTML page to step through a passage and ask where any character looks.
 
     python -m lesson.explore --out OUT     # OUT/explorer.html, on OUT/ckpt.pt's validation text
+    python -m lesson.explore --out OUT --validation OUT/validation.json  # a research command's
+                                # checkpoint, on the text python -m research.tasks --out OUT wrote
 
 The model reads a passage of the validation text segment by segment, memory carried from an empty
 one, as `python -m lesson.memory_picture` does for one query; here every query of every segment is
@@ -31,11 +33,17 @@ from pathlib import Path
 
 import torch
 
-from lesson.memory_picture import NO_FEEDBACK_PICTURE, check_model, compression_name, fifo_steps
-from research import tasks
-from research.attention import recorded_attention
+from lesson.memory_picture import (
+    NO_FEEDBACK_PICTURE,
+    check_model,
+    compression_name,
+    fifo_steps,
+    training_command,
+    validation_text,
+)
 from training import checkpoint, files
 from training.checks import UserError, exit_status, one_line
+from training.recorded_attention import recorded_attention
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.html")
 WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)
@@ -224,6 +232,12 @@ def parse_args(argv=None):
     p.add_argument("--out", default="out", help="the folder of the checkpoint; the page goes there")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
     p.add_argument(
+        "--validation",
+        metavar="JSON",
+        help="the validation text of a research command's checkpoint, as python -m "
+        "research.tasks --out OUT writes it (OUT/validation.json)",
+    )
+    p.add_argument(
         "--start", type=int, default=0, metavar="POS", help="the passage's first position"
     )
     p.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS, help="the passage's length")
@@ -251,7 +265,7 @@ def explore_checkpoint(args) -> None:
         check_model(model)
     except ValueError:
         raise UserError(NO_FEEDBACK_PICTURE) from None
-    data, _ = tasks.validation_data(args, ckpt)
+    data, _ = validation_text(args, ckpt)
     print(f"validation text: {data.name}")
     n_s, n = model.cfg.seq_len, len(data.val)
     if not 0 <= args.start < n:
@@ -271,6 +285,7 @@ def explore_checkpoint(args) -> None:
         + [
             f"--{name} {value}"
             for name, value, default in (
+                ("validation", args.validation, None),
                 ("start", args.start, 0),
                 ("segments", args.segments, DEFAULT_SEGMENTS),
                 ("query", args.query, None),
@@ -279,7 +294,7 @@ def explore_checkpoint(args) -> None:
         ]
     )
     page["caption"] = (
-        f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Text: "
+        f"Checkpoint: {training_command(ckpt)}. Text: "
         f"{data.name}. Made by: {made_by} with torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
     )

@@ -2,6 +2,9 @@
 
     python -m lesson.memory_picture --out OUT      # on OUT/ckpt.pt, over its validation text
 
+    python -m research.tasks --out OUT             # a research command's checkpoint: its text,
+    python -m lesson.memory_picture --out OUT --validation OUT/validation.json    # then this
+
 A passage of the validation text goes through the model segment by segment, memory carried, and
 for one query (by default the last character of the last segment) this draws
 
@@ -30,6 +33,12 @@ c_mem slot's positions are its evicted block of c (overlap_max_pool also pools t
 the block, which the figure says). The Feedback Transformer has no such picture: one memory shared
 by its layers, made token by token, nothing compressed (one error line).
 
+The script's checkpoints are read on their own text (Tiny Shakespeare, or the --data they were
+trained on). A research command's checkpoint (research/recall.py, research/code.py) made its own
+text, which this command does not make: research.tasks writes it into a file for --validation,
+with the recall task's facts, so that the picture picks a '?' whose fact is held in c_mem and
+outlines the fact.
+
     python -m lesson.memory_picture --fifo-svg docs/fifo.svg   # the README's schematic
 
 The schematic of the two FIFOs (no checkpoint): a one-layer model of the lesson's toy sizes
@@ -57,13 +66,13 @@ from xml.sax.saxutils import escape as xml_escape
 
 import torch
 
+import train_shakespeare
 from beyond_the_paper import overlap_pool
 from compressive import CompressiveConfig, CompressiveTransformer, n_evicted
-from research import tasks
-from research.attention import recorded_attention
-from training import checkpoint, files
+from training import checkpoint, data, files
 from training.checks import UserError, exit_status
 from training.device import pick_device
+from training.recorded_attention import recorded_attention
 
 # --------------------------------------------------------------------------------------------------
 # The FIFO rule, applied to text positions
@@ -982,31 +991,53 @@ def draw_gif(
 # The command: the picture of OUT/ckpt.pt
 
 
-def recall_query(model, answers, n: int):
-    """On the recall task: the first query whose whole fact (its '=' and digit) is held in c_mem
-    when its '?' is read as the last character of a segment, with enough text before it to fill
-    both memories. Returns (start, query, the fact's positions) or None."""
+def recall_query(model, facts, n: int):
+    """On the recall task: the first query whose whole fact (its '=' and digit, the last two of
+    its positions) is held in c_mem when its '?' is read as the last character of a segment, with
+    enough text before it to fill both memories. facts: a --validation file's. Returns (start,
+    query, the fact's positions) or None."""
     reach, c = dict(model.reach()), model.cfg.compression_rate
     if "c_mem" not in reach:
         return None
-    for answer, D in answers.tolist():
-        query = answer - 1
-        digit = answer - D
+    for fact in facts:
+        query, needed = fact["query"], fact["fact"][-2:]  # the '=' and the digit
+        marker, digit = needed[0], needed[-1]
         oldest = query + 1 - reach["c_mem"]  # c_mem's oldest position, once full
         newest = query - reach["mem"]  # and its newest
         # the start from which the '?' is the last character of the last of default_segments
         start = query + 1 - default_segments(model) * model.cfg.seq_len
-        if oldest + c <= digit - 1 and digit <= newest - c and answer < n and start >= 0:
-            return start, query, list(range(digit - 4, digit + 1))
+        if oldest + c <= marker and digit <= newest - c and query + 1 < n and start >= 0:
+            return start, query, fact["fact"]
     return None
 
 
-def recall_fact(answers, query: int):
-    """The positions of the fact " KK=d" asked for at a recall query's '?', or []."""
-    for answer, D in answers.tolist():
-        if answer - 1 == query:
-            return list(range(answer - D - 4, answer - D + 1))
-    return []
+def recall_fact(facts, query: int):
+    """The positions of the fact asked for at a recall query's '?', or []."""
+    return next((fact["fact"] for fact in facts if fact["query"] == query), [])
+
+
+def validation_text(args, ckpt: dict):
+    """(Data, facts) of the text the picture and the explorer read: a checkpoint of the script
+    reads its own (Tiny Shakespeare, or the --data it was trained on), or --data; facts is then
+    empty. A research command's checkpoint made its own text, which python -m research.tasks
+    writes into a file for --validation (with the recall task's facts)."""
+    if args.validation is not None:
+        if args.data is not None:
+            raise UserError("--data and --validation both name the text to read: pass one")
+        return data.read_validation(args.validation, ckpt["vocab"])
+    if ckpt["args"].get("task", "shakespeare") != "shakespeare":
+        raise UserError(
+            f"{args.out} holds a checkpoint of {checkpoint.trained_by(ckpt['args'])}, which makes "
+            f"its own text: write it with python -m research.tasks --out {args.out}, then pass "
+            f"--validation {os.path.join(args.out, 'validation.json')}"
+        )
+    return data.load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"]), []
+
+
+def training_command(ckpt: dict) -> str:
+    """How the checkpoint was made, for a caption: its command and the flags it set beyond the
+    script's defaults (a research command's are the script's, and its own default to None)."""
+    return checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
 
 
 def parse_args(argv=None):
@@ -1015,6 +1046,12 @@ def parse_args(argv=None):
         "--out", default="out", help="the folder of the checkpoint; the picture goes there"
     )
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
+    p.add_argument(
+        "--validation",
+        metavar="JSON",
+        help="the validation text of a research command's checkpoint, as python -m "
+        "research.tasks --out OUT writes it (OUT/validation.json)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.add_argument(
         "--start",
@@ -1028,7 +1065,8 @@ def parse_args(argv=None):
         type=int,
         metavar="POS",
         help="the query's validation text position (default: the last character of the last "
-        "segment; on the recall task the first '?' whose fact is held in c_mem)",
+        "segment; on the recall task's --validation file, the first '?' whose fact is held in "
+        "c_mem)",
     )
     p.add_argument(
         "--heads",
@@ -1059,9 +1097,9 @@ def picture_checkpoint(args) -> None:
     model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):
         raise UserError(NO_FEEDBACK_PICTURE)
-    data, answers = tasks.validation_data(args, ckpt)
-    print(f"validation text: {data.name}")
-    val, vocab, cfg = data.val, data.vocab, model.cfg
+    text, facts = validation_text(args, ckpt)
+    print(f"validation text: {text.name}")
+    val, vocab, cfg = text.val, text.vocab, model.cfg
     start, query, marks, note = args.start, args.query, [], ""
     for flag, value in (("--start", start), ("--query", query)):
         if value is not None and not 0 <= value < len(val):
@@ -1069,12 +1107,12 @@ def picture_checkpoint(args) -> None:
                 f"{flag} {value}: the validation text has {len(val)} characters "
                 f"(positions 0 to {len(val) - 1})"
             )
-    if answers is not None and start is None and query is None:
-        found = recall_query(model, answers, len(val))
+    if facts and start is None and query is None:
+        found = recall_query(model, facts, len(val))
         if found:
             start, query, marks = found
-    if query is not None and answers is not None and not marks:
-        marks = recall_fact(answers, query)
+    if query is not None and facts and not marks:
+        marks = recall_fact(facts, query)
     if marks:
         note = (
             f"The fact this '?' asks for, {picture_text(val, vocab, marks)!r}, is outlined "
@@ -1103,13 +1141,17 @@ def picture_checkpoint(args) -> None:
         ["python -m lesson.memory_picture"]
         + [
             f"--{name} {value}"
-            for name, value in (("start", args.start), ("query", args.query))
+            for name, value in (
+                ("validation", args.validation),
+                ("start", args.start),
+                ("query", args.query),
+            )
             if value is not None
         ]
         + ["--heads"] * args.heads
     )
     footer = (
-        f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Drawn by: "
+        f"Checkpoint: {training_command(ckpt)}. Drawn by: "
         f"{drawn_by} with torch {torch.__version__}, {torch.get_num_threads()} thread(s), at "
         f"commit {files.repository_commit()}."
     )

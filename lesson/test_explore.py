@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_memory_picture import as_if_a_study_trained, write_validation_file
 
 from beyond_the_paper import overlap_pool
 from conftest import damage, error_line
@@ -381,6 +382,22 @@ def test_the_command_writes_one_page_and_gives_one_error_line_for_bad_input(
     damage(os.path.join(trained, "ckpt.pt"), "garbage")
     assert explore.main(flags) == 2
     assert "checkpoint" in error_line(capsys)
+
+
+def test_a_research_checkpoints_page_is_made_on_the_text_research_tasks_writes(
+    trained, small_text, capsys
+):
+    as_if_a_study_trained(trained, "code")
+    flags = ["--out", trained, "--segments", "4"]
+    assert explore.main(flags) == 2
+    assert f"write it with python -m research.tasks --out {trained}" in error_line(capsys)
+    path = write_validation_file(trained, small_text, [])
+    assert explore.main([*flags, "--validation", path]) == 0
+    page = open(os.path.join(trained, "explorer.html"), encoding="utf-8").read()
+    assert "Text: the task's text. Made by: python -m lesson.explore --validation " in page
+    assert "Checkpoint: python -m research.code " in page
+    assert explore.main([*flags, "--validation", path, "--data", small_text]) == 2
+    assert "--data and --validation both name the text to read" in error_line(capsys)
 
 
 @needs_browser

@@ -15,6 +15,7 @@ from compressive import CompressiveTransformer, n_evicted
 from conftest import DAMAGES, ROOT, craft, damage, error_line
 from lesson import memory_picture
 from test_compressive import make, tiny
+from training import data
 
 
 def position_coded(**overrides):
@@ -163,12 +164,78 @@ def test_picture_on_a_recall_text_picks_a_query_whose_fact_is_in_c_mem():
     cfg = tiny(
         seq_len=8, mem_len=8, c_mem_len=4, compression_rate=2
     )  # c_mem: 9-16 before a segment
-    answers = torch.tensor([[30, 12], [60, 13], [90, 20]])  # (the answer digit's position, D)
+    # each '?' and its fact ' KK=d', as a --validation file holds them (research.tasks.facts)
+    facts = [
+        {"query": query, "fact": list(range(digit - 4, digit + 1))}
+        for query, digit in ((29, 18), (59, 47), (89, 70))
+    ]
     model = CompressiveTransformer(cfg)
-    start, query, fact = memory_picture.recall_query(model, answers, 200)
+    start, query, fact = memory_picture.recall_query(model, facts, 200)
     # the '?' at 89 ends the segment 82-89; mem holds 74-81, c_mem 66-73; the fact's digit is 70
     assert (query, fact) == (89, [66, 67, 68, 69, 70]) and start == 89 - 7 - 4 * 8  # 5 segments
-    assert memory_picture.recall_fact(answers, 59) == [43, 44, 45, 46, 47]
+    assert memory_picture.recall_fact(facts, 59) == [43, 44, 45, 46, 47]
+    assert memory_picture.recall_fact(facts, 60) == []
+    # 29: too near the text's start to fill both memories; 59: its fact is still in mem
+    assert memory_picture.recall_query(model, facts[:2], 200) is None
+    one = [{"query": 89, "fact": [70]}]  # a fact of one position: it is its own '=' and digit
+    assert memory_picture.recall_query(model, one, 200) == (50, 89, [70])
+
+
+def as_if_a_study_trained(out: str, task: str) -> None:
+    """The checkpoint in out made into one that a research command trained (its args name the
+    task, whose text the lesson does not make)."""
+    path = os.path.join(out, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["args"]["task"] = task
+    torch.save(ckpt, path)
+
+
+def write_validation_file(out: str, small_text: str, facts) -> str:
+    """OUT/validation.json as python -m research.tasks writes it (training.data's format): here
+    the small text's validation part, with the facts given."""
+    vocab = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["vocab"]
+    val = data.encode(open(small_text).read()[int(0.9 * 6000) :], vocab)  # 600 characters
+    path = os.path.join(out, "validation.json")
+    data.write_validation(path, data.Data(vocab, None, val, "the task's text"), facts)
+    return path
+
+
+def test_a_research_checkpoint_is_drawn_on_the_text_research_tasks_writes(
+    trained, small_text, tmp_path, capsys, monkeypatch
+):
+    as_if_a_study_trained(trained, "recall")
+    assert memory_picture.main(["--out", trained, "--device", "cpu"]) == 2
+    assert error_line(capsys) == (
+        f"error: {trained} holds a checkpoint of python -m research.recall, which makes its own "
+        f"text: write it with python -m research.tasks --out {trained}, then pass --validation "
+        f"{os.path.join(trained, 'validation.json')}"
+    )
+    # n_s 16, n_m 16, n_cm 8, c 2: a '?' that ends a segment holds 32-47 characters back in
+    # c_mem; the fact of the '?' at 90 lies in mem, that of the '?' at 159 in c_mem
+    facts = [
+        {"query": 90, "fact": [76, 77, 78, 79, 80]},
+        {"query": 159, "fact": list(range(116, 121))},
+    ]
+    path = write_validation_file(trained, small_text, facts)
+    flags = ["--out", trained, "--device", "cpu", "--validation", path]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the JSON and the report, not drawn
+    assert memory_picture.main(flags) == 2
+    printed = capsys.readouterr()
+    assert "matplotlib is not installed" in printed.err
+    assert "validation text: the task's text" in printed.out
+    assert "the fact's '=' and digit are held in c_mem slot" in printed.out
+    drawn = json.load(open(os.path.join(trained, "memory.json")))
+    assert (drawn["start"], drawn["query"]) == (159 + 1 - 5 * 16, 159)  # 5 segments, '?' last
+    val = open(small_text).read()[int(0.9 * 6000) :]
+    held = [s for s in drawn["slots"] if s["region"] == "c_mem" and 120 in s["positions"]]
+    assert len(held) == 1 and held[0]["text"] == "".join(val[p] for p in held[0]["positions"])
+    for bad, message in [  # one line each
+        (["--data", small_text], "--data and --validation both name the text to read"),
+        (["--validation", str(tmp_path / "none.json")], "no validation text at"),
+        (["--validation", small_text], "is not a validation text of a checkpoint"),
+    ]:
+        assert memory_picture.main([*flags, *bad]) == 2
+        assert message in error_line(capsys)
 
 
 SVG = "{http://www.w3.org/2000/svg}"

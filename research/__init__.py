@@ -12,5 +12,6 @@ holds their reports (REACH.md) and figures, and the tests beside them specify th
     cue.py          an agent's episodes ending anywhere in an unroll: python -m research.cue
     ppo_cue.py      PPO on the cue task, updated on what it acted: python -m research.ppo_cue
     agent_cost.py   acting and the update against compressive.py: python -m research.agent_cost
-    tasks.py        which text a checkpoint learned, for the commands that read any checkpoint
+    tasks.py        which text a checkpoint learned, for the commands that read any checkpoint;
+                    python -m research.tasks --out OUT writes it for the lesson (validation.json)
 """

@@ -8,7 +8,6 @@ memories are full. On a checkpoint of the recall task, also where the '?' of eac
 on the slot of its fact, per layer and phase (research/recall.py)."""
 
 import argparse
-from contextlib import contextmanager
 
 import torch
 
@@ -18,28 +17,9 @@ from research import recall, tasks
 from training import checkpoint, files, plots
 from training.checks import UserError, exit_status
 from training.device import keep_freed_memory, pick_device
+from training.recorded_attention import recorded_attention
 
 BUCKETS_PER_REGION = 4
-
-
-@contextmanager
-def recorded_attention(model):
-    """Inside the block, record[i] is layer i's attention weights [B, H, T, K] of the latest
-    forward, keys ordered [c_mem; mem; segment] (read with a forward hook on each layer.attn)."""
-    record = [None] * len(model.layers)
-
-    def keep(i):
-        def hook(module, inputs, attended):
-            record[i] = attended.weights.detach()
-
-        return hook
-
-    handles = [layer.attn.register_forward_hook(keep(i)) for i, layer in enumerate(model.layers)]
-    try:
-        yield record
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.Tensor:

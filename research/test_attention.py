@@ -14,6 +14,7 @@ from conftest import DAMAGES, craft, damage, error_line
 from research import attention
 from test_compressive import make, tokens
 from training import data
+from training.recorded_attention import recorded_attention
 
 
 def full_memory_model(pre_norm=False):
@@ -28,7 +29,7 @@ def full_memory_model(pre_norm=False):
 
 def test_attention_buckets_sum_to_one_for_every_query():
     model, memory = full_memory_model()
-    with torch.no_grad(), attention.recorded_attention(model) as recorded:
+    with torch.no_grad(), recorded_attention(model) as recorded:
         model(tokens(2, 6, seed=9), memory)
     for weights in recorded:
         buckets = attention.attention_buckets(weights, 4, 6)
@@ -44,7 +45,7 @@ def test_attention_buckets_line_up_with_the_memory_layout():
         for layer in model.layers:
             layer.attn.qkv.weight.zero_()
             layer.attn.position.weight.zero_()
-        with attention.recorded_attention(model) as recorded:
+        with recorded_attention(model) as recorded:
             model(tokens(2, 6, seed=9), memory)
     buckets = attention.attention_buckets(recorded[0], 4, 6)[0, 0]  # [T, buckets]
     n = attention.BUCKETS_PER_REGION
@@ -74,7 +75,7 @@ def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
         c_mem = torch.randn(2, 4, d)
         c_mem[..., 0] = 0.0
         memory = Memory([mem, mem], [c_mem, c_mem])
-        with attention.recorded_attention(model) as recorded:
+        with recorded_attention(model) as recorded:
             model(tokens(2, 6), memory)
     buckets = attention.attention_buckets(recorded[0], 4, 8).mean(dim=(0, 1, 2))
     n = attention.BUCKETS_PER_REGION

@@ -7,6 +7,8 @@ which times the script's own training step, stands beside the script).
     models.py       the models that --model names, made from a CompressiveConfig
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit;
                     a checkpoint's model with less memory (--eval-mem-len); how it was made
+    recorded_attention.py
+                    each layer's attention weights of a forward, read with forward hooks
     device.py       the device, autocast and the float16 gradient scaler, compiling once the
                     memories are full (eager where compiling fails), an allocator setting
     distributed.py  data parallelism over processes started by torchrun

@@ -1,17 +1,19 @@
 """The text train_shakespeare.py learns, as ids: Tiny Shakespeare (shipped in data/) or a --data
 text, split as nanoGPT splits it (the first 90% to train, the last 10% to validate). A research
-command brings its own text in the same form (research/recall.py, research/code.py). The script
-reads a text as parallel contiguous streams (train_shakespeare.make_streams), and so does the
-evaluation."""
+command brings its own text in the same form (research/recall.py, research/code.py), and can write
+its validation text into a file (write_validation) for the commands that do not make it (the
+lesson's picture and explorer read it back with read_validation). The script reads a text as
+parallel contiguous streams (train_shakespeare.make_streams), and so does the evaluation."""
 
 import hashlib
+import json
 import os
 from typing import List, NamedTuple, Optional
 
 import torch
 
 from . import files
-from .checks import UserError
+from .checks import UserError, one_line
 
 # The text ships with the repository (public domain; char-rnn's copy), so nothing is downloaded.
 DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -74,3 +76,53 @@ def load_data(args, vocab=None, saved_args=None) -> Data:
     data = encode(text, vocab)
     split = int(0.9 * len(data))
     return Data(vocab, data[:split], data[split:], path or "Tiny Shakespeare (data/)")
+
+
+def write_validation(path: str, data: Data, facts=()) -> None:
+    """data's validation text into path as JSON: {"name": what the text is, "text": it, "facts":
+    for a task that asks for facts, one {"query": a query's position in the text, "fact": the
+    positions of the fact it asks for, in order} per query (the recall task's ' KK=d' for each
+    '?')}."""
+    text = "".join(data.vocab[i] for i in data.val.tolist())
+    files.write_json(path, {"name": data.name, "text": text, "facts": list(facts)})
+
+
+def read_validation(path: str, vocab) -> tuple:
+    """(Data, facts) of a file write_validation wrote, its text in vocab (a checkpoint's); Data has
+    no training text. Anything else is one error line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"no validation text at {path}") from None
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"{path} is not a validation text of a checkpoint ({one_line(e)})"
+        ) from None
+    if not (
+        isinstance(found, dict)
+        and isinstance(found.get("name"), str)
+        and isinstance(found.get("text"), str)
+        and isinstance(found.get("facts"), list)
+    ):
+        raise UserError(
+            f"{path} is not a validation text of a checkpoint (no name, text and facts)"
+        )
+    n = len(found["text"])
+    in_text = lambda p: isinstance(p, int) and not isinstance(p, bool) and 0 <= p < n
+    for fact in found["facts"]:
+        if not (
+            isinstance(fact, dict)
+            and in_text(fact.get("query"))
+            and isinstance(fact.get("fact"), list)
+            and fact["fact"]
+            and all(in_text(p) for p in fact["fact"])
+        ):
+            raise UserError(
+                f"{path}: a fact is not {{query, fact}} of positions in its text: {fact!r:.80}"
+            )
+    try:
+        val = encode(found["text"], vocab)
+    except UserError as e:
+        raise UserError(f"{path}: not the checkpoint's text ({e})") from None
+    return Data(list(vocab), None, val, found["name"]), found["facts"]

@@ -51,6 +51,35 @@ def test_a_text_moves_to_a_device_whole():
     assert moved.train_targets is None and (moved.vocab, moved.name) == (["a", "b"], "ab")
 
 
+def test_a_validation_text_written_to_a_file_reads_back_with_its_facts(tmp_path):
+    vocab = [".", "=", "?", "A", "B", "1"]
+    text = "..AB=1....AB?1.."
+    val = data.encode(text, vocab)
+    facts = [{"query": 12, "fact": [1, 2, 3, 4, 5]}]
+    path = str(tmp_path / "validation.json")
+    data.write_validation(path, data.Data(vocab, None, val, "a task's text"), facts)
+    read, read_facts = data.read_validation(path, vocab)
+    assert read.val.equal(val) and (read.vocab, read.name, read.train) == (
+        vocab,
+        "a task's text",
+        None,
+    )
+    assert read_facts == facts
+    for written, message in [  # anything else: one line
+        ("not json", "is not a validation text of a checkpoint"),
+        ('{"name": "x", "text": "..AB"}', "no name, text and facts"),
+        ('{"name": "x", "text": "..AB", "facts": [{"query": 9, "fact": [1]}]}', "a fact is not"),
+        ('{"name": "x", "text": "..AB", "facts": [{"query": 1, "fact": []}]}', "a fact is not"),
+        ('{"name": "x", "text": "..AB", "facts": [{"query": true, "fact": [1]}]}', "a fact is not"),
+        ('{"name": "x", "text": "..AC", "facts": []}', "not the checkpoint's text"),
+    ]:
+        (tmp_path / "bad.json").write_text(written)
+        with pytest.raises(checks.UserError, match=message):
+            data.read_validation(str(tmp_path / "bad.json"), vocab)
+    with pytest.raises(checks.UserError, match="no validation text at"):
+        data.read_validation(str(tmp_path / "none.json"), vocab)
+
+
 @pytest.mark.slow  # trains: seconds
 def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
     out = str(tmp_path / "run")
