@@ -47,24 +47,33 @@ def test_every_code_cell_is_python_and_none_defines_a_model_or_a_class():
 
 
 def test_every_run_the_notebook_starts_has_a_quick_form():
-    """Each training or timing run goes through a command's main (the training script, the reach
-    benchmark, the cost of reach) and is made small when QUICK is set (the step counts CI relies
-    on to stay under a minute)."""
+    """Each training or timing run goes through a command (the training script's main; the reach
+    benchmark and the cost of reach, studies of research/, as commands run by run()) and is made
+    small when QUICK is set (the step counts CI relies on to stay under a minute)."""
     runs = [source(c) for c in cells("code") if "--steps" in source(c) or "--rounds" in source(c)]
     assert len(runs) == 3  # Shakespeare, the reach benchmark, the cost of reach
     assert all("QUICK" in run for run in runs)
-    assert all(".main(" in run for run in runs)
+    assert all(".main(" in run or 'run("research.' in run for run in runs)
+
+
+def test_the_notebook_imports_nothing_of_research():
+    """The lesson stands above the studies: it runs them as commands, never imports their code."""
+    code = "\n".join(source(c) for c in cells("code"))
+    assert not re.search(r"^\s*(from|import) +research\b", code, flags=re.M)
+    assert re.search(r"^\s*(from|import) +research\b", "from research import recall", flags=re.M)
 
 
 def test_every_command_the_text_names_is_run_by_a_cell_so_that_quick_mode_checks_it():
-    """A command the text tells a reader to run goes through its main in a code cell, on the
-    notebook's own folder OUT, so CI's QUICK run fails where it would fail for the reader."""
+    """A command the text tells a reader to run goes through its main in a code cell (a study of
+    research/ through run(), as a command), on the notebook's own folder OUT, so CI's QUICK run
+    fails where it would fail for the reader."""
     text = "\n".join(source(c) for c in cells("markdown"))
     code = "\n".join(source(c) for c in cells("code"))
     named = set(re.findall(r"python -m ([\w.]+)", text))
     assert named >= {"lesson.memory_picture", "lesson.explore", "research.recall"}
     for module in named:
-        assert f"{module.rsplit('.', 1)[-1]}.main(" in code, module
+        by_main = f"{module.rsplit('.', 1)[-1]}.main(" in code
+        assert by_main or f'run("{module}"' in code, module
     assert 'explore.main(["--out", OUT])' in code
 
 
