@@ -22,6 +22,7 @@ LAYERS = {
     "conftest": 1,
     "research": 2,
     "lesson": 3,
+    "teachers_kit": 4,
 }
 NAMES = ("compressive", "test_compressive", "train_shakespeare", "training", "conftest")
 

@@ -1,10 +1,10 @@
 """The Gradescope autograder bundle of an assignment: a zip whose run_autograder grades one
-submission with the kit itself (python -m lesson.handout --grade) and writes Gradescope's
+submission with the kit itself (python -m teachers_kit.handout --grade) and writes Gradescope's
 results.json. Gradescope unpacks it into /autograder/source, runs setup.sh once when it builds
 the image, then run_autograder from /autograder for each submission (its autograder
 specifications: https://gradescope-autograders.readthedocs.io/en/latest/specs/).
 
-The bundle holds the kit's grading code (lesson/), the assignment (the original, every test, the
+The bundle holds the kit's code (teachers_kit/), the assignment (the original, every test, the
 files they import, assignment.json) under assignment/, setup.sh and run_autograder; nothing of
 the student's.
 """
@@ -78,7 +78,8 @@ mkdir -p "$root/results"
 rm -f "$results"
 chmod go-rwx "$root/source"
 cd "$root/source" || exit 1
-"$python" -m lesson.handout --grade "$root/submission" --assignment assignment --results "$results"
+"$python" -m teachers_kit.handout --grade "$root/submission" --assignment assignment \\
+  --results "$results"
 status=$?
 if [ ! -s "$results" ]; then  # the grader itself failed: a zero that says so, not a silent one
   why="The autograder failed (exit status $status): your teacher can see why in its output."
@@ -110,7 +111,7 @@ def write_bundle(assignment, zip_path: Path) -> None:
         add(archive, "setup.sh", setup_sh(assignment.versions).encode(), executable=True)
         add(archive, "run_autograder", RUN_AUTOGRADER.encode(), executable=True)
         for name in KIT_FILES:
-            add(archive, f"lesson/{name}", (KIT / name).read_bytes())
+            add(archive, f"teachers_kit/{name}", (KIT / name).read_bytes())
         for name in assignment_files(assignment):
             add(archive, f"assignment/{name}", (assignment.folder / name).read_bytes())
     staging.replace(zip_path)

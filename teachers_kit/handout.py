@@ -1,11 +1,11 @@
 """The teachers' kit: a student handout of compressive.py made by one command, and its grading.
 
-    python -m lesson.handout CompressiveLayer.update_memory relative_shift --out hw/
-    python -m lesson.handout --grade alice/compressive.py --assignment hw/ [--results r.json]
-    python -m lesson.handout --grade-class submissions/ --assignment hw/ [--csv grades.csv]
-    python -m lesson.handout --gradescope hw/         # write hw/gradescope.zip again
-    python -m lesson.handout --table README.md        # rewrite the README's table of exercises
-    python -m lesson.handout --verify                 # the table is what blanking finds (CI)
+    python -m teachers_kit.handout CompressiveLayer.update_memory relative_shift --out hw/
+    python -m teachers_kit.handout --grade alice/compressive.py --assignment hw/ [--results r.json]
+    python -m teachers_kit.handout --grade-class submissions/ --assignment hw/ [--csv grades.csv]
+    python -m teachers_kit.handout --gradescope hw/         # write hw/gradescope.zip again
+    python -m teachers_kit.handout --table teachers_kit/README.md   # rewrite its table of exercises
+    python -m teachers_kit.handout --verify       # each exercise has a check; the table is today's
 
 The handout command writes three things into --out:
 
@@ -15,7 +15,7 @@ The handout command writes three things into --out:
                      and checks/<function>.txt, the tests that check each exercise
     teacher/         keep this: the original compressive.py (the solution), every test, and
                      assignment.json (each exercise's check, points, the hidden tests)
-    gradescope.zip   the autograder to upload to Gradescope (lesson/gradescope.py)
+    gradescope.zip   the autograder to upload to Gradescope (gradescope.py)
 
 An exercise of beyond_the_paper/ (the table's file column) works the same way with its own file
 and test file in place of compressive.py and test_compressive.py; both folders then also hold,
@@ -23,10 +23,10 @@ as they are, the repository's files those two import. An assignment takes its ex
 one file.
 
 An exercise's check is computed one way, the exact one: the tests that fail when its function
-alone is blanked, found by blanking it for real (lesson/grading.py). Grading audits the
-submitted file first (lesson/audit.py) and then grades each exercise alone: the teacher's tests
+alone is blanked, found by blanking it for real (grading.py). Grading audits the
+submitted file first (audit.py) and then grades each exercise alone: the teacher's tests
 run on the teacher's original, in a process of their own, and only the exercise's function is
-the student's, run in a sandbox that sends back what it returns (lesson/sandbox.py). It prints
+the student's, run in a sandbox that sends back what it returns (sandbox.py). It prints
 per exercise its points and each failing test with the first line of why; --no-audit grades
 without the audit (to test the sandbox). Exit status: 0 when every exercise scores
 all its points, 1 when one does not (or the file is refused), 2 on bad input, with one error
@@ -46,31 +46,32 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, Optional
 
-from lesson import grading
-from lesson.exercises import (
+from teachers_kit import grading
+from teachers_kit.exercises import (
     EXERCISES,
     Exercise,
     KitError,
     blank,
     compile_tests,
     functions,
-    hidden_tests,
     project_files,
     read_python,
     resolve,
     student_tests,
     tests_of,
 )
-from lesson.gradescope import write_bundle
+from teachers_kit.gradescope import write_bundle
 
 __all__ = ["EXERCISES", "Exercise", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "compressive.py"
 TESTS = ROOT / "test_compressive.py"
-TABLE_BEGIN = "<!-- exercises: made by python -m lesson.handout --table README.md -->"
+README = Path(__file__).resolve().parent / "README.md"  # the kit's own, which holds the table
+TABLE_COMMAND = "python -m teachers_kit.handout --table teachers_kit/README.md"
+TABLE_BEGIN = f"<!-- exercises: made by {TABLE_COMMAND} -->"
 TABLE_END = "<!-- end of exercises -->"
 
 
@@ -442,43 +443,32 @@ def write_results(path: Path, record: dict) -> None:
 # ---------------------------------------------------------------- the README's table ------------
 
 
-class TableRow(NamedTuple):
-    check: List[str]  # the tests that fail with the exercise blanked
-    tests: int  # the tests of its file that ran (those that run torch.compile left out)
-    kept: int  # of its check, the tests kept from students
-
-
-def all_checks() -> Dict[str, TableRow]:
-    """Every exercise of the table blanked for real, file by file, as an assignment does it."""
-    rows = {}
+def all_checks() -> Dict[str, List[str]]:
+    """Every exercise of the table blanked for real, file by file, as an assignment does it: its
+    check, the tests that fail (KitError where the original fails one of its own tests)."""
+    checks = {}
     for module in dict.fromkeys(e.module for e in EXERCISES.values()):
         layout = layout_of(module)
         text, tree = read_python(ROOT / module, "the original")
         tests = (ROOT / layout.tests).read_text(encoding="utf-8")
         names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
-        all_tests, checks, _ = grading.compute_checks(
-            text, tests, names, None, compile_tests(tests), layout
-        )
-        hidden = set(hidden_tests(tests))
-        for name in names:
-            kept = sum(grading.base_name(t) in hidden for t in checks[name])
-            rows[name] = TableRow(checks[name], len(all_tests), kept)
-    return rows
+        _, found, _ = grading.compute_checks(text, tests, names, None, compile_tests(tests), layout)
+        checks.update(found)
+    return checks
 
 
-def table(rows: Dict[str, TableRow]) -> str:
+def table() -> str:
+    """The README's table: what each exercise asks, from the table of exercises alone (no count
+    of tests, which a new test would change: --verify finds each check by blanking)."""
     lines = [
         TABLE_BEGIN,
-        "| exercise | file | what the student writes | its check: the tests that fail with it "
-        "blanked |",
-        "| --- | --- | --- | --- |",
+        "| exercise | file | what the student writes | its tests | where to read |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for name, exercise in EXERCISES.items():
-        row = rows[name]
-        kept = f", {row.kept} kept from students" if row.kept else ""
         lines.append(
-            f"| `{name}` | `{exercise.module}` | {exercise.writes} | {len(row.check)} of "
-            f"{row.tests} in `{tests_of(exercise.module)}`{kept} |"
+            f"| `{name}` | `{exercise.module}` | {exercise.writes} | "
+            f"`{tests_of(exercise.module)}` | {exercise.paper} |"
         )
     lines.append(TABLE_END)
     return "\n".join(lines) + "\n"
@@ -499,7 +489,7 @@ def replace_table(old: str, block: str, readme: Path) -> str:
 
 def write_table(readme: Optional[Path]) -> None:
     """Print the README's table of exercises, or rewrite it in readme between its markers."""
-    block = table(all_checks())
+    block = table()
     if readme is None:
         print(block, end="")
         return
@@ -517,21 +507,22 @@ def write_table(readme: Optional[Path]) -> None:
 
 
 def verify() -> int:
-    """The README's table is what blanking each exercise for real finds now."""
+    """The kit's README holds the table of today's exercises, the originals pass all their
+    tests, and each exercise blanked for real fails some test (else it has no check)."""
     began = time.perf_counter()
-    rows = all_checks()
-    for name, row in rows.items():
-        print(f"{name}: blanked, fails {len(row.check)} of {row.tests} tests")
-    readme = ROOT / "README.md"
-    if table(rows) not in readme.read_text(encoding="utf-8"):
-        print(
-            "error: the README's table of exercises is stale: "
-            "python -m lesson.handout --table README.md"
-        )
+    checks = all_checks()
+    for name, check in checks.items():
+        print(f"{name}: blanked, fails {len(check)} tests")
+    if table() not in README.read_text(encoding="utf-8"):
+        print(f"error: the table of exercises in {README} is stale: {TABLE_COMMAND}")
+        return 1
+    unchecked = [name for name, check in checks.items() if not check]
+    if unchecked:
+        print(f"error: no test fails with {', '.join(unchecked)} blanked: it has no check")
         return 1
     print(
-        f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests "
-        f"and the README's table is what blanking finds"
+        f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests, "
+        f"each exercise blanked fails some, and the README's table is today's"
     )
     return 0
 
@@ -541,13 +532,13 @@ def verify() -> int:
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
-        print(f"error: {message} (see python -m lesson.handout --help)", file=sys.stderr)
+        print(f"error: {message} (see python -m teachers_kit.handout --help)", file=sys.stderr)
         sys.exit(2)
 
 
 def parse_arguments(argv):
     parser = OneLineParser(
-        prog="python -m lesson.handout",
+        prog="python -m teachers_kit.handout",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

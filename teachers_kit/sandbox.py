@@ -1,7 +1,7 @@
 """Where a student's function runs, and the only place it runs: a process of its own, in a
 sandbox, that computes values and decides nothing.
 
-The test process (lesson/grading_child.py) runs the teacher's tests on the teacher's original
+The test process (grading_child.py) runs the teacher's tests on the teacher's original
 module, with one function, the exercise, replaced by a proxy (install). Each call of the proxy
 sends its arguments here; this process calls the student's function on them (in the original
 module with only that function taken from the submission) and sends back what it returned, or
@@ -27,7 +27,7 @@ of DTYPES; shapes and strides of integers that stay inside the bytes sent; at mo
 elements; at most MAX_BYTES a message): nothing a sandbox sends is unpickled or run. The other
 way, the call's arguments (modules among them) are pickled: the sandbox trusts its caller.
 
-The grader starts a sandbox (lesson/grading.py: bubblewrap, the uid); `main` sets its limits
+The grader starts a sandbox (grading.py: bubblewrap, the uid); `main` sets its limits
 before anything of a submission runs. Standard library and torch only.
 """
 

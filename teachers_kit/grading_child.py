@@ -9,7 +9,7 @@ test (both null), less the test functions of "leave_out". The folder holds the t
 original module and test file ("test_file"), nothing of a student's.
 
 To grade an exercise ("graded"), the run first puts a proxy in place of the exercise's function
-in the original module (lesson/sandbox.py), talking to a worker in the submission's sandbox over
+in the original module (sandbox.py), talking to a worker in the submission's sandbox over
 the socket it was handed: it sends the worker its module ("source", the original with the
 student's function put in), the student's function runs there, and only its values come back.
 So this process, which decides pass and fail, never imports or runs a line of a submission, and

@@ -1,10 +1,10 @@
 """Running the tests, the one way the kit does it, and grading a submission with them.
 
-Every run is a test process of its own (lesson/grading_child.py, forked by a zygote), in a
+Every run is a test process of its own (grading_child.py, forked by a zygote), in a
 fresh folder holding the teacher's original module and test file, nothing else; its outcomes
 come back as one record. A run that computes an exercise's check runs the teacher's code alone.
 A run that grades an exercise runs the same tests on the same original, with the exercise's
-function replaced by a proxy to a worker in the submission's sandbox (lesson/sandbox.py, started
+function replaced by a proxy to a worker in the submission's sandbox (sandbox.py, started
 here: StudentSandbox), which holds the original with only the student's function put in
 (exercises.splice) and returns what that function computes. The grader and the test process
 never import a submission, and the verdict is the tests' own assertions on the values returned,
@@ -15,7 +15,7 @@ no other.
 An exercise's check is the tests that fail when its function alone is blanked, found by blanking
 it for real (compute_checks), less those that do not pass when the original's own function runs
 in the sandbox (sandbox_checks, when the assignment is made). A submission is graded one exercise
-after another, each after the static audit (lesson/audit.py) has accepted the file and that
+after another, each after the static audit (audit.py) has accepted the file and that
 exercise: an exercise it refuses scores 0 alone, with the reason. A class is graded the same
 way, students side by side, one per core (grade_class).
 """
@@ -44,8 +44,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from lesson import audit
-from lesson.exercises import (
+from teachers_kit import audit
+from teachers_kit.exercises import (
     KitError,
     blank,
     compile_tests,
@@ -872,7 +872,7 @@ def make_assignment(
         (folder / path).write_text(text, encoding="utf-8")
     record = {
         "format": FORMAT,
-        "what": "the teachers' kit's assignment: python -m lesson.handout --grade FILE "
+        "what": "the teachers' kit's assignment: python -m teachers_kit.handout --grade FILE "
         "--assignment FOLDER",
         "exercises": [c._asdict() for c in exercises],
         "partial": partial,
@@ -898,7 +898,7 @@ def load_assignment(folder: Path) -> Assignment:
     if not path.is_file():
         raise KitError(
             f"{folder} holds no assignment.json: name the folder the handout command wrote "
-            f"(python -m lesson.handout EXERCISES --out FOLDER)"
+            f"(python -m teachers_kit.handout EXERCISES --out FOLDER)"
         )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
