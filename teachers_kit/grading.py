@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import queue
+import select
 import selectors
 import shutil
 import signal
@@ -37,6 +38,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -94,6 +96,8 @@ class Run(NamedTuple):
     problem: str  # "" when the run ended and its report is whole; else why it is worth nothing
     versions: Dict[str, str]  # torch and pytest in the run
     seconds: float
+    printed: str = ""  # what the student's code printed (capped: Printed)
+    regrade: bool = False  # the problem is the machine's, not the submission's code
 
 
 def workers() -> int:
@@ -297,6 +301,38 @@ class SandboxFailed(Exception):
     """The machine's failure, not the submission's: the sandbox did not start."""
 
 
+class Worker(NamedTuple):
+    """An exercise's worker, as the grader holds it: the socket its test process talks to it on,
+    the pipe its output comes on (what the student's code prints), and the pipe its sandbox
+    says how it ended on ("ended STATUS", its wait status)."""
+
+    socket_fd: int
+    output_fd: int
+    status_fd: int
+
+
+PRINTED_BYTES = 4000  # of a submission's output, kept for each exercise: the rest is counted
+
+
+class Printed:
+    """What an exercise's code printed: its first PRINTED_BYTES kept, the rest counted, never
+    refused (the pipe is read to its end, so a print never waits for long and never fails)."""
+
+    def __init__(self):
+        self.kept, self.dropped = b"", 0
+
+    def add(self, data: bytes) -> None:
+        room = PRINTED_BYTES - len(self.kept)
+        self.kept += data[:room]
+        self.dropped += max(0, len(data) - room)
+
+    def text(self) -> str:
+        text = self.kept.decode("utf-8", "replace")
+        if self.dropped:
+            text += f"\n[... {self.dropped} more bytes of output not shown]"
+        return text
+
+
 def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
     """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
     sandbox.py and the project files the module imports, nothing of the teacher's tests; uid: the
@@ -427,9 +463,9 @@ class StudentSandbox:
         uid = self.uid if root else None
         self.process, self.control, self.log, self.folder = launch(self.layout, tmp_folder, uid)
 
-    def open(self) -> int:
-        """A socket to a new worker, for an exercise's test process, which sends it its module;
-        SandboxFailed when the sandbox did not start."""
+    def open(self) -> "Worker":
+        """A new worker, for an exercise's test process, which sends it its module on the
+        worker's socket; SandboxFailed when the sandbox did not start."""
         if not self.started:
             self.start()
         why = self.failure()
@@ -440,14 +476,18 @@ class StudentSandbox:
             for end in (ours, theirs):  # a step's parameters in one write, not many
                 end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
                 end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            output_r, output_w = os.pipe()
+            status_r, status_w = os.pipe()
             try:
                 job = json.dumps({"seconds": max(1, int(self.timeout_s))}).encode()
-                socket.send_fds(self.control, [job], [theirs.fileno()])
+                socket.send_fds(self.control, [job], [theirs.fileno(), output_w, status_w])
             except OSError:
                 pass  # it has ended: failure() says why
             finally:
                 theirs.close()
-            return ours.detach()
+                os.close(output_w)
+                os.close(status_w)
+            return Worker(ours.detach(), output_r, status_r)
 
     def failure(self) -> str:
         """Why the sandbox did not start ("" when it did): the machine's failure, which makes
@@ -576,16 +616,17 @@ def run_tests(
     """Run tests (the text of a test file) on compressive (the text of the module they test,
     compressive.py unless layout says another) in a fresh process and folder; selected: the node
     ids to run, names: the test functions to run (None and None: every test), leave_out: test
-    functions not to run; graded: the function whose calls go to a worker of the sandbox."""
+    functions not to run; graded: the function whose calls go to a worker of the sandbox, which
+    may use timeout_s of processor time, and waits wall_limit(timeout_s) at most."""
     began = time.monotonic()
     control = {
         "tests": selected,
         "names": names,
         "leave_out": leave_out or [],
         "test_file": layout.tests,
-        "timeout_s": timeout_s,
+        "timeout_s": wall_limit(timeout_s),
     }
-    sandbox_fd = None
+    worker = None
     if graded:
         control["graded"] = {
             "function": graded.function,
@@ -593,9 +634,10 @@ def run_tests(
             "source": graded.sandbox.spliced[graded.function],
         }
         try:
-            sandbox_fd = graded.sandbox.open()
+            worker = graded.sandbox.open()
         except SandboxFailed as e:
-            return Run([], {}, {}, str(e), {}, time.monotonic() - began)
+            return Run([], {}, {}, str(e), {}, time.monotonic() - began, regrade=True)
+    printed = Printed()
     try:
         with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
             folder = Path(folder)
@@ -605,20 +647,72 @@ def run_tests(
                 (folder / path).write_text(text, encoding="utf-8")
             # this folder is pytest's rootdir, and the top the tests import the modules from
             (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
-            limit_s = timeout_s + 60  # the run stops its sandbox's worker at timeout_s itself
-            record, output, code, timed_out = start_and_read(folder, control, sandbox_fd, limit_s)
+            (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
+            limit_s = wall_limit(timeout_s) + 60  # the run stops its worker before, itself
+            sandbox_fd = worker.socket_fd if worker else None
+            record, output, code, timed_out = start_and_read(
+                folder, control, sandbox_fd, limit_s, worker and (worker.output_fd, printed)
+            )
+        ended = ended_how(worker, record) if worker else None
     finally:
-        if sandbox_fd is not None:
-            os.close(sandbox_fd)
+        if worker is not None:
+            for fd in worker:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
     run = read_record(record, selected, code, output, timeout_s)
     if timed_out:
-        run = run._replace(problem=f"the test process did not end within {limit_s:g} s")
-    return run._replace(seconds=time.monotonic() - began)
+        problem = f"the test process did not end within {limit_s:g} s"
+        run = run._replace(problem=problem, regrade=True)
+    elif ended:
+        run = judged_end(run, ended, timeout_s)
+    return run._replace(seconds=time.monotonic() - began, printed=printed.text())
 
 
-def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit_s: float):
+WALL_FACTOR = 3  # a worker's wall-clock limit, in its limits of processor time (plus a minute)
+
+
+def wall_limit(timeout_s: float) -> float:
+    """How long a graded run may wait for its worker: its processor time is its own limit (the
+    kernel stops it there), and a worker that has not used it by then was kept from it."""
+    return WALL_FACTOR * timeout_s + 60
+
+
+def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, float]]:
+    """How the worker ended, where it ended before its test process did (the test process says
+    so, or never reported): its wait status and the processor time it used; None when it served
+    to the end (or its sandbox never said)."""
+    if record is not None and not record.get("worker_ended") and not record.get("problem"):
+        return None
+    ready = select.select([worker.status_fd], [], [], 5)[0]
+    words = os.read(worker.status_fd, 100).decode("ascii", "replace").split() if ready else []
+    if len(words) != 3 or words[0] != "ended":
+        return None
+    try:
+        return int(words[1]), float(words[2])
+    except ValueError:
+        return None
+
+
+def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float) -> Run:
+    """A worker that ended early: at its own limit of processor time, a 0 (its code ran that
+    long); killed by anything else (the kernel's out-of-memory killer, another process), not
+    graded: regrade; ended by its own code (an exit, a crash), its tests' failures stand."""
+    status, cpu_s = ended
+    signalled = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    # the kernel's SIGXCPU at the limit, or its SIGKILL a second later where that was caught
+    if signalled == signal.SIGXCPU or (signalled == signal.SIGKILL and cpu_s >= timeout_s - 1):
+        problem = f"it used up its {timeout_s:g} s of processor time (an endless loop?)"
+        return run._replace(problem=problem, regrade=False)
+    if signalled == signal.SIGKILL:
+        problem = "its process was killed by something other than its own limits"
+        return run._replace(problem=problem, regrade=True)
+    return run
+
+
+def start_and_read(folder: Path, control: dict, sandbox_fd, limit_s: float, printed=None):
     """The test process on folder, forked by the zygote or started fresh: its record, the tail of
-    its output, its exit status (None when forked), and whether it was killed at limit_s."""
+    its output, its exit status (None when forked), and whether it was killed at limit_s.
+    printed: (the worker's output pipe, the Printed it goes to)."""
     (report_r, report_w), (output_r, output_w) = os.pipe(), os.pipe()
     extra = [] if sandbox_fd is None else [sandbox_fd]
     proc = None
@@ -628,7 +722,7 @@ def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit
             proc = subprocess.Popen(
                 [sys.executable, str(CHILD), str(report_w), str(sandbox_fd or "-")],
                 cwd=folder,
-                env=child_environment(),
+                env={**child_environment(), "TMPDIR": str(folder / "tmp")},
                 stdin=subprocess.PIPE,
                 stdout=output_w,
                 stderr=output_w,
@@ -644,7 +738,8 @@ def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it died at once: its record is missing, and says so
-    report, output, timed_out = read_until_closed(report_r, output_r, time.monotonic() + limit_s)
+    deadline = time.monotonic() + limit_s
+    report, output, timed_out = read_until_closed(report_r, output_r, deadline, printed)
     pid, _, record = report.partition(b"\n")
     if timed_out and pid.strip().isdigit():
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -657,26 +752,45 @@ def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit
     return record, output, code, timed_out
 
 
-def read_until_closed(report_fd: int, output_fd: int, deadline: float):
-    """The report and the last 16 KB of output, read until both close or the deadline passes."""
+def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=None):
+    """The report and the last 16 KB of output, read until both close or the deadline passes;
+    and all along, what the worker prints (printed: its pipe and the Printed it goes to), read
+    as it comes and after, as long as there is more, but not waited for (a process the student's
+    code left behind may hold it open)."""
     selector = selectors.DefaultSelector()
     for fd in (report_fd, output_fd):
         selector.register(fd, selectors.EVENT_READ)
+    if printed:
+        os.set_blocking(printed[0], False)
+        selector.register(printed[0], selectors.EVENT_READ)
     report, output, timed_out = b"", b"", False
     try:
-        while selector.get_map():
+        while {report_fd, output_fd} & set(selector.get_map()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
             for key, _ in selector.select(remaining):
-                data = os.read(key.fd, 1 << 16)
+                try:
+                    data = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
                 if not data:
                     selector.unregister(key.fd)
                 elif key.fd == report_fd:
                     report += data
-                else:
+                elif key.fd == output_fd:
                     output = (output + data)[-(1 << 14) :]
+                else:
+                    printed[1].add(data)
+        for _ in range(64) if printed and printed[0] in selector.get_map() else ():
+            try:
+                data = os.read(printed[0], 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            printed[1].add(data)
     finally:
         selector.close()
         os.close(report_fd)
@@ -693,11 +807,14 @@ def read_record(
         tail = output.decode("utf-8", "replace").strip().splitlines()
         last = f"; its last output: {tail[-1][:200]}" if tail else ""
         problem = f"the test process ended without its report (exit status {code}{last})"
-        return Run([], {}, {}, problem, {}, 0.0)
+        return Run([], {}, {}, problem, {}, 0.0, regrade=True)
     versions = record.get("versions", {})
-    if record["problem"]:  # the sandbox's worker was stopped at the timeout
-        problem = f"it did not finish within {timeout_s:g} s (an endless loop?)"
-        return Run(record["collected"] or [], {}, {}, problem, versions, 0.0)
+    if record["problem"]:  # the worker neither answered nor used its time: it was kept from it
+        problem = (
+            f"it neither finished nor used its {timeout_s:g} s of processor time within "
+            f"{wall_limit(timeout_s):g} s (the machine was busy, or its code waited)"
+        )
+        return Run(record["collected"] or [], {}, {}, problem, versions, 0.0, regrade=True)
     tests, outcomes, messages = record["collected"] or [], record["outcomes"], record["messages"]
     collect_error = record["collect_error"]
     if selected is not None:
@@ -979,6 +1096,8 @@ class Grade(NamedTuple):
     failures: List[Tuple[str, str]]  # (node id, the first line of why), in file order
     problem: str  # why the whole run is worth nothing ("" if it is not)
     refused: str = ""  # the audit's one line on this exercise alone ("" if it ran)
+    regrade: bool = False  # not graded for the machine's fault: grade it again, it is no 0
+    printed: str = ""  # what its code printed, capped (never graded)
 
 
 class Grading(NamedTuple):
@@ -1155,7 +1274,15 @@ def score(check: Check, run: Run, partial: bool) -> Grade:
     else:
         points = 0.0 if failures else check.points
     return Grade(
-        check.name, check.points, round(points, 4), check.tests, check.hidden, failures, run.problem
+        check.name,
+        check.points,
+        round(points, 4),
+        check.tests,
+        check.hidden,
+        failures,
+        run.problem,
+        regrade=run.regrade,
+        printed=run.printed,
     )
 
 
@@ -1166,10 +1293,16 @@ def short(node_id: str) -> str:
     return node_id.split("::", 1)[-1]
 
 
+def not_graded(grade: Grade) -> str:
+    """Why an exercise was not graded: its own code's doing (it scores 0), or the machine's (to
+    grade again: it is no 0)."""
+    return f"not graded: {'regrade: ' if grade.regrade else ''}{grade.problem}"
+
+
 def summary(grade: Grade) -> str:
     hidden = f", {len(grade.hidden)} of them hidden" if grade.hidden else ""
     if grade.problem:
-        return f"not graded: {grade.problem}"
+        return not_graded(grade)
     if not grade.failures:
         return f"passed its {len(grade.tests)} tests{hidden}"
     unwritten = all(m.startswith("NotImplementedError") for _, m in grade.failures)
@@ -1209,12 +1342,15 @@ def print_grading(grading: Grading) -> None:
             verdict = "refused"
         else:
             verdict = audit_line(g.refused) if g.refused else summary(g)
-        print(f"{g.name:<{width}}  {g.score:g}/{g.points:g}  {verdict}")
+        score = "regrade" if g.regrade else f"{g.score:g}"
+        print(f"{g.name:<{width}}  {score}/{g.points:g}  {verdict}")
         if g.failures and not g.problem and not verdict.startswith("not written"):
             for line in failure_lines(g, hidden=False):
                 print(f"    {line}")
             for line in failure_lines(g, hidden=True):
                 print(f"    (hidden) {line}")
+        if g.printed:
+            print(f"    what it printed (not graded):\n{textwrap.indent(g.printed, '      ')}")
     print(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
 
 
@@ -1231,13 +1367,15 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
         if grading.refused or g.refused:
             output = audit_line(grading.refused or g.refused)
         elif g.problem:
-            output = f"Not graded: {g.problem}."
+            output = f"{not_graded(g).capitalize()}."
         else:
             lines = [f"{summary(g)}."] + failure_lines(g, hidden=False)
             failed_hidden = sum(t in g.hidden for t, _ in g.failures)
             if failed_hidden:
                 lines.append(f"and {failed_hidden} hidden tests failed")
             output = "\n".join(lines)
+        if g.printed:
+            output += f"\n\nWhat your function printed (it counts for nothing):\n{g.printed}"
         tests.append(
             {
                 "name": g.name,

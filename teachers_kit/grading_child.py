@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
@@ -111,6 +112,7 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
     finally:
         if box is not None:
             record["problem"] = box.problem
+            record["worker_ended"] = box.gone == sandbox.WORKER_ENDED
             box.close()
     return record
 
@@ -172,6 +174,8 @@ def serve(socket_fd: int) -> int:
                 os.dup2(fds[1], 2)
                 os.chdir(job["folder"])
                 sys.path[0] = job["folder"]
+                os.environ["TMPDIR"] = os.path.join(job["folder"], "tmp")  # the run's own
+                tempfile.tempdir = None
                 report(fds[0], job["control"], fds[2] if len(fds) > 2 else None)
             finally:
                 sys.stdout.flush()

@@ -370,7 +370,7 @@ def class_note(result: grading.Grading) -> str:
         return f", {grading.audit_line(result.refused)}"
     refused = sum(bool(g.refused) for g in result.grades)
     notes = [f"{refused} exercise{'' if refused == 1 else 's'} refused"] if refused else []
-    notes += [f"{g.name} not graded: {g.problem}" for g in result.grades if g.problem]
+    notes += [f"{g.name} {grading.not_graded(g)}" for g in result.grades if g.problem]
     return "".join(f", {note}" for note in notes)
 
 
@@ -403,13 +403,17 @@ def grade_class(
     results = grading.grade_class(submissions, assignment, partial, timeout_s, graded, audited)
     rows = [["student", *names, "total", "refusals", "not graded"]]
     for student, result in results.items():
-        scores = {g.name: f"{g.score:g}" for g in result.grades}
+        scores = {g.name: "regrade" if g.regrade else f"{g.score:g}" for g in result.grades}
         why = (
             [result.refused]
             if result.refused
             else [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
         )
-        ungraded = [f"{g.name}: {g.problem}" for g in result.grades if g.problem]
+        ungraded = [
+            f"{g.name}: {'regrade: ' if g.regrade else ''}{g.problem}"
+            for g in result.grades
+            if g.problem
+        ]
         row = [student, *(scores[n] for n in names), f"{result.score:g}"]
         row += ["; ".join(why), "; ".join(ungraded)]
         rows.append([spreadsheet_cell(cell) for cell in row])

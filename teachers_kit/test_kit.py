@@ -1030,7 +1030,8 @@ def scores_of(assignment):
 @pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
 def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     (g,) = graded["an endless loop"].grades
-    assert g.score == 0 and f"did not finish within {LOOP_TIMEOUT_S} s" in g.problem
+    assert g.score == 0 and not g.regrade, g
+    assert f"used up its {LOOP_TIMEOUT_S} s of processor time" in g.problem, g
     assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 60
 
 
@@ -1209,10 +1210,10 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
     assert by_student["bob"] == ["0", "0", "0", "0", "", ""]
     assert by_student["mallory"][:5] == ["0", "2", "3", "5", ""]
     assert by_student["mallory"][5].startswith(
-        f"relative_shift: it did not finish within {CLASS_TIMEOUT_S} s"
+        f"relative_shift: it used up its {CLASS_TIMEOUT_S} s of processor time"
     )
     assert by_student["eve"][:4] == ["0", "0", "0", "0"] and "symbolic link" in by_student["eve"][4]
-    assert "mallory: 5/6, relative_shift not graded: it did not finish" in result.stdout
+    assert "mallory: 5/6, relative_shift not graded: it used up its" in result.stdout
     assert "4 students, 1 with full marks, 1 refused whole" in result.stdout
     most = result.stdout.split("the tests that failed most (students):")[1].split()
     assert most[0] == "1" and most[1].startswith("test_"), result.stdout
@@ -1222,24 +1223,28 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
 def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a_formula(
     tmp_path, hw, assignment, monkeypatch, capsys
 ):
-    """--grade-class with the runs stubbed: an exercise killed at the timeout scores 0 and says
-    so, on the console and in the CSV; one exercise refused is one; a cell a spreadsheet would
-    read as a formula (a student named =HYPERLINK(...)) is text."""
-    timed_out = "it did not finish within 20 s (an endless loop?)"
+    """--grade-class with the runs stubbed: an exercise killed at its limit of processor time
+    scores 0 and says so, on the console and in the CSV; one starved by the machine is to be
+    graded again, no 0; one exercise refused is one; a cell a spreadsheet would read as a
+    formula (a student named =HYPERLINK(...)) is text."""
+    timed_out = "it used up its 20 s of processor time (an endless loop?)"
+    starved = "it neither finished nor used its 20 s of processor time within 120 s"
 
-    def graded_as(refused_whole="", refused="", problem=""):
+    def graded_as(refused_whole="", refused="", problem="", regrade=False):
         """Full marks, but for the file refused whole, or relative_shift refused or not graded."""
         grades = []
         for c in assignment.exercises:
             shift = c.name == "relative_shift"
             lost = refused_whole or (shift and (refused or problem))
             grade = grading.Grade(c.name, c.points, 0.0 if lost else c.points, [], [], [], "")
-            grades.append(grade._replace(problem=problem, refused=refused) if shift else grade)
+            ungraded = grade._replace(problem=problem, refused=refused, regrade=regrade)
+            grades.append(ungraded if shift else grade)
         return grading.Grading("", grades, refused_whole, False, 0.0)
 
     gradings = {
         '=HYPERLINK("http:evil")': graded_as(),
         "gina": graded_as(problem=timed_out),
+        "hana": graded_as(problem=starved, regrade=True),
         "ivan": graded_as(refused="line 9: `os`"),
         "@sum": graded_as(refused_whole="-1 is not a file"),
     }
@@ -1259,6 +1264,8 @@ def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a
     assert "ivan: 5/6, 1 exercise refused\n" in printed
     rows = {row[0]: row[1:] for row in csv.reader((tmp_path / "grades.csv").open())}
     assert rows["gina"] == ["0", "2", "3", "5", "", f"relative_shift: {timed_out}"]
+    assert f"hana: 5/6, relative_shift not graded: regrade: {starved}\n" in printed
+    assert rows["hana"] == ["regrade", "2", "3", "5", "", f"relative_shift: regrade: {starved}"]
     assert rows["'@sum"] == ["0", "0", "0", "0", "'-1 is not a file", ""]
     assert rows["ivan"][4] == "relative_shift: line 9: `os`"
     assert rows['\'=HYPERLINK("http:evil")'] == ["1", "2", "3", "6", "", ""]
@@ -1320,7 +1327,7 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     box = grading.StudentSandbox({"observe": OBSERVE}, layout, 60)
     try:
         graded = {"module": "kit_probe", "function": "observe", "source": OBSERVE}
-        worker = sandbox.Sandbox(box.open(), graded, 60, {})
+        worker = sandbox.Sandbox(box.open().socket_fd, graded, 60, {})
         seen = worker.call((str(hw / "teacher" / "compressive.py"), str(ROOT)), {})
         worker.close()
     finally:
@@ -1476,7 +1483,7 @@ def test_with_the_audit_off_no_submission_raises_its_grade_or_lowers_a_classmate
     # later exercise runs the attack again, and fails
     assert first.failures and not first.problem, first
     for g in later:
-        assert g.failures or f"did not finish within {CLASS_TIMEOUT_S} s" in g.problem, g
+        assert g.failures or f"used up its {CLASS_TIMEOUT_S} s" in g.problem, g
     assert all(path.read_bytes() == data for path, data in before.items())
 
 
