@@ -118,6 +118,8 @@ def graded(hw, assignment, tmp_path_factory):
     jobs["honest answers, one refused"] = (honest, assignment)
     loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
     jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
+    for student in ("debug prints", "the same debug prints"):  # more than a 16 MB log held
+        jobs[student] = (submit(folder / student, DEBUG_PRINTS), shift if not FULL else assignment)
     # in KIT_FULL each grade runs its three exercises side by side already
     with ThreadPoolExecutor(max_workers=1 if FULL else grading.workers()) as pool:
         return dict(zip(jobs, pool.map(lambda job: grading.grade(*job), jobs.values())))
@@ -853,6 +855,31 @@ HONEST_AND_ONE_REFUSED = changed(
 )
 
 
+DEBUG_PRINTS = cheat_in_shift('print("debug", tuple(position_scores.shape), "x" * 250_000)')
+
+
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
+def test_a_print_never_costs_a_point_and_each_students_output_is_their_own_and_capped(
+    graded, assignment
+):
+    """Two correct answers that print 250 KB a call (megabytes in all, side by side in one
+    grading) score full marks; each exercise's output is kept apart, its first PRINTED_BYTES
+    shown with a note of what was cut, beside the grade and in results.json, never graded."""
+    for student in ("debug prints", "the same debug prints"):
+        result = graded[student]
+        assert result.score == result.max_score, result
+        shift = next(g for g in result.grades if g.name == "relative_shift")
+        kept, note = shift.printed.rsplit("\n[... ", 1)
+        assert kept.startswith("debug (") and len(kept.encode()) == grading.PRINTED_BYTES
+        dropped = int(note.split()[0])
+        assert dropped > 16 << 20 and note.endswith("more bytes of output not shown]")
+        others = [g.printed for g in result.grades if g.name != "relative_shift"]
+        assert others == [""] * len(others)  # the others print nothing: nothing of this one
+    entries = grading.results_json(graded["debug prints"], assignment)["tests"]
+    (entry,) = [e for e in entries if e["name"] == "relative_shift"]
+    assert "What your function printed (it counts for nothing):\ndebug (" in entry["output"]
+
+
 @pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
 def test_a_refused_exercise_costs_itself_alone_and_honest_answers_score(graded):
     """as_strided in relative_shift and torch.hstack in update_memory score their points;
@@ -1353,6 +1380,122 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     own = {"LC_CTYPE", "PWD", "TORCHINDUCTOR_CACHE_DIR"}
     kit = grading.sandbox_environment(True)
     assert set(seen["environment"]) <= set(kit) | own, seen
+
+
+CHANNELS = """
+import ctypes
+import os
+import time
+
+libc = ctypes.CDLL(None, use_errno=True)
+KEY_SPEC_USER_KEYRING = -4
+
+
+def call(*args):
+    value = libc.syscall(*args)
+    return value if value != -1 else f"refused ({os.strerror(ctypes.get_errno())})"
+
+
+def store():
+    kept = {}
+    # a key in the uid's own keyring (add_key), which outlives every process of the uid
+    kept["keyring"] = call(248, b"user", b"kit-answer", b"6/6", 3, KEY_SPEC_USER_KEYRING)
+    kept["System V"] = call(29, 0x6B6974, 1 << 20, 0o1666)  # shmget(key, 1 MB, IPC_CREAT|0666)
+    kept["POSIX IPC"] = call(240, b"kit-answer", 0o100 | 0o2, 0o666, None)  # mq_open O_CREAT
+    kept["memfd"] = call(319, b"kit-answer", 0)
+    for name, folder in (("files", os.environ["TMPDIR"]), ("/dev/shm", "/dev/shm")):
+        try:
+            with open(os.path.join(folder, "kit-answer"), "w") as f:
+                f.write("6/6")
+            kept[name] = "written"
+        except OSError as e:
+            kept[name] = f"refused ({e.strerror})"
+    if os.fork() == 0:  # a daemon that would serve the answer to whoever comes next
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    kept["processes"] = "started"
+    return kept
+
+
+def read():
+    found = {}
+    found["keyring"] = call(249, b"user", b"kit-answer", None, 0)  # request_key
+    found["System V"] = call(29, 0x6B6974, 0, 0)  # shmget without IPC_CREAT
+    found["POSIX IPC"] = call(240, b"kit-answer", 0o2, 0, None)
+    try:
+        found["files"] = open(os.path.join(os.environ["TMPDIR"], "kit-answer")).read()
+    except OSError as e:
+        found["files"] = f"refused ({e.strerror})"
+    found["processes"] = []  # of its uid, itself aside: what an earlier exercise left running
+    for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+        if os.stat(f"/proc/{pid}").st_uid == os.getuid():
+            found["processes"].append(open(f"/proc/{pid}/cmdline").read()[:40])
+    found["uid"] = os.getuid()
+    return found
+"""
+
+
+def worker_call(box, function):
+    graded = {"module": "kit_channels", "function": function, "source": CHANNELS}
+    worker = sandbox.Sandbox(box.open().socket_fd, graded, 60, {})
+    try:
+        return worker.call((), {})
+    finally:
+        worker.close()
+
+
+@pytest.mark.slow  # sandboxes started: torch imported in them
+def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypatch):
+    """Student code (no audit) stores the answer on every channel it can: a key in its uid's
+    keyring, a System V segment, a POSIX message queue, a memfd, a file in its temporary folder
+    and in /dev/shm, a daemon. The next exercise of the same submission, and the next
+    submission given the very same uid, find none of it; the kernel holds no key of that uid."""
+    ways = grading.confinement()
+    if not ways.bwrap:
+        pytest.skip(ways.note)
+    layout = grading.Layout("kit_channels.py", "test_kit_channels.py", {})
+    one_uid = grading.queue.Queue()
+    one_uid.put(grading.SANDBOX_UIDS[-1])
+    monkeypatch.setattr(grading, "SLOTS", one_uid)  # every submission the same uid, in turn
+    box = grading.StudentSandbox({}, layout, 60)
+    try:
+        kept = worker_call(box, "store")
+        next_exercise = worker_call(box, "read")
+    finally:
+        box.close()
+    uid = next_exercise["uid"]
+    box = grading.StudentSandbox({}, layout, 60)
+    try:
+        next_submission = worker_call(box, "read")
+    finally:
+        box.close()
+    assert next_submission["uid"] == uid
+    for channel in ("keyring", "System V", "POSIX IPC", "memfd", "/dev/shm"):
+        assert str(kept[channel]).startswith("refused"), kept
+    assert kept["files"] == "written" and kept["processes"] == "started", kept
+    for found in (next_exercise, next_submission):
+        for channel in ("keyring", "System V", "POSIX IPC", "files"):
+            assert str(found[channel]).startswith("refused"), (channel, found)
+        assert found["processes"] == [], found
+    if os.geteuid() == 0:  # the machine's view: no key and no process of that uid
+        key_users = Path("/proc/key-users").read_text().split("\n")
+        assert not [line for line in key_users if line.strip().startswith(f"{uid}:")]
+        assert not uid_processes(uid)
+
+
+def uid_processes(uid: int) -> list:
+    running = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        uids = next(line for line in status.split("\n") if line.startswith("Uid:")).split()
+        if int(uids[1]) == uid:
+            running.append(pid)
+    return running
 
 
 def test_without_bubblewrap_the_kit_says_so_in_one_line_or_refuses_to_grade(monkeypatch):
