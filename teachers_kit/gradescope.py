@@ -79,7 +79,7 @@ rm -f "$results"
 chmod go-rwx "$root/source"
 cd "$root/source" || exit 1
 "$python" -m teachers_kit.handout --grade "$root/submission" --assignment assignment \\
-  --results "$results"
+  --results "$results" --in-gradescope-container
 status=$?
 if [ ! -s "$results" ]; then  # the grader itself failed: a zero that says so, not a silent one
   why="The autograder failed (exit status $status): your teacher can see why in its output."
@@ -114,4 +114,5 @@ def write_bundle(assignment, zip_path: Path) -> None:
             add(archive, f"teachers_kit/{name}", (KIT / name).read_bytes())
         for name in assignment_files(assignment):
             add(archive, f"assignment/{name}", (assignment.folder / name).read_bytes())
+    staging.chmod(0o600)  # the solution and the hidden tests: the teacher's alone
     staging.replace(zip_path)

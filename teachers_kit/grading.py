@@ -353,10 +353,13 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
     argv.append(str(torch_folder()))
     log = tempfile.TemporaryFile()
     user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
+    env = sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None)
+    if not ways.bwrap:  # a private folder of its own (tmp_folder), not the machine's /tmp
+        env["TMPDIR"] = env["HOME"] = tmp_folder
     process = subprocess.Popen(
         sandbox_command(ways.bwrap, str(folder), argv, uid is not None),
         cwd=folder,
-        env=sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -448,19 +451,25 @@ class StudentSandbox:
         self.control: Optional[socket.socket] = None
         self.word: Optional[bytes] = None  # what its first process said once it could serve
         self.uid: Optional[int] = None
+        self.private_tmp = ""  # without bubblewrap: its temporary folder
 
     def start(self) -> None:
         ways = confinement()
         root = os.geteuid() == 0
-        self.uid = SLOTS.get()
+        self.uid = free_uid() if root else SLOTS.get()
         self.started = True
         if ways.bwrap and root:
             self.shared = SharedSandbox.of(self.layout)
             self.control, self.log = self.shared.request("start", self.uid), self.shared.log
             return
-        # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own
-        tmp_folder = "/tmp" if ways.bwrap else "-"
+        # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own; without
+        # bubblewrap, a private folder of the machine's /tmp, the uid's alone
         uid = self.uid if root else None
+        tmp_folder = "/tmp"
+        if not ways.bwrap:
+            tmp_folder = self.private_tmp = tempfile.mkdtemp(prefix="kit-student-tmp-")
+            if uid is not None:
+                os.chown(tmp_folder, uid, uid)
         self.process, self.control, self.log, self.folder = launch(self.layout, tmp_folder, uid)
 
     def open(self) -> "Worker":
@@ -521,8 +530,45 @@ class StudentSandbox:
                 if os.geteuid() == 0 and not confinement().bwrap:
                     end_every_process_of(self.uid)
                 shutil.rmtree(self.folder, ignore_errors=True)
+                if self.private_tmp:
+                    shutil.rmtree(self.private_tmp, ignore_errors=True)
+            gone_by = time.monotonic() + 30  # its processes killed, then reaped
+            while uid_in_use(self.uid) and time.monotonic() < gone_by:
+                time.sleep(0.05)
             SLOTS.put(self.uid)
             self.started = False
+
+
+FREE_UID_WAIT_S = 120
+
+
+def free_uid() -> int:
+    """A uid of SLOTS of which nothing lives: no process, no key in the kernel's keyrings (the
+    sandbox refuses keys; this is the second line). Waits for one, FREE_UID_WAIT_S at most
+    (SandboxFailed)."""
+    deadline = time.monotonic() + FREE_UID_WAIT_S
+    while True:
+        for _ in range(len(SANDBOX_UIDS)):
+            uid = SLOTS.get()
+            if not uid_in_use(uid):
+                return uid
+            SLOTS.put(uid)  # to the back, tried again later
+        if time.monotonic() > deadline:
+            raise SandboxFailed("no uid of the kit's own is free of an earlier submission")
+        time.sleep(0.5)
+
+
+def uid_in_use(uid: int) -> bool:
+    """Whether a process of uid lives, or the kernel holds a key of its (/proc/key-users)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/key-users") as keys:
+            if any(line.split(":")[0].strip() == str(uid) for line in keys):
+                return True
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                return True
+    return False
 
 
 def end_every_process_of(uid: int) -> None:
@@ -1232,7 +1278,11 @@ def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float)
     box = StudentSandbox(prepared.spliced, assignment.layout, timeout_s)
     try:
         if prepared.spliced:  # the sandbox imports torch while the test processes' zygote does
-            box.start()
+            try:
+                box.start()
+            except SandboxFailed as e:
+                run = Run([], {}, {}, str(e), {}, 0.0, regrade=True)
+                return {name: run for name in prepared.spliced}
             Zygote.ensure()
         return {
             c.name: run_tests(*job(assignment, c, box), timeout_s=timeout_s)

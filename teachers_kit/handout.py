@@ -313,10 +313,20 @@ def load_for_grading(
         raise
 
 
-def say_how_code_runs(audited: bool) -> None:
+UNSANDBOXED_FLAG = "--without-sandbox-student-code-reads-all-world-readable-files"
+IN_CONTAINER_FLAG = "--in-gradescope-container"
+
+
+def say_how_code_runs(audited: bool, without_sandbox: str = "") -> None:
     """One line on stderr where student code runs with less than the kit's sandbox gives, or
-    without the audit: grading goes on."""
+    without the audit: grading goes on. Without the sandbox, grading is refused (KitError)
+    unless the teacher asked for it by name (without_sandbox "asked"), or the grade runs in a
+    container of its own on Gradescope ("container")."""
     note = grading.confinement().note
+    if note and not without_sandbox:
+        raise KitError(
+            f"{note}; grading refused: install bubblewrap, or grade anyway with {UNSANDBOXED_FLAG}"
+        )
     if note:
         print(f"warning: {note}", file=sys.stderr)
     if not audited:
@@ -330,15 +340,25 @@ def grade(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
+    without_sandbox: str = "",
 ) -> int:
     assignment = load_for_grading(assignment_folder, results)
     if not os.path.lexists(path):
         raise KitError(f"the submission {path} does not exist")
-    say_how_code_runs(audited)
+    try:
+        say_how_code_runs(audited, without_sandbox)
+    except KitError as e:
+        if results is not None:
+            write_results(results, {"score": 0.0, "output": f"Not graded: {e}", "tests": []})
+        raise
     graded = grading.grade(path, assignment, partial, timeout_s, audited)
     grading.print_grading(graded)
     if results is not None:
-        write_results(results, grading.results_json(graded, assignment))
+        record = grading.results_json(graded, assignment)
+        note = grading.confinement().note
+        if note:  # on Gradescope: the container holds this submission alone, and says so
+            record["output"] = f"Graded without bubblewrap's sandbox ({note}). {record['output']}"
+        write_results(results, record)
     return 0 if graded.score == graded.max_score else 1
 
 
@@ -388,11 +408,12 @@ def grade_class(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
+    without_sandbox: str = "",
 ) -> int:
     """Every submission of folder graded; one CSV row each, and the tests that failed most."""
     assignment = load_for_grading(assignment_folder)
     submissions = class_submissions(folder)
-    say_how_code_runs(audited)
+    say_how_code_runs(audited, without_sandbox)
     names = [c.name for c in assignment.exercises]
     began = time.monotonic()
     print(f"grading {len(submissions)} submissions, {grading.workers()} runs at a time")
@@ -602,6 +623,19 @@ def parse_arguments(argv):
         "runs as written",
     )
     parser.add_argument(
+        UNSANDBOXED_FLAG,
+        action="store_true",
+        help="grade where bubblewrap does not run: student code then reads every file that "
+        "other users can read (a Python there, the assignment if you leave it readable), sees "
+        "every process's command line, and reaches the network",
+    )
+    parser.add_argument(
+        IN_CONTAINER_FLAG,
+        action="store_true",
+        help="run_autograder's: the grade runs in a container of its own (Gradescope's), and "
+        "goes on without bubblewrap where it does not run there, saying so in results.json",
+    )
+    parser.add_argument(
         "--gradescope", type=Path, metavar="FOLDER", help="write FOLDER/gradescope.zip again"
     )
     parser.add_argument(
@@ -636,9 +670,22 @@ def parse_arguments(argv):
         parser.error("--csv goes with --grade-class FOLDER")
     if args.no_audit and args.grade is None and args.grade_class is None:
         parser.error("--no-audit goes with --grade or --grade-class")
+    if (
+        args.without_sandbox_student_code_reads_all_world_readable_files
+        or args.in_gradescope_container
+    ) and (args.grade is None and args.grade_class is None):
+        parser.error(f"{UNSANDBOXED_FLAG} goes with --grade or --grade-class")
     if args.leave_out and not args.functions:
         parser.error("--leave-out goes with the functions to blank and --out, when making")
     return args
+
+
+def without_sandbox(args) -> str:
+    """Whether grading may go on without bubblewrap: "asked" by the teacher, by name; in a
+    "container" of its own (Gradescope's); "" (refused)."""
+    if args.in_gradescope_container:
+        return "container"
+    return "asked" if args.without_sandbox_student_code_reads_all_world_readable_files else ""
 
 
 def main(argv=None) -> int:
@@ -652,6 +699,7 @@ def main(argv=None) -> int:
                 args.partial or None,
                 args.timeout,
                 not args.no_audit,
+                without_sandbox(args),
             )
         if args.grade_class is not None:
             csv_path = args.csv or Path("grades.csv")
@@ -662,6 +710,7 @@ def main(argv=None) -> int:
                 args.partial or None,
                 args.timeout,
                 not args.no_audit,
+                without_sandbox(args),
             )
         if args.gradescope is not None:
             assignment = grading.load_assignment(args.gradescope)

@@ -225,6 +225,9 @@ def test_the_student_folder_holds_no_answer_and_no_hidden_test(hw, assignment):
         "compressive.py",
         "test_compressive.py",
     ]
+    # what holds the solution and the hidden tests is readable by the teacher alone
+    assert stat.S_IMODE((hw / "teacher").stat().st_mode) == 0o700
+    assert stat.S_IMODE((hw / "gradescope.zip").stat().st_mode) == 0o600
     tests = (student / "test_compressive.py").read_text()
     assert (
         "def reference_fifo" not in tests and "kept_from_students" not in tests.split('"""', 2)[2]
@@ -1403,6 +1406,7 @@ def store():
     kept["System V"] = call(29, 0x6B6974, 1 << 20, 0o1666)  # shmget(key, 1 MB, IPC_CREAT|0666)
     kept["POSIX IPC"] = call(240, b"kit-answer", 0o100 | 0o2, 0o666, None)  # mq_open O_CREAT
     kept["memfd"] = call(319, b"kit-answer", 0)
+    kept["user namespace"] = call(272, 0x10000000)  # unshare(CLONE_NEWUSER)
     for name, folder in (("files", os.environ["TMPDIR"]), ("/dev/shm", "/dev/shm")):
         try:
             with open(os.path.join(folder, "kit-answer"), "w") as f:
@@ -1450,8 +1454,9 @@ def worker_call(box, function):
 def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypatch):
     """Student code (no audit) stores the answer on every channel it can: a key in its uid's
     keyring, a System V segment, a POSIX message queue, a memfd, a file in its temporary folder
-    and in /dev/shm, a daemon. The next exercise of the same submission, and the next
-    submission given the very same uid, find none of it; the kernel holds no key of that uid."""
+    and in /dev/shm, a daemon (and a user namespace, to escape the filter). The next exercise
+    of the same submission, and the next submission given the very same uid, find none of it;
+    the kernel holds no key of that uid, and no process of it runs once the submission ends."""
     ways = grading.confinement()
     if not ways.bwrap:
         pytest.skip(ways.note)
@@ -1472,7 +1477,8 @@ def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypa
     finally:
         box.close()
     assert next_submission["uid"] == uid
-    for channel in ("keyring", "System V", "POSIX IPC", "memfd", "/dev/shm"):
+    refused = ("keyring", "System V", "POSIX IPC", "memfd", "/dev/shm", "user namespace")
+    for channel in refused:
         assert str(kept[channel]).startswith("refused"), kept
     assert kept["files"] == "written" and kept["processes"] == "started", kept
     for found in (next_exercise, next_submission):
@@ -1498,21 +1504,53 @@ def uid_processes(uid: int) -> list:
     return running
 
 
-def test_without_bubblewrap_the_kit_says_so_in_one_line_or_refuses_to_grade(monkeypatch):
-    """Without bubblewrap a grader that is root runs student code as a uid of the kit's own
-    (where that uid can run this Python) and says so in one line; where it cannot, it grades
-    nothing, in one line. A grader that is not root says that the code runs as its own user."""
+def test_without_bubblewrap_grading_is_refused_unless_the_teacher_names_what_is_exposed(
+    monkeypatch, capsys
+):
+    """Without bubblewrap the kit refuses to grade, in one line naming the flag that says what
+    student code would then see; with that flag (or in Gradescope's container of its own) it
+    grades and says so in one line: where the grader is root, as a uid of the kit's own (where
+    that uid can run this Python; where it cannot, it grades nothing, in one line); as another
+    user, as that user."""
     monkeypatch.setattr(grading.shutil, "which", lambda name: None)
     grading.confinement.cache_clear()
     try:
-        ways = grading.confinement()
-    except exercises.KitError as error:
-        assert os.geteuid() == 0 and "\n" not in str(error)
-        assert "bwrap is not installed" in str(error) and "install bubblewrap" in str(error)
-    else:
+        try:
+            ways = grading.confinement()
+        except exercises.KitError as error:
+            assert os.geteuid() == 0 and "\n" not in str(error)
+            assert "bwrap is not installed" in str(error) and "install bubblewrap" in str(error)
+            return
         assert not ways.bwrap and "\n" not in ways.note and "no sandbox" in ways.note
+        with pytest.raises(exercises.KitError, match=handout.UNSANDBOXED_FLAG) as refused:
+            handout.say_how_code_runs(audited=True)
+        assert "\n" not in str(refused.value) and "grading refused" in str(refused.value)
+        for asked in ("asked", "container"):
+            handout.say_how_code_runs(audited=True, without_sandbox=asked)
+            assert capsys.readouterr().err == f"warning: {ways.note}\n"
     finally:
         grading.confinement.cache_clear()
+
+
+def test_the_unsandboxed_flag_says_what_student_code_then_reads_and_goes_with_a_grade():
+    help_text = " ".join(cli("--help").stdout.split())
+    assert "student code then reads every file that other users can read" in help_text
+    result = cli(handout.UNSANDBOXED_FLAG, "--gradescope", "hw")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "goes with --grade or --grade-class" in result.stderr
+
+
+def test_each_test_process_has_a_temporary_folder_of_its_own(tmp_path):
+    """Nothing another run (or a student's code, where there is no sandbox) leaves in the
+    machine's /tmp, a planted pytest-of-USER say, reaches a run: its TMPDIR is its own."""
+    tests = (
+        "import os, tempfile\n\n\ndef test_own_tmp():\n"
+        "    assert tempfile.gettempdir() == os.path.join(os.getcwd(), 'tmp')\n"
+        "    assert os.stat(os.getcwd()).st_mode & 0o077 == 0\n"
+    )
+    layout = grading.Layout("kit_tmp.py", "test_kit_tmp.py", {})
+    run = grading.run_tests("", tests, layout=layout)
+    assert not run.problem and list(run.outcomes.values()) == ["passed"], run
 
 
 # ---------------------------------------------------------------- with the audit off ------------
