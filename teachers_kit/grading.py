@@ -403,14 +403,14 @@ class SharedSandbox:
         self.process, self.control, self.log, self.folder = launch(layout, "shared", 0)
         atexit.register(self.stop)
 
-    def request(self, op: str, uid: int) -> socket.socket:
+    def request(self, op: str, uid: int, cgroup_fds: List[int] = ()) -> socket.socket:
         """A socket to the process started for op ("start": a submission's first process;
         "end": the one that ends every process of uid and empties its temporary folder)."""
         ours, theirs = socket.socketpair()
         with self.lock:
             try:
                 message = json.dumps({"op": op, "uid": uid}).encode()
-                socket.send_fds(self.control, [message], [theirs.fileno()])
+                socket.send_fds(self.control, [message], [theirs.fileno(), *cgroup_fds])
             except OSError:
                 pass  # it has ended: the socket says so, closed
             finally:
@@ -452,15 +452,19 @@ class StudentSandbox:
         self.word: Optional[bytes] = None  # what its first process said once it could serve
         self.uid: Optional[int] = None
         self.private_tmp = ""  # without bubblewrap: its temporary folder
+        self.cgroup: Optional[SubmissionCgroup] = None  # where the machine offers one
 
     def start(self) -> None:
         ways = confinement()
         root = os.geteuid() == 0
         self.uid = free_uid() if root else SLOTS.get()
         self.started = True
+        self.cgroup = SubmissionCgroup.make(self.uid) if root else None
         if ways.bwrap and root:
             self.shared = SharedSandbox.of(self.layout)
-            self.control, self.log = self.shared.request("start", self.uid), self.shared.log
+            fds = self.cgroup.procs_fds if self.cgroup else []
+            self.control = self.shared.request("start", self.uid, fds)
+            self.log = self.shared.log
             return
         # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own; without
         # bubblewrap, a private folder of the machine's /tmp, the uid's alone
@@ -471,6 +475,12 @@ class StudentSandbox:
             if uid is not None:
                 os.chown(tmp_folder, uid, uid)
         self.process, self.control, self.log, self.folder = launch(self.layout, tmp_folder, uid)
+        if self.cgroup:  # before it has read a line of the submission: it waits for its word
+            self.cgroup.take(self.process.pid)
+
+    def out_of_memory(self) -> bool:
+        """Whether the kernel killed a process of the submission for its cgroup's memory."""
+        return bool(self.cgroup and self.cgroup.oom_kills())
 
     def open(self) -> "Worker":
         """A new worker, for an exercise's test process, which sends it its module on the
@@ -535,8 +545,114 @@ class StudentSandbox:
             gone_by = time.monotonic() + 30  # its processes killed, then reaped
             while uid_in_use(self.uid) and time.monotonic() < gone_by:
                 time.sleep(0.05)
+            if self.cgroup:
+                self.cgroup.remove()
             SLOTS.put(self.uid)
             self.started = False
+
+
+# ---------------------------------------------------------------- a submission's cgroup -----------
+# Where the grader is root and the machine lets it, each submission's processes share one cgroup:
+# their memory together (shared memory and tmpfs pages included) at most SUBMISSION_MEMORY, the
+# kernel killing one of theirs past it; their processor time together at most one core's, so
+# that no number of busy processes slows a classmate more than one busy core does. cgroup v1's
+# memory and cpu hierarchies, where mounted and writable (this kit does not yet use cgroup v2's
+# controllers: a cgroup with processes, as the grader's own, cannot hand them to children).
+SUBMISSION_MEMORY = 4 << 30
+CPU_PERIOD_US = 100_000
+
+
+def cgroup_folders() -> Dict[str, Path]:
+    """{controller: the grader's own cgroup folder} for memory and cpu, where cgroup v1 mounts
+    them writable (empty where it does not, or where the grader is not root)."""
+    if os.geteuid() != 0:
+        return {}
+    own = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(","):
+                own[controller] = path
+    found = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields, _, tail = line.partition(" - ")
+            kind, _, options = (tail.split() + ["", "", ""])[:3]
+            if kind != "cgroup":
+                continue
+            mount_point = fields.split()[4]
+            for controller in ("memory", "cpu"):
+                if controller in options.split(",") and controller in own:
+                    folder = Path(mount_point) / own[controller].lstrip("/")
+                    if os.access(folder, os.W_OK):
+                        found[controller] = folder
+    return found
+
+
+def cgroup_note() -> str:
+    """What a submission's cgroup does not bound here ("" when it bounds both)."""
+    missing = sorted({"memory", "cpu"} - set(cgroup_folders()))
+    if not missing:
+        return ""
+    what = {
+        "memory": "its memory only per process (6 GB of address space, 32 processes)",
+        "cpu": "its share of the processors not at all (its own processor time is its limit)",
+    }
+    return (
+        f"no writable cgroup v1 {' or '.join(missing)} controller here: a submission bounds "
+        + " and ".join(what[m] for m in missing)
+    )
+
+
+class SubmissionCgroup(NamedTuple):
+    folders: List[Path]
+    procs_fds: List[int]  # each folder's cgroup.procs, open for writing: "0" moves the writer
+
+    @classmethod
+    def make(cls, uid: int) -> Optional["SubmissionCgroup"]:
+        folders, fds = [], []
+        for controller, parent in cgroup_folders().items():
+            folder = parent / f"kit-{os.getpid()}-{uid}"
+            try:
+                folder.mkdir(exist_ok=True)
+                if controller == "memory":
+                    (folder / "memory.limit_in_bytes").write_text(str(SUBMISSION_MEMORY))
+                    swap = folder / "memory.memsw.limit_in_bytes"
+                    with contextlib.suppress(OSError):  # no more with swap than without
+                        swap.write_text(str(SUBMISSION_MEMORY))
+                else:
+                    (folder / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                    (folder / "cpu.cfs_quota_us").write_text(str(CPU_PERIOD_US))
+                fds.append(os.open(folder / "cgroup.procs", os.O_WRONLY))
+                folders.append(folder)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        return cls(folders, fds) if folders else None
+
+    def take(self, pid: int) -> None:
+        for fd in self.procs_fds:
+            with contextlib.suppress(OSError):
+                os.write(fd, str(pid).encode())
+
+    def oom_kills(self) -> int:
+        for folder in self.folders:
+            with contextlib.suppress(OSError, ValueError):
+                control = (folder / "memory.oom_control").read_text().split()
+                return int(control[control.index("oom_kill") + 1])
+        return 0
+
+    def remove(self) -> None:
+        for fd in self.procs_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for folder in self.folders:
+            for _ in range(100):  # its last processes may still be leaving
+                try:
+                    folder.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
 
 
 FREE_UID_WAIT_S = 120
@@ -710,7 +826,7 @@ def run_tests(
         problem = f"the test process did not end within {limit_s:g} s"
         run = run._replace(problem=problem, regrade=True)
     elif ended:
-        run = judged_end(run, ended, timeout_s)
+        run = judged_end(run, ended, timeout_s, graded.sandbox.out_of_memory())
     return run._replace(seconds=time.monotonic() - began, printed=printed.text())
 
 
@@ -739,15 +855,19 @@ def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, f
         return None
 
 
-def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float) -> Run:
-    """A worker that ended early: at its own limit of processor time, a 0 (its code ran that
-    long); killed by anything else (the kernel's out-of-memory killer, another process), not
-    graded: regrade; ended by its own code (an exit, a crash), its tests' failures stand."""
+def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bool) -> Run:
+    """A worker that ended early: at its own limit of processor time, or killed for its own
+    cgroup's memory (own_oom), a 0 (its code did that); killed by anything else (the kernel's
+    out-of-memory killer for the machine's memory, another process), not graded: regrade;
+    ended by its own code (an exit, a crash), its tests' failures stand."""
     status, cpu_s = ended
     signalled = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
     # the kernel's SIGXCPU at the limit, or its SIGKILL a second later where that was caught
     if signalled == signal.SIGXCPU or (signalled == signal.SIGKILL and cpu_s >= timeout_s - 1):
         problem = f"it used up its {timeout_s:g} s of processor time (an endless loop?)"
+        return run._replace(problem=problem, regrade=False)
+    if signalled == signal.SIGKILL and own_oom:
+        problem = f"it used more than its {SUBMISSION_MEMORY >> 30} GB of memory"
         return run._replace(problem=problem, regrade=False)
     if signalled == signal.SIGKILL:
         problem = "its process was killed by something other than its own limits"

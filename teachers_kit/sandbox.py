@@ -792,7 +792,7 @@ def start_submissions(control_fd: int) -> None:
         return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
     while True:
-        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
         if not message:  # the grader has gone
             return
         request = json.loads(message)
@@ -806,6 +806,9 @@ def start_submissions(control_fd: int) -> None:
                     become(uid)
                     end_others("")
                 else:
+                    for cgroup_procs in fds[1:]:  # the submission's cgroups, where it has them
+                        os.write(cgroup_procs, b"0")
+                        os.close(cgroup_procs)
                     isolate(libc, tmp_folder)
                     if os.fork():  # the next process is the first of its namespace
                         os._exit(0)

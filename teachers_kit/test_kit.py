@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -1437,6 +1438,7 @@ def read():
         if os.stat(f"/proc/{pid}").st_uid == os.getuid():
             found["processes"].append(open(f"/proc/{pid}/cmdline").read()[:40])
     found["uid"] = os.getuid()
+    found["cgroups"] = open("/proc/self/cgroup").read()
     return found
 """
 
@@ -1477,6 +1479,8 @@ def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypa
     finally:
         box.close()
     assert next_submission["uid"] == uid
+    if grading.cgroup_folders():  # each submission's processes in a cgroup of its own
+        assert f"/kit-{os.getpid()}-{uid}" in next_submission["cgroups"], next_submission
     refused = ("keyring", "System V", "POSIX IPC", "memfd", "/dev/shm", "user namespace")
     for channel in refused:
         assert str(kept[channel]).startswith("refused"), kept
@@ -1489,6 +1493,48 @@ def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypa
         key_users = Path("/proc/key-users").read_text().split("\n")
         assert not [line for line in key_users if line.strip().startswith(f"{uid}:")]
         assert not uid_processes(uid)
+
+
+HOG = """
+import time
+
+import torch
+
+
+def hog():
+    held = torch.ones(LARGE, dtype=torch.uint8)  # within its address space, past its cgroup
+    time.sleep(60)
+    return int(held[0])
+"""
+
+
+@pytest.mark.slow  # a sandbox started; gigabytes touched for a moment
+def test_a_submission_past_its_memory_scores_0_and_one_killed_by_another_hand_is_regraded(
+    monkeypatch,
+):
+    """Where the machine offers a cgroup, a submission past its memory (within its address
+    space) is killed by the kernel in its own cgroup, and that is its own doing: 0, said. A
+    worker killed by another hand (SIGKILL with its limits unused) is the machine's doing: not
+    graded, regrade; one stopped at its limit of processor time, its own: 0."""
+    if os.geteuid() != 0 or "memory" not in grading.cgroup_folders():
+        pytest.skip(grading.cgroup_note() or "the grader is not root")
+    if not grading.confinement().bwrap:
+        pytest.skip(grading.confinement().note)
+    monkeypatch.setattr(grading, "SUBMISSION_MEMORY", 1 << 30)  # less to touch, sooner
+    source = HOG.replace("LARGE", str(5 << 28))
+    layout = grading.Layout("kit_hog.py", "test_kit_hog.py", {})
+    tests = "from kit_hog import hog\n\n\ndef test_hog():\n    assert hog() == 1\n"
+    box = grading.StudentSandbox({"hog": source}, layout, 60)
+    try:
+        run = grading.run_tests(source, tests, layout=layout, graded=grading.Graded("hog", box))
+    finally:
+        box.close()
+    assert "it used more than its" in run.problem and not run.regrade, run
+    killed = (signal.SIGKILL, 0.2)  # a wait status, and the processor time it had used
+    judged = grading.judged_end(run._replace(problem=""), killed, 60, own_oom=False)
+    assert judged.regrade and "killed by something other than its own limits" in judged.problem
+    own = grading.judged_end(run._replace(problem=""), (signal.SIGXCPU, 59.6), 60, False)
+    assert not own.regrade and "used up its 60 s of processor time" in own.problem
 
 
 def uid_processes(uid: int) -> list:
