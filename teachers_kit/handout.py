@@ -329,6 +329,9 @@ def say_how_code_runs(audited: bool, without_sandbox: str = "") -> None:
         )
     if note:
         print(f"warning: {note}", file=sys.stderr)
+    bounds = grading.cgroup_note()
+    if bounds:
+        print(f"warning: {bounds}", file=sys.stderr)
     if not audited:
         print("warning: --no-audit: every exercise's code runs as written", file=sys.stderr)
 
@@ -385,7 +388,8 @@ MOST_FAILED = 10  # tests in the class summary
 
 def class_note(result: grading.Grading) -> str:
     """What a student's line adds to the score: the file refused, or how many exercises were
-    refused and each exercise not graded (killed at the timeout, say), which scores 0."""
+    refused and each exercise not graded (at its limit of processor time, say, which scores 0;
+    or to grade again, for the machine's fault)."""
     if result.refused:
         return f", {grading.audit_line(result.refused)}"
     refused = sum(bool(g.refused) for g in result.grades)

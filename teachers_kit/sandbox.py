@@ -19,7 +19,11 @@ the grader is not root, each submission has a sandbox of its own, whose first pr
 torch. Where it is root, one sandbox serves every submission of the grading (TMP is
 "shared"): its first process imports torch once, holding only the capabilities to change uid
 and to make namespaces, and forks for each submission a process with namespaces of its own,
-whose first process takes a uid of the kit's own before anything of the submission runs.
+whose first process starts the submission's workers; each makes an IPC namespace and a
+temporary folder of its own and takes a uid of the kit's own before anything of the submission
+runs. Every worker runs under a seccomp filter that refuses the kernel's shared objects (keys,
+System V IPC, POSIX message queues, memfds) and new user namespaces, and prints to a pipe of its
+exercise's own.
 
 A message is a length, a JSON header and raw byte blobs. The test process builds each tensor it
 receives with torch.frombuffer and as_strided, after checking every field of the header (a dtype
@@ -971,7 +975,8 @@ class Link:
 
 class Sandbox:
     """The test process's end of a worker: call the student's function in it, ask it for
-    gradients. A worker that outlives the deadline makes the run score 0 (problem says so); one
+    gradients. A worker that outlives the deadline (a wall-clock one, past its own limit of
+    processor time) makes the run not graded, to grade again (problem says so); one
     that ends, or sends what the protocol does not allow, makes every later call raise."""
 
     def __init__(self, fd: int, graded: dict, timeout_s: float, classes: Dict[str, type]):
