@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))  # the kit is imported as the teachers_kit package
 from teachers_kit import audit, exercises, gradescope, grading, handout, sandbox  # noqa: E402
 
 FULL = os.environ.get("KIT_FULL") == "1"
+FEEDBACK = "beyond_the_paper/feedback.py"
 EXERCISES = ["relative_shift", "attention_reconstruction_loss", "CompressiveLayer.update_memory"]
 FAST_TESTS = [  # the tests that catch the mistakes below, and one hidden test
     "test_relative_shift_matches_brute_force",
@@ -184,8 +185,8 @@ def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_its_fil
         assert exercises.resolve([name], tree, module) == [name]
     assert {e.module for e in handout.EXERCISES.values()} == {
         "compressive.py",
-        exercises.FEEDBACK,
-        exercises.OVERLAP_POOL,
+        FEEDBACK,
+        "beyond_the_paper/overlap_pool.py",
     }
 
 
@@ -1738,13 +1739,13 @@ def test_an_exercise_of_beyond_the_paper_is_handed_out_and_graded_with_its_own_t
         t.startswith("beyond_the_paper/test_feedback.py::") for t in check.tests
     )
     student = tmp_path / "hw" / "student"
-    copy = (student / exercises.FEEDBACK).read_text()
+    copy = (student / FEEDBACK).read_text()
     assert "FeedbackLayer.forward: the exercise" in copy
     for path in ("compressive.py", "test_compressive.py"):  # what feedback.py's tests import
         assert (student / path).read_text() == (ROOT / path).read_text(), path
     assert not (student / "beyond_the_paper" / "agent.py").exists()  # which nothing there imports
     assert "`beyond_the_paper/feedback.py`" in (student / "README.md").read_text()
-    original = submit(tmp_path / "alice", (ROOT / exercises.FEEDBACK).read_text())
+    original = submit(tmp_path / "alice", (ROOT / FEEDBACK).read_text())
     original.rename(original.with_name("feedback.py"))
     blank = submit(tmp_path / "bob", copy)
     blank.rename(blank.with_name("feedback.py"))
