@@ -1579,6 +1579,28 @@ def test_without_bubblewrap_grading_is_refused_unless_the_teacher_names_what_is_
         grading.confinement.cache_clear()
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
+def test_in_gradescopes_container_a_grade_without_bubblewrap_says_so_in_its_results(
+    monkeypatch, tmp_path, hw, assignment
+):
+    """Where bubblewrap does not run in Gradescope's container, the grade goes on (stubbed here)
+    and results.json says, first, that it ran without the sandbox; locally it is refused."""
+    ways = grading.Confinement("", "no sandbox: bwrap does not run here (a container)")
+    monkeypatch.setattr(grading, "confinement", lambda: ways)
+    grades = [
+        grading.Grade(c.name, c.points, c.points, [], [], [], "") for c in assignment.exercises
+    ]
+    stub = grading.Grading("alice", grades, "", False, 1.0)
+    monkeypatch.setattr(grading, "grade", lambda *args: stub)
+    path, results = submit(tmp_path / "alice", ORIGINAL), tmp_path / "results.json"
+    assert handout.grade(path, hw, results, None, None, True, "container") == 0
+    output = json.loads(results.read_text())["output"]
+    assert output.startswith(f"Graded without bubblewrap's sandbox ({ways.note}).")
+    with pytest.raises(exercises.KitError, match="grading refused"):
+        handout.grade(path, hw, results, None, None, True, "")
+    assert json.loads(results.read_text())["output"].startswith("Not graded: no sandbox")
+
+
 def test_the_unsandboxed_flag_says_what_student_code_then_reads_and_goes_with_a_grade():
     help_text = " ".join(cli("--help").stdout.split())
     assert "student code then reads every file that other users can read" in help_text
