@@ -1609,6 +1609,7 @@ def test_the_unsandboxed_flag_says_what_student_code_then_reads_and_goes_with_a_
     assert "goes with --grade or --grade-class" in result.stderr
 
 
+@pytest.mark.slow  # a test process started: torch and pytest imported, seconds
 def test_each_test_process_has_a_temporary_folder_of_its_own(tmp_path):
     """Nothing another run (or a student's code, where there is no sandbox) leaves in the
     machine's /tmp, a planted pytest-of-USER say, reaches a run: its TMPDIR is its own."""
