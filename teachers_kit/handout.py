@@ -31,7 +31,10 @@ per exercise its points and each failing test with the first line of why; --no-a
 without the audit (to test the sandbox). Exit status: 0 when every exercise scores
 all its points, 1 when one does not (or the file is refused), 2 on bad input, with one error
 line. --grade-class grades every submission of a folder (a folder or a .py file per student),
-all side by side, and writes one CSV row per student and which tests failed most.
+all side by side, and writes one CSV row per student and which tests failed most. Where
+bubblewrap does not run, grading is refused unless the teacher names what student code would
+then read (--without-sandbox-student-code-reads-all-world-readable-files), or the grade runs in
+Gradescope's container of its own (--in-gradescope-container, run_autograder's), which says so.
 """
 
 import argparse
