@@ -1738,6 +1738,37 @@ def test_with_the_audit_off_no_submission_raises_its_grade_or_lowers_a_classmate
     assert all(path.read_bytes() == data for path, data in before.items())
 
 
+BUSY = [
+    "import os",
+    "try:",
+    "    for _ in range(31):  # busy processes of their own sessions, as many as the limit allows",
+    "        if os.fork() == 0:",
+    "            os.setsid()",
+    "            while True:",
+    "                pass",
+    "except OSError:",
+    "    pass",
+]
+
+
+@pytest.mark.slow  # a class graded in sandboxes while one submission keeps 31 processes busy
+def test_a_submission_of_busy_processes_never_costs_a_classmate_a_point(tmp_path, hw, assignment):
+    """Mallory's answer (no audit) starts 31 busy processes, each in a session of its own, and
+    grades on. Alice, graded beside her, scores every point, or where the machine kept her from
+    the processor, is marked regrade: never 0. (Where the machine has a cpu cgroup for each
+    submission, Mallory's processes share one core between them.)"""
+    if not grading.confinement().bwrap:
+        pytest.skip(grading.confinement().note)
+    answer = filled((hw / "student" / "compressive.py").read_text())
+    busy = exercises.splice(answer, cheat_in_shift(*BUSY), "relative_shift")
+    submissions = {"alice": submit(tmp_path / "alice", answer)}
+    submissions["mallory"] = submit(tmp_path / "mallory", busy)
+    results = grading.grade_class(submissions, assignment, None, 20, audited=False)
+    for g in results["alice"].grades:
+        assert g.score == g.points or (g.regrade and "not graded: regrade" in grading.summary(g))
+    assert results["alice"].score > 0 or all(g.regrade for g in results["alice"].grades)
+
+
 # ---------------------------------------------------------------- beyond the paper ---------------
 
 
