@@ -1,7 +1,7 @@
 """The specification of compressive.py, as tests. Run: pytest -q
 
 This file needs only compressive.py, torch and pytest: a teacher can hand out the two files
-alone. The teachers' kit (lesson/handout.py) hands out a copy without the tests marked
+alone. The teachers' kit (teachers_kit/handout.py) hands out a copy without the tests marked
 @kept_from_students, and grading adds them back as hidden tests."""
 
 import math

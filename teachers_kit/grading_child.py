@@ -9,7 +9,7 @@ test (both null), less the test functions of "leave_out". The folder holds the t
 original module and test file ("test_file"), nothing of a student's.
 
 To grade an exercise ("graded"), the run first puts a proxy in place of the exercise's function
-in the original module (lesson/sandbox.py), talking to a worker in the submission's sandbox over
+in the original module (sandbox.py), talking to a worker in the submission's sandbox over
 the socket it was handed: it sends the worker its module ("source", the original with the
 student's function put in), the student's function runs there, and only its values come back.
 So this process, which decides pass and fail, never imports or runs a line of a submission, and
@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
@@ -111,6 +112,7 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
     finally:
         if box is not None:
             record["problem"] = box.problem
+            record["worker_ended"] = box.gone == sandbox.WORKER_ENDED
             box.close()
     return record
 
@@ -172,6 +174,8 @@ def serve(socket_fd: int) -> int:
                 os.dup2(fds[1], 2)
                 os.chdir(job["folder"])
                 sys.path[0] = job["folder"]
+                os.environ["TMPDIR"] = os.path.join(job["folder"], "tmp")  # the run's own
+                tempfile.tempdir = None
                 report(fds[0], job["control"], fds[2] if len(fds) > 2 else None)
             finally:
                 sys.stdout.flush()

@@ -49,7 +49,7 @@ import functools
 import symtable
 from typing import Dict, List, NamedTuple
 
-from lesson.exercises import functions, without_functions
+from teachers_kit.exercises import functions, without_functions
 
 SAFE_BUILTINS = frozenset(
     """abs all any bool dict divmod enumerate filter float frozenset int isinstance iter len

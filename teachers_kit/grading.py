@@ -1,10 +1,10 @@
 """Running the tests, the one way the kit does it, and grading a submission with them.
 
-Every run is a test process of its own (lesson/grading_child.py, forked by a zygote), in a
+Every run is a test process of its own (grading_child.py, forked by a zygote), in a
 fresh folder holding the teacher's original module and test file, nothing else; its outcomes
 come back as one record. A run that computes an exercise's check runs the teacher's code alone.
 A run that grades an exercise runs the same tests on the same original, with the exercise's
-function replaced by a proxy to a worker in the submission's sandbox (lesson/sandbox.py, started
+function replaced by a proxy to a worker in the submission's sandbox (sandbox.py, started
 here: StudentSandbox), which holds the original with only the student's function put in
 (exercises.splice) and returns what that function computes. The grader and the test process
 never import a submission, and the verdict is the tests' own assertions on the values returned,
@@ -15,7 +15,7 @@ no other.
 An exercise's check is the tests that fail when its function alone is blanked, found by blanking
 it for real (compute_checks), less those that do not pass when the original's own function runs
 in the sandbox (sandbox_checks, when the assignment is made). A submission is graded one exercise
-after another, each after the static audit (lesson/audit.py) has accepted the file and that
+after another, each after the static audit (audit.py) has accepted the file and that
 exercise: an exercise it refuses scores 0 alone, with the reason. A class is graded the same
 way, students side by side, one per core (grade_class).
 """
@@ -29,6 +29,7 @@ import importlib.util
 import json
 import os
 import queue
+import select
 import selectors
 import shutil
 import signal
@@ -37,6 +38,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -44,8 +46,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from lesson import audit
-from lesson.exercises import (
+from teachers_kit import audit
+from teachers_kit.exercises import (
     KitError,
     blank,
     compile_tests,
@@ -94,6 +96,8 @@ class Run(NamedTuple):
     problem: str  # "" when the run ended and its report is whole; else why it is worth nothing
     versions: Dict[str, str]  # torch and pytest in the run
     seconds: float
+    printed: str = ""  # what the student's code printed (capped: Printed)
+    regrade: bool = False  # the problem is the machine's, not the submission's code
 
 
 def workers() -> int:
@@ -297,6 +301,38 @@ class SandboxFailed(Exception):
     """The machine's failure, not the submission's: the sandbox did not start."""
 
 
+class Worker(NamedTuple):
+    """An exercise's worker, as the grader holds it: the socket its test process talks to it on,
+    the pipe its output comes on (what the student's code prints), and the pipe its sandbox
+    says how it ended on ("ended STATUS", its wait status)."""
+
+    socket_fd: int
+    output_fd: int
+    status_fd: int
+
+
+PRINTED_BYTES = 4000  # of a submission's output, kept for each exercise: the rest is counted
+
+
+class Printed:
+    """What an exercise's code printed: its first PRINTED_BYTES kept, the rest counted, never
+    refused (the pipe is read to its end, so a print never waits for long and never fails)."""
+
+    def __init__(self):
+        self.kept, self.dropped = b"", 0
+
+    def add(self, data: bytes) -> None:
+        room = PRINTED_BYTES - len(self.kept)
+        self.kept += data[:room]
+        self.dropped += max(0, len(data) - room)
+
+    def text(self) -> str:
+        text = self.kept.decode("utf-8", "replace")
+        if self.dropped:
+            text += f"\n[... {self.dropped} more bytes of output not shown]"
+        return text
+
+
 def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
     """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
     sandbox.py and the project files the module imports, nothing of the teacher's tests; uid: the
@@ -317,10 +353,13 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
     argv.append(str(torch_folder()))
     log = tempfile.TemporaryFile()
     user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
+    env = sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None)
+    if not ways.bwrap:  # a private folder of its own (tmp_folder), not the machine's /tmp
+        env["TMPDIR"] = env["HOME"] = tmp_folder
     process = subprocess.Popen(
         sandbox_command(ways.bwrap, str(folder), argv, uid is not None),
         cwd=folder,
-        env=sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -364,14 +403,14 @@ class SharedSandbox:
         self.process, self.control, self.log, self.folder = launch(layout, "shared", 0)
         atexit.register(self.stop)
 
-    def request(self, op: str, uid: int) -> socket.socket:
+    def request(self, op: str, uid: int, cgroup_fds: List[int] = ()) -> socket.socket:
         """A socket to the process started for op ("start": a submission's first process;
         "end": the one that ends every process of uid and empties its temporary folder)."""
         ours, theirs = socket.socketpair()
         with self.lock:
             try:
                 message = json.dumps({"op": op, "uid": uid}).encode()
-                socket.send_fds(self.control, [message], [theirs.fileno()])
+                socket.send_fds(self.control, [message], [theirs.fileno(), *cgroup_fds])
             except OSError:
                 pass  # it has ended: the socket says so, closed
             finally:
@@ -412,24 +451,40 @@ class StudentSandbox:
         self.control: Optional[socket.socket] = None
         self.word: Optional[bytes] = None  # what its first process said once it could serve
         self.uid: Optional[int] = None
+        self.private_tmp = ""  # without bubblewrap: its temporary folder
+        self.cgroup: Optional[SubmissionCgroup] = None  # where the machine offers one
 
     def start(self) -> None:
         ways = confinement()
         root = os.geteuid() == 0
-        self.uid = SLOTS.get()
+        self.uid = free_uid() if root else SLOTS.get()
         self.started = True
+        self.cgroup = SubmissionCgroup.make(self.uid) if root else None
         if ways.bwrap and root:
             self.shared = SharedSandbox.of(self.layout)
-            self.control, self.log = self.shared.request("start", self.uid), self.shared.log
+            fds = self.cgroup.procs_fds if self.cgroup else []
+            self.control = self.shared.request("start", self.uid, fds)
+            self.log = self.shared.log
             return
-        # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own
-        tmp_folder = "/tmp" if ways.bwrap else "-"
+        # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own; without
+        # bubblewrap, a private folder of the machine's /tmp, the uid's alone
         uid = self.uid if root else None
+        tmp_folder = "/tmp"
+        if not ways.bwrap:
+            tmp_folder = self.private_tmp = tempfile.mkdtemp(prefix="kit-student-tmp-")
+            if uid is not None:
+                os.chown(tmp_folder, uid, uid)
         self.process, self.control, self.log, self.folder = launch(self.layout, tmp_folder, uid)
+        if self.cgroup:  # before it has read a line of the submission: it waits for its word
+            self.cgroup.take(self.process.pid)
 
-    def open(self) -> int:
-        """A socket to a new worker, for an exercise's test process, which sends it its module;
-        SandboxFailed when the sandbox did not start."""
+    def out_of_memory(self) -> bool:
+        """Whether the kernel killed a process of the submission for its cgroup's memory."""
+        return bool(self.cgroup and self.cgroup.oom_kills())
+
+    def open(self) -> "Worker":
+        """A new worker, for an exercise's test process, which sends it its module on the
+        worker's socket; SandboxFailed when the sandbox did not start."""
         if not self.started:
             self.start()
         why = self.failure()
@@ -440,14 +495,18 @@ class StudentSandbox:
             for end in (ours, theirs):  # a step's parameters in one write, not many
                 end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
                 end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            output_r, output_w = os.pipe()
+            status_r, status_w = os.pipe()
             try:
                 job = json.dumps({"seconds": max(1, int(self.timeout_s))}).encode()
-                socket.send_fds(self.control, [job], [theirs.fileno()])
+                socket.send_fds(self.control, [job], [theirs.fileno(), output_w, status_w])
             except OSError:
                 pass  # it has ended: failure() says why
             finally:
                 theirs.close()
-            return ours.detach()
+                os.close(output_w)
+                os.close(status_w)
+            return Worker(ours.detach(), output_r, status_r)
 
     def failure(self) -> str:
         """Why the sandbox did not start ("" when it did): the machine's failure, which makes
@@ -481,8 +540,151 @@ class StudentSandbox:
                 if os.geteuid() == 0 and not confinement().bwrap:
                     end_every_process_of(self.uid)
                 shutil.rmtree(self.folder, ignore_errors=True)
+                if self.private_tmp:
+                    shutil.rmtree(self.private_tmp, ignore_errors=True)
+            gone_by = time.monotonic() + 30  # its processes killed, then reaped
+            while uid_in_use(self.uid) and time.monotonic() < gone_by:
+                time.sleep(0.05)
+            if self.cgroup:
+                self.cgroup.remove()
             SLOTS.put(self.uid)
             self.started = False
+
+
+# ---------------------------------------------------------------- a submission's cgroup -----------
+# Where the grader is root and the machine lets it, each submission's processes share one cgroup:
+# their memory together (shared memory and tmpfs pages included) at most SUBMISSION_MEMORY, the
+# kernel killing one of theirs past it; their processor time together at most one core's, so
+# that no number of busy processes slows a classmate more than one busy core does. cgroup v1's
+# memory and cpu hierarchies, where mounted and writable (this kit does not yet use cgroup v2's
+# controllers: a cgroup with processes, as the grader's own, cannot hand them to children).
+SUBMISSION_MEMORY = 4 << 30
+CPU_PERIOD_US = 100_000
+
+
+def cgroup_folders() -> Dict[str, Path]:
+    """{controller: the grader's own cgroup folder} for memory and cpu, where cgroup v1 mounts
+    them writable (empty where it does not, or where the grader is not root)."""
+    if os.geteuid() != 0:
+        return {}
+    own = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(","):
+                own[controller] = path
+    found = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields, _, tail = line.partition(" - ")
+            kind, _, options = (tail.split() + ["", "", ""])[:3]
+            if kind != "cgroup":
+                continue
+            mount_point = fields.split()[4]
+            for controller in ("memory", "cpu"):
+                if controller in options.split(",") and controller in own:
+                    folder = Path(mount_point) / own[controller].lstrip("/")
+                    if os.access(folder, os.W_OK):
+                        found[controller] = folder
+    return found
+
+
+def cgroup_note() -> str:
+    """What a submission's cgroup does not bound here ("" when it bounds both)."""
+    missing = sorted({"memory", "cpu"} - set(cgroup_folders()))
+    if not missing:
+        return ""
+    what = {
+        "memory": "its memory only per process (6 GB of address space, 32 processes)",
+        "cpu": "its share of the processors not at all (its own processor time is its limit)",
+    }
+    return (
+        f"no writable cgroup v1 {' or '.join(missing)} controller here: a submission bounds "
+        + " and ".join(what[m] for m in missing)
+    )
+
+
+class SubmissionCgroup(NamedTuple):
+    folders: List[Path]
+    procs_fds: List[int]  # each folder's cgroup.procs, open for writing: "0" moves the writer
+
+    @classmethod
+    def make(cls, uid: int) -> Optional["SubmissionCgroup"]:
+        folders, fds = [], []
+        for controller, parent in cgroup_folders().items():
+            folder = parent / f"kit-{os.getpid()}-{uid}"
+            try:
+                folder.mkdir(exist_ok=True)
+                if controller == "memory":
+                    (folder / "memory.limit_in_bytes").write_text(str(SUBMISSION_MEMORY))
+                    swap = folder / "memory.memsw.limit_in_bytes"
+                    with contextlib.suppress(OSError):  # no more with swap than without
+                        swap.write_text(str(SUBMISSION_MEMORY))
+                else:
+                    (folder / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                    (folder / "cpu.cfs_quota_us").write_text(str(CPU_PERIOD_US))
+                fds.append(os.open(folder / "cgroup.procs", os.O_WRONLY))
+                folders.append(folder)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        return cls(folders, fds) if folders else None
+
+    def take(self, pid: int) -> None:
+        for fd in self.procs_fds:
+            with contextlib.suppress(OSError):
+                os.write(fd, str(pid).encode())
+
+    def oom_kills(self) -> int:
+        for folder in self.folders:
+            with contextlib.suppress(OSError, ValueError):
+                control = (folder / "memory.oom_control").read_text().split()
+                return int(control[control.index("oom_kill") + 1])
+        return 0
+
+    def remove(self) -> None:
+        for fd in self.procs_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for folder in self.folders:
+            for _ in range(100):  # its last processes may still be leaving
+                try:
+                    folder.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+FREE_UID_WAIT_S = 120
+
+
+def free_uid() -> int:
+    """A uid of SLOTS of which nothing lives: no process, no key in the kernel's keyrings (the
+    sandbox refuses keys; this is the second line). Waits for one, FREE_UID_WAIT_S at most
+    (SandboxFailed)."""
+    deadline = time.monotonic() + FREE_UID_WAIT_S
+    while True:
+        for _ in range(len(SANDBOX_UIDS)):
+            uid = SLOTS.get()
+            if not uid_in_use(uid):
+                return uid
+            SLOTS.put(uid)  # to the back, tried again later
+        if time.monotonic() > deadline:
+            raise SandboxFailed("no uid of the kit's own is free of an earlier submission")
+        time.sleep(0.5)
+
+
+def uid_in_use(uid: int) -> bool:
+    """Whether a process of uid lives, or the kernel holds a key of its (/proc/key-users)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/key-users") as keys:
+            if any(line.split(":")[0].strip() == str(uid) for line in keys):
+                return True
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                return True
+    return False
 
 
 def end_every_process_of(uid: int) -> None:
@@ -576,16 +778,17 @@ def run_tests(
     """Run tests (the text of a test file) on compressive (the text of the module they test,
     compressive.py unless layout says another) in a fresh process and folder; selected: the node
     ids to run, names: the test functions to run (None and None: every test), leave_out: test
-    functions not to run; graded: the function whose calls go to a worker of the sandbox."""
+    functions not to run; graded: the function whose calls go to a worker of the sandbox, which
+    may use timeout_s of processor time, and waits wall_limit(timeout_s) at most."""
     began = time.monotonic()
     control = {
         "tests": selected,
         "names": names,
         "leave_out": leave_out or [],
         "test_file": layout.tests,
-        "timeout_s": timeout_s,
+        "timeout_s": wall_limit(timeout_s),
     }
-    sandbox_fd = None
+    worker = None
     if graded:
         control["graded"] = {
             "function": graded.function,
@@ -593,9 +796,10 @@ def run_tests(
             "source": graded.sandbox.spliced[graded.function],
         }
         try:
-            sandbox_fd = graded.sandbox.open()
+            worker = graded.sandbox.open()
         except SandboxFailed as e:
-            return Run([], {}, {}, str(e), {}, time.monotonic() - began)
+            return Run([], {}, {}, str(e), {}, time.monotonic() - began, regrade=True)
+    printed = Printed()
     try:
         with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
             folder = Path(folder)
@@ -605,20 +809,76 @@ def run_tests(
                 (folder / path).write_text(text, encoding="utf-8")
             # this folder is pytest's rootdir, and the top the tests import the modules from
             (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
-            limit_s = timeout_s + 60  # the run stops its sandbox's worker at timeout_s itself
-            record, output, code, timed_out = start_and_read(folder, control, sandbox_fd, limit_s)
+            (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
+            limit_s = wall_limit(timeout_s) + 60  # the run stops its worker before, itself
+            sandbox_fd = worker.socket_fd if worker else None
+            record, output, code, timed_out = start_and_read(
+                folder, control, sandbox_fd, limit_s, worker and (worker.output_fd, printed)
+            )
+        ended = ended_how(worker, record) if worker else None
     finally:
-        if sandbox_fd is not None:
-            os.close(sandbox_fd)
+        if worker is not None:
+            for fd in worker:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
     run = read_record(record, selected, code, output, timeout_s)
     if timed_out:
-        run = run._replace(problem=f"the test process did not end within {limit_s:g} s")
-    return run._replace(seconds=time.monotonic() - began)
+        problem = f"the test process did not end within {limit_s:g} s"
+        run = run._replace(problem=problem, regrade=True)
+    elif ended:
+        run = judged_end(run, ended, timeout_s, graded.sandbox.out_of_memory())
+    return run._replace(seconds=time.monotonic() - began, printed=printed.text())
 
 
-def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit_s: float):
+WALL_FACTOR = 3  # a worker's wall-clock limit, in its limits of processor time (plus a minute)
+
+
+def wall_limit(timeout_s: float) -> float:
+    """How long a graded run may wait for its worker: its processor time is its own limit (the
+    kernel stops it there), and a worker that has not used it by then was kept from it."""
+    return WALL_FACTOR * timeout_s + 60
+
+
+def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, float]]:
+    """How the worker ended, where it ended before its test process did (the test process says
+    so, or never reported): its wait status and the processor time it used; None when it served
+    to the end (or its sandbox never said)."""
+    if record is not None and not record.get("worker_ended") and not record.get("problem"):
+        return None
+    ready = select.select([worker.status_fd], [], [], 5)[0]
+    words = os.read(worker.status_fd, 100).decode("ascii", "replace").split() if ready else []
+    if len(words) != 3 or words[0] != "ended":
+        return None
+    try:
+        return int(words[1]), float(words[2])
+    except ValueError:
+        return None
+
+
+def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bool) -> Run:
+    """A worker that ended early: at its own limit of processor time, or killed for its own
+    cgroup's memory (own_oom), a 0 (its code did that); killed by anything else (the kernel's
+    out-of-memory killer for the machine's memory, another process), not graded: regrade;
+    ended by its own code (an exit, a crash), its tests' failures stand."""
+    status, cpu_s = ended
+    signalled = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    # the kernel's SIGXCPU at the limit, or its SIGKILL a second later where that was caught
+    if signalled == signal.SIGXCPU or (signalled == signal.SIGKILL and cpu_s >= timeout_s - 1):
+        problem = f"it used up its {timeout_s:g} s of processor time (an endless loop?)"
+        return run._replace(problem=problem, regrade=False)
+    if signalled == signal.SIGKILL and own_oom:
+        problem = f"it used more than its {SUBMISSION_MEMORY >> 30} GB of memory"
+        return run._replace(problem=problem, regrade=False)
+    if signalled == signal.SIGKILL:
+        problem = "its process was killed by something other than its own limits"
+        return run._replace(problem=problem, regrade=True)
+    return run
+
+
+def start_and_read(folder: Path, control: dict, sandbox_fd, limit_s: float, printed=None):
     """The test process on folder, forked by the zygote or started fresh: its record, the tail of
-    its output, its exit status (None when forked), and whether it was killed at limit_s."""
+    its output, its exit status (None when forked), and whether it was killed at limit_s.
+    printed: (the worker's output pipe, the Printed it goes to)."""
     (report_r, report_w), (output_r, output_w) = os.pipe(), os.pipe()
     extra = [] if sandbox_fd is None else [sandbox_fd]
     proc = None
@@ -628,7 +888,7 @@ def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit
             proc = subprocess.Popen(
                 [sys.executable, str(CHILD), str(report_w), str(sandbox_fd or "-")],
                 cwd=folder,
-                env=child_environment(),
+                env={**child_environment(), "TMPDIR": str(folder / "tmp")},
                 stdin=subprocess.PIPE,
                 stdout=output_w,
                 stderr=output_w,
@@ -644,7 +904,8 @@ def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it died at once: its record is missing, and says so
-    report, output, timed_out = read_until_closed(report_r, output_r, time.monotonic() + limit_s)
+    deadline = time.monotonic() + limit_s
+    report, output, timed_out = read_until_closed(report_r, output_r, deadline, printed)
     pid, _, record = report.partition(b"\n")
     if timed_out and pid.strip().isdigit():
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -657,26 +918,45 @@ def start_and_read(folder: Path, control: dict, sandbox_fd: Optional[int], limit
     return record, output, code, timed_out
 
 
-def read_until_closed(report_fd: int, output_fd: int, deadline: float):
-    """The report and the last 16 KB of output, read until both close or the deadline passes."""
+def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=None):
+    """The report and the last 16 KB of output, read until both close or the deadline passes;
+    and all along, what the worker prints (printed: its pipe and the Printed it goes to), read
+    as it comes and after, as long as there is more, but not waited for (a process the student's
+    code left behind may hold it open)."""
     selector = selectors.DefaultSelector()
     for fd in (report_fd, output_fd):
         selector.register(fd, selectors.EVENT_READ)
+    if printed:
+        os.set_blocking(printed[0], False)
+        selector.register(printed[0], selectors.EVENT_READ)
     report, output, timed_out = b"", b"", False
     try:
-        while selector.get_map():
+        while {report_fd, output_fd} & set(selector.get_map()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
             for key, _ in selector.select(remaining):
-                data = os.read(key.fd, 1 << 16)
+                try:
+                    data = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
                 if not data:
                     selector.unregister(key.fd)
                 elif key.fd == report_fd:
                     report += data
-                else:
+                elif key.fd == output_fd:
                     output = (output + data)[-(1 << 14) :]
+                else:
+                    printed[1].add(data)
+        for _ in range(64) if printed and printed[0] in selector.get_map() else ():
+            try:
+                data = os.read(printed[0], 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            printed[1].add(data)
     finally:
         selector.close()
         os.close(report_fd)
@@ -693,11 +973,14 @@ def read_record(
         tail = output.decode("utf-8", "replace").strip().splitlines()
         last = f"; its last output: {tail[-1][:200]}" if tail else ""
         problem = f"the test process ended without its report (exit status {code}{last})"
-        return Run([], {}, {}, problem, {}, 0.0)
+        return Run([], {}, {}, problem, {}, 0.0, regrade=True)
     versions = record.get("versions", {})
-    if record["problem"]:  # the sandbox's worker was stopped at the timeout
-        problem = f"it did not finish within {timeout_s:g} s (an endless loop?)"
-        return Run(record["collected"] or [], {}, {}, problem, versions, 0.0)
+    if record["problem"]:  # the worker neither answered nor used its time: it was kept from it
+        problem = (
+            f"it neither finished nor used its {timeout_s:g} s of processor time within "
+            f"{wall_limit(timeout_s):g} s (the machine was busy, or its code waited)"
+        )
+        return Run(record["collected"] or [], {}, {}, problem, versions, 0.0, regrade=True)
     tests, outcomes, messages = record["collected"] or [], record["outcomes"], record["messages"]
     collect_error = record["collect_error"]
     if selected is not None:
@@ -872,7 +1155,7 @@ def make_assignment(
         (folder / path).write_text(text, encoding="utf-8")
     record = {
         "format": FORMAT,
-        "what": "the teachers' kit's assignment: python -m lesson.handout --grade FILE "
+        "what": "the teachers' kit's assignment: python -m teachers_kit.handout --grade FILE "
         "--assignment FOLDER",
         "exercises": [c._asdict() for c in exercises],
         "partial": partial,
@@ -898,7 +1181,7 @@ def load_assignment(folder: Path) -> Assignment:
     if not path.is_file():
         raise KitError(
             f"{folder} holds no assignment.json: name the folder the handout command wrote "
-            f"(python -m lesson.handout EXERCISES --out FOLDER)"
+            f"(python -m teachers_kit.handout EXERCISES --out FOLDER)"
         )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -979,6 +1262,8 @@ class Grade(NamedTuple):
     failures: List[Tuple[str, str]]  # (node id, the first line of why), in file order
     problem: str  # why the whole run is worth nothing ("" if it is not)
     refused: str = ""  # the audit's one line on this exercise alone ("" if it ran)
+    regrade: bool = False  # not graded for the machine's fault: grade it again, it is no 0
+    printed: str = ""  # what its code printed, capped (never graded)
 
 
 class Grading(NamedTuple):
@@ -1113,7 +1398,11 @@ def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float)
     box = StudentSandbox(prepared.spliced, assignment.layout, timeout_s)
     try:
         if prepared.spliced:  # the sandbox imports torch while the test processes' zygote does
-            box.start()
+            try:
+                box.start()
+            except SandboxFailed as e:
+                run = Run([], {}, {}, str(e), {}, 0.0, regrade=True)
+                return {name: run for name in prepared.spliced}
             Zygote.ensure()
         return {
             c.name: run_tests(*job(assignment, c, box), timeout_s=timeout_s)
@@ -1155,7 +1444,15 @@ def score(check: Check, run: Run, partial: bool) -> Grade:
     else:
         points = 0.0 if failures else check.points
     return Grade(
-        check.name, check.points, round(points, 4), check.tests, check.hidden, failures, run.problem
+        check.name,
+        check.points,
+        round(points, 4),
+        check.tests,
+        check.hidden,
+        failures,
+        run.problem,
+        regrade=run.regrade,
+        printed=run.printed,
     )
 
 
@@ -1166,10 +1463,16 @@ def short(node_id: str) -> str:
     return node_id.split("::", 1)[-1]
 
 
+def not_graded(grade: Grade) -> str:
+    """Why an exercise was not graded: its own code's doing (it scores 0), or the machine's (to
+    grade again: it is no 0)."""
+    return f"not graded: {'regrade: ' if grade.regrade else ''}{grade.problem}"
+
+
 def summary(grade: Grade) -> str:
     hidden = f", {len(grade.hidden)} of them hidden" if grade.hidden else ""
     if grade.problem:
-        return f"not graded: {grade.problem}"
+        return not_graded(grade)
     if not grade.failures:
         return f"passed its {len(grade.tests)} tests{hidden}"
     unwritten = all(m.startswith("NotImplementedError") for _, m in grade.failures)
@@ -1209,12 +1512,15 @@ def print_grading(grading: Grading) -> None:
             verdict = "refused"
         else:
             verdict = audit_line(g.refused) if g.refused else summary(g)
-        print(f"{g.name:<{width}}  {g.score:g}/{g.points:g}  {verdict}")
+        score = "regrade" if g.regrade else f"{g.score:g}"
+        print(f"{g.name:<{width}}  {score}/{g.points:g}  {verdict}")
         if g.failures and not g.problem and not verdict.startswith("not written"):
             for line in failure_lines(g, hidden=False):
                 print(f"    {line}")
             for line in failure_lines(g, hidden=True):
                 print(f"    (hidden) {line}")
+        if g.printed:
+            print(f"    what it printed (not graded):\n{textwrap.indent(g.printed, '      ')}")
     print(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
 
 
@@ -1231,13 +1537,15 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
         if grading.refused or g.refused:
             output = audit_line(grading.refused or g.refused)
         elif g.problem:
-            output = f"Not graded: {g.problem}."
+            output = f"{not_graded(g).capitalize()}."
         else:
             lines = [f"{summary(g)}."] + failure_lines(g, hidden=False)
             failed_hidden = sum(t in g.hidden for t, _ in g.failures)
             if failed_hidden:
                 lines.append(f"and {failed_hidden} hidden tests failed")
             output = "\n".join(lines)
+        if g.printed:
+            output += f"\n\nWhat your function printed (it counts for nothing):\n{g.printed}"
         tests.append(
             {
                 "name": g.name,

@@ -6,6 +6,7 @@ here reads source text, none runs it."""
 import ast
 import difflib
 import io
+import json
 import symtable
 import textwrap
 import tokenize
@@ -29,85 +30,30 @@ class Exercise(NamedTuple):
     module: str = "compressive.py"  # the file it is in, from the repository's top
 
 
-FEEDBACK = "beyond_the_paper/feedback.py"
-OVERLAP_POOL = "beyond_the_paper/overlap_pool.py"
+# This project's table of exercises, as data: each function's module (from the repository's top),
+# what the student writes, where to read about it, and its contract where the docstring would
+# give the answer away. Another project hands its own functions out with a table of its own.
+TABLE = Path(__file__).resolve().with_name("exercises.json")
 
 
-RAE = "Rae et al. 2019"
-EXERCISES: Dict[str, Exercise] = {
-    "sinusoid_positions": Exercise(
-        "R for the distances K..0, in descending order",
-        "Dai et al. 2019 (Transformer-XL), section 3.3; the sinusoids of Vaswani et al. 2017",
-    ),
-    "relative_shift": Exercise(
-        "the shift from (query, distance) to (query, key), as a view",
-        "Dai et al. 2019 (Transformer-XL), section 3.3 and appendix B",
-        "position_scores: [..., T, K+1], T queries; column p holds the scores at distance K - p "
-        "(column 0: distance K, one more than any key needs; the last column: distance 0). "
-        "Return [..., T, K] whose entry (i, j) is query i's score at its distance from key j, "
-        "M + i - j, with M = K - T memories before the queries. Where key j lies in query i's "
-        "future (j > M + i) any value will do: the causal mask hides it. Return a view of the "
-        "input's storage, no copy.",
-    ),
-    "RelativeMultiHeadAttention.attend": Exercise(
-        "the four score terms, the causal bias, the softmax, the values",
-        "Dai et al. 2019 (Transformer-XL), section 3.3; compressive.py's section 3 comment",
-    ),
-    "CompressiveLayer.update_memory": Exercise(
-        "the two FIFOs: append, evict in blocks of c, compress, trim",
-        f"{RAE}, section 3.1 and Algorithm 1",
-    ),
-    "ConvCompress.forward": Exercise(
-        "a kernel = stride = c convolution as one matmul",
-        f"{RAE}, section 3.2",
-        "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 4's comment).",
-    ),
-    "PoolCompress.forward": Exercise(
-        "max or mean pooling over blocks of c",
-        f"{RAE}, section 3.2",
-        "old_mem: [B, k*c, d]; return [B, k, d], one compressed memory per block of c (the "
-        "class docstring and section 4's comment).",
-    ),
-    "OverlapMaxPoolCompress.forward": Exercise(
-        "max over windows of c + 1, stride c",
-        "not in the paper: this project's own f_c (its class docstring)",
-        module=OVERLAP_POOL,
-    ),
-    "MostUsedCompress.forward": Exercise(
-        "keep the most attended memories, in time order",
-        f"{RAE}, section 3.2",
-        "old_mem: [B, k*c, d]; usage: [B, k*c], the attention each received; return [B, k, d] "
-        "(the class docstring and section 4's comment).",
-    ),
-    "DilatedConvCompress.forward": Exercise(
-        "dilated convolutions, then the rate-c one",
-        f"{RAE}, section 3.2",
-        "old_mem: [B, k*c, d]; return [B, k, d] (the class docstring, its __init__ and section "
-        "4's comment).",
-    ),
-    "content_attention": Exercise(
-        "attention without positions", f"{RAE}, section 3.2 and Algorithm 2"
-    ),
-    "attention_reconstruction_loss": Exercise(
-        "the paper's Algorithm 2, f_c the only thing trained", f"{RAE}, section 3.2 and Algorithm 2"
-    ),
-    "autoencoding_loss": Exercise("the alternative loss", f"{RAE}, section 3.2"),
-    "CompressiveTransformer.generate": Exercise(
-        "sampling one token at a time through the memory",
-        "Dai et al. 2019 (Transformer-XL), section 3.2: evaluation reuses the memory",
-    ),
-    "FeedbackLayer.forward": Exercise(
-        "one step of one Feedback layer",
-        "Fan et al. 2020 (arXiv 2002.09402); the module's docstring",
-        module=FEEDBACK,
-    ),
-    "FeedbackTransformer.hidden_states": Exercise(
-        "the recurrence and the memory vectors m_t",
-        "Fan et al. 2020 (arXiv 2002.09402); the module's docstring",
-        module=FEEDBACK,
-    ),
-}
+def read_table(path: Path) -> Dict[str, Exercise]:
+    """{function: Exercise} from a table of exercises (KitError where it is not one)."""
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        return {
+            name: Exercise(
+                entry["writes"],
+                entry["paper"],
+                entry.get("contract", ""),
+                entry.get("module", "compressive.py"),
+            )
+            for name, entry in entries.items()
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise KitError(f"{path} is no table of exercises: {e}") from None
+
+
+EXERCISES: Dict[str, Exercise] = read_table(TABLE)
 
 
 def tests_of(module: str) -> str:

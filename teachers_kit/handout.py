@@ -1,11 +1,11 @@
 """The teachers' kit: a student handout of compressive.py made by one command, and its grading.
 
-    python -m lesson.handout CompressiveLayer.update_memory relative_shift --out hw/
-    python -m lesson.handout --grade alice/compressive.py --assignment hw/ [--results r.json]
-    python -m lesson.handout --grade-class submissions/ --assignment hw/ [--csv grades.csv]
-    python -m lesson.handout --gradescope hw/         # write hw/gradescope.zip again
-    python -m lesson.handout --table README.md        # rewrite the README's table of exercises
-    python -m lesson.handout --verify                 # the table is what blanking finds (CI)
+    python -m teachers_kit.handout CompressiveLayer.update_memory relative_shift --out hw/
+    python -m teachers_kit.handout --grade alice/compressive.py --assignment hw/ [--results r.json]
+    python -m teachers_kit.handout --grade-class submissions/ --assignment hw/ [--csv grades.csv]
+    python -m teachers_kit.handout --gradescope hw/         # write hw/gradescope.zip again
+    python -m teachers_kit.handout --table teachers_kit/README.md   # rewrite its table of exercises
+    python -m teachers_kit.handout --verify       # each exercise has a check; the table is today's
 
 The handout command writes three things into --out:
 
@@ -15,7 +15,7 @@ The handout command writes three things into --out:
                      and checks/<function>.txt, the tests that check each exercise
     teacher/         keep this: the original compressive.py (the solution), every test, and
                      assignment.json (each exercise's check, points, the hidden tests)
-    gradescope.zip   the autograder to upload to Gradescope (lesson/gradescope.py)
+    gradescope.zip   the autograder to upload to Gradescope (gradescope.py)
 
 An exercise of beyond_the_paper/ (the table's file column) works the same way with its own file
 and test file in place of compressive.py and test_compressive.py; both folders then also hold,
@@ -23,15 +23,18 @@ as they are, the repository's files those two import. An assignment takes its ex
 one file.
 
 An exercise's check is computed one way, the exact one: the tests that fail when its function
-alone is blanked, found by blanking it for real (lesson/grading.py). Grading audits the
-submitted file first (lesson/audit.py) and then grades each exercise alone: the teacher's tests
+alone is blanked, found by blanking it for real (grading.py). Grading audits the
+submitted file first (audit.py) and then grades each exercise alone: the teacher's tests
 run on the teacher's original, in a process of their own, and only the exercise's function is
-the student's, run in a sandbox that sends back what it returns (lesson/sandbox.py). It prints
+the student's, run in a sandbox that sends back what it returns (sandbox.py). It prints
 per exercise its points and each failing test with the first line of why; --no-audit grades
 without the audit (to test the sandbox). Exit status: 0 when every exercise scores
 all its points, 1 when one does not (or the file is refused), 2 on bad input, with one error
 line. --grade-class grades every submission of a folder (a folder or a .py file per student),
-all side by side, and writes one CSV row per student and which tests failed most.
+all side by side, and writes one CSV row per student and which tests failed most. Where
+bubblewrap does not run, grading is refused unless the teacher names what student code would
+then read (--without-sandbox-student-code-reads-all-world-readable-files), or the grade runs in
+Gradescope's container of its own (--in-gradescope-container, run_autograder's), which says so.
 """
 
 import argparse
@@ -46,31 +49,32 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, Optional
 
-from lesson import grading
-from lesson.exercises import (
+from teachers_kit import grading
+from teachers_kit.exercises import (
     EXERCISES,
     Exercise,
     KitError,
     blank,
     compile_tests,
     functions,
-    hidden_tests,
     project_files,
     read_python,
     resolve,
     student_tests,
     tests_of,
 )
-from lesson.gradescope import write_bundle
+from teachers_kit.gradescope import write_bundle
 
 __all__ = ["EXERCISES", "Exercise", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "compressive.py"
 TESTS = ROOT / "test_compressive.py"
-TABLE_BEGIN = "<!-- exercises: made by python -m lesson.handout --table README.md -->"
+README = Path(__file__).resolve().parent / "README.md"  # the kit's own, which holds the table
+TABLE_COMMAND = "python -m teachers_kit.handout --table teachers_kit/README.md"
+TABLE_BEGIN = f"<!-- exercises: made by {TABLE_COMMAND} -->"
 TABLE_END = "<!-- end of exercises -->"
 
 
@@ -312,12 +316,25 @@ def load_for_grading(
         raise
 
 
-def say_how_code_runs(audited: bool) -> None:
+UNSANDBOXED_FLAG = "--without-sandbox-student-code-reads-all-world-readable-files"
+IN_CONTAINER_FLAG = "--in-gradescope-container"
+
+
+def say_how_code_runs(audited: bool, without_sandbox: str = "") -> None:
     """One line on stderr where student code runs with less than the kit's sandbox gives, or
-    without the audit: grading goes on."""
+    without the audit: grading goes on. Without the sandbox, grading is refused (KitError)
+    unless the teacher asked for it by name (without_sandbox "asked"), or the grade runs in a
+    container of its own on Gradescope ("container")."""
     note = grading.confinement().note
+    if note and not without_sandbox:
+        raise KitError(
+            f"{note}; grading refused: install bubblewrap, or grade anyway with {UNSANDBOXED_FLAG}"
+        )
     if note:
         print(f"warning: {note}", file=sys.stderr)
+    bounds = grading.cgroup_note()
+    if bounds:
+        print(f"warning: {bounds}", file=sys.stderr)
     if not audited:
         print("warning: --no-audit: every exercise's code runs as written", file=sys.stderr)
 
@@ -329,15 +346,25 @@ def grade(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
+    without_sandbox: str = "",
 ) -> int:
     assignment = load_for_grading(assignment_folder, results)
     if not os.path.lexists(path):
         raise KitError(f"the submission {path} does not exist")
-    say_how_code_runs(audited)
+    try:
+        say_how_code_runs(audited, without_sandbox)
+    except KitError as e:
+        if results is not None:
+            write_results(results, {"score": 0.0, "output": f"Not graded: {e}", "tests": []})
+        raise
     graded = grading.grade(path, assignment, partial, timeout_s, audited)
     grading.print_grading(graded)
     if results is not None:
-        write_results(results, grading.results_json(graded, assignment))
+        record = grading.results_json(graded, assignment)
+        note = grading.confinement().note
+        if note:  # on Gradescope: the container holds this submission alone, and says so
+            record["output"] = f"Graded without bubblewrap's sandbox ({note}). {record['output']}"
+        write_results(results, record)
     return 0 if graded.score == graded.max_score else 1
 
 
@@ -364,12 +391,13 @@ MOST_FAILED = 10  # tests in the class summary
 
 def class_note(result: grading.Grading) -> str:
     """What a student's line adds to the score: the file refused, or how many exercises were
-    refused and each exercise not graded (killed at the timeout, say), which scores 0."""
+    refused and each exercise not graded (at its limit of processor time, say, which scores 0;
+    or to grade again, for the machine's fault)."""
     if result.refused:
         return f", {grading.audit_line(result.refused)}"
     refused = sum(bool(g.refused) for g in result.grades)
     notes = [f"{refused} exercise{'' if refused == 1 else 's'} refused"] if refused else []
-    notes += [f"{g.name} not graded: {g.problem}" for g in result.grades if g.problem]
+    notes += [f"{g.name} {grading.not_graded(g)}" for g in result.grades if g.problem]
     return "".join(f", {note}" for note in notes)
 
 
@@ -387,11 +415,12 @@ def grade_class(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
+    without_sandbox: str = "",
 ) -> int:
     """Every submission of folder graded; one CSV row each, and the tests that failed most."""
     assignment = load_for_grading(assignment_folder)
     submissions = class_submissions(folder)
-    say_how_code_runs(audited)
+    say_how_code_runs(audited, without_sandbox)
     names = [c.name for c in assignment.exercises]
     began = time.monotonic()
     print(f"grading {len(submissions)} submissions, {grading.workers()} runs at a time")
@@ -402,13 +431,17 @@ def grade_class(
     results = grading.grade_class(submissions, assignment, partial, timeout_s, graded, audited)
     rows = [["student", *names, "total", "refusals", "not graded"]]
     for student, result in results.items():
-        scores = {g.name: f"{g.score:g}" for g in result.grades}
+        scores = {g.name: "regrade" if g.regrade else f"{g.score:g}" for g in result.grades}
         why = (
             [result.refused]
             if result.refused
             else [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
         )
-        ungraded = [f"{g.name}: {g.problem}" for g in result.grades if g.problem]
+        ungraded = [
+            f"{g.name}: {'regrade: ' if g.regrade else ''}{g.problem}"
+            for g in result.grades
+            if g.problem
+        ]
         row = [student, *(scores[n] for n in names), f"{result.score:g}"]
         row += ["; ".join(why), "; ".join(ungraded)]
         rows.append([spreadsheet_cell(cell) for cell in row])
@@ -442,43 +475,32 @@ def write_results(path: Path, record: dict) -> None:
 # ---------------------------------------------------------------- the README's table ------------
 
 
-class TableRow(NamedTuple):
-    check: List[str]  # the tests that fail with the exercise blanked
-    tests: int  # the tests of its file that ran (those that run torch.compile left out)
-    kept: int  # of its check, the tests kept from students
-
-
-def all_checks() -> Dict[str, TableRow]:
-    """Every exercise of the table blanked for real, file by file, as an assignment does it."""
-    rows = {}
+def all_checks() -> Dict[str, List[str]]:
+    """Every exercise of the table blanked for real, file by file, as an assignment does it: its
+    check, the tests that fail (KitError where the original fails one of its own tests)."""
+    checks = {}
     for module in dict.fromkeys(e.module for e in EXERCISES.values()):
         layout = layout_of(module)
         text, tree = read_python(ROOT / module, "the original")
         tests = (ROOT / layout.tests).read_text(encoding="utf-8")
         names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
-        all_tests, checks, _ = grading.compute_checks(
-            text, tests, names, None, compile_tests(tests), layout
-        )
-        hidden = set(hidden_tests(tests))
-        for name in names:
-            kept = sum(grading.base_name(t) in hidden for t in checks[name])
-            rows[name] = TableRow(checks[name], len(all_tests), kept)
-    return rows
+        _, found, _ = grading.compute_checks(text, tests, names, None, compile_tests(tests), layout)
+        checks.update(found)
+    return checks
 
 
-def table(rows: Dict[str, TableRow]) -> str:
+def table() -> str:
+    """The README's table: what each exercise asks, from the table of exercises alone (no count
+    of tests, which a new test would change: --verify finds each check by blanking)."""
     lines = [
         TABLE_BEGIN,
-        "| exercise | file | what the student writes | its check: the tests that fail with it "
-        "blanked |",
-        "| --- | --- | --- | --- |",
+        "| exercise | file | what the student writes | its tests | where to read |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for name, exercise in EXERCISES.items():
-        row = rows[name]
-        kept = f", {row.kept} kept from students" if row.kept else ""
         lines.append(
-            f"| `{name}` | `{exercise.module}` | {exercise.writes} | {len(row.check)} of "
-            f"{row.tests} in `{tests_of(exercise.module)}`{kept} |"
+            f"| `{name}` | `{exercise.module}` | {exercise.writes} | "
+            f"`{tests_of(exercise.module)}` | {exercise.paper} |"
         )
     lines.append(TABLE_END)
     return "\n".join(lines) + "\n"
@@ -499,7 +521,7 @@ def replace_table(old: str, block: str, readme: Path) -> str:
 
 def write_table(readme: Optional[Path]) -> None:
     """Print the README's table of exercises, or rewrite it in readme between its markers."""
-    block = table(all_checks())
+    block = table()
     if readme is None:
         print(block, end="")
         return
@@ -517,21 +539,22 @@ def write_table(readme: Optional[Path]) -> None:
 
 
 def verify() -> int:
-    """The README's table is what blanking each exercise for real finds now."""
+    """The kit's README holds the table of today's exercises, the originals pass all their
+    tests, and each exercise blanked for real fails some test (else it has no check)."""
     began = time.perf_counter()
-    rows = all_checks()
-    for name, row in rows.items():
-        print(f"{name}: blanked, fails {len(row.check)} of {row.tests} tests")
-    readme = ROOT / "README.md"
-    if table(rows) not in readme.read_text(encoding="utf-8"):
-        print(
-            "error: the README's table of exercises is stale: "
-            "python -m lesson.handout --table README.md"
-        )
+    checks = all_checks()
+    for name, check in checks.items():
+        print(f"{name}: blanked, fails {len(check)} tests")
+    if table() not in README.read_text(encoding="utf-8"):
+        print(f"error: the table of exercises in {README} is stale: {TABLE_COMMAND}")
+        return 1
+    unchecked = [name for name, check in checks.items() if not check]
+    if unchecked:
+        print(f"error: no test fails with {', '.join(unchecked)} blanked: it has no check")
         return 1
     print(
-        f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests "
-        f"and the README's table is what blanking finds"
+        f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests, "
+        f"each exercise blanked fails some, and the README's table is today's"
     )
     return 0
 
@@ -541,13 +564,13 @@ def verify() -> int:
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
-        print(f"error: {message} (see python -m lesson.handout --help)", file=sys.stderr)
+        print(f"error: {message} (see python -m teachers_kit.handout --help)", file=sys.stderr)
         sys.exit(2)
 
 
 def parse_arguments(argv):
     parser = OneLineParser(
-        prog="python -m lesson.handout",
+        prog="python -m teachers_kit.handout",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -607,6 +630,19 @@ def parse_arguments(argv):
         "runs as written",
     )
     parser.add_argument(
+        UNSANDBOXED_FLAG,
+        action="store_true",
+        help="grade where bubblewrap does not run: student code then reads every file that "
+        "other users can read (a Python there, the assignment if you leave it readable), sees "
+        "every process's command line, and reaches the network",
+    )
+    parser.add_argument(
+        IN_CONTAINER_FLAG,
+        action="store_true",
+        help="run_autograder's: the grade runs in a container of its own (Gradescope's), and "
+        "goes on without bubblewrap where it does not run there, saying so in results.json",
+    )
+    parser.add_argument(
         "--gradescope", type=Path, metavar="FOLDER", help="write FOLDER/gradescope.zip again"
     )
     parser.add_argument(
@@ -641,9 +677,22 @@ def parse_arguments(argv):
         parser.error("--csv goes with --grade-class FOLDER")
     if args.no_audit and args.grade is None and args.grade_class is None:
         parser.error("--no-audit goes with --grade or --grade-class")
+    if (
+        args.without_sandbox_student_code_reads_all_world_readable_files
+        or args.in_gradescope_container
+    ) and (args.grade is None and args.grade_class is None):
+        parser.error(f"{UNSANDBOXED_FLAG} goes with --grade or --grade-class")
     if args.leave_out and not args.functions:
         parser.error("--leave-out goes with the functions to blank and --out, when making")
     return args
+
+
+def without_sandbox(args) -> str:
+    """Whether grading may go on without bubblewrap: "asked" by the teacher, by name; in a
+    "container" of its own (Gradescope's); "" (refused)."""
+    if args.in_gradescope_container:
+        return "container"
+    return "asked" if args.without_sandbox_student_code_reads_all_world_readable_files else ""
 
 
 def main(argv=None) -> int:
@@ -657,6 +706,7 @@ def main(argv=None) -> int:
                 args.partial or None,
                 args.timeout,
                 not args.no_audit,
+                without_sandbox(args),
             )
         if args.grade_class is not None:
             csv_path = args.csv or Path("grades.csv")
@@ -667,6 +717,7 @@ def main(argv=None) -> int:
                 args.partial or None,
                 args.timeout,
                 not args.no_audit,
+                without_sandbox(args),
             )
         if args.gradescope is not None:
             assignment = grading.load_assignment(args.gradescope)

@@ -1,7 +1,7 @@
 """Where a student's function runs, and the only place it runs: a process of its own, in a
 sandbox, that computes values and decides nothing.
 
-The test process (lesson/grading_child.py) runs the teacher's tests on the teacher's original
+The test process (grading_child.py) runs the teacher's tests on the teacher's original
 module, with one function, the exercise, replaced by a proxy (install). Each call of the proxy
 sends its arguments here; this process calls the student's function on them (in the original
 module with only that function taken from the submission) and sends back what it returned, or
@@ -19,7 +19,11 @@ the grader is not root, each submission has a sandbox of its own, whose first pr
 torch. Where it is root, one sandbox serves every submission of the grading (TMP is
 "shared"): its first process imports torch once, holding only the capabilities to change uid
 and to make namespaces, and forks for each submission a process with namespaces of its own,
-whose first process takes a uid of the kit's own before anything of the submission runs.
+whose first process starts the submission's workers; each makes an IPC namespace and a
+temporary folder of its own and takes a uid of the kit's own before anything of the submission
+runs. Every worker runs under a seccomp filter that refuses the kernel's shared objects (keys,
+System V IPC, POSIX message queues, memfds) and new user namespaces, and prints to a pipe of its
+exercise's own.
 
 A message is a length, a JSON header and raw byte blobs. The test process builds each tensor it
 receives with torch.frombuffer and as_strided, after checking every field of the header (a dtype
@@ -27,7 +31,7 @@ of DTYPES; shapes and strides of integers that stay inside the bytes sent; at mo
 elements; at most MAX_BYTES a message): nothing a sandbox sends is unpickled or run. The other
 way, the call's arguments (modules among them) are pickled: the sandbox trusts its caller.
 
-The grader starts a sandbox (lesson/grading.py: bubblewrap, the uid); `main` sets its limits
+The grader starts a sandbox (grading.py: bubblewrap, the uid); `main` sets its limits
 before anything of a submission runs. Standard library and torch only.
 """
 
@@ -106,6 +110,9 @@ EXCEPTIONS = {
 ADDRESS_SPACE = 6 << 30
 PROCESSES = 32
 FILE_SIZE = 16 << 20
+
+
+WORKER_ENDED = "the sandbox's process ended"
 
 
 class Refused(Exception):
@@ -609,15 +616,113 @@ def serve(fd: int) -> None:
                 held.clear()
 
 
-def start_workers(control_fd: int, tmp_folder: str) -> None:
+# ---------------------------------------------------------------- the kernel's shared objects -----
+# What one process can leave in the kernel for another of the same uid, past the end of its own
+# processes and folders: a key in the uid's keyring (which lives as long as the machine), a System
+# V object or a POSIX message queue (as long as its IPC namespace), a memfd passed on. Student code
+# makes none of them: a seccomp filter refuses their system calls (EPERM), and refuses a new user
+# namespace (unshare or clone with CLONE_NEWUSER; clone3, whose flags it cannot read, answers
+# ENOSYS, and the C library then calls clone). By architecture: keyctl, add_key, request_key,
+# shmget, msgget, semget, mq_open, memfd_create; then unshare, clone, clone3.
+REFUSED_CALLS = {
+    "x86_64": (0xC000003E, (250, 248, 249, 29, 68, 64, 240, 319), 272, 56, 435),
+    "aarch64": (0xC00000B7, (219, 217, 218, 194, 186, 190, 180, 279), 97, 220, 435),
+}
+CLONE_NEWUSER = 0x10000000
+
+
+def seccomp_program(machine: str) -> Optional[bytes]:
+    """The filter's classic BPF program for this machine's architecture (None: not known)."""
+    if machine not in REFUSED_CALLS:
+        return None
+    arch, refused, unshare, clone, clone3 = REFUSED_CALLS[machine]
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+
+    def op(code, k, jt=0, jf=0):
+        return struct.pack("<HBBI", code, jt, jf, k)
+
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    program = [
+        op(load, 4),  # seccomp_data.arch
+        op(jeq, arch, 1, 0),
+        op(ret, enosys),  # another ABI's system calls (32-bit ones): none
+        op(load, 0),  # seccomp_data.nr
+        op(jge, 0x40000000, 0, 1),  # x32's
+        op(ret, enosys),
+    ]
+    for number in refused:
+        program += [op(jeq, number, 0, 1), op(ret, eperm)]
+    program += [op(jeq, clone3, 0, 1), op(ret, enosys)]
+    for number in (unshare, clone):  # their first argument holds the flags
+        program += [op(jeq, number, 0, 4), op(load, 16), op(jset, CLONE_NEWUSER, 0, 1)]
+        program += [op(ret, eperm), op(ret, allow)]
+    program.append(op(ret, allow))
+    return b"".join(program)
+
+
+def forbid_kernel_channels(libc) -> None:
+    """The seccomp filter above, on this process and every process it starts; no process under
+    it can gain a privilege again (no_new_privs). Raises where the kernel refuses it."""
+    program = seccomp_program(os.uname().machine)
+    if program is None:
+        raise OSError(0, f"no seccomp filter is known for {os.uname().machine}")
+    code = ctypes.create_string_buffer(program, len(program))
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Program(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))
+    zero = ctypes.c_ulong(0)
+    if libc.prctl(38, ctypes.c_ulong(1), zero, zero, zero):  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), zero, zero):  # a filter
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+# ---------------------------------------------------------------- the workers ---------------------
+# Each worker's output (what the student's code prints) goes to a pipe of that exercise's own,
+# which the grader reads and caps: a print never fails and never fills a file another shares.
+# How each worker ended goes to the grader on a pipe of its own, which the worker does not hold:
+# its wait status and the processor time it used, as "ended STATUS SECONDS".
+
+
+class Workers:
+    """The first process's record of its worker: its process id and the pipe to say how it
+    ended on; SIGCHLD reaps it and says so."""
+
+    pid = 0
+    status_fd = -1
+
+    @classmethod
+    def reap(cls, *_) -> None:
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == cls.pid and cls.status_fd >= 0:
+                seconds = usage.ru_utime + usage.ru_stime  # its processor time
+                with contextlib.suppress(OSError):
+                    os.write(cls.status_fd, f"ended {status} {seconds:.3f}".encode())
+                    os.close(cls.status_fd)
+                cls.status_fd = -1
+
+
+def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -> None:
     """The sandbox's first process: torch imported, it says so on its control socket, then
     starts a worker for each exercise the grader sends (its limit of processor time, a socket to
-    its test process), one at a time. Before each, it kills every other process of the sandbox
-    (the last worker, and whatever that one started) and empties the temporary folder, so that
-    nothing one exercise's code leaves behind reaches the next. It cannot be traced or read by
-    a worker (not dumpable), and forks only with one thread (it checks)."""
+    its test process, a pipe for its output, a pipe to say how it ended on), one at a time.
+    Before each, it kills every other process of the sandbox (the last worker, and whatever that
+    one started) and empties the temporary folder, so that nothing one exercise's code leaves
+    behind reaches the next. uid (a submission of the shared sandbox, this process root): each
+    worker has an IPC namespace and a temporary folder (a tmpfs) of its own, made before it takes
+    uid, which end with its processes. It cannot be traced or read by a worker (not dumpable),
+    and forks only with one thread (it checks)."""
     control = socket.socket(fileno=control_fd)
-    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
     # frozen, torch's objects are neither walked by each worker's collections of garbage nor
     # copied into it page by page as those walks touch them
     gc.freeze()
@@ -625,27 +730,49 @@ def start_workers(control_fd: int, tmp_folder: str) -> None:
     control.sendall(b"started" if one_thread else b"unsafe")
     if not one_thread:
         return
+    signal.signal(signal.SIGCHLD, Workers.reap)
     while True:
-        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
         if not message:  # the grader has gone
             return
-        end_others(tmp_folder)
-        if os.fork() == 0:
+        end_others("" if uid is not None else tmp_folder, uid)
+        Workers.reap()  # the last worker, if it ended just now
+        if Workers.status_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(Workers.status_fd)
+        socket_fd, output_fd, status_fd = fds
+        pid = os.fork()
+        if pid == 0:
             try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 control.close()
+                os.close(status_fd)
+                if uid is not None:
+                    isolate_exercise(libc, tmp_folder)
+                    become(uid)
+                forbid_kernel_channels(libc)
+                os.dup2(output_fd, 1)
+                os.dup2(output_fd, 2)
+                os.close(output_fd)
+                sys.stdout.reconfigure(line_buffering=True)
                 seconds = json.loads(message)["seconds"]
-                # a worker that never ends is stopped by its limit of processor time
+                # a worker that never ends is stopped by its limit of processor time (SIGXCPU)
                 resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
-                serve(fds[0])
+                serve(socket_fd)
             finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
                 os._exit(0)
-        for fd in fds:
-            os.close(fd)
+        Workers.pid, Workers.status_fd = pid, status_fd
+        os.close(socket_fd)
+        os.close(output_fd)
 
 
 # A submission's namespaces (unshare(2)), and the flags of its mounts (mount(2))
 NEW_NAMESPACES = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000  # mount, host
 # name, IPC, processes, network
+NEW_EXERCISE_NAMESPACES = 0x00020000 | 0x08000000  # mount, IPC
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 
 
@@ -654,11 +781,11 @@ def start_submissions(control_fd: int) -> None:
     as root, without a user namespace): torch imported once, it forks for each submission the
     grader sends ("start": its uid, a socket) a process that gives it namespaces of its own
     (processes, network, IPC, host name, mounts: its own /proc and temporary folder), whose first
-    process takes that uid, and with it loses every capability, before anything of the
-    submission runs; and, asked to "end" a uid, a process that takes it and kills every process
-    that uid runs (the first of its namespace of processes among them, with which all die), its
-    socket closing when that is done. It runs no student code, and no student's process can
-    signal, trace or read it (root, not dumpable)."""
+    process starts its workers, each of which takes that uid, and with it loses every
+    capability, before anything of the submission runs; and, asked to "end" a uid, a process that
+    takes it and kills every process that uid runs (the first of its namespace of processes
+    among them, with which all die), its socket closing when that is done. It runs no student
+    code, and no student's process can signal, trace or read it (root, not dumpable)."""
     control = socket.socket(fileno=control_fd)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
@@ -669,7 +796,7 @@ def start_submissions(control_fd: int) -> None:
         return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
     while True:
-        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 1)
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
         if not message:  # the grader has gone
             return
         request = json.loads(message)
@@ -677,18 +804,23 @@ def start_submissions(control_fd: int) -> None:
             try:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                tmp_folder = f"/tmp/{int(request['uid'])}"
-                if request["op"] == "start":
+                uid = int(request["uid"])
+                tmp_folder = f"/tmp/{uid}"
+                if request["op"] == "end":
+                    become(uid)
+                    end_others("")
+                else:
+                    for cgroup_procs in fds[1:]:  # the submission's cgroups, where it has them
+                        os.write(cgroup_procs, b"0")
+                        os.close(cgroup_procs)
                     isolate(libc, tmp_folder)
                     if os.fork():  # the next process is the first of its namespace
                         os._exit(0)
                     mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                become(int(request["uid"]))
-                if request["op"] == "end":
-                    end_others("")
-                else:
                     os.environ["TMPDIR"] = os.environ["HOME"] = tmp_folder
-                    start_workers(fds[0], tmp_folder)
+                    # root, the first of its namespace of processes: its kill(-1) reaches every
+                    # process of the submission and nothing else; its workers take uid
+                    start_workers(fds[0], tmp_folder, uid)
             finally:
                 os._exit(0)
         for fd in fds:
@@ -707,6 +839,17 @@ def isolate(libc, tmp_folder: str) -> None:
     mount(libc, "tmpfs", tmp_folder, "tmpfs", MS_NOSUID | MS_NODEV, size)
 
 
+def isolate_exercise(libc, tmp_folder: str) -> None:
+    """An exercise's worker, still root: an IPC namespace and a mount namespace of its own, and
+    in it a fresh tmpfs on the temporary folder; both end with the worker's last process, so no
+    object or file of one exercise reaches the next."""
+    if libc.unshare(NEW_EXERCISE_NAMESPACES) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    size = f"size={64 << 20},mode=1777".encode()
+    mount(libc, "tmpfs", tmp_folder, "tmpfs", MS_NOSUID | MS_NODEV, size)
+
+
 def mount(libc, source, target, kind, flags, data=None) -> None:
     encode = [None if v is None else v.encode() for v in (source, target, kind)]
     if libc.mount(*encode, ctypes.c_ulong(flags), data) != 0:
@@ -719,13 +862,21 @@ def become(uid: int) -> None:
     os.setuid(uid)  # and with it, every capability
 
 
-def end_others(tmp_folder: str) -> None:
+def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
     """Every other process of the sandbox killed (kill(-1) reaches all that its uid may signal,
-    never the caller), the dead reaped, the temporary folder emptied."""
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    never the caller; uid: this process is root, the first of the submission's namespace of
+    processes, and a child of it that takes uid kills them), the dead reaped, the temporary
+    folder emptied."""
+    if uid is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+    elif os.fork() == 0:
+        try:
+            become(uid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
     while True:
         try:
             if os.waitpid(-1, 0)[0] == 0:
@@ -770,11 +921,29 @@ def main(argv: List[str]) -> int:
     # imports (symbolic shapes, sympy, the compiler's modules): once here, not once per worker
     import torch._dynamo  # noqa: F401
 
+    if not filter_holds():
+        control = socket.socket(fileno=int(control_fd))
+        control.sendall(b"no filter")  # the grader says the sandbox did not start, and why
+        return 1
     if tmp_folder == "shared":
         start_submissions(int(control_fd))
     else:
         start_workers(int(control_fd), "" if tmp_folder == "-" else tmp_folder)
     return 0
+
+
+def filter_holds() -> bool:
+    """Whether this kernel takes the seccomp filter and it refuses a key (tried in a child)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            forbid_kernel_channels(libc)
+            refused = libc.syscall(REFUSED_CALLS[os.uname().machine][1][0], 0, 0, 0, 0) == -1
+            os._exit(0 if refused and ctypes.get_errno() == 1 else 3)
+        finally:
+            os._exit(3)
+    return os.waitpid(pid, 0)[1] == 0
 
 
 # ---------------------------------------------------------------- the test process's side ---------
@@ -806,7 +975,8 @@ class Link:
 
 class Sandbox:
     """The test process's end of a worker: call the student's function in it, ask it for
-    gradients. A worker that outlives the deadline makes the run score 0 (problem says so); one
+    gradients. A worker that outlives the deadline (a wall-clock one, past its own limit of
+    processor time) makes the run not graded, to grade again (problem says so); one
     that ends, or sends what the protocol does not allow, makes every later call raise."""
 
     def __init__(self, fd: int, graded: dict, timeout_s: float, classes: Dict[str, type]):
@@ -851,7 +1021,7 @@ class Sandbox:
             self.problem = self.problem or "the time ran out"
             self.end("the sandbox was stopped at the timeout")
         except (EOFError, BrokenPipeError, ConnectionResetError):
-            self.end("the sandbox's process ended")
+            self.end(WORKER_ENDED)
         except Refused as why:
             self.end(f"the sandbox sent {why}")
 

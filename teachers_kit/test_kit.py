@@ -1,4 +1,4 @@
-"""The teachers' kit (lesson/handout.py and the modules it uses): the handout, the audit, the
+"""The teachers' kit (teachers_kit/handout.py and the modules it uses): the handout, the audit, the
 grade and the Gradescope bundle, on real submissions: a correct answer, the real mistakes, and
 cheats.
 
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -32,11 +33,12 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the kit is imported as the lesson package, as -m runs it
+sys.path.insert(0, str(ROOT))  # the kit is imported as the teachers_kit package, as -m runs it
 
-from lesson import audit, exercises, gradescope, grading, handout, sandbox  # noqa: E402
+from teachers_kit import audit, exercises, gradescope, grading, handout, sandbox  # noqa: E402
 
 FULL = os.environ.get("KIT_FULL") == "1"
+FEEDBACK = "beyond_the_paper/feedback.py"
 EXERCISES = ["relative_shift", "attention_reconstruction_loss", "CompressiveLayer.update_memory"]
 FAST_TESTS = [  # the tests that catch the mistakes below, and one hidden test
     "test_relative_shift_matches_brute_force",
@@ -48,12 +50,12 @@ FAST_TESTS = [  # the tests that catch the mistakes below, and one hidden test
     "test_update_memory_returns_mem_and_c_mem_contiguous",
 ]
 ORIGINAL, TREE = exercises.read_python(handout.SOURCE, "the original")
-TEACHERS = (ROOT / "lesson" / "TEACHERS.md").read_text()
+TEACHERS = handout.README.read_text()
 
 
 def cli(*args, cwd=ROOT, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "lesson.handout", *map(str, args)],
+        [sys.executable, "-m", "teachers_kit.handout", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -118,6 +120,8 @@ def graded(hw, assignment, tmp_path_factory):
     jobs["honest answers, one refused"] = (honest, assignment)
     loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
     jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
+    for student in ("debug prints", "the same debug prints"):  # more than a 16 MB log held
+        jobs[student] = (submit(folder / student, DEBUG_PRINTS), shift if not FULL else assignment)
     # in KIT_FULL each grade runs its three exercises side by side already
     with ThreadPoolExecutor(max_workers=1 if FULL else grading.workers()) as pool:
         return dict(zip(jobs, pool.map(lambda job: grading.grade(*job), jobs.values())))
@@ -153,7 +157,7 @@ def commands(hw, tmp_path_factory):
 
 
 def start_cli(*args):
-    command = [sys.executable, "-m", "lesson.handout", *map(str, args)]
+    command = [sys.executable, "-m", "teachers_kit.handout", *map(str, args)]
     return subprocess.Popen(command, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True)
 
 
@@ -161,48 +165,50 @@ def start_cli(*args):
 
 
 def readme_table():
-    """The README's table of exercises: {name: (what the student writes, check size, tests,
-    file, test file)}."""
-    readme = (ROOT / "README.md").read_text()
+    """The kit's README's table of exercises: {name: (file, what the student writes, test file)}."""
+    readme = handout.README.read_text()
     block = readme[readme.index(handout.TABLE_BEGIN) : readme.index(handout.TABLE_END)]
     rows = re.findall(
-        r"^\| `([\w.]+)` \| `([\w./]+)` \| (.+?) \| (\d+) of (\d+) in `([\w./]+)`"
-        r"(?:, (\d+) kept.*?)? \|$",
-        block,
-        re.M,
+        r"^\| `([\w.]+)` \| `([\w./]+)` \| (.+?) \| `([\w./]+)` \| .+ \|$", block, re.M
     )
-    return {row[0]: (row[2], int(row[3]), int(row[4]), row[1], row[5]) for row in rows}
+    return {row[0]: row[1:] for row in rows}
 
 
 def test_the_readme_table_lists_every_exercise_and_each_is_a_function_of_its_file():
     table = readme_table()
     assert list(table) == list(handout.EXERCISES)
-    totals = {}
     for name, exercise in handout.EXERCISES.items():
-        writes, _, total, module, tests = table[name]
+        module, writes, tests = table[name]
         assert writes == exercise.writes and module == exercise.module
         assert tests == exercises.tests_of(module) and (ROOT / tests).is_file()
         tree = ast.parse((ROOT / module).read_text())
         assert exercises.resolve([name], tree, module) == [name]
-        totals.setdefault(module, set()).add(total)
-    assert all(len(seen) == 1 for seen in totals.values())
-    assert set(totals) == {"compressive.py", exercises.FEEDBACK, exercises.OVERLAP_POOL}
+    assert {e.module for e in handout.EXERCISES.values()} == {
+        "compressive.py",
+        FEEDBACK,
+        "beyond_the_paper/overlap_pool.py",
+    }
+
+
+def test_the_readme_table_counts_no_test_so_a_new_test_leaves_it_true(tmp_path):
+    """A test added to test_compressive.py changes no line of the table: it holds no count."""
+    block = handout.table()
+    assert not re.search(r"\b\d+ of \d+\b|kept from students", block)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{block}after\n")
+    assert handout.replace_table(readme.read_text(), block, readme) == readme.read_text()
 
 
 @pytest.mark.slow  # the assignment made for real: seconds
 def test_each_check_is_what_blanking_its_function_fails(assignment):
     """The checks were computed by blanking each function for real (the fixture ran the tests on
-    the original and on each blanked copy); with KIT_FULL=1 they are the README's table's."""
+    the original and on each blanked copy)."""
     hidden = set(exercises.hidden_tests(assignment.tests))
     for check in assignment.exercises:
         assert check.tests and set(check.hidden) == {
             t for t in check.tests if grading.base_name(t) in hidden
         }
-        if FULL:
-            assert len(check.tests) == readme_table()[check.name][1], (
-                "stale: python -m lesson.handout --table README.md"
-            )
-        else:
+        if not FULL:
             assert {grading.base_name(t) for t in check.tests} <= set(FAST_TESTS)
     names = {c.name: {grading.base_name(t) for t in c.tests} for c in assignment.exercises}
     assert "test_relative_shift_returns_a_view_of_its_input" in names["relative_shift"]
@@ -221,6 +227,9 @@ def test_the_student_folder_holds_no_answer_and_no_hidden_test(hw, assignment):
         "compressive.py",
         "test_compressive.py",
     ]
+    # what holds the solution and the hidden tests is readable by the teacher alone
+    assert stat.S_IMODE((hw / "teacher").stat().st_mode) == 0o700
+    assert stat.S_IMODE((hw / "gradescope.zip").stat().st_mode) == 0o600
     tests = (student / "test_compressive.py").read_text()
     assert (
         "def reference_fifo" not in tests and "kept_from_students" not in tests.split('"""', 2)[2]
@@ -851,6 +860,31 @@ HONEST_AND_ONE_REFUSED = changed(
 )
 
 
+DEBUG_PRINTS = cheat_in_shift('print("debug", tuple(position_scores.shape), "x" * 250_000)')
+
+
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
+def test_a_print_never_costs_a_point_and_each_students_output_is_their_own_and_capped(
+    graded, assignment
+):
+    """Two correct answers that print 250 KB a call (megabytes in all, side by side in one
+    grading) score full marks; each exercise's output is kept apart, its first PRINTED_BYTES
+    shown with a note of what was cut, beside the grade and in results.json, never graded."""
+    for student in ("debug prints", "the same debug prints"):
+        result = graded[student]
+        assert result.score == result.max_score, result
+        shift = next(g for g in result.grades if g.name == "relative_shift")
+        kept, note = shift.printed.rsplit("\n[... ", 1)
+        assert kept.startswith("debug (") and len(kept.encode()) == grading.PRINTED_BYTES
+        dropped = int(note.split()[0])
+        assert dropped > 16 << 20 and note.endswith("more bytes of output not shown]")
+        others = [g.printed for g in result.grades if g.name != "relative_shift"]
+        assert others == [""] * len(others)  # the others print nothing: nothing of this one
+    entries = grading.results_json(graded["debug prints"], assignment)["tests"]
+    (entry,) = [e for e in entries if e["name"] == "relative_shift"]
+    assert "What your function printed (it counts for nothing):\ndebug (" in entry["output"]
+
+
 @pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
 def test_a_refused_exercise_costs_itself_alone_and_honest_answers_score(graded):
     """as_strided in relative_shift and torch.hstack in update_memory score their points;
@@ -974,7 +1008,7 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
         modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
     assert sorted(names) == sorted(
         ["setup.sh", "run_autograder"]
-        + [f"lesson/{n}" for n in gradescope.KIT_FILES]
+        + [f"teachers_kit/{n}" for n in gradescope.KIT_FILES]
         + ["assignment/compressive.py", "assignment/test_compressive.py"]
         + ["assignment/assignment.json"]
     )
@@ -1028,7 +1062,8 @@ def scores_of(assignment):
 @pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
 def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     (g,) = graded["an endless loop"].grades
-    assert g.score == 0 and f"did not finish within {LOOP_TIMEOUT_S} s" in g.problem
+    assert g.score == 0 and not g.regrade, g
+    assert f"used up its {LOOP_TIMEOUT_S} s of processor time" in g.problem, g
     assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 60
 
 
@@ -1207,10 +1242,10 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
     assert by_student["bob"] == ["0", "0", "0", "0", "", ""]
     assert by_student["mallory"][:5] == ["0", "2", "3", "5", ""]
     assert by_student["mallory"][5].startswith(
-        f"relative_shift: it did not finish within {CLASS_TIMEOUT_S} s"
+        f"relative_shift: it used up its {CLASS_TIMEOUT_S} s of processor time"
     )
     assert by_student["eve"][:4] == ["0", "0", "0", "0"] and "symbolic link" in by_student["eve"][4]
-    assert "mallory: 5/6, relative_shift not graded: it did not finish" in result.stdout
+    assert "mallory: 5/6, relative_shift not graded: it used up its" in result.stdout
     assert "4 students, 1 with full marks, 1 refused whole" in result.stdout
     most = result.stdout.split("the tests that failed most (students):")[1].split()
     assert most[0] == "1" and most[1].startswith("test_"), result.stdout
@@ -1220,24 +1255,28 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
 def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a_formula(
     tmp_path, hw, assignment, monkeypatch, capsys
 ):
-    """--grade-class with the runs stubbed: an exercise killed at the timeout scores 0 and says
-    so, on the console and in the CSV; one exercise refused is one; a cell a spreadsheet would
-    read as a formula (a student named =HYPERLINK(...)) is text."""
-    timed_out = "it did not finish within 20 s (an endless loop?)"
+    """--grade-class with the runs stubbed: an exercise killed at its limit of processor time
+    scores 0 and says so, on the console and in the CSV; one starved by the machine is to be
+    graded again, no 0; one exercise refused is one; a cell a spreadsheet would read as a
+    formula (a student named =HYPERLINK(...)) is text."""
+    timed_out = "it used up its 20 s of processor time (an endless loop?)"
+    starved = "it neither finished nor used its 20 s of processor time within 120 s"
 
-    def graded_as(refused_whole="", refused="", problem=""):
+    def graded_as(refused_whole="", refused="", problem="", regrade=False):
         """Full marks, but for the file refused whole, or relative_shift refused or not graded."""
         grades = []
         for c in assignment.exercises:
             shift = c.name == "relative_shift"
             lost = refused_whole or (shift and (refused or problem))
             grade = grading.Grade(c.name, c.points, 0.0 if lost else c.points, [], [], [], "")
-            grades.append(grade._replace(problem=problem, refused=refused) if shift else grade)
+            ungraded = grade._replace(problem=problem, refused=refused, regrade=regrade)
+            grades.append(ungraded if shift else grade)
         return grading.Grading("", grades, refused_whole, False, 0.0)
 
     gradings = {
         '=HYPERLINK("http:evil")': graded_as(),
         "gina": graded_as(problem=timed_out),
+        "hana": graded_as(problem=starved, regrade=True),
         "ivan": graded_as(refused="line 9: `os`"),
         "@sum": graded_as(refused_whole="-1 is not a file"),
     }
@@ -1257,6 +1296,8 @@ def test_a_class_csv_and_console_name_every_exercise_not_graded_and_no_cell_is_a
     assert "ivan: 5/6, 1 exercise refused\n" in printed
     rows = {row[0]: row[1:] for row in csv.reader((tmp_path / "grades.csv").open())}
     assert rows["gina"] == ["0", "2", "3", "5", "", f"relative_shift: {timed_out}"]
+    assert f"hana: 5/6, relative_shift not graded: regrade: {starved}\n" in printed
+    assert rows["hana"] == ["regrade", "2", "3", "5", "", f"relative_shift: regrade: {starved}"]
     assert rows["'@sum"] == ["0", "0", "0", "0", "'-1 is not a file", ""]
     assert rows["ivan"][4] == "relative_shift: line 9: `os`"
     assert rows['\'=HYPERLINK("http:evil")'] == ["1", "2", "3", "6", "", ""]
@@ -1318,7 +1359,7 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     box = grading.StudentSandbox({"observe": OBSERVE}, layout, 60)
     try:
         graded = {"module": "kit_probe", "function": "observe", "source": OBSERVE}
-        worker = sandbox.Sandbox(box.open(), graded, 60, {})
+        worker = sandbox.Sandbox(box.open().socket_fd, graded, 60, {})
         seen = worker.call((str(hw / "teacher" / "compressive.py"), str(ROOT)), {})
         worker.close()
     finally:
@@ -1346,21 +1387,240 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     assert set(seen["environment"]) <= set(kit) | own, seen
 
 
-def test_without_bubblewrap_the_kit_says_so_in_one_line_or_refuses_to_grade(monkeypatch):
-    """Without bubblewrap a grader that is root runs student code as a uid of the kit's own
-    (where that uid can run this Python) and says so in one line; where it cannot, it grades
-    nothing, in one line. A grader that is not root says that the code runs as its own user."""
+CHANNELS = """
+import ctypes
+import os
+import time
+
+libc = ctypes.CDLL(None, use_errno=True)
+KEY_SPEC_USER_KEYRING = -4
+
+
+def call(*args):
+    value = libc.syscall(*args)
+    return value if value != -1 else f"refused ({os.strerror(ctypes.get_errno())})"
+
+
+def store():
+    kept = {}
+    # a key in the uid's own keyring (add_key), which outlives every process of the uid
+    kept["keyring"] = call(248, b"user", b"kit-answer", b"6/6", 3, KEY_SPEC_USER_KEYRING)
+    kept["System V"] = call(29, 0x6B6974, 1 << 20, 0o1666)  # shmget(key, 1 MB, IPC_CREAT|0666)
+    kept["POSIX IPC"] = call(240, b"kit-answer", 0o100 | 0o2, 0o666, None)  # mq_open O_CREAT
+    kept["memfd"] = call(319, b"kit-answer", 0)
+    kept["user namespace"] = call(272, 0x10000000)  # unshare(CLONE_NEWUSER)
+    for name, folder in (("files", os.environ["TMPDIR"]), ("/dev/shm", "/dev/shm")):
+        try:
+            with open(os.path.join(folder, "kit-answer"), "w") as f:
+                f.write("6/6")
+            kept[name] = "written"
+        except OSError as e:
+            kept[name] = f"refused ({e.strerror})"
+    if os.fork() == 0:  # a daemon that would serve the answer to whoever comes next
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    kept["processes"] = "started"
+    return kept
+
+
+def read():
+    found = {}
+    found["keyring"] = call(249, b"user", b"kit-answer", None, 0)  # request_key
+    found["System V"] = call(29, 0x6B6974, 0, 0)  # shmget without IPC_CREAT
+    found["POSIX IPC"] = call(240, b"kit-answer", 0o2, 0, None)
+    try:
+        found["files"] = open(os.path.join(os.environ["TMPDIR"], "kit-answer")).read()
+    except OSError as e:
+        found["files"] = f"refused ({e.strerror})"
+    found["processes"] = []  # of its uid, itself aside: what an earlier exercise left running
+    for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+        if os.stat(f"/proc/{pid}").st_uid == os.getuid():
+            found["processes"].append(open(f"/proc/{pid}/cmdline").read()[:40])
+    found["uid"] = os.getuid()
+    found["cgroups"] = open("/proc/self/cgroup").read()
+    return found
+"""
+
+
+def worker_call(box, function):
+    graded = {"module": "kit_channels", "function": function, "source": CHANNELS}
+    worker = sandbox.Sandbox(box.open().socket_fd, graded, 60, {})
+    try:
+        return worker.call((), {})
+    finally:
+        worker.close()
+
+
+@pytest.mark.slow  # sandboxes started: torch imported in them
+def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypatch):
+    """Student code (no audit) stores the answer on every channel it can: a key in its uid's
+    keyring, a System V segment, a POSIX message queue, a memfd, a file in its temporary folder
+    and in /dev/shm, a daemon (and a user namespace, to escape the filter). The next exercise
+    of the same submission, and the next submission given the very same uid, find none of it;
+    the kernel holds no key of that uid, and no process of it runs once the submission ends."""
+    ways = grading.confinement()
+    if not ways.bwrap:
+        pytest.skip(ways.note)
+    layout = grading.Layout("kit_channels.py", "test_kit_channels.py", {})
+    one_uid = grading.queue.Queue()
+    one_uid.put(grading.SANDBOX_UIDS[-1])
+    monkeypatch.setattr(grading, "SLOTS", one_uid)  # every submission the same uid, in turn
+    box = grading.StudentSandbox({}, layout, 60)
+    try:
+        kept = worker_call(box, "store")
+        next_exercise = worker_call(box, "read")
+    finally:
+        box.close()
+    uid = next_exercise["uid"]
+    box = grading.StudentSandbox({}, layout, 60)
+    try:
+        next_submission = worker_call(box, "read")
+    finally:
+        box.close()
+    assert next_submission["uid"] == uid
+    if grading.cgroup_folders():  # each submission's processes in a cgroup of its own
+        assert f"/kit-{os.getpid()}-{uid}" in next_submission["cgroups"], next_submission
+    refused = ("keyring", "System V", "POSIX IPC", "memfd", "/dev/shm", "user namespace")
+    for channel in refused:
+        assert str(kept[channel]).startswith("refused"), kept
+    assert kept["files"] == "written" and kept["processes"] == "started", kept
+    for found in (next_exercise, next_submission):
+        for channel in ("keyring", "System V", "POSIX IPC", "files"):
+            assert str(found[channel]).startswith("refused"), (channel, found)
+        assert found["processes"] == [], found
+    if os.geteuid() == 0:  # the machine's view: no key and no process of that uid
+        key_users = Path("/proc/key-users").read_text().split("\n")
+        assert not [line for line in key_users if line.strip().startswith(f"{uid}:")]
+        assert not uid_processes(uid)
+
+
+HOG = """
+import time
+
+import torch
+
+
+def hog():
+    held = torch.ones(LARGE, dtype=torch.uint8)  # within its address space, past its cgroup
+    time.sleep(60)
+    return int(held[0])
+"""
+
+
+@pytest.mark.slow  # a sandbox started; gigabytes touched for a moment
+def test_a_submission_past_its_memory_scores_0_and_one_killed_by_another_hand_is_regraded(
+    monkeypatch,
+):
+    """Where the machine offers a cgroup, a submission past its memory (within its address
+    space) is killed by the kernel in its own cgroup, and that is its own doing: 0, said. A
+    worker killed by another hand (SIGKILL with its limits unused) is the machine's doing: not
+    graded, regrade; one stopped at its limit of processor time, its own: 0."""
+    if os.geteuid() != 0 or "memory" not in grading.cgroup_folders():
+        pytest.skip(grading.cgroup_note() or "the grader is not root")
+    if not grading.confinement().bwrap:
+        pytest.skip(grading.confinement().note)
+    monkeypatch.setattr(grading, "SUBMISSION_MEMORY", 1 << 30)  # less to touch, sooner
+    source = HOG.replace("LARGE", str(5 << 28))
+    layout = grading.Layout("kit_hog.py", "test_kit_hog.py", {})
+    tests = "from kit_hog import hog\n\n\ndef test_hog():\n    assert hog() == 1\n"
+    box = grading.StudentSandbox({"hog": source}, layout, 60)
+    try:
+        run = grading.run_tests(source, tests, layout=layout, graded=grading.Graded("hog", box))
+    finally:
+        box.close()
+    assert "it used more than its" in run.problem and not run.regrade, run
+    killed = (signal.SIGKILL, 0.2)  # a wait status, and the processor time it had used
+    judged = grading.judged_end(run._replace(problem=""), killed, 60, own_oom=False)
+    assert judged.regrade and "killed by something other than its own limits" in judged.problem
+    own = grading.judged_end(run._replace(problem=""), (signal.SIGXCPU, 59.6), 60, False)
+    assert not own.regrade and "used up its 60 s of processor time" in own.problem
+
+
+def uid_processes(uid: int) -> list:
+    running = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        uids = next(line for line in status.split("\n") if line.startswith("Uid:")).split()
+        if int(uids[1]) == uid:
+            running.append(pid)
+    return running
+
+
+def test_without_bubblewrap_grading_is_refused_unless_the_teacher_names_what_is_exposed(
+    monkeypatch, capsys
+):
+    """Without bubblewrap the kit refuses to grade, in one line naming the flag that says what
+    student code would then see; with that flag (or in Gradescope's container of its own) it
+    grades and says so in one line: where the grader is root, as a uid of the kit's own (where
+    that uid can run this Python; where it cannot, it grades nothing, in one line); as another
+    user, as that user."""
     monkeypatch.setattr(grading.shutil, "which", lambda name: None)
     grading.confinement.cache_clear()
     try:
-        ways = grading.confinement()
-    except exercises.KitError as error:
-        assert os.geteuid() == 0 and "\n" not in str(error)
-        assert "bwrap is not installed" in str(error) and "install bubblewrap" in str(error)
-    else:
+        try:
+            ways = grading.confinement()
+        except exercises.KitError as error:
+            assert os.geteuid() == 0 and "\n" not in str(error)
+            assert "bwrap is not installed" in str(error) and "install bubblewrap" in str(error)
+            return
         assert not ways.bwrap and "\n" not in ways.note and "no sandbox" in ways.note
+        with pytest.raises(exercises.KitError, match=handout.UNSANDBOXED_FLAG) as refused:
+            handout.say_how_code_runs(audited=True)
+        assert "\n" not in str(refused.value) and "grading refused" in str(refused.value)
+        for asked in ("asked", "container"):
+            handout.say_how_code_runs(audited=True, without_sandbox=asked)
+            assert capsys.readouterr().err == f"warning: {ways.note}\n"
     finally:
         grading.confinement.cache_clear()
+
+
+@pytest.mark.slow  # the assignment made for real: seconds
+def test_in_gradescopes_container_a_grade_without_bubblewrap_says_so_in_its_results(
+    monkeypatch, tmp_path, hw, assignment
+):
+    """Where bubblewrap does not run in Gradescope's container, the grade goes on (stubbed here)
+    and results.json says, first, that it ran without the sandbox; locally it is refused."""
+    ways = grading.Confinement("", "no sandbox: bwrap does not run here (a container)")
+    monkeypatch.setattr(grading, "confinement", lambda: ways)
+    grades = [
+        grading.Grade(c.name, c.points, c.points, [], [], [], "") for c in assignment.exercises
+    ]
+    stub = grading.Grading("alice", grades, "", False, 1.0)
+    monkeypatch.setattr(grading, "grade", lambda *args: stub)
+    path, results = submit(tmp_path / "alice", ORIGINAL), tmp_path / "results.json"
+    assert handout.grade(path, hw, results, None, None, True, "container") == 0
+    output = json.loads(results.read_text())["output"]
+    assert output.startswith(f"Graded without bubblewrap's sandbox ({ways.note}).")
+    with pytest.raises(exercises.KitError, match="grading refused"):
+        handout.grade(path, hw, results, None, None, True, "")
+    assert json.loads(results.read_text())["output"].startswith("Not graded: no sandbox")
+
+
+def test_the_unsandboxed_flag_says_what_student_code_then_reads_and_goes_with_a_grade():
+    help_text = " ".join(cli("--help").stdout.split())
+    assert "student code then reads every file that other users can read" in help_text
+    result = cli(handout.UNSANDBOXED_FLAG, "--gradescope", "hw")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "goes with --grade or --grade-class" in result.stderr
+
+
+@pytest.mark.slow  # a test process started: torch and pytest imported, seconds
+def test_each_test_process_has_a_temporary_folder_of_its_own(tmp_path):
+    """Nothing another run (or a student's code, where there is no sandbox) leaves in the
+    machine's /tmp, a planted pytest-of-USER say, reaches a run: its TMPDIR is its own."""
+    tests = (
+        "import os, tempfile\n\n\ndef test_own_tmp():\n"
+        "    assert tempfile.gettempdir() == os.path.join(os.getcwd(), 'tmp')\n"
+        "    assert os.stat(os.getcwd()).st_mode & 0o077 == 0\n"
+    )
+    layout = grading.Layout("kit_tmp.py", "test_kit_tmp.py", {})
+    run = grading.run_tests("", tests, layout=layout)
+    assert not run.problem and list(run.outcomes.values()) == ["passed"], run
 
 
 # ---------------------------------------------------------------- with the audit off ------------
@@ -1474,8 +1734,39 @@ def test_with_the_audit_off_no_submission_raises_its_grade_or_lowers_a_classmate
     # later exercise runs the attack again, and fails
     assert first.failures and not first.problem, first
     for g in later:
-        assert g.failures or f"did not finish within {CLASS_TIMEOUT_S} s" in g.problem, g
+        assert g.failures or f"used up its {CLASS_TIMEOUT_S} s" in g.problem, g
     assert all(path.read_bytes() == data for path, data in before.items())
+
+
+BUSY = [
+    "import os",
+    "try:",
+    "    for _ in range(31):  # busy processes of their own sessions, as many as the limit allows",
+    "        if os.fork() == 0:",
+    "            os.setsid()",
+    "            while True:",
+    "                pass",
+    "except OSError:",
+    "    pass",
+]
+
+
+@pytest.mark.slow  # a class graded in sandboxes while one submission keeps 31 processes busy
+def test_a_submission_of_busy_processes_never_costs_a_classmate_a_point(tmp_path, hw, assignment):
+    """Mallory's answer (no audit) starts 31 busy processes, each in a session of its own, and
+    grades on. Alice, graded beside her, scores every point, or where the machine kept her from
+    the processor, is marked regrade: never 0. (Where the machine has a cpu cgroup for each
+    submission, Mallory's processes share one core between them.)"""
+    if not grading.confinement().bwrap:
+        pytest.skip(grading.confinement().note)
+    answer = filled((hw / "student" / "compressive.py").read_text())
+    busy = exercises.splice(answer, cheat_in_shift(*BUSY), "relative_shift")
+    submissions = {"alice": submit(tmp_path / "alice", answer)}
+    submissions["mallory"] = submit(tmp_path / "mallory", busy)
+    results = grading.grade_class(submissions, assignment, None, 20, audited=False)
+    for g in results["alice"].grades:
+        assert g.score == g.points or (g.regrade and "not graded: regrade" in grading.summary(g))
+    assert results["alice"].score > 0 or all(g.regrade for g in results["alice"].grades)
 
 
 # ---------------------------------------------------------------- beyond the paper ---------------
@@ -1502,13 +1793,13 @@ def test_an_exercise_of_beyond_the_paper_is_handed_out_and_graded_with_its_own_t
         t.startswith("beyond_the_paper/test_feedback.py::") for t in check.tests
     )
     student = tmp_path / "hw" / "student"
-    copy = (student / exercises.FEEDBACK).read_text()
+    copy = (student / FEEDBACK).read_text()
     assert "FeedbackLayer.forward: the exercise" in copy
     for path in ("compressive.py", "test_compressive.py"):  # what feedback.py's tests import
         assert (student / path).read_text() == (ROOT / path).read_text(), path
     assert not (student / "beyond_the_paper" / "agent.py").exists()  # which nothing there imports
     assert "`beyond_the_paper/feedback.py`" in (student / "README.md").read_text()
-    original = submit(tmp_path / "alice", (ROOT / exercises.FEEDBACK).read_text())
+    original = submit(tmp_path / "alice", (ROOT / FEEDBACK).read_text())
     original.rename(original.with_name("feedback.py"))
     blank = submit(tmp_path / "bob", copy)
     blank.rename(blank.with_name("feedback.py"))

@@ -1,10 +1,10 @@
 """The Gradescope autograder bundle of an assignment: a zip whose run_autograder grades one
-submission with the kit itself (python -m lesson.handout --grade) and writes Gradescope's
+submission with the kit itself (python -m teachers_kit.handout --grade) and writes Gradescope's
 results.json. Gradescope unpacks it into /autograder/source, runs setup.sh once when it builds
 the image, then run_autograder from /autograder for each submission (its autograder
 specifications: https://gradescope-autograders.readthedocs.io/en/latest/specs/).
 
-The bundle holds the kit's grading code (lesson/), the assignment (the original, every test, the
+The bundle holds the kit's code (teachers_kit/), the assignment (the original, every test, the
 files they import, assignment.json) under assignment/, setup.sh and run_autograder; nothing of
 the student's.
 """
@@ -22,6 +22,7 @@ KIT_FILES = [
     "grading_child.py",
     "sandbox.py",
     "gradescope.py",
+    "exercises.json",  # the table of exercises, which exercises.py reads as it is imported
 ]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -78,7 +79,8 @@ mkdir -p "$root/results"
 rm -f "$results"
 chmod go-rwx "$root/source"
 cd "$root/source" || exit 1
-"$python" -m lesson.handout --grade "$root/submission" --assignment assignment --results "$results"
+"$python" -m teachers_kit.handout --grade "$root/submission" --assignment assignment \\
+  --results "$results" --in-gradescope-container
 status=$?
 if [ ! -s "$results" ]; then  # the grader itself failed: a zero that says so, not a silent one
   why="The autograder failed (exit status $status): your teacher can see why in its output."
@@ -110,7 +112,8 @@ def write_bundle(assignment, zip_path: Path) -> None:
         add(archive, "setup.sh", setup_sh(assignment.versions).encode(), executable=True)
         add(archive, "run_autograder", RUN_AUTOGRADER.encode(), executable=True)
         for name in KIT_FILES:
-            add(archive, f"lesson/{name}", (KIT / name).read_bytes())
+            add(archive, f"teachers_kit/{name}", (KIT / name).read_bytes())
         for name in assignment_files(assignment):
             add(archive, f"assignment/{name}", (assignment.folder / name).read_bytes())
+    staging.chmod(0o600)  # the solution and the hidden tests: the teacher's alone
     staging.replace(zip_path)
