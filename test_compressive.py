@@ -19,6 +19,7 @@ from compressive import (
     MostUsedCompress,
     PoolCompress,
     attention_reconstruction_loss,
+    check_tokens,
     relative_shift,
     sinusoid_positions,
 )
@@ -634,6 +635,25 @@ def test_bad_inputs_raise_one_clear_error():
             call()
 
 
+def test_token_ids_are_int64_or_int32_and_their_range_is_checked_without_wrapping():
+    """Bytes read with torch.frombuffer come as uint8, where 256 wraps to 0: a narrower dtype is
+    refused with the call that converts it, never compared in its own width."""
+    model = make(vocab_size=256).eval()
+    text = torch.frombuffer(bytearray(b"to be or not to be"), dtype=torch.uint8).view(1, -1)
+    for dtype in (torch.uint8, torch.int8, torch.int16):
+        with pytest.raises(TypeError, match=rf"got dtype {dtype}: use tokens.long\(\)"):
+            model(text.to(dtype))
+    with torch.no_grad():
+        expected, _, _ = model(text.long())
+        logits, _, _ = model(text.int())  # int32, the embedding's other dtype
+    assert logits.equal(expected)
+    with pytest.raises(ValueError, match=r"\[0, 256\), got values in \[32, 256\]"):
+        model(torch.tensor([[32, 256]], dtype=torch.int32))
+    with torch.device("meta"):  # a vocabulary past int32's range holds every int32 id
+        huge = CompressiveTransformer(tiny(vocab_size=2**32))
+    check_tokens(huge, torch.tensor([[0, 2**31 - 1]], dtype=torch.int32))  # no false error
+
+
 # ---------------------------------------------------------------- ready for an accelerator --------
 
 
@@ -852,3 +872,38 @@ def test_a_call_leaves_the_memory_it_was_handed_as_it_was():
     kept = [t.clone() for t in handed]
     model(tokens(2, 6, seed=2), memory)
     assert all(a.equal(b) for a, b in zip(memory.mem + memory.c_mem + memory.usage, kept))
+
+
+# ---------------------------------------------------------------- vectors, a saved configuration -
+
+
+def test_a_model_of_vectors_alone_has_no_weight_that_no_gradient_reaches():
+    """vocab_size=None: no embedding and no head. Through hidden_states, once a call compresses,
+    every weight has a gradient (DistributedDataParallel then needs no unused parameters)."""
+    model = make(vocab_size=None)
+    assert model.embed is None and model.head is None
+    memory = None
+    for _ in range(3):  # the second call is the first to compress
+        h, memory, recon_loss = model.hidden_states(torch.randn(2, 6, 16), memory)
+        (h.square().mean() + recon_loss).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert {name.split(".")[0] for name, _ in model.named_parameters()} == {"layers"}
+    with pytest.raises(TypeError, match="no vocabulary"):
+        model(tokens(2, 6))
+    with pytest.raises(TypeError, match="no vocabulary"):
+        model.generate(tokens(2, 6), 3)
+
+
+def test_a_config_saved_beside_the_weights_loads_with_weights_only(tmp_path):
+    model = make(vocab_size=None, compression="mean_pool")
+    torch.save({"config": model.cfg, "model": model.state_dict()}, tmp_path / "model.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(tmp_path / "model.pt", weights_only=True)  # CompressiveConfig must be allowed
+    with torch.serialization.safe_globals([CompressiveConfig]):
+        saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert saved["config"] == model.cfg
+    loaded = CompressiveTransformer(saved["config"])
+    loaded.load_state_dict(saved["model"])
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        assert loaded.hidden_states(x)[0].equal(model.hidden_states(x)[0])
