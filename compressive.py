@@ -108,6 +108,12 @@ class CompressiveConfig:
 # A Memory is plain data: `torch.save` writes it, and `torch.load(f, weights_only=True)`, run
 # inside a `with torch.serialization.safe_globals([Memory]):` block, reads it back without running
 # code.
+#
+# The rows of a batch share their slot counts: `mem[i]` is one tensor `[B, n_mem, d_model]`, so a
+# row cannot be emptied alone. Zeroing a row's slots is not a reset: the row still attends to
+# them (a zero memory gets a score like any key, and a share of the softmax) and they later pass
+# through $f_c$. Start every row afresh with `memory=None`; for episodes that end row by row, or a
+# reset per row, copy beyond_the_paper/agent.py beside this file (its AgentMemory.reset).
 class Memory(NamedTuple):
     """Per layer, oldest first: mem [batch, <= n_m, d_model], c_mem [batch, <= n_cm, d_model], and
     usage [batch, <= n_m] (most_used only, else None)."""
