@@ -745,7 +745,16 @@ class CompressiveTransformer(nn.Module):
         return self.out_norm(h), memory, recon_loss
 
     # Feed the prompt in segments of $n_s$, then sample one token at a time through the memory,
-    # so each new token costs the same however long the text grows.
+    # so each new token costs the same however long the text grows. Handed a `memory` (a training
+    # stream's, or one that generate returned), the prompt is the text that follows it, and
+    # sampling continues that stream. The last sampled token is read into the memory only when
+    # the memory is asked for: one more forward.
+    #
+    # Compiled with `model.compile(dynamic=False)`, each memory size is a graph of its own. While
+    # the memories fill, every one-token call brings a new size, past torch.compile's recompile
+    # limit; once both are full, mem cycles through $c$ sizes, $n_m - c + 1$ to $n_m$
+    # (`n_evicted`), and $c$ graphs serve every token after. So fill the memory eagerly, then
+    # compile and hand it to generate (docs/COPYING.md).
     @torch.no_grad()
     def generate(
         self,
@@ -753,26 +762,33 @@ class CompressiveTransformer(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: Optional[int] = None,
-    ) -> torch.Tensor:
-        """prompt [B, T0] of ids. Returns [B, T0 + max_new_tokens]: the prompt and the tokens
-        sampled at temperature, from the top_k most likely when top_k is given."""
+        memory: Optional[Memory] = None,
+        return_memory: bool = False,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, Memory]]:
+        """prompt [B, T0] of ids, the text after memory (None: a fresh start). Returns
+        [B, T0 + max_new_tokens]: the prompt and the tokens sampled at temperature, from the top_k
+        most likely when top_k is given; with return_memory, (those tokens, the Memory after all
+        of them), to continue from."""
         check_generate_arguments(self, prompt, max_new_tokens, temperature, top_k)
         was_training = self.training
         self.eval()
-        memory, out = None, [prompt]
-        for segment in prompt.split(self.cfg.seq_len, dim=1):
-            logits, memory, _ = self(segment, memory)
-        for step in range(max_new_tokens):
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
-            out.append(token)
-            if step + 1 < max_new_tokens:  # the last sampled token needs no forward
-                logits, memory, _ = self(token, memory)
-        self.train(was_training)
-        return torch.cat(out, dim=1)
+        try:  # training mode comes back even if a bad memory stops the first forward
+            out = [prompt]
+            for segment in prompt.split(self.cfg.seq_len, dim=1):
+                logits, memory, _ = self(segment, memory)
+            for step in range(max_new_tokens):
+                logits = logits[:, -1, :] / temperature
+                if top_k is not None:
+                    kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+                out.append(token)
+                if step + 1 < max_new_tokens or return_memory:  # the memory reads every token
+                    logits, memory, _ = self(token, memory)
+        finally:
+            self.train(was_training)
+        out = torch.cat(out, dim=1)
+        return (out, memory) if return_memory else out
 
     # How far back the last token of a call sees, with both memories full: its own call (the token
     # itself included), then mem $n_m$ tokens more, then c_mem $c \, n_{cm}$ more. An earlier token

@@ -743,6 +743,29 @@ def test_torch_compile_traces_one_whole_graph_under_autocast(dtype):
     torch.testing.assert_close(logits.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_torch_compile_decodes_one_token_a_call_in_c_graphs_once_the_memory_is_full():
+    """One token a call with both memories full: mem cycles through c sizes (n_m - c + 1 to n_m),
+    one graph each under dynamic=False, and no more however long generation runs. (While the
+    memories fill, every token is a new size: they are filled eagerly first.)"""
+    torch.compiler.reset()
+    model = make(n_layers=1).double().eval()
+    with torch.no_grad():
+        memory = None
+        for n in range(3):  # eagerly, until mem and c_mem are full
+            _, memory, _ = model(tokens(2, 6, seed=n), memory)
+    assert memory.c_mem[0].size(1) == 4
+    expected = model.generate(tokens(2, 1, seed=5), 12, top_k=1, memory=memory)
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model.compile(backend=counting_backend, dynamic=False)
+    out = model.generate(tokens(2, 1, seed=5), 12, top_k=1, memory=memory)  # 12 forwards
+    assert out.equal(expected) and len(graphs) == 3  # c = 3
+
+
 # ---------------------------------------------------------------- generation ---------------------
 
 
@@ -793,6 +816,44 @@ def test_generate_cost_per_token_is_bounded_by_the_memory():
     model.generate(tokens(1, 4), 50, temperature=0.8, top_k=5)
     assert len(key_lengths) == 1 + 49
     assert max(key_lengths[1:]) <= 8 + 4 + 1
+
+
+def test_generate_continues_from_the_memory_of_the_text_before_its_prompt():
+    """Handed the memory of text a, generate(b) samples what generate(a + b) samples: here a
+    memory that holds the whole text (Transformer-XL, n_m = 64), greedy, in double precision."""
+    model = make(c_mem_len=0, mem_len=64).double()
+    a, b = tokens(2, 9), tokens(2, 5, seed=2)
+    with torch.no_grad():
+        _, memory_of_a, _ = model(a)  # as a training stream leaves it
+    out = model.generate(b, 8, top_k=1, memory=memory_of_a)
+    assert out.shape == (2, 13) and out[:, :5].equal(b)
+    assert out.equal(model.generate(torch.cat([a, b], dim=1), 8, top_k=1)[:, 9:])
+
+
+def test_generate_returns_the_memory_after_every_token_it_read_and_sampled():
+    """return_memory=True: the memory after the prompt and every sampled token, the last one too,
+    as reading them one call after another leaves it; the next generate continues from it."""
+    model = make().eval()
+    prompt, more = tokens(2, 9), tokens(2, 4, seed=3)
+    out, memory = model.generate(prompt, 7, top_k=1, return_memory=True)
+    with torch.no_grad():
+        replayed = None
+        for segment in (*prompt.split(6, dim=1), *out[:, 9:].split(1, dim=1)):
+            logits, replayed, _ = model(segment, replayed)
+        assert all(
+            a.equal(b) for a, b in zip(memory.mem + memory.c_mem, replayed.mem + replayed.c_mem)
+        )
+        then = model.generate(more, 5, top_k=1, memory=memory)
+        logits, replayed, _ = model(more, replayed)
+        for t in range(4, 9):
+            assert then[:, t].equal(logits[:, -1].argmax(-1))
+            logits, replayed, _ = model(then[:, t : t + 1], replayed)
+    _, after_prompt = model.generate(prompt, 0, return_memory=True)
+    assert after_prompt.mem[0].size(1) == 9 - 3  # 9 tokens read, n_m = 8: one block of c evicted
+    model.train()
+    with pytest.raises(ValueError, match="batch size 3"):
+        model.generate(tokens(3, 4), 5, memory=memory)
+    assert model.training  # restored after the error too
 
 
 # ---------------------------------------------------------------- training smoke -----------------
