@@ -66,7 +66,7 @@ docstring says only what a function takes and returns. The specification, as tes
 
 import math
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -83,12 +83,18 @@ RECONSTRUCTIONS = ("attention", "autoencoding")
 # The model's sizes, in the paper's symbols where it has one. `mem_len=0` gives a model without
 # memory at all (a relative-attention transformer); `c_mem_len=0` gives Transformer-XL, which drops
 # what leaves mem. `compression` names $f_c$, `reconstruction` the loss that trains it.
+# `vocab_size=None` gives a model of vectors alone, without the embedding and the head: it is
+# called through `hidden_states`.
+#
+# A configuration saved beside the weights, `torch.save({"config": cfg, "model": ...})`, reads back
+# with `torch.load(f, weights_only=True)` inside a
+# `with torch.serialization.safe_globals([CompressiveConfig]):` block, as a Memory does.
 #
 # **Departure:** a pre-LN option, `pre_norm=True`; the default is post-LN, as in the paper and
 # Transformer-XL.
 @dataclass
 class CompressiveConfig:
-    vocab_size: int = 65
+    vocab_size: Optional[int] = 65  # None: vectors alone (hidden_states)
     d_model: int = 128
     n_heads: int = 4
     n_layers: int = 4
@@ -119,6 +125,12 @@ class CompressiveConfig:
 # A Memory is plain data: `torch.save` writes it, and `torch.load(f, weights_only=True)`, run
 # inside a `with torch.serialization.safe_globals([Memory]):` block, reads it back without running
 # code.
+#
+# The rows of a batch share their slot counts: `mem[i]` is one tensor `[B, n_mem, d_model]`, so a
+# row cannot be emptied alone. Zeroing a row's slots is not a reset: the row still attends to
+# them (a zero memory gets a score like any key, and a share of the softmax) and they later pass
+# through $f_c$. Start every row afresh with `memory=None`; for episodes that end row by row, or a
+# reset per row, copy beyond_the_paper/agent.py beside this file (its AgentMemory.reset).
 class Memory(NamedTuple):
     """Per layer, oldest first: mem [batch, <= n_m, d_model], c_mem [batch, <= n_cm, d_model], and
     usage [batch, <= n_m] (most_used only, else None)."""
@@ -694,9 +706,12 @@ class CompressiveLayer(nn.Module):
 # `tokens` are `[B, T]` ids, `memory` the Memory of the previous call or None, the logits
 # `[B, T, vocab]`; `recon_loss` is $f_c$'s 0-dim loss, to add to the language-model loss.
 # `hidden_states` is the same without the embedding and the head: `x` and `h` are `[B, T, d_model]`.
+# A model of vectors alone, `vocab_size=None`, has neither: no weight that no gradient reaches.
 #
 # Under DistributedDataParallel, wrap the model with `find_unused_parameters=True`: $f_c$ (and,
-# under autoencoding, its decoder) gets no gradient in a call that compresses nothing.
+# under autoencoding, its decoder) gets no gradient in a call that compresses nothing, and a model
+# with a vocabulary that is called through `hidden_states` alone gets none in its embedding and
+# head (`vocab_size=None` leaves them out).
 class CompressiveTransformer(nn.Module):
     """The Compressive Transformer language model: logits [B, T, vocab], memory, recon_loss =
     model(tokens [B, T], memory of the previous call or None); add recon_loss to the loss."""
@@ -708,14 +723,15 @@ class CompressiveTransformer(nn.Module):
         if not isinstance(cfg, CompressiveConfig):
             raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        has_vocabulary = cfg.vocab_size is not None  # None: vectors alone, no embedding, no head
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model) if has_vocabulary else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         # **Departure:** an untied output head. The embedding keeps PyTorch's $\mathcal{N}(0, 1)$
         # start: post-LN, every other layer's input is a LayerNorm output of unit scale, so layer
         # 0's inputs and memories then look like the rest.
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False) if has_vocabulary else None
         self.apply(self.init_weights)
 
     # **Departure:** Xavier (Glorot & Bengio) scale, std $= \sqrt{2 / (\mathrm{fan_{in}} +
@@ -801,7 +817,16 @@ class CompressiveTransformer(nn.Module):
         return self.out_norm(h), memory, recon_loss
 
     # Feed the prompt in segments of $n_s$, then sample one token at a time through the memory,
-    # so each new token costs the same however long the text grows.
+    # so each new token costs the same however long the text grows. Handed a `memory` (a training
+    # stream's, or one that generate returned), the prompt is the text that follows it, and
+    # sampling continues that stream. The last sampled token is read into the memory only when
+    # the memory is asked for: one more forward.
+    #
+    # Compiled with `model.compile(dynamic=False)`, each memory size is a graph of its own. While
+    # the memories fill, every one-token call brings a new size, past torch.compile's recompile
+    # limit; once both are full, mem cycles through $c$ sizes, $n_m - c + 1$ to $n_m$
+    # (`n_evicted`), and $c$ graphs serve every token after. So fill the memory eagerly, then
+    # compile and hand it to generate (docs/COPYING.md).
     @torch.no_grad()
     def generate(
         self,
@@ -809,26 +834,33 @@ class CompressiveTransformer(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: Optional[int] = None,
-    ) -> torch.Tensor:
-        """prompt [B, T0] of ids. Returns [B, T0 + max_new_tokens]: the prompt and the tokens
-        sampled at temperature, from the top_k most likely when top_k is given."""
+        memory: Optional[Memory] = None,
+        return_memory: bool = False,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, Memory]]:
+        """prompt [B, T0] of ids, the text after memory (None: a fresh start). Returns
+        [B, T0 + max_new_tokens]: the prompt and the tokens sampled at temperature, from the top_k
+        most likely when top_k is given; with return_memory, (those tokens, the Memory after all
+        of them), to continue from."""
         check_generate_arguments(self, prompt, max_new_tokens, temperature, top_k)
         was_training = self.training
         self.eval()
-        memory, out = None, [prompt]
-        for segment in prompt.split(self.cfg.seq_len, dim=1):
-            logits, memory, _ = self(segment, memory)
-        for step in range(max_new_tokens):
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
-            out.append(token)
-            if step + 1 < max_new_tokens:  # the last sampled token needs no forward
-                logits, memory, _ = self(token, memory)
-        self.train(was_training)
-        return torch.cat(out, dim=1)
+        try:  # training mode comes back even if a bad memory stops the first forward
+            out = [prompt]
+            for segment in prompt.split(self.cfg.seq_len, dim=1):
+                logits, memory, _ = self(segment, memory)
+            for step in range(max_new_tokens):
+                logits = logits[:, -1, :] / temperature
+                if top_k is not None:
+                    kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+                out.append(token)
+                if step + 1 < max_new_tokens or return_memory:  # the memory reads every token
+                    logits, memory, _ = self(token, memory)
+        finally:
+            self.train(was_training)
+        out = torch.cat(out, dim=1)
+        return (out, memory) if return_memory else out
 
     # How far back the last token of a call sees, with both memories full. One layer sees its own
     # call (the token itself included), then mem, then c_mem:
@@ -888,13 +920,15 @@ class CompressiveTransformer(nn.Module):
 # prompt's once, on any device).
 
 
-# Every size an int (a bool is not one), positive, or $\ge 0$ for the two memories; heads that
-# divide d_model; a known $f_c$ and loss; and, where something is compressed, a mem of at least
-# one block of $c$, since evictions come in blocks.
+# Every size an int (a bool is not one), positive, or $\ge 0$ for the two memories (vocab_size may
+# be None); heads that divide d_model; a known $f_c$ and loss; and, where something is compressed,
+# a mem of at least one block of $c$, since evictions come in blocks.
 def check_config(cfg: CompressiveConfig) -> None:
     sizes = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len", "compression_rate")
     for name in (*sizes, "mem_len", "c_mem_len"):
         value = getattr(cfg, name)
+        if name == "vocab_size" and value is None:  # a model of vectors alone
+            continue
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < (1 if name in sizes else 0):
@@ -916,27 +950,43 @@ def check_config(cfg: CompressiveConfig) -> None:
         )
 
 
-# Token ids: a 2-D integer tensor, ids in the vocabulary. The range is checked only on the CPU
-# outside torch.compile: on an accelerator it would wait for the device on every call (an id out of
-# range then fails in the embedding).
+# Token ids: a 2-D tensor of int64 or int32, the two dtypes an embedding reads, ids in the
+# vocabulary. A narrower dtype (uint8 bytes from `torch.frombuffer`) is refused with the call that
+# converts it. The range is checked only on the CPU outside torch.compile: on an accelerator it
+# would wait for the device on every call (an id out of range then fails in the embedding).
 def check_tokens(model: nn.Module, tokens) -> None:
-    """tokens: [batch, time] integer ids in [0, vocab_size)."""
+    """tokens: [batch, time] int64 or int32 ids in [0, vocab_size)."""
+    if model.cfg.vocab_size is None:
+        raise TypeError(
+            "this model has no vocabulary (vocab_size=None): call model.hidden_states(x, memory) "
+            "with vectors x [batch, time, d_model]"
+        )
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"tokens must be an integer tensor of int64 (or int32) ids, got dtype {tokens.dtype}: "
+            f"use tokens.long()"
+        )
     if tokens.dim() != 2 or 0 in tokens.shape:
         raise ValueError(
             f"tokens must be 2-D [batch, time] with at least one token per row, got shape "
             f"{tuple(tokens.shape)}"
         )
     if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
-        vocab_size = model.cfg.vocab_size
-        if bool(((tokens < 0) | (tokens >= vocab_size)).any()):
-            raise ValueError(
-                f"token ids must lie in [0, {vocab_size}), got values in "
-                f"[{int(tokens.min())}, {int(tokens.max())}]"
-            )
+        check_token_range(model, tokens)
+
+
+# Ids in [0, vocab_size), compared without wrapping: the bound is the largest id, kept within the
+# dtype (a vocab_size past int32's range holds every int32 id). Reads one bool back from the device.
+def check_token_range(model: nn.Module, tokens: torch.Tensor) -> None:
+    vocab_size = model.cfg.vocab_size
+    largest_id = min(vocab_size - 1, torch.iinfo(tokens.dtype).max)
+    if bool(((tokens < 0) | (tokens > largest_id)).any()):
+        raise ValueError(
+            f"token ids must lie in [0, {vocab_size}), got values in "
+            f"[{int(tokens.min())}, {int(tokens.max())}]"
+        )
 
 
 # Where autocast decides the dtypes, inputs and memories may come in another dtype than the
@@ -1023,7 +1073,5 @@ def check_generate_arguments(model, prompt, max_new_tokens, temperature, top_k) 
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
     check_tokens(model, prompt)  # the ids' range: on the CPU; elsewhere, once per generate here
-    if prompt.device.type != "cpu" and bool(
-        ((prompt < 0) | (prompt >= model.cfg.vocab_size)).any()
-    ):
-        raise ValueError(f"token ids must lie in [0, {model.cfg.vocab_size})")
+    if prompt.device.type != "cpu":
+        check_token_range(model, prompt)

@@ -19,6 +19,7 @@ from compressive import (
     MostUsedCompress,
     PoolCompress,
     attention_reconstruction_loss,
+    check_tokens,
     relative_shift,
     sinusoid_positions,
 )
@@ -683,6 +684,25 @@ def test_bad_inputs_raise_one_clear_error():
             call()
 
 
+def test_token_ids_are_int64_or_int32_and_their_range_is_checked_without_wrapping():
+    """Bytes read with torch.frombuffer come as uint8, where 256 wraps to 0: a narrower dtype is
+    refused with the call that converts it, never compared in its own width."""
+    model = make(vocab_size=256).eval()
+    text = torch.frombuffer(bytearray(b"to be or not to be"), dtype=torch.uint8).view(1, -1)
+    for dtype in (torch.uint8, torch.int8, torch.int16):
+        with pytest.raises(TypeError, match=rf"got dtype {dtype}: use tokens.long\(\)"):
+            model(text.to(dtype))
+    with torch.no_grad():
+        expected, _, _ = model(text.long())
+        logits, _, _ = model(text.int())  # int32, the embedding's other dtype
+    assert logits.equal(expected)
+    with pytest.raises(ValueError, match=r"\[0, 256\), got values in \[32, 256\]"):
+        model(torch.tensor([[32, 256]], dtype=torch.int32))
+    with torch.device("meta"):  # a vocabulary past int32's range holds every int32 id
+        huge = CompressiveTransformer(tiny(vocab_size=2**32))
+    check_tokens(huge, torch.tensor([[0, 2**31 - 1]], dtype=torch.int32))  # no false error
+
+
 # ---------------------------------------------------------------- ready for an accelerator --------
 
 
@@ -772,6 +792,29 @@ def test_torch_compile_traces_one_whole_graph_under_autocast(dtype):
     torch.testing.assert_close(logits.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
+def test_torch_compile_decodes_one_token_a_call_in_c_graphs_once_the_memory_is_full():
+    """One token a call with both memories full: mem cycles through c sizes (n_m - c + 1 to n_m),
+    one graph each under dynamic=False, and no more however long generation runs. (While the
+    memories fill, every token is a new size: they are filled eagerly first.)"""
+    torch.compiler.reset()
+    model = make(n_layers=1).double().eval()
+    with torch.no_grad():
+        memory = None
+        for n in range(3):  # eagerly, until mem and c_mem are full
+            _, memory, _ = model(tokens(2, 6, seed=n), memory)
+    assert memory.c_mem[0].size(1) == 4
+    expected = model.generate(tokens(2, 1, seed=5), 12, top_k=1, memory=memory)
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model.compile(backend=counting_backend, dynamic=False)
+    out = model.generate(tokens(2, 1, seed=5), 12, top_k=1, memory=memory)  # 12 forwards
+    assert out.equal(expected) and len(graphs) == 3  # c = 3
+
+
 # ---------------------------------------------------------------- generation ---------------------
 
 
@@ -822,6 +865,44 @@ def test_generate_cost_per_token_is_bounded_by_the_memory():
     model.generate(tokens(1, 4), 50, temperature=0.8, top_k=5)
     assert len(key_lengths) == 1 + 49
     assert max(key_lengths[1:]) <= 8 + 4 + 1
+
+
+def test_generate_continues_from_the_memory_of_the_text_before_its_prompt():
+    """Handed the memory of text a, generate(b) samples what generate(a + b) samples: here a
+    memory that holds the whole text (Transformer-XL, n_m = 64), greedy, in double precision."""
+    model = make(c_mem_len=0, mem_len=64).double()
+    a, b = tokens(2, 9), tokens(2, 5, seed=2)
+    with torch.no_grad():
+        _, memory_of_a, _ = model(a)  # as a training stream leaves it
+    out = model.generate(b, 8, top_k=1, memory=memory_of_a)
+    assert out.shape == (2, 13) and out[:, :5].equal(b)
+    assert out.equal(model.generate(torch.cat([a, b], dim=1), 8, top_k=1)[:, 9:])
+
+
+def test_generate_returns_the_memory_after_every_token_it_read_and_sampled():
+    """return_memory=True: the memory after the prompt and every sampled token, the last one too,
+    as reading them one call after another leaves it; the next generate continues from it."""
+    model = make().eval()
+    prompt, more = tokens(2, 9), tokens(2, 4, seed=3)
+    out, memory = model.generate(prompt, 7, top_k=1, return_memory=True)
+    with torch.no_grad():
+        replayed = None
+        for segment in (*prompt.split(6, dim=1), *out[:, 9:].split(1, dim=1)):
+            logits, replayed, _ = model(segment, replayed)
+        assert all(
+            a.equal(b) for a, b in zip(memory.mem + memory.c_mem, replayed.mem + replayed.c_mem)
+        )
+        then = model.generate(more, 5, top_k=1, memory=memory)
+        logits, replayed, _ = model(more, replayed)
+        for t in range(4, 9):
+            assert then[:, t].equal(logits[:, -1].argmax(-1))
+            logits, replayed, _ = model(then[:, t : t + 1], replayed)
+    _, after_prompt = model.generate(prompt, 0, return_memory=True)
+    assert after_prompt.mem[0].size(1) == 9 - 3  # 9 tokens read, n_m = 8: one block of c evicted
+    model.train()
+    with pytest.raises(ValueError, match="batch size 3"):
+        model.generate(tokens(3, 4), 5, memory=memory)
+    assert model.training  # restored after the error too
 
 
 # ---------------------------------------------------------------- training smoke -----------------
@@ -891,6 +972,26 @@ def test_a_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
     assert logits.equal(expected)  # one computation, run twice
 
 
+def test_zeroing_a_rows_memory_is_not_a_reset():
+    """The rows of a batch share their slot counts, so one row cannot be emptied alone, and
+    zeroing its slots is no substitute: the row still attends to them (by 0.8 to 2.6 on the
+    logits, seeds 0-4). A fresh start is memory=None; a reset per row is agent.py's."""
+    model = make().eval()
+    with torch.no_grad():
+        memory = None
+        for n in range(3):
+            _, memory, _ = model(tokens(2, 6, seed=n), memory)
+        row_0_zeroed = lambda layers: [t * torch.tensor([0.0, 1.0]).view(2, 1, 1) for t in layers]
+        x = tokens(2, 6, seed=9)
+        logits, _, _ = model(x, Memory(row_0_zeroed(memory.mem), row_0_zeroed(memory.c_mem)))
+        fresh, _, _ = model(x[:1])  # row 0 from a fresh start
+        kept, _, _ = model(
+            x[1:], Memory([m[1:] for m in memory.mem], [c[1:] for c in memory.c_mem])
+        )
+    torch.testing.assert_close(logits[1:], kept)  # the other row is as it was
+    assert (logits[0] - fresh[0]).abs().max() > 0.5
+
+
 def test_a_call_leaves_the_memory_it_was_handed_as_it_was():
     """A caller may keep a Memory (a second pass over the same segments, an evaluation)."""
     model = make(compression="most_used", mem_len=8, compression_rate=2).eval()
@@ -901,3 +1002,38 @@ def test_a_call_leaves_the_memory_it_was_handed_as_it_was():
     kept = [t.clone() for t in handed]
     model(tokens(2, 6, seed=2), memory)
     assert all(a.equal(b) for a, b in zip(memory.mem + memory.c_mem + memory.usage, kept))
+
+
+# ---------------------------------------------------------------- vectors, a saved configuration -
+
+
+def test_a_model_of_vectors_alone_has_no_weight_that_no_gradient_reaches():
+    """vocab_size=None: no embedding and no head. Through hidden_states, once a call compresses,
+    every weight has a gradient (DistributedDataParallel then needs no unused parameters)."""
+    model = make(vocab_size=None)
+    assert model.embed is None and model.head is None
+    memory = None
+    for _ in range(3):  # the second call is the first to compress
+        h, memory, recon_loss = model.hidden_states(torch.randn(2, 6, 16), memory)
+        (h.square().mean() + recon_loss).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert {name.split(".")[0] for name, _ in model.named_parameters()} == {"layers"}
+    with pytest.raises(TypeError, match="no vocabulary"):
+        model(tokens(2, 6))
+    with pytest.raises(TypeError, match="no vocabulary"):
+        model.generate(tokens(2, 6), 3)
+
+
+def test_a_config_saved_beside_the_weights_loads_with_weights_only(tmp_path):
+    model = make(vocab_size=None, compression="mean_pool")
+    torch.save({"config": model.cfg, "model": model.state_dict()}, tmp_path / "model.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(tmp_path / "model.pt", weights_only=True)  # CompressiveConfig must be allowed
+    with torch.serialization.safe_globals([CompressiveConfig]):
+        saved = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert saved["config"] == model.cfg
+    loaded = CompressiveTransformer(saved["config"])
+    loaded.load_state_dict(saved["model"])
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        assert loaded.hidden_states(x)[0].equal(model.hidden_states(x)[0])
