@@ -21,7 +21,7 @@ import train_shakespeare
 from beyond_the_paper.feedback import FeedbackTransformer
 
 from .checks import UserError, exit_status
-from .device import DTYPES, keep_freed_memory, pick_device
+from .device import DTYPES, keep_freed_memory, pick_device, pick_dtype
 
 
 def train_flops_per_step(model, batch: int) -> float:
@@ -193,6 +193,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--profile", action="store_true", help="where the steps' time goes (torch.profiler)"
     )
+    parser.set_defaults(dtype="auto")  # bf16 where the hardware computes it natively (pick_dtype)
     return parser.parse_args(argv)
 
 
@@ -206,6 +207,8 @@ def main(argv=None) -> int:
         if args.profile and args.compile:  # a compiled step is one region the profile cannot split
             raise UserError("--profile profiles eager steps: drop --compile")
         device = pick_device(args.device)
+        args.dtype, why = pick_dtype(args.dtype, device)
+        print(f"dtype {args.dtype} ({why})")
         torch.manual_seed(args.seed)
         cfg = train_shakespeare.model_config(args, vocab_size=65)
         model = train_shakespeare.make_model(args.model, cfg, args.compression).to(device)
