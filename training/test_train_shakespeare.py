@@ -367,6 +367,8 @@ def test_dtype_auto_on_a_gpu_and_elsewhere(monkeypatch):
         assert name == chosen and "a GPU" in reason, reason
     name, reason = device.pick_dtype("auto", torch.device("mps"))
     assert name == "float32" and "not on mps" in reason
+    # auto is what the commands choose by default
+    assert bench.parse_args([]).dtype == "auto" and evaluate.parse_args([]).dtype == "auto"
 
 
 def test_bf16_matmul_speed_up_is_measured_here():
