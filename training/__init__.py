@@ -6,7 +6,8 @@ trained. It imports nothing of research/ or lesson/, which build on it.
                     text cut into the contiguous streams that the rows of a batch read
     checkpoint.py   checkpoints written whole, read back as plain data, restored where they fit;
                     a checkpoint's model with less memory (--eval-mem-len); how it was made
-    device.py       the device, autocast and the float16 gradient scaler, compiling once the
+    device.py       the device, the dtype (--dtype auto: bf16 where the hardware computes it
+                    natively), autocast and the float16 gradient scaler, compiling once the
                     memories are full (eager where compiling fails), an allocator setting
     distributed.py  data parallelism over processes started by torchrun
     files.py        crash-safe writes, a run's metrics.json, a data file read as text

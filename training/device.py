@@ -1,5 +1,6 @@
-"""Where and in what precision the script runs: the device, autocast and the gradient scaler, the
-compiled model, and one allocator setting."""
+"""Where and in what precision the script runs: the device, the dtype (auto: bf16 where the
+hardware computes it natively), autocast and the gradient scaler, the compiled model, and one
+allocator setting."""
 
 import ctypes
 import platform
@@ -15,8 +16,9 @@ DTYPE_CHOICES = ["auto", *DTYPES]  # the --dtype flags': auto lets pick_dtype ch
 # uses them: AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire
 # Rapids). Without them bf16 is emulated on x86, and slower than float32.
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
-# A bf16 matmul must run this many times as fast as a float32 one for the probe to choose bf16:
-# native bf16 runs it 2-6x as fast, emulated bf16 slower than float32.
+# A bf16 matmul must run this many times as fast as a float32 one for the probe to choose bf16.
+# Where bf16 is native the matmul peak is 2.4x (AVX512-BF16) to 7.6x (AMX) float32's; emulated,
+# 0.02x (docs/RESULTS.md).
 PROBE_SPEED_UP = 1.5
 
 
