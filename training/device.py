@@ -3,6 +3,7 @@ hardware computes it natively), autocast and the gradient scaler, the compiled m
 allocator setting."""
 
 import ctypes
+import functools
 import platform
 import time
 from contextlib import nullcontext
@@ -47,6 +48,7 @@ def cpu_flags() -> set:
     return set()
 
 
+@functools.cache  # once a process: every call of pick_dtype then chooses alike
 def bf16_matmul_speed_up(n: int = 512) -> float:
     """How many times as fast a [n, n] matmul runs in bf16 as in float32 on this CPU: the probe
     where the CPU's flags cannot tell (a fraction of a second). The best of 5 each, alternating, so
@@ -94,9 +96,10 @@ def pick_dtype(name: str, device) -> tuple:
 
 
 def autocast_for(device, dtype_name: str):
-    """The forward in bfloat16 or float16 where autocast allows it (dtype_name as pick_dtype
-    chose it); the model keeps its residual stream and its losses in float32, and the script the
-    language-model loss."""
+    """The forward in bfloat16 or float16 where autocast allows it (dtype_name: a --dtype value,
+    auto as pick_dtype chooses it); the model keeps its residual stream and its losses in float32,
+    and the script the language-model loss."""
+    dtype_name = pick_dtype(dtype_name, device)[0]
     if dtype_name == "float32":
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[dtype_name])
