@@ -24,7 +24,7 @@ import train_shakespeare
 from beyond_the_paper.feedback import FeedbackTransformer
 from training.checks import UserError, exit_status
 from training.data import load_data
-from training.device import DTYPES, keep_freed_memory, pick_device
+from training.device import DTYPES, keep_freed_memory, pick_device, pick_dtype
 from training.models import make_model
 
 
@@ -210,6 +210,8 @@ def main(argv=None) -> int:
         if args.profile and args.compile:  # a compiled step is one region the profile cannot split
             raise UserError("--profile profiles eager steps: drop --compile")
         device = pick_device(args.device)
+        args.dtype, why = pick_dtype(args.dtype, device)
+        print(f"dtype {args.dtype} ({why})")
         torch.manual_seed(args.seed)
         vocab = load_data(args).vocab  # the text's characters: random tokens of as many kinds
         cfg = train_shakespeare.model_config(args, vocab_size=len(vocab))

@@ -296,11 +296,14 @@ class RelativeMultiHeadAttention(nn.Module):
         scale = d_head**-0.5
         # **Speed:** `q` comes scaled by $1/\sqrt{d_{head}}$ (forward scales it once, before any
         # score), so $u$ and $v$ are scaled with it: `content_q` is $(q + u)/\sqrt{d_{head}}$.
-        content_q = q + self.content_bias * scale  # q is scaled already: (q + u) / sqrt(d_head)
+        # The biases in q's dtype: under bf16 autocast a float32 bias would promote the sum to
+        # float32, and the matmul would cast it back, forwards and backwards.
+        u, v = (self.content_bias * scale).to(q.dtype), (self.position_bias * scale).to(q.dtype)
+        content_q = q + u  # q is scaled already: (q + u) / sqrt(d_head)
         content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
         # (b) + (d). **Speed:** $W_r R$ is the same for every row of the batch, so the batch is
         # folded into the rows of one product per head instead of copying $W_r R$ once per row.
-        position_q = q + self.position_bias * scale
+        position_q = q + v
         position_q = position_q.transpose(0, 1).reshape(H, B * T, d_head)  # the batch in the rows
         position = torch.bmm(position_q, r.transpose(-1, -2))  # (b) + (d): [H, B*T, K+1]
         position = position.view(H, B, T, -1)  # [H, B, T, K+1], per distance
@@ -310,8 +313,10 @@ class RelativeMultiHeadAttention(nn.Module):
         # costs more forwards and backwards.
         scores = content.add_(position.transpose(0, 1))  # [B, H, T, K]
         if attn_mask is not None:
-            scores.add_(attn_mask)
-        weights = scores.float().softmax(dim=-1).to(values.dtype)  # float32 under fp16 and bf16
+            scores.add_(attn_mask.to(scores.dtype))  # a float32 mask would make the add mixed
+        # In the scores' dtype: torch's softmax sums in float32 for bf16 and fp16 (and CUDA's
+        # autocast runs it in float32); a cast to float32 and back would cost more than the softmax.
+        weights = scores.softmax(dim=-1)
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
         out = torch.matmul(weights, values)  # [B, H, T, d_head]

@@ -44,6 +44,8 @@ TINY_FLAGS = [
     "5",
     "--device",
     "cpu",
+    "--dtype",  # the tests run in float32 whatever the CPU (auto picks bf16 on some)
+    "float32",
 ]
 
 

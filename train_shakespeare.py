@@ -36,12 +36,13 @@ from training import checkpoint, checks, distributed, files, plots
 from training.checks import UserError, exit_status
 from training.data import IGNORE, Data, load_data
 from training.device import (
-    DTYPES,
+    DTYPE_CHOICES,
     autocast_for,
     compile_when_full,
     grad_scaler,
     keep_freed_memory,
     pick_device,
+    pick_dtype,
 )
 from training.evaluate import evaluate
 from training.models import MODELS, make_model
@@ -96,7 +97,12 @@ def training_flags(description: str = __doc__.split("\n\n")[0]) -> argparse.Argu
     t.add_argument("--data", help="a UTF-8 text to learn instead of Tiny Shakespeare")
     r = p.add_argument_group("runtime")
     r.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
-    r.add_argument("--dtype", choices=list(DTYPES), default="float32", help="autocast dtype")
+    r.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="autocast dtype; auto: bfloat16 where the hardware computes it natively, else float32",
+    )
     r.add_argument("--compile", action="store_true", help="torch.compile once memories are full")
     r.add_argument("--log-every", type=int, default=100, help="steps between log lines")
     r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and loss.png")
@@ -376,6 +382,9 @@ def start_run(args, data: Data) -> Run:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     say = print if rank == 0 else (lambda *a, **k: None)
+    # --dtype auto is chosen once, here: the checkpoint's args record the dtype the run used
+    args.dtype, why = pick_dtype(args.dtype, device)
+    say(f"dtype: {args.dtype} ({why})")
     train_chars, val_chars = len(data.train), len(data.val)
     say(f"data: {data.name}; {train_chars:,} characters to train on, {val_chars:,} to validate")
     cfg = model_config(args, vocab_size=len(data.vocab))

@@ -9,7 +9,8 @@ which times the script's own training step, stands beside the script).
                     a checkpoint's model with less memory (--eval-mem-len); how it was made
     recorded_attention.py
                     each layer's attention weights of a forward, read with forward hooks
-    device.py       the device, autocast and the float16 gradient scaler, compiling once the
+    device.py       the device, the dtype (--dtype auto: bf16 where the hardware computes it
+                    natively), autocast and the float16 gradient scaler, compiling once the
                     memories are full (eager where compiling fails), an allocator setting
     distributed.py  data parallelism over processes started by torchrun
     files.py        crash-safe writes, a run's metrics.json, a data file read as text

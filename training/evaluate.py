@@ -23,7 +23,7 @@ from compressive import Memory
 from . import checkpoint, checks, files
 from .checks import UserError, exit_status
 from .data import IGNORE, Data, load_data
-from .device import DTYPES, autocast_for, keep_freed_memory, pick_device
+from .device import DTYPE_CHOICES, autocast_for, keep_freed_memory, pick_device, pick_dtype
 
 
 class Evaluation(NamedTuple):
@@ -130,7 +130,12 @@ def parse_args(argv=None):
         help="parallel streams of the text; by default the training's, whose loss it then repeats",
     )
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="autocast dtype")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="autocast dtype; auto: bfloat16 where the hardware computes it natively, else float32",
+    )
     add_ablation_flags(p)
     return p.parse_args(argv)
 
@@ -163,8 +168,10 @@ def on_validation(model, data: Data, n_streams: int, dtype: str) -> Evaluation:
 
 
 def evaluate_checkpoint(args, model, ckpt, data: Data, cut: str) -> Evaluation:
-    """The Evaluation of a checkpoint's model on all of data's validation text; its loss printed."""
-    print(f"validation text: {data.name}")
+    """The Evaluation of a checkpoint's model on all of data's validation text, in --dtype (auto
+    chosen here, once); its loss printed."""
+    args.dtype, why = pick_dtype(args.dtype, next(model.parameters()).device)
+    print(f"validation text: {data.name}; dtype {args.dtype} ({why})")
     evaluation = on_validation(model, data, args.batch_size, args.dtype)
     print(
         f"val loss {evaluation.loss:.4f} nats/char, {evaluation.loss / math.log(2):.4f} bpc "

@@ -170,7 +170,7 @@ def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
     printed = capsys.readouterr().out
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
     # no --data: its own text; no --batch-size: the training's validation streams (4 here)
-    assert evaluate.main(["--out", out, "--device", "cpu"]) == 0
+    assert evaluate.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
     printed = capsys.readouterr().out
     assert f"validation text: {small_text}" in printed and "val loss" in printed
     metrics = json.load(open(os.path.join(out, "metrics.json")))
@@ -181,7 +181,8 @@ def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
         metrics["eval_only"]["val_loss"], metrics["val_loss"], rtol=1e-6, atol=0
     )
     # the ablation: the same weights with less memory, recorded beside the full-memory loss
-    flags = ["--out", out, "--data", small_text, "--device", "cpu", "--eval-c-mem-len", "0"]
+    flags = ["--out", out, "--data", small_text, "--device", "cpu", "--dtype", "float32"]
+    flags += ["--eval-c-mem-len", "0"]
     assert evaluate.main(flags) == 0
     assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
     after = json.load(open(os.path.join(out, "metrics.json")))
@@ -342,6 +343,105 @@ def test_half_precision_training_stays_finite_and_close_to_float32(small_text, t
     assert val["float32"] < math.log(len(set(open(small_text).read()))) - 0.3
     for dtype in ("bfloat16", "float16"):
         assert math.isfinite(val[dtype]) and abs(val[dtype] - val["float32"]) < 0.05, val
+
+
+X86_FLAGS = {"fpu", "sse2", "avx2", "avx512f", "avx512bw", "fma"}  # a CPU's flags without bf16
+
+
+@pytest.mark.parametrize(
+    "machine, flags, speed_up, chosen, why",
+    [
+        ("x86_64", X86_FLAGS | {"avx512_bf16"}, None, "bfloat16", "natively (avx512_bf16)"),
+        ("x86_64", X86_FLAGS | {"amx_bf16", "avx512_bf16"}, None, "bfloat16", "amx_bf16, avx512"),
+        ("x86_64", X86_FLAGS, None, "float32", "no bf16 instructions"),
+        ("aarch64", {"fp", "asimd", "sve"}, None, "float32", "no bf16 instructions"),
+        # where the flags cannot tell (Arm's bf16, no /proc/cpuinfo), a matmul is timed
+        ("aarch64", {"fp", "asimd", "bf16"}, 3.0, "bfloat16", "ran 3.0x as fast"),
+        ("aarch64", {"fp", "asimd", "bf16"}, 1.1, "float32", "ran only 1.10x"),
+        ("arm64", set(), 0.2, "float32", "ran only 0.20x"),
+    ],
+)
+def test_dtype_auto_picks_bf16_where_the_cpu_computes_it_natively(
+    monkeypatch, machine, flags, speed_up, chosen, why
+):
+    """--dtype auto on a CPU, whatever this one is: its flags, its architecture and the timing
+    probe are those of the CPU described."""
+    from training import device
+
+    monkeypatch.setattr(device, "cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(device.platform, "machine", lambda: machine)
+    probed = []
+
+    def probe():
+        probed.append(True)
+        return speed_up
+
+    monkeypatch.setattr(device, "bf16_matmul_speed_up", probe)
+    name, reason = device.pick_dtype("auto", torch.device("cpu"))
+    assert (name, bool(probed)) == (chosen, speed_up is not None) and why in reason, reason
+    assert reason.startswith("auto: ")
+    # autocast's dtype where a caller passes --dtype auto as it is (research's own steps)
+    autocast = device.autocast_for(torch.device("cpu"), "auto")
+    assert getattr(autocast, "fast_dtype", torch.float32) == getattr(torch, chosen)
+    # a dtype asked for is kept, and nothing is probed
+    probed.clear()
+    for asked in ("float32", "bfloat16", "float16"):
+        assert device.pick_dtype(asked, torch.device("cpu")) == (asked, "as --dtype asked")
+    assert not probed
+
+
+def test_dtype_auto_on_a_gpu_and_elsewhere(monkeypatch):
+    from training import device
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "a GPU")
+    for native, chosen in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(
+            torch.cuda, "is_bf16_supported", lambda including_emulation, n=native: n
+        )
+        name, reason = device.pick_dtype("auto", torch.device("cuda", 0))
+        assert name == chosen and "a GPU" in reason, reason
+    name, reason = device.pick_dtype("auto", torch.device("mps"))
+    assert name == "float32" and "not on mps" in reason
+    # auto is what the commands choose by default
+    assert bench.parse_args([]).dtype == "auto" and evaluate.parse_args([]).dtype == "auto"
+
+
+def test_bf16_matmul_speed_up_is_measured_here():
+    """The probe itself: a positive, finite ratio (its size says nothing about this CPU)."""
+    from training import device
+
+    assert 0 < device.bf16_matmul_speed_up(n=64) < float("inf")
+
+
+def test_checkpoints_resume_and_evaluate_across_dtypes(small_text, tmp_path, monkeypatch, capsys):
+    """A run in bf16 resumes in float32 and back, its checkpoint evaluates in either and samples;
+    weights, optimizer state and memory stay float32 under autocast. Evaluation's default, auto,
+    names what it chose and why."""
+    from training import device
+
+    out = str(tmp_path / "run")
+    common = ["--data", small_text, "--out", out, *TINY_FLAGS, "--steps", "3"]
+    assert ts.main([*common, "--dtype", "bfloat16", "--stop-after", "1"]) == 0
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    memory = [t for part in ckpt["memory"][0] if part is not None for t in part]
+    tensors = [*ckpt["model"].values(), *memory]
+    tensors += [v for s in ckpt["optimizer"]["state"].values() for v in s.values() if v.dim()]
+    assert tensors and all(t.dtype == torch.float32 for t in tensors)
+    assert ts.main([*common, "--dtype", "float32", "--stop-after", "1", "--resume"]) == 0
+    assert ts.main([*common, "--dtype", "bfloat16", "--resume"]) == 0
+    assert json.load(open(os.path.join(out, "metrics.json")))["step"] == 3
+    monkeypatch.setattr(device, "cpu_flags", lambda: X86_FLAGS | {"avx512_bf16"})
+    monkeypatch.setattr(device.platform, "machine", lambda: "x86_64")
+    capsys.readouterr()
+    losses = {}
+    for flags in ([], ["--dtype", "float32"]):
+        assert evaluate.main(["--out", out, "--device", "cpu", *flags]) == 0
+        printed = capsys.readouterr().out
+        losses[bool(flags)] = json.load(open(os.path.join(out, "metrics.json")))["eval_only"]
+        chosen = "float32 (as --dtype asked)" if flags else "bfloat16 (auto: the CPU computes"
+        assert f"dtype {chosen}" in printed, printed
+    assert abs(losses[True]["val_loss"] - losses[False]["val_loss"]) < 0.05, losses
+    assert sample.main(["--out", out, "--chars", "5", "--device", "cpu"]) == 0
 
 
 def count_host_reads(monkeypatch):
@@ -567,7 +667,9 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
 # what reads a checkpoint: sampling, evaluating, and a training run resumed
 MODES = {
     "sample": lambda out, text: sample.main(["--out", out, "--chars", "5", "--device", "cpu"]),
-    "evaluate": lambda out, text: evaluate.main(["--out", out, "--data", text, "--device", "cpu"]),
+    "evaluate": lambda out, text: evaluate.main(
+        ["--out", out, "--data", text, "--device", "cpu", "--dtype", "float32"]
+    ),
     "resume": lambda out, text: ts.main(
         ["--out", out, "--data", text, "--resume", "--steps", "4", *TINY_FLAGS]
     ),
@@ -755,7 +857,7 @@ def test_a_checkpoint_trained_on_a_data_file_is_evaluated_on_that_file(
     monkeypatch.chdir(tmp_path)  # the checkpoint keeps where the file is, not how it was named
     monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "absent.txt"))  # no default text
     capsys.readouterr()
-    assert evaluate.main(["--out", out, "--device", "cpu"]) == 0
+    assert evaluate.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
     assert f"validation text: {small_text}" in capsys.readouterr().out
 
 
@@ -793,7 +895,10 @@ def test_an_older_checkpoint_of_the_projects_own_f_c_resumes_and_loads(small_tex
     assert ckpt["config"]["compression"] == "max_pool"
     ckpt["config"]["compression"] = "overlap_max_pool"  # as an older version wrote it
     torch.save(ckpt, path)
-    assert evaluate.main(["--out", out, "--data", small_text, "--device", "cpu"]) == 0
+    assert (
+        evaluate.main(["--out", out, "--data", small_text, "--device", "cpu", "--dtype", "float32"])
+        == 0
+    )
     assert ts.main([*common, "--steps", "3", "--resume"]) == 0
     assert torch.load(path, weights_only=True)["step"] == 3
 
@@ -916,7 +1021,8 @@ def test_bench_prints_its_summary_as_the_last_line(capsys):
 def test_bench_profile_splits_the_steps_time_into_forward_backward_and_optimizer(capsys):
     assert bench.main(["--profile", "--bench-steps", "1", *TINY_FLAGS]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("profile of 1 training step(s)")
+    assert lines[0] == "dtype float32 (as --dtype asked)"
+    assert lines[1].startswith("profile of 1 training step(s)")
     phases = {}
     for line in lines[1:]:
         match = re.fullmatch(r"(\w+) +([\d.]+) ms/step +([\d.]+)%", line)
