@@ -42,12 +42,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from beyond_the_paper.episodes import (
+    check_done,
+    check_starts,
+    latest_start,
+    since_start_after,
+    steps_since_start,
+)
 from compressive import (
-    Attended,
     CompressiveConfig,
     CompressiveLayer,
     CompressiveTransformer,
+    attention_reconstruction_loss,
     autocasting,
+    autoencoding_loss,
     check_inputs,
     check_tokens,
     relative_shift,
@@ -119,7 +127,7 @@ class AgentMemory(NamedTuple):
     def reset(self, done: torch.Tensor) -> "AgentMemory":
         """The rows where done ([B] bool) is true become empty, as a fresh memory's rows; the
         others stay as they are. The same as a start at the next call's first step."""
-        check_done(self, done)
+        check_done(done, self.filled.size(0), self.filled.device)
 
         def forget(tensors, blanks=None):
             blanks = blanks or [0] * len(tensors)
@@ -319,98 +327,141 @@ class Close(NamedTuple):
     positions: torch.Tensor  # [B, n_new]: the newest place of each block of c it compresses
 
 
+class Frames(NamedTuple):
+    """Where each step t of the call stands, [B, T] unless said (places count in the stream)."""
+
+    t: torch.Tensor  # [T]: the call's steps
+    s: torch.Tensor  # [T]: each step's place, the same in every row
+    unused: torch.Tensor  # [B, 1]: the places before the memory's mem (its unused slots)
+    latest: torch.Tensor  # the latest start at or before t (-1: none)
+    begun: torch.Tensor  # the place of the episode's first step
+    origin: torch.Tensor  # the frame's origin: its mem's oldest place before any segment end
+    first: torch.Tensor  # the first place both in the stream and in the episode
+    k: torch.Tensor  # the segment ends of the frame before step t
+    closes: torch.Tensor  # bool: step t ends a segment
+    ended: torch.Tensor  # the segment ends of the call up to t, included
+
+
 class Layout:
     """The index tensors of one call: filled and since_start [B] from the memory, starts [B, T]
     or None, T steps. read_back: find on the host which rows end a segment, and compute each
-    end for those rows alone (else for every row: no value is read back)."""
+    end for those rows alone (else for every row: no value is read back). Built in four steps:
+    each step's frame, the segment ends, what each step sees, the memory handed on."""
 
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
-        n_cm, n_mem, n_new = memory_sizes(cfg)
-        n_s, c, B, device = cfg.seq_len, cfg.compression_rate, filled.size(0), filled.device
-        self.n_stream = n_mem + n_s - 1 + T
-        self.span = n_cm * c + n_mem + n_s  # the steps a memory can hold: since_start saturates
-        t = torch.arange(T, device=device)
-        unused = (n_s - 1 - filled)[:, None]  # [B, 1]: the places before the row's mem
-        s = n_mem + n_s - 1 + t  # [T]: each step's place
-        latest = torch.full((B, T), -1, device=device)  # the latest start at or before t
-        if starts is not None:
-            latest = torch.where(starts, t, -1).cummax(dim=1).values
-        new = latest >= 0
-        # [B, T]: the place of the episode's first step (the memory's own: since_start back),
-        # and the frame's origin, its mem's oldest place
-        begun = torch.where(new, s - t + latest, n_mem + n_s - 1 - since_start[:, None])
-        origin = torch.where(new, n_s - 1 + latest, unused)
-        first = torch.maximum(begun, unused)  # the first place both in the stream and seen
-        into = s - origin - n_mem  # [B, T]: steps since the frame's first segment began
-        k = into // n_s  # segment ends in the frame before step t
-        closes = (into + 1) % n_s == 0  # step t ends a segment
-        ended = closes.long().cumsum(dim=1)  # segment ends of the call up to t, included
-        self.n_closes = (n_s - 1 + T) // n_s if n_new else 0  # at most, in any row
-        self.n_seen_closes = (n_s - 2 + T) // n_s if n_new else 0  # ... before a step
+        self.cfg, self.device = cfg, filled.device
+        self.sizes = memory_sizes(cfg)  # (n_cm, n_mem, n_new)
+        n_cm, n_mem, n_new = self.sizes
+        self.n_stream = n_mem + cfg.seq_len - 1 + T
+        self.span = n_cm * cfg.compression_rate + n_mem + cfg.seq_len  # since_start saturates
+        self.place = torch.arange(self.n_stream, device=self.device)
+        frames = self.frames(filled, since_start, starts, T)
+        self.closes = self.segment_ends(frames, T, read_back)
+        self.seen_by_steps(frames, T)
+        self.handed_on(frames, T, starts, read_back)
 
-        # each segment end: the places it evicts, and its c_mem slots' (their newest step's)
-        self.closes = []
+    def frames(self, filled, since_start, starts, T: int) -> Frames:
+        """Each step's frame: the stream as its latest episode lays it out (section 2)."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s, B = self.cfg.seq_len, filled.size(0)
+        t = torch.arange(T, device=self.device)
+        unused = (n_s - 1 - filled)[:, None]
+        s = n_mem + n_s - 1 + t
+        latest = latest_start(starts, B, T, self.device)
+        begun = s - steps_since_start(since_start, latest)
+        # a start at t0 lays the frame out as a fresh memory's, whose mem would end before t0
+        origin = torch.where(latest >= 0, n_s - 1 + latest, unused)
+        first = torch.maximum(begun, unused)
+        into = s - origin - n_mem  # steps since the frame's first segment began
+        closes = (into + 1) % n_s == 0
+        ended = closes.long().cumsum(dim=1)
+        return Frames(t, s, unused, latest, begun, origin, first, into // n_s, closes, ended)
+
+    def segment_ends(self, f: Frames, T: int, read_back) -> List[Close]:
+        """Each segment end of the call: the places it evicts, and its c_mem slots' (their newest
+        step's). Sets n_closes (at most, in any row) and n_seen_closes (... before a step)."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s, c = self.cfg.seq_len, self.cfg.compression_rate
+        self.n_closes = (n_s - 1 + T) // n_s if n_new else 0
+        self.n_seen_closes = (n_s - 2 + T) // n_s if n_new else 0
+        closes = []
         for i in range(1, self.n_closes + 1):
-            nth = closes & (ended == i)
+            nth = f.closes & (f.ended == i)
             made = nth.any(dim=1)
             rows = made.nonzero()[:, 0] if read_back else None
             if read_back and len(rows) == 0:  # no row ends a segment i times in this call
                 self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
                 break
             step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
-            frame_origin, at, seen_from = origin.gather(1, step), s[step], first.gather(1, step)
-            oldest = frame_origin + k.gather(1, step) * n_s  # mem's oldest at that end
-            evicted = oldest + torch.arange(n_s, device=device)
+            frame_origin, at, seen_from = (
+                f.origin.gather(1, step),
+                f.s[step],
+                f.first.gather(1, step),
+            )
+            oldest = frame_origin + f.k.gather(1, step) * n_s  # mem's oldest at that end
+            evicted = oldest + torch.arange(n_s, device=self.device)
             following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
-            self.closes.append(
+            closes.append(
                 Close(
                     made,
                     rows,
-                    (origin == frame_origin) & (t <= step),
+                    (f.origin == frame_origin) & (f.t <= step),
                     oldest[:, 0],
                     (evicted >= seen_from) & (evicted <= at),
                     (following >= seen_from) & (following <= at),
-                    oldest + (torch.arange(n_new, device=device) + 1) * c - 1,
+                    oldest + (torch.arange(n_new, device=self.device) + 1) * c - 1,
                 )
             )
+        return closes
+
+    def seen_by_steps(self, f: Frames, T: int) -> None:
+        """What each step sees, [c_mem; the slots of the segment ends before it; the stream]: the
+        mask [B, 1, T, K], and where a union slot's position term lies (union_row)."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s, c = self.cfg.seq_len, self.cfg.compression_rate
         # the memory's c_mem slots: the newest step of each block, before its mem's oldest
-        c_mem_positions = unused - (torch.arange(n_cm - 1, -1, -1, device=device) * c + 1)
+        c_mem_positions = f.unused - (torch.arange(n_cm - 1, -1, -1, device=self.device) * c + 1)
         union = [c_mem_positions] + [close.positions for close in self.closes]
         self.union_positions = torch.cat(union, dim=1)  # [B, n_cm + n_closes n_new]
-
-        # what each step sees: [c_mem; the slots of the segment ends before it; the stream]
         self.n_union = n_cm + self.n_seen_closes * n_new
-        u = torch.arange(self.n_union, device=device)
-        rank = n_cm + (ended - closes.long())[..., None] * n_new - u  # [B, T, n_union]: 1 newest
-        mem_oldest = (origin + k * n_s)[..., None]  # [B, T, 1]
+        u = torch.arange(self.n_union, device=self.device)
+        rank = (
+            n_cm + (f.ended - f.closes.long())[..., None] * n_new - u
+        )  # [B, T, n_union]: 1 newest
+        mem_oldest = (f.origin + f.k * n_s)[..., None]  # [B, T, 1]
         union_seen = (rank >= 1) & (rank <= n_cm)
-        union_seen &= self.union_positions[:, None, : self.n_union] >= begun[..., None]
-        place = torch.arange(self.n_stream, device=device)
-        stream_seen = (place >= mem_oldest) & (place <= s[:, None]) & (place >= first[..., None])
+        union_seen &= self.union_positions[:, None, : self.n_union] >= f.begun[..., None]
+        place = self.place
+        stream_seen = (
+            (place >= mem_oldest) & (place <= f.s[:, None]) & (place >= f.first[..., None])
+        )
         seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
-        self.mask = torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
+        self.mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
         self.mask = self.mask[:, None]  # [B, 1, T, K]
         self.max_distance = n_mem + n_s - 1 + max(T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
-        union_distance = s[:, None] - mem_oldest + rank
+        union_distance = f.s[:, None] - mem_oldest + rank
         self.union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
-        if cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
+        if self.cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
             self.in_mem = (place >= mem_oldest) & (place < mem_oldest + n_mem)  # [B, T, n_stream]
 
-        # the memory handed on: the frame of the call's last step, after its last segment end.
-        # Its mem is the stream's newest n_mem + n_s - 1 places, seen from mem's oldest place
-        # and the episode's first step on
-        end_begun = begun[:, -1:]
-        self.end_frame = origin == origin[:, -1:]  # [B, T]
-        mem_oldest = origin[:, -1:] + (k[:, -1:] + closes[:, -1:].long()) * n_s  # [B, 1]
-        self.mem_seen = place[T:] >= torch.maximum(mem_oldest, end_begun)  # [B, n_mem + n_s - 1]
-        self.filled = (s[-1] + 1 - mem_oldest - n_mem)[:, 0]  # [B]
+    def handed_on(self, f: Frames, T: int, starts, read_back) -> None:
+        """The memory handed on: the frame of the call's last step, after its last segment end.
+        Its mem is the stream's newest n_mem + n_s - 1 places, seen from mem's oldest place and
+        the episode's first step on."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s = self.cfg.seq_len
+        end_begun = f.begun[:, -1:]
+        self.end_frame = f.origin == f.origin[:, -1:]  # [B, T]
+        mem_oldest = f.origin[:, -1:] + (f.k[:, -1:] + f.closes[:, -1:].long()) * n_s  # [B, 1]
+        self.mem_seen = self.place[T:] >= torch.maximum(mem_oldest, end_begun)
+        self.filled = (f.s[-1] + 1 - mem_oldest - n_mem)[:, 0]  # [B]
         # nothing hidden anew and nothing moved (known where read back): no slot to zero
-        self.unmoved = read_back and not (closes.any() or (starts is not None and starts.any()))
-        self.c_mem_first = ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
-        c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=device)
+        self.unmoved = read_back and not (f.closes.any() or (starts is not None and starts.any()))
+        self.c_mem_first = f.ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
+        c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=self.device)
         self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
-        self.since_start = (s[-1] + 1 - end_begun[:, 0]).clamp(max=self.span)
+        self.since_start = since_start_after(f.s - f.begun, self.span)  # [B]
 
 
 def window(values, first, seen, blank=0, rows=None):
@@ -449,12 +500,13 @@ def newest(values, seen, blank=0):
 
 
 # 3. One layer over a call -------------------------------------------------------------------------
-# compressive.py's layer over each row's stream: the attention's four score terms over what each
-# step sees (the position term of the stream by compressive.py's relative shift, of a c_mem slot
-# read at its own distance), the feed-forward, then for each segment end the FIFOs as
-# CompressiveLayer.update_memory moves them at the end of an n_s-step call: f_c of the n_s
-# evicted steps, its reconstruction loss, and the slots that stay. The keys kept for a slot no
-# step sees (unused, or before its row's episode) are left as they are: they are never read.
+# compressive.py's layer over each row's stream, in the order layer_over_call takes the steps: the
+# memory's keys, kept or projected; the position terms per key (the stream's by compressive.py's
+# relative shift, a c_mem slot's read at its own distance); each segment end's FIFOs as
+# CompressiveLayer.update_memory moves them at the end of an n_s-step call (f_c of the n_s evicted
+# steps, and the slots that stay); compressive.py's attend over what each step sees, then the
+# layer's feed-forward; f_c's loss; the memory handed on. The keys kept for a slot no step sees
+# (unused, or before its row's episode) are left as they are: they are never read.
 
 
 def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
@@ -467,6 +519,16 @@ def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
     return window(counted + received, first, seen)
 
 
+class MemoryKeys(NamedTuple):
+    """One layer's keys and values of the memory's slots, kept or projected now."""
+
+    c_keys: torch.Tensor  # [B, H, n_cm, d_head]
+    c_values: torch.Tensor
+    keys: torch.Tensor  # [B, H, n_mem + n_s - 1, d_head], mem's slots'
+    values: torch.Tensor
+    blank: Optional[tuple]  # (key, value) of a zero vector, or None: none to hand on
+
+
 def layer_over_call(
     layer: CompressiveLayer, h, memory: AgentMemory, i: int, usable: bool, keeps: bool, layout, R
 ):
@@ -475,103 +537,148 @@ def layer_over_call(
     value of a zero vector, and f_c's loss. usable: the memory's kept keys are this layer's;
     keeps: hand on the keys of the new memory (else the old ones, which the caller marks
     stale, and no blank)."""
-    attn, cfg = layer.attn, layer.cfg
-    n_cm, n_mem, n_new = memory_sizes(cfg)
-    B, T, d = h.shape
-    H, d_head = attn.n_heads, attn.d_head
-    scale = d_head**-0.5
-    kept, mem, c_mem = memory.kept, memory.mem[i], memory.c_mem[i]
+    attn = layer.attn
+    z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
+    q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
+    slots = memory_keys(layer, memory, i, usable, keeps, h)
+    stream = torch.cat([memory.mem[i], h.detach()], dim=1)  # [B, n_stream, d], no gradient
+    position = position_terms(attn, q, layout, R)
+    ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
+    attended = attention(attn, layout, q, k, v, slots, ends.keys, ends.values, position)
+    out = layer.residual_and_feed_forward(h, attended.out)
+    recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
+    fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
+    kept = memory.kept
+    blank = slots.blank if keeps else (kept.blank_keys[i], kept.blank_values[i])
+    return out, fields, blank, recon_loss
 
-    # the queries, keys and values of the call's steps; the memory's keys, kept or projected
-    z = layer.attn_norm(h) if layer.pre_norm else h
-    q, k, v = attn.qkv(z).chunk(3, dim=-1)
-    q = attn.split_heads(q * scale)  # [B, H, T, d_head]
-    k, v = attn.split_heads(k), attn.split_heads(v)
+
+def memory_keys(layer, memory: AgentMemory, i: int, usable: bool, keeps: bool, h) -> MemoryKeys:
+    """The memory's keys and values: the kept ones, or one projection of [c_mem; mem] (and a
+    zero vector's, where the new memory keeps them)."""
+    kept = memory.kept
     if usable:
-        c_keys, c_values = kept.c_mem_keys[i], kept.c_mem_values[i]
-        mem_keys, mem_values = kept.keys[i], kept.values[i]
-        blank = kept.blank_keys[i], kept.blank_values[i]
-    else:  # one projection of [c_mem; mem]
-        kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
-        (c_keys, mem_keys), (c_values, mem_values) = (t.split([n_cm, mem.size(1)], 2) for t in kv)
-        blank = blank_of(layer, h) if keeps else None
-    stream = torch.cat([mem, h.detach()], dim=1)  # [B, n_stream, d], stored without gradient
+        return MemoryKeys(
+            kept.c_mem_keys[i],
+            kept.c_mem_values[i],
+            kept.keys[i],
+            kept.values[i],
+            (kept.blank_keys[i], kept.blank_values[i]),
+        )
+    mem, c_mem = memory.mem[i], memory.c_mem[i]
+    kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
+    (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
+    return MemoryKeys(c_keys, c_values, keys, values, blank_of(layer, h) if keeps else None)
 
-    # the scores' position terms (b) + (d), for [c_mem; new c_mem slots; stream]: the stream's by
-    # compressive.py's shift (a view), a c_mem slot's read at its own distance
-    content_q = q + attn.content_bias * scale  # (q + u) / sqrt(d_head)
-    position_q = (q + attn.position_bias * scale).transpose(0, 1).reshape(H, B * T, d_head)
-    r = attn.project_positions(R)  # W_r R: [H, max_distance + 1, d_head]
-    by_distance = torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1)
+
+def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
+    """The scores' position terms (b) + (d) [B, H, T, K] for [c_mem; new c_mem slots; stream]:
+    the stream's by compressive.py's shift (a view), a union slot's read at its own distance."""
+    B, H, T, _ = q.shape
+    by_distance = attn.position_scores(q, attn.project_positions(R))  # [H, B, T, n]
     # the shift over all distances leaves the stream's keys last: [B, H, T, n_stream]
     stream_position = relative_shift(by_distance)[..., -layout.n_stream :].transpose(0, 1)
     rows = layout.union_row.expand(B, H, T, -1)
     union_position = by_distance.transpose(0, 1).gather(-1, rows)  # [B, H, T, n_union]
-    position = torch.cat([union_position, stream_position], dim=-1).add_(layout.mask)
+    return torch.cat([union_position, stream_position], dim=-1)
 
-    def attention(made_keys, made_values):
-        """The weights [B, H, T, K'] over [c_mem; the new slots made so far; stream], and the
-        keys and values they weigh (of the ends a step can follow)."""
-        n_seen = min(len(made_keys), layout.n_seen_closes)
-        keys = torch.cat([c_keys, *made_keys[:n_seen], mem_keys, k], dim=2)
-        values = torch.cat([c_values, *made_values[:n_seen], mem_values, v], dim=2)
-        n_union, p = n_cm + n_seen * n_new, position  # (b) + (d), and the mask
-        if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
-            p = torch.cat([p[..., :n_union], p[..., layout.n_union :]], dim=-1)
-        logits = torch.matmul(content_q, keys.transpose(-1, -2)).add_(p)  # (a) + (c) + ...
-        weights = logits.float().softmax(dim=-1).to(values.dtype)
-        if layer.training and attn.dropout > 0:
-            weights = F.dropout(weights, attn.dropout)
-        return weights, keys, values
 
-    # each segment end: evict n_s steps and compress them, for the rows that make it where only
-    # those are computed. The most_used f_c ranks the evicted steps by the attention they
-    # received, so it needs the attention of the steps before the end
-    tracks_usage = bool(memory.usage)
-    made, made_keys, made_values, compressing = [], [], [], []
+def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, made_keys, made_values, position):
+    """compressive.py's attend over [c_mem; the c_mem slots made so far; stream], each step seeing
+    what the layout's mask leaves it (of the ends a step can follow)."""
+    n_cm = slots.c_keys.size(2)
+    n_seen = min(len(made_keys), layout.n_seen_closes)
+    keys = torch.cat([slots.c_keys, *made_keys[:n_seen], slots.keys, k], dim=2)
+    values = torch.cat([slots.c_values, *made_values[:n_seen], slots.values, v], dim=2)
+    n_union, mask = n_cm + n_seen * layout.sizes[2], layout.mask
+    if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
+        position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
+        mask = torch.cat([mask[..., :n_union], mask[..., layout.n_union :]], dim=-1)
+    return attn.attend(q, keys, values, position, mask)
+
+
+class Ends(NamedTuple):
+    """The segment ends of a call, computed for every row or for those that make each."""
+
+    closes: List[Close]
+    evicted: List[torch.Tensor]  # [rows, n_s, d] each
+    compressed: List[torch.Tensor]  # [rows, n_new, d]: f_c of them
+    made: List[torch.Tensor]  # [B, n_new, d]: the same, detached, zeros in the other rows
+    keys: List[torch.Tensor]  # [B, H, n_new, d_head]: their keys
+    values: List[torch.Tensor]
+
+
+def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
+    """Each segment end: evict n_s steps and compress them, for the rows that make it where only
+    those are computed. The most_used f_c ranks the evicted steps by the attention they received,
+    so it needs the attention of the steps before the end."""
+    n_s, B = layer.cfg.seq_len, stream.size(0)
+    ends = Ends([], [], [], [], [], [])
     for close in layout.closes:
         rows = close.rows
         evicted = window(stream, close.oldest, close.evicted_seen, rows=rows)  # [B, n_s, d]
-        following = window(stream, close.oldest + cfg.seq_len, close.following_seen, rows=rows)
+        following = window(stream, close.oldest + n_s, close.following_seen, rows=rows)
         usage = None
-        if tracks_usage:
-            weights, _, _ = attention(made_keys, made_values)
+        if memory.usage:
+            weights = attention(
+                layer.attn, layout, q, k, v, slots, ends.keys, ends.values, position
+            )
             seen = close.evicted_seen
-            usage = usage_at(layout, memory.usage[i], weights, close.frame, close.oldest, seen)
+            usage = usage_at(
+                layout, memory.usage[i], weights.weights, close.frame, close.oldest, seen
+            )
             usage = usage if rows is None else usage[rows]
         compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
-        compressing.append((close, evicted, compressed))
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
         new_k, new_v = layer.memory_keys_values(compressed.detach())  # [B, H, n_new, d_head]
-        made.append(scattered(rows, compressed.detach(), B))
-        made_keys.append(scattered(rows, new_k, B))
-        made_values.append(scattered(rows, new_v, B))
+        for field, value in zip(
+            ends,
+            (
+                close,
+                evicted,
+                compressed,
+                scattered(rows, compressed.detach(), B),
+                scattered(rows, new_k, B),
+                scattered(rows, new_v, B),
+            ),
+        ):
+            field.append(value)
+    return ends
 
-    # the attention, then the feed-forward
-    weights, keys, values = attention(made_keys, made_values)
-    out = torch.matmul(weights, values)  # [B, H, T, d_head]
-    out = attn.out(out.transpose(1, 2).reshape(B, T, H * d_head))  # [B, T, d]
-    out = layer.residual_and_feed_forward(h, out)
 
-    # f_c's loss for each segment end, weighted by the share of rows it is in: the attention of
-    # the call's steps over the evicted steps' keys (a zeroed step's: a zero vector's), and over
-    # their compression's
+def reconstruction_losses(layer, ends: Ends, content_q, h):
+    """f_c's loss for each segment end, weighted by the share of rows it is in: compressive.py's
+    loss with the call's steps as queries, over the evicted steps' keys (a zeroed step's: a zero
+    vector's) and over their compression's."""
     recon_loss = h.new_zeros(())
-    for close, evicted, compressed in compressing if layer.reconstructs else ():
+    if not layer.reconstructs:
+        return recon_loss
+    B = h.size(0)
+    for close, evicted, compressed in zip(ends.closes, ends.evicted, ends.compressed):
         rows = close.rows
-        with torch.no_grad():
-            old_k, old_v = layer.memory_keys_values(evicted)
-        queries = content_q if rows is None else content_q[rows]
-        attended = Attended(None, None, queries, old_k, old_v)
-        loss = layer.reconstruction_loss(evicted, compressed, attended, 0)
+        queries = (content_q if rows is None else content_q[rows]).detach()
+        if layer.decoder is not None:
+            loss = autoencoding_loss(layer.decoder, evicted, compressed)
+        else:
+            with torch.no_grad():
+                old_k, old_v = layer.memory_keys_values(evicted)
+            loss = attention_reconstruction_loss(layer, queries, old_k, old_v, compressed)
         share = close.made.float().mean() if rows is None else len(rows) / B
         recon_loss = recon_loss + share * loss
+    return recon_loss
 
-    # the memory handed on: the stream's newest slots, and c_mem as the last segment end left it
+
+def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: Ends, keeps):
+    """This layer's fields of the memory handed on: the stream's newest slots, c_mem as the
+    last segment end left it, usage, and the keys and values (new ones where keeps, else the
+    memory's own, which the caller marks stale)."""
+    kept, c_mem = memory.kept, memory.c_mem[i]
+    B, T = stream.size(0), attended.out.size(1)
     usage = None
-    if tracks_usage:
-        first = torch.full((B,), T, device=h.device)
-        usage = usage_at(layout, memory.usage[i], weights, layout.end_frame, first, layout.mem_seen)
+    if memory.usage:
+        first = torch.full((B,), T, device=stream.device)
+        seen = layout.mem_seen
+        usage = usage_at(layout, memory.usage[i], attended.weights, layout.end_frame, first, seen)
 
     def c_mem_of(old, new, blank):
         if not new:  # no segment ended: c_mem stays, less what a start hid
@@ -584,20 +691,19 @@ def layer_over_call(
     n_slots = layout.mem_seen.size(1)
     fields = [
         stream[:, -n_slots:] if layout.unmoved else newest(stream, layout.mem_seen),
-        c_mem_of(c_mem, made, 0),
+        c_mem_of(c_mem, ends.made, 0),
         usage,
     ]
-    if keeps:
+    if keeps:  # the stream's keys end the attention's
         fields += [
-            keys[:, :, -n_slots:],
-            values[:, :, -n_slots:],
-            c_mem_of(c_keys, made_keys, None),
-            c_mem_of(c_values, made_values, None),
+            attended.keys[:, :, -n_slots:],
+            attended.values[:, :, -n_slots:],
+            c_mem_of(slots.c_keys, ends.keys, None),
+            c_mem_of(slots.c_values, ends.values, None),
         ]
     else:
         fields += [kept.keys[i], kept.values[i], kept.c_mem_keys[i], kept.c_mem_values[i]]
-        blank = kept.blank_keys[i], kept.blank_values[i]
-    return out, [f if f is None else f.detach() for f in fields], blank, recon_loss
+    return [f if f is None else f.detach() for f in fields]
 
 
 def blank_of(layer, h):
@@ -756,7 +862,9 @@ class AgentCore(nn.Module):
         self.apply(CompressiveTransformer.init_weights)
         self.identity = secrets.randbits(62)
 
-    empty_memory = AgentTransformer.empty_memory
+    def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
+        return empty_memory(self, batch_size, device, dtype)
+
     hidden_states = hidden_states
     reach = CompressiveTransformer.reach
 
@@ -774,13 +882,6 @@ def check_agent_config(cfg: CompressiveConfig) -> None:
             f"an agent's memory evicts a whole segment at its end: seq_len ({cfg.seq_len}) must "
             f"be a multiple of compression_rate ({cfg.compression_rate})"
         )
-
-
-def described(value) -> str:
-    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of {value.dtype}"
-    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
 
 
 def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
@@ -828,32 +929,4 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         raise TypeError(
             f"memory has dtype {states[0].dtype}, the inputs {x.dtype}: convert the memory with "
             f"memory.to(dtype={x.dtype})"
-        )
-
-
-def check_starts(starts, batch_size: int, T: int, device) -> None:
-    """starts is batch first, as x is: [B, T]. (A time-major [T, B] tensor is refused unless B
-    equals T, when no shape can tell the two apart.)"""
-    if starts is None:
-        return
-    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
-        raise TypeError(
-            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
-        )
-    if starts.shape != (batch_size, T) or starts.device != device:
-        raise ValueError(
-            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
-            f"inputs; got {list(starts.shape)} on {starts.device}"
-        )
-
-
-def check_done(memory: AgentMemory, done) -> None:
-    """The checks of AgentMemory.reset."""
-    batch, device = memory.filled.size(0), memory.filled.device
-    if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
-        raise TypeError(f"done must be a bool tensor, got {described(done)}")
-    if done.shape != (batch,) or done.device != device:
-        raise ValueError(
-            f"done must have shape [{batch}] on {device}, like the memory; got "
-            f"{list(done.shape)} on {done.device}"
         )
