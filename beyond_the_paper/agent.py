@@ -34,7 +34,6 @@ It builds on compressive.py in this order:
     h, memory, recon_loss = core(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
 """
 
-import secrets
 import zlib
 from typing import List, NamedTuple, Optional
 
@@ -78,17 +77,16 @@ from compressive import (
 
 
 class Kept(NamedTuple):
-    """The keys and values of a memory's slots, per layer, and what made them. made_by stays on
-    the CPU: reading it never waits for a device. Acting hands them on; a training call hands on
-    the ones it was given, marked stale (the next optimizer step would make its own stale). A
-    slot no step sees keeps whatever key it had: none is ever read.
+    """The keys and values of a memory's slots, per layer, and what made them. Acting hands them
+    on; a training call hands on the ones it was given, marked stale (the next optimizer step
+    would make its own stale). A slot no step sees keeps whatever key it had: none is ever read.
 
     keys, values:             [B, H, n_mem + n_s - 1, d_head] per layer, mem's slots'
     c_mem_keys, c_mem_values: [B, H, n_cm, d_head] per layer
     blank_keys, blank_values: [B, H, 1, d_head] per layer, a zero vector's (reset's slots)
-    made_by: [B, 2 + 2 w] int64: the config's checksum, the model's identity, then the id and the
-             version counter of each of the w weights a key depends on (W_k and W_v, and pre-LN's
-             norm), as they were when the keys were made
+    made_by: [B, 1 + n_layers] int64, on the memory's device: the config's checksum, then per
+             layer the fingerprint of the weights its keys depend on (W_k and W_v, and pre-LN's
+             norm) when they were made (section 4)
     """
 
     keys: List[torch.Tensor]
@@ -153,9 +151,7 @@ class AgentMemory(NamedTuple):
     def take(self, rows) -> "AgentMemory":
         """The memory of the rows given: indices, a bool mask or a slice, as for a tensor's first
         dimension (of a stacked memory: a tuple, (which memory, which row))."""
-        parts = rows if isinstance(rows, tuple) else (rows,)
-        on_cpu = tuple(r.cpu() if isinstance(r, torch.Tensor) else r for r in parts)
-        return map_tensors(self, lambda t: t[rows], lambda t: t[on_cpu])
+        return map_tensors(self, lambda t: t[rows])
 
     @staticmethod
     def join(memories) -> "AgentMemory":
@@ -175,28 +171,23 @@ class AgentMemory(NamedTuple):
 
     def to(self, device=None, dtype=None) -> "AgentMemory":
         """This memory on another device, or with its states and keys in another floating dtype
-        (usage, filled, since_start and made_by keep theirs; made_by stays on the CPU). Keys in
-        another dtype are not what a projection in it gives: they are marked stale."""
+        (usage, filled, since_start and made_by keep theirs). Keys in another dtype are not what
+        a projection in it gives: they are marked stale."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
 
         def move(t):
             return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
 
-        moved = map_tensors(self, move, lambda t: t)
+        moved = map_tensors(self, move)
         moved = moved._replace(usage=[u.to(device) for u in self.usage])  # float32 always
         converted = dtype is not None and dtype != self.kept.keys[0].dtype
         return moved.without_kept() if converted else moved
 
 
-def map_tensors(memory: AgentMemory, on_device, on_cpu) -> AgentMemory:
-    """The memory with on_device applied to each tensor, and on_cpu to made_by."""
-
-    def each(value):
-        return [on_device(t) for t in value] if isinstance(value, list) else on_device(value)
-
-    kept = Kept(*(each(v) for v in memory.kept[:-1]), on_cpu(memory.kept.made_by))
-    return AgentMemory(*(each(v) for v in memory[:-1]), kept)
+def map_tensors(memory: AgentMemory, how) -> AgentMemory:
+    """The memory with how applied to each of its tensors."""
+    return rebuild(memory, [how(t) for t in tensors_of(memory)])
 
 
 def combine(memories, how) -> AgentMemory:
@@ -241,11 +232,6 @@ def rebuild(like: AgentMemory, tensors: List[torch.Tensor]) -> AgentMemory:
     return AgentMemory(*fields, Kept(*(refill(v) for v in like.kept)))
 
 
-def stale(made_by: torch.Tensor) -> torch.Tensor:
-    """made_by with its weights' part no model's: the config's checksum stays."""
-    return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
-
-
 def memory_sizes(cfg: CompressiveConfig):
     """(n_cm, n_mem, n_new): the slots of c_mem and mem, and the c_mem slots a segment's end
     makes. A model that never compresses (n_m = 0 or n_cm = 0) holds no c_mem; Transformer-XL
@@ -286,7 +272,7 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
             blanks(blank_v, n_cm),
             blanks(blank_k, 1),
             blanks(blank_v, 1),
-            stamp_of_rows(model, batch_size),
+            fingerprint(model).to(device).expand(batch_size, -1).contiguous(),
         ),
     )
 
@@ -713,49 +699,79 @@ def blank_of(layer, h):
 
 
 # 4. Kept keys that cannot go stale ----------------------------------------------------------------
-# A kept key is W_k of a slot, made once; W_k changes in place (an optimizer step, a loaded state
-# dict), or another model (a target network) reads the memory. Every in-place change of a tensor
-# bumps its version counter, which autograd reads to refuse a tensor changed since it was saved
-# (torch.autograd.graph.increment_version is the public way to bump it; tensor._version reads it,
-# and no public API sees every in-place change: an optimizer's hooks miss load_state_dict and a
-# change by hand). The kept keys record the id and the version of each weight they depend on, and
-# the model's identity: a call whose weights are not those projects every slot anew. Two changes
-# escape the counter: a write through .data, and the fused optimizers (fused=True) of this torch;
-# after those call memory.without_kept() or bump the counters with increment_version.
+# A kept key is W_k of a slot, made once; the weights change (an optimizer step, fused or not, a
+# loaded state dict, a write through .data, vector_to_parameters, a dtype round trip, another
+# process writing shared weights), or another model (a target network) reads the memory. Version
+# counters miss half of those routes, so the kept keys record what the weights hold: per layer, a
+# fingerprint of the bits of the weights a key depends on, computed on their device (a few
+# elementwise kernels over W_k and W_v). Any change of one bit changes it: each element's bits,
+# read as an integer, are multiplied by an odd constant of its own, modulo 2^32 (a bijection), and
+# summed exactly. A call whose fingerprints differ from the memory's projects every slot anew;
+# acting reads back one bool for it, as it reads back which rows end a segment.
 
 
-def stamp(model) -> List[int]:
-    """The config's checksum, the model's identity, and each key weight's id and version."""
+def register_stamp_buffers(model) -> None:
+    """The model's constants of section 4, as buffers that follow it to its device (not saved):
+    config_stamp [1] int64, the config's checksum; key_probe [2 d^2 + 2 d] int32, the odd
+    constants of the fingerprint, one per element of W_k, W_v and a norm's weight and bias, a hash
+    of each element's index (no random draw)."""
     cfg = model.cfg
-    layout = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.seq_len, cfg.mem_len, cfg.c_mem_len)
-    config = (*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)
-    made_by = [zlib.crc32(repr(config).encode()), model.identity]
+    index = torch.arange(2 * cfg.d_model * (cfg.d_model + 1), dtype=torch.long)
+    probe = ((index * 0x9E3779B1 + 0x7F4A7C15) % 2**32 - 2**31).int() | 1
+    model.register_buffer("key_probe", probe, persistent=False)
+    checksum = torch.tensor([config_checksum(cfg)], dtype=torch.long)
+    model.register_buffer("config_stamp", checksum, persistent=False)
+
+
+# the signed integer of each floating element size: the bits of an element, read as a number
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(model) -> torch.Tensor:
+    """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device."""
+    d, probe = model.cfg.d_model, model.key_probe
+    prints = []
     for layer in model.layers:
-        weights = [layer.attn.qkv.weight]
+        weights = [layer.attn.qkv.weight[d:]]  # W_k, W_v
         if layer.pre_norm:
             weights += [layer.attn_norm.weight, layer.attn_norm.bias]
-        made_by += [x for w in weights for x in (id(w), w._version)]
-    return made_by
+        total, start = 0, 0
+        for w in weights:
+            bits = w.detach().view(BITS[w.element_size()]).reshape(-1)
+            total = total + (bits * probe[start : start + bits.numel()]).sum()  # int64, exact
+            start += bits.numel()
+        prints.append(total)
+    return torch.cat([model.config_stamp, torch.stack(prints)])
+
+
+def config_checksum(cfg: CompressiveConfig) -> int:
+    layout = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.seq_len, cfg.mem_len, cfg.c_mem_len)
+    return zlib.crc32(repr((*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)).encode())
+
+
+def stale(made_by: torch.Tensor) -> torch.Tensor:
+    """made_by with its fingerprints no weights': the config's checksum stays."""
+    return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
 
 
 @torch.compiler.disable
-def stamp_of_rows(model, batch_size: int) -> torch.Tensor:
-    """made_by for keys made now: [batch_size, 2 + 2 w] int64 on the CPU."""
-    return torch.tensor(stamp(model)).expand(batch_size, -1).contiguous()
-
-
-@torch.compiler.disable
-def kept_usable(model, memory: AgentMemory) -> bool:
-    """Whether the memory's kept keys are this model's of now; a memory made under another config
-    is refused. Outside torch.compile's graph: it reads host integers only."""
-    now = torch.tensor(stamp(model))
+def kept_usable(model, memory: AgentMemory):
+    """Whether the memory's kept keys are those the weights of now make, and the fingerprint of
+    now; a memory made under another config is refused. One bool read back (outside
+    torch.compile's graph); none on the meta device, which holds no values."""
+    now = fingerprint(model)
+    if now.device.type == "meta":
+        return False, now
     made_by = memory.kept.made_by
-    if made_by.shape[1:] != now.shape or not made_by[:, 0].eq(now[0]).all():
+    same_config, same_weights = torch.stack(
+        [made_by[:, 0].eq(now[0]).all(), made_by.eq(now).all()]
+    ).tolist()
+    if not same_config:
         raise ValueError(
             "memory was made by a model of another config (layers, sizes, compression or "
             "pre_norm differ): give it a memory of its own, model.empty_memory(batch)"
         )
-    return torch.equal(made_by, now.expand_as(made_by))
+    return same_weights, now
 
 
 # 5. The models ----------------------------------------------------------------------------------
@@ -774,7 +790,8 @@ def hidden_states(model, x, memory=None, starts=None):
     # acting (no gradient) reads and hands on the keys kept; a training call projects every
     # slot, and its keys would go stale at the next optimizer step: it hands on none
     keeps = not torch.is_grad_enabled()
-    usable = kept_usable(model, memory) and keeps
+    usable, now = kept_usable(model, memory)
+    usable = usable and keeps
     usable = usable and memory.kept.keys[0].dtype == projection_dtype(x)
 
     # acting (no gradient, outside torch.compile): read back which rows end a segment, so
@@ -798,7 +815,7 @@ def hidden_states(model, x, memory=None, starts=None):
     if not keeps:  # the old keys, marked stale
         made_by = stale(made_by)
     elif not usable:  # made now, by the weights of now
-        made_by = stamp_of_rows(model, B)
+        made_by = now.expand(B, -1).contiguous()
         blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
         blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
     kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
@@ -827,7 +844,7 @@ class AgentTransformer(CompressiveTransformer):
     def __init__(self, cfg: CompressiveConfig):
         super().__init__(cfg)
         check_agent_config(cfg)
-        self.identity = secrets.randbits(62)  # tells this model's kept keys from another's
+        register_stamp_buffers(self)  # section 4
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
         return empty_memory(self, batch_size, device, dtype)
@@ -860,7 +877,7 @@ class AgentCore(nn.Module):
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.apply(CompressiveTransformer.init_weights)
-        self.identity = secrets.randbits(62)
+        register_stamp_buffers(self)  # section 4
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
         return empty_memory(self, batch_size, device, dtype)
@@ -906,6 +923,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         "kept.c_mem_values": [(batch_size, H, n_cm, d // H)] * L,
         "kept.blank_keys": [(batch_size, H, 1, d // H)] * L,
         "kept.blank_values": [(batch_size, H, 1, d // H)] * L,
+        "kept.made_by": (batch_size, 1 + L),
     }
     for name, shapes in expected.items():
         value = memory.kept if name.startswith("kept.") else memory
@@ -921,9 +939,11 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
                 f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
-    for name in ("filled", "since_start"):
-        if getattr(memory, name).dtype != torch.long:
+    for name, value in (("filled", memory.filled), ("since_start", memory.since_start)):
+        if value.dtype != torch.long:
             raise TypeError(f"memory.{name} must be int64, as the model makes it")
+    if memory.kept.made_by.dtype != torch.long:
+        raise TypeError("memory.kept.made_by must be int64, as the model makes it")
     states = memory.mem + memory.c_mem
     if any(t.dtype != x.dtype for t in states) and not autocasting(x.device):
         raise TypeError(
