@@ -34,6 +34,7 @@ It builds on compressive.py in this order:
     h, memory, recon_loss = core(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
 """
 
+import warnings
 import zlib
 from typing import List, NamedTuple, Optional
 
@@ -149,8 +150,13 @@ class AgentMemory(NamedTuple):
         )
 
     def take(self, rows) -> "AgentMemory":
-        """The memory of the rows given: indices, a bool mask or a slice, as for a tensor's first
-        dimension (of a stacked memory: a tuple, (which memory, which row))."""
+        """The memory of the rows given: indices, a bool mask, a slice or an int, as for a
+        tensor's first dimension (of a stacked memory: a tuple, (which memory, which rows)). The
+        batch dimension stays: take(0) is a memory of one row."""
+        if isinstance(rows, tuple):
+            rows = (*rows[:-1], one_row_kept(rows[-1]))
+        else:
+            rows = one_row_kept(rows)
         return map_tensors(self, lambda t: t[rows])
 
     @staticmethod
@@ -183,6 +189,13 @@ class AgentMemory(NamedTuple):
         moved = moved._replace(usage=[u.to(device) for u in self.usage])  # float32 always
         converted = dtype is not None and dtype != self.kept.keys[0].dtype
         return moved.without_kept() if converted else moved
+
+
+def one_row_kept(rows):
+    """An int index as a slice of one row, so that the batch dimension stays."""
+    if isinstance(rows, int) and not isinstance(rows, bool):
+        return slice(rows, rows + 1 or None)
+    return rows
 
 
 def map_tensors(memory: AgentMemory, how) -> AgentMemory:
@@ -790,6 +803,8 @@ def hidden_states(model, x, memory=None, starts=None):
     # acting (no gradient) reads and hands on the keys kept; a training call projects every
     # slot, and its keys would go stale at the next optimizer step: it hands on none
     keeps = not torch.is_grad_enabled()
+    if keeps and model.training and model.cfg.dropout > 0:
+        warnings.warn(DROPOUT_SPLITS, stacklevel=2)  # once per place that calls (the default)
     usable, now = kept_usable(model, memory)
     usable = usable and keeps
     usable = usable and memory.kept.keys[0].dtype == projection_dtype(x)
@@ -822,6 +837,14 @@ def hidden_states(model, x, memory=None, starts=None):
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
+
+
+DROPOUT_SPLITS = (
+    "acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
+    "update will draw, so the update scores another policy than the one that acted (PPO's "
+    "ratio starts away from 1). Give an agent dropout=0, or act and update alike under "
+    "model.eval()"
+)
 
 
 def projection_dtype(x):

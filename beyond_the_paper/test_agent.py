@@ -3,6 +3,7 @@ Transformer, which keeps a memory of its own), as tests."""
 
 import copy
 import multiprocessing
+import warnings
 
 import pytest
 import torch
@@ -767,6 +768,31 @@ def test_kept_keys_are_projected_anew_whatever_route_changed_the_weights(route):
     assert (stale - fresh).abs().max() > 1e-5  # the route changed the keys: the check can fail
     if route != "fused Adam":  # the route is one that version counters miss
         assert [p._version for p in model.parameters()] == versions
+
+
+def test_acting_in_train_mode_with_dropout_warns_with_the_fix():
+    model = make(dropout=0.1)  # train mode, as CleanRL's loop leaves it
+    with pytest.warns(UserWarning, match="dropout=0, or act and update alike under model.eval"):
+        with torch.no_grad():
+            model(tokens(2, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            model.eval()(tokens(2, 1))  # eval mode: the update under eval computes the same
+            make(dropout=0.0).train()(tokens(2, 1))
+        model.train()(tokens(2, 1))  # the update itself: no warning
+
+
+def test_take_with_an_int_keeps_the_batch_dimension():
+    model = make().eval()
+    with torch.no_grad():
+        _, memory, _ = model(tokens(3, 7))
+    for row in (0, 2, -1):
+        one, expected = memory.take(row), memory.take([row % 3])
+        assert one.filled.shape == (1,) and one.mem[0].shape[0] == 1
+        assert all(a.equal(b) for a, b in zip(memory_tensors(one), memory_tensors(expected)))
+    stacked = AgentMemory.stack([memory, memory])
+    assert stacked.take((1, 0)).mem[0].shape == memory.take(0).mem[0].shape
 
 
 def test_a_memory_made_under_another_config_is_refused():
