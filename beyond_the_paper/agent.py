@@ -110,7 +110,8 @@ class AgentMemory(NamedTuple):
     filled:      [B] int64, the steps of the open segment
     since_start: [B] int64, the steps of each row's episode so far (saturating at the span the
                  memory holds); slots older than its first step are hidden
-    kept:        the keys and values of the slots (Kept)
+    kept:        the keys and values of the slots (Kept), or None: the next call projects
+                 them (a training call's memory, or one stored without them: without_kept())
 
     Saved with torch.save and read back with torch.load(f, weights_only=True) inside
     torch.serialization.safe_globals([AgentMemory, Kept]).
@@ -121,7 +122,7 @@ class AgentMemory(NamedTuple):
     usage: List[torch.Tensor]
     filled: torch.Tensor
     since_start: torch.Tensor
-    kept: Kept
+    kept: Optional[Kept]
 
     def reset(self, done: torch.Tensor) -> "AgentMemory":
         """The rows where done ([B] bool) is true become empty, as a fresh memory's rows; the
@@ -136,17 +137,19 @@ class AgentMemory(NamedTuple):
             ]
 
         kept = self.kept
+        if kept is not None:
+            kept = kept._replace(
+                keys=forget(kept.keys, kept.blank_keys),
+                values=forget(kept.values, kept.blank_values),
+                c_mem_keys=forget(kept.c_mem_keys, kept.blank_keys),
+                c_mem_values=forget(kept.c_mem_values, kept.blank_values),
+            )
         return AgentMemory(
             forget(self.mem),
             forget(self.c_mem),
             forget(self.usage),
             *forget([self.filled, self.since_start]),
-            kept._replace(
-                keys=forget(kept.keys, kept.blank_keys),
-                values=forget(kept.values, kept.blank_values),
-                c_mem_keys=forget(kept.c_mem_keys, kept.blank_keys),
-                c_mem_values=forget(kept.c_mem_values, kept.blank_values),
-            ),
+            kept,
         )
 
     def take(self, rows) -> "AgentMemory":
@@ -171,9 +174,9 @@ class AgentMemory(NamedTuple):
         return combine(memories, torch.stack)
 
     def without_kept(self) -> "AgentMemory":
-        """This memory with its kept keys and values marked stale: the next call projects every
-        slot (a step that keeps nothing, to compare with; no weight change needs it)."""
-        return self._replace(kept=self.kept._replace(made_by=stale(self.kept.made_by)))
+        """This memory without its kept keys and values (its states alone, as a replay buffer may
+        store it: the keys are most of a memory's size); the next call projects every slot."""
+        return self._replace(kept=None)
 
     def to(self, device=None, dtype=None) -> "AgentMemory":
         """This memory on another device, or with its states and keys in another floating dtype
@@ -187,7 +190,7 @@ class AgentMemory(NamedTuple):
 
         moved = map_tensors(self, move)
         moved = moved._replace(usage=[u.to(device) for u in self.usage])  # float32 always
-        converted = dtype is not None and dtype != self.kept.keys[0].dtype
+        converted = dtype is not None and dtype != self.mem[0].dtype
         return moved.without_kept() if converted else moved
 
 
@@ -216,6 +219,8 @@ def combine(memories, how) -> AgentMemory:
             names = ", ".join(sorted({type(m).__name__ for m in memories}))
             got += f" of {names}" if names else " (empty)"
         raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
+    if any(m.kept is None for m in memories):  # rows without kept keys: none keep theirs
+        memories = [m.without_kept() for m in memories]
     shapes = [[tuple(t.shape[1:]) for t in tensors_of(m)] for m in memories]
     one_batch = len({m.filled.shape for m in memories}) == 1
     if any(s != shapes[0] for s in shapes) or (how is torch.stack and not one_batch):
@@ -230,7 +235,7 @@ def combine(memories, how) -> AgentMemory:
 def tensors_of(memory: AgentMemory) -> List[torch.Tensor]:
     """Every tensor of a memory, in a fixed order (rebuild puts them back)."""
     out = []
-    for value in (*memory[:-1], *memory.kept):
+    for value in (*memory[:-1], *(memory.kept or ())):
         out.extend(value if isinstance(value, list) else [value])
     return out
 
@@ -242,7 +247,8 @@ def rebuild(like: AgentMemory, tensors: List[torch.Tensor]) -> AgentMemory:
         return [next(it) for _ in value] if isinstance(value, list) else next(it)
 
     fields = [refill(v) for v in like[:-1]]
-    return AgentMemory(*fields, Kept(*(refill(v) for v in like.kept)))
+    kept = None if like.kept is None else Kept(*(refill(v) for v in like.kept))
+    return AgentMemory(*fields, kept)
 
 
 def memory_sizes(cfg: CompressiveConfig):
@@ -547,8 +553,10 @@ def layer_over_call(
     out = layer.residual_and_feed_forward(h, attended.out)
     recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
-    kept = memory.kept
-    blank = slots.blank if keeps else (kept.blank_keys[i], kept.blank_values[i])
+    blank = slots.blank
+    if not keeps:  # the memory's own, or none
+        kept = memory.kept
+        blank = (None, None) if kept is None else (kept.blank_keys[i], kept.blank_values[i])
     return out, fields, blank, recon_loss
 
 
@@ -671,7 +679,7 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
     """This layer's fields of the memory handed on: the stream's newest slots, c_mem as the
     last segment end left it, usage, and the keys and values (new ones where keeps, else the
     memory's own, which the caller marks stale)."""
-    kept, c_mem = memory.kept, memory.c_mem[i]
+    c_mem = memory.c_mem[i]
     B, T = stream.size(0), attended.out.size(1)
     usage = None
     if memory.usage:
@@ -700,8 +708,11 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
             c_mem_of(slots.c_keys, ends.keys, None),
             c_mem_of(slots.c_values, ends.values, None),
         ]
-    else:
+    elif memory.kept is not None:  # the memory's own, which the caller marks stale
+        kept = memory.kept
         fields += [kept.keys[i], kept.values[i], kept.c_mem_keys[i], kept.c_mem_values[i]]
+    else:
+        fields += [None] * 4
     return [f if f is None else f.detach() for f in fields]
 
 
@@ -773,7 +784,7 @@ def kept_usable(model, memory: AgentMemory):
     now; a memory made under another config is refused. One bool read back (outside
     torch.compile's graph); none on the meta device, which holds no values."""
     now = fingerprint(model)
-    if now.device.type == "meta":
+    if now.device.type == "meta" or memory.kept is None:
         return False, now
     made_by = memory.kept.made_by
     same_config, same_weights = torch.stack(
@@ -826,14 +837,14 @@ def hidden_states(model, x, memory=None, starts=None):
             field.append(value)
         recon_loss = recon_loss + layer_loss
     mem, c_mem, usage, keys, values, c_keys, c_values, blank_k, blank_v = fields
-    made_by = memory.kept.made_by
-    if not keeps:  # the old keys, marked stale
-        made_by = stale(made_by)
-    elif not usable:  # made now, by the weights of now
-        made_by = now.expand(B, -1).contiguous()
-        blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
-        blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
-    kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
+    if not keeps:  # the old keys, marked stale (where the memory had any)
+        kept = memory.kept and memory.kept._replace(made_by=stale(memory.kept.made_by))
+    else:
+        made_by = memory.kept.made_by if usable else now.expand(B, -1).contiguous()
+        if not usable:  # made now, by the weights of now
+            blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
+            blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
+        kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
@@ -926,7 +937,7 @@ def check_agent_config(cfg: CompressiveConfig) -> None:
 
 def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
     """Every tensor of the memory has the shape, device and dtype this model's memory has."""
-    if not isinstance(memory, AgentMemory) or not isinstance(memory.kept, Kept):
+    if not isinstance(memory, AgentMemory) or not isinstance(memory.kept, (Kept, type(None))):
         raise TypeError(
             f"memory must be an AgentMemory made by the model (model.empty_memory(batch) or a "
             f"call's), or None; got {type(memory).__name__}"
@@ -949,6 +960,8 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         "kept.made_by": (batch_size, 1 + L),
     }
     for name, shapes in expected.items():
+        if name.startswith("kept.") and memory.kept is None:
+            continue
         value = memory.kept if name.startswith("kept.") else memory
         value = getattr(value, name.removeprefix("kept."))
         tensors = value if isinstance(value, list) else [value]
@@ -965,7 +978,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
     for name, value in (("filled", memory.filled), ("since_start", memory.since_start)):
         if value.dtype != torch.long:
             raise TypeError(f"memory.{name} must be int64, as the model makes it")
-    if memory.kept.made_by.dtype != torch.long:
+    if memory.kept is not None and memory.kept.made_by.dtype != torch.long:
         raise TypeError("memory.kept.made_by must be int64, as the model makes it")
     states = memory.mem + memory.c_mem
     if any(t.dtype != x.dtype for t in states) and not autocasting(x.device):

@@ -795,6 +795,28 @@ def test_take_with_an_int_keeps_the_batch_dimension():
     assert stacked.take((1, 0)).mem[0].shape == memory.take(0).mem[0].shape
 
 
+def test_a_memory_stored_without_its_kept_keys_gets_them_back_by_projecting():
+    model = make().eval()
+    with torch.no_grad():
+        _, memory, _ = model(tokens(3, 15))
+    stored = memory.without_kept()  # a replay buffer's row: the states alone
+    size = lambda m: sum(t.numel() * t.element_size() for t in memory_tensors(m))  # noqa: E731
+    assert stored.kept is None and size(stored) < size(memory) / 2
+    x = tokens(3, 1, seed=3)
+    with torch.no_grad():
+        h, after, _ = model(x, memory)
+        h_stored, after_stored, _ = model(x, stored)
+    close(h, h_stored)
+    assert after_stored.kept is not None  # projected, and kept again
+    assert all(a.equal(b) for a, b in zip(states(after), states(after_stored), strict=True))
+    with torch.no_grad():  # the keys kept again serve the next step as the others do
+        close(model(x, after)[0], model(x, after_stored)[0])
+    # rows with and without kept keys join into rows without; a reset and take keep none
+    joined = AgentMemory.join([memory.take([0]), stored.take([1, 2])])
+    assert joined.kept is None and joined.filled.shape == (3,)
+    assert stored.reset(torch.tensor([True, False, False])).take(0).kept is None
+
+
 def test_a_memory_made_under_another_config_is_refused():
     model = make()
     _, memory, _ = model(tokens(2, 6))
@@ -830,19 +852,19 @@ def test_every_tensor_of_a_memory_keeps_its_shape_from_empty_to_full_and_after_r
 
 
 def memory_tensors(memory: AgentMemory):
+    states = [*memory.mem, *memory.c_mem, *memory.usage, memory.filled, memory.since_start]
+    if memory.kept is None:
+        return states
+    kept = memory.kept
     return [
-        *memory.mem,
-        *memory.c_mem,
-        *memory.usage,
-        memory.filled,
-        memory.since_start,
-        *memory.kept.keys,
-        *memory.kept.values,
-        *memory.kept.c_mem_keys,
-        *memory.kept.c_mem_values,
-        *memory.kept.blank_keys,
-        *memory.kept.blank_values,
-        memory.kept.made_by,
+        *states,
+        *kept.keys,
+        *kept.values,
+        *kept.c_mem_keys,
+        *kept.c_mem_values,
+        *kept.blank_keys,
+        *kept.blank_values,
+        kept.made_by,
     ]
 
 
@@ -895,7 +917,7 @@ def test_an_agent_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
     half = memory.to(dtype=torch.bfloat16)
     assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem + half.kept.keys)
     assert all(u.dtype == torch.float32 for u in half.usage)
-    assert half.since_start.tolist() == [12, 4] and (half.kept.made_by[:, 1:] == -1).all()
+    assert half.since_start.tolist() == [12, 4] and half.kept is None  # projected anew
     moved = memory.to("meta")
     assert all(t.device.type == "meta" for t in memory_tensors(moved))  # made_by too
     torch.save(memory, tmp_path / "memory.pt")
