@@ -3,7 +3,13 @@ Transformer, which keeps a memory of its own), as tests."""
 
 import copy
 import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -968,3 +974,25 @@ def test_generate_with_kept_keys_values_samples_what_projecting_every_slot_sampl
         for t in range(9, 39):
             assert out[:, t].equal(logits[:, -1].argmax(-1))
             logits, memory, _ = model(out[:, t : t + 1], memory.without_kept())
+
+
+@pytest.mark.slow  # a fresh process imports torch and runs two PPO iterations: seconds
+def test_the_ppo_loop_of_docs_agent_md_runs_from_a_folder_of_its_own(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "AGENT.md").read_text(encoding="utf-8")
+    loop = text.split("## A PPO loop that copies", 1)[1].split("```python\n", 1)[1]
+    loop = loop.split("```", 1)[0]
+    assert "ITERATIONS, EPOCHS, MINIBATCHES = 16, 32, 60, 4, 4" in loop
+    loop = loop.replace("16, 32, 60, 4, 4", "16, 32, 2, 4, 4")  # two iterations
+    (tmp_path / "loop.py").write_text(loop, encoding="utf-8")
+    shutil.copy(root / "compressive.py", tmp_path)
+    (tmp_path / "beyond_the_paper").mkdir()
+    for name in ("agent.py", "episodes.py"):
+        shutil.copy(root / "beyond_the_paper" / name, tmp_path / "beyond_the_paper")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [sys.executable, "loop.py"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    ratios = [float(x) for x in re.findall(r"\|log ratio\| (\S+)", run.stdout)]
+    assert len(ratios) == 2 and max(ratios) < 1e-5, run.stdout  # the update is the actor
