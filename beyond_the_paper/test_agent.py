@@ -921,7 +921,7 @@ def test_an_agent_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
         _, memory, _ = model(tokens(2, 6))
         _, memory, _ = model(tokens(2, 6, seed=2), memory, start_at(2, 6, (1, 2)))
     half = memory.to(dtype=torch.bfloat16)
-    assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem + half.kept.keys)
+    assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem)
     assert all(u.dtype == torch.float32 for u in half.usage)
     assert half.since_start.tolist() == [12, 4] and half.kept is None  # projected anew
     moved = memory.to("meta")
