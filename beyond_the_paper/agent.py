@@ -16,8 +16,8 @@ learns from the rollout it played, in one call. This module makes those two comp
       from there the row is a fresh memory, its segments counted from its start, and nothing of
       the old episode reaches what it computes; memory.reset(done) is a start at the next step
     - acting: the memory keeps the keys and values of its slots, so a step without gradient
-      projects only itself; they carry a stamp of the weights that made them, and a call after
-      any in-place change of those weights (an optimizer step, load_state_dict) projects anew
+      projects only itself; they carry a fingerprint of the weights that made them, and a call
+      after any change of those weights, by whatever route, projects anew
 
 It builds on compressive.py in this order:
 
@@ -25,7 +25,7 @@ It builds on compressive.py in this order:
     2. where each step of a call stands in its row's stream: Layout
     3. one layer over a call: attention over what each step sees, then the FIFOs of every
        segment the call closes
-    4. the stamp that tells kept keys from stale ones
+    4. the fingerprint that tells kept keys from stale ones
     5. AgentTransformer (tokens) and AgentCore (vectors), the models
     6. the checks of what this module adds to the inputs
 
@@ -262,7 +262,7 @@ def memory_sizes(cfg: CompressiveConfig):
 
 
 def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
-    """A memory of batch_size rows whose slots hold zeros no step sees, stamped by model."""
+    """A memory of batch_size rows whose slots hold zeros no step sees, its keys model's."""
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
