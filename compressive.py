@@ -272,6 +272,21 @@ class RelativeMultiHeadAttention(nn.Module):
         """W_r R: [n, d] -> [H, n, d_head]."""
         return self.position(positions).view(-1, self.n_heads, self.d_head).transpose(0, 1)
 
+    # The position terms (b) + (d) of section 3, $(q_i + v) \cdot W_r R$, per (query, distance):
+    # `relative_shift` lines them up per (query, key). **Speed:** $W_r R$ is the same for every
+    # row of the batch, so the batch is folded into the rows of one product per head instead of
+    # copying $W_r R$ once per row.
+    def position_scores(self, q, r):
+        """q [B, H, T, d_head], scaled by 1/sqrt(d_head); r [H, n, d_head], W_r R for n
+        distances. Returns [H, B, T, n]."""
+        B, H, T, d_head = q.shape
+        # v in q's dtype: under bf16 autocast a float32 bias would promote the sum to float32,
+        # and the matmul would cast it back, forwards and backwards
+        v = (self.position_bias * d_head**-0.5).to(q.dtype)
+        position_q = q + v  # (q + v) / sqrt(d_head)
+        position_q = position_q.transpose(0, 1).reshape(H, B * T, d_head)  # the batch in the rows
+        return torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1)  # (b) + (d)
+
     # The scores $A_{ij}$ of section 3, their softmax over the keys, and the weighted values. Per
     # head, in plain terms,
     #
@@ -284,13 +299,14 @@ class RelativeMultiHeadAttention(nn.Module):
     # $$
     #
     # with $A_{ij} = -\infty$ where key $j$ lies in query $i$'s future, and the heads' $o_i$ side
-    # by side through $W_o$. test_compressive.py's
+    # by side through $W_o$. The position terms come in per key (`position_scores`, shifted), so
+    # a caller that lays out its keys otherwise passes its own. test_compressive.py's
     # `test_attention_weights_match_a_brute_force_transformer_xl_score` computes these scores so,
     # one $(i, j)$ at a time, and compares the weights. The code computes the same, faster: its
     # **Speed** notes say how.
-    def attend(self, q, keys, values, r, attn_mask) -> Attended:
+    def attend(self, q, keys, values, position, attn_mask) -> Attended:
         """q [B, H, T, d_head], the queries scaled by 1/sqrt(d_head); keys and values
-        [B, H, K, d_head]; r [H, K+1, d_head], W_r R for the distances K, ..., 1, 0; attn_mask
+        [B, H, K, d_head]; position [B, H, T, K], the terms (b) + (d) per key; attn_mask
         [T, K] or [B, 1, T, K], -inf where a key lies in the query's future, else 0, or None."""
         B, H, T, d_head = q.shape
         scale = d_head**-0.5
@@ -298,20 +314,13 @@ class RelativeMultiHeadAttention(nn.Module):
         # score), so $u$ and $v$ are scaled with it: `content_q` is $(q + u)/\sqrt{d_{head}}$.
         # The biases in q's dtype: under bf16 autocast a float32 bias would promote the sum to
         # float32, and the matmul would cast it back, forwards and backwards.
-        u, v = (self.content_bias * scale).to(q.dtype), (self.position_bias * scale).to(q.dtype)
+        u = (self.content_bias * scale).to(q.dtype)
         content_q = q + u  # q is scaled already: (q + u) / sqrt(d_head)
         content = torch.matmul(content_q, keys.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
-        # (b) + (d). **Speed:** $W_r R$ is the same for every row of the batch, so the batch is
-        # folded into the rows of one product per head instead of copying $W_r R$ once per row.
-        position_q = q + v
-        position_q = position_q.transpose(0, 1).reshape(H, B * T, d_head)  # the batch in the rows
-        position = torch.bmm(position_q, r.transpose(-1, -2))  # (b) + (d): [H, B*T, K+1]
-        position = position.view(H, B, T, -1)  # [H, B, T, K+1], per distance
-        position = relative_shift(position)  # per distance -> per key: [H, B, T, K]
         # The four terms, summed in place in `content`'s storage. **Speed:** the causal mask is
         # added to the scores ($-\infty$ hides a key) rather than applied with `masked_fill`, which
         # costs more forwards and backwards.
-        scores = content.add_(position.transpose(0, 1))  # [B, H, T, K]
+        scores = content.add_(position)  # [B, H, T, K]
         if attn_mask is not None:
             scores.add_(attn_mask.to(scores.dtype))  # a float32 mask would make the add mixed
         # In the scores' dtype: torch's softmax sums in float32 for bf16 and fp16 (and CUDA's
@@ -330,19 +339,26 @@ class RelativeMultiHeadAttention(nn.Module):
         k, v = F.linear(memories, self.qkv.weight[d:]).chunk(2, dim=-1)  # [B, M, d]
         return self.split_heads(k), self.split_heads(v)
 
+    # The segment's queries, keys and values. **Speed:** the queries are scaled by
+    # $1/\sqrt{d_{head}}$ once, here, before any score.
+    def queries_keys_values(self, h):
+        """h [B, T, d]. Returns q, k, v, each [B, H, T, d_head]."""
+        q, k, v = self.qkv(h).chunk(3, dim=-1)  # each [B, T, d]
+        q = self.split_heads(q * self.d_head**-0.5).contiguous()
+        return q, self.split_heads(k), self.split_heads(v)
+
     # The keys and values are those of `[c_mem; mem; h]`, $K = M + T$ of them: the memories' come
-    # in made (`memory_keys_values`), the segment's are made here with its queries. **Speed:** the
-    # queries are scaled by $1/\sqrt{d_{head}}$ once, here, before any score; keys and values are
-    # concatenated head-major, the layout `attend`'s matmuls read.
+    # in made (`memory_keys_values`), the segment's are made here with its queries. **Speed:** keys
+    # and values are concatenated head-major, the layout `attend`'s matmuls read.
     def forward(self, h, memory_kv, r, attn_mask) -> Attended:
         """h [B, T, d], the segment; memory_kv, the keys and values of [c_mem; mem], each
         [B, H, M, d_head]; r [H, K+1, d_head], W_r R; attn_mask as attend's."""
-        q, k, v = self.qkv(h).chunk(3, dim=-1)  # each [B, T, d]
+        q, k, v = self.queries_keys_values(h)
         k_mem, v_mem = memory_kv
-        q = self.split_heads(q * self.d_head**-0.5).contiguous()  # [B, H, T, d_head]
-        k = torch.cat([k_mem, self.split_heads(k)], dim=2)  # [B, H, K, d_head]
-        v = torch.cat([v_mem, self.split_heads(v)], dim=2)
-        return self.attend(q, k, v, r, attn_mask)
+        k = torch.cat([k_mem, k], dim=2)  # [B, H, K, d_head]
+        v = torch.cat([v_mem, v], dim=2)
+        position = relative_shift(self.position_scores(q, r))  # per distance -> per key
+        return self.attend(q, k, v, position.transpose(0, 1), attn_mask)  # [B, H, T, K]
 
 
 # 4. The compression functions $f_c$ ---------------------------------------------------------------

@@ -16,8 +16,8 @@ learns from the rollout it played, in one call. This module makes those two comp
       from there the row is a fresh memory, its segments counted from its start, and nothing of
       the old episode reaches what it computes; memory.reset(done) is a start at the next step
     - acting: the memory keeps the keys and values of its slots, so a step without gradient
-      projects only itself; they carry a stamp of the weights that made them, and a call after
-      any in-place change of those weights (an optimizer step, load_state_dict) projects anew
+      projects only itself; they carry a fingerprint of the weights that made them, and a call
+      after any change of those weights, by whatever route, projects anew
 
 It builds on compressive.py in this order:
 
@@ -25,7 +25,7 @@ It builds on compressive.py in this order:
     2. where each step of a call stands in its row's stream: Layout
     3. one layer over a call: attention over what each step sees, then the FIFOs of every
        segment the call closes
-    4. the stamp that tells kept keys from stale ones
+    4. the fingerprint that tells kept keys from stale ones
     5. AgentTransformer (tokens) and AgentCore (vectors), the models
     6. the checks of what this module adds to the inputs
 
@@ -34,7 +34,7 @@ It builds on compressive.py in this order:
     h, memory, recon_loss = core(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
 """
 
-import secrets
+import warnings
 import zlib
 from typing import List, NamedTuple, Optional
 
@@ -42,12 +42,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from beyond_the_paper.episodes import (
+    check_done,
+    check_starts,
+    latest_start,
+    since_start_after,
+    steps_since_start,
+)
 from compressive import (
-    Attended,
     CompressiveConfig,
     CompressiveLayer,
     CompressiveTransformer,
+    attention_reconstruction_loss,
     autocasting,
+    autoencoding_loss,
     check_inputs,
     check_tokens,
     relative_shift,
@@ -70,17 +78,16 @@ from compressive import (
 
 
 class Kept(NamedTuple):
-    """The keys and values of a memory's slots, per layer, and what made them. made_by stays on
-    the CPU: reading it never waits for a device. Acting hands them on; a training call hands on
-    the ones it was given, marked stale (the next optimizer step would make its own stale). A
-    slot no step sees keeps whatever key it had: none is ever read.
+    """The keys and values of a memory's slots, per layer, and what made them. Acting hands them
+    on; a training call hands on the ones it was given, marked stale (the next optimizer step
+    would make its own stale). A slot no step sees keeps whatever key it had: none is ever read.
 
     keys, values:             [B, H, n_mem + n_s - 1, d_head] per layer, mem's slots'
     c_mem_keys, c_mem_values: [B, H, n_cm, d_head] per layer
     blank_keys, blank_values: [B, H, 1, d_head] per layer, a zero vector's (reset's slots)
-    made_by: [B, 2 + 2 w] int64: the config's checksum, the model's identity, then the id and the
-             version counter of each of the w weights a key depends on (W_k and W_v, and pre-LN's
-             norm), as they were when the keys were made
+    made_by: [B, 1 + n_layers] int64, on the memory's device: the config's checksum, then per
+             layer the fingerprint of the weights its keys depend on (W_k and W_v, and pre-LN's
+             norm) when they were made (section 4)
     """
 
     keys: List[torch.Tensor]
@@ -103,7 +110,8 @@ class AgentMemory(NamedTuple):
     filled:      [B] int64, the steps of the open segment
     since_start: [B] int64, the steps of each row's episode so far (saturating at the span the
                  memory holds); slots older than its first step are hidden
-    kept:        the keys and values of the slots (Kept)
+    kept:        the keys and values of the slots (Kept), or None: the next call projects
+                 them (a training call's memory, or one stored without them: without_kept())
 
     Saved with torch.save and read back with torch.load(f, weights_only=True) inside
     torch.serialization.safe_globals([AgentMemory, Kept]).
@@ -114,12 +122,12 @@ class AgentMemory(NamedTuple):
     usage: List[torch.Tensor]
     filled: torch.Tensor
     since_start: torch.Tensor
-    kept: Kept
+    kept: Optional[Kept]
 
     def reset(self, done: torch.Tensor) -> "AgentMemory":
         """The rows where done ([B] bool) is true become empty, as a fresh memory's rows; the
         others stay as they are. The same as a start at the next call's first step."""
-        check_done(self, done)
+        check_done(done, self.filled.size(0), self.filled.device)
 
         def forget(tensors, blanks=None):
             blanks = blanks or [0] * len(tensors)
@@ -129,25 +137,30 @@ class AgentMemory(NamedTuple):
             ]
 
         kept = self.kept
+        if kept is not None:
+            kept = kept._replace(
+                keys=forget(kept.keys, kept.blank_keys),
+                values=forget(kept.values, kept.blank_values),
+                c_mem_keys=forget(kept.c_mem_keys, kept.blank_keys),
+                c_mem_values=forget(kept.c_mem_values, kept.blank_values),
+            )
         return AgentMemory(
             forget(self.mem),
             forget(self.c_mem),
             forget(self.usage),
             *forget([self.filled, self.since_start]),
-            kept._replace(
-                keys=forget(kept.keys, kept.blank_keys),
-                values=forget(kept.values, kept.blank_values),
-                c_mem_keys=forget(kept.c_mem_keys, kept.blank_keys),
-                c_mem_values=forget(kept.c_mem_values, kept.blank_values),
-            ),
+            kept,
         )
 
     def take(self, rows) -> "AgentMemory":
-        """The memory of the rows given: indices, a bool mask or a slice, as for a tensor's first
-        dimension (of a stacked memory: a tuple, (which memory, which row))."""
-        parts = rows if isinstance(rows, tuple) else (rows,)
-        on_cpu = tuple(r.cpu() if isinstance(r, torch.Tensor) else r for r in parts)
-        return map_tensors(self, lambda t: t[rows], lambda t: t[on_cpu])
+        """The memory of the rows given: indices, a bool mask, a slice or an int, as for a
+        tensor's first dimension (of a stacked memory: a tuple, (which memory, which rows)). The
+        batch dimension stays: take(0) is a memory of one row."""
+        if isinstance(rows, tuple):
+            rows = (*rows[:-1], one_row_kept(rows[-1]))
+        else:
+            rows = one_row_kept(rows)
+        return map_tensors(self, lambda t: t[rows])
 
     @staticmethod
     def join(memories) -> "AgentMemory":
@@ -161,34 +174,36 @@ class AgentMemory(NamedTuple):
         return combine(memories, torch.stack)
 
     def without_kept(self) -> "AgentMemory":
-        """This memory with its kept keys and values marked stale: the next call projects every
-        slot (a step that keeps nothing, to compare with; no weight change needs it)."""
-        return self._replace(kept=self.kept._replace(made_by=stale(self.kept.made_by)))
+        """This memory without its kept keys and values (its states alone, as a replay buffer may
+        store it: the keys are most of a memory's size); the next call projects every slot."""
+        return self._replace(kept=None)
 
     def to(self, device=None, dtype=None) -> "AgentMemory":
         """This memory on another device, or with its states and keys in another floating dtype
-        (usage, filled, since_start and made_by keep theirs; made_by stays on the CPU). Keys in
-        another dtype are not what a projection in it gives: they are marked stale."""
+        (usage, filled, since_start and made_by keep theirs). Keys in another dtype are not what
+        a projection in it gives: they are marked stale."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
 
         def move(t):
             return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
 
-        moved = map_tensors(self, move, lambda t: t)
+        moved = map_tensors(self, move)
         moved = moved._replace(usage=[u.to(device) for u in self.usage])  # float32 always
-        converted = dtype is not None and dtype != self.kept.keys[0].dtype
+        converted = dtype is not None and dtype != self.mem[0].dtype
         return moved.without_kept() if converted else moved
 
 
-def map_tensors(memory: AgentMemory, on_device, on_cpu) -> AgentMemory:
-    """The memory with on_device applied to each tensor, and on_cpu to made_by."""
+def one_row_kept(rows):
+    """An int index as a slice of one row, so that the batch dimension stays."""
+    if isinstance(rows, int) and not isinstance(rows, bool):
+        return slice(rows, rows + 1 or None)
+    return rows
 
-    def each(value):
-        return [on_device(t) for t in value] if isinstance(value, list) else on_device(value)
 
-    kept = Kept(*(each(v) for v in memory.kept[:-1]), on_cpu(memory.kept.made_by))
-    return AgentMemory(*(each(v) for v in memory[:-1]), kept)
+def map_tensors(memory: AgentMemory, how) -> AgentMemory:
+    """The memory with how applied to each of its tensors."""
+    return rebuild(memory, [how(t) for t in tensors_of(memory)])
 
 
 def combine(memories, how) -> AgentMemory:
@@ -204,6 +219,8 @@ def combine(memories, how) -> AgentMemory:
             names = ", ".join(sorted({type(m).__name__ for m in memories}))
             got += f" of {names}" if names else " (empty)"
         raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
+    if any(m.kept is None for m in memories):  # rows without kept keys: none keep theirs
+        memories = [m.without_kept() for m in memories]
     shapes = [[tuple(t.shape[1:]) for t in tensors_of(m)] for m in memories]
     one_batch = len({m.filled.shape for m in memories}) == 1
     if any(s != shapes[0] for s in shapes) or (how is torch.stack and not one_batch):
@@ -218,7 +235,7 @@ def combine(memories, how) -> AgentMemory:
 def tensors_of(memory: AgentMemory) -> List[torch.Tensor]:
     """Every tensor of a memory, in a fixed order (rebuild puts them back)."""
     out = []
-    for value in (*memory[:-1], *memory.kept):
+    for value in (*memory[:-1], *(memory.kept or ())):
         out.extend(value if isinstance(value, list) else [value])
     return out
 
@@ -230,12 +247,8 @@ def rebuild(like: AgentMemory, tensors: List[torch.Tensor]) -> AgentMemory:
         return [next(it) for _ in value] if isinstance(value, list) else next(it)
 
     fields = [refill(v) for v in like[:-1]]
-    return AgentMemory(*fields, Kept(*(refill(v) for v in like.kept)))
-
-
-def stale(made_by: torch.Tensor) -> torch.Tensor:
-    """made_by with its weights' part no model's: the config's checksum stays."""
-    return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
+    kept = None if like.kept is None else Kept(*(refill(v) for v in like.kept))
+    return AgentMemory(*fields, kept)
 
 
 def memory_sizes(cfg: CompressiveConfig):
@@ -249,7 +262,7 @@ def memory_sizes(cfg: CompressiveConfig):
 
 
 def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
-    """A memory of batch_size rows whose slots hold zeros no step sees, stamped by model."""
+    """A memory of batch_size rows whose slots hold zeros no step sees, its keys model's."""
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
@@ -278,7 +291,7 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
             blanks(blank_v, n_cm),
             blanks(blank_k, 1),
             blanks(blank_v, 1),
-            stamp_of_rows(model, batch_size),
+            fingerprint(model).to(device).expand(batch_size, -1).contiguous(),
         ),
     )
 
@@ -319,98 +332,141 @@ class Close(NamedTuple):
     positions: torch.Tensor  # [B, n_new]: the newest place of each block of c it compresses
 
 
+class Frames(NamedTuple):
+    """Where each step t of the call stands, [B, T] unless said (places count in the stream)."""
+
+    t: torch.Tensor  # [T]: the call's steps
+    s: torch.Tensor  # [T]: each step's place, the same in every row
+    unused: torch.Tensor  # [B, 1]: the places before the memory's mem (its unused slots)
+    latest: torch.Tensor  # the latest start at or before t (-1: none)
+    begun: torch.Tensor  # the place of the episode's first step
+    origin: torch.Tensor  # the frame's origin: its mem's oldest place before any segment end
+    first: torch.Tensor  # the first place both in the stream and in the episode
+    k: torch.Tensor  # the segment ends of the frame before step t
+    closes: torch.Tensor  # bool: step t ends a segment
+    ended: torch.Tensor  # the segment ends of the call up to t, included
+
+
 class Layout:
     """The index tensors of one call: filled and since_start [B] from the memory, starts [B, T]
     or None, T steps. read_back: find on the host which rows end a segment, and compute each
-    end for those rows alone (else for every row: no value is read back)."""
+    end for those rows alone (else for every row: no value is read back). Built in four steps:
+    each step's frame, the segment ends, what each step sees, the memory handed on."""
 
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
-        n_cm, n_mem, n_new = memory_sizes(cfg)
-        n_s, c, B, device = cfg.seq_len, cfg.compression_rate, filled.size(0), filled.device
-        self.n_stream = n_mem + n_s - 1 + T
-        self.span = n_cm * c + n_mem + n_s  # the steps a memory can hold: since_start saturates
-        t = torch.arange(T, device=device)
-        unused = (n_s - 1 - filled)[:, None]  # [B, 1]: the places before the row's mem
-        s = n_mem + n_s - 1 + t  # [T]: each step's place
-        latest = torch.full((B, T), -1, device=device)  # the latest start at or before t
-        if starts is not None:
-            latest = torch.where(starts, t, -1).cummax(dim=1).values
-        new = latest >= 0
-        # [B, T]: the place of the episode's first step (the memory's own: since_start back),
-        # and the frame's origin, its mem's oldest place
-        begun = torch.where(new, s - t + latest, n_mem + n_s - 1 - since_start[:, None])
-        origin = torch.where(new, n_s - 1 + latest, unused)
-        first = torch.maximum(begun, unused)  # the first place both in the stream and seen
-        into = s - origin - n_mem  # [B, T]: steps since the frame's first segment began
-        k = into // n_s  # segment ends in the frame before step t
-        closes = (into + 1) % n_s == 0  # step t ends a segment
-        ended = closes.long().cumsum(dim=1)  # segment ends of the call up to t, included
-        self.n_closes = (n_s - 1 + T) // n_s if n_new else 0  # at most, in any row
-        self.n_seen_closes = (n_s - 2 + T) // n_s if n_new else 0  # ... before a step
+        self.cfg, self.device = cfg, filled.device
+        self.sizes = memory_sizes(cfg)  # (n_cm, n_mem, n_new)
+        n_cm, n_mem, n_new = self.sizes
+        self.n_stream = n_mem + cfg.seq_len - 1 + T
+        self.span = n_cm * cfg.compression_rate + n_mem + cfg.seq_len  # since_start saturates
+        self.place = torch.arange(self.n_stream, device=self.device)
+        frames = self.frames(filled, since_start, starts, T)
+        self.closes = self.segment_ends(frames, T, read_back)
+        self.seen_by_steps(frames, T)
+        self.handed_on(frames, T, starts, read_back)
 
-        # each segment end: the places it evicts, and its c_mem slots' (their newest step's)
-        self.closes = []
+    def frames(self, filled, since_start, starts, T: int) -> Frames:
+        """Each step's frame: the stream as its latest episode lays it out (section 2)."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s, B = self.cfg.seq_len, filled.size(0)
+        t = torch.arange(T, device=self.device)
+        unused = (n_s - 1 - filled)[:, None]
+        s = n_mem + n_s - 1 + t
+        latest = latest_start(starts, B, T, self.device)
+        begun = s - steps_since_start(since_start, latest)
+        # a start at t0 lays the frame out as a fresh memory's, whose mem would end before t0
+        origin = torch.where(latest >= 0, n_s - 1 + latest, unused)
+        first = torch.maximum(begun, unused)
+        into = s - origin - n_mem  # steps since the frame's first segment began
+        closes = (into + 1) % n_s == 0
+        ended = closes.long().cumsum(dim=1)
+        return Frames(t, s, unused, latest, begun, origin, first, into // n_s, closes, ended)
+
+    def segment_ends(self, f: Frames, T: int, read_back) -> List[Close]:
+        """Each segment end of the call: the places it evicts, and its c_mem slots' (their newest
+        step's). Sets n_closes (at most, in any row) and n_seen_closes (... before a step)."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s, c = self.cfg.seq_len, self.cfg.compression_rate
+        self.n_closes = (n_s - 1 + T) // n_s if n_new else 0
+        self.n_seen_closes = (n_s - 2 + T) // n_s if n_new else 0
+        closes = []
         for i in range(1, self.n_closes + 1):
-            nth = closes & (ended == i)
+            nth = f.closes & (f.ended == i)
             made = nth.any(dim=1)
             rows = made.nonzero()[:, 0] if read_back else None
             if read_back and len(rows) == 0:  # no row ends a segment i times in this call
                 self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
                 break
             step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
-            frame_origin, at, seen_from = origin.gather(1, step), s[step], first.gather(1, step)
-            oldest = frame_origin + k.gather(1, step) * n_s  # mem's oldest at that end
-            evicted = oldest + torch.arange(n_s, device=device)
+            frame_origin, at, seen_from = (
+                f.origin.gather(1, step),
+                f.s[step],
+                f.first.gather(1, step),
+            )
+            oldest = frame_origin + f.k.gather(1, step) * n_s  # mem's oldest at that end
+            evicted = oldest + torch.arange(n_s, device=self.device)
             following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
-            self.closes.append(
+            closes.append(
                 Close(
                     made,
                     rows,
-                    (origin == frame_origin) & (t <= step),
+                    (f.origin == frame_origin) & (f.t <= step),
                     oldest[:, 0],
                     (evicted >= seen_from) & (evicted <= at),
                     (following >= seen_from) & (following <= at),
-                    oldest + (torch.arange(n_new, device=device) + 1) * c - 1,
+                    oldest + (torch.arange(n_new, device=self.device) + 1) * c - 1,
                 )
             )
+        return closes
+
+    def seen_by_steps(self, f: Frames, T: int) -> None:
+        """What each step sees, [c_mem; the slots of the segment ends before it; the stream]: the
+        mask [B, 1, T, K], and where a union slot's position term lies (union_row)."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s, c = self.cfg.seq_len, self.cfg.compression_rate
         # the memory's c_mem slots: the newest step of each block, before its mem's oldest
-        c_mem_positions = unused - (torch.arange(n_cm - 1, -1, -1, device=device) * c + 1)
+        c_mem_positions = f.unused - (torch.arange(n_cm - 1, -1, -1, device=self.device) * c + 1)
         union = [c_mem_positions] + [close.positions for close in self.closes]
         self.union_positions = torch.cat(union, dim=1)  # [B, n_cm + n_closes n_new]
-
-        # what each step sees: [c_mem; the slots of the segment ends before it; the stream]
         self.n_union = n_cm + self.n_seen_closes * n_new
-        u = torch.arange(self.n_union, device=device)
-        rank = n_cm + (ended - closes.long())[..., None] * n_new - u  # [B, T, n_union]: 1 newest
-        mem_oldest = (origin + k * n_s)[..., None]  # [B, T, 1]
+        u = torch.arange(self.n_union, device=self.device)
+        rank = (
+            n_cm + (f.ended - f.closes.long())[..., None] * n_new - u
+        )  # [B, T, n_union]: 1 newest
+        mem_oldest = (f.origin + f.k * n_s)[..., None]  # [B, T, 1]
         union_seen = (rank >= 1) & (rank <= n_cm)
-        union_seen &= self.union_positions[:, None, : self.n_union] >= begun[..., None]
-        place = torch.arange(self.n_stream, device=device)
-        stream_seen = (place >= mem_oldest) & (place <= s[:, None]) & (place >= first[..., None])
+        union_seen &= self.union_positions[:, None, : self.n_union] >= f.begun[..., None]
+        place = self.place
+        stream_seen = (
+            (place >= mem_oldest) & (place <= f.s[:, None]) & (place >= f.first[..., None])
+        )
         seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
-        self.mask = torch.zeros(seen.shape, device=device).masked_fill_(~seen, float("-inf"))
+        self.mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
         self.mask = self.mask[:, None]  # [B, 1, T, K]
         self.max_distance = n_mem + n_s - 1 + max(T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
-        union_distance = s[:, None] - mem_oldest + rank
+        union_distance = f.s[:, None] - mem_oldest + rank
         self.union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
-        if cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
+        if self.cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
             self.in_mem = (place >= mem_oldest) & (place < mem_oldest + n_mem)  # [B, T, n_stream]
 
-        # the memory handed on: the frame of the call's last step, after its last segment end.
-        # Its mem is the stream's newest n_mem + n_s - 1 places, seen from mem's oldest place
-        # and the episode's first step on
-        end_begun = begun[:, -1:]
-        self.end_frame = origin == origin[:, -1:]  # [B, T]
-        mem_oldest = origin[:, -1:] + (k[:, -1:] + closes[:, -1:].long()) * n_s  # [B, 1]
-        self.mem_seen = place[T:] >= torch.maximum(mem_oldest, end_begun)  # [B, n_mem + n_s - 1]
-        self.filled = (s[-1] + 1 - mem_oldest - n_mem)[:, 0]  # [B]
+    def handed_on(self, f: Frames, T: int, starts, read_back) -> None:
+        """The memory handed on: the frame of the call's last step, after its last segment end.
+        Its mem is the stream's newest n_mem + n_s - 1 places, seen from mem's oldest place and
+        the episode's first step on."""
+        n_cm, n_mem, n_new = self.sizes
+        n_s = self.cfg.seq_len
+        end_begun = f.begun[:, -1:]
+        self.end_frame = f.origin == f.origin[:, -1:]  # [B, T]
+        mem_oldest = f.origin[:, -1:] + (f.k[:, -1:] + f.closes[:, -1:].long()) * n_s  # [B, 1]
+        self.mem_seen = self.place[T:] >= torch.maximum(mem_oldest, end_begun)
+        self.filled = (f.s[-1] + 1 - mem_oldest - n_mem)[:, 0]  # [B]
         # nothing hidden anew and nothing moved (known where read back): no slot to zero
-        self.unmoved = read_back and not (closes.any() or (starts is not None and starts.any()))
-        self.c_mem_first = ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
-        c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=device)
+        self.unmoved = read_back and not (f.closes.any() or (starts is not None and starts.any()))
+        self.c_mem_first = f.ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
+        c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=self.device)
         self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
-        self.since_start = (s[-1] + 1 - end_begun[:, 0]).clamp(max=self.span)
+        self.since_start = since_start_after(f.s - f.begun, self.span)  # [B]
 
 
 def window(values, first, seen, blank=0, rows=None):
@@ -449,12 +505,13 @@ def newest(values, seen, blank=0):
 
 
 # 3. One layer over a call -------------------------------------------------------------------------
-# compressive.py's layer over each row's stream: the attention's four score terms over what each
-# step sees (the position term of the stream by compressive.py's relative shift, of a c_mem slot
-# read at its own distance), the feed-forward, then for each segment end the FIFOs as
-# CompressiveLayer.update_memory moves them at the end of an n_s-step call: f_c of the n_s
-# evicted steps, its reconstruction loss, and the slots that stay. The keys kept for a slot no
-# step sees (unused, or before its row's episode) are left as they are: they are never read.
+# compressive.py's layer over each row's stream, in the order layer_over_call takes the steps: the
+# memory's keys, kept or projected; the position terms per key (the stream's by compressive.py's
+# relative shift, a c_mem slot's read at its own distance); each segment end's FIFOs as
+# CompressiveLayer.update_memory moves them at the end of an n_s-step call (f_c of the n_s evicted
+# steps, and the slots that stay); compressive.py's attend over what each step sees, then the
+# layer's feed-forward; f_c's loss; the memory handed on. The keys kept for a slot no step sees
+# (unused, or before its row's episode) are left as they are: they are never read.
 
 
 def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
@@ -467,6 +524,16 @@ def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
     return window(counted + received, first, seen)
 
 
+class MemoryKeys(NamedTuple):
+    """One layer's keys and values of the memory's slots, kept or projected now."""
+
+    c_keys: torch.Tensor  # [B, H, n_cm, d_head]
+    c_values: torch.Tensor
+    keys: torch.Tensor  # [B, H, n_mem + n_s - 1, d_head], mem's slots'
+    values: torch.Tensor
+    blank: Optional[tuple]  # (key, value) of a zero vector, or None: none to hand on
+
+
 def layer_over_call(
     layer: CompressiveLayer, h, memory: AgentMemory, i: int, usable: bool, keeps: bool, layout, R
 ):
@@ -475,103 +542,150 @@ def layer_over_call(
     value of a zero vector, and f_c's loss. usable: the memory's kept keys are this layer's;
     keeps: hand on the keys of the new memory (else the old ones, which the caller marks
     stale, and no blank)."""
-    attn, cfg = layer.attn, layer.cfg
-    n_cm, n_mem, n_new = memory_sizes(cfg)
-    B, T, d = h.shape
-    H, d_head = attn.n_heads, attn.d_head
-    scale = d_head**-0.5
-    kept, mem, c_mem = memory.kept, memory.mem[i], memory.c_mem[i]
+    attn = layer.attn
+    z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
+    q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
+    slots = memory_keys(layer, memory, i, usable, keeps, h)
+    stream = torch.cat([memory.mem[i], h.detach()], dim=1)  # [B, n_stream, d], no gradient
+    position = position_terms(attn, q, layout, R)
+    ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
+    attended = attention(attn, layout, q, k, v, slots, ends.keys, ends.values, position)
+    out = layer.residual_and_feed_forward(h, attended.out)
+    recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
+    fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
+    blank = slots.blank
+    if not keeps:  # the memory's own, or none
+        kept = memory.kept
+        blank = (None, None) if kept is None else (kept.blank_keys[i], kept.blank_values[i])
+    return out, fields, blank, recon_loss
 
-    # the queries, keys and values of the call's steps; the memory's keys, kept or projected
-    z = layer.attn_norm(h) if layer.pre_norm else h
-    q, k, v = attn.qkv(z).chunk(3, dim=-1)
-    q = attn.split_heads(q * scale)  # [B, H, T, d_head]
-    k, v = attn.split_heads(k), attn.split_heads(v)
+
+def memory_keys(layer, memory: AgentMemory, i: int, usable: bool, keeps: bool, h) -> MemoryKeys:
+    """The memory's keys and values: the kept ones, or one projection of [c_mem; mem] (and a
+    zero vector's, where the new memory keeps them)."""
+    kept = memory.kept
     if usable:
-        c_keys, c_values = kept.c_mem_keys[i], kept.c_mem_values[i]
-        mem_keys, mem_values = kept.keys[i], kept.values[i]
-        blank = kept.blank_keys[i], kept.blank_values[i]
-    else:  # one projection of [c_mem; mem]
-        kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
-        (c_keys, mem_keys), (c_values, mem_values) = (t.split([n_cm, mem.size(1)], 2) for t in kv)
-        blank = blank_of(layer, h) if keeps else None
-    stream = torch.cat([mem, h.detach()], dim=1)  # [B, n_stream, d], stored without gradient
+        return MemoryKeys(
+            kept.c_mem_keys[i],
+            kept.c_mem_values[i],
+            kept.keys[i],
+            kept.values[i],
+            (kept.blank_keys[i], kept.blank_values[i]),
+        )
+    mem, c_mem = memory.mem[i], memory.c_mem[i]
+    kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
+    (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
+    return MemoryKeys(c_keys, c_values, keys, values, blank_of(layer, h) if keeps else None)
 
-    # the scores' position terms (b) + (d), for [c_mem; new c_mem slots; stream]: the stream's by
-    # compressive.py's shift (a view), a c_mem slot's read at its own distance
-    content_q = q + attn.content_bias * scale  # (q + u) / sqrt(d_head)
-    position_q = (q + attn.position_bias * scale).transpose(0, 1).reshape(H, B * T, d_head)
-    r = attn.project_positions(R)  # W_r R: [H, max_distance + 1, d_head]
-    by_distance = torch.bmm(position_q, r.transpose(-1, -2)).view(H, B, T, -1)
+
+def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
+    """The scores' position terms (b) + (d) [B, H, T, K] for [c_mem; new c_mem slots; stream]:
+    the stream's by compressive.py's shift (a view), a union slot's read at its own distance."""
+    B, H, T, _ = q.shape
+    by_distance = attn.position_scores(q, attn.project_positions(R))  # [H, B, T, n]
     # the shift over all distances leaves the stream's keys last: [B, H, T, n_stream]
     stream_position = relative_shift(by_distance)[..., -layout.n_stream :].transpose(0, 1)
     rows = layout.union_row.expand(B, H, T, -1)
     union_position = by_distance.transpose(0, 1).gather(-1, rows)  # [B, H, T, n_union]
-    position = torch.cat([union_position, stream_position], dim=-1).add_(layout.mask)
+    return torch.cat([union_position, stream_position], dim=-1)
 
-    def attention(made_keys, made_values):
-        """The weights [B, H, T, K'] over [c_mem; the new slots made so far; stream], and the
-        keys and values they weigh (of the ends a step can follow)."""
-        n_seen = min(len(made_keys), layout.n_seen_closes)
-        keys = torch.cat([c_keys, *made_keys[:n_seen], mem_keys, k], dim=2)
-        values = torch.cat([c_values, *made_values[:n_seen], mem_values, v], dim=2)
-        n_union, p = n_cm + n_seen * n_new, position  # (b) + (d), and the mask
-        if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
-            p = torch.cat([p[..., :n_union], p[..., layout.n_union :]], dim=-1)
-        logits = torch.matmul(content_q, keys.transpose(-1, -2)).add_(p)  # (a) + (c) + ...
-        weights = logits.float().softmax(dim=-1).to(values.dtype)
-        if layer.training and attn.dropout > 0:
-            weights = F.dropout(weights, attn.dropout)
-        return weights, keys, values
 
-    # each segment end: evict n_s steps and compress them, for the rows that make it where only
-    # those are computed. The most_used f_c ranks the evicted steps by the attention they
-    # received, so it needs the attention of the steps before the end
-    tracks_usage = bool(memory.usage)
-    made, made_keys, made_values, compressing = [], [], [], []
+def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, made_keys, made_values, position):
+    """compressive.py's attend over [c_mem; the c_mem slots made so far; stream], each step seeing
+    what the layout's mask leaves it (of the ends a step can follow)."""
+    n_cm = slots.c_keys.size(2)
+    n_seen = min(len(made_keys), layout.n_seen_closes)
+    keys = torch.cat([slots.c_keys, *made_keys[:n_seen], slots.keys, k], dim=2)
+    values = torch.cat([slots.c_values, *made_values[:n_seen], slots.values, v], dim=2)
+    n_union, mask = n_cm + n_seen * layout.sizes[2], layout.mask
+    if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
+        position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
+        mask = torch.cat([mask[..., :n_union], mask[..., layout.n_union :]], dim=-1)
+    return attn.attend(q, keys, values, position, mask)
+
+
+class Ends(NamedTuple):
+    """The segment ends of a call, computed for every row or for those that make each."""
+
+    closes: List[Close]
+    evicted: List[torch.Tensor]  # [rows, n_s, d] each
+    compressed: List[torch.Tensor]  # [rows, n_new, d]: f_c of them
+    made: List[torch.Tensor]  # [B, n_new, d]: the same, detached, zeros in the other rows
+    keys: List[torch.Tensor]  # [B, H, n_new, d_head]: their keys
+    values: List[torch.Tensor]
+
+
+def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
+    """Each segment end: evict n_s steps and compress them, for the rows that make it where only
+    those are computed. The most_used f_c ranks the evicted steps by the attention they received,
+    so it needs the attention of the steps before the end."""
+    n_s, B = layer.cfg.seq_len, stream.size(0)
+    ends = Ends([], [], [], [], [], [])
     for close in layout.closes:
         rows = close.rows
         evicted = window(stream, close.oldest, close.evicted_seen, rows=rows)  # [B, n_s, d]
-        following = window(stream, close.oldest + cfg.seq_len, close.following_seen, rows=rows)
+        following = window(stream, close.oldest + n_s, close.following_seen, rows=rows)
         usage = None
-        if tracks_usage:
-            weights, _, _ = attention(made_keys, made_values)
+        if memory.usage:
+            weights = attention(
+                layer.attn, layout, q, k, v, slots, ends.keys, ends.values, position
+            )
             seen = close.evicted_seen
-            usage = usage_at(layout, memory.usage[i], weights, close.frame, close.oldest, seen)
+            usage = usage_at(
+                layout, memory.usage[i], weights.weights, close.frame, close.oldest, seen
+            )
             usage = usage if rows is None else usage[rows]
         compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
-        compressing.append((close, evicted, compressed))
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
         new_k, new_v = layer.memory_keys_values(compressed.detach())  # [B, H, n_new, d_head]
-        made.append(scattered(rows, compressed.detach(), B))
-        made_keys.append(scattered(rows, new_k, B))
-        made_values.append(scattered(rows, new_v, B))
+        for field, value in zip(
+            ends,
+            (
+                close,
+                evicted,
+                compressed,
+                scattered(rows, compressed.detach(), B),
+                scattered(rows, new_k, B),
+                scattered(rows, new_v, B),
+            ),
+        ):
+            field.append(value)
+    return ends
 
-    # the attention, then the feed-forward
-    weights, keys, values = attention(made_keys, made_values)
-    out = torch.matmul(weights, values)  # [B, H, T, d_head]
-    out = attn.out(out.transpose(1, 2).reshape(B, T, H * d_head))  # [B, T, d]
-    out = layer.residual_and_feed_forward(h, out)
 
-    # f_c's loss for each segment end, weighted by the share of rows it is in: the attention of
-    # the call's steps over the evicted steps' keys (a zeroed step's: a zero vector's), and over
-    # their compression's
+def reconstruction_losses(layer, ends: Ends, content_q, h):
+    """f_c's loss for each segment end, weighted by the share of rows it is in: compressive.py's
+    loss with the call's steps as queries, over the evicted steps' keys (a zeroed step's: a zero
+    vector's) and over their compression's."""
     recon_loss = h.new_zeros(())
-    for close, evicted, compressed in compressing if layer.reconstructs else ():
+    if not layer.reconstructs:
+        return recon_loss
+    B = h.size(0)
+    for close, evicted, compressed in zip(ends.closes, ends.evicted, ends.compressed):
         rows = close.rows
-        with torch.no_grad():
-            old_k, old_v = layer.memory_keys_values(evicted)
-        queries = content_q if rows is None else content_q[rows]
-        attended = Attended(None, None, queries, old_k, old_v)
-        loss = layer.reconstruction_loss(evicted, compressed, attended, 0)
+        queries = (content_q if rows is None else content_q[rows]).detach()
+        if layer.decoder is not None:
+            loss = autoencoding_loss(layer.decoder, evicted, compressed)
+        else:
+            with torch.no_grad():
+                old_k, old_v = layer.memory_keys_values(evicted)
+            loss = attention_reconstruction_loss(layer, queries, old_k, old_v, compressed)
         share = close.made.float().mean() if rows is None else len(rows) / B
         recon_loss = recon_loss + share * loss
+    return recon_loss
 
-    # the memory handed on: the stream's newest slots, and c_mem as the last segment end left it
+
+def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: Ends, keeps):
+    """This layer's fields of the memory handed on: the stream's newest slots, c_mem as the
+    last segment end left it, usage, and the keys and values (new ones where keeps, else the
+    memory's own, which the caller marks stale)."""
+    c_mem = memory.c_mem[i]
+    B, T = stream.size(0), attended.out.size(1)
     usage = None
-    if tracks_usage:
-        first = torch.full((B,), T, device=h.device)
-        usage = usage_at(layout, memory.usage[i], weights, layout.end_frame, first, layout.mem_seen)
+    if memory.usage:
+        first = torch.full((B,), T, device=stream.device)
+        seen = layout.mem_seen
+        usage = usage_at(layout, memory.usage[i], attended.weights, layout.end_frame, first, seen)
 
     def c_mem_of(old, new, blank):
         if not new:  # no segment ended: c_mem stays, less what a start hid
@@ -584,20 +698,22 @@ def layer_over_call(
     n_slots = layout.mem_seen.size(1)
     fields = [
         stream[:, -n_slots:] if layout.unmoved else newest(stream, layout.mem_seen),
-        c_mem_of(c_mem, made, 0),
+        c_mem_of(c_mem, ends.made, 0),
         usage,
     ]
-    if keeps:
+    if keeps:  # the stream's keys end the attention's
         fields += [
-            keys[:, :, -n_slots:],
-            values[:, :, -n_slots:],
-            c_mem_of(c_keys, made_keys, None),
-            c_mem_of(c_values, made_values, None),
+            attended.keys[:, :, -n_slots:],
+            attended.values[:, :, -n_slots:],
+            c_mem_of(slots.c_keys, ends.keys, None),
+            c_mem_of(slots.c_values, ends.values, None),
         ]
-    else:
+    elif memory.kept is not None:  # the memory's own, which the caller marks stale
+        kept = memory.kept
         fields += [kept.keys[i], kept.values[i], kept.c_mem_keys[i], kept.c_mem_values[i]]
-        blank = kept.blank_keys[i], kept.blank_values[i]
-    return out, [f if f is None else f.detach() for f in fields], blank, recon_loss
+    else:
+        fields += [None] * 4
+    return [f if f is None else f.detach() for f in fields]
 
 
 def blank_of(layer, h):
@@ -607,49 +723,79 @@ def blank_of(layer, h):
 
 
 # 4. Kept keys that cannot go stale ----------------------------------------------------------------
-# A kept key is W_k of a slot, made once; W_k changes in place (an optimizer step, a loaded state
-# dict), or another model (a target network) reads the memory. Every in-place change of a tensor
-# bumps its version counter, which autograd reads to refuse a tensor changed since it was saved
-# (torch.autograd.graph.increment_version is the public way to bump it; tensor._version reads it,
-# and no public API sees every in-place change: an optimizer's hooks miss load_state_dict and a
-# change by hand). The kept keys record the id and the version of each weight they depend on, and
-# the model's identity: a call whose weights are not those projects every slot anew. Two changes
-# escape the counter: a write through .data, and the fused optimizers (fused=True) of this torch;
-# after those call memory.without_kept() or bump the counters with increment_version.
+# A kept key is W_k of a slot, made once; the weights change (an optimizer step, fused or not, a
+# loaded state dict, a write through .data, vector_to_parameters, a dtype round trip, another
+# process writing shared weights), or another model (a target network) reads the memory. Version
+# counters miss half of those routes, so the kept keys record what the weights hold: per layer, a
+# fingerprint of the bits of the weights a key depends on, computed on their device (a few
+# elementwise kernels over W_k and W_v). Any change of one bit changes it: each element's bits,
+# read as an integer, are multiplied by an odd constant of its own, modulo 2^32 (a bijection), and
+# summed exactly. A call whose fingerprints differ from the memory's projects every slot anew;
+# acting reads back one bool for it, as it reads back which rows end a segment.
 
 
-def stamp(model) -> List[int]:
-    """The config's checksum, the model's identity, and each key weight's id and version."""
+def register_stamp_buffers(model) -> None:
+    """The model's constants of section 4, as buffers that follow it to its device (not saved):
+    config_stamp [1] int64, the config's checksum; key_probe [2 d^2 + 2 d] int32, the odd
+    constants of the fingerprint, one per element of W_k, W_v and a norm's weight and bias, a hash
+    of each element's index (no random draw)."""
     cfg = model.cfg
-    layout = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.seq_len, cfg.mem_len, cfg.c_mem_len)
-    config = (*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)
-    made_by = [zlib.crc32(repr(config).encode()), model.identity]
+    index = torch.arange(2 * cfg.d_model * (cfg.d_model + 1), dtype=torch.long)
+    probe = ((index * 0x9E3779B1 + 0x7F4A7C15) % 2**32 - 2**31).int() | 1
+    model.register_buffer("key_probe", probe, persistent=False)
+    checksum = torch.tensor([config_checksum(cfg)], dtype=torch.long)
+    model.register_buffer("config_stamp", checksum, persistent=False)
+
+
+# the signed integer of each floating element size: the bits of an element, read as a number
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(model) -> torch.Tensor:
+    """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device."""
+    d, probe = model.cfg.d_model, model.key_probe
+    prints = []
     for layer in model.layers:
-        weights = [layer.attn.qkv.weight]
+        weights = [layer.attn.qkv.weight[d:]]  # W_k, W_v
         if layer.pre_norm:
             weights += [layer.attn_norm.weight, layer.attn_norm.bias]
-        made_by += [x for w in weights for x in (id(w), w._version)]
-    return made_by
+        total, start = 0, 0
+        for w in weights:
+            bits = w.detach().view(BITS[w.element_size()]).reshape(-1)
+            total = total + (bits * probe[start : start + bits.numel()]).sum()  # int64, exact
+            start += bits.numel()
+        prints.append(total)
+    return torch.cat([model.config_stamp, torch.stack(prints)])
+
+
+def config_checksum(cfg: CompressiveConfig) -> int:
+    layout = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.seq_len, cfg.mem_len, cfg.c_mem_len)
+    return zlib.crc32(repr((*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)).encode())
+
+
+def stale(made_by: torch.Tensor) -> torch.Tensor:
+    """made_by with its fingerprints no weights': the config's checksum stays."""
+    return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
 
 
 @torch.compiler.disable
-def stamp_of_rows(model, batch_size: int) -> torch.Tensor:
-    """made_by for keys made now: [batch_size, 2 + 2 w] int64 on the CPU."""
-    return torch.tensor(stamp(model)).expand(batch_size, -1).contiguous()
-
-
-@torch.compiler.disable
-def kept_usable(model, memory: AgentMemory) -> bool:
-    """Whether the memory's kept keys are this model's of now; a memory made under another config
-    is refused. Outside torch.compile's graph: it reads host integers only."""
-    now = torch.tensor(stamp(model))
+def kept_usable(model, memory: AgentMemory):
+    """Whether the memory's kept keys are those the weights of now make, and the fingerprint of
+    now; a memory made under another config is refused. One bool read back (outside
+    torch.compile's graph); none on the meta device, which holds no values."""
+    now = fingerprint(model)
+    if now.device.type == "meta" or memory.kept is None:
+        return False, now
     made_by = memory.kept.made_by
-    if made_by.shape[1:] != now.shape or not made_by[:, 0].eq(now[0]).all():
+    same_config, same_weights = torch.stack(
+        [made_by[:, 0].eq(now[0]).all(), made_by.eq(now).all()]
+    ).tolist()
+    if not same_config:
         raise ValueError(
             "memory was made by a model of another config (layers, sizes, compression or "
             "pre_norm differ): give it a memory of its own, model.empty_memory(batch)"
         )
-    return torch.equal(made_by, now.expand_as(made_by))
+    return same_weights, now
 
 
 # 5. The models ----------------------------------------------------------------------------------
@@ -668,7 +814,10 @@ def hidden_states(model, x, memory=None, starts=None):
     # acting (no gradient) reads and hands on the keys kept; a training call projects every
     # slot, and its keys would go stale at the next optimizer step: it hands on none
     keeps = not torch.is_grad_enabled()
-    usable = kept_usable(model, memory) and keeps
+    if keeps and model.training and model.cfg.dropout > 0:
+        warnings.warn(DROPOUT_SPLITS, stacklevel=2)  # once per place that calls (the default)
+    usable, now = kept_usable(model, memory)
+    usable = usable and keeps
     usable = usable and memory.kept.keys[0].dtype == projection_dtype(x)
 
     # acting (no gradient, outside torch.compile): read back which rows end a segment, so
@@ -688,17 +837,25 @@ def hidden_states(model, x, memory=None, starts=None):
             field.append(value)
         recon_loss = recon_loss + layer_loss
     mem, c_mem, usage, keys, values, c_keys, c_values, blank_k, blank_v = fields
-    made_by = memory.kept.made_by
-    if not keeps:  # the old keys, marked stale
-        made_by = stale(made_by)
-    elif not usable:  # made now, by the weights of now
-        made_by = stamp_of_rows(model, B)
-        blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
-        blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
-    kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
+    if not keeps:  # the old keys, marked stale (where the memory had any)
+        kept = memory.kept and memory.kept._replace(made_by=stale(memory.kept.made_by))
+    else:
+        made_by = memory.kept.made_by if usable else now.expand(B, -1).contiguous()
+        if not usable:  # made now, by the weights of now
+            blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
+            blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
+        kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
+
+
+DROPOUT_SPLITS = (
+    "acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
+    "update will draw, so the update scores another policy than the one that acted (PPO's "
+    "ratio starts away from 1). Give an agent dropout=0, or act and update alike under "
+    "model.eval()"
+)
 
 
 def projection_dtype(x):
@@ -721,7 +878,7 @@ class AgentTransformer(CompressiveTransformer):
     def __init__(self, cfg: CompressiveConfig):
         super().__init__(cfg)
         check_agent_config(cfg)
-        self.identity = secrets.randbits(62)  # tells this model's kept keys from another's
+        register_stamp_buffers(self)  # section 4
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
         return empty_memory(self, batch_size, device, dtype)
@@ -754,9 +911,11 @@ class AgentCore(nn.Module):
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.apply(CompressiveTransformer.init_weights)
-        self.identity = secrets.randbits(62)
+        register_stamp_buffers(self)  # section 4
 
-    empty_memory = AgentTransformer.empty_memory
+    def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
+        return empty_memory(self, batch_size, device, dtype)
+
     hidden_states = hidden_states
     reach = CompressiveTransformer.reach
 
@@ -776,16 +935,9 @@ def check_agent_config(cfg: CompressiveConfig) -> None:
         )
 
 
-def described(value) -> str:
-    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of {value.dtype}"
-    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
-
-
 def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
     """Every tensor of the memory has the shape, device and dtype this model's memory has."""
-    if not isinstance(memory, AgentMemory) or not isinstance(memory.kept, Kept):
+    if not isinstance(memory, AgentMemory) or not isinstance(memory.kept, (Kept, type(None))):
         raise TypeError(
             f"memory must be an AgentMemory made by the model (model.empty_memory(batch) or a "
             f"call's), or None; got {type(memory).__name__}"
@@ -805,8 +957,11 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         "kept.c_mem_values": [(batch_size, H, n_cm, d // H)] * L,
         "kept.blank_keys": [(batch_size, H, 1, d // H)] * L,
         "kept.blank_values": [(batch_size, H, 1, d // H)] * L,
+        "kept.made_by": (batch_size, 1 + L),
     }
     for name, shapes in expected.items():
+        if name.startswith("kept.") and memory.kept is None:
+            continue
         value = memory.kept if name.startswith("kept.") else memory
         value = getattr(value, name.removeprefix("kept."))
         tensors = value if isinstance(value, list) else [value]
@@ -820,40 +975,14 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
                 f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
-    for name in ("filled", "since_start"):
-        if getattr(memory, name).dtype != torch.long:
+    for name, value in (("filled", memory.filled), ("since_start", memory.since_start)):
+        if value.dtype != torch.long:
             raise TypeError(f"memory.{name} must be int64, as the model makes it")
+    if memory.kept is not None and memory.kept.made_by.dtype != torch.long:
+        raise TypeError("memory.kept.made_by must be int64, as the model makes it")
     states = memory.mem + memory.c_mem
     if any(t.dtype != x.dtype for t in states) and not autocasting(x.device):
         raise TypeError(
             f"memory has dtype {states[0].dtype}, the inputs {x.dtype}: convert the memory with "
             f"memory.to(dtype={x.dtype})"
-        )
-
-
-def check_starts(starts, batch_size: int, T: int, device) -> None:
-    """starts is batch first, as x is: [B, T]. (A time-major [T, B] tensor is refused unless B
-    equals T, when no shape can tell the two apart.)"""
-    if starts is None:
-        return
-    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
-        raise TypeError(
-            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
-        )
-    if starts.shape != (batch_size, T) or starts.device != device:
-        raise ValueError(
-            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
-            f"inputs; got {list(starts.shape)} on {starts.device}"
-        )
-
-
-def check_done(memory: AgentMemory, done) -> None:
-    """The checks of AgentMemory.reset."""
-    batch, device = memory.filled.size(0), memory.filled.device
-    if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
-        raise TypeError(f"done must be a bool tensor, got {described(done)}")
-    if done.shape != (batch,) or done.device != device:
-        raise ValueError(
-            f"done must have shape [{batch}] on {device}, like the memory; got "
-            f"{list(done.shape)} on {done.device}"
         )

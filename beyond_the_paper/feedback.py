@@ -20,12 +20,18 @@ values.
     logits, memory, zero = model(tokens, memory, starts=None)
 """
 
-import math
 from typing import List, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
 
+from beyond_the_paper.episodes import (
+    check_done,
+    check_starts,
+    latest_start,
+    since_start_after,
+    steps_since_start,
+)
 from compressive import (
     CompressiveConfig,
     CompressiveLayer,
@@ -35,6 +41,7 @@ from compressive import (
     autocasting,
     check_inputs,
     check_tokens,
+    relative_shift,
     sinusoid_positions,
 )
 
@@ -60,8 +67,8 @@ class FeedbackMemory(NamedTuple):
     """compressive.Memory's fields (one mem tensor for all layers, no c_mem), then what episodes
     and acting add:
 
-    since_start: [batch] float, the steps each row has been fed since its episode started (inf:
-                 no start seen); None until a start or a reset
+    since_start: [batch] int64, the steps of each row's episode so far, saturating at n_m
+                 (episodes.py's convention); None until a start or a reset: one episode
     kept:        the keys, values and W_r R kept while acting (Kept), else None
 
     Saved with torch.save and read back with torch.load(f, weights_only=True) inside
@@ -119,14 +126,16 @@ def forget_rows(memory: FeedbackMemory, done: torch.Tensor) -> FeedbackMemory:
     """FeedbackMemory.reset: forget all that the rows where done is true hold, and leave the others
     exactly as they are. On the first call there is no memory to reset: give that call starts
     instead (or reset model.empty_memory(batch))."""
-    check_done(memory, done)
+    check_done(done, memory.mem[0].size(0), memory.mem[0].device)
 
     def forget(t, blank=0):
         return torch.where(done.view(-1, *[1] * (t.dim() - 1)), blank, t)
 
-    # a row that never saw a start has seen its episode since ever: inf
-    since_start = memory.since_start if memory.since_start is not None else math.inf
-    since_start = torch.where(done, 0.0, since_start)
+    # a row that never saw a start: its episode began before its oldest vector
+    since_start = memory.since_start
+    if since_start is None:
+        since_start = torch.full_like(done, memory.mem[0].size(1), dtype=torch.long)
+    since_start = torch.where(done, 0, since_start)
     usage = None if memory.usage is None else [forget(u) for u in memory.usage]
     mem, c_mem = [forget(t) for t in memory.mem], [forget(t) for t in memory.c_mem]
     kept = memory.kept
@@ -199,36 +208,25 @@ def check_episodes_and_kept(memory: FeedbackMemory, batch_size: int, device) -> 
         isinstance(since, torch.Tensor)
         and since.device == device
         and since.shape == (batch_size,)
-        and since.is_floating_point()
+        and since.dtype == torch.long
     ):
         raise ValueError(
-            f"memory.since_start must be None or a float tensor [{batch_size}] on {device}, as "
+            f"memory.since_start must be None or an int64 tensor [{batch_size}] on {device}, as "
             f"FeedbackMemory.reset and starts make it"
         )
     if memory.kept is not None and not isinstance(memory.kept, Kept):
         raise TypeError(f"memory.kept must be None or a Kept, got {type(memory.kept).__name__}")
 
 
-def check_done(memory: FeedbackMemory, done) -> None:
-    """The checks of FeedbackMemory.reset."""
-    batch, device = memory.mem[0].size(0), memory.mem[0].device
-    if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
-        raise TypeError(f"done must be a bool tensor, got {described(done)}")
-    if done.shape != (batch,) or done.device != device:
-        raise ValueError(
-            f"done must have shape [{batch}] on {device}, like the memory; got "
-            f"{list(done.shape)} on {done.device}"
-        )
-
-
-class FeedbackAttention(nn.Module):
+class FeedbackAttention(RelativeMultiHeadAttention):
     """compressive.py's relative attention without a W_q, W_k, W_v of its own (the layer makes
     the queries, the model the keys and values): W_r, u, v and W_o, made in the order
-    compressive.py makes them (so a seed gives the weights it always gave), and the very
-    functions of compressive.RelativeMultiHeadAttention that use them."""
+    compressive.py makes them (so a seed gives the weights it always gave), and the methods of
+    compressive.RelativeMultiHeadAttention that use them alone (split_heads, project_positions,
+    position_scores, attend); those that read qkv are not called."""
 
     def __init__(self, cfg: CompressiveConfig):
-        super().__init__()
+        nn.Module.__init__(self)  # not the parent's: it would make a qkv
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
         self.position = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_r
         self.content_bias = nn.Parameter(torch.zeros(cfg.n_heads, 1, self.d_head))  # u
@@ -236,16 +234,15 @@ class FeedbackAttention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_o
         self.dropout = cfg.dropout
 
-    split_heads = RelativeMultiHeadAttention.split_heads
-    project_positions = RelativeMultiHeadAttention.project_positions
-    attend = RelativeMultiHeadAttention.attend  # the four score terms, the softmax, W_o
 
-
-class FeedbackLayer(nn.Module):
-    """One layer of the Feedback Transformer, run one time step at a time."""
+class FeedbackLayer(CompressiveLayer):
+    """One layer of the Feedback Transformer, run one time step at a time: compressive.py's
+    layer with a W_q of its own (W_k and W_v are the model's) and no FIFOs (one memory serves all
+    layers). It uses the parent's residual_and_feed_forward, which reads pre_norm, attn_norm, ff,
+    ff_norm and dropout; the methods of the FIFOs are not called."""
 
     def __init__(self, cfg: CompressiveConfig):
-        super().__init__()
+        nn.Module.__init__(self)  # not the parent's: it would make f_c and a qkv
         self.pre_norm = cfg.pre_norm
         self.query = nn.Linear(cfg.d_model, cfg.d_model, bias=False)  # W_q; W_k, W_v are shared
         self.attn = FeedbackAttention(cfg)
@@ -255,10 +252,6 @@ class FeedbackLayer(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model)
         )
         self.dropout = nn.Dropout(cfg.dropout)
-
-    # the rest of a layer after attention, post-LN or pre-LN, is compressive.py's: it reads
-    # pre_norm, attn_norm, ff, ff_norm and dropout, which this layer has as CompressiveLayer does
-    residual_and_feed_forward = CompressiveLayer.residual_and_feed_forward
 
     def forward(self, x, keys, values, r, shared_kv, attn_mask=None):
         """One step of one layer.
@@ -275,7 +268,8 @@ class FeedbackLayer(nn.Module):
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
         z = self.attn_norm(x) if self.pre_norm else x
         q = attn.split_heads(self.query(z) * attn.d_head**-0.5)
-        attended = attn.attend(q, keys, values, r, attn_mask).out  # the past and x itself
+        position = relative_shift(attn.position_scores(q, r)).transpose(0, 1)  # per key
+        attended = attn.attend(q, keys, values, position, attn_mask).out  # the past and x itself
         return self.residual_and_feed_forward(x, attended)
 
 
@@ -352,20 +346,20 @@ class FeedbackTransformer(nn.Module):
         # every layer's W_r R once per segment: step t slices the distances it needs
         r = position_projections(self, n_m + 1, x, kept)
         mix = self.mix.softmax(dim=0)
-        # since: the steps of each row's episode before step t; None: all one episode
+        # since [B, T]: the steps of each row's episode before step t; None: all one episode
         since = memory.since_start
-        if starts is not None and since is None:
-            since = torch.full((B,), math.inf, device=x.device)
+        if starts is not None and since is None:  # the episode began before the oldest vector
+            since = torch.full((B,), memory.mem[0].size(1), device=x.device)
+        if since is not None:
+            since = steps_since_start(since, latest_start(starts, B, T, x.device))
         outputs, vectors, attn_mask = [], [], None
         for t in range(T):
             x_t = x[:, t : t + 1]  # x_t^0, then each layer's output
             m = mix[0] * x_t
             n_keys = keys.size(2) + 1  # the memory and x_t itself
-            if starts is not None:
-                since = torch.where(starts[:, t], 0.0, since)
             if since is not None:  # hide the vectors of earlier episodes
                 positions = key_positions(0, n_keys - 1, 1, 1, x.device)
-                attn_mask = episode_mask(-since[:, None], positions)  # [B, 1, 1, n_keys]
+                attn_mask = episode_mask(-since[:, t : t + 1], positions)  # [B, 1, 1, n_keys]
             for i, layer in enumerate(self.layers):
                 x_t = layer(x_t, keys, values, r[i][:, -(n_keys + 1) :], self.shared_kv, attn_mask)
                 m = m + mix[i + 1] * x_t  # m_t, built as the layers run
@@ -374,10 +368,10 @@ class FeedbackTransformer(nn.Module):
             values = torch.cat([values, v], dim=2)[:, :, -n_m:]
             outputs.append(x_t)
             vectors.append(m)
-            if since is not None:
-                since = since + 1
         h = self.out_norm(torch.cat(outputs, dim=1))
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
+        if since is not None:
+            since = since_start_after(since, n_m)
         if starts is not None:  # keep only each row's latest episode
             n_vectors = new_memory.size(1)
             keep = key_positions(0, n_vectors, 0, 1, x.device) >= -since[:, None]  # [B, n]
@@ -426,25 +420,3 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
         )
     check_episodes_and_kept(memory, batch_size, x.device)
     return memory
-
-
-def described(value) -> str:
-    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of {value.dtype}"
-    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
-
-
-def check_starts(starts, batch_size: int, T: int, device) -> None:
-    """starts is batch first, as the tokens are: [B, T]."""
-    if starts is None:
-        return
-    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
-        raise TypeError(
-            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
-        )
-    if starts.shape != (batch_size, T) or starts.device != device:
-        raise ValueError(
-            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
-            f"inputs; got {list(starts.shape)} on {starts.device}"
-        )

@@ -2,13 +2,21 @@
 Transformer, which keeps a memory of its own), as tests."""
 
 import copy
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from beyond_the_paper import agent as agent_module
-from beyond_the_paper.agent import AgentCore, AgentMemory, AgentTransformer, Kept, stamp_of_rows
+from beyond_the_paper.agent import AgentCore, AgentMemory, AgentTransformer, Kept, fingerprint
 from beyond_the_paper.feedback import FeedbackTransformer
 from beyond_the_paper.overlap_pool import use_overlap_max_pool
 from compressive import COMPRESSIONS, CompressiveTransformer, Memory
@@ -420,7 +428,9 @@ def test_a_reset_is_a_start_at_the_next_calls_first_step(kind):
         close(recon_loss, recon1)
         for a, b in zip(memory.mem + memory.c_mem, memory1.mem + memory1.c_mem, strict=True):
             close(a, b)
-    assert memory.since_start[1] == 12
+    # the steps of its episode (12), saturating at the span the memory holds: the Feedback
+    # Transformer's n_m = 8
+    assert memory.since_start[1] == (8 if kind == "feedback" else 12)
 
 
 def test_a_nan_of_the_old_episode_crosses_a_start_but_not_a_reset():
@@ -682,7 +692,7 @@ def test_kept_keys_after_any_weight_change_are_projected_anew_never_read_stale()
     close(kept, fresh)
     # the same memory read with its keys as kept (a stale stamp forged to pass): far off, so the
     # check above could fail
-    forged = memory.kept._replace(made_by=stamp_of_rows(model, 2))
+    forged = memory.kept._replace(made_by=fingerprint(model).expand(2, -1))
     with torch.no_grad():
         stale = model(x, memory._replace(kept=forged))[0]
     assert (stale - fresh).abs().max() > 1e-2
@@ -697,6 +707,120 @@ def test_kept_keys_after_any_weight_change_are_projected_anew_never_read_stale()
         _, memory, _ = model(tokens(2, 3, seed=6), memory)  # kept by the online network
         target.layers[1].attn.qkv.weight.mul_(0.5)
     close(*acted(target, memory))
+
+
+def change_weights(model, route):
+    """Change model's weights by one route that version counters do not see."""
+    if route == "fused Adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
+        logits, _, recon_loss = model(tokens(2, 6, seed=4))
+        (logits.square().mean() + recon_loss).backward()
+        optimizer.step()
+        return
+    other = make(seed=1)
+    pairs = list(zip(model.parameters(), other.parameters()))
+    if route == "soft update through .data":  # a target network's, as CleanRL writes it
+        for p, q in pairs:
+            p.data.copy_(0.9 * p.data + 0.1 * q.data)
+    elif route == "vector_to_parameters":
+        torch.nn.utils.vector_to_parameters(
+            torch.nn.utils.parameters_to_vector(other.parameters()), model.parameters()
+        )
+    elif route == "foreach lerp on .data":
+        torch._foreach_lerp_([p.data for p, _ in pairs], [q.data for _, q in pairs], 0.1)
+    elif route in ("bfloat16 round trip", "half round trip"):
+        dtype = torch.bfloat16 if route.startswith("bfloat16") else torch.half
+        model.to(dtype).to(torch.float32)
+    elif route == "another process":  # a learner writing shared weights (IMPALA, A3C)
+        model.share_memory()
+        process = multiprocessing.get_context("fork").Process(target=scale_weights, args=(model,))
+        process.start()
+        process.join(60)
+        assert process.exitcode == 0
+
+
+def scale_weights(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+
+
+ROUTES = [
+    "fused Adam",
+    "soft update through .data",
+    "vector_to_parameters",
+    "foreach lerp on .data",
+    "bfloat16 round trip",
+    "half round trip",
+    "another process",
+]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_kept_keys_are_projected_anew_whatever_route_changed_the_weights(route):
+    model = make(pre_norm=route == "bfloat16 round trip")
+    with torch.no_grad():
+        _, memory, _ = model(tokens(2, 15))
+    versions = [p._version for p in model.parameters()]
+    change_weights(model, route)
+    x = tokens(2, 1, seed=3)
+    with torch.no_grad():
+        kept = model(x, memory)[0]
+        fresh = model(x, memory.without_kept())[0]
+        # the same keys read as if they were still the weights' (a stamp forged to pass)
+        forged = memory.kept._replace(made_by=fingerprint(model).expand(2, -1))
+        stale = model(x, memory._replace(kept=forged))[0]
+    assert torch.equal(kept, fresh)
+    assert (stale - fresh).abs().max() > 1e-5  # the route changed the keys: the check can fail
+    if route != "fused Adam":  # the route is one that version counters miss
+        assert [p._version for p in model.parameters()] == versions
+
+
+def test_acting_in_train_mode_with_dropout_warns_with_the_fix():
+    model = make(dropout=0.1)  # train mode, as CleanRL's loop leaves it
+    with pytest.warns(UserWarning, match="dropout=0, or act and update alike under model.eval"):
+        with torch.no_grad():
+            model(tokens(2, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            model.eval()(tokens(2, 1))  # eval mode: the update under eval computes the same
+            make(dropout=0.0).train()(tokens(2, 1))
+        model.train()(tokens(2, 1))  # the update itself: no warning
+
+
+def test_take_with_an_int_keeps_the_batch_dimension():
+    model = make().eval()
+    with torch.no_grad():
+        _, memory, _ = model(tokens(3, 7))
+    for row in (0, 2, -1):
+        one, expected = memory.take(row), memory.take([row % 3])
+        assert one.filled.shape == (1,) and one.mem[0].shape[0] == 1
+        assert all(a.equal(b) for a, b in zip(memory_tensors(one), memory_tensors(expected)))
+    stacked = AgentMemory.stack([memory, memory])
+    assert stacked.take((1, 0)).mem[0].shape == memory.take(0).mem[0].shape
+
+
+def test_a_memory_stored_without_its_kept_keys_gets_them_back_by_projecting():
+    model = make().eval()
+    with torch.no_grad():
+        _, memory, _ = model(tokens(3, 15))
+    stored = memory.without_kept()  # a replay buffer's row: the states alone
+    size = lambda m: sum(t.numel() * t.element_size() for t in memory_tensors(m))  # noqa: E731
+    assert stored.kept is None and size(stored) < size(memory) / 2
+    x = tokens(3, 1, seed=3)
+    with torch.no_grad():
+        h, after, _ = model(x, memory)
+        h_stored, after_stored, _ = model(x, stored)
+    close(h, h_stored)
+    assert after_stored.kept is not None  # projected, and kept again
+    assert all(a.equal(b) for a, b in zip(states(after), states(after_stored), strict=True))
+    with torch.no_grad():  # the keys kept again serve the next step as the others do
+        close(model(x, after)[0], model(x, after_stored)[0])
+    # rows with and without kept keys join into rows without; a reset and take keep none
+    joined = AgentMemory.join([memory.take([0]), stored.take([1, 2])])
+    assert joined.kept is None and joined.filled.shape == (3,)
+    assert stored.reset(torch.tensor([True, False, False])).take(0).kept is None
 
 
 def test_a_memory_made_under_another_config_is_refused():
@@ -734,19 +858,19 @@ def test_every_tensor_of_a_memory_keeps_its_shape_from_empty_to_full_and_after_r
 
 
 def memory_tensors(memory: AgentMemory):
+    states = [*memory.mem, *memory.c_mem, *memory.usage, memory.filled, memory.since_start]
+    if memory.kept is None:
+        return states
+    kept = memory.kept
     return [
-        *memory.mem,
-        *memory.c_mem,
-        *memory.usage,
-        memory.filled,
-        memory.since_start,
-        *memory.kept.keys,
-        *memory.kept.values,
-        *memory.kept.c_mem_keys,
-        *memory.kept.c_mem_values,
-        *memory.kept.blank_keys,
-        *memory.kept.blank_values,
-        memory.kept.made_by,
+        *states,
+        *kept.keys,
+        *kept.values,
+        *kept.c_mem_keys,
+        *kept.c_mem_values,
+        *kept.blank_keys,
+        *kept.blank_values,
+        kept.made_by,
     ]
 
 
@@ -797,12 +921,11 @@ def test_an_agent_memory_moves_converts_saves_and_loads_as_plain_data(tmp_path):
         _, memory, _ = model(tokens(2, 6))
         _, memory, _ = model(tokens(2, 6, seed=2), memory, start_at(2, 6, (1, 2)))
     half = memory.to(dtype=torch.bfloat16)
-    assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem + half.kept.keys)
+    assert all(t.dtype == torch.bfloat16 for t in half.mem + half.c_mem)
     assert all(u.dtype == torch.float32 for u in half.usage)
-    assert half.since_start.tolist() == [12, 4] and (half.kept.made_by[:, 1:] == -1).all()
+    assert half.since_start.tolist() == [12, 4] and half.kept is None  # projected anew
     moved = memory.to("meta")
-    assert all(t.device.type == "meta" for t in memory_tensors(moved)[:-1])
-    assert moved.kept.made_by.device.type == "cpu"  # read without waiting for a device
+    assert all(t.device.type == "meta" for t in memory_tensors(moved))  # made_by too
     torch.save(memory, tmp_path / "memory.pt")
     with torch.serialization.safe_globals([AgentMemory, Kept]):
         loaded = torch.load(tmp_path / "memory.pt", weights_only=True)
@@ -851,3 +974,25 @@ def test_generate_with_kept_keys_values_samples_what_projecting_every_slot_sampl
         for t in range(9, 39):
             assert out[:, t].equal(logits[:, -1].argmax(-1))
             logits, memory, _ = model(out[:, t : t + 1], memory.without_kept())
+
+
+@pytest.mark.slow  # a fresh process imports torch and runs two PPO iterations: seconds
+def test_the_ppo_loop_of_docs_agent_md_runs_from_a_folder_of_its_own(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "AGENT.md").read_text(encoding="utf-8")
+    loop = text.split("## A PPO loop that copies", 1)[1].split("```python\n", 1)[1]
+    loop = loop.split("```", 1)[0]
+    assert "ITERATIONS, EPOCHS, MINIBATCHES = 16, 32, 60, 4, 4" in loop
+    loop = loop.replace("16, 32, 60, 4, 4", "16, 32, 2, 4, 4")  # two iterations
+    (tmp_path / "loop.py").write_text(loop, encoding="utf-8")
+    shutil.copy(root / "compressive.py", tmp_path)
+    (tmp_path / "beyond_the_paper").mkdir()
+    for name in ("agent.py", "episodes.py"):
+        shutil.copy(root / "beyond_the_paper" / name, tmp_path / "beyond_the_paper")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [sys.executable, "loop.py"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    ratios = [float(x) for x in re.findall(r"\|log ratio\| (\S+)", run.stdout)]
+    assert len(ratios) == 2 and max(ratios) < 1e-5, run.stdout  # the update is the actor
