@@ -25,7 +25,7 @@ from typing import List, NamedTuple, Optional
 import torch
 import torch.nn as nn
 
-from beyond_the_paper.episodes import (
+from beyond_the_paper.agent import (
     check_done,
     check_starts,
     latest_start,
@@ -68,7 +68,7 @@ class FeedbackMemory(NamedTuple):
     and acting add:
 
     since_start: [batch] int64, the steps of each row's episode so far, saturating at n_m
-                 (episodes.py's convention); None until a start or a reset: one episode
+                 (agent.py's episodes, one convention); None until a start or a reset: one episode
     kept:        the keys, values and W_r R kept while acting (Kept), else None
 
     Saved with torch.save and read back with torch.load(f, weights_only=True) inside

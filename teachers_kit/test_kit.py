@@ -1795,9 +1795,9 @@ def test_an_exercise_of_beyond_the_paper_is_handed_out_and_graded_with_its_own_t
     student = tmp_path / "hw" / "student"
     copy = (student / FEEDBACK).read_text()
     assert "FeedbackLayer.forward: the exercise" in copy
-    for path in ("compressive.py", "test_compressive.py"):  # what feedback.py's tests import
+    # what feedback.py and its tests import: the model file, its tests, and agent.py's episodes
+    for path in ("compressive.py", "test_compressive.py", "beyond_the_paper/agent.py"):
         assert (student / path).read_text() == (ROOT / path).read_text(), path
-    assert not (student / "beyond_the_paper" / "agent.py").exists()  # which nothing there imports
     assert "`beyond_the_paper/feedback.py`" in (student / "README.md").read_text()
     original = submit(tmp_path / "alice", (ROOT / FEEDBACK).read_text())
     original.rename(original.with_name("feedback.py"))
