@@ -837,17 +837,9 @@ class CompressiveTransformer(nn.Module):
         memory = Memory(new_mem, new_c_mem, new_usage if tracks_usage else None)
         return self.out_norm(h), memory, recon_loss
 
-    # Feed the prompt in segments of $n_s$, then sample one token at a time through the memory,
-    # so each new token costs the same however long the text grows. Handed a `memory` (a training
-    # stream's, or one that generate returned), the prompt is the text that follows it, and
-    # sampling continues that stream. The last sampled token is read into the memory only when
-    # the memory is asked for: one more forward.
-    #
-    # Compiled with `model.compile(dynamic=False)`, each memory size is a graph of its own. While
-    # the memories fill, every one-token call brings a new size, past torch.compile's recompile
-    # limit; once both are full, mem cycles through $c$ sizes, $n_m - c + 1$ to $n_m$
-    # (`n_evicted`), and $c$ graphs serve every token after. So fill the memory eagerly, then
-    # compile and hand it to generate (docs/COPYING.md).
+    # Sampling and the reach are functions of their own, below: `generate` needs only a model
+    # called as this one is (the Feedback Transformer samples through it too), `reach` only the
+    # configuration.
     @torch.no_grad()
     def generate(
         self,
@@ -858,80 +850,110 @@ class CompressiveTransformer(nn.Module):
         memory: Optional[Memory] = None,
         return_memory: bool = False,
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, Memory]]:
-        """prompt [B, T0] of ids, the text after memory (None: a fresh start). Returns
-        [B, T0 + max_new_tokens]: the prompt and the tokens sampled at temperature, from the top_k
-        most likely when top_k is given; with return_memory, (those tokens, the Memory after all
-        of them), to continue from."""
-        check_generate_arguments(self, prompt, max_new_tokens, temperature, top_k)
-        was_training = self.training
-        self.eval()
-        try:  # training mode comes back even if a bad memory stops the first forward
-            out = [prompt]
-            for segment in prompt.split(self.cfg.seq_len, dim=1):
-                logits, memory, _ = self(segment, memory)
-            for step in range(max_new_tokens):
-                logits = logits[:, -1, :] / temperature
-                if top_k is not None:
-                    kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
-                out.append(token)
-                if step + 1 < max_new_tokens or return_memory:  # the memory reads every token
-                    logits, memory, _ = self(token, memory)
-        finally:
-            self.train(was_training)
-        out = torch.cat(out, dim=1)
-        return (out, memory) if return_memory else out
+        """generate(self, ...): the prompt and the tokens sampled after it (and the memory)."""
+        return generate(self, prompt, max_new_tokens, temperature, top_k, memory, return_memory)
 
-    # How far back the last token of a call sees, with both memories full. One layer sees its own
-    # call (the token itself included), then mem, then c_mem:
-    #
-    # $$
-    # \underbrace{n_s}_{\text{segment}} + \underbrace{n_m}_{\text{mem}}
-    # + \underbrace{c \, n_{cm}}_{\text{c_mem}} \text{ tokens}
-    # $$
-    #
-    # An earlier token of the call sees as far, less its distance from the call's end. The paper's
-    # maximum temporal range, $L (n_m + c \, n_{cm})$, counts the memories of $L$ layers.
-    #
-    # Each layer reads the states of the layer below, and a memory holds a state made when its own
-    # token was read, which saw as far back again from the start of that token's call. So the
-    # reach grows with depth. With $S = n_m + c \, n_{cm}$, calls of $n_s$ tokens and $c$ dividing
-    # $n_s$ and $n_m$ (so that mem holds $n_m$ after every call), layer $l$'s output at a call's
-    # last token depends on the tokens up to $r_l$ positions back:
-    #
-    # $$
-    # r_l = n_s - 1 + S + (l - 1) \, n_s \left\lceil \frac{S}{n_s} \right\rceil
-    # $$
-    #
-    # When $n_s$ divides $S$, the oldest memory is the first token of its call and
-    #
-    # $$
-    # r_L = n_s - 1 + L (n_m + c \, n_{cm})
-    # $$
-    #
-    # Otherwise the oldest memory sits inside its call and sees further back, from that call's
-    # start. The defaults ($n_s = n_m = 64$, $n_{cm} = 32$, $c = 4$, $L = 4$) are aligned:
-    # $S = 64 + 4 \cdot 32 = 192$ and $r_4 = 63 + 4 \cdot 192 = 831$ positions back, 832 tokens,
-    # where one layer sees 256. Otherwise mem holds fewer than $n_m$ (`n_evicted`'s departure)
-    # and $r_l$ is an upper bound. test_compressive.py's
-    # `test_reach_at_every_depth_is_where_a_changed_token_stops_changing_the_layer` measures $r_l$
-    # by changing one token and watching each layer's output.
     def reach(self, call_length: Optional[int] = None, depth: int = 1):
-        """[(region, how many of the latest tokens it covers)] for the last token of a call of
-        call_length tokens (default n_s), memories full: segment, then mem, then c_mem, as one
-        layer has them; then ("layer l", r_l + 1) for l = 2, ..., depth."""
-        cfg = self.cfg
-        n_s = call_length or cfg.seq_len
-        edges = [("segment", n_s)]
-        if cfg.mem_len:
-            edges.append(("mem", edges[-1][1] + cfg.mem_len))
-        if cfg.mem_len and cfg.c_mem_len:
-            edges.append(("c_mem", edges[-1][1] + cfg.compression_rate * cfg.c_mem_len))
-        S = edges[-1][1] - n_s  # n_m + c n_cm
-        for layer in range(2, depth + 1):
-            edges.append((f"layer {layer}", edges[-1][1] + n_s * math.ceil(S / n_s)))
-        return edges
+        """reach(self.cfg, ...): how far back the last token of a call sees."""
+        return reach(self.cfg, call_length, depth)
+
+
+# Feed the prompt in segments of $n_s$, then sample one token at a time through the memory,
+# so each new token costs the same however long the text grows. Handed a `memory` (a training
+# stream's, or one that generate returned), the prompt is the text that follows it, and
+# sampling continues that stream. The last sampled token is read into the memory only when
+# the memory is asked for: one more forward.
+#
+# Compiled with `model.compile(dynamic=False)`, each memory size is a graph of its own. While
+# the memories fill, every one-token call brings a new size, past torch.compile's recompile
+# limit; once both are full, mem cycles through $c$ sizes, $n_m - c + 1$ to $n_m$
+# (`n_evicted`), and $c$ graphs serve every token after. So fill the memory eagerly, then
+# compile and hand it to generate (docs/COPYING.md).
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    memory: Optional[Memory] = None,
+    return_memory: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, Memory]]:
+    """model: a language model called as model(tokens, memory) -> (logits, memory, loss).
+    prompt [B, T0] of ids, the text after memory (None: a fresh start). Returns
+    [B, T0 + max_new_tokens]: the prompt and the tokens sampled at temperature, from the top_k
+    most likely when top_k is given; with return_memory, (those tokens, the Memory after all
+    of them), to continue from."""
+    check_generate_arguments(model, prompt, max_new_tokens, temperature, top_k)
+    was_training = model.training
+    model.eval()
+    try:  # training mode comes back even if a bad memory stops the first forward
+        out = [prompt]
+        for segment in prompt.split(model.cfg.seq_len, dim=1):
+            logits, memory, _ = model(segment, memory)
+        for step in range(max_new_tokens):
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            token = torch.multinomial(logits.softmax(dim=-1), num_samples=1)
+            out.append(token)
+            if step + 1 < max_new_tokens or return_memory:  # the memory reads every token
+                logits, memory, _ = model(token, memory)
+    finally:
+        model.train(was_training)
+    out = torch.cat(out, dim=1)
+    return (out, memory) if return_memory else out
+
+
+# How far back the last token of a call sees, with both memories full. One layer sees its own
+# call (the token itself included), then mem, then c_mem:
+#
+# $$
+# \underbrace{n_s}_{\text{segment}} + \underbrace{n_m}_{\text{mem}}
+# + \underbrace{c \, n_{cm}}_{\text{c_mem}} \text{ tokens}
+# $$
+#
+# An earlier token of the call sees as far, less its distance from the call's end. The paper's
+# maximum temporal range, $L (n_m + c \, n_{cm})$, counts the memories of $L$ layers.
+#
+# Each layer reads the states of the layer below, and a memory holds a state made when its own
+# token was read, which saw as far back again from the start of that token's call. So the
+# reach grows with depth. With $S = n_m + c \, n_{cm}$, calls of $n_s$ tokens and $c$ dividing
+# $n_s$ and $n_m$ (so that mem holds $n_m$ after every call), layer $l$'s output at a call's
+# last token depends on the tokens up to $r_l$ positions back:
+#
+# $$
+# r_l = n_s - 1 + S + (l - 1) \, n_s \left\lceil \frac{S}{n_s} \right\rceil
+# $$
+#
+# When $n_s$ divides $S$, the oldest memory is the first token of its call and
+#
+# $$
+# r_L = n_s - 1 + L (n_m + c \, n_{cm})
+# $$
+#
+# Otherwise the oldest memory sits inside its call and sees further back, from that call's
+# start. The defaults ($n_s = n_m = 64$, $n_{cm} = 32$, $c = 4$, $L = 4$) are aligned:
+# $S = 64 + 4 \cdot 32 = 192$ and $r_4 = 63 + 4 \cdot 192 = 831$ positions back, 832 tokens,
+# where one layer sees 256. Otherwise mem holds fewer than $n_m$ (`n_evicted`'s departure)
+# and $r_l$ is an upper bound. test_compressive.py's
+# `test_reach_at_every_depth_is_where_a_changed_token_stops_changing_the_layer` measures $r_l$
+# by changing one token and watching each layer's output.
+def reach(cfg: CompressiveConfig, call_length: Optional[int] = None, depth: int = 1):
+    """[(region, how many of the latest tokens it covers)] for the last token of a call of
+    call_length tokens (default n_s), memories full: segment, then mem, then c_mem, as one
+    layer has them; then ("layer l", r_l + 1) for l = 2, ..., depth."""
+    n_s = call_length or cfg.seq_len
+    edges = [("segment", n_s)]
+    if cfg.mem_len:
+        edges.append(("mem", edges[-1][1] + cfg.mem_len))
+    if cfg.mem_len and cfg.c_mem_len:
+        edges.append(("c_mem", edges[-1][1] + cfg.compression_rate * cfg.c_mem_len))
+    S = edges[-1][1] - n_s  # n_m + c n_cm
+    for layer in range(2, depth + 1):
+        edges.append((f"layer {layer}", edges[-1][1] + n_s * math.ceil(S / n_s)))
+    return edges
 
 
 # 8. The checks of the public entry points ---------------------------------------------------------

@@ -52,6 +52,7 @@ from compressive import (
     autoencoding_loss,
     check_inputs,
     check_tokens,
+    reach,
     relative_shift,
     sinusoid_positions,
 )
@@ -911,7 +912,10 @@ class AgentCore(nn.Module):
         return empty_memory(self, batch_size, device, dtype)
 
     hidden_states = hidden_states
-    reach = CompressiveTransformer.reach
+
+    def reach(self, call_length: Optional[int] = None, depth: int = 1):
+        """compressive.reach(self.cfg, ...): how far back the last token of a call sees."""
+        return reach(self.cfg, call_length, depth)
 
     def forward(self, x, memory=None, starts=None):
         return self.hidden_states(x, memory, starts)

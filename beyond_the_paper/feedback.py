@@ -41,6 +41,7 @@ from compressive import (
     autocasting,
     check_inputs,
     check_tokens,
+    generate,
     relative_shift,
     sinusoid_positions,
 )
@@ -283,6 +284,8 @@ class FeedbackTransformer(nn.Module):
             raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
         if cfg.mem_len < 1:
             raise ValueError("the Feedback Transformer needs mem_len >= 1: its memory is its past")
+        if cfg.vocab_size is None:
+            raise ValueError("the Feedback Transformer needs a vocab_size: it is a language model")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -297,8 +300,14 @@ class FeedbackTransformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(CompressiveTransformer.init_weights)
 
-    # sampling one token at a time through the memory: compressive.py's generate, as it is
-    generate = CompressiveTransformer.generate
+    # sampling one token at a time through the memory: compressive.py's generate, a function of
+    # any model called as this one is
+    @torch.no_grad()
+    def generate(
+        self, prompt, max_new_tokens, temperature=1.0, top_k=None, memory=None, return_memory=False
+    ):
+        """compressive.generate(self, ...): the prompt and the tokens sampled after it."""
+        return generate(self, prompt, max_new_tokens, temperature, top_k, memory, return_memory)
 
     def forward(self, tokens, memory=None, starts=None):
         check_tokens(self, tokens)
