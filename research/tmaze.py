@@ -168,7 +168,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--memories", nargs="+", default=list(MEMORIES), choices=list(MEMORIES))
-    p.add_argument("--batches", type=int, default=1500, help="training batches per run")
+    p.add_argument("--batches", type=int, default=2000, help="training batches per run")
     p.add_argument("--batch", type=int, default=64, help="episodes per training batch")
     p.add_argument("--min-gap", type=int, default=48, help="fewest steps from the cue to the query")
     p.add_argument("--max-gap", type=int, default=95, help="most steps from the cue to the query")
