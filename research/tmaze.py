@@ -124,7 +124,15 @@ def act_one_step_at_a_time(agent, observations, targets) -> float:
 def run(args, memory_kind: str, seed: int):
     """One memory, one seed: the curve [(batches, held-out accuracy)], the final one-step acting
     accuracy, the training seconds (CPU time of this process's one thread), slots and reach."""
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread per run, given back after it
+    try:
+        return train_and_act(args, memory_kind, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_and_act(args, memory_kind: str, seed: int):
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
     agent = Agent(cfg)
