@@ -1,0 +1,258 @@
+"""What compression buys an agent: a T-maze whose cue lies beyond an equal-slot Transformer-XL.
+
+An episode shows a cue (one of four) at its first step, then a corridor of distractors (each step
+one of four other observations, drawn at random), then a query at step L, where the agent must name
+the cue; L is drawn from --min-gap to --max-gap. Three memories, each one layer of AgentCore:
+
+    compressive   n_m = 16, n_cm = 16 compressed memories of c = 4: 32 slots, reach 16 + 4*16 = 80
+    xl-slots      Transformer-XL with as many slots: n_m = 32, n_cm = 0: reach 32
+    xl-reach      Transformer-XL with as long a reach: n_m = 80, n_cm = 0: 80 slots
+
+Segments of n_s = 16 steps are counted from the episode's first step, and a step sees its segment's
+earlier steps and the memory as it stood when its segment began: the query at step L sees the cue
+when 16 * floor(L / 16) <= reach, that is L < 96 for a reach of 80 and L < 48 for 32. The gaps
+of 48 to 95 put every cue beyond xl-slots and within the other two (research/test_tmaze.py checks
+both by changing the cue). One layer, so that no layer above stretches the reach.
+
+Supervised, not reinforcement learning (to fit the time): each training batch is --batch new
+episodes, each read in one call of AgentCore from an empty memory, the cross-entropy at the query
+alone (plus f_c's reconstruction loss, as the paper trains f_c). Every --eval-every batches the
+accuracy on --eval-episodes held-out episodes is measured in one call (eval mode, no gradient);
+at the end the agent acts on them one step per call, two episodes back to back in each row, the
+second begun by `starts`, and that accuracy is the one reported (chance 0.25).
+
+    python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
+
+Each run uses one thread; --jobs runs that many at a time, in processes of their own.
+"""
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from beyond_the_paper.agent import AgentCore
+from compressive import CompressiveConfig
+
+N_CUES, N_DISTRACTORS = 4, 4
+QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
+
+# n_s = 16 for all three; (n_m, n_cm) of each memory, c = 4
+MEMORIES = {"compressive": (16, 16), "xl-slots": (32, 0), "xl-reach": (80, 0)}
+SOLVED = 0.95  # held-out accuracy that counts as having learned the task
+
+
+def config(memory: str, d_model: int) -> CompressiveConfig:
+    mem_len, c_mem_len = MEMORIES[memory]
+    return CompressiveConfig(
+        vocab_size=None,
+        d_model=d_model,
+        n_heads=2,
+        n_layers=1,
+        d_ff=2 * d_model,
+        seq_len=16,
+        mem_len=mem_len,
+        c_mem_len=c_mem_len,
+        compression_rate=4,
+    )
+
+
+def slots_and_reach(cfg: CompressiveConfig):
+    """The memory's slots (n_m + n_cm) and the steps before a segment it covers (n_m + c n_cm)."""
+    reach = cfg.mem_len + (cfg.compression_rate * cfg.c_mem_len if cfg.c_mem_len else 0)
+    return cfg.mem_len + cfg.c_mem_len, reach
+
+
+def episodes(n: int, min_gap: int, max_gap: int, generator):
+    """n episodes of max_gap + 1 steps, each from its own first step:
+
+    observations: [n, max_gap + 1], the cue at step 0, the query at step L, distractors elsewhere
+    targets:      [n, max_gap + 1], the cue at the query step, -100 (not scored) elsewhere
+    Steps after the query are distractors too; attention is causal, so the query never sees them.
+    """
+    length = max_gap + 1
+    observations = torch.randint(N_CUES, QUERY, (n, length), generator=generator)
+    cues = torch.randint(0, N_CUES, (n,), generator=generator)
+    gaps = torch.randint(min_gap, max_gap + 1, (n,), generator=generator)
+    rows = torch.arange(n)
+    observations[:, 0], observations[rows, gaps] = cues, QUERY
+    targets = torch.full((n, length), -100)
+    targets[rows, gaps] = cues
+    return observations, targets
+
+
+class Agent(nn.Module):
+    """An input layer of its own, AgentCore as its memory, a head that names the cue."""
+
+    def __init__(self, cfg: CompressiveConfig):
+        super().__init__()
+        self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
+        self.memory = AgentCore(cfg)
+        self.answer = nn.Linear(cfg.d_model, N_CUES)
+
+    def forward(self, observations, memory=None, starts=None):
+        h, memory, recon_loss = self.memory(self.observe(observations), memory, starts)
+        return self.answer(h), memory, recon_loss
+
+
+def accuracy(logits, targets) -> float:
+    asked = targets.ne(-100)
+    return logits.argmax(dim=-1)[asked].eq(targets[asked]).float().mean().item()
+
+
+def act_one_step_at_a_time(agent, observations, targets) -> float:
+    """Rows play two held-out episodes back to back, one step per call, the memory carried and
+    the second episode begun by `starts` (its first step must not see the first episode)."""
+    half = observations.shape[0] // 2
+    stream = torch.cat([observations[:half], observations[half : 2 * half]], dim=1)
+    asked = torch.cat([targets[:half], targets[half : 2 * half]], dim=1)
+    starts = torch.zeros_like(stream, dtype=torch.bool)
+    starts[:, 0] = starts[:, observations.shape[1]] = True
+    memory, logits = None, []
+    with torch.no_grad():
+        for t in range(stream.shape[1]):
+            step_logits, memory, _ = agent(stream[:, t : t + 1], memory, starts[:, t : t + 1])
+            logits.append(step_logits)
+    return accuracy(torch.cat(logits, dim=1), asked)
+
+
+def run(args, memory_kind: str, seed: int):
+    """One memory, one seed: the curve [(batches, held-out accuracy)], the final one-step acting
+    accuracy, the training seconds (CPU time of this process's one thread), slots and reach."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread per run, given back after it
+    try:
+        return train_and_act(args, memory_kind, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_and_act(args, memory_kind: str, seed: int):
+    torch.manual_seed(seed)
+    cfg = config(memory_kind, args.d_model)
+    agent = Agent(cfg)
+    optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
+    train_data = torch.Generator().manual_seed(seed)
+    held_out = episodes(
+        args.eval_episodes, args.min_gap, args.max_gap, torch.Generator().manual_seed(10_000 + seed)
+    )
+    curve, seconds = [], 0.0
+    for batch in range(1, args.batches + 1):
+        observations, targets = episodes(args.batch, args.min_gap, args.max_gap, train_data)
+        began = time.process_time()
+        agent.train()
+        logits, _, recon_loss = agent(observations)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        optimizer.zero_grad()
+        (loss + recon_loss).backward()
+        optimizer.step()
+        seconds += time.process_time() - began
+        if batch % args.eval_every == 0 or batch == args.batches:
+            agent.eval()
+            with torch.no_grad():
+                curve.append((batch, accuracy(agent(held_out[0])[0], held_out[1])))
+    agent.eval()
+    final = act_one_step_at_a_time(agent, *held_out)
+    slots, reach = slots_and_reach(cfg)
+    solved = [b for b, a in curve if a >= SOLVED]
+    return {
+        "memory": memory_kind,
+        "seed": seed,
+        "curve": curve,
+        "accuracy": final,
+        "seconds": seconds,
+        "solved_at": solved[0] if solved else None,
+        "slots": slots,
+        "reach": reach,
+    }
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--memories", nargs="+", default=list(MEMORIES), choices=list(MEMORIES))
+    p.add_argument("--batches", type=int, default=2000, help="training batches per run")
+    p.add_argument("--batch", type=int, default=64, help="episodes per training batch")
+    p.add_argument("--min-gap", type=int, default=48, help="fewest steps from the cue to the query")
+    p.add_argument("--max-gap", type=int, default=95, help="most steps from the cue to the query")
+    p.add_argument("--d-model", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-every", type=int, default=25, help="batches between held-out checks")
+    p.add_argument("--eval-episodes", type=int, default=512, help="held-out episodes (even)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each")
+    p.add_argument("--plot", default=None, help="a PNG of the held-out accuracy curves")
+    args = p.parse_args(argv)
+    for name in ("batches", "batch", "d_model", "eval_every", "eval_episodes", "jobs"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.eval_episodes < 2 or args.eval_episodes % 2:
+        p.error("--eval-episodes must be even and >= 2 (rows play two episodes each)")
+    if args.d_model % 2:
+        p.error("--d-model must be even (two heads)")
+    if not 1 <= args.min_gap <= args.max_gap:
+        p.error("--min-gap and --max-gap must satisfy 1 <= min <= max")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    plan = [(memory, seed) for seed in args.seeds for memory in args.memories]
+    if args.jobs == 1:
+        results = [run(args, memory, seed) for memory, seed in plan]
+    else:  # processes of their own, started afresh (no forked torch state)
+        spawn = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
+            results = list(pool.map(run, [args] * len(plan), *zip(*plan)))
+    print(
+        f"| memory | seed | slots | reach | accuracy (one-step acting) | first check >= {SOLVED} "
+        "| training CPU s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        print(
+            f"| {r['memory']} | {r['seed']} | {r['slots']} | {r['reach']} | "
+            f"{r['accuracy']:.3f} | {r['solved_at'] or 'never'} | {r['seconds']:.0f} |"
+        )
+    if args.plot:
+        plot(results, args, args.plot)
+    return 0
+
+
+def plot(results, args, path: str) -> None:
+    from training import plots
+
+    plt = plots.pyplot()
+    if plt is None:
+        return
+    colors = {"compressive": "C0", "xl-slots": "C1", "xl-reach": "C2"}
+    styles = ["-", "--", ":", "-."]
+    plt.figure(figsize=(6, 3.8))
+    for r in results:
+        plt.plot(
+            [b for b, _ in r["curve"]],
+            [a for _, a in r["curve"]],
+            color=colors[r["memory"]],
+            linestyle=styles[args.seeds.index(r["seed"]) % len(styles)],
+            label=f"{r['memory']} ({r['slots']} slots), seed {r['seed']}",
+        )
+    plt.axhline(1 / N_CUES, color="grey", linewidth=0.8, label="chance")
+    plt.xlabel(f"training batch ({args.batch} episodes)")
+    plt.ylabel("held-out accuracy")
+    plt.ylim(0, 1.05)
+    plt.legend(fontsize=5, ncol=2)
+    seeds = " ".join(str(s) for s in args.seeds)
+    caption = (
+        f"python -m research.tmaze --seeds {seeds} --batches {args.batches} --jobs {args.jobs}; "
+        f"torch {torch.__version__}, 1 thread per run, seeds {seeds}, CPU. Cue {args.min_gap}-"
+        f"{args.max_gap} steps back; one layer, d_model {args.d_model}."
+    )
+    plots.save(plt, path, caption)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
