@@ -38,7 +38,9 @@ def test_the_query_sees_the_cue_exactly_within_the_memorys_reach(memory, gap, se
     observations[:, gap] = tmaze.QUERY
     with torch.no_grad():
         logits = agent(observations)[0][:, gap]
-    assert (logits[0] - logits[1]).abs().max().item() > 1e-4 if sees else torch.equal(*logits)
+    difference = (logits[0] - logits[1]).abs().max().item()
+    # unseen, the cue changes nothing: the rows agree but for rounding a processor may add
+    assert difference > 1e-4 if sees else difference < 1e-6
 
 
 def test_slots_and_reach_of_the_three_memories():

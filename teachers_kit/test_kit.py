@@ -1741,7 +1741,7 @@ def test_with_the_audit_off_no_submission_raises_its_grade_or_lowers_a_classmate
 BUSY = [
     "import os",
     "try:",
-    "    for _ in range(31):  # busy processes of their own sessions, as many as the limit allows",
+    "    for _ in range(31):  # busy processes, each setsid's own, as many as the limit allows",
     "        if os.fork() == 0:",
     "            os.setsid()",
     "            while True:",
@@ -1753,7 +1753,7 @@ BUSY = [
 
 @pytest.mark.slow  # a class graded in sandboxes while one submission keeps 31 processes busy
 def test_a_submission_of_busy_processes_never_costs_a_classmate_a_point(tmp_path, hw, assignment):
-    """Mallory's answer (no audit) starts 31 busy processes, each in a session of its own, and
+    """Mallory's answer (no audit) starts 31 busy processes, each detached by setsid, and
     grades on. Alice, graded beside her, scores every point, or where the machine kept her from
     the processor, is marked regrade: never 0. (Where the machine has a cpu cgroup for each
     submission, Mallory's processes share one core between them.)"""
