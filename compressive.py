@@ -375,10 +375,21 @@ class RelativeMultiHeadAttention(nn.Module):
 # so the convolution is one linear map `[c*d] -> [d]` applied to each block of $c$ consecutive
 # memories laid side by side.
 #
-# The paper compared the $f_c$ of this section (max and mean pooling, this convolution, dilated
-# convolutions, most used) and the losses of the next on Enwik8, and kept this convolution trained
-# by the attention reconstruction; its full model reaches 0.97 bits per character there (its
-# abstract). docs/REACH.md measures what the compressed memory buys on this repository's data.
+# Why this one: the paper compared the $f_c$ of this section and the losses of the next on Enwik8,
+# each row at its best compression rate of $c \in \{2, 3, 4\}$, in bits per character (lower is
+# better):
+#
+# - this convolution, trained by the attention reconstruction: **0.973**
+# - dilated convolutions, the attention reconstruction: 0.977
+# - most used: 0.980
+# - mean pooling: 0.982
+# - this convolution, the auto-encoding loss: 0.984
+# - max pooling: 0.986
+# - this convolution, no auxiliary loss, trained through the language-model loss by
+#   backpropagating over a doubled unroll (BPTT): 0.996
+#
+# So this convolution is the default. Its full model (24 layers) reaches 0.97 bits per character
+# there. docs/REACH.md measures what the compressed memory buys on this repository's data.
 class ConvCompress(nn.Module):
     # **Departure:** this $f_c$ has a bias, and it starts as mean pooling (plus noise), so that
     # compressed memories carry meaning from the first step; the reconstruction loss then moves
@@ -538,7 +549,9 @@ def attention_reconstruction_loss(
 #
 # and here it is the mean of the squared differences. It keeps everything, whether attention needs
 # it or not; the attention reconstruction keeps what attention reads, the lossy objective that
-# the paper preferred.
+# the paper preferred: with the convolution $f_c$ on Enwik8, 0.973 bits per character against
+# 0.984 for this loss, and 0.996 with no auxiliary loss at all (section 4 lists every row). So
+# `reconstruction="attention"` is the default.
 def autoencoding_loss(decoder: nn.Module, old_mem, compressed):
     """old_mem [B, k*c, d] and its compression [B, k, d]. Returns the 0-dim loss."""
     decoded = decoder(compressed.transpose(1, 2)).transpose(1, 2)
