@@ -13,8 +13,9 @@ On the page, a paragraph from **Speed:** or **Departure:** on is set apart (a bo
 the Speed notes); the numbered list before the first heading links to the numbered headings;
 links relative to the file's folder are made relative to the page's, docs/; and a paragraph
 `Figure: PATH.svg, caption` puts that SVG, read from the file's folder, inline below its section,
-the caption under it. Inline math keeps the punctuation that follows it on its line. The page is
-one file, its style inline: it opens from the disk and asks for nothing over the network.
+the caption under it. Inline math keeps the punctuation that follows it on its line; a line of
+code too long for its column wraps under itself, indented, rather than scrolling. The page is one
+file, its style inline: it opens from the disk and asks for nothing over the network.
 
 Each section of the page is an element with data-lines="START-END" (the 1-based lines of FILE
 it shows; the sections cover the file once, in order) holding a data-note and a data-code element.
@@ -244,7 +245,7 @@ section {{ display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, min(62
 .note code {{ font: 12.5px/1.4 "DejaVu Sans Mono", Menlo, Consolas, monospace;
   background: #f3f3f8; padding: 0 3px; border-radius: 3px; }}
 .note pre {{ background: #f6f6fa; border: 1px solid #e6e6ee; padding: 6px 8px; overflow-x: auto;
-  margin: 4px 0 8px; }}
+  margin: 4px 0 8px; white-space: pre-wrap; line-height: 1.4; }}
 .note pre code {{ background: none; padding: 0; font-size: 11px; }}
 .note math {{ font-size: 1.05em;
   font-family: "DejaVu Math TeX Gyre", "STIX Two Math", "Latin Modern Math", math; }}
@@ -260,10 +261,11 @@ section {{ display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, min(62
 .figure svg {{ display: block; max-width: 100%; height: auto; margin: 0 auto; }}
 .figure figcaption {{ font-size: 13px; color: #555; text-align: center; margin-top: 4px; }}
 .code {{ background: #f7f7fb; border-left: 1px solid #e4e4ec; min-width: 0; }}
-.code pre {{ margin: 0; padding: 6px 12px 6px 0; overflow-x: auto;
+.code pre {{ margin: 0; padding: 6px 12px 6px 0; overflow-x: auto; white-space: pre-wrap;
   font: 12px/1.5 "DejaVu Sans Mono", Menlo, Consolas, monospace; }}
+.code .l {{ display: block; padding-left: 10ch; text-indent: -10ch; overflow-wrap: anywhere; }}
 .code .l::before {{ content: attr(data-n); display: inline-block; width: 4ch; margin-right: 2ch;
-  text-align: right; color: #b0b0bc; user-select: none; }}
+  text-indent: 0; text-align: right; color: #b0b0bc; user-select: none; }}
 section:target .note {{ background: #fffbe6; }}
 @media (max-width: 900px) {{ section {{ grid-template-columns: minmax(0, 1fr); }}
   .code {{ border-left: 0; }} }}
@@ -410,8 +412,9 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
         note = relative_to_the_page(kept_together(set_apart(note)))
         figures = [figure(path, caption, folder) for path, caption in FIGURE.findall(note)]
         note = FIGURE.sub("", note)
-        lines = "\n".join(
-            f'<span class="l" data-n="{n}">{code[n - 1]}</span>' for n in section.code
+        lines = "".join(  # each line's end inside its span: a block of its own when it wraps
+            f'<span class="l" data-n="{n}">{code[n - 1]}{end}</span>'
+            for n, end in zip(section.code, ["\n"] * (len(section.code) - 1) + [""])
         )
         parts.append(
             f'<section id="L{section.start}" data-lines="{section.start}-{section.end}">\n'

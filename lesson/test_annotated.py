@@ -5,9 +5,10 @@ again what its note says), headings as headings, the four-term score typeset one
 math typeset, Speed and Departure notes set apart, the contents linked, the FIFO figure inline and
 the worked trace the model's own; then the page in a real browser (Debian's chromium driven by
 Playwright) at 1024, 1280 and 1400 px: notes and code side by side, the MathML laid out, no note
-cut off or scrolling, few code cells scrolling, the Speed notes hidden on request, no request, and
-a comment put into a copy of the source on the page made from it. The command gives one error
-line for bad input, a missing extra included."""
+cut off or scrolling, no code cell scrolling (a long line wraps), the four-term score whole, the
+contents' links landing on their sections, the Speed notes hidden and shown again on request, no
+request, and a comment put into a copy of the source on the page made from it. The command gives
+one error line for bad input, a missing extra included."""
 
 import ast
 import importlib.metadata
@@ -269,6 +270,21 @@ def test_speed_and_departure_are_set_apart_links_move_to_docs_and_a_figure_goes_
         annotated.render(text, ast.parse(text), "t.py", tmp_path)
 
 
+@needs_extra
+def test_the_papers_enwik8_numbers_are_lists_beside_the_choice_of_f_c_and_of_its_loss(page):
+    sections = [s for s in read_page(page) if "0.973" in s["note"]]
+    firsts = [s["code"][0].split("(")[0] for s in sections]
+    assert firsts == ["class ConvCompress", "def autoencoding_loss"]
+    notes = re.findall(r'<div class="note" data-note>(.*?)</div>', page, re.S)
+    for note in filter(lambda note: "0.973" in note, notes):
+        items = re.findall(r"<li>(.*?)</li>", note, re.S)
+        scores = [
+            re.findall(r"0\.9\d\d", item)[-1] for item in items if re.search(r"0\.9\d\d", item)
+        ]
+        assert scores[0] == "0.973" and scores[-1] == "0.996" and scores == sorted(scores)
+        assert "0.984" in scores  # the auto-encoding loss's row, in both
+
+
 def test_the_worked_trace_beside_update_memory_is_what_a_model_holds():
     """The table of FIFO lengths in update_memory's note, against a real model's memory tensors
     read back as positions (lesson.memory_picture, which also checks them against the rule)."""
@@ -452,11 +468,15 @@ FIT = """() => {
         const r = m.getBoundingClientRect(), n = m.closest('[data-note]').getBoundingClientRect();
         return r.right > n.right + 1 || over(m); }).map(where);
     const codes = [...document.querySelectorAll('[data-code] pre')];
-    const big = [...document.querySelectorAll('math')].filter(
+    const big = [...document.querySelectorAll('math[display=block]')].filter(
         m => m.querySelectorAll('*').length >= 25).length;
     const figure = document.querySelector('[data-figure] svg').getBoundingClientRect().width;
+    const fits = e => e.scrollWidth <= e.clientWidth;
+    const score = [...document.querySelectorAll('math[display=block]')].filter(
+        m => /content.bias/.test(m.textContent)).map(
+        m => [m.querySelectorAll('mtr').length, fits(m) && fits(m.parentElement)]);
     return [notes.filter(over).map(where), cut, codes.filter(over).length, codes.length, big,
-            document.documentElement.scrollWidth, figure];
+            document.documentElement.scrollWidth, figure, score];
 }"""
 
 
@@ -488,24 +508,34 @@ def test_the_page_fits_a_laptop_and_hides_the_speed_notes_on_request(tmp_path, b
     assert annotated.main([str(SOURCE), "--out", str(tmp_path)]) == 0
     page, asked = opened(browser, tmp_path / "compressive.html")
     page.set_viewport_size({"width": width, "height": 900})
-    scrolling_notes, cut, scrolling_code, n_code, big, page_width, figure = page.evaluate(FIT)
-    assert scrolling_notes == [] and page_width <= width
+    measured = page.evaluate(FIT)
+    scrolling_notes, cut, scrolling_code, n_code, big, page_width, figure, score = measured
+    assert scrolling_notes == [] and cut == [] and page_width <= width
+    assert scrolling_code <= 0.1 * n_code  # a long line wraps under itself instead
     assert big >= 8 and figure > 0.9 * min(width - 48, 1002)
-    if width >= 1280:
-        assert cut == [] and scrolling_code <= 0.1 * n_code
-    else:  # at 1024 px every formula still fits its note; a few wide blocks of code scroll
-        math_cut = page.evaluate(
-            "() => [...document.querySelectorAll('[data-note] math')].filter(m => "
-            "m.getBoundingClientRect().right > m.closest('[data-note]').getBoundingClientRect()"
-            ".right + 1 || m.scrollWidth > m.clientWidth + 1).length"
-        )
-        assert math_cut == 0
+    assert score == [[4, True]]  # the four-term score, a row a term, not cut off
     assert page.evaluate(ORPHANS) == []
     shown = "() => [...document.querySelectorAll('.speed')].filter(e => e.offsetParent).length"
     assert page.evaluate(shown) >= 5
     page.click("label[for=hide-speed]")
     assert page.evaluate(shown) == 0
     assert page.evaluate("document.querySelectorAll('.departure')[0].offsetParent !== null")
+    page.click("label[for=hide-speed]")
+    assert page.evaluate(shown) >= 5
+    assert asked == []
+    page.close()
+
+
+@needs_browser
+def test_the_contents_take_the_reader_to_each_section(tmp_path, browser):
+    assert annotated.main([str(SOURCE), "--out", str(tmp_path)]) == 0
+    page, asked = opened(browser, tmp_path / "compressive.html")
+    links = page.eval_on_selector_all("a[href^='#section-']", "as => as.map(a => a.hash)")
+    assert links == [f"#section-{n}" for n in range(1, 9)]
+    for link in links[::-1]:  # from the last, so that each must scroll back up
+        page.click(f"a[href='{link}']")
+        top = page.evaluate(f"document.querySelector('{link}').getBoundingClientRect().top")
+        assert page.evaluate("location.hash") == link and abs(top) < 2, link
     assert asked == []
     page.close()
 
