@@ -270,7 +270,7 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
     blank_k, blank_v = zip(*blank_keys_values(model, device, dtype))
 
     def blanks(which, n):
-        return [b.expand(batch_size, -1, n, -1).contiguous() for b in which]
+        return [fresh(b.expand(batch_size, -1, n, -1)) for b in which]
 
     tracks_usage = cfg.compression == "most_used" and n_cm > 0
     return AgentMemory(
@@ -526,21 +526,21 @@ class MemoryKeys(NamedTuple):
     c_values: torch.Tensor
     keys: torch.Tensor  # [B, H, n_mem + n_s - 1, d_head], mem's slots'
     values: torch.Tensor
-    blank: Optional[tuple]  # (key, value) of a zero vector, or None: none to hand on
+    blank_key: Optional[torch.Tensor]  # [B or 1, H, 1, d_head], a zero vector's, or None:
+    blank_value: Optional[torch.Tensor]  # none to hand on
 
 
 def layer_over_call(
-    layer: CompressiveLayer, h, memory: AgentMemory, i: int, usable: bool, keeps: bool, layout, R
+    layer: CompressiveLayer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R
 ):
     """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], this layer's fields of
     the memory handed on (mem, c_mem, usage, keys, values, c_mem_keys, c_mem_values), the key and
-    value of a zero vector, and f_c's loss. usable: the memory's kept keys are this layer's;
+    value of a zero vector, and f_c's loss. slots: the memory's keys and values (section 4);
     keeps: hand on the keys of the new memory (else the old ones, which the caller marks
     stale, and no blank)."""
     attn = layer.attn
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
     q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
-    slots = memory_keys(layer, memory, i, usable, keeps, h)
     stream = torch.cat([memory.mem[i], h.detach()], dim=1)  # [B, n_stream, d], no gradient
     position = position_terms(attn, q, layout, R)
     ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
@@ -548,29 +548,11 @@ def layer_over_call(
     out = layer.residual_and_feed_forward(h, attended.out)
     recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
-    blank = slots.blank
+    blank = (slots.blank_key, slots.blank_value)
     if not keeps:  # the memory's own, or none
         kept = memory.kept
         blank = (None, None) if kept is None else (kept.blank_keys[i], kept.blank_values[i])
     return out, fields, blank, recon_loss
-
-
-def memory_keys(layer, memory: AgentMemory, i: int, usable: bool, keeps: bool, h) -> MemoryKeys:
-    """The memory's keys and values: the kept ones, or one projection of [c_mem; mem] (and a
-    zero vector's, where the new memory keeps them)."""
-    kept = memory.kept
-    if usable:
-        return MemoryKeys(
-            kept.c_mem_keys[i],
-            kept.c_mem_values[i],
-            kept.keys[i],
-            kept.values[i],
-            (kept.blank_keys[i], kept.blank_values[i]),
-        )
-    mem, c_mem = memory.mem[i], memory.c_mem[i]
-    kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
-    (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
-    return MemoryKeys(c_keys, c_values, keys, values, blank_of(layer, h) if keeps else None)
 
 
 def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
@@ -708,7 +690,10 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
         fields += [kept.keys[i], kept.values[i], kept.c_mem_keys[i], kept.c_mem_values[i]]
     else:
         fields += [None] * 4
-    return [f if f is None else f.detach() for f in fields]
+    fields = [f if f is None else f.detach() for f in fields]
+    if torch.compiler.is_compiling():  # laid out as an empty memory's, or the next call's
+        return [f if f is None else fresh(f) for f in fields]  # graph is traced again
+    return fields
 
 
 def blank_of(layer, h):
@@ -726,7 +711,11 @@ def blank_of(layer, h):
 # elementwise kernels over W_k and W_v). Any change of one bit changes it: each element's bits,
 # read as an integer, are multiplied by an odd constant of its own, modulo 2^32 (a bijection), and
 # summed exactly. A call whose fingerprints differ from the memory's projects every slot anew;
-# acting reads back one bool for it, as it reads back which rows end a segment.
+# acting reads back one bool for it, as it reads back which rows end a segment. Under
+# torch.compile this code reads nothing back: the comparison stays a tensor on the device, and one
+# torch.cond chooses, for every layer at once, between the kept keys and a projection of every
+# slot, so that `fullgraph=True` holds. (Inductor's code for a torch.cond reads its predicate to
+# pick the branch: free on the CPU, a wait on a GPU, as an eager call's bool is.)
 
 
 def register_stamp_buffers(model) -> None:
@@ -773,24 +762,92 @@ def stale(made_by: torch.Tensor) -> torch.Tensor:
     return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
 
 
-@torch.compiler.disable
-def kept_usable(model, memory: AgentMemory):
-    """Whether the memory's kept keys are those the weights of now make, and the fingerprint of
-    now; a memory made under another config is refused. One bool read back (outside
-    torch.compile's graph); none on the meta device, which holds no values."""
+def kept_usable(model, memory: AgentMemory, keeps: bool, x):
+    """Whether the call reads the memory's kept keys: it keeps keys (acting), the memory has
+    them, in the dtype of the call's projections, and made by the weights of now. Returns that
+    and the fingerprint of now. Outside torch.compile the answer is a bool, one read back; under
+    it, a 0-dim bool tensor on the device, which torch.cond reads (nothing read back by this
+    code)."""
     now = fingerprint(model)
-    if now.device.type == "meta" or memory.kept is None:
+    kept = memory.kept
+    if kept is None or now.device.type == "meta":  # meta: no values to compare
         return False, now
-    made_by = memory.kept.made_by
-    same_config, same_weights = torch.stack(
-        [made_by[:, 0].eq(now[0]).all(), made_by.eq(now).all()]
-    ).tolist()
+    if torch.compiler.is_compiling():  # a memory of another config: projected anew, not refused
+        usable = kept.made_by.eq(now).all()
+    else:
+        usable = same_weights(kept.made_by, now)
+    if not keeps or kept.keys[0].dtype != projection_dtype(x):
+        return False, now
+    return usable, now
+
+
+@torch.compiler.disable
+def same_weights(made_by, now) -> bool:
+    """Whether kept keys made_by [B, 1 + n_layers] are those of the fingerprint now; keys of
+    another config are refused. One bool read back."""
+    same_config, same = torch.stack([made_by[:, 0].eq(now[0]).all(), made_by.eq(now).all()])
     if not same_config:
         raise ValueError(
             "memory was made by a model of another config (layers, sizes, compression or "
             "pre_norm differ): give it a memory of its own, model.empty_memory(batch)"
         )
-    return same_weights, now
+    return bool(same)
+
+
+def memory_keys(model, memory: AgentMemory, usable, keeps: bool, x) -> List[MemoryKeys]:
+    """Per layer, the memory's keys and values: the kept ones, or one projection of
+    [c_mem; mem] (and a zero vector's, where the new memory keeps them). usable: a bool, or
+    under torch.compile a 0-dim bool tensor on the device, which one torch.cond reads for all
+    the layers."""
+    layers = list(enumerate(model.layers))
+    if isinstance(usable, torch.Tensor):
+        n = len(layers)
+        kept = [t for i, _ in layers for t in kept_of_layer(memory.kept, i)]
+        operands = (*memory.mem, *memory.c_mem, x, *kept)
+
+        # the branches return no input, and outputs laid out alike: fresh copies
+        def read_kept(*operands):
+            return laid_out(operands[2 * n + 1 :])
+
+        def project(*operands):
+            mem, c_mem, x = operands[:n], operands[n : 2 * n], operands[2 * n]
+            made = [projection(layer, mem[i], c_mem[i], x, True, len(x)) for i, layer in layers]
+            return laid_out([t for keys in made for t in keys])
+
+        flat = torch.cond(usable, read_kept, project, operands)
+        return [MemoryKeys(*flat[6 * i : 6 * i + 6]) for i, _ in layers]
+    if usable:
+        return [MemoryKeys(*kept_of_layer(memory.kept, i)) for i, _ in layers]
+    return [
+        MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i], x, keeps))
+        for i, layer in layers
+    ]
+
+
+def laid_out(tensors):
+    return tuple(fresh(t) for t in tensors)
+
+
+def fresh(t):
+    """A copy of t with the strides of a new tensor of its shape."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def kept_of_layer(kept: Kept, i: int):
+    """Layer i's kept keys, in the order of MemoryKeys' fields."""
+    blank = (kept.blank_keys[i], kept.blank_values[i])
+    return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i], *blank
+
+
+def projection(layer, mem, c_mem, x, keeps: bool, rows: int = 1):
+    """One projection of [c_mem; mem], in the order of MemoryKeys' fields; the blank's key and
+    value [rows, H, 1, d_head] where the new memory keeps them (else None)."""
+    kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
+    (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
+    if not keeps:
+        return c_keys, c_values, keys, values, None, None
+    blank = [fresh(b.expand(rows, -1, -1, -1)) for b in blank_of(layer, x)]
+    return c_keys, c_values, keys, values, *blank
 
 
 # 5. The models ----------------------------------------------------------------------------------
@@ -810,10 +867,10 @@ def hidden_states(model, x, memory=None, starts=None):
     # slot, and its keys would go stale at the next optimizer step: it hands on none
     keeps = not torch.is_grad_enabled()
     if keeps and model.training and model.cfg.dropout > 0:
+        if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
+            raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
         warnings.warn(DROPOUT_SPLITS, stacklevel=2)  # once per place that calls (the default)
-    usable, now = kept_usable(model, memory)
-    usable = usable and keeps
-    usable = usable and memory.kept.keys[0].dtype == projection_dtype(x)
+    usable, now = kept_usable(model, memory, keeps, x)
 
     # acting (no gradient, outside torch.compile): read back which rows end a segment, so
     # that f_c runs for those rows alone, once per segment (an actor reads its step's action
@@ -824,9 +881,10 @@ def hidden_states(model, x, memory=None, starts=None):
     R = sinusoid_positions(layout.max_distance + 1, model.cfg.d_model, x.device).to(x.dtype)
     h, recon_loss = x, x.new_zeros(())
     fields = [[] for _ in range(9)]  # mem, c_mem, usage, keys, values, c_mem's, the blanks'
+    slots = memory_keys(model, memory, usable, keeps, x)
     for i, layer in enumerate(model.layers):
         h, layer_fields, blank, layer_loss = layer_over_call(
-            layer, h, memory, i, usable, keeps, layout, R
+            layer, h, memory, i, slots[i], keeps, layout, R
         )
         for field, value in zip(fields, (*layer_fields, *blank)):
             field.append(value)
@@ -835,10 +893,10 @@ def hidden_states(model, x, memory=None, starts=None):
     if not keeps:  # the old keys, marked stale (where the memory had any)
         kept = memory.kept and memory.kept._replace(made_by=stale(memory.kept.made_by))
     else:
-        made_by = memory.kept.made_by if usable else now.expand(B, -1).contiguous()
-        if not usable:  # made now, by the weights of now
-            blank_k = [b.expand(B, -1, -1, -1).contiguous() for b in blank_k]
-            blank_v = [b.expand(B, -1, -1, -1).contiguous() for b in blank_v]
+        made_by = now.expand(B, -1).contiguous()  # the kept keys' own, where usable
+        if usable is False:  # made now, for one row
+            blank_k = [fresh(b.expand(B, -1, -1, -1)) for b in blank_k]
+            blank_v = [fresh(b.expand(B, -1, -1, -1)) for b in blank_v]
         kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)

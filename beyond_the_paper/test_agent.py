@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from beyond_the_paper import agent as agent_module
 from beyond_the_paper.agent import AgentCore, AgentMemory, AgentTransformer, Kept, fingerprint
 from beyond_the_paper.feedback import FeedbackTransformer
 from beyond_the_paper.overlap_pool import use_overlap_max_pool
@@ -614,27 +613,21 @@ def test_acting_with_kept_keys_computes_what_projecting_every_slot_computes():
 
 
 @pytest.mark.slow  # torch.compile traces the step: seconds
-def test_a_compiled_acting_step_makes_at_most_two_graphs_from_empty_to_full_reading_kept_keys(
-    monkeypatch,
-):
+def test_a_compiled_acting_step_is_one_graph_from_empty_to_full_and_reads_kept_keys_on_device():
     torch.compiler.reset()
-    model = episode_model("conv", n_layers=1)
-    graphs, projected_anew = [], []
+    model = episode_model("conv", n_layers=2)
+    graphs = []
 
     def counting(graph_module, example_inputs):
         graphs.append(graph_module)
         return graph_module.forward
 
-    # traced, a step that projected its memory anew would call blank_of while tracing
-    blank_of = agent_module.blank_of
-    monkeypatch.setattr(
-        agent_module, "blank_of", lambda *a: projected_anew.append(1) or blank_of(*a)
-    )
-
     def act(x, memory, starts):
         return model.hidden_states(x, memory, starts)
 
-    compiled = torch.compile(act, backend=counting)
+    # fullgraph: the fingerprint's check is a tensor on the device and torch.cond chooses the
+    # kept keys or a projection; this code reads nothing back
+    compiled = torch.compile(act, backend=counting, fullgraph=True)
     xs, starts = inputs(2, 40), start_at(2, 40, (1, 23))  # 40 steps: c_mem fills, overflows
     memory = expected_memory = model.empty_memory(2)
     with torch.no_grad():
@@ -643,8 +636,111 @@ def test_a_compiled_acting_step_makes_at_most_two_graphs_from_empty_to_full_read
             expected, expected_memory, _ = act(x, expected_memory, s)
             h, memory, _ = compiled(x, memory, s)
             close(h, expected)
-    close_states(memory, expected_memory)
-    assert len(graphs) <= 2 and not projected_anew
+        close_states(memory, expected_memory)
+        # the compiled step reads the kept keys: keys forged under a valid stamp change its
+        # output; once the weights change, it projects every slot (the forged keys unread)
+        x, s = xs[:, :1], starts[:, :1]
+        kept = memory.kept
+        forged = memory._replace(kept=kept._replace(keys=[k + 1 for k in kept.keys]))
+        projected = act(x, memory.without_kept(), s)[0]
+        assert (compiled(x, forged, s)[0] - projected).abs().max() > 1e-3
+        model.layers[1].attn.qkv.weight.data[-1, 0] += 1e-3  # .data: no version counter moves
+        close(compiled(x, forged, s)[0], act(x, memory.without_kept(), s)[0])
+    assert len(graphs) == 1
+
+
+@pytest.mark.slow  # torch.compile traces acting and the update: seconds
+def test_an_agent_compiled_as_cleanrl_writes_it_makes_a_bounded_number_of_graphs():
+    """Encoder, core and heads in one module, compiled with fullgraph=True for acting and for the
+    update; fused Adam between rollouts, calls with and without starts, uneven minibatches and
+    a batch-1 evaluation env."""
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    cfg = tiny(vocab_size=None, n_layers=1, seq_len=8, mem_len=8, c_mem_len=8, compression_rate=2)
+
+    class Agent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Linear(5, cfg.d_model)
+            self.core = AgentCore(cfg)
+            self.policy = torch.nn.Linear(cfg.d_model, 3)
+
+        def forward(self, obs, memory, starts=None):
+            h, memory, recon_loss = self.core(self.encoder(obs), memory, starts)
+            return self.policy(h), memory, recon_loss
+
+    agent = Agent()
+    acting, updates = [], []
+
+    def counting(graphs):
+        def backend(graph_module, example_inputs):
+            graphs.append(graph_module)
+            return graph_module.forward
+
+        return backend
+
+    act = torch.compile(agent, backend=counting(acting), fullgraph=True)
+    update = torch.compile(agent, backend=counting(updates), fullgraph=True)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, fused=True)
+    B, T = 4, 12
+    memory, counts = agent.core.empty_memory(B), []
+    for _ in range(3):  # iterations
+        rollout_memory, obs = memory, torch.randn(B, T, 5)
+        starts = torch.rand(B, T) < 0.2
+        with torch.no_grad():
+            for t in range(T):
+                step_starts = starts[:, t : t + 1] if t % 2 else None
+                logits, memory, _ = act(obs[:, t : t + 1], memory, step_starts)
+        for rows in ([0, 1, 2], [3]):
+            logits, _, recon_loss = update(obs[rows], rollout_memory.take(rows), starts[rows])
+            (logits.square().mean() + recon_loss).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        counts.append((len(acting), len(updates)))
+    with torch.no_grad():  # acting after the last step reads no stale key
+        x = torch.randn(B, 1, 5)
+        close(act(x, memory)[0], agent(x, memory.without_kept())[0])
+        evaluation = agent.core.empty_memory(1)
+        for _ in range(10):
+            _, evaluation, _ = act(torch.randn(1, 1, 5), evaluation)
+    assert counts == [(2, 2)] * 3
+    assert len(acting) <= 4
+
+
+@pytest.mark.slow  # inductor compiles the step: about half a minute
+def test_acting_compiled_by_inductor_with_fullgraph_projects_anew_after_a_fused_adam_step():
+    torch.compiler.reset()
+    model = episode_model("conv", n_layers=1)
+    act = torch.compile(model.hidden_states, fullgraph=True)  # the default backend
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
+    memory = eager_memory = model.empty_memory(2)
+    for round in range(2):
+        with torch.no_grad():
+            for t in range(8):
+                x = inputs(2, 1, seed=10 * round + t)
+                h, memory, _ = act(x, memory)
+                expected, eager_memory, _ = model.hidden_states(x, eager_memory)
+                close(h, expected)
+        h, _, recon_loss = model.hidden_states(inputs(2, 6, seed=99))
+        (h.square().mean() + recon_loss).backward()
+        optimizer.step()  # fused: the kept keys are now stale
+        optimizer.zero_grad()
+        with torch.no_grad():
+            x = inputs(2, 1, seed=100 + round)
+            close(act(x, memory)[0], model.hidden_states(x, memory.without_kept())[0])
+
+
+@pytest.mark.slow  # torch.compile traces the step: seconds
+def test_acting_with_dropout_in_train_mode_is_refused_under_a_full_graph_not_silent():
+    torch.compiler.reset()
+    model = make(dropout=0.1)  # train mode
+    act = torch.compile(model.hidden_states, backend="eager", fullgraph=True)
+    with torch.no_grad(), pytest.raises(Exception) as refused:
+        act(inputs(2, 1), model.empty_memory(2))
+    assert "dropout masks are not the ones the update will draw" in str(refused.value.__cause__)
+    model.eval()  # acting and updating alike: no refusal
+    with torch.no_grad():
+        act(inputs(2, 1), model.empty_memory(2))
 
 
 def test_acting_projects_only_the_new_step_and_the_c_mem_slots_a_segment_end_makes():
