@@ -720,13 +720,13 @@ def blank_of(layer, h):
 
 def register_stamp_buffers(model) -> None:
     """The model's constants of section 4, as buffers that follow it to its device (not saved):
-    config_stamp [1] int64, the config's checksum; key_probe [2 d^2 + 2 d] int32, the odd
-    constants of the fingerprint, one per element of W_k, W_v and a norm's weight and bias, a hash
-    of each element's index (no random draw)."""
+    config_stamp [1] int64, the config's checksum; key_probe [2 d + 2, d] int32, the odd
+    constants of the fingerprint, one per element of W_k and W_v (its first 2 d rows), a norm's
+    weight and its bias (a row each), a hash of each element's index (no random draw)."""
     cfg = model.cfg
     index = torch.arange(2 * cfg.d_model * (cfg.d_model + 1), dtype=torch.long)
     probe = ((index * 0x9E3779B1 + 0x7F4A7C15) % 2**32 - 2**31).int() | 1
-    model.register_buffer("key_probe", probe, persistent=False)
+    model.register_buffer("key_probe", probe.view(-1, cfg.d_model), persistent=False)
     checksum = torch.tensor([config_checksum(cfg)], dtype=torch.long)
     model.register_buffer("config_stamp", checksum, persistent=False)
 
@@ -737,17 +737,16 @@ BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def fingerprint(model) -> torch.Tensor:
     """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device."""
-    d, probe = model.cfg.d_model, model.key_probe
+    d, probe = model.cfg.d_model, model.key_probe  # [2 d + 2, d]
     prints = []
     for layer in model.layers:
-        weights = [layer.attn.qkv.weight[d:]]  # W_k, W_v
+        weights = [layer.attn.qkv.weight[d:]]  # W_k, W_v: [2 d, d]
         if layer.pre_norm:
-            weights += [layer.attn_norm.weight, layer.attn_norm.bias]
-        total, start = 0, 0
-        for w in weights:
-            bits = w.detach().view(BITS[w.element_size()]).reshape(-1)
-            total = total + (bits * probe[start : start + bits.numel()]).sum()  # int64, exact
-            start += bits.numel()
+            weights += [layer.attn_norm.weight, layer.attn_norm.bias]  # [d] each
+        bits = [w.detach().view(BITS[w.element_size()]) for w in weights]
+        total = (bits[0] * probe[: 2 * d]).sum()  # int64, exact
+        for row, norm_bits in enumerate(bits[1:], start=2 * d):
+            total = total + (norm_bits * probe[row]).sum()
         prints.append(total)
     return torch.cat([model.config_stamp, torch.stack(prints)])
 
@@ -785,13 +784,14 @@ def kept_usable(model, memory: AgentMemory, keeps: bool, x):
 def same_weights(made_by, now) -> bool:
     """Whether kept keys made_by [B, 1 + n_layers] are those of the fingerprint now; keys of
     another config are refused. One bool read back."""
-    same_config, same = torch.stack([made_by[:, 0].eq(now[0]).all(), made_by.eq(now).all()])
-    if not same_config:
+    if torch.equal(made_by, now.expand_as(made_by)):
+        return True
+    if not made_by[:, 0].eq(now[0]).all():
         raise ValueError(
             "memory was made by a model of another config (layers, sizes, compression or "
             "pre_norm differ): give it a memory of its own, model.empty_memory(batch)"
         )
-    return bool(same)
+    return False
 
 
 def memory_keys(model, memory: AgentMemory, usable, keeps: bool, x) -> List[MemoryKeys]:
