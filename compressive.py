@@ -787,6 +787,8 @@ class CompressiveTransformer(nn.Module):
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
         # One layer's memory, `[B, 0, d_model]`, on the weights' device and in their dtype unless
         # told otherwise.
+        check_batch_size(batch_size)
+
         def empty():
             weight = self.layers[0].attn.qkv.weight
             return weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
@@ -1009,6 +1011,14 @@ def check_config(cfg: CompressiveConfig) -> None:
             f"mem_len ({cfg.mem_len}) must be >= compression_rate ({cfg.compression_rate}) "
             f"when c_mem_len > 0"
         )
+
+
+# A memory's batch size: an int (not a bool), at least 1.
+def check_batch_size(batch_size) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
 
 # Token ids: a 2-D tensor of int64 or int32, the two dtypes an embedding reads, ids in the

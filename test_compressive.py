@@ -678,6 +678,9 @@ def test_bad_inputs_raise_one_clear_error():
         (lambda: model.generate(tokens(1, 3), 5, temperature=0), ValueError, "temperature"),
         (lambda: model.generate(tokens(1, 3), 5, top_k=0), ValueError, "top_k"),
         (lambda: CompressiveTransformer({"d_model": 16}), TypeError, "CompressiveConfig"),
+        (lambda: model.empty_memory(-1), ValueError, "batch_size must be >= 1, got -1"),
+        (lambda: model.empty_memory(0), ValueError, "batch_size must be >= 1, got 0"),
+        (lambda: model.empty_memory(2.0), TypeError, "batch_size must be an int, got float"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):

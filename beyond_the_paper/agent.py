@@ -35,6 +35,7 @@ It builds on compressive.py in this order:
     h, memory, recon_loss = core(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
 """
 
+import operator
 import warnings
 import zlib
 from typing import List, NamedTuple, Optional
@@ -50,6 +51,7 @@ from compressive import (
     attention_reconstruction_loss,
     autocasting,
     autoencoding_loss,
+    check_batch_size,
     check_inputs,
     check_tokens,
     reach,
@@ -190,10 +192,16 @@ class AgentMemory(NamedTuple):
 
 
 def one_row_kept(rows):
-    """An int index as a slice of one row, so that the batch dimension stays."""
-    if isinstance(rows, int) and not isinstance(rows, bool):
-        return slice(rows, rows + 1 or None)
-    return rows
+    """An index of one row (an int, a numpy integer, a 0-dim integer tensor) as a slice of that
+    row, so that the batch dimension stays."""
+    if isinstance(rows, torch.Tensor):
+        one_row = rows.dim() == 0 and not (rows.is_floating_point() or rows.dtype == torch.bool)
+    else:
+        one_row = hasattr(rows, "__index__") and not isinstance(rows, bool)
+    if not one_row:
+        return rows
+    row = operator.index(rows)
+    return slice(row, row + 1 or None)
 
 
 def map_tensors(memory: AgentMemory, how) -> AgentMemory:
@@ -258,6 +266,7 @@ def memory_sizes(cfg: CompressiveConfig):
 
 def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
     """A memory of batch_size rows whose slots hold zeros no step sees, its keys model's."""
+    check_batch_size(batch_size)
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
@@ -718,17 +727,13 @@ def blank_of(layer, h):
 # pick the branch: free on the CPU, a wait on a GPU, as an eager call's bool is.)
 
 
-def register_stamp_buffers(model) -> None:
-    """The model's constants of section 4, as buffers that follow it to its device (not saved):
-    config_stamp [1] int64, the config's checksum; key_probe [2 d + 2, d] int32, the odd
-    constants of the fingerprint, one per element of W_k and W_v (its first 2 d rows), a norm's
-    weight and its bias (a row each), a hash of each element's index (no random draw)."""
-    cfg = model.cfg
-    index = torch.arange(2 * cfg.d_model * (cfg.d_model + 1), dtype=torch.long)
-    probe = ((index * 0x9E3779B1 + 0x7F4A7C15) % 2**32 - 2**31).int() | 1
-    model.register_buffer("key_probe", probe.view(-1, cfg.d_model), persistent=False)
-    checksum = torch.tensor([config_checksum(cfg)], dtype=torch.long)
-    model.register_buffer("config_stamp", checksum, persistent=False)
+def key_probe(d_model: int, device) -> torch.Tensor:
+    """The odd constants of the fingerprint, [2 d + 2, d] int32, 1, 3, 5, ...: one per element of
+    W_k and W_v (the first 2 d rows), a norm's weight and its bias (a row each). Made on each
+    call (one kernel), never kept: a buffer would hold garbage after `to_empty()`, and no state
+    dict restores a buffer that is not saved."""
+    n = 2 * d_model * (d_model + 1)
+    return torch.arange(1, 2 * n, 2, dtype=torch.int32, device=device).view(-1, d_model)
 
 
 # the signed integer of each floating element size: the bits of an element, read as a number
@@ -736,9 +741,11 @@ BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def fingerprint(model) -> torch.Tensor:
-    """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device."""
-    d, probe = model.cfg.d_model, model.key_probe  # [2 d + 2, d]
-    prints = []
+    """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device, the
+    config's checksum first."""
+    d, device = model.cfg.d_model, model.layers[0].attn.qkv.weight.device
+    probe = key_probe(d, device)
+    prints = [torch.full((), model.config_stamp, dtype=torch.long, device=device)]
     for layer in model.layers:
         weights = [layer.attn.qkv.weight[d:]]  # W_k, W_v: [2 d, d]
         if layer.pre_norm:
@@ -748,7 +755,7 @@ def fingerprint(model) -> torch.Tensor:
         for row, norm_bits in enumerate(bits[1:], start=2 * d):
             total = total + (norm_bits * probe[row]).sum()
         prints.append(total)
-    return torch.cat([model.config_stamp, torch.stack(prints)])
+    return torch.stack(prints)
 
 
 def config_checksum(cfg: CompressiveConfig) -> int:
@@ -931,7 +938,7 @@ class AgentTransformer(CompressiveTransformer):
     def __init__(self, cfg: CompressiveConfig):
         super().__init__(cfg)
         check_agent_config(cfg)
-        register_stamp_buffers(self)  # section 4
+        self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
         return empty_memory(self, batch_size, device, dtype)
@@ -960,11 +967,11 @@ class AgentCore(nn.Module):
         if not isinstance(cfg, CompressiveConfig):
             raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
         check_agent_config(cfg)
+        self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
         self.cfg = cfg  # vocab_size is unused
         self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.apply(CompressiveTransformer.init_weights)
-        register_stamp_buffers(self)  # section 4
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
         return empty_memory(self, batch_size, device, dtype)
@@ -1024,6 +1031,11 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         shapes = shapes if isinstance(shapes, list) else [shapes]
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"memory.{name} must hold tensors, got {value!r:.60}")
+        if isinstance(value, list) and len(value) != len(shapes):
+            raise ValueError(
+                f"memory.{name} must hold {len(shapes)} tensors (one per layer of this model), "
+                f"got {len(value)}"
+            )
         got = [tuple(t.shape) for t in tensors]
         if got != shapes or any(t.device != x.device for t in tensors):  # one per layer
             raise ValueError(

@@ -39,6 +39,7 @@ from compressive import (
     Memory,
     RelativeMultiHeadAttention,
     autocasting,
+    check_batch_size,
     check_inputs,
     check_tokens,
     generate,
@@ -316,6 +317,7 @@ class FeedbackTransformer(nn.Module):
         return self.head(h), memory, zero
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> FeedbackMemory:
+        check_batch_size(batch_size)
         weight = self.embed.weight
         empty = weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
         return FeedbackMemory([empty], [])

@@ -258,6 +258,14 @@ def test_bad_inputs_and_bad_done_raise_one_clear_error():
             "int64",
         ),
         (lambda: model(tokens(2, 6), tuple(memory)), TypeError, "AgentMemory"),
+        (
+            lambda: model(tokens(2, 6), memory._replace(mem=memory.mem[:1])),
+            ValueError,
+            r"memory.mem must hold 2 tensors \(one per layer of this model\), got 1",
+        ),
+        (lambda: model.empty_memory(-1), ValueError, "batch_size must be >= 1"),
+        (lambda: AgentCore(tiny()).empty_memory(0), ValueError, "batch_size must be >= 1"),
+        (lambda: feedback().empty_memory(True), TypeError, "batch_size must be an int"),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
@@ -872,6 +880,37 @@ def test_kept_keys_are_projected_anew_whatever_route_changed_the_weights(route):
         assert [p._version for p in model.parameters()] == versions
 
 
+def test_a_model_built_on_meta_then_loaded_tells_a_flip_of_any_bit_of_its_keys_weights():
+    """Built on the meta device, moved with to_empty() and loaded, as large models are: nothing
+    the fingerprint reads may be left uninitialised (a buffer would be, and no state dict
+    restores one that is not saved)."""
+    reference = make(pre_norm=True)
+    with torch.device("meta"):
+        model = make(pre_norm=True)
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(reference.state_dict())
+    with torch.no_grad():
+        _, memory, _ = reference(tokens(2, 15))
+        _, memory, _ = model(
+            tokens(2, 3, seed=1), memory
+        )  # the reference's memory is this config's
+    d, before = model.cfg.d_model, fingerprint(model)
+    layer = model.layers[1]
+    read = [layer.attn.qkv.weight[d:], layer.attn_norm.weight, layer.attn_norm.bias]
+    for weight in read:  # every element's lowest bit, and its sign bit, one at a time
+        bits = weight.detach().view(torch.int32).view(-1)
+        for i in range(bits.numel()):
+            for bit in (1, -(2**31)):
+                bits[i] ^= bit
+                assert not torch.equal(fingerprint(model), before)
+                bits[i] ^= bit
+    assert torch.equal(fingerprint(model), before)
+    with torch.no_grad():
+        read[0][3, 5] += 1e-3
+        x = tokens(2, 1, seed=3)
+        assert torch.equal(model(x, memory)[0], model(x, memory.without_kept())[0])
+
+
 def test_acting_in_train_mode_with_dropout_warns_with_the_fix():
     model = make(dropout=0.1)  # train mode, as CleanRL's loop leaves it
     with pytest.warns(UserWarning, match="dropout=0, or act and update alike under model.eval"):
@@ -885,14 +924,29 @@ def test_acting_in_train_mode_with_dropout_warns_with_the_fix():
         model.train()(tokens(2, 1))  # the update itself: no warning
 
 
+class IndexOnly:
+    """An integer as numpy's are: not an int, but with __index__."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+    __int__ = __index__
+
+
 def test_take_with_an_int_keeps_the_batch_dimension():
     model = make().eval()
     with torch.no_grad():
         _, memory, _ = model(tokens(3, 7))
-    for row in (0, 2, -1):
-        one, expected = memory.take(row), memory.take([row % 3])
+    # an int, a 0-dim integer tensor, a numpy integer (anything with __index__, as IndexOnly)
+    for row in (0, 2, -1, torch.tensor(2), torch.tensor(-1, dtype=torch.int32), IndexOnly(1)):
+        one, expected = memory.take(row), memory.take([int(row) % 3])
         assert one.filled.shape == (1,) and one.mem[0].shape[0] == 1
         assert all(a.equal(b) for a, b in zip(memory_tensors(one), memory_tensors(expected)))
+    # a 0-dim bool tensor is a mask, as for a tensor's first dimension
+    assert memory.take(torch.tensor(True)).mem[0].shape == (1, *memory.mem[0].shape)
     stacked = AgentMemory.stack([memory, memory])
     assert stacked.take((1, 0)).mem[0].shape == memory.take(0).mem[0].shape
 
