@@ -876,7 +876,7 @@ def hidden_states(model, x, memory=None, starts=None):
     if keeps and model.training and model.cfg.dropout > 0:
         if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
             raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
-        warnings.warn(DROPOUT_SPLITS, stacklevel=2)  # once per place that calls (the default)
+        warnings.warn(DROPOUT_SPLITS, stacklevel=2)  # once: the default filter, per line warning
     usable, now = kept_usable(model, memory, keeps, x)
 
     # acting (no gradient, outside torch.compile): read back which rows end a segment, so
