@@ -814,12 +814,12 @@ def memory_keys(model, memory: AgentMemory, usable, keeps: bool, x) -> List[Memo
 
         # the branches return no input, and outputs laid out alike: fresh copies
         def read_kept(*operands):
-            return laid_out(operands[2 * n + 1 :])
+            return tuple(fresh(t) for t in operands[2 * n + 1 :])
 
         def project(*operands):
             mem, c_mem, x = operands[:n], operands[n : 2 * n], operands[2 * n]
             made = [projection(layer, mem[i], c_mem[i], x, True, len(x)) for i, layer in layers]
-            return laid_out([t for keys in made for t in keys])
+            return tuple(fresh(t) for keys in made for t in keys)
 
         flat = torch.cond(usable, read_kept, project, operands)
         return [MemoryKeys(*flat[6 * i : 6 * i + 6]) for i, _ in layers]
@@ -829,10 +829,6 @@ def memory_keys(model, memory: AgentMemory, usable, keeps: bool, x) -> List[Memo
         MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i], x, keeps))
         for i, layer in layers
     ]
-
-
-def laid_out(tensors):
-    return tuple(fresh(t) for t in tensors)
 
 
 def fresh(t):
