@@ -860,7 +860,6 @@ class CompressiveTransformer(nn.Module):
     # Sampling and the reach are functions of their own, below: `generate` needs only a model
     # called as this one is (the Feedback Transformer samples through it too), `reach` only the
     # configuration.
-    @torch.no_grad()
     def generate(
         self,
         prompt: torch.Tensor,

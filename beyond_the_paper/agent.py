@@ -826,7 +826,7 @@ def memory_keys(model, memory: AgentMemory, usable, keeps: bool, x) -> List[Memo
     if usable:
         return [MemoryKeys(*kept_of_layer(memory.kept, i)) for i, _ in layers]
     return [
-        MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i], x, keeps))
+        MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i], x, keeps, len(x)))
         for i, layer in layers
     ]
 
@@ -842,7 +842,7 @@ def kept_of_layer(kept: Kept, i: int):
     return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i], *blank
 
 
-def projection(layer, mem, c_mem, x, keeps: bool, rows: int = 1):
+def projection(layer, mem, c_mem, x, keeps: bool, rows: int):
     """One projection of [c_mem; mem], in the order of MemoryKeys' fields; the blank's key and
     value [rows, H, 1, d_head] where the new memory keeps them (else None)."""
     kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
@@ -897,9 +897,6 @@ def hidden_states(model, x, memory=None, starts=None):
         kept = memory.kept and memory.kept._replace(made_by=stale(memory.kept.made_by))
     else:
         made_by = now.expand(B, -1).contiguous()  # the kept keys' own, where usable
-        if usable is False:  # made now, for one row
-            blank_k = [fresh(b.expand(B, -1, -1, -1)) for b in blank_k]
-            blank_v = [fresh(b.expand(B, -1, -1, -1)) for b in blank_v]
         kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)

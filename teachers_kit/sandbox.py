@@ -710,6 +710,22 @@ class Workers:
                 cls.status_fd = -1
 
 
+def announce_started(control_fd: int):
+    """What a sandbox's forking process does first: not dumpable (no worker traces or reads it),
+    its objects frozen, and "started" sent to the grader if it runs one thread alone (it forks
+    its children then), else "unsafe". Returns the control socket, libc and whether it may go
+    on."""
+    control = socket.socket(fileno=control_fd)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    # frozen, torch's objects are neither walked by each child's collections of garbage nor
+    # copied into it page by page as those walks touch them
+    gc.freeze()
+    alone = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+    control.sendall(b"started" if alone else b"unsafe")
+    return control, libc, alone
+
+
 def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -> None:
     """The sandbox's first process: torch imported, it says so on its control socket, then
     starts a worker for each exercise the grader sends (its limit of processor time, a socket to
@@ -720,15 +736,8 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
     worker has an IPC namespace and a temporary folder (a tmpfs) of its own, made before it takes
     uid, which end with its processes. It cannot be traced or read by a worker (not dumpable),
     and forks only with one thread (it checks)."""
-    control = socket.socket(fileno=control_fd)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
-    # frozen, torch's objects are neither walked by each worker's collections of garbage nor
-    # copied into it page by page as those walks touch them
-    gc.freeze()
-    one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
-    control.sendall(b"started" if one_thread else b"unsafe")
-    if not one_thread:
+    control, libc, alone = announce_started(control_fd)
+    if not alone:
         return
     signal.signal(signal.SIGCHLD, Workers.reap)
     while True:
@@ -748,7 +757,7 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
                 control.close()
                 os.close(status_fd)
                 if uid is not None:
-                    isolate_exercise(libc, tmp_folder)
+                    isolate(libc, tmp_folder, NEW_EXERCISE_NAMESPACES)
                     become(uid)
                 forbid_kernel_channels(libc)
                 os.dup2(output_fd, 1)
@@ -786,13 +795,8 @@ def start_submissions(control_fd: int) -> None:
     takes it and kills every process that uid runs (the first of its namespace of processes
     among them, with which all die), its socket closing when that is done. It runs no student
     code, and no student's process can signal, trace or read it (root, not dumpable)."""
-    control = socket.socket(fileno=control_fd)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
-    gc.freeze()
-    one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
-    control.sendall(b"started" if one_thread else b"unsafe")
-    if not one_thread:
+    control, libc, alone = announce_started(control_fd)
+    if not alone:
         return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
     while True:
@@ -813,7 +817,7 @@ def start_submissions(control_fd: int) -> None:
                     for cgroup_procs in fds[1:]:  # the submission's cgroups, where it has them
                         os.write(cgroup_procs, b"0")
                         os.close(cgroup_procs)
-                    isolate(libc, tmp_folder)
+                    isolate(libc, tmp_folder, NEW_NAMESPACES)
                     if os.fork():  # the next process is the first of its namespace
                         os._exit(0)
                     mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -827,25 +831,16 @@ def start_submissions(control_fd: int) -> None:
             os.close(fd)
 
 
-def isolate(libc, tmp_folder: str) -> None:
-    """Namespaces of its own for this process's next children, and a temporary folder of its
-    own: a tmpfs on tmp_folder, a folder of /tmp, where only root may write (as /tmp may hold
-    Python, it stays)."""
+def isolate(libc, tmp_folder: str, namespaces: int) -> None:
+    """Namespaces of its own (unshare's flags), and in its mount namespace a fresh tmpfs on
+    tmp_folder, a folder of /tmp where only root may write (as /tmp may hold Python, it stays).
+    A submission's first process takes NEW_NAMESPACES (its processes' namespace is its next
+    children's); an exercise's worker, still root, NEW_EXERCISE_NAMESPACES: both end with its
+    last process, so no object or file of one exercise reaches the next."""
     os.makedirs(tmp_folder, exist_ok=True)
-    if libc.unshare(NEW_NAMESPACES) != 0:
+    if libc.unshare(namespaces) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing it mounts reaches another
-    size = f"size={64 << 20},mode=1777".encode()
-    mount(libc, "tmpfs", tmp_folder, "tmpfs", MS_NOSUID | MS_NODEV, size)
-
-
-def isolate_exercise(libc, tmp_folder: str) -> None:
-    """An exercise's worker, still root: an IPC namespace and a mount namespace of its own, and
-    in it a fresh tmpfs on the temporary folder; both end with the worker's last process, so no
-    object or file of one exercise reaches the next."""
-    if libc.unshare(NEW_EXERCISE_NAMESPACES) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
-    mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     size = f"size={64 << 20},mode=1777".encode()
     mount(libc, "tmpfs", tmp_folder, "tmpfs", MS_NOSUID | MS_NODEV, size)
 
