@@ -21,8 +21,6 @@ from beyond_the_paper.overlap_pool import use_overlap_max_pool
 from compressive import COMPRESSIONS, CompressiveTransformer, Memory
 from test_compressive import tiny, tokens
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
-
 
 def make(seed=0, **overrides) -> AgentTransformer:
     torch.manual_seed(seed)
@@ -964,7 +962,7 @@ def test_a_memory_stored_without_its_kept_keys_gets_them_back_by_projecting():
         h_stored, after_stored, _ = model(x, stored)
     close(h, h_stored)
     assert after_stored.kept is not None  # projected, and kept again
-    assert all(a.equal(b) for a, b in zip(states(after), states(after_stored), strict=True))
+    close_states(after, after_stored)  # kept keys against keys projected now: another order
     with torch.no_grad():  # the keys kept again serve the next step as the others do
         close(model(x, after)[0], model(x, after_stored)[0])
     # rows with and without kept keys join into rows without; a reset and take keep none
