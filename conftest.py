@@ -12,7 +12,11 @@ import torch
 import train_shakespeare as ts
 from training import data, plots
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread, here and in the processes the tests start, unless OMP_NUM_THREADS says otherwise: the
+# tests' models are tiny, and on a machine that other jobs keep busy two threads spin-wait on each
+# other (OpenMP), up to 20x slower. CI runs the suite once more with two.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # The tests make many short-lived objects (syntax trees, small models); frozen, the objects of the
 # modules imported so far (torch's above all) are no longer walked by every full collection.
 gc.freeze()

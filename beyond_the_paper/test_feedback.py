@@ -7,8 +7,6 @@ import torch
 from beyond_the_paper.feedback import FeedbackTransformer
 from test_compressive import assert_causal, make, tiny, tokens
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
-
 
 def feedback(seed=0, **overrides) -> FeedbackTransformer:
     torch.manual_seed(seed)
