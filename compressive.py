@@ -234,12 +234,13 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     # into the next row's first columns: wrong numbers that the causal mask hides.
     #
     # Worked example, $T = 2$ queries, $K = 3$ keys ($M = 1$ memory), each score named by its
-    # distance:
+    # distance; the rows of $P$ run from distance $K$ down to 0, the re-cut rows over the keys
+    # $j = 0, 1, 2$:
     #
-    #     P, per distance:   q0 [3 2 1 0]   q1 [3 2 1 0]      column p: distance K - p
-    #     flat, T(K+1) = 8:  3 2 1 0 3 2 1 0
-    #     skip the first T:  . . 1 0 3 2 1 0
-    #     rows of K = 3:     q0 [1 0 3]   q1 [2 1 0]          per key j = 0, 1, 2
+    #     P, by distance:  q0 [3 2 1 0]  q1 [3 2 1 0]
+    #     flat, T(K+1):    3 2 1 0 3 2 1 0
+    #     skip first T:    . . 1 0 3 2 1 0
+    #     rows of K, by j: q0 [1 0 3]  q1 [2 1 0]
     #
     # q0 sees keys 0 and 1 at distances 1 and 0; key 2 lies in its future, and the 3 there came in
     # from q1's row: the causal mask hides it. q1 sees keys 0, 1 and 2 at distances 2, 1 and 0.
