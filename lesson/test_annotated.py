@@ -2,12 +2,14 @@
 it once, in order, each note beside the code it explains, every line of code shown, code without a
 note of its own beside the note above it (every def and class beside a note, no docstring saying
 again what its note says), headings as headings, the four-term score typeset one term a line, the
-math typeset, Speed and Departure notes set apart, the contents linked, the FIFO figure inline and
-the worked trace the model's own; then the page in a real browser (Debian's chromium driven by
-Playwright) at 1024, 1280 and 1400 px: notes and code side by side, the MathML laid out, no note
-cut off or scrolling, no code cell scrolling (a long line wraps), the four-term score whole, the
-contents' links landing on their sections, the Speed notes hidden and shown again on request, no
-request, and a comment put into a copy of the source on the page made from it. The command gives
+math typeset, Speed and Departure notes set apart (every note on speed marked as one), the
+contents linked, each figure inline below the whole def it explains with one caption (a figure not
+made yet left out, the page still made) and the worked trace the model's own; then the page in a
+real browser (Debian's chromium driven by Playwright) at 1024, 1280 and 1400 px: notes and code
+side by side, the MathML laid out, no note cut off or scrolling, no code cell scrolling (a long
+line wraps, its continuation indented past the line's own indentation), the four-term score whole,
+the contents' links landing on their sections, the Speed notes hidden and shown again on request,
+no request, and a comment put into a copy of the source on the page made from it. The command gives
 one error line for bad input, a missing extra included."""
 
 import ast
@@ -540,7 +542,7 @@ def test_the_page_lays_notes_beside_code_and_typesets_the_math_asking_for_nothin
 
 
 # At a width: notes or formulas that scroll or stick out of their note, the code cells that
-# scroll, the formulas of 25 elements or more, the page's own width, the figure's width
+# scroll, the formulas of 25 elements or more, the page's own width, the FIFO figure's width
 FIT = """() => {
     const over = e => e.scrollWidth > e.clientWidth + 1;
     const where = e => e.closest('[data-lines]').dataset.lines;
@@ -551,7 +553,8 @@ FIT = """() => {
     const codes = [...document.querySelectorAll('[data-code] pre')];
     const big = [...document.querySelectorAll('math[display=block]')].filter(
         m => m.querySelectorAll('*').length >= 25).length;
-    const figure = document.querySelector('[data-figure] svg').getBoundingClientRect().width;
+    const fifo = document.querySelector('[data-figure="docs/fifo.svg"] svg');
+    const figure = fifo.getBoundingClientRect().width;
     const fits = e => e.scrollWidth <= e.clientWidth;
     const score = [...document.querySelectorAll('math[display=block]')].filter(
         m => /content.bias/.test(m.textContent)).map(
