@@ -30,7 +30,15 @@ docstring says only what a function takes and returns. The specification, as tes
 # - $n_m$, the memory length: the most recent layer inputs $h^{(i)}$, kept without gradient
 # - $n_{cm}$, the compressed-memory length
 # - $c$, the compression rate: $c$ evicted memories become one compressed memory
-# - $f_c$, the compression function, one per layer (`model.layers[i].compress`)
+# - $f_c$, the compression function, one per layer: layer $l$'s is `model.layers[l - 1].compress`
+#
+# Layers and segments are counted from 1 wherever a reader sees a number, because the paper counts
+# so: $h^{(1)}$ is the first layer's input, its Algorithm 1 runs over the layers $i = 1, \dots, L$,
+# and the reach of section 7 is $r_1, \dots, r_L$. Layer 1 reads the embeddings, layer $L$ feeds
+# the head, and the first segment a model reads is segment 1: in these notes, on the page, in the
+# lesson's notebook and explorer, and in every figure. Python's indices stay 0-based, so layer $l$
+# is `model.layers[l - 1]` and its memory `memory.mem[l - 1]`. Positions in a text, and the
+# distances between them, are offsets, from 0.
 #
 # Per layer, the two FIFOs are small and reach far: the slots they hold and the tokens those
 # slots stand for are
@@ -58,7 +66,8 @@ docstring says only what a function takes and returns. The specification, as tes
 # - a call longer than $n_m$ compresses its own oldest inputs too: `update_memory`
 # - the conv $f_c$'s bias and start: `ConvCompress`; dilated_conv's residual stack:
 #   `DilatedConvCompress`
-# - the attention reconstruction's queries, scale and mean: `attention_reconstruction_loss`
+# - the attention reconstruction's queries, scale and mean of squares:
+#   `attention_reconstruction_loss`; the auto-encoding loss's mean of squares: `autoencoding_loss`
 # - most_used ranks by summed attention: `add_usage`
 # - mem and c_mem start empty: `empty_memory`
 #
@@ -116,11 +125,11 @@ class CompressiveConfig:
 # 2. The memory state ------------------------------------------------------------------------------
 
 
-# What one forward hands to the next. For each layer $i$, `mem[i]` holds the layer's inputs
-# $h^{(i)}$ for the most recent tokens, at most $n_m$ of them, and `c_mem[i]` at most $n_{cm}$
-# compressed memories, $f_c$ of what fell out of `mem[i]`; both oldest first, neither requiring
-# grad. `usage[i]` is kept only for the most_used $f_c$, which keeps the most attended memories:
-# the attention each mem slot has received.
+# What one forward hands to the next. For layer $i$, `mem[i - 1]` holds the layer's inputs
+# $h^{(i)}$ for the most recent tokens, at most $n_m$ of them, and `c_mem[i - 1]` at most $n_{cm}$
+# compressed memories, $f_c$ of what fell out of mem; both oldest first, neither requiring grad.
+# `usage[i - 1]` is kept only for the most_used $f_c$, which keeps the most attended memories: the
+# attention each mem slot has received.
 #
 # A Memory is plain data: `torch.save` writes it, and `torch.load(f, weights_only=True)`, run
 # inside a `with torch.serialization.safe_globals([Memory]):` block, reads it back without running
@@ -175,7 +184,8 @@ class Memory(NamedTuple):
 # - (d) a global bias towards some distances;
 #
 # with sinusoidal $R$, a learned projection $W_r$ and learned biases $u$ and $v$. (a) + (c) is
-# computed as $(q_i + u)^\top k_j$ and (b) + (d) as $(q_i + v)^\top W_r R_{M+i-j}$.
+# computed as $(q_i + u)^\top k_j$ and (b) + (d) as $(q_i + v)^\top W_r R_{M+i-j}$, and the sum is
+# divided by $\sqrt{d_{head}}$ before the softmax (`attend`).
 #
 # Why relative positions: a memory is reused by the segments that follow, so an absolute position
 # would be ambiguous, as every segment would number its tokens from the same start and a memory
@@ -204,25 +214,43 @@ def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
     Column p of position_scores holds distance K - p (column 0: distance K, one more than any key
     needs); out[i, j] = position_scores[i, T + j - i], the score at distance M + i - j (M = K - T).
     """
-    # With $P$ the scores per (query, distance), column $p$ holding distance $K - p$, the shift
-    # reads
+    # The problem. Call $P$ the scores per (query, distance), column $p$ holding distance $K - p$.
+    # Query $i$ needs, for key $j$, the score at distance $M + i - j$: column
+    # $K - (M + i - j) = T + j - i$ of its row. So
     #
     # $$
     # \mathrm{out}_{ij} = P_{i, \, T + j - i}
     # $$
     #
-    # the column of distance $K - (T + j - i) = M + i - j$.
+    # and the columns a row needs start at $T - i$: one column further left in every row down, a
+    # diagonal band that a gather could fetch, index by index, into a new tensor.
     #
-    # Worked example, $T = 2$ queries, $K = 3$ keys ($M = 1$ memory), entries named by distance:
+    # The trick, Transformer-XL's (Dai et al. 2019, appendix B): lay the rows end to end, one flat
+    # run of $T (K + 1)$ numbers, skip its first $T$, and cut the next $T K$ into rows of $K$, one
+    # entry shorter than the rows were written. Re-cut row $i$ then starts at flat index
+    # $T + i K = i (K + 1) + (T - i)$: in row $i$ of $P$, at column $T - i$, exactly where its band
+    # starts, and each of its $K$ entries follows in order while $T + j - i \le K$, that is for
+    # every key $j \le M + i$ the query may see. Past that, the keys in its future, the run goes on
+    # into the next row's first columns: wrong numbers that the causal mask hides.
     #
-    #     per distance:  q0 [3 2 1 0]  q1 [3 2 1 0]
-    #     flat:          3 2 1 0 3 2 1 0
-    #     skip T = 2:    [1 0 3] [2 1 0], rows of K = 3
+    # Worked example, $T = 2$ queries, $K = 3$ keys ($M = 1$ memory), each score named by its
+    # distance; the rows of $P$ run from distance $K$ down to 0, the re-cut rows over the keys
+    # $j = 0, 1, 2$:
     #
-    # q0 sees keys 0 and 1 at distances 1 and 0 (key 2 is in its future: the causal mask hides the
-    # 3 that wrapped in); q1 sees keys 0, 1 and 2 at distances 2, 1 and 0. Transformer-XL pads a
-    # zero column and re-views; the spare distance-$K$ column plays the pad's role, so nothing is
-    # copied.
+    #     P, by distance:  q0 [3 2 1 0]  q1 [3 2 1 0]
+    #     flat, T(K+1):    3 2 1 0 3 2 1 0
+    #     skip first T:    . . 1 0 3 2 1 0
+    #     rows of K, by j: q0 [1 0 3]  q1 [2 1 0]
+    #
+    # q0 sees keys 0 and 1 at distances 1 and 0; key 2 lies in its future, and the 3 there came in
+    # from q1's row: the causal mask hides it. q1 sees keys 0, 1 and 2 at distances 2, 1 and 0.
+    #
+    # Transformer-XL scores $K$ distances, pads a zero column in front of each row, and skips the
+    # padded view's first row. Here the rows already hold $K + 1$ distances; the extra one, $K$,
+    # sits where the pad would (column 0, which no key the query sees reads), so there is no pad:
+    # a reshape and a slice of the contiguous scores are views, and nothing is copied.
+    #
+    # Figure: docs/shift.svg
     *batch, T, K_plus_1 = position_scores.shape
     K = K_plus_1 - 1
     flat = position_scores.reshape(*batch, T * K_plus_1)  # [..., T*(K+1)]
@@ -280,8 +308,8 @@ class RelativeMultiHeadAttention(nn.Module):
         """q [B, H, T, d_head], scaled by 1/sqrt(d_head); r [H, n, d_head], W_r R for n
         distances. Returns [H, B, T, n]."""
         B, H, T, d_head = q.shape
-        # v in q's dtype: under bf16 autocast a float32 bias would promote the sum to float32,
-        # and the matmul would cast it back, forwards and backwards
+        # **Speed:** $v$ in q's dtype: under bf16 autocast a float32 bias would promote the sum to
+        # float32, and the matmul would cast it back, forwards and backwards.
         v = (self.position_bias * d_head**-0.5).to(q.dtype)
         position_q = q + v  # (q + v) / sqrt(d_head)
         position_q = position_q.transpose(0, 1).reshape(H, B * T, d_head)  # the batch in the rows
@@ -323,8 +351,9 @@ class RelativeMultiHeadAttention(nn.Module):
         scores = content.add_(position)  # [B, H, T, K]
         if attn_mask is not None:
             scores.add_(attn_mask.to(scores.dtype))  # a float32 mask would make the add mixed
-        # In the scores' dtype: torch's softmax sums in float32 for bf16 and fp16 (and CUDA's
-        # autocast runs it in float32); a cast to float32 and back would cost more than the softmax.
+        # **Speed:** the softmax in the scores' dtype: torch's softmax sums in float32 for bf16 and
+        # fp16 (and CUDA's autocast runs it in float32); a cast to float32 and back would cost more
+        # than the softmax.
         weights = scores.softmax(dim=-1)
         if self.training and self.dropout > 0:
             weights = F.dropout(weights, self.dropout)
@@ -495,17 +524,24 @@ def content_attention(queries, keys, values):
     return torch.matmul(torch.matmul(queries, keys.transpose(-1, -2)).softmax(dim=-1), values)
 
 
-# The paper's Algorithm 2, summed over the layers $i$:
+# The paper's Algorithm 2, as this computes it, summed over the layers $i = 1, \dots, L$:
 #
 # $$
 # \begin{array}{rl}
-# \mathcal{L}^{attn} = \sum_i \lVert & \mathrm{attn}(h^{(i)}, m^{(i)}) \\
-# & - \, \mathrm{attn}(h^{(i)}, f_c^{(i)}(m^{(i)})) \rVert_2
+# \mathcal{L}^{attn} = \sum_i \frac{1}{N} \lVert & \mathrm{attn}(h^{(i)}, m^{(i)}) \\
+# & - \, \mathrm{attn}(h^{(i)}, f_c^{(i)}(m^{(i)})) \rVert_2^2
 # \end{array}
 # $$
 #
+# the mean of the squared differences over the $N$ numbers of an attention output (batch, heads,
+# queries, $d_{head}$), with, per head,
+#
 # $$
-# \mathrm{attn}(h, m) = \sigma\big((h Q)(m K)\big) \, (m V)
+# \begin{array}{rl}
+# \mathrm{attn}(h, m) = & \mathrm{softmax}\Big(\frac{(h W_q + u)(m W_k)^\top}{\sqrt{d_{head}}}\Big)
+# \\
+# & \times \, m W_v
+# \end{array}
 # $$
 #
 # for the old memories $m$ (old_mem), with the layer's own content attention, frozen. The layer's
@@ -515,10 +551,13 @@ def content_attention(queries, keys, values):
 # of this loss reaches $f_c$ alone. Under pre-LN the attention saw the memories through
 # `layer.attn_norm`, so `compressed` goes through it too, with its weights detached.
 #
-# **Departure:** Algorithm 2 uses the plain queries $q$, unscaled scores and the L2 norm; this uses
-# the layer's content queries $q + u$, scores scaled by $1/\sqrt{d_{head}}$, and the mean of the
-# squared differences over the elements, summed over the layers (docs/REACH.md compares the two
-# queries on one seed).
+# **Departure:** the paper writes $\mathrm{attn}(h, m) = \sigma((hQ)(mK))(mV)$ (the transpose of
+# $mK$ left implied) and the loss as the L2 norm $\lVert \cdot \rVert_2$: plain queries $hQ$,
+# unscaled scores, a norm neither squared nor averaged. This uses the layer's content queries
+# $h W_q + u$, scores scaled by $1/\sqrt{d_{head}}$, and the mean of the squared differences
+# (docs/REACH.md compares the two queries on one seed).
+#
+# Figure: docs/recon.svg
 def attention_reconstruction_loss(
     layer: "CompressiveLayer", queries, old_keys, old_values, compressed
 ):
@@ -540,17 +579,22 @@ def attention_reconstruction_loss(
 
 
 # The paper's alternative: reconstruct the old memories from their compression, through a
-# transposed convolution (the layer's `decoder`, $g$), trained with $f_c$. The paper writes it,
-# for the old memories $m$ of each layer $i$,
+# transposed convolution (the layer's `decoder`, $g$), trained with $f_c$. For the old memories
+# $m$ of each layer $i$, as this computes it,
 #
 # $$
-# \mathcal{L}^{ae} = \left\lVert m^{(i)} - g\big(f_c^{(i)}(m^{(i)})\big) \right\rVert_2
+# \mathcal{L}^{ae} = \sum_i \frac{1}{N} \left\lVert m^{(i)} - g^{(i)}\big(f_c^{(i)}(m^{(i)})\big)
+# \right\rVert_2^2
 # $$
 #
-# and here it is the mean of the squared differences. It keeps everything, whether attention needs
-# it or not; the attention reconstruction keeps what attention reads, the lossy objective that
-# the paper preferred. With the convolution $f_c$ on Enwik8, in bits per character (lower is
-# better; section 4 lists every row):
+# the mean of the squared differences over the $N$ numbers of $m^{(i)}$.
+#
+# **Departure:** the paper writes $\lVert m - g(f_c(m)) \rVert_2$, a norm neither squared nor
+# averaged; this is the mean of the squares, as for the attention reconstruction.
+#
+# The auto-encoder keeps everything, whether attention needs it or not; the attention
+# reconstruction keeps what attention reads, the lossy objective that the paper preferred. With the
+# convolution $f_c$ on Enwik8, in bits per character (lower is better; section 4 lists every row):
 #
 # - trained by the attention reconstruction: **0.973**
 # - trained by this auto-encoding loss: 0.984
@@ -654,7 +698,8 @@ class CompressiveLayer(nn.Module):
     # `self.reconstructs` (`reconstruction_loss`, below).
     #
     # A worked trace at the lesson's toy sizes, $n_s = 4$, $n_m = 8$, $n_{cm} = 3$, $c = 2$: the
-    # slots each FIFO holds after each call, from an empty memory,
+    # slots each FIFO holds after each call, from an empty memory (the figure below the function
+    # draws the same six calls from a model's memory tensors),
     #
     # $$
     # \begin{array}{rcccccc}
@@ -667,8 +712,7 @@ class CompressiveLayer(nn.Module):
     # \end{array}
     # $$
     #
-    # Figure: docs/fifo.svg, the same six calls as a model's memory tensors hold them, drawn by
-    # `python -m lesson.memory_picture --fifo-svg docs/fifo.svg`.
+    # Figure: docs/fifo.svg
     def update_memory(self, h, mem, c_mem, usage, attended: Attended):
         """h [B, T, d], this layer's inputs for the new tokens; mem [B, n_mem, d]; c_mem
         [B, n_c_mem, d]; usage [B, n_mem] (most_used only, else None); attended, this layer's
@@ -769,7 +813,7 @@ class CompressiveTransformer(nn.Module):
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         # **Departure:** an untied output head. The embedding keeps PyTorch's $\mathcal{N}(0, 1)$
         # start: post-LN, every other layer's input is a LayerNorm output of unit scale, so layer
-        # 0's inputs and memories then look like the rest.
+        # 1's inputs and memories then look like the rest.
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False) if has_vocabulary else None
         self.apply(self.init_weights)
 
@@ -827,6 +871,8 @@ class CompressiveTransformer(nn.Module):
         #
         # **Departure:** a compressed slot sits at the relative distance of one position, like any
         # memory: positions count slots, not the $c$ tokens behind each one.
+        #
+        # Figure: docs/mask.svg
         n_c_mem, n_mem = memory.c_mem[0].size(1), memory.mem[0].size(1)
         M, K = n_c_mem + n_mem, n_c_mem + n_mem + T
         R = sinusoid_positions(K + 1, self.cfg.d_model, h.device).to(h.dtype)  # distances K..0
@@ -837,7 +883,7 @@ class CompressiveTransformer(nn.Module):
         # Each layer attends from the segment over `[c_mem; mem; h]` (memories need only keys and
         # values), then feeds forward; then it moves its inputs $h$ into mem, and what overflows
         # through $f_c$ into c_mem. Its output is the next layer's input; $f_c$'s losses are summed
-        # over the layers.
+        # over the layers. The loop's index `i` counts from 0: it runs layer $i + 1$ on $h^{(i+1)}$.
         new_mem, new_c_mem, new_usage = [], [], []
         recon_loss = h.new_zeros(())
         for i, layer in enumerate(self.layers):  # Algorithm 1, per layer:
@@ -852,7 +898,7 @@ class CompressiveTransformer(nn.Module):
             new_c_mem.append(c_mem)
             new_usage.append(layer_usage)
             recon_loss = recon_loss + layer_recon_loss
-            h = out  # h^(i+1)
+            h = out  # h^(i+2), the next layer's input
         tracks_usage = self.cfg.compression == "most_used"
         memory = Memory(new_mem, new_c_mem, new_usage if tracks_usage else None)
         return self.out_norm(h), memory, recon_loss
@@ -959,6 +1005,8 @@ def generate(
 # and $r_l$ is an upper bound. test_compressive.py's
 # `test_reach_at_every_depth_is_where_a_changed_token_stops_changing_the_layer` measures $r_l$
 # by changing one token and watching each layer's output.
+#
+# Figure: docs/reach.svg
 def reach(cfg: CompressiveConfig, call_length: Optional[int] = None, depth: int = 1):
     """[(region, how many of the latest tokens it covers)] for the last token of a call of
     call_length tokens (default n_s), memories full: segment, then mem, then c_mem, as one

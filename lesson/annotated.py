@@ -12,10 +12,14 @@ or classes links to its code. Other docstrings and trailing comments are code.
 On the page, a paragraph from **Speed:** or **Departure:** on is set apart (a box at the top hides
 the Speed notes); the numbered list before the first heading links to the numbered headings;
 links relative to the file's folder are made relative to the page's, docs/; and a paragraph
-`Figure: PATH.svg, caption` puts that SVG, read from the file's folder, inline below its section,
-the caption under it. Inline math keeps the punctuation that follows it on its line; a line of
-code too long for its column wraps under itself, indented, rather than scrolling. The page is one
-file, its style inline: it opens from the disk and asks for nothing over the network.
+`Figure: PATH.svg` (or `Figure: PATH.svg, a caption`, for an SVG without a caption of its own)
+puts that SVG, read from the file's folder, inline across the page below the code its note
+explains: after the end of the def or class that holds the note's code, so that no figure cuts a
+function in two (a note outside any def: below its own code). A figure whose file is not there is
+left out, and the command says so on stderr; the page is still made. Inline math keeps the
+punctuation that follows it on its line; a line of code too long for its column wraps under
+itself, its continuation indented past the line's own indentation, rather than scrolling. The
+page is one file, its style inline: it opens from the disk and asks for nothing over the network.
 
 Each section of the page is an element with data-lines="START-END" (the 1-based lines of FILE
 it shows; the sections cover the file once, in order) holding a data-note and a data-code element.
@@ -31,6 +35,7 @@ import ast
 import html
 import io
 import re
+import sys
 import tokenize
 from pathlib import Path
 from typing import List, NamedTuple
@@ -263,7 +268,7 @@ section {{ display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, min(62
 .code {{ background: #f7f7fb; border-left: 1px solid #e4e4ec; min-width: 0; }}
 .code pre {{ margin: 0; padding: 6px 12px 6px 0; overflow-x: auto; white-space: pre-wrap;
   font: 12px/1.5 "DejaVu Sans Mono", Menlo, Consolas, monospace; }}
-.code .l {{ display: block; padding-left: 10ch; text-indent: -10ch; overflow-wrap: anywhere; }}
+.code .l {{ display: block; overflow-wrap: anywhere; }}
 .code .l::before {{ content: attr(data-n); display: inline-block; width: 4ch; margin-right: 2ch;
   text-indent: 0; text-align: right; color: #b0b0bc; user-select: none; }}
 section:target .note {{ background: #fffbe6; }}
@@ -293,7 +298,7 @@ def definitions(tree: ast.Module) -> dict:
     def visit(node, prefix):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                line = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                line = first_line(child)
                 found[prefix + child.name] = line
                 by_name.setdefault(child.name, []).append(line)
                 visit(child, f"{prefix}{child.name}.")
@@ -322,6 +327,7 @@ KEPT_TOGETHER = re.compile(
 SET_APART = re.compile(r"<p>((?:(?!</p>).)*?)<strong>(Speed|Departure):</strong>(.*?)</p>", re.S)
 HEADING_NUMBER = re.compile(r"<h2>(\d+)\. ")
 FIGURE = re.compile(r"<p>Figure: ([\w./-]+\.svg),? ?(.*?)</p>\n?", re.S)
+FIGURE_MARKER = re.compile(r"^\s*# Figure: ([\w./-]+\.svg)", re.M)  # in the source, as written
 
 
 def kept_together(note: str) -> str:
@@ -372,7 +378,10 @@ def contents_linked(note: str, numbers: set) -> str:
 
 
 def figure(path: str, caption: str, folder: Path) -> str:
-    """The SVG at path (relative to folder) inline, with its caption."""
+    """The SVG at path (relative to folder) inline, with the caption when one is given (the SVGs
+    drawn from the model carry their own); "" when there is no such file."""
+    if not (folder / path).is_file():
+        return ""
     try:
         svg = (folder / path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -380,9 +389,50 @@ def figure(path: str, caption: str, folder: Path) -> str:
     svg = re.sub(r"^<\?xml[^>]*\?>\s*", "", svg)
     if not svg.lstrip().startswith("<svg"):
         raise UserError(f"the figure {path} is not an SVG")
-    return (
-        f'<figure class="figure" data-figure="{html.escape(path)}">{svg}'
-        f"<figcaption>{caption[:1].upper()}{caption[1:]}</figcaption></figure>"
+    caption = f"<figcaption>{caption[:1].upper()}{caption[1:]}</figcaption>" if caption else ""
+    return f'<figure class="figure" data-figure="{html.escape(path)}">{svg}{caption}</figure>'
+
+
+def missing_figures(text: str, folder: Path) -> List[str]:
+    """The figures the file's notes name that are not in folder."""
+    return [path for path in FIGURE_MARKER.findall(text) if not (folder / path).is_file()]
+
+
+def figure_ends(cut: List[Section], tree: ast.Module) -> List[int]:
+    """Per section, the index of the section that its figures follow: the one that holds the end
+    of the innermost def or class around the section's first line of code (the section itself
+    when that line lies in none)."""
+    spans = [
+        (first_line(node), node.end_lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
+    ends = []
+    for k, section in enumerate(cut):
+        line = section.code[0] if section.code else section.start
+        around = [span for span in spans if span[0] <= line <= span[1]]
+        end = min(around, key=lambda span: span[1] - span[0])[1] if around else line
+        ends.append(next(n for n in range(k, len(cut)) if cut[n].end >= end))
+    return ends
+
+
+def first_line(node) -> int:
+    """A def's or class's first line: its first decorator's, if it has one."""
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
+
+
+def indent_class(line: str) -> str:
+    """The class of a line of code by its indentation (`i8`: eight spaces), which sets how far a
+    wrapped continuation of it is indented (code_indents)."""
+    return f"i{len(line) - len(line.lstrip(' '))}"
+
+
+def code_indents(lines: List[str]) -> str:
+    """The style of each indentation in lines: a wrapped line goes on 4 columns past the line's own
+    indentation (after the 6 of the line number), never back at the left of the code."""
+    indents = sorted({int(indent_class(line)[1:]) for line in lines})
+    return "\n".join(
+        f".code .l.i{n} {{ padding-left: {n + 10}ch; text-indent: -{n + 10}ch; }}" for n in indents
     )
 
 
@@ -402,28 +452,33 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
                 f"{title}, the note of lines {section.start}-{section.end}: {e}"
             ) from None
     numbers = {int(n) for note in notes for n in HEADING_NUMBER.findall(note)}
+    source = source_lines(text)
     before_headings = True
-    parts = []
-    for section, note in zip(cut, notes):
+    parts, figures = [], [[] for _ in cut]  # figures[k]: those that go below section k
+    for section, note, below in zip(cut, notes, figure_ends(cut, tree)):
         if before_headings and "<h2>" not in note:
             note = contents_linked(note, numbers)
         before_headings = before_headings and "<h2>" not in note
         note = HEADING_NUMBER.sub(lambda m: f'<h2 id="section-{m[1]}">{m[1]}. ', note)
         note = relative_to_the_page(kept_together(set_apart(note)))
-        figures = [figure(path, caption, folder) for path, caption in FIGURE.findall(note)]
+        figures[below] += [figure(path, caption, folder) for path, caption in FIGURE.findall(note)]
         note = FIGURE.sub("", note)
         lines = "".join(  # each line's end inside its span: a block of its own when it wraps
-            f'<span class="l" data-n="{n}">{code[n - 1]}{end}</span>'
+            f'<span class="l {indent_class(source[n - 1])}" data-n="{n}">{code[n - 1]}{end}</span>'
             for n, end in zip(section.code, ["\n"] * (len(section.code) - 1) + [""])
         )
         parts.append(
             f'<section id="L{section.start}" data-lines="{section.start}-{section.end}">\n'
             f'<div class="note" data-note>{note}</div>\n'
             f'<div class="code" data-code><pre>{lines}</pre></div>\n'
-            + "".join(f"{f}\n" for f in figures)
-            + "</section>"
         )
-    return PAGE.format(title=html.escape(title), code_style=code_style(), sections="\n".join(parts))
+    parts = [  # a figure after the code it explains, across the page
+        part + "".join(f"{f}\n" for f in below if f) + "</section>"
+        for part, below in zip(parts, figures)
+    ]
+    shown = [source[n - 1] for section in cut for n in section.code]
+    style = code_style() + "\n" + code_indents(shown)
+    return PAGE.format(title=html.escape(title), code_style=style, sections="\n".join(parts))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -449,7 +504,10 @@ def annotate(args) -> None:
     text, tree = read_source(args.file)
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out {args.out} is a file, not a folder")
-    page = render(text, tree, args.file.name, args.file.resolve().parent)
+    folder = args.file.resolve().parent
+    page = render(text, tree, args.file.name, folder)
+    for path in missing_figures(text, folder):
+        print(f"the figure {path} is not there: the page is made without it", file=sys.stderr)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         path = (

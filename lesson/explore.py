@@ -137,7 +137,7 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
                     or attention[0].size(-1) != n_held + n_s
                 ):
                     raise RuntimeError(  # a bug, not the user's
-                        f"after segment {k} the model holds {held} (mem, c_mem) slots and saw "
+                        f"after segment {k + 1} the model holds {held} (mem, c_mem) slots and saw "
                         f"{attention[0].size(-1)} keys; the FIFO rule says otherwise"
                     )
                 pages.append(

@@ -62,6 +62,9 @@ def browser():
         browser.close()
 
 
+LABELS = "els => els.map(e => e.innerText)"
+
+
 def slots_shown(page):
     """What a person sees of the slots, per layer: (kind, positions, attention) oldest first."""
     rows = page.eval_on_selector_all(
@@ -207,9 +210,21 @@ def test_each_layer_shows_its_own_reach_where_a_changed_character_stops_changing
     changes = (out[:, 1:] - out[:, :1]).abs().amax(-1) > 1e-9
     for layer in range(2):
         assert changes[layer, 2 * layer] and not changes[layer, 2 * layer + 1], layer
+    cut = "els => els.map(e => [e.dataset.oldest, e.dataset.cut, e.innerText.includes('cut off')])"
+    assert page.eval_on_selector_all(".layer-reach", cut) == [[str(p), "", False] for p in oldest]
+    assert [h.split(" ")[:2] for h in page.eval_on_selector_all(".layer h3", LABELS)] == [
+        ["Layer", "1"],
+        ["Layer", "2"],
+    ]
+    # segment 3: layer 1's memories are full (c_mem filled after segment 2), but layer 2 reads
+    # states made in segment 1, which began the passage with empty memories: the start cuts it off
+    page.click(f'#passage [data-query-pos="{START + 2 * N_S + 3}"]')
+    assert page.eval_on_selector_all(".layer-reach", cut) == [
+        [str(START), "", False],
+        [str(START), "1", True],
+    ]
     page.click(f'#passage [data-query-pos="{START + 3}"]')  # the first segment: no memory yet
-    shown = page.eval_on_selector_all(".layer-reach", "els => els.map(e => e.dataset.oldest)")
-    assert shown == [str(START), str(START)]
+    assert page.eval_on_selector_all(".layer-reach", cut) == [[str(START), "1", True]] * 2
     assert errors == [] and asked == []
     page.context.close()
 

@@ -88,3 +88,16 @@ def test_the_questions_point_to_their_answers():
         if re.search(r"^1\. ", source(cell), flags=re.M):  # a list of questions
             links = re.findall(r"\(TEACHERS\.md#([\w-]+)\)", source(cell))
             assert len(links) == 1 and links[0] in anchors, source(cell)[:60]
+
+
+def test_layers_and_segments_are_counted_from_1_and_the_reach_is_reachs_checked():
+    """One numbering (compressive.py's, the paper's): no label a reader sees says layer 0 or
+    segment 0, and a printed label adds 1 to a Python index. The toy's reach comes from reach()
+    and is checked in the notebook itself by changing one character at a time."""
+    text = "\n".join(source(c) for c in cells("markdown"))
+    code = "\n".join(source(c) for c in cells("code"))
+    assert not re.search(r"\b(layers?|segments?) 0\b", text, flags=re.I)
+    labels = re.findall(r"\b(?:layers?|segments?|heads?) \{([^}]*)\}", code, flags=re.I)
+    assert labels and all(label.endswith("+ 1") for label in labels), labels
+    assert "toy.reach(depth=toy_cfg.n_layers)" in code and "assert furthest == claimed" in code
+    assert "= 28)" not in text  # the paper's count, once printed as the toy's reach
