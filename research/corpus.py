@@ -20,6 +20,7 @@ The result is data/python<version>-stdlib/{train,val}.txt with manifest.json (Py
 file counts, characters, SHA-256 of both texts). Each file is written atomically and the manifest
 last, and a later run trusts the texts only where the manifest names its interpreter and the
 texts' digests match: an interrupted build is rebuilt, and so is a corpus made by another Python.
+Processes that build at once (torchrun's) write the same bytes, each file whole.
 """
 
 import hashlib
@@ -28,11 +29,6 @@ import os
 import platform
 import string
 import sysconfig
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: nothing keeps two processes from building at once
-    fcntl = None
 
 from training import files
 from training.checks import UserError, one_line
@@ -145,37 +141,22 @@ def cached(folder: str, root: str):
 
 def load(data_dir: str, root: str = None, say=print):
     """The code corpus: (train text, val text, manifest), reused from data_dir where a complete
-    one from this interpreter is there, else built and saved there. Processes that start at once
-    (torchrun, a study's runs) build it one at a time: the first builds, the others reuse."""
+    one from this interpreter is there, else built and saved there."""
     root = root or stdlib_root()
     folder = folder_for(data_dir)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, ".lock"), "w") as lock:
-            if fcntl is not None:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            return load_or_build(folder, root, say)
-    except OSError as e:
-        raise UserError(f"cannot write the code corpus to {folder} ({one_line(e)})") from None
-
-
-def load_or_build(folder: str, root: str, say):
     corpus, why = cached(folder, root)
     if corpus is not None:
         return corpus
     say(f"building the code corpus from {root} into {folder} ({why})")
     train, val, manifest = build(root)
-    # the manifest is written last: before it is, the texts are not trusted
-    if os.path.exists(os.path.join(folder, "manifest.json")):
-        os.remove(os.path.join(folder, "manifest.json"))
-    for split, text in (("train", train), ("val", val)):
-        files.write_atomically(
-            os.path.join(folder, f"{split}.txt"), lambda f, text=text: f.write(text.encode())
-        )
-    files.write_atomically(
-        os.path.join(folder, "manifest.json"),
-        lambda f: f.write(json.dumps(manifest, indent=1).encode()),
-    )
+    texts = {"train.txt": train, "val.txt": val, "manifest.json": json.dumps(manifest, indent=1)}
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for name, text in texts.items():  # the manifest last: before it is, no text is trusted
+            write = lambda f, text=text: f.write(text.encode())
+            files.write_atomically(os.path.join(folder, name), write)
+    except OSError as e:
+        raise UserError(f"cannot write the code corpus to {folder} ({one_line(e)})") from None
     return train, val, manifest
 
 

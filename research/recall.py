@@ -39,78 +39,57 @@ KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
 VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ever trained on
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
-DEFAULTS = {
-    "min_distance": 8,
-    "max_distance": 400,
-    "fact_gap": 5,
-    "live_facts": 1,
-    "distractors": False,
-    "curriculum": 0.5,
-    "curriculum_hold": 0.0,
-    "val_chars": 300_000,
-    "loss_on": "all",
+# the task's flags: name -> (type, default, help); None where a store_true flag is not given
+TASK_FLAGS = {
+    "min_distance": (int, 8, "shortest fact-to-query distance D"),
+    "max_distance": (int, 400, "longest D, drawn log-uniform in between"),
+    "fact_gap": (int, 5, "mean filler characters between facts"),
+    "live_facts": (
+        int,
+        1,
+        "most facts waiting for their query at once; with more than one, a query must be "
+        "matched to its key",
+    ),
+    "distractors": (
+        None,
+        False,
+        "go on stating facts while --live-facts wait, never to be asked: the latest fact is "
+        "then seldom the one asked for, and only its key finds it",
+    ),
+    "curriculum": (
+        float,
+        0.5,
+        "the longest D grows from --min-distance to --max-distance over this fraction of training",
+    ),
+    "curriculum_hold": (
+        float,
+        0.0,
+        "first hold every fact inside the segment (D < n_s) for this fraction of training, then "
+        "widen from there over --curriculum",
+    ),
+    "val_chars": (int, 300_000, "length of the validation text"),
+    "loss_on": (
+        ["all", "answers"],
+        "all",
+        "the characters the loss (and the validation loss) is taken on: all, or only the answer "
+        "digit after each '?', as associative-recall benchmarks train",
+    ),
 }
+DEFAULTS = {name: default for name, (_, default, _) in TASK_FLAGS.items()}
 
 
 def add_arguments(parser) -> None:
-    """The task's flags. They default to None so that a checkpoint's own settings can fill them."""
-    r = parser.add_argument_group("the recall task")
-    r.add_argument(
-        "--min-distance",
-        type=int,
-        help=f"shortest fact-to-query distance D "
-        f"(default {DEFAULTS['min_distance']}; evaluation modes default to the checkpoint's)",
-    )
-    r.add_argument(
-        "--max-distance",
-        type=int,
-        help=f"longest D, drawn log-uniform in between (default {DEFAULTS['max_distance']})",
-    )
-    r.add_argument(
-        "--fact-gap",
-        type=int,
-        help=f"mean filler characters between facts (default {DEFAULTS['fact_gap']})",
-    )
-    r.add_argument(
-        "--live-facts",
-        type=int,
-        help="most facts waiting for their query at once; with "
-        f"more than one, a query must be matched to its key (default {DEFAULTS['live_facts']})",
-    )
-    r.add_argument(
-        "--distractors",
-        action="store_true",
-        default=None,
-        help="go on stating facts "
-        "while --live-facts wait, never to be asked: the latest fact is then seldom the "
-        "one asked for, and only its key finds it",
-    )
-    r.add_argument(
-        "--curriculum",
-        type=float,
-        help="the longest D grows from --min-distance to "
-        f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})",
-    )
-    r.add_argument(
-        "--curriculum-hold",
-        type=float,
-        help="first hold every fact inside the segment "
-        "(D < n_s) for this fraction of training, then widen from there over "
-        "--curriculum: keys are learned where gradients reach both fact and query "
-        "(default 0)",
-    )
-    r.add_argument(
-        "--val-chars",
-        type=int,
-        help=f"length of the validation text (default {DEFAULTS['val_chars']})",
-    )
-    r.add_argument(
-        "--loss-on",
-        choices=["all", "answers"],
-        help="the characters the loss (and "
-        "the validation loss) is taken on: all, or only the answer digit after each "
-        "'?', as associative-recall benchmarks train (default all)",
-    )
+    """The task's flags. They default to None so that a checkpoint's own settings can fill them
+    (the evaluation modes default to the checkpoint's)."""
+    group = parser.add_argument_group("the recall task")
+    for name, (kind, default, text) in TASK_FLAGS.items():
+        flag, text = "--" + name.replace("_", "-"), f"{text} (default {default})"
+        if kind is None:
+            group.add_argument(flag, action="store_true", default=None, help=text)
+        elif isinstance(kind, list):
+            group.add_argument(flag, choices=kind, help=text)
+        else:
+            group.add_argument(flag, type=kind, help=text)
 
 
 def settings(args, saved_args=None) -> dict:
@@ -361,17 +340,12 @@ def by_distance(scored: Scored, edges, width: int):
     return rows
 
 
-def regions(edges):
-    """(name, from, to) of each region of the reach, and "beyond"."""
-    lows = [0] + [edge for _, edge in edges]
-    return [(name, lo, hi - 1) for (name, hi), lo in zip(edges + [("beyond", math.inf)], lows)]
-
-
 def in_regions(scored: Scored, edges):
-    """(name, mask) of the queries whose distance falls in each region of the model's reach."""
-    return [
-        (name, (scored.distance >= lo) & (scored.distance <= hi)) for name, lo, hi in regions(edges)
-    ]
+    """(name, mask) of the queries whose distance falls in each region of the model's reach (the
+    regions' edges, then "beyond")."""
+    lows = [0] + [edge for _, edge in edges]
+    bounds = zip(edges + [("beyond", math.inf)], lows)
+    return [(name, (scored.distance >= lo) & (scored.distance < hi)) for (name, hi), lo in bounds]
 
 
 def by_region(scored: Scored, edges) -> dict:
@@ -477,8 +451,9 @@ def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
 
 
 def report(scored: Scored, model, out: str, caption: str = "") -> dict:
-    """Print the accuracy-by-distance table and the phase split, plot them to OUT/recall.png (with
-    caption at its foot: how to make it again), and return them for metrics.json."""
+    """Print the accuracy-by-distance table, the phase split and the key use, plot them to
+    OUT/recall.png (with caption at its foot: how to make it again), and return them for
+    metrics.json."""
     if len(scored.distance) == 0:
         print(
             "recall accuracy by distance: no query in the validation text could be scored "
@@ -488,11 +463,9 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     cfg, edges = model.cfg, model.reach()
     rows = by_distance(scored, edges, cfg.seq_len)
     phases = by_phase(scored, edges, cfg.compression_rate)
+    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
     reach = ", ".join(f"{name} < {edge}" for name, edge in edges)
-    print(
-        f"recall accuracy by distance (chance 0.10; n_s={cfg.seq_len} n_m={cfg.mem_len} "
-        f"n_cm={cfg.c_mem_len} c={cfg.compression_rate}: {reach})"
-    )
+    print(f"recall accuracy by distance (chance 0.10; {title}: {reach})")
     print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
     for row in rows:
         span = f"{row['from']}-{row['to']}"
@@ -511,20 +484,21 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
             "latest fact\nstated would score, how often the model answered with its digit, and "
             "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for"
         )
-        columns = [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"]
+        columns = "".join(f"{column:>7}" for column in [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"])
         print(
             f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
-            + "".join(f"{column:>7}" for column in columns)
+            + columns
         )
         for row in keys:
+            after = "".join(
+                f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]
+            )
             print(
                 f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
-                f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}"
-                + "".join(f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"])
+                f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}{after}"
             )
-    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + (
-        f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else ""
-    )
+    if cfg.mem_len and cfg.c_mem_len:
+        title += f" f_c={cfg.compression}"
     plot_recall(rows, edges, phases, title, os.path.join(out, "recall.png"), caption)
     return {
         "by_distance": rows,
