@@ -36,12 +36,7 @@ class CueEnvs:
     """n_envs environments of the cue task, stepped together on the CPU."""
 
     def __init__(self, n_envs: int, min_delay: int, max_delay: int, generator):
-        self.n, self.min_delay, self.max_delay, self.generator = (
-            n_envs,
-            min_delay,
-            max_delay,
-            generator,
-        )
+        self.min_delay, self.max_delay, self.generator = min_delay, max_delay, generator
         self.cue = torch.zeros(n_envs, dtype=torch.long)
         self.left = torch.zeros(n_envs, dtype=torch.long)  # blank steps before the query
         self.observation = torch.zeros(n_envs, dtype=torch.long)
@@ -68,17 +63,22 @@ class CueEnvs:
 
 
 class Agent(nn.Module):
-    def __init__(self, cfg: CompressiveConfig):
+    """An input layer of its own, AgentCore as its memory, a head that names the cue and, for
+    PPO, a value head (research/cue.py and research/tmaze.py train this agent too)."""
+
+    def __init__(self, cfg: CompressiveConfig, observations: int = QUERY + 1, value: bool = True):
         super().__init__()
-        self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
+        self.observe = nn.Embedding(observations, cfg.d_model)
         self.core = AgentCore(cfg)
         self.policy = nn.Linear(cfg.d_model, N_CUES)
-        self.value = nn.Linear(cfg.d_model, 1)
+        self.value = nn.Linear(cfg.d_model, 1) if value else None
 
-    def forward(self, observations, memory, starts):
-        """observations, starts [B, T] -> logits [B, T, N_CUES], values [B, T], memory, f_c's
-        loss."""
+    def forward(self, observations, memory=None, starts=None):
+        """observations, starts [B, T] -> logits [B, T, N_CUES], memory, f_c's loss, and with a
+        value head the values [B, T] second."""
         h, memory, recon_loss = self.core(self.observe(observations), memory, starts)
+        if self.value is None:
+            return self.policy(h), memory, recon_loss
         return self.policy(h), self.value(h)[..., 0], memory, recon_loss
 
 

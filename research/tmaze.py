@@ -33,11 +33,10 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
+from research import ppo_cue
 
 N_CUES, N_DISTRACTORS = 4, 4
 QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
@@ -86,18 +85,9 @@ def episodes(n: int, min_gap: int, max_gap: int, generator):
     return observations, targets
 
 
-class Agent(nn.Module):
-    """An input layer of its own, AgentCore as its memory, a head that names the cue."""
-
-    def __init__(self, cfg: CompressiveConfig):
-        super().__init__()
-        self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
-        self.memory = AgentCore(cfg)
-        self.answer = nn.Linear(cfg.d_model, N_CUES)
-
-    def forward(self, observations, memory=None, starts=None):
-        h, memory, recon_loss = self.memory(self.observe(observations), memory, starts)
-        return self.answer(h), memory, recon_loss
+def make_agent(cfg: CompressiveConfig):
+    """The cue task's agent (research/ppo_cue.py) on this task's observations, no value head."""
+    return ppo_cue.Agent(cfg, observations=QUERY + 1, value=False)
 
 
 def accuracy(logits, targets) -> float:
@@ -122,20 +112,21 @@ def act_one_step_at_a_time(agent, observations, targets) -> float:
 
 
 def run(args, memory_kind: str, seed: int):
-    """One memory, one seed: the curve [(batches, held-out accuracy)], the final one-step acting
-    accuracy, the training seconds (CPU time of this process's one thread), slots and reach."""
+    """One memory, one seed, on one thread: the curve [(batches, held-out accuracy)], the final
+    one-step acting accuracy, the training seconds (CPU time of this process's thread), slots and
+    reach."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread per run, given back after it
+    torch.set_num_threads(1)
     try:
         return train_and_act(args, memory_kind, seed)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # given back after the run
 
 
 def train_and_act(args, memory_kind: str, seed: int):
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
-    agent = Agent(cfg)
+    agent = make_agent(cfg)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
     train_data = torch.Generator().manual_seed(seed)
     held_out = episodes(
