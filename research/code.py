@@ -16,7 +16,7 @@ import train_shakespeare
 from research import copies, corpus
 from training import distributed, evaluate, files
 from training.checks import UserError, exit_status
-from training.data import DEFAULT_DATA, Data, encode
+from training.data import Data, encode
 from training.data import load_data as load_text
 from training.device import keep_freed_memory
 
@@ -41,9 +41,9 @@ def parse_args(argv=None):
 
 
 def load_data(args, saved_args=None, need_train: bool = True) -> Data:
-    """The corpus, built on first use into data/; the validation text is whole files, the first
-    --val-chars or a little more (the whole split is long to evaluate often)."""
-    train, val, manifest = corpus.load(os.path.dirname(DEFAULT_DATA))
+    """The corpus; the validation text is whole files, the first --val-chars or a little more
+    (the whole split is long to evaluate often)."""
+    train, val, manifest = corpus.load()
     given = [getattr(args, "val_chars", None), (saved_args or {}).get("val_chars"), VAL_CHARS]
     val = corpus.first_files(val, next(n for n in given if n is not None))
     return Data(

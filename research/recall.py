@@ -1,23 +1,17 @@
-"""The reach benchmark: a text in which reach is everything.
+"""The reach benchmark: a text in which reach is everything (docs/REACH.md).
 
     python -m research.recall --no-post-norm --seq-len 32 --loss-on answers   # train (README)
     python -m research.recall --eval-only --out OUT    # a checkpoint's accuracy by distance
 
 A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
 and asked for D characters later, " KK?d". Nothing but the fact predicts the digit after '?', so
-the accuracy there, by D, measures how far back a model can reach (chance 0.10). Shakespeare
-cannot show this: little of its next character depends on text more than a few dozen back.
-
-The report cuts the distances at the model's reach (model.reach()), and splits the compressed
-region by the phase of the fact's digit: its place in its block of c. The FIFO evicts memories in
-blocks of c aligned to the start of each stream, so a digit at stream offset p lands at place
-p mod c of its block, and an f_c that keeps one place of a block better than another shows up as
-one phase answered and another at chance.
-
-Training is train_shakespeare.py's, with its flags, on this text; with --loss-on answers the
-targets of every other character are IGNORE, which the training loss skips. The accuracy is read
-from what the model predicts on the validation text (training.evaluate.per_character), at each
-evaluation of the training and on a checkpoint."""
+the accuracy there, by D, measures how far back a model can reach (chance 0.10). The report cuts
+the distances at the model's reach (model.reach()) and splits the facts held in c_mem by their
+phase, the place of the digit in its block of c: the FIFO evicts blocks of c aligned to the start
+of each stream, so an f_c that keeps one place of a block worse shows up as one phase at chance.
+Training is train_shakespeare.py's, with its flags, on this text (with --loss-on answers every
+other target is IGNORE); the accuracy is read from what the model predicts on the validation text
+at each evaluation of the training and on a checkpoint."""
 
 import heapq
 import math
@@ -139,7 +133,6 @@ def check_args(args) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # The text
-# ----------------------------------------------------------------------------------------------
 
 
 class RecallText(NamedTuple):
@@ -263,7 +256,6 @@ def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool 
 
 # ----------------------------------------------------------------------------------------------
 # Scoring
-# ----------------------------------------------------------------------------------------------
 
 
 class Scored(NamedTuple):
@@ -306,15 +298,16 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     latest_right = (before >= 0) & (latest == data[position])
     said_latest = (before >= 0) & (predictions[position] == latest)
     facts_after = before - torch.searchsorted(digits, position - distance)  # digits in between
-    return Scored(
-        distance[whole],
-        correct[whole],
-        fact[whole],
-        back[whole],
-        latest_right[whole],
-        said_latest[whole],
-        facts_after[whole],
-    )
+    found = (distance, correct, fact, back, latest_right, said_latest, facts_after)
+    return Scored(*(t[whole] for t in found))
+
+
+def counted(scored: Scored, chosen: torch.Tensor) -> dict:
+    return {"queries": int(chosen.sum()), "accuracy": accuracy(scored.correct[chosen])}
+
+
+def accuracy(correct: torch.Tensor):
+    return correct.float().mean().item() if len(correct) else None
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -328,15 +321,7 @@ def by_distance(scored: Scored, edges, width: int):
         inside = (scored.distance >= lo) & (scored.distance < hi)
         if inside.any():
             region = next((name for name, edge in edges if hi <= edge), "beyond")
-            rows.append(
-                {
-                    "from": lo,
-                    "to": hi - 1,
-                    "region": region,
-                    "queries": int(inside.sum()),
-                    "accuracy": scored.correct[inside].float().mean().item(),
-                }
-            )
+            rows.append({"from": lo, "to": hi - 1, "region": region, **counted(scored, inside)})
     return rows
 
 
@@ -350,11 +335,8 @@ def in_regions(scored: Scored, edges):
 
 def by_region(scored: Scored, edges) -> dict:
     """Accuracy over all the queries whose distance falls in each region of the model's reach."""
-    return {
-        name: scored.correct[inside].float().mean().item()
-        for name, inside in in_regions(scored, edges)
-        if inside.any()
-    }
+    regions = in_regions(scored, edges)
+    return {name: accuracy(scored.correct[inside]) for name, inside in regions if inside.any()}
 
 
 def held_in_c_mem(fact_back: torch.Tensor, edges):
@@ -381,21 +363,11 @@ def by_phase(scored: Scored, edges, rate: int):
     for phase in ["all", *range(rate)]:
         chosen = held if phase == "all" else held & (scored.fact_offset % rate == phase)
         if chosen.any():
-            rows.append(
-                {
-                    "phase": phase,
-                    "queries": int(chosen.sum()),
-                    "accuracy": scored.correct[chosen].float().mean().item(),
-                }
-            )
+            rows.append({"phase": phase, **counted(scored, chosen)})
     return rows
 
 
 AFTER = (0, 1, 2, 3)  # key_use's columns: facts stated after the asked one, the last "or more"
-
-
-def accuracy(correct: torch.Tensor):
-    return correct.float().mean().item() if len(correct) else None
 
 
 def key_use(scored: Scored, edges) -> list:

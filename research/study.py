@@ -167,38 +167,33 @@ def groups(runs) -> dict:
 
 
 def tables(runs: list) -> None:
-    """Per run: the loss by bucket, what the far memory is worth by bucket, the zone over
-    training; per model and budget over the seeds: the loss and its differences from XL-96."""
-    buckets = list(runs[0]["loss_by_copy_distance"])
-    share = " | ".join(f"{runs[0]['loss_by_copy_distance'][b]['share']:.3f}" for b in buckets)
-    print("Validation loss (nats/char) by copy distance beyond the segment, per run\n")
-    print("| model | budget | seed | commit | val | " + " | ".join(buckets) + " |")
-    print("| --- " * (5 + len(buckets)) + "|")
-    print(f"| share of characters | | | | | {share} |")
-    for r in runs:
-        rows = r["loss_by_copy_distance"]
-        cells = " | ".join(f"{loss(rows, b):.3f}" for b in buckets)
-        head = f"| {label(r)} | {r['budget']} | {r['seed']} | {r['commit']} | {r['val_loss']:.4f} |"
-        print(f"{head} {cells} |")
+    """Per run: the loss, what its far memory is worth, the zone over training; per model and
+    budget over the seeds: the loss and its differences from XL-96 trained alike."""
     print(
-        "\nWhat the far memory is worth: the same checkpoint without it minus with it (conv, omax: "
-        "c_mem emptied; xl192: mem cut to 96), by bucket\n"
+        f"Per run: the validation loss (nats/char), the loss in {ZONE}, what the far memory is "
+        f"worth there and at most\nwhere it cannot reach (the same checkpoint without it minus "
+        f"with it: conv, omax with c_mem emptied, xl192\nwith mem cut to 96), and over training "
+        f"the loss in {ZONE} minus in {BEYOND} (beyond every reach)\n"
     )
-    print("| model | budget | seed | " + " | ".join(buckets) + " | largest where it cannot reach |")
-    print("| --- " * (4 + len(buckets)) + "|")
+    print(
+        f"| model | budget | seed | commit | val | {ZONE} | worth in {ZONE} | largest elsewhere "
+        f"| {ZONE} minus {BEYOND} by step |"
+    )
+    print("| --- " * 9 + "|")
     for r in runs:
+        worth_cells = " | "
         if r["model"] in WORTH:
             ablation, reaches = WORTH[r["model"]]
             w = worth(r, ablation)
-            elsewhere = max(w[b] for b in buckets if b not in reaches)
-            cells = " | ".join(f"{w[b]:+.4f}" for b in buckets)
-            print(f"| {label(r)} | {r['budget']} | {r['seed']} | {cells} | {elsewhere:+.4f} |")
-    print(f"\nOver training: the loss in {ZONE} minus in {BEYOND} (beyond every reach), per run")
-    for r in runs:
+            elsewhere = max(value for bucket, value in w.items() if bucket not in reaches)
+            worth_cells = f"{w[ZONE]:+.4f} | {elsewhere:+.4f}"
         gains = ", ".join(
             f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]
         )
-        print(f"  {label(r)}, {r['budget']}, seed {r['seed']}: {gains}")
+        print(
+            f"| {label(r)} | {r['budget']} | {r['seed']} | {r['commit']} | {r['val_loss']:.4f} | "
+            f"{loss(r['loss_by_copy_distance'], ZONE):.3f} | {worth_cells} | {gains} |"
+        )
     print(
         f"\nMeans over seeds (min-max); minus XL-96: the difference of the means at the same "
         f"budget; worth: of the far memory in {ZONE}\n"
