@@ -1,14 +1,12 @@
 """PPO that remembers a cue: the agent acts one step per call, and each update re-runs the rollout
 in one call from the memory stored at its start, exactly as the agent acted.
 
-Each of --envs environments plays one episode after another. An episode shows a cue (one of
-four) at its first step, then --min-delay to --max-delay blank steps (40 to 100), then a query:
-the action taken at the query is the answer, rewarded 1 if it names the cue, 0 otherwise, and the
-episode ends there. The environments' episodes end at different steps. The agent is an
-embedding of the observation, AgentCore (beyond_the_paper/agent.py) as its memory, and a policy
-and a value head: PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments),
-with rollouts of --rollout steps (32: not a multiple of n_s = 24 here, so rollouts begin and end
-inside segments).
+Each of --envs environments plays one episode after another: a cue (one of four) at its first
+step, then --min-delay to --max-delay blank steps, then a query, where the action is rewarded 1 if
+it names the cue and the episode ends. The agent: an embedding, AgentCore as its memory, a policy
+and a value head; PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), with
+rollouts of --rollout steps (32: not a multiple of n_s = 24, so rollouts begin and end inside
+segments).
 
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png

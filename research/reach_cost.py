@@ -4,24 +4,20 @@ back beyond the segment.
     python -m research.reach_cost                  # reaches 256 512 1024 2048, OUT/reach_cost.png
     python -m research.reach_cost --reaches 256 1024 --rounds 5
 
-The models are those of train_shakespeare.py's flags (the compressive model's n_m, n_cm and c)
-and its training step (train_shakespeare.make_train_step).
-
-For each reach N: Transformer-XL with n_m = N, against the compressive model with the same reach,
-a quarter of it as raw memory and the rest compressed at rate c: n_m = N / 4, n_cm = 3N / (4c)
-(N = 1024, c = 4: 256 + 192 slots against 1024). First the pair at the flags' own memory, the
-compressive model against Transformer-XL with as many slots (n_m + n_cm), the price of the
-compression itself. Measured for each model, on random tokens with full memories:
+The models are those of train_shakespeare.py's flags and its training step. For each reach N:
+Transformer-XL with n_m = N against the compressive model with a quarter of it as raw memory and
+the rest compressed at rate c, n_m = N / 4 and n_cm = 3N / (4c); first the pair at the flags' own
+memory against XL with as many slots, the price of the compression itself. Measured on random
+tokens with full memories:
 
   train ms/step   forward, both losses, backward and the optimizer step, as train_shakespeare.py
   gen ms/token    one token through the model with its memory carried (batch 1, no gradient)
   state           the memory state carried between segments, in bytes, from the tensors
 
 The two models are timed in alternation, one step (or 16 tokens) each per round, so machine noise
-hits both alike; the median of the rounds is reported, warm-up excluded. Beside the measurement,
-the count from the shapes: keys per query, slots per layer, and the FLOPs of a training step,
-split into the model's own work and the compression's (f_c and its reconstruction loss, which
-attends over the evicted memories once per layer and segment).
+hits both alike; the median of the rounds is reported. Beside it, the count from the shapes: keys
+per query, slots per layer, and a step's FLOPs, the model's own and the compression's (f_c and its
+reconstruction loss).
 """
 
 import argparse

@@ -209,12 +209,15 @@ def tables(runs: list) -> None:
         return f"{sum(values) / len(values):.4f} ({min(values):.3f}-{max(values):.3f})"
 
     for (name, budget), members in found.items():
-        model, base = members[0]["model"], found.get(("xl96", budget))
+        model, extra = members[0]["model"], members[0]["extra"]
+        base = found.get((" ".join(["xl96", *extra]), budget)) or found.get(("xl96", budget))
         cells = [
             spread([r["val_loss"] for r in members]),
             spread([loss(r["loss_by_copy_distance"], ZONE) for r in members]),
             *(
-                "" if base is None or name == "xl96" else f"{mean(members, b) - mean(base, b):+.4f}"
+                ""
+                if base is None or base is members
+                else f"{mean(members, b) - mean(base, b):+.4f}"
                 for b in ("val", ZONE)
             ),
             spread([worth(r, WORTH[model][0])[ZONE] for r in members]) if model in WORTH else "",
@@ -233,19 +236,21 @@ def plot(runs, path: str) -> None:
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5))
     buckets = list(runs[0]["loss_by_copy_distance"])
     x = range(len(buckets))
-    for (name, budget), members in groups([r for r in runs if not r["extra"]]).items():
+    plain = [r for r in runs if not r["extra"]] or runs  # the levers are left to the tables
+    for (_, budget), members in groups(plain).items():
         seeds = f"{len(members)} seed{'s' * (len(members) > 1)}"
+        model = members[0]["model"]
         style = dict(
-            linestyle="-" if budget == "long" else "--", color=f"C{list(MODELS).index(name)}"
+            linestyle="-" if budget == "long" else "--", color=f"C{list(MODELS).index(model)}"
         )
         means = [mean(members, b) for b in buckets]
-        left.plot(x, means, marker="o", label=f"{name} ({budget}, {seeds})", **style)
+        left.plot(x, means, marker="o", label=f"{model} ({budget}, {seeds})", **style)
         for r in members:
             steps = [h["step"] for h in r["history"]]
             gains = [zone_gain(h["loss_by_copy_distance"]) for h in r["history"]]
             right.plot(steps, gains, marker=".", **style)
-            if name in WORTH:
-                w = worth(r, WORTH[name][0])
+            if model in WORTH:
+                w = worth(r, WORTH[model][0])
                 middle.plot(x, [w[b] for b in buckets], marker=".", alpha=0.8, **style)
     for ax, title in (
         (left, "validation loss by copy distance beyond the segment"),

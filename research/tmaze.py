@@ -8,18 +8,13 @@ the cue; L is drawn from --min-gap to --max-gap. Three memories, each one layer 
     xl-slots      Transformer-XL with as many slots: n_m = 32, n_cm = 0: reach 32
     xl-reach      Transformer-XL with as long a reach: n_m = 80, n_cm = 0: 80 slots
 
-Segments of n_s = 16 steps are counted from the episode's first step, and a step sees its segment's
-earlier steps and the memory as it stood when its segment began: the query at step L sees the cue
-when 16 * floor(L / 16) <= reach, that is L < 96 for a reach of 80 and L < 48 for 32. The gaps
-of 48 to 95 put every cue beyond xl-slots and within the other two (research/test_tmaze.py checks
-both by changing the cue). One layer, so that no layer above stretches the reach.
-
-Supervised, not reinforcement learning (to fit the time): each training batch is --batch new
-episodes, each read in one call of AgentCore from an empty memory, the cross-entropy at the query
-alone (plus f_c's reconstruction loss, as the paper trains f_c). Every --eval-every batches the
-accuracy on --eval-episodes held-out episodes is measured in one call (eval mode, no gradient);
-at the end the agent acts on them one step per call, two episodes back to back in each row, the
-second begun by `starts`, and that accuracy is the one reported (chance 0.25).
+Segments of n_s = 16 steps count from the episode's first step, so the query at step L sees the
+cue when 16 * floor(L / 16) <= reach: gaps of 48 to 95 put every cue beyond xl-slots and within
+the other two. One layer, so that no layer above stretches the reach. Supervised (to fit the
+time): each batch is --batch new episodes, each read in one call from an empty memory, the loss
+the cross-entropy at the query plus f_c's reconstruction loss; every --eval-every batches the
+held-out accuracy, and at the end the accuracy acting one step per call on the held-out episodes,
+two back to back in each row, the second begun by `starts` (chance 0.25).
 
     python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
 
