@@ -6,7 +6,7 @@ holds their reports (REACH.md) and figures, and the tests beside them specify th
     code.py         real text in which reach matters: python -m research.code (Python's library)
     corpus.py       the code corpus, built from the interpreter's own standard library
     copies.py       the loss by copy distance; python -m research.copies FILE profiles a text
-    study.py        the code study: python -m research.study run | table (docs/code_study.json)
+    study.py        the code study: python -m research.study run | table (OUT/*/study.json)
     reach_cost.py   what each model pays for reach: python -m research.reach_cost
     attention.py    where the attention goes: python -m research.attention --out OUT
     cue.py          an agent's episodes ending anywhere in an unroll: python -m research.cue

@@ -3,9 +3,8 @@
     python -m research.agent_cost                 # d_model 128, n_s 32, n_m 64, n_cm 32, batch 16
     python -m research.agent_cost --rounds 15 --batch 32
 
-With full memories and dropout 0, on the CPU, one thread, each measured as the CPU time of this
-thread (which a busy machine disturbs least), in alternation, one of each per round; the median of
-the rounds is reported, and each ratio is the median of the rounds' ratios:
+Full memories, dropout 0, one thread, each call timed as this thread's CPU time (which a busy
+machine disturbs least), in alternation; medians of the rounds, and of the rounds' ratios:
 
   acting             AgentCore, one step per call without gradient, its memory's keys kept: the
                      mean of n_s calls in a row, so that one segment's end (f_c, the FIFOs) is in

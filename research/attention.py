@@ -27,21 +27,19 @@ def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.
     segment, each cut into BUCKETS_PER_REGION equal spans (oldest first). Returns [..., 3 * n]; for
     every query the buckets add up to 1."""
     K = weights.size(-1)
-    edges = []
+    starts = []
     for start, length in ((0, n_c_mem), (n_c_mem, n_mem), (n_c_mem + n_mem, K - n_c_mem - n_mem)):
         cuts = torch.linspace(0, length, BUCKETS_PER_REGION + 1).round().long() + start
-        edges.append(cuts[:-1])
-    starts = torch.cat(edges).tolist()
+        starts += cuts[:-1].tolist()
     ends = starts[1:] + [K]
     return torch.stack([weights[..., a:b].sum(-1) for a, b in zip(starts, ends)], dim=-1)
 
 
-def bucket_names():
-    return [
-        f"{region} {i + 1}/{BUCKETS_PER_REGION}"
-        for region in ("c_mem", "mem", "segment")
-        for i in range(BUCKETS_PER_REGION)
-    ]
+BUCKET_NAMES = [
+    f"{region} {i + 1}/{BUCKETS_PER_REGION}"
+    for region in ("c_mem", "mem", "segment")
+    for i in range(BUCKETS_PER_REGION)
+]
 
 
 @torch.no_grad()
@@ -77,28 +75,17 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
         f"attention by key bucket, {counted} segments x {streams.size(0)} streams, "
         f"n_cm={cfg.c_mem_len} n_m={cfg.mem_len} n_s={cfg.seq_len} (step {step})"
     )
-    print(
-        f"{'bucket':<14}{'all':>8}"
-        + "".join(f"{'layer ' + str(i):>9}" for i in range(cfg.n_layers))
-    )
-    for b, name in enumerate(bucket_names()):
-        print(
-            f"{name:<14}{overall[b]:>8.4f}"
-            + "".join(f"{per_layer[i, b]:>9.4f}" for i in range(cfg.n_layers))
-        )
+    print(f"{'bucket':<14}{'all':>8}" + "".join(f"{f'layer {i}':>9}" for i in range(cfg.n_layers)))
+    for b, name in enumerate(BUCKET_NAMES):
+        print(f"{name:<14}{overall[b]:>8.4f}" + "".join(f"{w:>9.4f}" for w in per_layer[:, b]))
     if recon_count:
         print(f"mean reconstruction loss, summed over the layers: {recon_total / recon_count:.5f}")
     else:
         print("no reconstruction loss: f_c has no parameters or nothing was compressed")
-    plot_attention(
-        bucket_names(), overall.tolist(), per_layer.tolist(), f"{out}/attention.png", caption
-    )
-
-
-def plot_attention(names, overall, per_layer, path: str, caption: str = "") -> None:
     plt = plots.pyplot()
     if plt is None:
         return
+    names, overall, per_layer = BUCKET_NAMES, overall.tolist(), per_layer.tolist()
     plt.figure(figsize=(9, 4.6 if caption else 4))
     plt.bar(range(len(names)), overall, color="lightgray", label="all layers")
     for i, row in enumerate(per_layer):
@@ -107,7 +94,7 @@ def plot_attention(names, overall, per_layer, path: str, caption: str = "") -> N
     plt.ylabel("mean attention weight")
     plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
     plt.legend()
-    plots.save(plt, path, caption)
+    plots.save(plt, f"{out}/attention.png", caption)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -115,16 +102,15 @@ def plot_attention(names, overall, per_layer, path: str, caption: str = "") -> N
 
 
 @torch.no_grad()
-def where_queries_look(model, streams: torch.Tensor, answers) -> list:
-    """Where the '?' of each query held in c_mem looks, per layer: its attention (mean over the
-    heads) on the compressed slot of the fact's digit, on the slot of the '=' before it when that
-    is another one, and on all of c_mem; averaged per phase of the digit in its block. Then the
+def where_queries_look(model, streams: torch.Tensor, answers) -> None:
+    """Print where the '?' of each query held in c_mem looks, per layer: its attention (mean over
+    the heads) on the compressed slot of the fact's digit, on the slot of the '=' before it when
+    that is another one, and on all of c_mem; averaged per phase of the digit in its block. Then the
     same for the queries whose fact (its '=' and digit) is held in mem, phase "mem": there the
     digit and the '=' have a slot each, so a layer that looks only at the digit (any digit, also
     an answer's) shows apart from one that looks for the '=' only a fact has. streams: the
     evaluation's streams [n, L + 1] (full segments only are read). Assumes n_s and n_m are
-    multiples of c, as in the recipes, so that mem always holds n_m. Rows of {"phase", "layer",
-    "digit_slot", "marker_slot", "c_mem", "queries"}."""
+    multiples of c, as in the recipes, so that mem always holds n_m."""
     cfg = model.cfg
     n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
     n_streams, length = streams.size(0), streams.size(1) - 1
@@ -157,23 +143,7 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> list:
                     on_marker = w[marker] if marker != digit else 0.0
                     sums[group, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
                 counts[group] += 1
-    return [
-        {
-            "phase": p if p < c else "mem",
-            "layer": layer,
-            "queries": int(counts[p]),
-            **dict(
-                zip(("digit_slot", "marker_slot", "c_mem"), (sums[p, layer] / counts[p]).tolist())
-            ),
-        }
-        for p in range(c + 1)
-        if counts[p]
-        for layer in range(cfg.n_layers)
-    ]
-
-
-def print_where_queries_look(rows) -> None:
-    if not rows:
+    if not counts.any():
         print(
             "no query held in c_mem or mem was read in full segments: nothing to show of where "
             "they look"
@@ -186,12 +156,14 @@ def print_where_queries_look(rows) -> None:
         "the digit's slot and on the '='s"
     )
     print(f"{'phase':>5}{'queries':>9}{'layer':>7}{'digit slot':>12}{'= slot':>8}{'c_mem':>8}")
-    for row in rows:
-        marker = f"{row['marker_slot']:.3f}" if row["phase"] in (0, "mem") else "-"
-        print(
-            f"{row['phase']:>5}{row['queries']:>9}{row['layer']:>7}{row['digit_slot']:>12.3f}"
-            f"{marker:>8}{row['c_mem']:>8.3f}"
-        )
+    for p in (p for p in range(c + 1) if counts[p]):
+        for layer in range(cfg.n_layers):
+            digit, marker, on_c_mem = (sums[p, layer] / counts[p]).tolist()
+            marker = f"{marker:.3f}" if p in (0, c) else "-"
+            print(
+                f"{p if p < c else 'mem':>5}{int(counts[p]):>9}{layer:>7}{digit:>12.3f}"
+                f"{marker:>8}{on_c_mem:>8.3f}"
+            )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,7 +201,7 @@ def analyze_checkpoint(args) -> None:
     )
     analyze(model, streams, ckpt["step"], args.out, caption)
     if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
-        print_where_queries_look(where_queries_look(model, streams, answers))
+        where_queries_look(model, streams, answers)
 
 
 if __name__ == "__main__":

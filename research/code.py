@@ -16,7 +16,7 @@ import train_shakespeare
 from research import copies, corpus
 from training import distributed, evaluate, files
 from training.checks import UserError, exit_status
-from training.data import DEFAULT_DATA, Data, encode
+from training.data import Data, encode
 from training.data import load_data as load_text
 from training.device import keep_freed_memory
 
@@ -41,9 +41,9 @@ def parse_args(argv=None):
 
 
 def load_data(args, saved_args=None, need_train: bool = True) -> Data:
-    """The corpus, built on first use into data/; the validation text is whole files, the first
-    --val-chars or a little more (the whole split is long to evaluate often)."""
-    train, val, manifest = corpus.load(os.path.dirname(DEFAULT_DATA))
+    """The corpus; the validation text is whole files, the first --val-chars or a little more
+    (the whole split is long to evaluate often)."""
+    train, val, manifest = corpus.load()
     given = [getattr(args, "val_chars", None), (saved_args or {}).get("val_chars"), VAL_CHARS]
     val = corpus.first_files(val, next(n for n in given if n is not None))
     return Data(
@@ -61,7 +61,9 @@ def geometry(data: Data, n_streams: int, seq_len: int):
     return copies.evaluation_geometry(text, n_streams, seq_len)
 
 
-def train(args) -> None:
+def train(args) -> dict:
+    """Train on the corpus, the loss by copy distance at each evaluation; the run's metrics (rank
+    0 of a finished run; else None), the last evaluation's loss by copy distance among them."""
     with distributed.processes():
         data = load_data(args)
         where = geometry(data, args.batch_size, args.seq_len)
@@ -75,13 +77,14 @@ def train(args) -> None:
             return {"val_loss": evaluation.loss, "loss_by_copy_distance": rows}
 
         metrics = train_shakespeare.train(args, data, validate)
-    if metrics is not None:  # rank 0, the run finished: the last evaluation's, as val_loss
+    if metrics is not None:
         rows = metrics["loss_by_copy_distance"] = metrics["history"][-1]["loss_by_copy_distance"]
         copies.print_by_bucket(rows, regions)
         files.write_json(os.path.join(args.out, "metrics.json"), metrics)
+    return metrics
 
 
-def evaluate_checkpoint(args) -> None:
+def evaluate_checkpoint(args) -> dict:
     """--eval-only: the loss of OUT/ckpt.pt by copy distance, its memory cut where asked."""
     model, ckpt, cut = evaluate.load_checkpoint(args, tasks=("code", "shakespeare"))
     if ckpt["args"].get("task", "shakespeare") == "shakespeare":
@@ -97,24 +100,25 @@ def evaluate_checkpoint(args) -> None:
     copies.print_by_bucket(rows, copies.regions_of(model.reach(), n_s), label)
     result = {"val_loss": evaluation.loss, "step": ckpt["step"], "loss_by_copy_distance": rows}
     files.record_evaluation(args.out, cut, result)
+    return result
+
+
+def run(args) -> dict:
+    """The command on its parsed flags: the training's metrics, or the evaluation's result."""
+    train_shakespeare.check_args(args)
+    if args.val_chars is not None and args.val_chars < 1000:
+        raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
+    if args.eval_only:
+        return evaluate_checkpoint(args)
+    if args.data is not None:
+        raise UserError("--data: the code corpus is its own text")
+    return train(args)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     keep_freed_memory()
-
-    def run():
-        train_shakespeare.check_args(args)
-        if args.val_chars is not None and args.val_chars < 1000:
-            raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
-        if args.eval_only:
-            evaluate_checkpoint(args)
-        elif args.data is not None:
-            raise UserError("--data: the code corpus is its own text")
-        else:
-            train(args)
-
-    return exit_status(run)
+    return exit_status(lambda: run(args))
 
 
 if __name__ == "__main__":

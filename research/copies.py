@@ -1,26 +1,18 @@
 """Loss by copy distance: which characters a longer reach could help with, and whether it does.
 
-Long context helps a language model almost only where the next character can be copied from far
-back (Sun et al. 2021, arXiv 2109.09115). For the character at position p, its copy distance is
-p - q, where q < p is the last earlier position at which the same n-gram (the n characters ending
-at the character) ended, within the same stream; "never" where there is none. A model that sees
-position q can copy the character from there.
-
-Whether a model *can* see q depends on where the character sits in its segment: the query that
-predicts position p is the input at p - 1, at index i of its segment, and it sees i keys of its
-own segment back, then n_m memories, then c * n_cm characters through the compressed memory.
-The copy's token lies d - 1 back from that query, so it is
-
-    beyond the segment by  e = (d - 1) - i     (e <= 0: inside the segment)
-
-and reachable through mem when 1 <= e <= n_m, through c_mem when n_m < e <= n_m + c * n_cm. The
-buckets are drawn on e, the same for every model evaluated with the same n_s, so two models are
-compared on the same characters. EDGES are those of the study's geometries (n_s 64): 64 the
-compressive model's mem, 96 an equal-slots Transformer-XL's (64 + 32 slots), 192 the compressive
-model's reach at c = 4 and Transformer-XL with n_m 192's. The bucket 97-192 holds the characters
-that only the compressed memory (or a Transformer-XL as long as its reach) can copy.
-
     python -m research.copies FILE [FILE ...]      # a text's share of characters by copy distance
+
+Long context helps a language model almost only where the next character can be copied from far
+back (Sun et al. 2021, arXiv 2109.09115). The copy distance of the character at position p is
+p - q, for the last earlier q in the same stream at which the same n-gram ended ("never" where
+there is none); a model that sees q can copy the character from there. The query that predicts p
+is the input at p - 1, at index i of its segment: it sees i keys of its own segment, then n_m
+memories, then c * n_cm characters through c_mem. The copy lies beyond the segment by
+e = (d - 1) - i (e <= 0: inside it), reachable through mem when 1 <= e <= n_m and through c_mem
+when n_m < e <= n_m + c * n_cm. The buckets are drawn on e, the same for every model evaluated
+with the same n_s. EDGES are the code study's (n_s 64): 64 the compressive model's mem, 96 an
+equal-slots Transformer-XL's, 192 the compressive model's reach at c = 4 and XL-192's; 97-192
+holds what only the compressed memory (or an XL as long as its reach) can copy.
 """
 
 import argparse

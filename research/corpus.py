@@ -2,7 +2,7 @@
 running interpreter's own standard-library sources (no network, no new dependency).
 
 Source code repeats itself far back: a name defined at the top of a module is used again hundreds
-of characters later. The builder is deterministic:
+of characters later. The builder is deterministic, and builds in memory once per process:
 
   * the .py files under the standard-library folder that sysconfig reports, in sorted order of
     their relative paths ('/' separated);
@@ -16,25 +16,17 @@ of characters later. The builder is deterministic:
   * the validation split is whole files: a file belongs to it when the first byte of the SHA-256
     of its relative path is below 26 (about 10% of the files, stable when files come and go).
 
-The result is data/python<version>-stdlib/{train,val}.txt with manifest.json (Python version,
-file counts, characters, SHA-256 of both texts). Each file is written atomically and the manifest
-last, and a later run trusts the texts only where the manifest names its interpreter and the
-texts' digests match: an interrupted build is rebuilt, and so is a corpus made by another Python.
+Its description (the run's log, the checkpoint) names the interpreter, the files and the first
+digits of the validation text's SHA-256, so that two runs can tell whether they read one text.
 """
 
+import functools
 import hashlib
-import json
 import os
 import platform
 import string
 import sysconfig
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: nothing keeps two processes from building at once
-    fcntl = None
-
-from training import files
 from training.checks import UserError, one_line
 
 PLACEHOLDER = "\x1a"  # ASCII SUB, "substitute": stands for any character outside the alphabet
@@ -42,7 +34,6 @@ VOCAB = sorted(
     "\n" + PLACEHOLDER + "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c")
 )
 EXCLUDED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
-FORMAT = 1  # bump when the rules above change, so that old corpora are rebuilt
 _KEEP = frozenset(VOCAB)
 
 
@@ -70,8 +61,14 @@ def source_files(root: str):
     return sorted(found)
 
 
+def load(root: str = None):
+    """(train text, val text, manifest) of the library under root (the interpreter's own by
+    default), built once per process."""
+    return build(root or stdlib_root())
+
+
+@functools.lru_cache(maxsize=2)
 def build(root: str):
-    """(train text, val text, manifest) of the library under root."""
     paths = source_files(root)
     if not paths:
         raise UserError(
@@ -94,89 +91,15 @@ def build(root: str):
             f"training and a validation split"
         )
     manifest = {
-        "format": FORMAT,
-        "python": python_version(),
-        "root": root,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
         "files": {split: len(chunks) for split, chunks in parts.items()},
-        "chars": {split: len(text) for split, text in texts.items()},
-        "sha256": {split: sha256(text) for split, text in texts.items()},
+        "val_sha256": hashlib.sha256(texts["val"].encode()).hexdigest(),
     }
     return texts["train"], texts["val"], manifest
 
 
-def python_version() -> str:
-    return f"{platform.python_implementation()} {platform.python_version()}"
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def stdlib_root() -> str:
     return sysconfig.get_paths()["stdlib"]
-
-
-def folder_for(data_dir: str) -> str:
-    return os.path.join(
-        data_dir, "python" + ".".join(platform.python_version_tuple()[:2]) + "-stdlib"
-    )
-
-
-def cached(folder: str, root: str):
-    """(train, val, manifest) of a complete corpus built from root by this interpreter, or the
-    reason there is none."""
-    try:
-        with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
-        texts = {}
-        for split in ("train", "val"):
-            with open(os.path.join(folder, f"{split}.txt"), encoding="utf-8") as f:
-                texts[split] = f.read()
-    except (OSError, ValueError):
-        return None, "none built yet"
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return None, "its manifest is of another format"
-    if manifest.get("python") != python_version() or manifest.get("root") != root:
-        return None, f"it was built by {manifest.get('python')} from {manifest.get('root')}"
-    if manifest.get("sha256") != {split: sha256(text) for split, text in texts.items()}:
-        return None, "its texts do not match their manifest (an interrupted build?)"
-    return (texts["train"], texts["val"], manifest), None
-
-
-def load(data_dir: str, root: str = None, say=print):
-    """The code corpus: (train text, val text, manifest), reused from data_dir where a complete
-    one from this interpreter is there, else built and saved there. Processes that start at once
-    (torchrun, a study's runs) build it one at a time: the first builds, the others reuse."""
-    root = root or stdlib_root()
-    folder = folder_for(data_dir)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, ".lock"), "w") as lock:
-            if fcntl is not None:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            return load_or_build(folder, root, say)
-    except OSError as e:
-        raise UserError(f"cannot write the code corpus to {folder} ({one_line(e)})") from None
-
-
-def load_or_build(folder: str, root: str, say):
-    corpus, why = cached(folder, root)
-    if corpus is not None:
-        return corpus
-    say(f"building the code corpus from {root} into {folder} ({why})")
-    train, val, manifest = build(root)
-    # the manifest is written last: before it is, the texts are not trusted
-    if os.path.exists(os.path.join(folder, "manifest.json")):
-        os.remove(os.path.join(folder, "manifest.json"))
-    for split, text in (("train", train), ("val", val)):
-        files.write_atomically(
-            os.path.join(folder, f"{split}.txt"), lambda f, text=text: f.write(text.encode())
-        )
-    files.write_atomically(
-        os.path.join(folder, "manifest.json"),
-        lambda f: f.write(json.dumps(manifest, indent=1).encode()),
-    )
-    return train, val, manifest
 
 
 def first_files(val: str, n_chars: int) -> str:
@@ -189,5 +112,5 @@ def first_files(val: str, n_chars: int) -> str:
 def describe(manifest) -> str:
     return (
         f"code: the {manifest['python']} standard library, {sum(manifest['files'].values())} "
-        f"files ({manifest['files']['val']} for validation)"
+        f"files ({manifest['files']['val']} for validation, sha256 {manifest['val_sha256'][:12]})"
     )

@@ -22,13 +22,10 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
-
-N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
+from research.ppo_cue import BLANK, N_CUES, QUERY, Agent
 
 
 def episodes(n_envs: int, length: int, min_blanks: int, max_blanks: int, generator):
@@ -58,22 +55,6 @@ def episodes(n_envs: int, length: int, min_blanks: int, max_blanks: int, generat
                     targets[env, query], cue_steps[env, query] = cue, step
             step = query + 1
     return observations, starts, targets, cue_steps
-
-
-class Agent(nn.Module):
-    """An input layer of its own, the model's hidden_states as its memory, a policy head."""
-
-    def __init__(self, cfg: CompressiveConfig):
-        super().__init__()
-        self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
-        self.memory = AgentCore(cfg)  # the layers alone: no token embedding, no head
-        self.policy = nn.Linear(cfg.d_model, N_CUES)
-
-    def forward(self, observations, memory, starts):
-        h, memory, recon_loss = self.memory.hidden_states(
-            self.observe(observations), memory, starts
-        )
-        return self.policy(h), memory, recon_loss
 
 
 def parse_args(argv):
@@ -114,7 +95,7 @@ def main(argv=None) -> int:
     cfg = CompressiveConfig(
         d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32, compression_rate=4
     )
-    agent = Agent(cfg)
+    agent = Agent(cfg, value=False)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
     T = args.unroll_len
     generator = torch.Generator().manual_seed(args.seed)

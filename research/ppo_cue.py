@@ -1,14 +1,12 @@
 """PPO that remembers a cue: the agent acts one step per call, and each update re-runs the rollout
 in one call from the memory stored at its start, exactly as the agent acted.
 
-Each of --envs environments plays one episode after another. An episode shows a cue (one of
-four) at its first step, then --min-delay to --max-delay blank steps (40 to 100), then a query:
-the action taken at the query is the answer, rewarded 1 if it names the cue, 0 otherwise, and the
-episode ends there. The environments' episodes end at different steps. The agent is an
-embedding of the observation, AgentCore (beyond_the_paper/agent.py) as its memory, and a policy
-and a value head: PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments),
-with rollouts of --rollout steps (32: not a multiple of n_s = 24 here, so rollouts begin and end
-inside segments).
+Each of --envs environments plays one episode after another: a cue (one of four) at its first
+step, then --min-delay to --max-delay blank steps, then a query, where the action is rewarded 1 if
+it names the cue and the episode ends. The agent: an embedding, AgentCore as its memory, a policy
+and a value head; PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), with
+rollouts of --rollout steps (32: not a multiple of n_s = 24, so rollouts begin and end inside
+segments).
 
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
@@ -36,12 +34,7 @@ class CueEnvs:
     """n_envs environments of the cue task, stepped together on the CPU."""
 
     def __init__(self, n_envs: int, min_delay: int, max_delay: int, generator):
-        self.n, self.min_delay, self.max_delay, self.generator = (
-            n_envs,
-            min_delay,
-            max_delay,
-            generator,
-        )
+        self.min_delay, self.max_delay, self.generator = min_delay, max_delay, generator
         self.cue = torch.zeros(n_envs, dtype=torch.long)
         self.left = torch.zeros(n_envs, dtype=torch.long)  # blank steps before the query
         self.observation = torch.zeros(n_envs, dtype=torch.long)
@@ -68,17 +61,22 @@ class CueEnvs:
 
 
 class Agent(nn.Module):
-    def __init__(self, cfg: CompressiveConfig):
+    """An input layer of its own, AgentCore as its memory, a head that names the cue and, for
+    PPO, a value head (research/cue.py and research/tmaze.py train this agent too)."""
+
+    def __init__(self, cfg: CompressiveConfig, observations: int = QUERY + 1, value: bool = True):
         super().__init__()
-        self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
+        self.observe = nn.Embedding(observations, cfg.d_model)
         self.core = AgentCore(cfg)
         self.policy = nn.Linear(cfg.d_model, N_CUES)
-        self.value = nn.Linear(cfg.d_model, 1)
+        self.value = nn.Linear(cfg.d_model, 1) if value else None
 
-    def forward(self, observations, memory, starts):
-        """observations, starts [B, T] -> logits [B, T, N_CUES], values [B, T], memory, f_c's
-        loss."""
+    def forward(self, observations, memory=None, starts=None):
+        """observations, starts [B, T] -> logits [B, T, N_CUES], memory, f_c's loss, and with a
+        value head the values [B, T] second."""
         h, memory, recon_loss = self.core(self.observe(observations), memory, starts)
+        if self.value is None:
+            return self.policy(h), memory, recon_loss
         return self.policy(h), self.value(h)[..., 0], memory, recon_loss
 
 

@@ -4,30 +4,23 @@ back beyond the segment.
     python -m research.reach_cost                  # reaches 256 512 1024 2048, OUT/reach_cost.png
     python -m research.reach_cost --reaches 256 1024 --rounds 5
 
-The models are those of train_shakespeare.py's flags (the compressive model's n_m, n_cm and c)
-and its training step (train_shakespeare.make_train_step).
-
-For each reach N: Transformer-XL with n_m = N, against the compressive model with the same reach,
-a quarter of it as raw memory and the rest compressed at rate c: n_m = N / 4, n_cm = 3N / (4c)
-(N = 1024, c = 4: 256 + 192 slots against 1024). First the pair at the flags' own memory, the
-compressive model against Transformer-XL with as many slots (n_m + n_cm), the price of the
-compression itself. Measured for each model, on random tokens with full memories:
+The models are those of train_shakespeare.py's flags and its training step. For each reach N:
+Transformer-XL with n_m = N against the compressive model with a quarter of it as raw memory and
+the rest compressed at rate c, n_m = N / 4 and n_cm = 3N / (4c); first the pair at the flags' own
+memory against XL with as many slots, the price of the compression itself. Measured on random
+tokens with full memories:
 
   train ms/step   forward, both losses, backward and the optimizer step, as train_shakespeare.py
   gen ms/token    one token through the model with its memory carried (batch 1, no gradient)
   state           the memory state carried between segments, in bytes, from the tensors
-  peak            the memory a training step needs beyond what was held before it (on CUDA from
-                  max_memory_allocated, on Linux from the resident set's high-water mark)
 
 The two models are timed in alternation, one step (or 16 tokens) each per round, so machine noise
-hits both alike; the median of the rounds is reported, warm-up excluded. Beside the measurement,
-the count from the shapes: keys per query, slots per layer, and the FLOPs of a training step,
-split into the model's own work and the compression's (f_c and its reconstruction loss, which
-attends over the evicted memories once per layer and segment).
+hits both alike; the median of the rounds is reported. Beside it, the count from the shapes: keys
+per query, slots per layer, and a step's FLOPs, the model's own and the compression's (f_c and its
+reconstruction loss).
 """
 
 import argparse
-import ctypes
 import os
 import statistics
 import time
@@ -51,38 +44,27 @@ def pairs(args):
     """[(label, {kind: flags namespace})]: the equal-slots pair, then one pair per reach."""
     c = args.compression_rate
 
-    def flags(model, mem_len, c_mem_len):
-        return argparse.Namespace(
-            **{**vars(args), "model": model, "mem_len": mem_len, "c_mem_len": c_mem_len}
-        )
+    def pair(xl_mem_len, mem_len, c_mem_len):
+        def flags(model, n_m, n_cm):
+            return argparse.Namespace(
+                **{**vars(args), "model": model, "mem_len": n_m, "c_mem_len": n_cm}
+            )
+
+        return {
+            "xl": flags("xl", xl_mem_len, 0),
+            "compressive": flags("compressive", mem_len, c_mem_len),
+        }
 
     slots = args.mem_len + args.c_mem_len
-    out = [
-        (
-            f"{slots} slots",
-            {
-                "xl": flags("xl", slots, 0),
-                "compressive": flags("compressive", args.mem_len, args.c_mem_len),
-            },
-        )
-    ]
+    out = [(f"{slots} slots", pair(slots, args.mem_len, args.c_mem_len))]
     for reach in args.reaches:
         mem_len = reach // 4
         if reach % 4 or (reach - mem_len) % c or mem_len < c:
             raise UserError(
-                f"--reaches {reach}: a reach splits as n_m = reach/4 and n_cm = "
-                f"3 reach/(4c), so it must be a multiple of 4 with 3/4 of it a "
-                f"multiple of c = {c}, and reach/4 >= c"
+                f"--reaches {reach}: a reach splits as n_m = reach/4 and n_cm = 3 reach/(4c), so "
+                f"it must be a multiple of 4 with 3/4 of it a multiple of c = {c}, and reach/4 >= c"
             )
-        out.append(
-            (
-                f"reach {reach}",
-                {
-                    "xl": flags("xl", reach, 0),
-                    "compressive": flags("compressive", mem_len, (reach - mem_len) // c),
-                },
-            )
-        )
+        out.append((f"reach {reach}", pair(reach, mem_len, (reach - mem_len) // c)))
     return out
 
 
@@ -135,40 +117,6 @@ def count(model, batch: int) -> dict:
         "model_gflop": bench.train_flops_per_step(model, batch) / 1e9,
         "f_c_gflop": compression_flops_per_step(cfg, batch) / 1e9,
     }
-
-
-def status_mib(field: str) -> float:
-    """VmRSS (resident now) or VmHWM (its high-water mark) of this process, Linux only."""
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) / 1024
-
-
-def step_peak_mib(train, device, steps: int = 3):
-    """The median over a few training steps of the memory a step needs beyond what was held
-    before it (activations, gradients, the reconstruction loss's work), in MiB; None where it
-    cannot be measured. On CUDA from max_memory_allocated; on Linux from the resident set's
-    high-water mark, reset before each step (/proc/self/clear_refs) after the C allocator has
-    handed its free memory back (malloc_trim), so that the step's allocations show as new pages."""
-    peaks = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            before = torch.cuda.memory_allocated(device) / 2**20
-            torch.cuda.reset_peak_memory_stats(device)
-            train()
-            peaks.append(torch.cuda.max_memory_allocated(device) / 2**20 - before)
-            continue
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset the high-water mark to the resident set now
-            before = status_mib("VmRSS")
-        except (OSError, AttributeError, StopIteration):
-            return None  # not Linux with glibc
-        train()
-        peaks.append(status_mib("VmHWM") - before)
-    return statistics.median(peaks)
 
 
 def median_round_times(runs: dict, rounds: int, device) -> dict:
@@ -233,7 +181,6 @@ def measure_pair(models_flags: dict, device, rounds: int) -> dict:
     for kind in rows:
         rows[kind]["train_ms"] = train_s[kind] * 1000
         rows[kind]["gen_ms"] = gen_s[kind] * 1000 / GENERATED
-        rows[kind]["peak_mib"] = step_peak_mib(trainers[kind], device)  # after the timing
     return rows
 
 
@@ -275,7 +222,7 @@ def print_table(results, args, device) -> None:
     )
     head = (
         f"{'':<11}{'model':<13}{'n_m+n_cm':>9}{'keys':>6}{'GFLOP/step':>11}{'of it f_c':>10}"
-        f"{'train ms':>10}{'gen ms/tok':>11}{'state KiB':>10}{'peak MiB':>10}"
+        f"{'train ms':>10}{'gen ms/tok':>11}{'state KiB':>10}"
     )
     print(head)
     for r in results:
@@ -287,15 +234,13 @@ def print_table(results, args, device) -> None:
                 f"{row['keys']:>6}{row['model_gflop'] + row['f_c_gflop']:>11.2f}"
                 f"{row['f_c_gflop']:>10.2f}"
                 f"{row['train_ms']:>10.1f}{row['gen_ms']:>11.2f}{row['state_bytes'] / 1024:>10.0f}"
-                f"{'-' if row['peak_mib'] is None else format(row['peak_mib'], '.1f'):>10}"
             )
         ratio = {key: comp[key] / xl[key] if xl[key] else float("nan") for key in RATIOS}
-        peak = "-" if xl["peak_mib"] is None else f"{comp['peak_mib'] / xl['peak_mib']:.2f}"
         flops = (comp["model_gflop"] + comp["f_c_gflop"]) / xl["model_gflop"]
         print(
             f"{'':<11}{'ratio':<13}{ratio['slots']:>9.2f}{ratio['keys']:>6.2f}{flops:>11.2f}"
             f"{'':>10}{ratio['train_ms']:>10.2f}{ratio['gen_ms']:>11.2f}"
-            f"{ratio['state_bytes']:>10.2f}{peak:>10}"
+            f"{ratio['state_bytes']:>10.2f}"
         )
 
 

@@ -1,23 +1,17 @@
-"""The reach benchmark: a text in which reach is everything.
+"""The reach benchmark: a text in which reach is everything (docs/REACH.md).
 
     python -m research.recall --no-post-norm --seq-len 32 --loss-on answers   # train (README)
     python -m research.recall --eval-only --out OUT    # a checkpoint's accuracy by distance
 
 A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
 and asked for D characters later, " KK?d". Nothing but the fact predicts the digit after '?', so
-the accuracy there, by D, measures how far back a model can reach (chance 0.10). Shakespeare
-cannot show this: little of its next character depends on text more than a few dozen back.
-
-The report cuts the distances at the model's reach (model.reach()), and splits the compressed
-region by the phase of the fact's digit: its place in its block of c. The FIFO evicts memories in
-blocks of c aligned to the start of each stream, so a digit at stream offset p lands at place
-p mod c of its block, and an f_c that keeps one place of a block better than another shows up as
-one phase answered and another at chance.
-
-Training is train_shakespeare.py's, with its flags, on this text; with --loss-on answers the
-targets of every other character are IGNORE, which the training loss skips. The accuracy is read
-from what the model predicts on the validation text (training.evaluate.per_character), at each
-evaluation of the training and on a checkpoint."""
+the accuracy there, by D, measures how far back a model can reach (chance 0.10). The report cuts
+the distances at the model's reach (model.reach()) and splits the facts held in c_mem by their
+phase, the place of the digit in its block of c: the FIFO evicts blocks of c aligned to the start
+of each stream, so an f_c that keeps one place of a block worse shows up as one phase at chance.
+Training is train_shakespeare.py's, with its flags, on this text (with --loss-on answers every
+other target is IGNORE); the accuracy is read from what the model predicts on the validation text
+at each evaluation of the training and on a checkpoint."""
 
 import heapq
 import math
@@ -39,78 +33,57 @@ KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
 VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ever trained on
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
-DEFAULTS = {
-    "min_distance": 8,
-    "max_distance": 400,
-    "fact_gap": 5,
-    "live_facts": 1,
-    "distractors": False,
-    "curriculum": 0.5,
-    "curriculum_hold": 0.0,
-    "val_chars": 300_000,
-    "loss_on": "all",
+# the task's flags: name -> (type, default, help); None where a store_true flag is not given
+TASK_FLAGS = {
+    "min_distance": (int, 8, "shortest fact-to-query distance D"),
+    "max_distance": (int, 400, "longest D, drawn log-uniform in between"),
+    "fact_gap": (int, 5, "mean filler characters between facts"),
+    "live_facts": (
+        int,
+        1,
+        "most facts waiting for their query at once; with more than one, a query must be "
+        "matched to its key",
+    ),
+    "distractors": (
+        None,
+        False,
+        "go on stating facts while --live-facts wait, never to be asked: the latest fact is "
+        "then seldom the one asked for, and only its key finds it",
+    ),
+    "curriculum": (
+        float,
+        0.5,
+        "the longest D grows from --min-distance to --max-distance over this fraction of training",
+    ),
+    "curriculum_hold": (
+        float,
+        0.0,
+        "first hold every fact inside the segment (D < n_s) for this fraction of training, then "
+        "widen from there over --curriculum",
+    ),
+    "val_chars": (int, 300_000, "length of the validation text"),
+    "loss_on": (
+        ["all", "answers"],
+        "all",
+        "the characters the loss (and the validation loss) is taken on: all, or only the answer "
+        "digit after each '?', as associative-recall benchmarks train",
+    ),
 }
+DEFAULTS = {name: default for name, (_, default, _) in TASK_FLAGS.items()}
 
 
 def add_arguments(parser) -> None:
-    """The task's flags. They default to None so that a checkpoint's own settings can fill them."""
-    r = parser.add_argument_group("the recall task")
-    r.add_argument(
-        "--min-distance",
-        type=int,
-        help=f"shortest fact-to-query distance D "
-        f"(default {DEFAULTS['min_distance']}; evaluation modes default to the checkpoint's)",
-    )
-    r.add_argument(
-        "--max-distance",
-        type=int,
-        help=f"longest D, drawn log-uniform in between (default {DEFAULTS['max_distance']})",
-    )
-    r.add_argument(
-        "--fact-gap",
-        type=int,
-        help=f"mean filler characters between facts (default {DEFAULTS['fact_gap']})",
-    )
-    r.add_argument(
-        "--live-facts",
-        type=int,
-        help="most facts waiting for their query at once; with "
-        f"more than one, a query must be matched to its key (default {DEFAULTS['live_facts']})",
-    )
-    r.add_argument(
-        "--distractors",
-        action="store_true",
-        default=None,
-        help="go on stating facts "
-        "while --live-facts wait, never to be asked: the latest fact is then seldom the "
-        "one asked for, and only its key finds it",
-    )
-    r.add_argument(
-        "--curriculum",
-        type=float,
-        help="the longest D grows from --min-distance to "
-        f"--max-distance over this fraction of training (default {DEFAULTS['curriculum']})",
-    )
-    r.add_argument(
-        "--curriculum-hold",
-        type=float,
-        help="first hold every fact inside the segment "
-        "(D < n_s) for this fraction of training, then widen from there over "
-        "--curriculum: keys are learned where gradients reach both fact and query "
-        "(default 0)",
-    )
-    r.add_argument(
-        "--val-chars",
-        type=int,
-        help=f"length of the validation text (default {DEFAULTS['val_chars']})",
-    )
-    r.add_argument(
-        "--loss-on",
-        choices=["all", "answers"],
-        help="the characters the loss (and "
-        "the validation loss) is taken on: all, or only the answer digit after each "
-        "'?', as associative-recall benchmarks train (default all)",
-    )
+    """The task's flags. They default to None so that a checkpoint's own settings can fill them
+    (the evaluation modes default to the checkpoint's)."""
+    group = parser.add_argument_group("the recall task")
+    for name, (kind, default, text) in TASK_FLAGS.items():
+        flag, text = "--" + name.replace("_", "-"), f"{text} (default {default})"
+        if kind is None:
+            group.add_argument(flag, action="store_true", default=None, help=text)
+        elif isinstance(kind, list):
+            group.add_argument(flag, choices=kind, help=text)
+        else:
+            group.add_argument(flag, type=kind, help=text)
 
 
 def settings(args, saved_args=None) -> dict:
@@ -160,7 +133,6 @@ def check_args(args) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # The text
-# ----------------------------------------------------------------------------------------------
 
 
 class RecallText(NamedTuple):
@@ -284,7 +256,6 @@ def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool 
 
 # ----------------------------------------------------------------------------------------------
 # Scoring
-# ----------------------------------------------------------------------------------------------
 
 
 class Scored(NamedTuple):
@@ -327,15 +298,16 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     latest_right = (before >= 0) & (latest == data[position])
     said_latest = (before >= 0) & (predictions[position] == latest)
     facts_after = before - torch.searchsorted(digits, position - distance)  # digits in between
-    return Scored(
-        distance[whole],
-        correct[whole],
-        fact[whole],
-        back[whole],
-        latest_right[whole],
-        said_latest[whole],
-        facts_after[whole],
-    )
+    found = (distance, correct, fact, back, latest_right, said_latest, facts_after)
+    return Scored(*(t[whole] for t in found))
+
+
+def counted(scored: Scored, chosen: torch.Tensor) -> dict:
+    return {"queries": int(chosen.sum()), "accuracy": accuracy(scored.correct[chosen])}
+
+
+def accuracy(correct: torch.Tensor):
+    return correct.float().mean().item() if len(correct) else None
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -349,38 +321,22 @@ def by_distance(scored: Scored, edges, width: int):
         inside = (scored.distance >= lo) & (scored.distance < hi)
         if inside.any():
             region = next((name for name, edge in edges if hi <= edge), "beyond")
-            rows.append(
-                {
-                    "from": lo,
-                    "to": hi - 1,
-                    "region": region,
-                    "queries": int(inside.sum()),
-                    "accuracy": scored.correct[inside].float().mean().item(),
-                }
-            )
+            rows.append({"from": lo, "to": hi - 1, "region": region, **counted(scored, inside)})
     return rows
 
 
-def regions(edges):
-    """(name, from, to) of each region of the reach, and "beyond"."""
-    lows = [0] + [edge for _, edge in edges]
-    return [(name, lo, hi - 1) for (name, hi), lo in zip(edges + [("beyond", math.inf)], lows)]
-
-
 def in_regions(scored: Scored, edges):
-    """(name, mask) of the queries whose distance falls in each region of the model's reach."""
-    return [
-        (name, (scored.distance >= lo) & (scored.distance <= hi)) for name, lo, hi in regions(edges)
-    ]
+    """(name, mask) of the queries whose distance falls in each region of the model's reach (the
+    regions' edges, then "beyond")."""
+    lows = [0] + [edge for _, edge in edges]
+    bounds = zip(edges + [("beyond", math.inf)], lows)
+    return [(name, (scored.distance >= lo) & (scored.distance < hi)) for (name, hi), lo in bounds]
 
 
 def by_region(scored: Scored, edges) -> dict:
     """Accuracy over all the queries whose distance falls in each region of the model's reach."""
-    return {
-        name: scored.correct[inside].float().mean().item()
-        for name, inside in in_regions(scored, edges)
-        if inside.any()
-    }
+    regions = in_regions(scored, edges)
+    return {name: accuracy(scored.correct[inside]) for name, inside in regions if inside.any()}
 
 
 def held_in_c_mem(fact_back: torch.Tensor, edges):
@@ -407,21 +363,11 @@ def by_phase(scored: Scored, edges, rate: int):
     for phase in ["all", *range(rate)]:
         chosen = held if phase == "all" else held & (scored.fact_offset % rate == phase)
         if chosen.any():
-            rows.append(
-                {
-                    "phase": phase,
-                    "queries": int(chosen.sum()),
-                    "accuracy": scored.correct[chosen].float().mean().item(),
-                }
-            )
+            rows.append({"phase": phase, **counted(scored, chosen)})
     return rows
 
 
 AFTER = (0, 1, 2, 3)  # key_use's columns: facts stated after the asked one, the last "or more"
-
-
-def accuracy(correct: torch.Tensor):
-    return correct.float().mean().item() if len(correct) else None
 
 
 def key_use(scored: Scored, edges) -> list:
@@ -477,8 +423,9 @@ def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
 
 
 def report(scored: Scored, model, out: str, caption: str = "") -> dict:
-    """Print the accuracy-by-distance table and the phase split, plot them to OUT/recall.png (with
-    caption at its foot: how to make it again), and return them for metrics.json."""
+    """Print the accuracy-by-distance table, the phase split and the key use, plot them to
+    OUT/recall.png (with caption at its foot: how to make it again), and return them for
+    metrics.json."""
     if len(scored.distance) == 0:
         print(
             "recall accuracy by distance: no query in the validation text could be scored "
@@ -488,11 +435,9 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     cfg, edges = model.cfg, model.reach()
     rows = by_distance(scored, edges, cfg.seq_len)
     phases = by_phase(scored, edges, cfg.compression_rate)
+    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
     reach = ", ".join(f"{name} < {edge}" for name, edge in edges)
-    print(
-        f"recall accuracy by distance (chance 0.10; n_s={cfg.seq_len} n_m={cfg.mem_len} "
-        f"n_cm={cfg.c_mem_len} c={cfg.compression_rate}: {reach})"
-    )
+    print(f"recall accuracy by distance (chance 0.10; {title}: {reach})")
     print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
     for row in rows:
         span = f"{row['from']}-{row['to']}"
@@ -511,20 +456,21 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
             "latest fact\nstated would score, how often the model answered with its digit, and "
             "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for"
         )
-        columns = [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"]
+        columns = "".join(f"{column:>7}" for column in [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"])
         print(
             f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
-            + "".join(f"{column:>7}" for column in columns)
+            + columns
         )
         for row in keys:
+            after = "".join(
+                f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]
+            )
             print(
                 f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
-                f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}"
-                + "".join(f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"])
+                f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}{after}"
             )
-    title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}" + (
-        f" f_c={cfg.compression}" if cfg.mem_len and cfg.c_mem_len else ""
-    )
+    if cfg.mem_len and cfg.c_mem_len:
+        title += f" f_c={cfg.compression}"
     plot_recall(rows, edges, phases, title, os.path.join(out, "recall.png"), caption)
     return {
         "by_distance": rows,

@@ -1,8 +1,8 @@
 """The text a checkpoint learned, whichever command trained it (its args name the task): the
 script's own (Tiny Shakespeare or --data), the code corpus (research/code.py) or the recall task
-(research/recall.py). The commands that read any checkpoint (research/attention.py) take its
-validation text from here; the lesson's picture and explorer, which build on the script alone,
-read a research task's text from the file this command writes:
+(research/recall.py). research/attention.py takes a checkpoint's validation text from here; the
+lesson's picture and explorer, which build on the script alone, read a research task's text from
+the file this command writes:
 
     python -m research.tasks --out OUT    # OUT/validation.json: OUT/ckpt.pt's validation text
 
@@ -25,9 +25,9 @@ def validation_data(args, ckpt: dict):
     (else None). The script's own checkpoints read --data where it is given."""
     task = ckpt["args"].get("task", "shakespeare")
     if task != "shakespeare" and getattr(args, "data", None) is not None:
+        trained_by = checkpoint.trained_by(ckpt["args"])
         raise UserError(
-            f"--data: this checkpoint was trained by {checkpoint.trained_by(ckpt['args'])}, "
-            f"which makes its own text"
+            f"--data: this checkpoint was trained by {trained_by}, which makes its own text"
         )
     if task == "recall":
         return recall.load_data(args, saved_args=ckpt["args"], need_train=False)
@@ -40,16 +40,14 @@ def defaults(ckpt: dict) -> dict:
     """The flags' defaults of the command that trained the checkpoint, for the caption of a
     figure drawn from it (checkpoint.training_command)."""
     task = ckpt["args"].get("task", "shakespeare")
-    parse = {"recall": recall.parse_args, "code": code.parse_args}.get(
-        task, train_shakespeare.parse_args
-    )
-    return vars(parse([]))
+    parse = {"recall": recall.parse_args, "code": code.parse_args}
+    return vars(parse.get(task, train_shakespeare.parse_args)([]))
 
 
 def facts(answers) -> list:
-    """The recall task's queries (RecallText's answers: each answer digit's position and its
-    distance D) as write_validation takes them: the '?' before the answer, and the five positions
-    of the fact ' KK=d' whose digit lies D before the answer's."""
+    """The recall task's queries (each answer digit's position and its distance D) as
+    write_validation takes them: the '?' before the answer, and the five positions of the fact
+    ' KK=d' whose digit lies D before the answer's."""
     return [
         {"query": answer - 1, "fact": list(range(answer - D - 4, answer - D + 1))}
         for answer, D in answers.tolist()
@@ -62,7 +60,7 @@ def main(argv=None) -> int:
         "recall task's facts), for the lesson's memory picture and explorer (--validation)."
     )
     p.add_argument(
-        "--out", default="out", help="the folder of the checkpoint; validation.json goes there"
+        "--out", default="out", help="the checkpoint's folder; validation.json goes there"
     )
     p.set_defaults(data=None)  # the checkpoint's own text, never another
     args = p.parse_args(argv)

@@ -13,7 +13,6 @@ import torch
 from conftest import TINY_FLAGS, error_line
 from research import attention, code, copies, corpus, study
 from test_compressive import make
-from training import data
 from training.evaluate import per_character
 
 
@@ -55,7 +54,6 @@ def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_
 ):
     make_source_tree(tmp_path / "lib", repeat=40)
     monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
-    monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
     out = str(tmp_path / "run")
     flags = ["--out", out, "--steps", "4", "--eval-every", "2", "--val-chars", "1000"]
     assert code.main([*flags, *TINY_FLAGS]) == 0
@@ -65,7 +63,7 @@ def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert [h["step"] for h in metrics["history"]] == [2, 4]
     assert metrics["loss_by_copy_distance"] == metrics["history"][-1]["loss_by_copy_distance"]
-    assert study.trained_config(out, 4)["mem_len"] == 16  # what the study waits for
+    assert study.finished_training(out, 4)["step"] == 4  # what the study skips training for
     # the commands that read any checkpoint read this one on its own text
     assert attention.main(["--out", out, "--device", "cpu", "--batch-size", "2"]) == 0
     assert "validation text: code: the " in capsys.readouterr().out
@@ -73,9 +71,8 @@ def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_
     assert "the code corpus is its own text" in error_line(capsys)
 
 
-def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(tmp_path, capsys):
-    """The study's summary on hand-made results: the compressed memory's worth in the zone beyond
-    XL-96 and within the compressive model's reach, and the share of XL-192's it keeps."""
+def hand_made_records() -> dict:
+    """The study's records of four runs, made by hand: what a far memory is worth is set in."""
 
     def rows(loss, zone=0.0):
         return {
@@ -98,7 +95,7 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
             },
         }
 
-    results = {
+    return {
         "conv": run("conv", {"no c_mem": rows(1.0, 0.02), "no mem": rows(1.3)}),
         "xl192": run("xl192", {"mem 96": rows(1.01, 0.05)}),
         "xl96": run("xl96", {}),
@@ -109,37 +106,73 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
             "loss_by_copy_distance": rows(0.9, 0.01),
         },
     }
+
+
+def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(capsys):
+    """The study's tables on hand-made records: the compressed memory's worth in the zone beyond
+    XL-96 and within the compressive model's reach, and the means against XL-96."""
+    results = hand_made_records()
     worth = study.worth(results["xl192"], "mem 96")
     assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
-    study.tables(results, figure=None)
+    runs = sorted(
+        results.values(), key=lambda r: (r["extra"], list(study.MODELS).index(r["model"]))
+    )
+    study.tables(runs)
     printed = capsys.readouterr().out
-    assert "conv c_mem +0.0200, XL-192 mem beyond 96 +0.0600: 33%" in printed
-    assert "| conv | default | 1 | +0.0000 | +0.0000 | +0.0000 | +0.0200 |" in printed
-    assert "conv     default  seed 1: 5: -0.100" in printed  # the zone against beyond every reach
+    # per run: the zone's loss, the far memory's worth there and elsewhere, the zone over training
+    # against beyond every reach
+    assert "| conv | default | 1 | c | 1.0000 | 1.000 | +0.0200 | +0.0000 | 5: -0.100 |" in printed
+    assert "| xl192 | default | 1 | c | 1.0000 | 1.000 | +0.0600 | +0.0100 | 5: -0.100 |" in printed
+    assert "| xl96 | default | 1 | c | 1.0000 | 1.000 |  |  | 5: -0.100 |" in printed
     # the means over seeds, and their differences from XL-96 trained alike
     assert (
         "| conv | default | 1 | 1.0000 (1.000-1.000) | 1.0000 (1.000-1.000) | +0.0000 | +0.0000 "
         "| 0.0200 (0.020-0.020) |"
     ) in printed
-    # a lever against its model trained alike without it, on the same seed
+    # a lever is a model of its own, against XL-96 trained alike
     assert (
-        "| conv --lr 1e-3 | default | 1 | 0.9000 | -0.1000 | -0.0900 | +0.1200 (+0.0200) |"
-        in printed
-    )
+        "| conv --lr 1e-3 | default | 1 | 0.9000 (0.900-0.900) | 0.9100 (0.910-0.910) | -0.1000 "
+        "| -0.0900 | 0.1200 (0.120-0.120) |"
+    ) in printed
 
 
-def test_the_study_evaluates_a_finished_run_again_without_training_it_again(trained):
-    """A run whose training finished (its checkpoint at the last step, metrics.json written) but
-    whose ablations failed is only evaluated again; a checkpoint short of its steps is retrained."""
+@pytest.mark.slow  # draws: seconds
+def test_the_study_table_draws_its_figure_from_the_records(fresh_pyplot, tmp_path, capsys):
+    for name, record in hand_made_records().items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "study.json").write_text(json.dumps(record), encoding="utf-8")
+    assert study.main(["table", "--out", str(tmp_path)]) == 0
+    assert "Means over seeds" in capsys.readouterr().out
+    assert (tmp_path / "code_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_study_records_each_run_and_evaluates_a_finished_run_without_training_it_again(
+    trained, tmp_path, monkeypatch, capsys
+):
+    """A run whose training finished (metrics.json at its last step, with the loss by copy
+    distance) is only evaluated again; each run's record is its own file, which the table reads."""
     metrics_path = os.path.join(trained, "metrics.json")
-    assert study.trained_config(trained, 2) is None  # no loss by copy distance yet: not finished
+    assert study.finished_training(trained, 2) is None  # no loss by copy distance yet: not finished
     metrics = json.load(open(metrics_path))
     metrics["loss_by_copy_distance"] = metrics["history"][-1]["loss_by_copy_distance"] = {}
     json.dump(metrics, open(metrics_path, "w"))
-    assert study.trained_config(trained, 2)["mem_len"] == 16  # TINY_FLAGS
-    assert study.trained_config(trained, 3) is None  # stopped before the last step
-    os.remove(os.path.join(trained, "metrics.json"))
-    assert study.trained_config(trained, 2) is None  # training did not get to its end
+    assert study.finished_training(trained, 2)["step"] == 2
+    assert study.finished_training(trained, 3) is None  # stopped before the last step
+    calls = []
+    monkeypatch.setattr(study, "one_run", lambda *a: calls.append(a) or {"val_loss": 1.0})
+    out = str(tmp_path / "study")
+    flags = ["run", "--models", "conv", "xl96", "--seeds", "4", "--out", out, "--extra", "--lr 1"]
+    assert study.main(flags) == 0
+    assert [a[:4] for a in calls] == [("conv", "default", 4, ["--lr", "1"])] + [
+        ("xl96", "default", 4, ["--lr", "1"])
+    ]
+    assert json.load(open(os.path.join(out, "conv_default_s4_lr_1", "study.json"))) == {
+        "val_loss": 1.0
+    }
+    assert study.main(flags) == 0 and len(calls) == 2  # recorded: skipped
+    assert "recorded in" in capsys.readouterr().out
+    assert study.main(["table", "--out", str(tmp_path / "none")]) == 2
+    assert "no run recorded under" in error_line(capsys)
 
 
 def make_source_tree(root, repeat: int = 1):
@@ -165,7 +198,7 @@ def make_source_tree(root, repeat: int = 1):
 def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(tmp_path):
     root = tmp_path / "lib"
     make_source_tree(root)
-    train, val, manifest = corpus.load(str(tmp_path / "data"), str(root), say=lambda *a: None)
+    train, val, manifest = corpus.load(str(root))
     headers = re.findall(r"^# file: (.*)$", train + val, flags=re.M)
     kept = ["a/mod.py", "b.py", *(f"m{k:02d}.py" for k in range(30))]
     assert sorted(headers) == kept  # no tests, site-packages, caches, build files or non-.py
@@ -176,29 +209,20 @@ def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(t
     assert "\t" not in train + val and "\r" not in train + val  # tabs and CRLF normalised
     assert "return 'caf\x1a'" in train + val  # outside the alphabet: the placeholder
     assert set(train + val) <= set(corpus.VOCAB) and len(corpus.VOCAB) == 97
-    assert manifest["chars"] == {"train": len(train), "val": len(val)}
-    assert manifest["sha256"]["val"] == hashlib.sha256(val.encode()).hexdigest()
-    # a second run reuses it without reading the sources; a build cut short is not trusted
-    (root / "m00.py").write_text("changed = True\n")
-    assert corpus.load(str(tmp_path / "data"), str(root), say=lambda *a: None)[0] == train
-    folder = corpus.folder_for(str(tmp_path / "data"))
-    with open(os.path.join(folder, "val.txt"), "a") as f:
-        f.write("half")
-    said = []
-    assert "changed = True" in "".join(
-        corpus.load(str(tmp_path / "data"), str(root), say=said.append)[:2]
-    )
-    assert "do not match their manifest" in said[0]
+    digest = hashlib.sha256(val.encode()).hexdigest()
+    assert f"for validation, sha256 {digest[:12]})" in corpus.describe(manifest)
+    # built again from a copy of the same files: the same texts, whichever folder holds them
+    copy = tmp_path / "copy"
+    make_source_tree(copy)
+    assert corpus.load(str(copy)) == (train, val, manifest)
 
 
 def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "lib" / "test").mkdir(parents=True)
     (tmp_path / "lib" / "test" / "t.py").write_text("pass\n")
     monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
-    monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "data" / "tinyshakespeare.txt"))
     assert code.main(["--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
     assert "no Python sources" in error_line(capsys)
-    assert not os.path.exists(tmp_path / "data" / "python3.11-stdlib" / "manifest.json")
     assert not (tmp_path / "run" / "ckpt.pt").exists()
 
 

@@ -8,18 +8,13 @@ the cue; L is drawn from --min-gap to --max-gap. Three memories, each one layer 
     xl-slots      Transformer-XL with as many slots: n_m = 32, n_cm = 0: reach 32
     xl-reach      Transformer-XL with as long a reach: n_m = 80, n_cm = 0: 80 slots
 
-Segments of n_s = 16 steps are counted from the episode's first step, and a step sees its segment's
-earlier steps and the memory as it stood when its segment began: the query at step L sees the cue
-when 16 * floor(L / 16) <= reach, that is L < 96 for a reach of 80 and L < 48 for 32. The gaps
-of 48 to 95 put every cue beyond xl-slots and within the other two (research/test_tmaze.py checks
-both by changing the cue). One layer, so that no layer above stretches the reach.
-
-Supervised, not reinforcement learning (to fit the time): each training batch is --batch new
-episodes, each read in one call of AgentCore from an empty memory, the cross-entropy at the query
-alone (plus f_c's reconstruction loss, as the paper trains f_c). Every --eval-every batches the
-accuracy on --eval-episodes held-out episodes is measured in one call (eval mode, no gradient);
-at the end the agent acts on them one step per call, two episodes back to back in each row, the
-second begun by `starts`, and that accuracy is the one reported (chance 0.25).
+Segments of n_s = 16 steps count from the episode's first step, so the query at step L sees the
+cue when 16 * floor(L / 16) <= reach: gaps of 48 to 95 put every cue beyond xl-slots and within
+the other two. One layer, so that no layer above stretches the reach. Supervised (to fit the
+time): each batch is --batch new episodes, each read in one call from an empty memory, the loss
+the cross-entropy at the query plus f_c's reconstruction loss; every --eval-every batches the
+held-out accuracy, and at the end the accuracy acting one step per call on the held-out episodes,
+two back to back in each row, the second begun by `starts` (chance 0.25).
 
     python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
 
@@ -33,11 +28,10 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
+from research import ppo_cue
 
 N_CUES, N_DISTRACTORS = 4, 4
 QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
@@ -86,18 +80,9 @@ def episodes(n: int, min_gap: int, max_gap: int, generator):
     return observations, targets
 
 
-class Agent(nn.Module):
-    """An input layer of its own, AgentCore as its memory, a head that names the cue."""
-
-    def __init__(self, cfg: CompressiveConfig):
-        super().__init__()
-        self.observe = nn.Embedding(QUERY + 1, cfg.d_model)
-        self.memory = AgentCore(cfg)
-        self.answer = nn.Linear(cfg.d_model, N_CUES)
-
-    def forward(self, observations, memory=None, starts=None):
-        h, memory, recon_loss = self.memory(self.observe(observations), memory, starts)
-        return self.answer(h), memory, recon_loss
+def make_agent(cfg: CompressiveConfig):
+    """The cue task's agent (research/ppo_cue.py) on this task's observations, no value head."""
+    return ppo_cue.Agent(cfg, observations=QUERY + 1, value=False)
 
 
 def accuracy(logits, targets) -> float:
@@ -122,20 +107,21 @@ def act_one_step_at_a_time(agent, observations, targets) -> float:
 
 
 def run(args, memory_kind: str, seed: int):
-    """One memory, one seed: the curve [(batches, held-out accuracy)], the final one-step acting
-    accuracy, the training seconds (CPU time of this process's one thread), slots and reach."""
+    """One memory, one seed, on one thread: the curve [(batches, held-out accuracy)], the final
+    one-step acting accuracy, the training seconds (CPU time of this process's thread), slots and
+    reach."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread per run, given back after it
+    torch.set_num_threads(1)
     try:
         return train_and_act(args, memory_kind, seed)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # given back after the run
 
 
 def train_and_act(args, memory_kind: str, seed: int):
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
-    agent = Agent(cfg)
+    agent = make_agent(cfg)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
     train_data = torch.Generator().manual_seed(seed)
     held_out = episodes(
