@@ -75,7 +75,9 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
         f"attention by key bucket, {counted} segments x {streams.size(0)} streams, "
         f"n_cm={cfg.c_mem_len} n_m={cfg.mem_len} n_s={cfg.seq_len} (step {step})"
     )
-    print(f"{'bucket':<14}{'all':>8}" + "".join(f"{f'layer {i}':>9}" for i in range(cfg.n_layers)))
+    print(
+        f"{'bucket':<14}{'all':>8}" + "".join(f"{f'layer {i + 1}':>9}" for i in range(cfg.n_layers))
+    )
     for b, name in enumerate(BUCKET_NAMES):
         print(f"{name:<14}{overall[b]:>8.4f}" + "".join(f"{w:>9.4f}" for w in per_layer[:, b]))
     if recon_count:
@@ -89,7 +91,7 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
     plt.figure(figsize=(9, 4.6 if caption else 4))
     plt.bar(range(len(names)), overall, color="lightgray", label="all layers")
     for i, row in enumerate(per_layer):
-        plt.plot(range(len(names)), row, marker="o", label=f"layer {i}")
+        plt.plot(range(len(names)), row, marker="o", label=f"layer {i + 1}")
     plt.xticks(range(len(names)), names, rotation=45, ha="right")
     plt.ylabel("mean attention weight")
     plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
@@ -161,7 +163,7 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> None:
             digit, marker, on_c_mem = (sums[p, layer] / counts[p]).tolist()
             marker = f"{marker:.3f}" if p in (0, c) else "-"
             print(
-                f"{p if p < c else 'mem':>5}{int(counts[p]):>9}{layer:>7}{digit:>12.3f}"
+                f"{p if p < c else 'mem':>5}{int(counts[p]):>9}{layer + 1:>7}{digit:>12.3f}"
                 f"{marker:>8}{on_c_mem:>8.3f}"
             )
 

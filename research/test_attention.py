@@ -58,7 +58,7 @@ def test_attention_buckets_line_up_with_the_memory_layout():
 
 
 def test_attention_forced_onto_memory_shows_in_the_memory_buckets():
-    model = make(pre_norm=False).eval()  # post-LN: layer 0 attends over raw embeddings and memory
+    model = make(pre_norm=False).eval()  # post-LN: layer 1 attends over raw embeddings and memory
     d, dh = 16, 8
     with torch.no_grad():
         model.embed.weight[:, 0] = 0.0
@@ -110,14 +110,16 @@ def test_where_the_queries_of_the_recall_task_look(recall_trained, capsys):
         if re.fullmatch(r"\s*\d+\s+\d+\s+\d+\s+[\d.]+\s+\S+\s+[\d.]+", line)
     ]
     assert {(int(r[0]), int(r[2])) for r in rows} == {
-        (p, layer) for p in range(2) for layer in range(2)
+        (p, layer)
+        for p in range(2)
+        for layer in (1, 2)  # layers count from 1
     }
     for phase, _, _, digit, marker, c_mem in rows:
         assert 0.0 <= float(digit) + (float(marker) if phase == "0" else 0.0) <= float(c_mem) + 1e-3
         assert (marker == "-") == (phase != "0")
     # and, for the queries whose fact is held in mem, on the digit's and the '='s own slots
     in_mem = [line.split() for line in looks if line.split()[:1] == ["mem"]]
-    assert [int(r[2]) for r in in_mem] == [0, 1] and len({r[1] for r in in_mem}) == 1
+    assert [int(r[2]) for r in in_mem] == [1, 2] and len({r[1] for r in in_mem}) == 1
     for _, queries, _, digit, marker, c_mem in in_mem:
         assert int(queries) > 0 and float(digit) + float(marker) + float(c_mem) <= 1 + 1e-3
 
