@@ -114,6 +114,7 @@ def test_each_model_refuses_a_config_of_another():
         model_from_config(tiny())
 
 
+@pytest.mark.slow  # a fresh process that imports torch: seconds
 def test_importing_the_package_and_rebuilding_the_paper_model_never_loads_the_agent():
     """The training script rebuilds its checkpoints with model_from_config and never loads
     agent.py (nor feedback.py, which brings it) unless the config names one of those models."""
