@@ -91,13 +91,18 @@ RECONSTRUCTIONS = ("attention", "autoencoding")
 
 # The model's sizes, in the paper's symbols where it has one. `mem_len=0` gives a model without
 # memory at all (a relative-attention transformer); `c_mem_len=0` gives Transformer-XL, which drops
-# what leaves mem. `compression` names $f_c$, `reconstruction` the loss that trains it.
-# `vocab_size=None` gives a model of vectors alone, without the embedding and the head: it is
-# called through `hidden_states`.
+# what leaves mem. `compression` names $f_c$ (one of the paper's, or one's own: section 4),
+# `reconstruction` the loss that trains it. `vocab_size=None` gives a model of vectors alone,
+# without the embedding and the head: it is called through `hidden_states`. `model` names the
+# model the configuration builds: this file's is "compressive"; a model built on this file
+# names itself there, so that its configuration never builds this file's model unawares.
 #
-# A configuration saved beside the weights, `torch.save({"config": cfg, "model": ...})`, reads back
-# with `torch.load(f, weights_only=True)` inside a
-# `with torch.serialization.safe_globals([CompressiveConfig]):` block, as a Memory does.
+# A configuration saved beside the weights as plain data,
+# `torch.save({"config": dataclasses.asdict(model.cfg), "model": model.state_dict()}, f)`, reads
+# back with `torch.load(f, weights_only=True)` and rebuilds the model it names:
+# `CompressiveTransformer(CompressiveConfig(**ckpt["config"]))`, then `load_state_dict`. A
+# configuration of another model, or of an $f_c$ not in this file, is refused in one line that
+# says what builds it.
 #
 # **Departure:** a pre-LN option, `pre_norm=True`; the default is post-LN, as in the paper and
 # Transformer-XL.
@@ -113,9 +118,10 @@ class CompressiveConfig:
     mem_len: int = 64  # n_m
     c_mem_len: int = 32  # n_cm
     compression_rate: int = 4  # c
-    compression: str = "conv"  # f_c: one of COMPRESSIONS
+    compression: str = "conv"  # f_c: one of COMPRESSIONS, or the name of one's own
     reconstruction: str = "attention"  # one of RECONSTRUCTIONS
     pre_norm: bool = False
+    model: str = "compressive"  # the model it builds: this file's
 
     # A configuration is checked when it is made (section 8): one clear error per mistake.
     def __post_init__(self):
@@ -129,11 +135,13 @@ class CompressiveConfig:
 # $h^{(i)}$ for the most recent tokens, at most $n_m$ of them, and `c_mem[i - 1]` at most $n_{cm}$
 # compressed memories, $f_c$ of what fell out of mem; both oldest first, neither requiring grad.
 # `usage[i - 1]` is kept only for the most_used $f_c$, which keeps the most attended memories: the
-# attention each mem slot has received.
+# attention each mem slot has received. A most_used model's memory always holds it
+# (`empty_memory`'s too), and a call refuses one without it: a usage restarted at zero would
+# rank other memories.
 #
 # A Memory is plain data: `torch.save` writes it, and `torch.load(f, weights_only=True)`, run
 # inside a `with torch.serialization.safe_globals([Memory]):` block, reads it back without running
-# code.
+# code. It moves as its tensors do: `to(device, dtype, non_blocking=...)`, `cpu()`, `detach()`.
 #
 # The rows of a batch share their slot counts: `mem[i]` is one tensor `[B, n_mem, d_model]`, so a
 # row cannot be emptied alone. Zeroing a row's slots is not a reset: the row still attends to
@@ -148,18 +156,28 @@ class Memory(NamedTuple):
     c_mem: List[torch.Tensor]
     usage: Optional[List[torch.Tensor]] = None
 
-    # As a tensor's `.to`: `memory.to(torch.bfloat16)` works too. usage moves but stays float32:
-    # it is a running sum.
-    def to(self, device=None, dtype=None) -> "Memory":
+    # As a tensor's `.to`: `memory.to(torch.bfloat16)` and `memory.to("cuda", non_blocking=True)`
+    # work too. usage moves but stays float32: it is a running sum.
+    def to(self, device=None, dtype=None, non_blocking: bool = False) -> "Memory":
         """This memory on another device, or with mem and c_mem in another floating dtype."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
-        usage = None if self.usage is None else [u.to(device) for u in self.usage]
-        return Memory(
-            [t.to(device=device, dtype=dtype) for t in self.mem],
-            [t.to(device=device, dtype=dtype) for t in self.c_mem],
-            usage,
-        )
+
+        def move(t, dtype=dtype):
+            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
+
+        usage = None if self.usage is None else [move(u, None) for u in self.usage]
+        return Memory([move(t) for t in self.mem], [move(t) for t in self.c_mem], usage)
+
+    def cpu(self) -> "Memory":
+        """This memory on the CPU."""
+        return self.to("cpu")
+
+    def detach(self) -> "Memory":
+        """This memory with every tensor detached (a model's are already: no gradient reaches a
+        memory)."""
+        usage = None if self.usage is None else [u.detach() for u in self.usage]
+        return Memory([t.detach() for t in self.mem], [t.detach() for t in self.c_mem], usage)
 
 
 # 3. Transformer-XL relative attention -------------------------------------------------------------
@@ -398,6 +416,21 @@ class RelativeMultiHeadAttention(nn.Module):
 #   reads them; an $f_c$ of one's own may)
 # - `usage`, `[B, k*c]`: the attention each evicted memory received (only most_used reads it)
 # - `compressed`, `[B, k, d]`: one compressed memory per block of $c$
+#
+# An $f_c$ of one's own, in three steps:
+#
+# 1. an `nn.Module` whose `forward(old_mem, following, usage)` returns `compressed`, as above,
+#    made from the configuration: `MyCompress(cfg)` (cfg.d_model and cfg.compression_rate);
+# 2. a name of its own in the configuration, `compression="my_compress"`, and the class beside
+#    it where the model is made: `CompressiveTransformer(cfg, f_c=MyCompress)`. A configuration
+#    that names an $f_c$ not in this file is refused without one, so a saved configuration never
+#    rebuilds another model;
+# 3. nothing more: if it has parameters that require grad, the layer trains them by
+#    `cfg.reconstruction` (section 5), decided from the $f_c$ the layer holds at each call
+#    (`CompressiveLayer.reconstructs`); one without parameters has nothing to train, as pooling.
+#
+# test_compressive.py's `test_an_f_c_of_ones_own_trains_by_its_reconstruction_loss` follows
+# these steps.
 
 
 # The paper's best $f_c$: a 1-D convolution with kernel = stride = $c$. The windows do not overlap,
@@ -490,8 +523,12 @@ class MostUsedCompress(nn.Module):
         return old_mem.gather(1, index.unsqueeze(-1).expand(-1, -1, old_mem.size(-1)))
 
 
-# The $f_c$ that a configuration names, one per layer.
-def make_compression(cfg: CompressiveConfig) -> nn.Module:
+# The $f_c$ that a configuration names, one per layer: the paper's by its name, one's own made
+# by `f_c` (section 8 checks that the two agree).
+def make_compression(cfg: CompressiveConfig, f_c=None) -> nn.Module:
+    check_compression(cfg, f_c)
+    if f_c is not None:
+        return f_c(cfg)
     c = cfg.compression_rate
     if cfg.compression == "conv":
         return ConvCompress(cfg.d_model, c)
@@ -637,7 +674,7 @@ class CompressiveLayer(nn.Module):
     # feed-forward (`residual_and_feed_forward`).
     #
     # **Departure:** GELU in the feed-forward.
-    def __init__(self, cfg: CompressiveConfig):
+    def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__()
         self.cfg, self.pre_norm = cfg, cfg.pre_norm
         self.attn_norm = nn.LayerNorm(cfg.d_model)
@@ -649,14 +686,20 @@ class CompressiveLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         # $f_c$ only where something is ever compressed: Transformer-XL ($n_{cm} = 0$) and a model
         # without memory carry no idle weights. A pooling or most_used $f_c$ has no weights, and
-        # so nothing to reconstruct for.
+        # so nothing to reconstruct for, nor a decoder.
         compresses = cfg.mem_len > 0 and cfg.c_mem_len > 0
-        self.compress = make_compression(cfg) if compresses else None
-        self.reconstructs = compresses and any(p.requires_grad for p in self.compress.parameters())
+        self.compress = make_compression(cfg, f_c) if compresses else None
         self.decoder = None
         if cfg.reconstruction == "autoencoding" and self.reconstructs:
             c = cfg.compression_rate
             self.decoder = nn.ConvTranspose1d(cfg.d_model, cfg.d_model, kernel_size=c, stride=c)
+
+    # Whether $f_c$ has weights for a reconstruction loss to train, read from the $f_c$ the layer
+    # holds now: one put in later, or frozen, is trained (or left) as it is.
+    @property
+    def reconstructs(self) -> bool:
+        f_c = self.compress
+        return f_c is not None and any(p.requires_grad for p in f_c.parameters())
 
     def forward(self, h, memory_kv, r, attn_mask):
         """h [B, T, d], the layer's input h^(i); memory_kv, r and attn_mask as the attention's.
@@ -765,7 +808,8 @@ class CompressiveLayer(nn.Module):
     def reconstruction_loss(self, old_mem, compressed, attended: Attended, n_c_mem: int):
         """old_mem [B, k*c, d] and its compression [B, k, d]; attended, this layer's attention.
         Returns the 0-dim loss."""
-        if self.decoder is not None:
+        if self.cfg.reconstruction == "autoencoding":
+            check_decoder(self)
             return autoencoding_loss(self.decoder, old_mem, compressed)
         old = slice(n_c_mem, n_c_mem + old_mem.size(1))
         return attention_reconstruction_loss(
@@ -801,15 +845,15 @@ class CompressiveTransformer(nn.Module):
 
     # The layers between the embedding and the head; a final LayerNorm under pre-LN only, since a
     # post-LN layer ends in one.
-    def __init__(self, cfg: CompressiveConfig):
+    # `f_c`: the class of an $f_c$ of one's own, which the configuration names (section 4).
+    def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__()
-        if not isinstance(cfg, CompressiveConfig):
-            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        check_model_config(self, cfg)
         self.cfg = cfg
         has_vocabulary = cfg.vocab_size is not None  # None: vectors alone, no embedding, no head
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model) if has_vocabulary else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(CompressiveLayer(cfg, f_c) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         # **Departure:** an untied output head. The embedding keeps PyTorch's $\mathcal{N}(0, 1)$
         # start: post-LN, every other layer's input is a LayerNorm output of unit scale, so layer
@@ -830,14 +874,19 @@ class CompressiveTransformer(nn.Module):
     # **Departure:** mem and c_mem start empty, not as zeros, and fill as the text is read.
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> Memory:
         # One layer's memory, `[B, 0, d_model]`, on the weights' device and in their dtype unless
-        # told otherwise.
+        # told otherwise; the most_used $f_c$'s usage `[B, 0]`, float32.
         check_batch_size(batch_size)
+        weight = self.layers[0].attn.qkv.weight
+        device = weight.device if device is None else device
 
-        def empty():
-            weight = self.layers[0].attn.qkv.weight
-            return weight.new_zeros(batch_size, 0, self.cfg.d_model, device=device, dtype=dtype)
+        def empty(*d_model, dtype=dtype or weight.dtype):
+            return torch.zeros(batch_size, 0, *d_model, device=device, dtype=dtype)
 
-        return Memory([empty() for _ in self.layers], [empty() for _ in self.layers])
+        usage = None
+        if self.cfg.compression == "most_used":
+            usage = [empty(dtype=torch.float32) for _ in self.layers]
+        d = self.cfg.d_model
+        return Memory([empty(d) for _ in self.layers], [empty(d) for _ in self.layers], usage)
 
     # The embedding, then `hidden_states`, then the head.
     def forward(self, tokens: torch.Tensor, memory: Optional[Memory] = None):
@@ -860,11 +909,10 @@ class CompressiveTransformer(nn.Module):
         if memory is None:
             memory = self.empty_memory(B, device=h.device, dtype=h.dtype)
         check_memory(self, memory, B, h)
-        usage = [None] * self.cfg.n_layers  # attention per mem slot, for the most_used f_c only
-        if self.cfg.compression == "most_used" and memory.usage is not None:
-            usage = memory.usage
-        elif self.cfg.compression == "most_used":
-            usage = [torch.zeros(m.shape[:2], device=h.device) for m in memory.mem]
+        if T == 0:  # no new token: the memory as it was (a burn-in of 0 steps, say)
+            return self.out_norm(h), memory, h.new_zeros(())
+        tracks_usage = self.cfg.compression == "most_used"
+        usage = memory.usage if tracks_usage else [None] * self.cfg.n_layers  # most_used only
 
         # All layers hold the same number of memories, so $R$ and the causal mask are shared. The
         # mask is $-\infty$ where key $j$ lies in query $i$'s future, $j > M + i$.
@@ -899,7 +947,6 @@ class CompressiveTransformer(nn.Module):
             new_usage.append(layer_usage)
             recon_loss = recon_loss + layer_recon_loss
             h = out  # h^(i+2), the next layer's input
-        tracks_usage = self.cfg.compression == "most_used"
         memory = Memory(new_mem, new_c_mem, new_usage if tracks_usage else None)
         return self.out_norm(h), memory, recon_loss
 
@@ -1031,8 +1078,9 @@ def reach(cfg: CompressiveConfig, call_length: Optional[int] = None, depth: int 
 
 
 # Every size an int (a bool is not one), positive, or $\ge 0$ for the two memories (vocab_size may
-# be None); heads that divide d_model; a known $f_c$ and loss; and, where something is compressed,
-# a mem of at least one block of $c$, since evictions come in blocks.
+# be None); heads that divide d_model; a known loss, and a name for $f_c$ and for the model (the
+# model checks them: `check_model_config`); and, where something is compressed, a mem of at least
+# one block of $c$, since evictions come in blocks.
 def check_config(cfg: CompressiveConfig) -> None:
     sizes = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "seq_len", "compression_rate")
     for name in (*sizes, "mem_len", "c_mem_len"):
@@ -1049,14 +1097,58 @@ def check_config(cfg: CompressiveConfig) -> None:
         raise ValueError(f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads})")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {cfg.dropout}")
-    if cfg.compression not in COMPRESSIONS:
-        raise ValueError(f"unknown compression {cfg.compression!r}; choose one of {COMPRESSIONS}")
+    for name in ("compression", "model"):
+        if not isinstance(getattr(cfg, name), str) or not getattr(cfg, name):
+            raise TypeError(f"{name} must be a name (a str), got {getattr(cfg, name)!r}")
     if cfg.reconstruction not in RECONSTRUCTIONS:
         raise ValueError(f"unknown reconstruction {cfg.reconstruction!r}; one of {RECONSTRUCTIONS}")
     if 0 < cfg.mem_len < cfg.compression_rate and cfg.c_mem_len > 0:
         raise ValueError(
             f"mem_len ({cfg.mem_len}) must be >= compression_rate ({cfg.compression_rate}) "
             f"when c_mem_len > 0"
+        )
+
+
+# A configuration of this file's model: `model="compressive"` (a model built on this file checks
+# its own name), and an $f_c$ this file has, or one's own given beside the name.
+def check_model_config(model: nn.Module, cfg) -> None:
+    if not isinstance(cfg, CompressiveConfig):
+        raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+    if cfg.model != "compressive" and type(model) is CompressiveTransformer:
+        raise ValueError(
+            f"this config is of the model {cfg.model!r}, not compressive.py's: build it with the "
+            f"code that defines it (this project's models: beyond_the_paper.model_from_config)"
+        )
+
+
+# An $f_c$ of the paper by its name, or one's own under a name of its own (section 4). The
+# message names this project's own f_c, since its checkpoints name it.
+def check_compression(cfg: CompressiveConfig, f_c) -> None:
+    if f_c is None and cfg.compression not in COMPRESSIONS:
+        raise ValueError(
+            f"unknown compression {cfg.compression!r}: the paper's are {COMPRESSIONS}; an f_c of "
+            f"one's own is given with the model, CompressiveTransformer(cfg, f_c=...) (this "
+            f"project's overlap_max_pool: OverlapMaxPoolCompress of beyond_the_paper/"
+            f"overlap_pool.py, or beyond_the_paper.model_from_config)"
+        )
+    if f_c is not None and cfg.compression in COMPRESSIONS:
+        raise ValueError(
+            f"an f_c of one's own needs a name of its own in the config, not the paper's "
+            f"{cfg.compression!r}: say compression='my_f_c', so that the config tells the models "
+            f"apart"
+        )
+    if f_c is not None and not callable(f_c):
+        raise TypeError(f"f_c must be a class that makes an f_c from the config, got {f_c!r:.40}")
+
+
+# An $f_c$ with weights trained by the auto-encoding loss needs the decoder, made with the layer
+# when its $f_c$ had weights: one put in later has none.
+def check_decoder(layer: nn.Module) -> None:
+    if layer.decoder is None:
+        raise ValueError(
+            "this layer's f_c has weights, and the autoencoding loss trains them through a "
+            "decoder the layer was made without: make the model with its f_c, "
+            "CompressiveTransformer(cfg, f_c=...), rather than setting layer.compress"
         )
 
 
@@ -1086,11 +1178,8 @@ def check_tokens(model: nn.Module, tokens) -> None:
             f"tokens must be an integer tensor of int64 (or int32) ids, got dtype {tokens.dtype}: "
             f"use tokens.long()"
         )
-    if tokens.dim() != 2 or 0 in tokens.shape:
-        raise ValueError(
-            f"tokens must be 2-D [batch, time] with at least one token per row, got shape "
-            f"{tuple(tokens.shape)}"
-        )
+    if tokens.dim() != 2 or tokens.size(0) == 0:
+        raise ValueError(f"tokens must be 2-D [batch >= 1, time], got shape {tuple(tokens.shape)}")
     if tokens.device.type == "cpu" and not torch.compiler.is_compiling():
         check_token_range(model, tokens)
 
@@ -1126,9 +1215,9 @@ def check_inputs(model: nn.Module, x) -> None:
             f"x must hold vectors, floating point, got {x.dtype} (embed token ids first)"
         )
     d_model = model.cfg.d_model
-    if x.dim() != 3 or x.size(0) == 0 or x.size(1) == 0 or x.size(2) != d_model:
+    if x.dim() != 3 or x.size(0) == 0 or x.size(2) != d_model:
         raise ValueError(
-            f"x must have shape [batch >= 1, time >= 1, d_model = {d_model}], got {list(x.shape)}"
+            f"x must have shape [batch >= 1, time, d_model = {d_model}], got {list(x.shape)}"
         )
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device}, the model on {weight.device}")
@@ -1145,7 +1234,8 @@ def check_memory(model: nn.Module, memory, batch_size: int, x: torch.Tensor) -> 
     """memory: a Memory for batch_size rows, beside the inputs x."""
     if not isinstance(memory, Memory):
         raise TypeError(
-            f"memory must be a Memory returned by the model or None, got {memory!r:.60}"
+            f"memory must be a Memory returned by the model (or model.empty_memory(batch)) or "
+            f"None, got a {type(memory).__name__}"
         )
     cfg, n_layers = model.cfg, len(model.layers)
     for name, limit in (("mem", cfg.mem_len), ("c_mem", cfg.c_mem_len)):
@@ -1170,6 +1260,11 @@ def check_memory(model: nn.Module, memory, batch_size: int, x: torch.Tensor) -> 
                 f"memory with memory.to(dtype={x.dtype})"
             )
     usage = memory.usage
+    if usage is None and cfg.compression == "most_used":
+        raise ValueError(
+            "memory.usage is None, and the most_used f_c ranks memories by it: hand on the "
+            "memory the model returned, usage included (an empty one: model.empty_memory(batch))"
+        )
     if usage is not None and not (
         isinstance(usage, (list, tuple))
         and len(usage) == n_layers
@@ -1191,5 +1286,7 @@ def check_generate_arguments(model, prompt, max_new_tokens, temperature, top_k) 
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
     check_tokens(model, prompt)  # the ids' range: on the CPU; elsewhere, once per generate here
+    if prompt.size(1) == 0:
+        raise ValueError("prompt must hold at least one token per row to sample after")
     if prompt.device.type != "cpu":
         check_token_range(model, prompt)

@@ -22,7 +22,7 @@ def recipe_blocks():
 @pytest.mark.slow  # a fresh process that imports torch and trains a small model: seconds
 def test_the_copy_recipe_runs_from_a_folder_of_the_two_files(tmp_path):
     blocks = recipe_blocks()
-    assert len(blocks) == 5 and sum("model.compile(" in block for block in blocks) == 1
+    assert len(blocks) == 6 and sum("model.compile(" in block for block in blocks) == 1
     shutil.copy(os.path.join(ROOT, "compressive.py"), tmp_path)
     shutil.copy(os.path.join(ROOT, "beyond_the_paper", "agent.py"), tmp_path)
     script = "\n".join(block for block in blocks if "model.compile(" not in block)

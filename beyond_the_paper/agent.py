@@ -35,6 +35,7 @@ It builds on compressive.py in this order:
     h, memory, recon_loss = core(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
 """
 
+import dataclasses
 import operator
 import warnings
 import zlib
@@ -52,6 +53,7 @@ from compressive import (
     autocasting,
     autoencoding_loss,
     check_batch_size,
+    check_decoder,
     check_inputs,
     check_tokens,
     reach,
@@ -175,20 +177,29 @@ class AgentMemory(NamedTuple):
         store it: the keys are most of a memory's size); the next call projects every slot."""
         return self._replace(kept=None)
 
-    def to(self, device=None, dtype=None) -> "AgentMemory":
+    def to(self, device=None, dtype=None, non_blocking: bool = False) -> "AgentMemory":
         """This memory on another device, or with its states and keys in another floating dtype
-        (usage, filled, since_start and made_by keep theirs). Keys in another dtype are not what
-        a projection in it gives: they are marked stale."""
+        (usage, filled, since_start and made_by keep theirs), as Tensor.to takes them. Keys in
+        another dtype are not what a projection in it gives: they are dropped (without_kept)."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
 
-        def move(t):
-            return t.to(device=device, dtype=dtype if t.is_floating_point() else None)
+        def move(t, dtype=dtype):
+            dtype = dtype if t.is_floating_point() else None
+            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
 
         moved = map_tensors(self, move)
-        moved = moved._replace(usage=[u.to(device) for u in self.usage])  # float32 always
+        moved = moved._replace(usage=[move(u, None) for u in self.usage])  # float32 always
         converted = dtype is not None and dtype != self.mem[0].dtype
         return moved.without_kept() if converted else moved
+
+    def cpu(self) -> "AgentMemory":
+        """This memory on the CPU."""
+        return self.to("cpu")
+
+    def detach(self) -> "AgentMemory":
+        """This memory with every tensor detached (a model's are already)."""
+        return map_tensors(self, torch.Tensor.detach)
 
 
 def one_row_kept(rows):
@@ -650,7 +661,8 @@ def reconstruction_losses(layer, ends: Ends, content_q, h):
     for close, evicted, compressed in zip(ends.closes, ends.evicted, ends.compressed):
         rows = close.rows
         queries = (content_q if rows is None else content_q[rows]).detach()
-        if layer.decoder is not None:
+        if layer.cfg.reconstruction == "autoencoding":
+            check_decoder(layer)
             loss = autoencoding_loss(layer.decoder, evicted, compressed)
         else:
             with torch.no_grad():
@@ -866,13 +878,13 @@ def hidden_states(model, x, memory=None, starts=None):
     memory = model.empty_memory(B, x.device, x.dtype) if memory is None else memory
     check_agent_memory(model, memory, B, x)
     check_starts(starts, B, T, x.device)
+    check_ranking_dtype(model, x)
+    if T == 0:  # no new step: the memory as it was (a burn-in of 0 steps, say)
+        return model.out_norm(x), memory, x.new_zeros(())
     # acting (no gradient) reads and hands on the keys kept; a training call projects every
     # slot, and its keys would go stale at the next optimizer step: it hands on none
     keeps = not torch.is_grad_enabled()
-    if keeps and model.training and model.cfg.dropout > 0:
-        if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
-            raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
-        warnings.warn(DROPOUT_SPLITS, stacklevel=2)  # once: the default filter, per line warning
+    check_modes(model, keeps)
     usable, now = kept_usable(model, memory, keeps, x)
 
     # acting (no gradient, outside torch.compile): read back which rows end a segment, so
@@ -909,6 +921,47 @@ DROPOUT_SPLITS = (
     "ratio starts away from 1). Give an agent dropout=0, or act and update alike under "
     "model.eval()"
 )
+MODES_SPLIT = (
+    "updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
+    "dropout masks and the update draws them, so the update scores another policy than the one "
+    "that acted (PPO's ratio starts away from 1). Give an agent dropout=0, or update under "
+    "model.eval() as it acted"
+)
+
+
+def check_modes(model, keeps: bool) -> None:
+    """Acting and updating alike: acting in train mode with dropout warns (refused under
+    torch.compile, where a graph cannot warn); an eager acting call records its mode
+    (model.acted_in_eval), and an update in train mode with dropout after acting in eval mode
+    warns. Once each, Python's default filter showing a warning once per line."""
+    dropout = model.training and model.cfg.dropout > 0
+    if keeps and dropout:
+        if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
+            raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
+        warnings.warn(DROPOUT_SPLITS, stacklevel=3)
+    if torch.compiler.is_compiling():
+        return
+    if keeps:
+        model.acted_in_eval = not model.training
+    elif dropout and getattr(model, "acted_in_eval", False):
+        warnings.warn(MODES_SPLIT, stacklevel=3)
+
+
+def check_ranking_dtype(model, x) -> None:
+    """most_used ranks memories by the attention they received: under a 16-bit autocast its
+    weights round to 8 (or 11) bits, and near ties rank one way in the actor's one-step calls,
+    the other way in the update's call over the rollout (60 steps of 3 rows, rollouts of 7: the
+    outputs 0.28 apart in 1 of 8 seeds; conv and max_pool within 1.2e-7 in all). Refused: the
+    update would not be what the actor computed."""
+    if model.cfg.compression != "most_used" or not autocasting(x.device):
+        return
+    dtype = torch.get_autocast_dtype(x.device.type)
+    if dtype in (torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"the most_used f_c ranks memories by their attention, which {dtype} autocast rounds "
+            f"differently for one step and for a rollout: the update would not be what the "
+            f"actor computed. Run a most_used agent without autocast, or choose another f_c"
+        )
 
 
 def projection_dtype(x):
@@ -928,8 +981,8 @@ class AgentTransformer(CompressiveTransformer):
     evicted); fed in calls of any other length, what those calls of n_s compute.
     """
 
-    def __init__(self, cfg: CompressiveConfig):
-        super().__init__(cfg)
+    def __init__(self, cfg: CompressiveConfig, f_c=None):
+        super().__init__(own_config(cfg, "agent"), f_c)
         check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
 
@@ -955,14 +1008,12 @@ class AgentCore(nn.Module):
         h, memory, recon_loss = core(x, memory, starts=None)
     """
 
-    def __init__(self, cfg: CompressiveConfig):
+    def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__()
-        if not isinstance(cfg, CompressiveConfig):
-            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        self.cfg = own_config(cfg, "agent_core")  # vocab_size is unused
         check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
-        self.cfg = cfg  # vocab_size is unused
-        self.layers = nn.ModuleList(CompressiveLayer(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(CompressiveLayer(cfg, f_c) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.apply(CompressiveTransformer.init_weights)
 
@@ -980,6 +1031,20 @@ class AgentCore(nn.Module):
 
 
 # 6. The checks ----------------------------------------------------------------------------------
+
+
+def own_config(cfg, model: str) -> CompressiveConfig:
+    """cfg as the config of this project's model named model (cfg.model = model), so that a
+    checkpoint's config says which model it holds; a config of compressive.py's model gives the
+    sizes, one of another model is refused."""
+    if not isinstance(cfg, CompressiveConfig):
+        raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+    if cfg.model not in ("compressive", model):
+        raise ValueError(
+            f"this config is of the model {cfg.model!r}, not {model!r}: rebuild it with "
+            f"beyond_the_paper.model_from_config(config)"
+        )
+    return dataclasses.replace(cfg, model=model)
 
 
 def check_agent_config(cfg: CompressiveConfig) -> None:

@@ -18,6 +18,9 @@ values.
 
     model = FeedbackTransformer(CompressiveConfig(mem_len=64, ...))
     logits, memory, zero = model(tokens, memory, starts=None)
+
+Its config is compressive.py's, naming this model (model.cfg.model == "feedback"), so that a
+checkpoint's config rebuilds it: beyond_the_paper.model_from_config(config).
 """
 
 from typing import List, NamedTuple, Optional
@@ -29,6 +32,7 @@ from beyond_the_paper.agent import (
     check_done,
     check_starts,
     latest_start,
+    own_config,
     since_start_after,
     steps_since_start,
 )
@@ -94,14 +98,26 @@ class FeedbackMemory(NamedTuple):
         optimizer step, a loaded checkpoint) and before another model reads this memory."""
         return self._replace(kept=None)
 
-    def to(self, device=None, dtype=None) -> "FeedbackMemory":
+    def to(self, device=None, dtype=None, non_blocking: bool = False) -> "FeedbackMemory":
         """As Memory.to; since_start keeps its dtype, and the kept projections are dropped (as
         by without_kept(): the next call projects every slot anew)."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
-        moved = Memory(self.mem, self.c_mem, self.usage).to(device, dtype)
-        since_start = None if self.since_start is None else self.since_start.to(device)
+        moved = Memory(self.mem, self.c_mem, self.usage).to(device, dtype, non_blocking)
+        since_start = self.since_start
+        if since_start is not None:
+            since_start = since_start.to(device=device, non_blocking=non_blocking)
         return FeedbackMemory(*moved, since_start)
+
+    def cpu(self) -> "FeedbackMemory":
+        """This memory on the CPU (its kept projections dropped, as by to)."""
+        return self.to("cpu")
+
+    def detach(self) -> "FeedbackMemory":
+        """This memory with every tensor detached (a model's are already)."""
+        since_start = None if self.since_start is None else self.since_start.detach()
+        kept = self.kept and Kept(*([t.detach() for t in part] for part in self.kept))
+        return FeedbackMemory(*Memory(self.mem, self.c_mem, self.usage).detach(), since_start, kept)
 
 
 def key_positions(n_c_mem: int, n_mem: int, n_new: int, rate: int, device) -> torch.Tensor:
@@ -198,8 +214,8 @@ def as_feedback_memory(memory) -> FeedbackMemory:
         return FeedbackMemory(*memory)
     if not isinstance(memory, FeedbackMemory):
         raise TypeError(
-            f"memory must be an FeedbackMemory returned by the model or None, got "
-            f"{type(memory).__name__}"
+            f"memory must be a FeedbackMemory returned by the model (or model.empty_memory(batch)) "
+            f"or None, got a {type(memory).__name__}"
         )
     return memory
 
@@ -281,8 +297,7 @@ class FeedbackTransformer(nn.Module):
 
     def __init__(self, cfg: CompressiveConfig):
         super().__init__()
-        if not isinstance(cfg, CompressiveConfig):
-            raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
+        cfg = own_config(cfg, "feedback")  # its checkpoint's config names this model
         if cfg.mem_len < 1:
             raise ValueError("the Feedback Transformer needs mem_len >= 1: its memory is its past")
         if cfg.vocab_size is None:
@@ -347,6 +362,8 @@ class FeedbackTransformer(nn.Module):
             memory = self.empty_memory(B, device=x.device, dtype=x.dtype)
         memory = check_feedback_memory(self, memory, B, x)
         check_starts(starts, B, T, x.device)
+        if T == 0:  # no new step: the memory as it was
+            return self.out_norm(x), memory, x.new_zeros(())
         n_m = self.cfg.mem_len
         is_acting = acting(self)
         kept = usable_kept(memory, x) if is_acting else None

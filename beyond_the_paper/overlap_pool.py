@@ -8,15 +8,18 @@ still in mem after the block, puts any two neighbours whole inside one window. M
 that a token's features survive undiluted whatever shares its window. No parameters, so there is
 no reconstruction loss to train.
 
-    model = use_overlap_max_pool(CompressiveTransformer(cfg))  # cfg.compression: "max_pool"
+An f_c of one's own as compressive.py adds one: its name in the config, the class beside it.
+
+    cfg = CompressiveConfig(compression="overlap_max_pool", ...)
+    model = CompressiveTransformer(cfg, f_c=OverlapMaxPoolCompress)   # or AgentTransformer, ...
+
+A checkpoint's config then names it, and beyond_the_paper.model_from_config(config) rebuilds it.
 """
 
 import torch
 import torch.nn as nn
 
-from compressive import CompressiveTransformer
-
-NAME = "overlap_max_pool"  # the name the training script and its checkpoints use
+NAME = "overlap_max_pool"  # the name a config gives this f_c
 
 
 class OverlapMaxPoolCompress(nn.Module):
@@ -25,23 +28,10 @@ class OverlapMaxPoolCompress(nn.Module):
 
     old_mem: [B, k*c, d]; following: [B, >= 1, d]; returns [B, k, d]."""
 
-    def __init__(self, rate: int):
+    def __init__(self, cfg):
         super().__init__()
-        self.rate = rate
+        self.rate = cfg.compression_rate
 
     def forward(self, old_mem, following, usage=None) -> torch.Tensor:
         windows = torch.cat([old_mem, following[:, :1]], dim=1)  # [B, k*c + 1, d]
         return windows.unfold(1, self.rate + 1, self.rate).amax(dim=-1)  # [B, k, d]
-
-
-def use_overlap_max_pool(model: CompressiveTransformer) -> CompressiveTransformer:
-    """Give every layer of model this f_c in place of its parameter-free pooling one; returns
-    the model. The config keeps compression="max_pool", the paper's f_c nearest to it."""
-    if model.cfg.compression != "max_pool":
-        raise ValueError(
-            f"overlap_max_pool replaces the max_pool f_c; the model's is {model.cfg.compression!r}"
-        )
-    for layer in model.layers:
-        if layer.compress is not None:
-            layer.compress = OverlapMaxPoolCompress(model.cfg.compression_rate)
-    return model

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from beyond_the_paper.overlap_pool import OverlapMaxPoolCompress, use_overlap_max_pool
+from beyond_the_paper.overlap_pool import NAME, OverlapMaxPoolCompress
 from compressive import CompressiveTransformer
 from test_compressive import (
     FIFO_CALLS,
@@ -17,19 +17,21 @@ from test_compressive import (
 
 def overlap_model(seed=0, **overrides):
     torch.manual_seed(seed)
-    return use_overlap_max_pool(CompressiveTransformer(tiny(compression="max_pool", **overrides)))
+    return CompressiveTransformer(tiny(compression=NAME, **overrides), f_c=OverlapMaxPoolCompress)
 
 
 def test_overlap_max_pool_on_fixed_numbers():
     # one feature, two blocks of c = 3, then the memory after them: windows of c + 1 = 4
     old, following = torch.tensor([1.0, 0.0, 2.0, 7.0, -1.0, 3.0]), torch.tensor([9.0, 8.0])
-    compressed = OverlapMaxPoolCompress(rate=3)(old.view(1, 6, 1), following.view(1, 2, 1))
+    compressed = OverlapMaxPoolCompress(tiny(compression_rate=3))(
+        old.view(1, 6, 1), following.view(1, 2, 1)
+    )
     assert compressed.flatten().tolist() == [7.0, 9.0]  # max of [1, 0, 2, 7], of [7, -1, 3, 9]
 
 
 @kept_from_students
 def test_overlap_max_pool_takes_the_max_of_each_block_and_the_memory_after_it():
-    f_c = OverlapMaxPoolCompress(rate=3)
+    f_c = OverlapMaxPoolCompress(tiny(compression_rate=3))
     old, following = torch.randn(2, 4 * 3, 5), torch.randn(2, 2, 5)
     seq = torch.cat([old, following[:, :1]], dim=1)
     expected = torch.stack([seq[:, 3 * j : 3 * j + 4].amax(dim=1) for j in range(4)], dim=1)
@@ -40,12 +42,13 @@ def test_overlap_max_pool_takes_the_max_of_each_block_and_the_memory_after_it():
         assert any(3 * j <= start and start + 2 <= 3 * j + 4 for j in range(4)), start
 
 
-def test_it_replaces_max_pool_only_and_trains_nothing():
+def test_its_config_names_it_and_it_trains_nothing():
     model = overlap_model()
+    assert model.cfg.compression == "overlap_max_pool"
     assert all(isinstance(layer.compress, OverlapMaxPoolCompress) for layer in model.layers)
     assert not list(model.layers[0].compress.parameters())
-    with pytest.raises(ValueError, match="replaces the max_pool"):
-        use_overlap_max_pool(CompressiveTransformer(tiny(compression="conv")))
+    with pytest.raises(ValueError, match="a name of its own"):  # the config must say so
+        CompressiveTransformer(tiny(compression="max_pool"), f_c=OverlapMaxPoolCompress)
     memory, total = None, 0.0
     for segment in tokens(2, 30).split(6, dim=1):
         _, memory, recon_loss = model(segment, memory)

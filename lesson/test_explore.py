@@ -358,7 +358,8 @@ def test_the_pages_data_names_this_projects_own_f_c_too():
     model, ids, vocab = tiny_model(compression="max_pool")
     data = explore.explorer_data(model, ids, vocab, START, 2)
     assert data["compression"] == "max_pool"
-    overlap_pool.use_overlap_max_pool(model)  # the page then says it pools the next one too
+    for layer in model.layers:  # the page then says it pools the next one too
+        layer.compress = overlap_pool.OverlapMaxPoolCompress(model.cfg)
     assert explore.explorer_data(model, ids, vocab, START, 2)["compression"] == overlap_pool.NAME
 
 

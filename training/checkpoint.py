@@ -157,13 +157,8 @@ def resume(path: str, args, model, optimizer):
 
 
 def config_of(ckpt: dict) -> dict:
-    """The checkpoint's CompressiveConfig as a dict. Older checkpoints name this project's own f_c
-    (overlap_max_pool) in it; it is now the paper's max_pool with its layers replaced (make_model
-    does it from the --compression flag the checkpoint's args hold)."""
-    config = dict(ckpt["config"])
-    if config.get("compression") == "overlap_max_pool":
-        config["compression"] = "max_pool"
-    return config
+    """The checkpoint's CompressiveConfig as a dict: it names the model and its f_c."""
+    return dict(ckpt["config"])
 
 
 def trained_by(saved_args: dict) -> str:

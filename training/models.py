@@ -1,6 +1,8 @@
 """The models that train_shakespeare.py's --model flag names, built from a CompressiveConfig. The
 script, the commands on its checkpoints (sample, evaluate) and the benchmark build them here."""
 
+import dataclasses
+
 from beyond_the_paper import overlap_pool
 from beyond_the_paper.feedback import FeedbackTransformer, check_feedback_memory
 from compressive import CompressiveConfig, CompressiveTransformer, check_memory
@@ -19,10 +21,10 @@ def make_model(name: str, cfg: CompressiveConfig, compression: str = ""):
     """The model of kind name; compression: the --compression flag, which may name this
     project's own f_c (beyond_the_paper/overlap_pool.py) where cfg has the paper's max_pool."""
     try:
-        model = MODELS[name](cfg)
-        if compression == overlap_pool.NAME and name == "compressive":
-            overlap_pool.use_overlap_max_pool(model)
-        return model
+        if compression == overlap_pool.NAME and name == "compressive":  # the config names it
+            cfg = dataclasses.replace(cfg, compression=overlap_pool.NAME)
+            return CompressiveTransformer(cfg, f_c=overlap_pool.OverlapMaxPoolCompress)
+        return MODELS[name](cfg)
     except (ValueError, TypeError) as e:
         raise UserError(f"invalid model configuration: {e}") from None
 

@@ -883,18 +883,14 @@ def test_a_checkpoint_of_an_older_version_still_loads(trained, small_text, capsy
     assert torch.load(path, weights_only=True)["step"] == 4
 
 
-def test_an_older_checkpoint_of_the_projects_own_f_c_resumes_and_loads(small_text, tmp_path):
-    """Older versions wrote overlap_max_pool into the checkpoint's config; it is now the paper's
-    max_pool with its f_c replaced (beyond_the_paper/overlap_pool.py), by the --compression
-    flag."""
+def test_a_checkpoint_of_the_projects_own_f_c_names_it_resumes_and_loads(small_text, tmp_path):
+    """The checkpoint's config names overlap_max_pool (beyond_the_paper/overlap_pool.py)."""
     out = str(tmp_path / "run")
     common = ["--data", small_text, "--out", out, *TINY_FLAGS, "--compression", "overlap_max_pool"]
     assert ts.main([*common, "--steps", "2"]) == 0
     path = os.path.join(out, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
-    assert ckpt["config"]["compression"] == "max_pool"
-    ckpt["config"]["compression"] = "overlap_max_pool"  # as an older version wrote it
-    torch.save(ckpt, path)
+    assert ckpt["config"]["compression"] == "overlap_max_pool"
     assert (
         evaluate.main(["--out", out, "--data", small_text, "--device", "cpu", "--dtype", "float32"])
         == 0
