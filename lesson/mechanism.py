@@ -90,6 +90,12 @@ def position_inputs(model, positions: List[int]) -> torch.Tensor:
     return torch.eye(model.cfg.d_model)[None, positions]  # [1, T, d]
 
 
+def held_positions(memory):
+    """The positions a position_model's memory holds: mem's, one a slot, and c_mem's blocks."""
+    mem = memory.mem[0][0].argmax(-1).tolist()
+    return mem, [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
+
+
 @torch.no_grad()
 def model_fifo_steps(n_s: int, n_m: int, n_cm: int, c: int, n_segments: int) -> List[FifoStep]:
     """The FIFOs after each segment as a real CompressiveTransformer holds them (position_model),
@@ -100,8 +106,7 @@ def model_fifo_steps(n_s: int, n_m: int, n_cm: int, c: int, n_segments: int) -> 
     for k in range(n_segments):
         segment = list(range(k * n_s, (k + 1) * n_s))
         _, memory, _ = model.hidden_states(position_inputs(model, segment), memory)
-        new_mem = memory.mem[0][0].argmax(-1).tolist()
-        new_c_mem = [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
+        new_mem, new_c_mem = held_positions(memory)
         evicted = [p for p in mem + segment if p not in new_mem]
         compressed = [block for block in new_c_mem if block not in c_mem]
         dropped = [block for block in c_mem + compressed if block not in new_c_mem]
@@ -150,6 +155,13 @@ class Canvas:
     def text(self, x, y, words, px=12, gid=None, **style):
         style.setdefault("va", "baseline")
         return self.ax.text(x, y, words, fontsize=0.75 * px, gid=gid, **style)
+
+    def lines(self, y, lines, px=11, title=None):
+        """A title at the top, if given, and lines of text from y down, at the left."""
+        if title:
+            self.text(12, 24, title, 15, weight="bold")
+        for k, words in enumerate(lines):
+            self.text(12, y + 1.36 * px * k, words, px)
 
     def box(self, x, y, w, h, fill, edge="none", lw=0.75, gid=None, **style):
         """A box with its top left corner at (x, y)."""
@@ -365,18 +377,21 @@ QUERY_FILLS = ["#dbe6f1", "#fde4cc", "#dcefd8", "#eadcf0", "#f6e7b6"]
 QUERY_EDGES = ["#4c78a8", "#c2410c", "#2f7a2b", "#7b3f9e", "#a07a00"]
 
 
-def panel(canvas, y, heading, headers, rows, w, h, left=150) -> float:
-    """A heading at y, then column headers and rows of cells under it: rows are (name, cells),
-    each cell the arguments of Canvas.cell after its place and size. Returns the y under it."""
-    canvas.text(12, y, heading, 13, weight="bold")
+def panel(canvas, y, heading, headers, rows, w, h, left=150, key_gid=None) -> float:
+    """A heading at y, then column headers (with ids key_gid-J, when given) and rows of cells
+    under them: rows are (name, cells), each cell the arguments of Canvas.cell after its place and
+    size. Returns the y under the panel."""
+    if heading:
+        canvas.text(12, y, heading, 13, weight="bold")
     for j, header in enumerate(headers):
-        canvas.text(left + j * w + w / 2, y + 24, header, 9, ha="center")
+        gid = key_gid and f"{key_gid}-{j}"
+        canvas.text(left + j * w + w / 2, y + 29, header, 9, gid, ha="center", va="bottom")
     for i, (name, cells) in enumerate(rows):
-        top = y + 30 + i * h
+        top = y + 33 + i * h
         canvas.text(left - 10, top + h / 2 + 4, name, 11, ha="right")
         for j, cell in enumerate(cells):
             canvas.cell(left + j * w + 1, top + 1, w - 2, h - 2, *cell)
-    return y + 30 + len(rows) * h
+    return y + 33 + len(rows) * h
 
 
 SHIFT_NOTES = [
@@ -398,7 +413,7 @@ def draw_shift(data: dict, path: str) -> None:
     w, h, flat_w, left = 52, 34, 44, 150
     canvas = Canvas(left + T * (K + 1) * flat_w + 20, 344 + 2 * T * h + h)
     title = f"relative_shift on a real layer's position scores: T = {T} queries, M = {M} memories, "
-    canvas.text(12, 24, title + f"K = M + T = {K} keys", 15, weight="bold")
+    canvas.lines(0, [], title=title + f"K = M + T = {K} keys")
 
     def entry(n: int, gid: str, why: str = ""):
         """Entry n of P flattened; why: where it is not used, the word said instead of its value."""
@@ -423,15 +438,14 @@ def draw_shift(data: dict, path: str) -> None:
         canvas.line([x + 2, x + K * flat_w - 2], [y + 6] * 2, color=INK, lw=1, dashed=False)
         canvas.text(x + K * flat_w / 2, y + 20, f"row {row + 1} of the result", 10, ha="center")
     heading = f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for "
-    headers = [f"mem {j + 1}" if j < M else f"segment {j - M + 1}" for j in range(K)]
+    headers = [f"mem\n{j + 1}" if j < M else f"segment\n{j - M + 1}" for j in range(K)]
     rows = []
     for i in range(T):
         sources = zip(data["source"][i], data["masked"][i])
         cells = [entry(n, f"shift-out-{i}-{j}", "masked" * m) for j, (n, m) in enumerate(sources)]
         rows.append((f"query {i + 1}", cells))
     y = panel(canvas, y + 56, heading + "key j at distance M + i \u2212 j", headers, rows, w, h)
-    for k, words in enumerate(SHIFT_NOTES):
-        canvas.text(12, y + 28 + 15 * k, words, 11)
+    canvas.lines(y + 28, SHIFT_NOTES)
     canvas.save(path, "shift")
 
 
@@ -453,8 +467,7 @@ def mask_data() -> dict:
         for k in range(n_segments):
             segment = list(range(k * n_s, (k + 1) * n_s))
             if k == n_segments - 1:  # the memory the last segment reads, as positions
-                mem = memory.mem[0][0].argmax(-1).tolist()
-                c_mem = [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
+                mem, c_mem = held_positions(memory)
             _, memory, _ = model.hidden_states(position_inputs(model, segment), memory)
     keys = [("c_mem", block) for block in c_mem] + [("mem", [p]) for p in mem]
     keys += [("segment", [p]) for p in segment]
@@ -462,77 +475,52 @@ def mask_data() -> dict:
     return {"keys": keys, "queries": segment, "M": len(c_mem) + len(mem), "masked": masked.tolist()}
 
 
+MASK_NOTES = [
+    "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position term "
+    "R; \u2212\u221e where key j lies in the query's future,",
+    "j > M + i (the mask is added to the scores: its weight is 0). A distance counts slots: a "
+    "c_mem slot stands for c tokens and still sits one",
+    "position further than the slot after it (a departure, in hidden_states). Read from a real "
+    "model: the keys from its memory tensors, the mask",
+    "from its attention weights (0 in every head).",
+]
+
+
 def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
     """One row per query of the segment, one column per key, [c_mem; mem; segment] by region, each
     cell the key's distance from the query, M + i - j, where the query sees it and -inf where the
     mask hides it. Ids: mask-cell-I-J (text: the distance, or -inf), mask-key-J (text: the key)."""
     keys, queries, M, masked = data["keys"], data["queries"], data["M"], data["masked"]
-    w, h, left, top = 40, 30, 170, 150
-    canvas = Canvas(left + len(keys) * w + 40, top + len(queries) * h + 110)
-    title = "The causal mask over [c_mem; mem; segment], and the distance of every key it leaves"
-    canvas.text(12, 24, title, 15, weight="bold")
+    w, h, left = 40, 30, 170
+    canvas = Canvas(left + len(keys) * w + 40, len(queries) * h + 260)
     n_s, n_m, n_cm, c, n_segments = TOY_SIZES
-    intro = f"The toy's segment {n_segments}, n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: "
-    canvas.text(12, 46, intro + f"its queries attend over the M = {M} memories and the segment,")
-    canvas.text(12, 62, "oldest first, and see each key at a distance.")
+    intro = [
+        f"The toy's segment {n_segments}, n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: its "
+        f"queries attend over the M = {M} memories and the segment,",
+        "oldest first, and see each key at a distance.",
+    ]
+    title = "The causal mask over [c_mem; mem; segment], and the distance of every key it leaves"
+    canvas.lines(46, intro, 12, title)
     for region in REGION_FILLS:  # a band over each region's keys
         inside = [j for j, (r, _) in enumerate(keys) if r == region]
-        x = left + inside[0] * w
-        canvas.box(
-            x + 1, top - 78, len(inside) * w - 2, 18, REGION_FILLS[region], REGION_COLORS[region]
-        )
-        canvas.text(
-            x + len(inside) * w / 2, top - 65, f"{region}: {len(inside)} keys", 10, ha="center"
-        )
-    for j, (region, positions) in enumerate(keys):
-        label = (
-            f"{key_label(region, positions, text)}\n{positions[0]}"
-            if region != "c_mem"
-            else "f_c\n" + key_label(region, positions, text)[4:]
-        )
-        canvas.text(
-            left + j * w + w / 2,
-            top - 26,
-            label,
-            9,
-            gid=f"mask-key-{j}",
-            ha="center",
-            va="center",
-            family=FONT,
-        )
-    canvas.text(left - 10, top - 20, "key (position)", 9, ha="right", color="#555555")
-    for i, p in enumerate(queries):
-        y = top + i * h
-        canvas.text(
-            left - 10, y + h / 2 + 4, f"query {i + 1}: {shown(text[p])!r} ({p})", 11, ha="right"
-        )
-        for j, (region, _) in enumerate(keys):
-            hidden = masked[i][j]
-            words = "\u2212\u221e" if hidden else str(M + i - j)
-            fill = "#eeeeee" if hidden else REGION_FILLS[region]
-            canvas.cell(
-                left + j * w + 1,
-                y + 1,
-                w - 2,
-                h - 2,
-                fill,
-                words,
-                f"mask-cell-{i}-{j}",
-                11,
-                "none",
-                "#999999" if hidden else INK,
-            )
-    notes = [
-        "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position "
-        "term R; \u2212\u221e where key j lies in the query's future,",
-        "j > M + i (the mask is added to the scores: its weight is 0). A distance counts slots: "
-        "a c_mem slot stands for c tokens and still sits one",
-        "position further than the slot after it (a departure, in hidden_states). Read from a "
-        "real model: the keys from its memory tensors, the mask",
-        "from its attention weights (0 in every head).",
+        x, band = left + inside[0] * w, len(inside) * w
+        canvas.box(x + 1, 72, band - 2, 18, REGION_FILLS[region], REGION_COLORS[region])
+        canvas.text(x + band / 2, 85, f"{region}: {len(inside)} keys", 10, ha="center")
+    headers = [f"{shown(text[p[0]])}\n{p[0]}" for _, p in keys]
+    headers = [
+        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else hd for (r, p), hd in zip(keys, headers)
     ]
-    for k, words in enumerate(notes):
-        canvas.text(12, top + len(queries) * h + 28 + 15 * k, words, 11)
+    canvas.text(left - 10, 130, "key (position)", 9, ha="right", color="#555555")
+    rows = []
+    for i, p in enumerate(queries):
+        cells = []
+        for j, (region, _) in enumerate(keys):
+            hidden, gid = masked[i][j], f"mask-cell-{i}-{j}"
+            fill, ink = ("#eeeeee", "#999999") if hidden else (REGION_FILLS[region], INK)
+            cells.append((fill, "\u2212\u221e" if hidden else str(M + i - j), gid, 11, "none", ink))
+        rows.append((f"query {i + 1}: {shown(text[p])!r} ({p})", cells))
+    bottom = panel(canvas, 104, "", headers, rows, w, h, left, key_gid="mask-key")
+    canvas.lines(bottom + 28, MASK_NOTES)
     canvas.save(path, "mask")
 
 
@@ -588,15 +576,13 @@ def draw_reach(data: dict, path: str) -> None:
     title = (
         "The reach, layer by layer: how far back a segment's last token sees, through each layer"
     )
-    canvas.text(12, 24, title, 15, weight="bold")
     intro = [
         f"n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: one layer sees its segment, mem and "
         "c_mem. Each layer above reads the states of the one below, and",
         "those kept in its memories were made when their own tokens were read, seeing as far back "
         "again from their own segment's start.",
     ]
-    for k, words in enumerate(intro):
-        canvas.text(12, 46 + 16 * k, words)
+    canvas.lines(46, intro, 12, title)
     x_of = lambda back: left + (far - 1 - back) * w
 
     def colours(back: int):
@@ -627,8 +613,7 @@ def draw_reach(data: dict, path: str) -> None:
         f"the first adds n_s \u2308S / n_s\u2309 = {step} tokens (S = n_m + c n_cm),",
         "in a deeper purple layer by layer.",
     ]
-    for k, words in enumerate(notes):
-        canvas.text(12, bottom + 44 + 15 * k, words, 11)
+    canvas.lines(bottom + 44, notes)
     canvas.save(path, "reach")
 
 
@@ -709,71 +694,66 @@ def recon_data(model, tokens) -> dict:
     return {"layers": layers, "model": rows, "lm": lm.item(), "recon": recon.item()}
 
 
+RECON_NOTES = [
+    "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network learns "
+    "from the language-model loss alone, and neither loss",
+    "reaches back into the memories, which are stored detached (so a segment's backward pass never "
+    "runs through earlier segments).",
+]
+
+
 def draw_recon(data: dict, path: str) -> None:
     """A table: per layer, each part of it (LAYER_ROWS) against the two losses, the norm of the
     gradient that reaches it or why none does, and at the right why; then the embedding and the
     head. Ids: recon-I-ROW-LOSS for a layer's cell (I from 1; LOSS lm or attn), recon-model-ROW-
     LOSS (text: the norm, "none" or "detached")."""
-    layers, rows_h = data["layers"], 21
-    w, left, why_x, top = 84, 200, 200 + 4 * 84 + 16, 112
-    n_rows = len(LAYER_ROWS) + len(MODEL_ROWS)
-    canvas = Canvas(why_x + 470, top + n_rows * rows_h + 96)
-    title = "Where the gradients go: the language-model loss and f_c's L_attn, measured by autograd"
-    canvas.text(12, 24, title, 15, weight="bold")
-    intro = (
-        f"A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
-        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of "
-        "the gradient"
-    )
-    canvas.text(12, 46, intro)
-    canvas.text(12, 62, "that the loss sends to that part of layer 1 or 2; none where it does not.")
-    for k, name in enumerate(("language-model loss", "L_attn")):
-        x = left + 2 * k * w
-        canvas.box(x + 1, top - 36, 2 * w - 2, 16, "#f3f3f3", "#999999")
-        canvas.text(x + w, top - 24, name, 10, ha="center", weight="bold")
-        for i in range(len(layers)):
-            canvas.text(x + i * w + w / 2, top - 6, f"layer {i + 1}", 10, ha="center")
-    canvas.text(why_x, top - 6, "why", 10, weight="bold")
-
-    def cells(y, values, gid, span=1):
-        for k, value in enumerate(values):
-            reached = not isinstance(value, str)
-            words = f"{value:.3g}" if reached else value
-            fill = REGION_FILLS["segment"] if reached else "#eeeeee"
-            x = left + 2 * k * w + (gid[1] if span == 1 else 0) * w
-            colour = INK if reached else "#888888"
-            canvas.cell(
-                x + 1,
-                y + 1,
-                span * w - 2,
-                rows_h - 2,
-                fill,
-                words,
-                f"{gid[0]}-{'lm' if k == 0 else 'attn'}",
-                10,
-                "none",
-                colour,
-            )
-
-    for r, (name, why) in enumerate(LAYER_ROWS):
-        y = top + r * rows_h
-        canvas.text(left - 8, y + 15, name, 11, ha="right")
-        for i, layer in enumerate(layers):
-            cells(y, layer[r], (f"recon-{i + 1}-{r}", i))
-        canvas.text(why_x, y + 15, why, 10.5, color="#333333")
-    for r, (name, why) in enumerate(MODEL_ROWS):
-        y = top + (len(LAYER_ROWS) + r) * rows_h + 8
-        canvas.text(left - 8, y + 15, name, 11, ha="right")
-        cells(y, data["model"][r], (f"recon-model-{r}", 0), span=2)
-        canvas.text(why_x, y + 15, why, 10.5, color="#333333")
-    notes = [
-        "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network "
-        "learns from the language-model loss alone, and neither loss",
-        "reaches back into the memories, which are stored detached (so a segment's backward pass "
-        "never runs through earlier segments).",
+    layers, h, w, left = data["layers"], 21, 84, 200
+    why_x = left + 4 * w + 16
+    canvas = Canvas(why_x + 470, 76 + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 140)
+    intro = [
+        "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
+        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of the "
+        "gradient",
+        "that the loss sends to that part of layer 1 or 2; none where it does not.",
     ]
-    for k, words in enumerate(notes):
-        canvas.text(12, top + n_rows * rows_h + 36 + 15 * k, words, 11)
+    title = "Where the gradients go: the language-model loss and f_c's L_attn, measured by autograd"
+    canvas.lines(46, intro, 12, title)
+    for k, name in enumerate(("language-model loss", "L_attn")):
+        canvas.box(left + 2 * k * w + 1, 76, 2 * w - 2, 16, "#f3f3f3", "#999999")
+        canvas.text(left + (2 * k + 1) * w, 88, name, 10, ha="center", weight="bold")
+
+    def cell(value, gid, loss):
+        if isinstance(value, str):  # "none" or "detached"
+            return "#eeeeee", value, f"{gid}-{loss}", 10, "none", "#888888"
+        return REGION_FILLS["segment"], f"{value:.3g}", f"{gid}-{loss}", 10
+
+    rows = []
+    for r, (name, _) in enumerate(LAYER_ROWS):
+        by_loss = [
+            (layer[r][k], f"recon-{i + 1}-{r}", ("lm", "attn")[k])
+            for k in (0, 1)
+            for i, layer in enumerate(layers)
+        ]
+        rows.append((name, [cell(*args) for args in by_loss]))
+    headers = [f"layer {i + 1}" for _ in (0, 1) for i in range(len(layers))]
+    y = panel(canvas, 78, "", headers, rows, w, h, left)
+    rows = []
+    for r, (name, _) in enumerate(MODEL_ROWS):
+        rows.append(
+            (
+                name,
+                [
+                    cell(v, f"recon-model-{r}", loss)
+                    for v, loss in zip(data["model"][r], ("lm", "attn"))
+                ],
+            )
+        )
+    bottom = panel(canvas, y - 25, "", [], rows, 2 * w, h, left)
+    for r, (_, why) in enumerate(LAYER_ROWS + MODEL_ROWS):
+        y = 111 + r * h + 15 + 8 * (r >= len(LAYER_ROWS))
+        canvas.text(why_x, y, why, 10.5, color="#333333")
+    canvas.text(why_x, 107, "why", 10, weight="bold")
+    canvas.lines(bottom + 36, RECON_NOTES)
     canvas.save(path, "recon")
 
 
