@@ -16,6 +16,7 @@ back. Layers and segments count from 1 in every label.
 
 import io
 import re
+import textwrap
 from typing import List, NamedTuple
 
 import torch
@@ -122,7 +123,8 @@ def model_fifo_steps(n_s: int, n_m: int, n_cm: int, c: int, n_segments: int) -> 
 
 REGION_COLORS = {"c_mem": "#4c78a8", "mem": "#c2410c", "segment": "#2f7a2b"}
 REGION_FILLS = {"c_mem": "#dbe6f1", "mem": "#fde4cc", "segment": "#dcefd8"}
-RED, GREY, INK, FONT = "#b91c1c", "#b0b0b0", "#1d1d1f", "DejaVu Sans Mono"
+RED, GREY, INK, FAINT = "#b91c1c", "#b0b0b0", "#1d1d1f", "#555555"
+FONT = "DejaVu Sans Mono"
 
 
 def pyplot_or_error():
@@ -198,17 +200,79 @@ class Canvas:
         files.write_atomically(path, lambda f: f.write(svg.encode("utf-8")))
 
 
+def line_width(cfg) -> int:
+    """Characters per drawn line: about 64, a whole number of blocks of c."""
+    c = cfg.compression_rate
+    return max(c, c * round(64 / c))
+
+
+def spans(positions, first: int, width: int):
+    """A run of consecutive positions cut at the drawn lines: (line, from column, to column)."""
+    out, p, last = [], positions[0], positions[-1]
+    while p <= last:
+        line, col = divmod(p - first, width)
+        stop = min(last, p + width - col - 1)
+        out.append((line, col, col + stop - p + 1))
+        p = stop + 1
+    return out
+
+
+class TextFigure:
+    """A figure of a text in lines of width characters, 0.16 inch each, line_h characters tall a
+    line (the text and what goes under it), under a header of head inches, a footer at its foot:
+    the checkpoint's picture and animation (lesson/memory_picture.py)."""
+
+    def __init__(self, width, n_lines, line_h, head, footer, first):
+        self.plt = pyplot_or_error()
+        self.w = max(0.16 * width + 3.1, 11.3)  # the row names and the right column; the legend
+        footer = textwrap.fill(footer, width=int(self.w * 20))
+        foot = 0.15 + 0.13 * (footer.count("\n") + 1) if footer else 0.1
+        self.h = head + 0.16 * line_h * n_lines + foot
+        self.fig = self.plt.figure(figsize=(self.w, self.h))
+        place = [1.2 / self.w, foot / self.h, 0.16 * width / self.w, 1 - (head + foot) / self.h]
+        self.ax = self.fig.add_axes(place)
+        self.ax.set_xlim(0, width)
+        self.ax.set_ylim(line_h * n_lines, 0)
+        self.ax.axis("off")
+        self.width, self.line_h, self.first = width, line_h, first
+        self.text_at(0.1, self.h - 0.08, footer, fontsize=6.5, color=FAINT, va="bottom")
+
+    def text_at(self, x, y, words, **style):
+        """Words at (x, y) inches from the figure's top left."""
+        return self.fig.text(x / self.w, 1 - y / self.h, words, **style)
+
+    def box(self, positions, dy=0.0, h=1.0, **style):
+        """A box over a run of positions, dy under their line's text, h tall."""
+        from matplotlib.patches import Rectangle
+
+        for line, a, b in spans(positions, self.first, self.width):
+            self.ax.add_patch(Rectangle((a, line * self.line_h + dy), b - a, h, **style))
+
+    def char(self, p, ch, colour, weight="normal"):
+        line, col = divmod(p - self.first, self.width)
+        style = dict(ha="center", va="center", fontsize=7.5, family=FONT, weight=weight)
+        self.ax.text(col + 0.5, line * self.line_h + 0.55, shown(ch), color=colour, **style)
+
+    def legend(self, x, y, items, size=8):
+        """Swatches and their words from (x, y) inches: (face, edge, linestyle, words) each, one
+        line an item when x is None, else side by side."""
+        from matplotlib.patches import Rectangle
+
+        for k, (face, edge, style, words) in enumerate(items):
+            left, top = (0.1, y + 0.2 * k) if x is None else (x, y)
+            corner = (left / self.w, 1 - (top + 0.07) / self.h)
+            swatch = dict(facecolor=face, edgecolor=edge, linestyle=style, lw=1.2)
+            size_ = (0.18 / self.w, 0.14 / self.h)
+            self.fig.patches.append(
+                Rectangle(corner, *size_, transform=self.fig.transFigure, **swatch)
+            )
+            self.text_at(left + 0.25, top, words, fontsize=size, va="center")
+            x = None if x is None else x + 0.5 + 0.055 * len(words)
+
+
 def shown(text: str) -> str:
     """Characters as the figures and the log print them: a space as a middle dot, a newline ↵."""
     return text.replace(" ", "\u00b7").replace("\n", "\u21b5")
-
-
-def key_label(region: str, positions: List[int], text: str) -> str:
-    """A key as the figures label it: a c_mem slot by the positions it compressed, others by
-    their character."""
-    if region == "c_mem":
-        return f"f_c {positions[0]}\u2013{positions[-1]}"
-    return shown(text[positions[0]])
 
 
 # --------------------------------------------------------------------------------------------------

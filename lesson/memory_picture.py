@@ -7,23 +7,19 @@
 A passage goes through the model segment by segment, memory carried from an empty one, and for
 one query (by default the last character of the last segment) this writes
 
-    OUT/memory.png   the keys the query sees, [c_mem; mem; segment], oldest first, laid out as the
-                     text they stand for (a c_mem slot boxed around the c characters it holds), and
-                     under the text the query's attention on every slot, one row per layer
-    OUT/memory.gif   the two FIFOs moving, segment by segment: what is appended to mem, the blocks
-                     of c it evicts into c_mem through f_c, what falls off c_mem's end
-    OUT/memory.json  {"start": the first text position fed, "seq_len": n_s, "query": its position,
-                     "slots": oldest first, {"region": "c_mem" | "mem" | "segment", "positions",
-                     "text", "attention": [the mean over the heads, one per layer]} (--heads: also
-                     "attention_by_head", [layer][head]), "compression": the f_c's name}
+    OUT/memory.png   the keys the query sees, [c_mem; mem; segment], oldest first, as the text they
+                     stand for (a c_mem slot boxed around its block of c), under each line the
+                     query's attention on every slot, one row per layer
+    OUT/memory.gif   the two FIFOs moving, segment by segment: what joins mem, the blocks of c it
+                     evicts into c_mem through f_c, what falls off c_mem's end
+    OUT/memory.json  {"start", "seq_len": n_s, "query", "slots": oldest first, {"region": "c_mem" |
+                     "mem" | "segment", "positions", "text", "attention": the mean over the heads,
+                     one per layer (--heads: "attention_by_head" too)}, "compression": f_c's name}
 
-A slot of layer i holds layer i's input at one character (mem) or f_c of them at a block of c
-(c_mem). Which positions a slot holds is the FIFO rule applied to positions (fifo_steps), checked
-against the model's memory tensors on every run. A research command's checkpoint made its own
-text: research.tasks writes it for --validation, with the recall task's facts, and the picture
-then picks a '?' whose fact is held in c_mem. --fifo-svg, --shift-svg, --mask-svg, --reach-svg and
---recon-svg write the figures of lesson/mechanism.py instead (no checkpoint). Layers, heads and
-segments count from 1 wherever a reader sees them.
+Which positions a slot holds is the FIFO rule applied to positions (fifo_steps), checked against
+the model's memory tensors on every run. On a recall task's text (--validation) the picture picks a
+'?' whose fact is held in c_mem. --fifo-svg, --shift-svg, --mask-svg, --reach-svg and --recon-svg
+draw the figures of lesson/mechanism.py instead. Layers, heads and segments count from 1.
 
 From Python: picture = memory_picture(model, ids, vocab, start=0, query=None); write_json,
 draw_png, draw_gif(picture, path); fifo_steps(start, lengths, n_m, n_cm, c), the rule alone.
@@ -43,23 +39,11 @@ import train_shakespeare
 from beyond_the_paper import overlap_pool
 from compressive import CompressiveTransformer
 from lesson import mechanism
-from lesson.mechanism import (
-    FONT,
-    NOTHING,
-    REGION_COLORS,
-    REGION_FILLS,
-    FifoStep,
-    fifo_steps,
-    pyplot_or_error,
-    shown,
-)
+from lesson.mechanism import NOTHING, REGION_COLORS, REGION_FILLS, FifoStep, fifo_steps, shown
 from training import checkpoint, data, files
 from training.checks import UserError, exit_status
 from training.device import pick_device
 from training.recorded_attention import recorded_attention
-
-# --------------------------------------------------------------------------------------------------
-# The picture's data: the model run over the passage, the query's attention on every slot
 
 
 @dataclass
@@ -116,10 +100,7 @@ def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, head
     if not 0 <= start < n:
         raise ValueError(f"the passage start {start} lies outside the text (0 to {n - 1})")
     if not start <= query < n:
-        raise ValueError(
-            f"the query {query} lies outside the passage: it must be in [{start}, {n - 1}], "
-            "from the start to the end of the text"
-        )
+        raise ValueError(f"the query {query} lies outside the passage, [{start}, {n - 1}]")
     end = min(n, start + ((query - start) // n_s + 1) * n_s)  # the end of the query's segment
     lengths = [min(n_s, end - s) for s in range(start, end, n_s)]
     steps = fifo_steps(start, lengths, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
@@ -184,12 +165,8 @@ def regions(picture: Picture):
     for region in ("c_mem", "mem", "segment"):
         inside = [s for s in slots if s["region"] == region]
         if inside:
-            yield (
-                region,
-                inside,
-                query - inside[-1]["positions"][-1],
-                query - inside[0]["positions"][0],
-            )
+            newest, oldest = inside[-1]["positions"][-1], inside[0]["positions"][0]
+            yield region, inside, query - newest, query - oldest
 
 
 def describe(picture: Picture) -> List[str]:
@@ -201,91 +178,19 @@ def describe(picture: Picture) -> List[str]:
     ]
     for region, inside, near, far in regions(picture):
         n_chars = sum(len(s["positions"]) for s in inside)
-        lines.append(
-            f"  {region:<8}{len(inside):>4} slots, {n_chars:>4} characters, {near}-{far} back"
-        )
+        counts = f"{len(inside):>4} slots, {n_chars:>4} characters"
+        lines.append(f"  {region:<8}{counts}, {near}-{far} back")
     for layer, (k, weight) in enumerate(strongest(picture)):
-        slot = slots[k]
-        lines.append(
-            f"  layer {layer + 1}: largest weight {weight:.3f} on {slot['region']} slot "
-            f"{shown(slot['text'])!r} ({distance(picture, slot)} back)"
-        )
+        slot, back = slots[k], distance(picture, slots[k])
+        on = f"{slot['region']} slot {shown(slot['text'])!r} ({back} back)"
+        lines.append(f"  layer {layer + 1}: largest weight {weight:.3f} on {on}")
     return lines
 
 
 # --------------------------------------------------------------------------------------------------
 # The picture and the animation of a checkpoint's memory (matplotlib, imported only here)
 
-RED, DARK, FAINT = "#d62728", "#222222", "#555555"
-
-
-def line_width(cfg) -> int:
-    """Characters per drawn line: about 64, a whole number of blocks of c."""
-    c = cfg.compression_rate
-    return max(c, c * round(64 / c))
-
-
-def spans(positions, first: int, width: int):
-    """A run of consecutive positions cut at the drawn lines: (line, from column, to column)."""
-    out, p, last = [], positions[0], positions[-1]
-    while p <= last:
-        line, col = divmod(p - first, width)
-        stop = min(last, p + width - col - 1)
-        out.append((line, col, col + stop - p + 1))
-        p = stop + 1
-    return out
-
-
-class TextFigure:
-    """A figure of text in lines of width characters, 0.16 inch each, line_h characters tall a
-    line (the text and what goes under it), under a header of head inches, a footer at its foot."""
-
-    def __init__(self, width, n_lines, line_h, head, footer, first):
-        self.plt = pyplot_or_error()
-        self.w = max(0.16 * width + 3.1, 11.3)  # the row names and the right column; the legend
-        footer = textwrap.fill(footer, width=int(self.w * 20))
-        foot = 0.15 + 0.13 * (footer.count("\n") + 1) if footer else 0.1
-        self.h = head + 0.16 * line_h * n_lines + foot
-        self.fig = self.plt.figure(figsize=(self.w, self.h))
-        place = [1.2 / self.w, foot / self.h, 0.16 * width / self.w, 1 - (head + foot) / self.h]
-        self.ax = self.fig.add_axes(place)
-        self.ax.set_xlim(0, width)
-        self.ax.set_ylim(line_h * n_lines, 0)
-        self.ax.axis("off")
-        self.width, self.line_h, self.first = width, line_h, first
-        self.text_at(0.1, self.h - 0.08, footer, fontsize=6.5, color=FAINT, va="bottom")
-
-    def text_at(self, x, y, words, **style):
-        """Words at (x, y) inches from the figure's top left."""
-        return self.fig.text(x / self.w, 1 - y / self.h, words, **style)
-
-    def box(self, positions, dy=0.0, h=1.0, **style):
-        """A box over a run of positions, dy under their line's text, h tall."""
-        from matplotlib.patches import Rectangle
-
-        for line, a, b in spans(positions, self.first, self.width):
-            self.ax.add_patch(Rectangle((a, line * self.line_h + dy), b - a, h, **style))
-
-    def char(self, p, ch, colour, weight="normal"):
-        line, col = divmod(p - self.first, self.width)
-        style = dict(ha="center", va="center", fontsize=7.5, family=FONT, weight=weight)
-        self.ax.text(col + 0.5, line * self.line_h + 0.55, shown(ch), color=colour, **style)
-
-    def legend(self, x, y, items, size=8):
-        """Swatches and their words from (x, y) inches: (face, edge, linestyle, words) each, one
-        line an item when x is None, else side by side."""
-        from matplotlib.patches import Rectangle
-
-        for k, (face, edge, style, words) in enumerate(items):
-            left, top = (0.1, y + 0.2 * k) if x is None else (x, y)
-            corner = (left / self.w, 1 - (top + 0.07) / self.h)
-            swatch = dict(facecolor=face, edgecolor=edge, linestyle=style, lw=1.2)
-            size_ = (0.18 / self.w, 0.14 / self.h)
-            self.fig.patches.append(
-                Rectangle(corner, *size_, transform=self.fig.transFigure, **swatch)
-            )
-            self.text_at(left + 0.25, top, words, fontsize=size, va="center")
-            x = None if x is None else x + 0.5 + 0.055 * len(words)
+RED, DARK, FAINT = "#d62728", "#222222", mechanism.FAINT
 
 
 def draw_png(picture: Picture, path: str, footer: str = "") -> None:
@@ -305,7 +210,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         by_head = lambda i, h: [s["attention_by_head"][i][h] for s in slots]
         rows = [(f"layer {i + 1} head {h + 1}", by_head(i, h)) for i, h in heads]
     first = slots[0]["positions"][0]
-    width = min(line_width(cfg), query - first + 1)
+    width = min(mechanism.line_width(cfg), query - first + 1)
     n_lines, per_line = (query - first) // width + 1, len(rows) + 1.9  # text, rows, a gap
     note = (
         f"The memory of memory.gif's next-to-last frame, 'Segment {len(picture.steps)} of "
@@ -316,7 +221,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     note = textwrap.fill(note, width=int(max(0.16 * width + 3.1, 11.3) * 16))
     note_top = 0.45 + 0.2 * len(list(regions(picture)))  # under a line per region
     head = note_top + 0.15 * (note.count("\n") + 1) + 0.25
-    figure = TextFigure(width, n_lines, per_line, head, footer, first)
+    figure = mechanism.TextFigure(width, n_lines, per_line, head, footer, first)
     ax, plt = figure.ax, figure.plt
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=max(max(values) for _, values in rows))
     cmap = plt.get_cmap("magma_r")
@@ -360,16 +265,14 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         legend.append((REGION_FILLS[region], REGION_COLORS[region], "-", words))
     figure.legend(None, 0.5, legend)
     figure.text_at(0.1, note_top, note, fontsize=8, va="top")
-    cax = figure.fig.add_axes(
-        [1 - 2.3 / figure.w, 1 - 0.42 / figure.h, 2 / figure.w, 0.1 / figure.h]
-    )
+    w, h = figure.w, figure.h
+    cax = figure.fig.add_axes([1 - 2.3 / w, 1 - 0.42 / h, 2 / w, 0.1 / h])
     ticks = [0.0]
     for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8):  # at least a seventh of the bar apart
         if t <= norm.vmax and norm(t) - norm(ticks[-1]) >= 1 / 7:
             ticks.append(t)
-    bar = plt.colorbar(
-        plt.cm.ScalarMappable(norm, cmap), cax, orientation="horizontal", ticks=ticks
-    )
+    scale = plt.cm.ScalarMappable(norm, cmap)
+    bar = plt.colorbar(scale, cax, orientation="horizontal", ticks=ticks)
     bar.set_label("attention weight (square-root scale)", fontsize=7)
     bar.ax.tick_params(labelsize=6)
     figure.fig.savefig(path, dpi=110)
@@ -423,9 +326,9 @@ def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last
     held = [] if not first else steps[first - 1].mem + sum(steps[first - 1].c_mem, [])
     start = min(held + [steps[first].segment[0]])  # the text from the oldest position then held
     text = picture.text[start - picture.data["start"] :]
-    width = min(line_width(cfg), len(text))
+    width = min(mechanism.line_width(cfg), len(text))
     n_lines = math.ceil(len(text) / width)
-    figure = TextFigure(width, n_lines, 1.5, 1.45, footer, start)
+    figure = mechanism.TextFigure(width, n_lines, 1.5, 1.45, footer, start)
     c_mem_box = dict(facecolor=REGION_FILLS["c_mem"], edgecolor=REGION_COLORS["c_mem"])
     legend = [
         (REGION_FILLS["c_mem"], REGION_COLORS["c_mem"], "-", "c_mem slot: f_c of a layer's inputs"),
@@ -489,10 +392,9 @@ def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last
 
 
 def recall_query(model, facts, n: int):
-    """On the recall task: the first query whose whole fact (its '=' and digit, the last two of
-    its positions) is held in c_mem when its '?' is read as the last character of a segment, with
-    enough text before it to fill both memories. Returns (start, query, the fact's positions) or
-    None."""
+    """On the recall task: (start, query, its fact's positions) of the first '?' whose fact's '='
+    and digit (its last two positions) are held in c_mem when the '?' ends a segment, both memories
+    full; or None."""
     reach, c = dict(model.reach()), model.cfg.compression_rate
     if "c_mem" not in reach:
         return None
@@ -537,27 +439,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="out", help="the checkpoint's folder; the picture goes there")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
-    p.add_argument(
-        "--validation",
-        metavar="JSON",
-        help="a research command's validation text, as python -m research.tasks --out OUT writes "
-        "it (OUT/validation.json)",
-    )
+    read = "a research command's text, as python -m research.tasks --out OUT writes it"
+    p.add_argument("--validation", metavar="JSON", help=read)
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
-    p.add_argument(
-        "--start",
-        type=int,
-        metavar="POS",
-        help="the text position where the passage starts, the memory empty before it (default: "
-        "enough segments before the query to fill both memories and a few more)",
+    start = (
+        "where the passage starts (default: segments enough before the query to fill both memories)"
     )
-    p.add_argument(
-        "--query",
-        type=int,
-        metavar="POS",
-        help="the query's text position (default: the last character of the last segment; on the "
-        "recall task's text, the first '?' whose fact is held in c_mem)",
-    )
+    p.add_argument("--start", type=int, metavar="POS", help=start)
+    query = "the query (default: the last of the last segment, or a recall '?' held in c_mem)"
+    p.add_argument("--query", type=int, metavar="POS", help=query)
     p.add_argument("--heads", action="store_true", help="the attention per head too")
     for name, (_, what) in mechanism.FIGURES.items():
         figure = f"write only the figure of {what} (docs/{name}.svg), from a tiny model"
@@ -589,10 +479,8 @@ def picture_checkpoint(args) -> None:
     start, query, marks = args.start, args.query, []
     for flag, value in (("--start", start), ("--query", query)):
         if value is not None and not 0 <= value < len(val):
-            raise UserError(
-                f"{flag} {value}: the validation text has {len(val)} characters (positions 0 to "
-                f"{len(val) - 1})"
-            )
+            has = f"the validation text has {len(val)} characters (positions 0 to {len(val) - 1})"
+            raise UserError(f"{flag} {value}: {has}")
     if facts and start is None and query is None:
         start, query, marks = recall_query(model, facts, len(val)) or (None, None, [])
     marks = marks or (recall_fact(facts, query) if query is not None else [])
@@ -617,15 +505,11 @@ def picture_checkpoint(args) -> None:
     print("\n".join(describe(picture) + ([fact_report(picture, marks)] if marks else [])))
     print(f"wrote {json_path}")
     flags = [(name, getattr(args, name)) for name in ("validation", "start", "query")]
-    drawn_by = " ".join(
-        ["python -m lesson.memory_picture"]
-        + [f"--{name} {value}" for name, value in flags if value is not None]
-        + ["--heads"] * args.heads
-    )
+    drawn_by = "".join(f" --{name} {value}" for name, value in flags if value is not None)
     footer = (
-        f"Checkpoint: {training_command(ckpt)}. Drawn by: {drawn_by} with torch "
-        f"{torch.__version__}, {torch.get_num_threads()} thread(s), at commit "
-        f"{files.repository_commit()}."
+        f"Checkpoint: {training_command(ckpt)}. Drawn by: python -m lesson.memory_picture"
+        f"{drawn_by}{' --heads' * args.heads} with torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
     )
     for name, draw in (("memory.png", draw_png), ("memory.gif", draw_gif)):
         draw(picture, os.path.join(args.out, name), footer)
