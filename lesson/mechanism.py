@@ -125,6 +125,7 @@ REGION_COLORS = {"c_mem": "#4c78a8", "mem": "#c2410c", "segment": "#2f7a2b"}
 REGION_FILLS = {"c_mem": "#dbe6f1", "mem": "#fde4cc", "segment": "#dcefd8"}
 RED, GREY, INK, FAINT = "#b91c1c", "#b0b0b0", "#1d1d1f", "#555555"
 FONT = "DejaVu Sans Mono"
+SVG_METADATA = ("Date", "Creator", "Format", "Type")  # none written: no date, nothing to diff
 
 
 def pyplot_or_error():
@@ -143,10 +144,12 @@ def pyplot_or_error():
 
 class Canvas:
     """A white figure of width x height pixels (96 to the inch, as a browser shows an SVG) whose
-    coordinates are those pixels, y downwards; text sizes are in pixels too."""
+    coordinates are those pixels, y downwards, and a line at its foot that says how it is drawn;
+    text sizes are in pixels too."""
 
     def __init__(self, width: int, height: int):
         self.plt = pyplot_or_error()
+        height += 20  # the foot
         self.fig = self.plt.figure(figsize=(width / 96, height / 96))
         self.ax = self.fig.add_axes([0, 0, 1, 1])
         self.ax.set_xlim(0, width)
@@ -188,10 +191,14 @@ class Canvas:
         no date, every id prefixed with name (matplotlib's hash salt too), no XML prolog."""
         import matplotlib
 
+        foot = f"Drawn by python -m lesson.memory_picture --{name}-svg docs/{name}.svg from a real "
+        foot += "CompressiveTransformer's tensors."
+        self.text(12, self.height - 10, foot, 10.5, color=FAINT)
+
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
         buffer = io.StringIO()
         with matplotlib.rc_context(rc):
-            self.fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+            self.fig.savefig(buffer, format="svg", metadata=dict.fromkeys(SVG_METADATA))
         self.plt.close(self.fig)
         svg = buffer.getvalue()
         svg = svg[svg.index("<svg") :]  # no XML declaration and doctype: a page inlines it
@@ -330,7 +337,7 @@ def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
     cell, row_h, left, top = 22, 50, 128, 148
     n = len(steps) * n_s
     notes_x = left + n * cell + 16
-    canvas = Canvas(notes_x + 330, top + len(steps) * row_h + 34)
+    canvas = Canvas(notes_x + 330, top + len(steps) * row_h + 14)
     title = f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
     canvas.text(12, 22, title + f"n_cm = {n_cm}, c = {c}", 15, weight="bold")
     for y, words in zip((42, 60, 76), FIFO_INTRO):
@@ -379,11 +386,6 @@ def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
         for line, words in enumerate(fifo_notes(step, len(before.mem) + n_s, n_m, n_cm, c)):
             canvas.text(notes_x, y + 7 + 13 * line, words, 11)
         before = step
-    footer = (
-        "Drawn by python -m lesson.memory_picture --fifo-svg from a CompressiveTransformer's own "
-        "memory tensors (the positions read back from them) after each segment."
-    )
-    canvas.text(12, canvas.height - 12, footer, 10.5, color="#555555")
     canvas.save(path, "fifo")
 
 
