@@ -144,12 +144,11 @@ def pyplot_or_error():
 
 class Canvas:
     """A white figure of width x height pixels (96 to the inch, as a browser shows an SVG) whose
-    coordinates are those pixels, y downwards, and a line at its foot that says how it is drawn;
-    text sizes are in pixels too."""
+    coordinates are those pixels, y downwards; text sizes are in pixels too. (The command that
+    draws it is said beside it, in the caption of the page or the README, not inside it.)"""
 
     def __init__(self, width: int, height: int):
         self.plt = pyplot_or_error()
-        height += 20  # the foot
         self.fig = self.plt.figure(figsize=(width / 96, height / 96))
         self.ax = self.fig.add_axes([0, 0, 1, 1])
         self.ax.set_xlim(0, width)
@@ -173,7 +172,7 @@ class Canvas:
         from matplotlib.patches import FancyBboxPatch
 
         shape = FancyBboxPatch((x, y), w, h, "round,pad=0,rounding_size=2", lw=lw, **style)
-        shape.set(facecolor=fill, edgecolor=edge, gid=gid)
+        shape.set(facecolor=fill, edgecolor=edge, gid=gid, clip_on=False)
         return self.ax.add_patch(shape)
 
     def cell(self, x, y, w, h, fill, words, gid, px=11, edge="none", color=INK):
@@ -184,16 +183,14 @@ class Canvas:
 
     def line(self, xs, ys, gid=None, color=RED, lw=1.5, dashed=True):
         style = (0, (3, 1.5)) if dashed else "-"
-        self.ax.plot(xs, ys, color=color, lw=lw, ls=style, gid=gid, solid_capstyle="butt")
+        style = dict(color=color, lw=lw, ls=style, gid=gid, solid_capstyle="butt", clip_on=False)
+        self.ax.plot(xs, ys, **style)
 
     def save(self, path: str, name: str) -> None:
         """The SVG of the figure, fit to be inlined in a page beside others: text kept as text,
-        no date, every id prefixed with name (matplotlib's hash salt too), no XML prolog."""
+        no date, every id prefixed with name, no XML prolog, and nothing clipped (a clip path is
+        a url(...), which the page does not allow itself)."""
         import matplotlib
-
-        foot = f"Drawn by python -m lesson.memory_picture --{name}-svg docs/{name}.svg from a real "
-        foot += "CompressiveTransformer's tensors."
-        self.text(12, self.height - 10, foot, 10.5, color=FAINT)
 
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
         buffer = io.StringIO()
@@ -203,7 +200,8 @@ class Canvas:
         svg = buffer.getvalue()
         svg = svg[svg.index("<svg") :]  # no XML declaration and doctype: a page inlines it
         svg = re.sub(rf'\bid="(?!{name}-)', f'id="{name}-', svg)
-        svg = svg.replace("url(#", f"url(#{name}-").replace('href="#', f'href="#{name}-')
+        if "url(" in svg:  # an artist drawn clipped: a bug
+            raise RuntimeError(f"the figure {name} clips an artist")
         files.write_atomically(path, lambda f: f.write(svg.encode("utf-8")))
 
 
@@ -337,7 +335,7 @@ def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
     cell, row_h, left, top = 22, 50, 128, 148
     n = len(steps) * n_s
     notes_x = left + n * cell + 16
-    canvas = Canvas(notes_x + 330, top + len(steps) * row_h + 14)
+    canvas = Canvas(notes_x + 330, top + len(steps) * row_h + 4)
     title = f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
     canvas.text(12, 22, title + f"n_cm = {n_cm}, c = {c}", 15, weight="bold")
     for y, words in zip((42, 60, 76), FIFO_INTRO):
@@ -558,7 +556,7 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
     mask hides it. Ids: mask-cell-I-J (text: the distance, or -inf), mask-key-J (text: the key)."""
     keys, queries, M, masked = data["keys"], data["queries"], data["M"], data["masked"]
     w, h, left = 40, 30, 170
-    canvas = Canvas(left + len(keys) * w + 40, len(queries) * h + 260)
+    canvas = Canvas(left + len(keys) * w + 40, len(queries) * h + 222)
     n_s, n_m, n_cm, c, n_segments = TOY_SIZES
     intro = [
         f"The toy's segment {n_segments}, n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: its "
@@ -638,7 +636,7 @@ def draw_reach(data: dict, path: str) -> None:
     far = max(max(row) for row in changed) + 1
     w, h, left, top = 14, 26, 90, 150
     bottom = top + len(changed) * h
-    canvas = Canvas(left + far * w + 110, bottom + 100)
+    canvas = Canvas(left + far * w + 110, bottom + 86)
     title = (
         "The reach, layer by layer: how far back a segment's last token sees, through each layer"
     )
@@ -775,7 +773,7 @@ def draw_recon(data: dict, path: str) -> None:
     LOSS (text: the norm, "none" or "detached")."""
     layers, h, w, left = data["layers"], 21, 84, 200
     why_x = left + 4 * w + 16
-    canvas = Canvas(why_x + 470, 76 + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 140)
+    canvas = Canvas(why_x + 470, 76 + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 112)
     intro = [
         "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
         f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of the "
