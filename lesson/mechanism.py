@@ -157,8 +157,14 @@ class Canvas:
         self.height = height
 
     def text(self, x, y, words, px=12, gid=None, **style):
-        style.setdefault("va", "baseline")
-        return self.ax.text(x, y, words, fontsize=0.75 * px, gid=gid, **style)
+        """Words at (x, y), each of their lines a text of its own (so that an SVG of any
+        matplotlib holds one text element per line), with the id gid, or gid-K for line K."""
+        lines, va = words.split("\n"), style.setdefault("va", "baseline")
+        first = {"center": (len(lines) - 1) / 2, "bottom": len(lines) - 1}.get(va, 0)
+        for k, line in enumerate(lines):
+            name = gid and (gid if len(lines) == 1 else f"{gid}-{k}")
+            at = y + (k - first) * 1.2 * px
+            self.ax.text(x, at, line, fontsize=0.75 * px, gid=name, **style)
 
     def lines(self, y, lines, px=11, title=None):
         """A title at the top, if given, and lines of text from y down, at the left."""
@@ -178,7 +184,7 @@ class Canvas:
     def cell(self, x, y, w, h, fill, words, gid, px=11, edge="none", color=INK):
         """A box with words centred in it, the box's id gid, the words' gid-text."""
         self.box(x, y, w, h, fill, edge, gid=gid)
-        style = dict(ha="center", va="center", color=color, linespacing=1.1)
+        style = dict(ha="center", va="center", color=color)
         self.text(x + w / 2, y + h / 2, words, px, gid=f"{gid}-text", **style)
 
     def line(self, xs, ys, gid=None, color=RED, lw=1.5, dashed=True):
