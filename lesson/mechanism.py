@@ -772,14 +772,71 @@ RECON_NOTES = [
 ]
 
 
+# The flow of L_attn in one layer: boxes (words, column, row) and the arrows between them, each
+# with the cell of a layer's LAYER_ROWS (row, loss) whose gradient says whether one flows back
+FLOW_BOXES = {
+    "m": ("m: old_mem, evicted", 0, 1),
+    "fc": ("f_c", 1, 1),
+    "fcm": ("f_c(m)", 2, 1),
+    "pred": ("attn(h, f_c(m))", 3, 1),
+    "loss": ("L_attn", 4, 1),
+    "target": ("attn(h, m): the target", 5, 1),
+    "kv": ("W_k, W_v; h's queries", 3, 0),
+    "c_mem": ("c_mem, for later", 2, 2),
+}
+FLOW_ARROWS = [  # (from, to, the cell that says a gradient flows back, its label where none does)
+    ("m", "fc", (6, 1), "detached"),
+    ("fc", "fcm", (0, 1), ""),
+    ("fcm", "pred", (7, 1), ""),
+    ("pred", "loss", (7, 1), ""),
+    ("target", "loss", (4, 1), "no_grad"),
+    ("kv", "pred", (1, 1), "detached"),
+    ("fcm", "c_mem", (8, 1), ".detach()"),
+]
+
+
+def draw_flow(canvas, top: int, layer) -> None:
+    """L_attn's flow in one layer, from top: a solid green arrow where the measured gradient of
+    L_attn flows back along it, a grey dashed one where none does. Ids: recon-flow-FROM-TO
+    (text: "gradient" or why none)."""
+    from matplotlib.patches import FancyArrowPatch
+
+    w, h, dx, dy = 124, 24, 168, 40
+    words = (
+        "L_attn in layer 1 (layer 2 alike): a green arrow carries its gradient back, as autograd "
+    )
+    canvas.text(12, top - 8, words + "finds it; along a grey dashed one, none flows.", 11)
+    at = {k: (12 + col * dx, top + row * dy) for k, (_, col, row) in FLOW_BOXES.items()}
+    for key, (words, _, _) in FLOW_BOXES.items():
+        canvas.cell(*at[key], w, h, "#f7f7f7", words, f"recon-box-{key}", 10.5, "#999999")
+    for start, end, (row, loss), why in FLOW_ARROWS:
+        flows = not isinstance(layer[row][loss], str)
+        (x0, y0), (x1, y1) = at[start], at[end]
+        same_row = y0 == y1
+        tail = (x0 + w, y0 + h / 2) if same_row and x1 > x0 else (x0 + w / 2, y0 + h)
+        head = (x1, y1 + h / 2) if same_row and x1 > x0 else (x1 + w / 2, y1)
+        if same_row and x1 < x0:  # right to left
+            tail, head = (x0, y0 + h / 2), (x1 + w, y1 + h / 2)
+        style = dict(color=REGION_COLORS["segment"] if flows else "#999999", lw=1.6 if flows else 1)
+        style.update(linestyle="-" if flows else (0, (4, 2)), gid=f"recon-flow-{start}-{end}")
+        arrow = FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, **style)
+        arrow.set_clip_on(False)
+        canvas.ax.add_patch(arrow)
+        mid = ((tail[0] + head[0]) / 2, (tail[1] + head[1]) / 2)
+        at_label = (mid[0], mid[1] - 5) if same_row else (mid[0] + 6, mid[1] + 3)
+        label, gid = "gradient" if flows else why, f"recon-flow-{start}-{end}-text"
+        align = "center" if same_row else "left"
+        canvas.text(*at_label, label, 9, gid, ha=align, color=style["color"])
+
+
 def draw_recon(data: dict, path: str) -> None:
     """A table: per layer, each part of it (LAYER_ROWS) against the two losses, the norm of the
     gradient that reaches it or why none does, and at the right why; then the embedding and the
     head. Ids: recon-I-ROW-LOSS for a layer's cell (I from 1; LOSS lm or attn), recon-model-ROW-
     LOSS (text: the norm, "none" or "detached")."""
-    layers, h, w, left = data["layers"], 21, 84, 200
+    layers, h, w, left, top = data["layers"], 21, 84, 200, 226
     why_x = left + 4 * w + 16
-    canvas = Canvas(why_x + 470, 76 + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 112)
+    canvas = Canvas(why_x + 470, top + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 112)
     intro = [
         "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
         f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of the "
@@ -788,9 +845,10 @@ def draw_recon(data: dict, path: str) -> None:
     ]
     title = "Where the gradients go: the language-model loss and f_c's L_attn, measured by autograd"
     canvas.lines(46, intro, 12, title)
+    draw_flow(canvas, 100, layers[0])
     for k, name in enumerate(("language-model loss", "L_attn")):
-        canvas.box(left + 2 * k * w + 1, 76, 2 * w - 2, 16, "#f3f3f3", "#999999")
-        canvas.text(left + (2 * k + 1) * w, 88, name, 10, ha="center", weight="bold")
+        canvas.box(left + 2 * k * w + 1, top, 2 * w - 2, 16, "#f3f3f3", "#999999")
+        canvas.text(left + (2 * k + 1) * w, top + 12, name, 10, ha="center", weight="bold")
 
     def cell(value, gid, loss):
         if isinstance(value, str):  # "none" or "detached"
@@ -806,7 +864,7 @@ def draw_recon(data: dict, path: str) -> None:
         ]
         rows.append((name, [cell(*args) for args in by_loss]))
     headers = [f"layer {i + 1}" for _ in (0, 1) for i in range(len(layers))]
-    y = panel(canvas, 78, "", headers, rows, w, h, left)
+    y = panel(canvas, top + 2, "", headers, rows, w, h, left)
     rows = []
     for r, (name, _) in enumerate(MODEL_ROWS):
         rows.append(
@@ -820,9 +878,9 @@ def draw_recon(data: dict, path: str) -> None:
         )
     bottom = panel(canvas, y - 25, "", [], rows, 2 * w, h, left)
     for r, (_, why) in enumerate(LAYER_ROWS + MODEL_ROWS):
-        y = 111 + r * h + 15 + 8 * (r >= len(LAYER_ROWS))
+        y = top + 35 + r * h + 15 + 8 * (r >= len(LAYER_ROWS))
         canvas.text(why_x, y, why, 10.5, color="#333333")
-    canvas.text(why_x, 107, "why", 10, weight="bold")
+    canvas.text(why_x, top + 31, "why", 10, weight="bold")
     canvas.lines(bottom + 36, RECON_NOTES)
     canvas.save(path, "recon")
 

@@ -237,6 +237,18 @@ def test_the_gradients_drawn_are_those_each_loss_sends_through_backward(fresh):
             assert [not isinstance(v[k], str) for v in data["layers"][i][:4]] == [
                 word != "none" for word in drawn_cells
             ]
+    drawn_ids = fresh["recon"]["ids"].items()
+    arrows = [(name.split("-")[2:4], words) for name, words in drawn_ids if "-flow-" in name]
+    flow = {"-".join(name): words for name, words in arrows if words}  # the arrows' labels
+    assert flow == {  # in layer 1: L_attn's gradient reaches f_c through f_c(m), and no further
+        "m-fc": "detached",
+        "fc-fcm": "gradient",
+        "fcm-pred": "gradient",
+        "pred-loss": "gradient",
+        "target-loss": "no_grad",
+        "kv-pred": "detached",
+        "fcm-c_mem": ".detach()",
+    }
     rows = [words for name, words in fresh["recon"]["ids"].items() if name.endswith("-text")]
-    assert rows.count("detached") == 3 * 2 * 2  # mem and c_mem read, old_mem, c_mem handed on
+    assert rows.count("detached") == 3 * 2 * 2 + 2  # mem and c_mem read, old_mem, c_mem handed on
     assert data["recon"] > 0 and data["lm"] > 0
