@@ -703,6 +703,7 @@ LAYER_ROWS = [
     ("c_mem handed on", "compressed.detach(): the next segment reads it without a graph"),
 ]
 MODEL_ROWS = [("embedding", "the model's input"), ("head", "the logits")]
+LOSSES = ("lm", "attn")  # the language-model loss, f_c's L_attn: as the ids name them
 
 
 def gradient_norm(loss, tensors) -> object:
@@ -855,27 +856,16 @@ def draw_recon(data: dict, path: str) -> None:
             return "#eeeeee", value, f"{gid}-{loss}", 10, "none", "#888888"
         return REGION_FILLS["segment"], f"{value:.3g}", f"{gid}-{loss}", 10
 
-    rows = []
+    rows, columns = [], [(k, loss, i) for k, loss in enumerate(LOSSES) for i in range(len(layers))]
     for r, (name, _) in enumerate(LAYER_ROWS):
-        by_loss = [
-            (layer[r][k], f"recon-{i + 1}-{r}", ("lm", "attn")[k])
-            for k in (0, 1)
-            for i, layer in enumerate(layers)
-        ]
-        rows.append((name, [cell(*args) for args in by_loss]))
-    headers = [f"layer {i + 1}" for _ in (0, 1) for i in range(len(layers))]
+        cells = [cell(layers[i][r][k], f"recon-{i + 1}-{r}", loss) for k, loss, i in columns]
+        rows.append((name, cells))
+    headers = [f"layer {i + 1}" for _, _, i in columns]
     y = panel(canvas, top + 2, "", headers, rows, w, h, left)
     rows = []
     for r, (name, _) in enumerate(MODEL_ROWS):
-        rows.append(
-            (
-                name,
-                [
-                    cell(v, f"recon-model-{r}", loss)
-                    for v, loss in zip(data["model"][r], ("lm", "attn"))
-                ],
-            )
-        )
+        values = zip(data["model"][r], LOSSES)
+        rows.append((name, [cell(value, f"recon-model-{r}", loss) for value, loss in values]))
     bottom = panel(canvas, y - 25, "", [], rows, 2 * w, h, left)
     for r, (_, why) in enumerate(LAYER_ROWS + MODEL_ROWS):
         y = top + 35 + r * h + 15 + 8 * (r >= len(LAYER_ROWS))
