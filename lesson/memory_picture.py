@@ -286,7 +286,7 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
     seg, ev, n_ev = step.segment, step.evicted, len(step.evicted)
     done = "(b) the FIFOs updated" if after else "(a) read, and appended to mem"
     title = f"Segment {k + 1} of {n_segments}, positions {seg[0]}-{seg[-1]}: {done}"
-    evicted = f"The {n_ev} evicted (positions {ev[0]}-{ev[-1]})" if ev else ""
+    evicted = f"{n_ev} evicted (positions {ev[0]}-{ev[-1]})" if ev else ""
     if not n_m:
         says = "No memory (n_m = 0): each segment sees only itself, and nothing is kept."
     elif not after:
@@ -298,9 +298,9 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
         n_dropped = len(step.dropped)
         fell = f"; c_mem over n_cm = {n_cm}, so its oldest {n_dropped} fell off (red dots)"
         made = f"{len(step.compressed)} new c_mem slots (bold boxes)"
-        says = f"{evicted} went through f_c: {made}{fell if n_dropped else ''}."
+        says = f"The {evicted} went through f_c: {made}{fell if n_dropped else ''}."
     elif ev:
-        says = f"Transformer-XL (n_cm = 0): t{evicted[1:]} are forgotten (red dots)."
+        says = f"Transformer-XL (n_cm = 0): the {evicted} are forgotten (red dots)."
     else:
         says = "Nothing overflowed, so nothing was evicted."
     fact = "; red: the fact the last query asks for." if picture.marks else "."
