@@ -370,8 +370,8 @@ def test_the_papers_enwik8_numbers_are_lists_beside_the_choice_of_f_c_and_of_its
 
 def test_the_worked_trace_beside_update_memory_is_what_a_model_holds():
     """The table of FIFO lengths in update_memory's note, against a real model's memory tensors
-    read back as positions (lesson.memory_picture, which also checks them against the rule)."""
-    from lesson import memory_picture
+    read back as positions (lesson.mechanism, which also checks them against the rule)."""
+    from lesson import mechanism
 
     source = SOURCE.read_text(encoding="utf-8")
     sizes = re.search(
@@ -383,7 +383,7 @@ def test_the_worked_trace_beside_update_memory_is_what_a_model_holds():
         cells = [c.strip() for c in line.lstrip("# ").rstrip("\\ ").split("&")]
         rows[cells[0].removeprefix("\\text{").removesuffix("}")] = [int(c) for c in cells[1:]]
     n_s, n_m, n_cm, c = map(int, sizes.groups())
-    steps = memory_picture.model_fifo_steps(n_s, n_m, n_cm, c, len(rows["call"]))
+    steps = mechanism.model_fifo_steps(n_s, n_m, n_cm, c, len(rows["call"]))
     assert rows == {
         "call": list(range(1, len(steps) + 1)),
         "mem": [len(s.mem) for s in steps],

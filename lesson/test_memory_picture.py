@@ -1,27 +1,27 @@
 """The memory picture (lesson/memory_picture.py) as tests: its FIFO bookkeeping is the model's
-own update_memory, its slots are the keys a query sees, and its command draws a checkpoint."""
+own update_memory, its slots are the keys a query sees, and its command draws a checkpoint. (The
+figures of lesson/mechanism.py, which the same command draws: lesson/test_mechanism.py.)"""
 
 import json
 import math
 import os
 import sys
-from xml.etree import ElementTree
 
 import pytest
 import torch
 
 from beyond_the_paper.feedback import FeedbackTransformer
-from compressive import CompressiveTransformer, n_evicted
-from conftest import DAMAGES, ROOT, craft, damage, error_line
+from compressive import CompressiveTransformer
+from conftest import DAMAGES, craft, damage, error_line
 from lesson import memory_picture
 from test_compressive import make, tiny
 from training import data
 
 
 def position_coded(**overrides):
-    """A model whose layer-0 memories say which text positions they hold: the token at position p
-    is p, embedded one-hot (post-LN, layer 0 stores its raw inputs in mem), and a pooling f_c, so
-    a c_mem slot is the mean (or max) of its block's one-hots."""
+    """A model whose first layer's memories say which text positions they hold: the token at
+    position p is p, embedded one-hot (post-LN, the first layer stores its raw inputs in mem), and
+    a pooling f_c, so a c_mem slot is the mean (or max) of its block's one-hots."""
     model = make(vocab_size=64, d_model=64, n_heads=2, n_layers=1, seq_len=5, **overrides).eval()
     with torch.no_grad():
         model.embed.weight.copy_(torch.eye(64))
@@ -29,7 +29,7 @@ def position_coded(**overrides):
 
 
 def held_positions(memory):
-    """(mem, c_mem) of layer 0, row 0, decoded into text positions."""
+    """(mem, c_mem) of the first layer, row 0, decoded into text positions."""
     mem = [int(v.argmax()) for v in memory.mem[0][0]]
     c_mem = [(row > 0).nonzero().flatten().tolist() for row in memory.c_mem[0][0]]
     return mem, c_mem
@@ -236,68 +236,3 @@ def test_a_research_checkpoint_is_drawn_on_the_text_research_tasks_writes(
     ]:
         assert memory_picture.main([*flags, *bad]) == 2
         assert message in error_line(capsys)
-
-
-SVG = "{http://www.w3.org/2000/svg}"
-
-
-def drawn_rows(path):
-    """What the schematic draws, per row: its slots (kind, positions), oldest first, and the
-    positions marked as leaving mem."""
-    slots, leaving = {}, {}
-    for shape in ElementTree.parse(path).getroot():
-        if shape.tag == f"{SVG}rect" and "data-row" in shape.attrib:
-            positions = [int(p) for p in shape.get("data-pos").split()]
-            slots.setdefault(int(shape.get("data-row")), []).append(
-                (shape.get("data-kind"), positions)
-            )
-        if shape.tag == f"{SVG}line" and "data-evicted" in shape.attrib:
-            leaving.setdefault(int(shape.get("data-row")), []).append(
-                int(shape.get("data-evicted"))
-            )
-    return slots, leaving
-
-
-def test_the_fifo_schematic_is_made_today_as_committed_and_draws_the_fifo_rule(tmp_path, capsys):
-    path = tmp_path / "fifo.svg"
-    assert memory_picture.main(["--fifo-svg", str(path)]) == 0
-    assert capsys.readouterr().out == f"wrote {path}\n"
-    committed = os.path.join(ROOT, "docs", "fifo.svg")
-    assert path.read_bytes() == open(committed, "rb").read(), (
-        "docs/fifo.svg is not what `python -m lesson.memory_picture --fifo-svg docs/fifo.svg` "
-        "makes today: run it"
-    )
-    # the rule worked out here, from n_evicted: append the segment; evict the n_evicted oldest,
-    # each block of c one c_mem slot; keep c_mem's newest n_cm
-    n_s, n_m, n_cm, c, n_segments = memory_picture.SCHEMATIC_SIZES
-    slots, leaving = drawn_rows(path)
-    assert sorted(slots) == list(range(n_segments))
-    mem, c_mem, dropped = [], [], 0
-    for k in range(n_segments):
-        segment = list(range(k * n_s, (k + 1) * n_s))
-        seen = [("c_mem", b) for b in c_mem] + [("mem", [p]) for p in mem]
-        assert slots[k] == seen + [("segment", [p]) for p in segment]
-        mem = mem + segment
-        n = n_evicted(len(mem), n_m, n_cm, c)
-        assert leaving.get(k, []) == mem[:n]
-        c_mem = c_mem + [mem[i : i + c] for i in range(0, n, c)]
-        dropped += max(0, len(c_mem) - n_cm)
-        mem, c_mem = mem[n:], c_mem[-n_cm:]
-    assert dropped > 0 and len(c_mem) == n_cm  # both FIFOs filled and moved
-    for bad, message in [("fifo.png", "name it .svg"), ("no/fifo.svg", "no such folder")]:
-        assert memory_picture.main(["--fifo-svg", str(tmp_path / bad)]) == 2
-        assert message in error_line(capsys)
-
-
-@pytest.mark.parametrize(
-    "sizes", [(5, 7, 3, 3, 6), (3, 2, 2, 2, 5)]
-)  # T not a multiple of c; T > n_m
-def test_the_schematics_positions_are_read_back_from_the_models_memory_tensors(sizes, monkeypatch):
-    steps = memory_picture.model_fifo_steps(*sizes)
-    n_s, n_m, n_cm, c, n_segments = sizes
-    assert steps == memory_picture.fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c)
-    # a rule that evicts a block too few disagrees with the model, and the drawing stops
-    wrong = lambda length, n_m, n_cm, c: max(0, n_evicted(length, n_m, n_cm, c) - c)
-    monkeypatch.setattr(memory_picture, "n_evicted", wrong)
-    with pytest.raises(RuntimeError, match="disagree"):
-        memory_picture.model_fifo_steps(*sizes)

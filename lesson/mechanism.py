@@ -1,0 +1,884 @@
+"""The mechanism drawn from a real model's tensors: the FIFOs, the shift, the mask, the reach and
+the reconstruction loss's gradients, each an SVG of the page (docs/), each made by a command:
+
+    python -m lesson.memory_picture --fifo-svg docs/fifo.svg     # the two FIFOs, segment by segment
+    python -m lesson.memory_picture --shift-svg docs/shift.svg   # relative_shift, entry by entry
+    python -m lesson.memory_picture --mask-svg docs/mask.svg     # the causal mask over the keys
+    python -m lesson.memory_picture --reach-svg docs/reach.svg   # the reach, layer by layer
+    python -m lesson.memory_picture --recon-svg docs/recon.svg   # which loss reaches what
+
+Each figure has a function that reads what it draws from a tiny CompressiveTransformer at the
+lesson's toy sizes (model_fifo_steps, shift_data, mask_data, reach_data, recon_data) and one that
+draws it (matplotlib, imported only there). Every shape that carries data has an id that says
+what it shows (a slot's positions, a cell's row and column), so that a test can read the drawing
+back. Layers and segments count from 1 in every label.
+"""
+
+import io
+import re
+import textwrap
+from typing import List, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from compressive import CompressiveConfig, CompressiveTransformer, n_evicted, reach, relative_shift
+from training import files
+from training.checks import UserError
+from training.recorded_attention import recorded_attention
+
+# --------------------------------------------------------------------------------------------------
+# The FIFO rule, applied to text positions
+
+
+class FifoStep(NamedTuple):
+    """The two FIFOs of every layer after one segment, as the text positions they stand for."""
+
+    segment: List[int]  # the positions of the segment just fed
+    mem: List[int]  # mem afterwards, oldest first, one position a slot
+    c_mem: List[List[int]]  # c_mem afterwards, oldest first, the c positions of each slot
+    evicted: List[int]  # what overflowed n_m and left mem in this step
+    compressed: List[List[int]]  # the c_mem slots made of it by f_c (none without c_mem: dropped)
+    dropped: List[List[int]]  # the c_mem slots that fell off its end
+
+
+NOTHING = FifoStep([], [], [], [], [], [])  # the memory before the first segment
+
+
+def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoStep]:
+    """The memory after each segment of a text fed from position start in segments of the given
+    lengths, by CompressiveLayer.update_memory's rule: append the segment to mem; evict what
+    overflows n_m (n_evicted: whole blocks of c when n_cm > 0), each block one c_mem slot; keep
+    c_mem's newest n_cm. With n_cm = 0 the evicted are dropped; with n_m = 0 nothing is kept."""
+    mem, c_mem, steps = [], [], []
+    for length in lengths:
+        segment = list(range(start, start + length))
+        start += length
+        evicted, compressed, dropped = [], [], []
+        if n_m:
+            mem = mem + segment
+            n_evict = n_evicted(len(mem), n_m, n_cm, c)
+            evicted, mem = mem[:n_evict], mem[n_evict:]
+            if n_cm:
+                compressed = [evicted[i : i + c] for i in range(0, n_evict, c)]
+                c_mem = c_mem + compressed
+                dropped, c_mem = c_mem[: max(0, len(c_mem) - n_cm)], c_mem[-n_cm:]
+        steps.append(FifoStep(segment, mem, c_mem, evicted, compressed, dropped))
+    return steps
+
+
+TOY_TEXT = "It is a truth universally acknowledged"  # the lesson notebook's toy sentence
+TOY_SIZES = (4, 8, 3, 2, 6)  # n_s, n_m, n_cm, c and the segments read: the notebook's toy
+
+
+def toy_config(**changes) -> CompressiveConfig:
+    """The notebook's toy sizes, n_s = 4, n_m = 8, n_cm = 3, c = 2, in a model of vectors."""
+    sizes = dict(vocab_size=None, d_model=16, n_heads=2, n_layers=1, d_ff=32, seq_len=4)
+    sizes.update(mem_len=8, c_mem_len=3, compression_rate=2)
+    return CompressiveConfig(**{**sizes, **changes})
+
+
+def position_model(n_s: int, n_m: int, n_cm: int, c: int, n: int) -> CompressiveTransformer:
+    """A one-layer model with the mean_pool f_c that reads the text positions 0 .. n - 1 as one-hot
+    vectors (position_inputs): its mem holds one one-hot a slot (the first layer keeps its raw
+    inputs), each c_mem slot the mean of its block's, so the positions can be read back."""
+    d = n + n % 2  # two heads
+    sizes = dict(seq_len=n_s, mem_len=n_m, c_mem_len=n_cm, compression_rate=c)
+    return CompressiveTransformer(toy_config(d_model=d, d_ff=d, compression="mean_pool", **sizes))
+
+
+def position_inputs(model, positions: List[int]) -> torch.Tensor:
+    return torch.eye(model.cfg.d_model)[None, positions]  # [1, T, d]
+
+
+def held_positions(memory):
+    """The positions a position_model's memory holds: mem's, one a slot, and c_mem's blocks."""
+    mem = memory.mem[0][0].argmax(-1).tolist()
+    return mem, [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
+
+
+@torch.no_grad()
+def model_fifo_steps(n_s: int, n_m: int, n_cm: int, c: int, n_segments: int) -> List[FifoStep]:
+    """The FIFOs after each segment as a real CompressiveTransformer holds them (position_model),
+    read back from its memory tensors; what left mem and fell off c_mem is what the tensors lost.
+    Raises RuntimeError where the model and fifo_steps disagree: a bug."""
+    model = position_model(n_s, n_m, n_cm, c, n_s * n_segments).eval()
+    memory, mem, c_mem, steps = None, [], [], []
+    for k in range(n_segments):
+        segment = list(range(k * n_s, (k + 1) * n_s))
+        _, memory, _ = model.hidden_states(position_inputs(model, segment), memory)
+        new_mem, new_c_mem = held_positions(memory)
+        evicted = [p for p in mem + segment if p not in new_mem]
+        compressed = [block for block in new_c_mem if block not in c_mem]
+        dropped = [block for block in c_mem + compressed if block not in new_c_mem]
+        mem, c_mem = new_mem, new_c_mem
+        steps.append(FifoStep(segment, mem, c_mem, evicted, compressed, dropped))
+    if steps != fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c):
+        raise RuntimeError("the model's memory tensors and the FIFO rule disagree")
+    return steps
+
+
+# --------------------------------------------------------------------------------------------------
+# Drawing: matplotlib on a canvas of pixels, saved as an SVG that a page inlines
+
+REGION_COLORS = {"c_mem": "#4c78a8", "mem": "#c2410c", "segment": "#2f7a2b"}
+REGION_FILLS = {"c_mem": "#dbe6f1", "mem": "#fde4cc", "segment": "#dcefd8"}
+RED, GREY, INK, FAINT = "#b91c1c", "#b0b0b0", "#1d1d1f", "#555555"
+FONT = "DejaVu Sans Mono"
+SVG_METADATA = ("Date", "Creator", "Format", "Type")  # none written: no date, nothing to diff
+
+
+def pyplot_or_error():
+    """matplotlib's pyplot for files, or one UserError line where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError(
+            "matplotlib is not installed, so no picture is drawn (pip install matplotlib)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class Canvas:
+    """A white figure of width x height pixels (96 to the inch, as a browser shows an SVG) whose
+    coordinates are those pixels, y downwards; text sizes are in pixels too. (The command that
+    draws it is said beside it, in the caption of the page or the README, not inside it.)"""
+
+    def __init__(self, width: int, height: int):
+        self.plt = pyplot_or_error()
+        self.fig = self.plt.figure(figsize=(width / 96, height / 96))
+        self.ax = self.fig.add_axes([0, 0, 1, 1])
+        self.ax.set_xlim(0, width)
+        self.ax.set_ylim(height, 0)
+        self.ax.axis("off")
+        self.height = height
+
+    def text(self, x, y, words, px=12, gid=None, **style):
+        """Words at (x, y), each of their lines a text of its own (so that an SVG of any
+        matplotlib holds one text element per line), with the id gid, or gid-K for line K."""
+        lines, va = words.split("\n"), style.setdefault("va", "baseline")
+        first = {"center": (len(lines) - 1) / 2, "bottom": len(lines) - 1}.get(va, 0)
+        for k, line in enumerate(lines):
+            name = gid and (gid if len(lines) == 1 else f"{gid}-{k}")
+            at = y + (k - first) * 1.2 * px
+            self.ax.text(x, at, line, fontsize=0.75 * px, gid=name, **style)
+
+    def lines(self, y, lines, px=11, title=None):
+        """A title at the top, if given, and lines of text from y down, at the left."""
+        if title:
+            self.text(12, 24, title, 15, weight="bold")
+        for k, words in enumerate(lines):
+            self.text(12, y + 1.36 * px * k, words, px)
+
+    def box(self, x, y, w, h, fill, edge="none", lw=0.75, gid=None, **style):
+        """A box with its top left corner at (x, y)."""
+        from matplotlib.patches import FancyBboxPatch
+
+        shape = FancyBboxPatch((x, y), w, h, "round,pad=0,rounding_size=2", lw=lw, **style)
+        shape.set(facecolor=fill, edgecolor=edge, gid=gid, clip_on=False)
+        return self.ax.add_patch(shape)
+
+    def cell(self, x, y, w, h, fill, words, gid, px=11, edge="none", color=INK):
+        """A box with words centred in it, the box's id gid, the words' gid-text."""
+        self.box(x, y, w, h, fill, edge, gid=gid)
+        style = dict(ha="center", va="center", color=color)
+        self.text(x + w / 2, y + h / 2, words, px, gid=f"{gid}-text", **style)
+
+    def line(self, xs, ys, gid=None, color=RED, lw=1.5, dashed=True):
+        style = (0, (3, 1.5)) if dashed else "-"
+        style = dict(color=color, lw=lw, ls=style, gid=gid, solid_capstyle="butt", clip_on=False)
+        self.ax.plot(xs, ys, **style)
+
+    def save(self, path: str, name: str) -> None:
+        """The SVG of the figure, fit to be inlined in a page beside others: text kept as text,
+        no date, every id prefixed with name, no XML prolog, and nothing clipped (a clip path is
+        a url(...), which the page does not allow itself)."""
+        import matplotlib
+
+        rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
+        buffer = io.StringIO()
+        with matplotlib.rc_context(rc):
+            self.fig.savefig(buffer, format="svg", metadata=dict.fromkeys(SVG_METADATA))
+        self.plt.close(self.fig)
+        svg = buffer.getvalue()
+        svg = svg[svg.index("<svg") :]  # no XML declaration and doctype: a page inlines it
+        svg = re.sub(rf'\bid="(?!{name}-)', f'id="{name}-', svg)
+        if "url(" in svg:  # an artist drawn clipped: a bug
+            raise RuntimeError(f"the figure {name} clips an artist")
+        files.write_atomically(path, lambda f: f.write(svg.encode("utf-8")))
+
+
+def line_width(cfg) -> int:
+    """Characters per drawn line: about 64, a whole number of blocks of c."""
+    c = cfg.compression_rate
+    return max(c, c * round(64 / c))
+
+
+def spans(positions, first: int, width: int):
+    """A run of consecutive positions cut at the drawn lines: (line, from column, to column)."""
+    out, p, last = [], positions[0], positions[-1]
+    while p <= last:
+        line, col = divmod(p - first, width)
+        stop = min(last, p + width - col - 1)
+        out.append((line, col, col + stop - p + 1))
+        p = stop + 1
+    return out
+
+
+class TextFigure:
+    """A figure of a text in lines of width characters, 0.16 inch each, line_h characters tall a
+    line (the text and what goes under it), under a header of head inches, a footer at its foot:
+    the checkpoint's picture and animation (lesson/memory_picture.py)."""
+
+    def __init__(self, width, n_lines, line_h, head, footer, first):
+        self.plt = pyplot_or_error()
+        self.w = max(0.16 * width + 3.1, 11.3)  # the row names and the right column; the legend
+        footer = textwrap.fill(footer, width=int(self.w * 20))
+        foot = 0.15 + 0.13 * (footer.count("\n") + 1) if footer else 0.1
+        self.h = head + 0.16 * line_h * n_lines + foot
+        self.fig = self.plt.figure(figsize=(self.w, self.h))
+        place = [1.2 / self.w, foot / self.h, 0.16 * width / self.w, 1 - (head + foot) / self.h]
+        self.ax = self.fig.add_axes(place)
+        self.ax.set_xlim(0, width)
+        self.ax.set_ylim(line_h * n_lines, 0)
+        self.ax.axis("off")
+        self.width, self.line_h, self.first = width, line_h, first
+        self.text_at(0.1, self.h - 0.08, footer, fontsize=6.5, color=FAINT, va="bottom")
+
+    def text_at(self, x, y, words, **style):
+        """Words at (x, y) inches from the figure's top left."""
+        return self.fig.text(x / self.w, 1 - y / self.h, words, **style)
+
+    def box(self, positions, dy=0.0, h=1.0, **style):
+        """A box over a run of positions, dy under their line's text, h tall."""
+        from matplotlib.patches import Rectangle
+
+        for line, a, b in spans(positions, self.first, self.width):
+            self.ax.add_patch(Rectangle((a, line * self.line_h + dy), b - a, h, **style))
+
+    def char(self, p, ch, colour, weight="normal"):
+        line, col = divmod(p - self.first, self.width)
+        style = dict(ha="center", va="center", fontsize=7.5, family=FONT, weight=weight)
+        self.ax.text(col + 0.5, line * self.line_h + 0.55, shown(ch), color=colour, **style)
+
+    def legend(self, x, y, items, size=8):
+        """Swatches and their words from (x, y) inches: (face, edge, linestyle, words) each, one
+        line an item when x is None, else side by side."""
+        from matplotlib.patches import Rectangle
+
+        for k, (face, edge, style, words) in enumerate(items):
+            left, top = (0.1, y + 0.2 * k) if x is None else (x, y)
+            corner = (left / self.w, 1 - (top + 0.07) / self.h)
+            swatch = dict(facecolor=face, edgecolor=edge, linestyle=style, lw=1.2)
+            size_ = (0.18 / self.w, 0.14 / self.h)
+            self.fig.patches.append(
+                Rectangle(corner, *size_, transform=self.fig.transFigure, **swatch)
+            )
+            self.text_at(left + 0.25, top, words, fontsize=size, va="center")
+            x = None if x is None else x + 0.5 + 0.055 * len(words)
+
+
+def shown(text: str) -> str:
+    """Characters as the figures and the log print them: a space as a middle dot, a newline ↵."""
+    return text.replace(" ", "\u00b7").replace("\n", "\u21b5")
+
+
+# --------------------------------------------------------------------------------------------------
+# The two FIFOs (docs/fifo.svg)
+
+
+def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> List[str]:
+    """What the FIFOs do after a segment (the next row shows it done); held: mem with it."""
+    if not step.evicted:
+        return [f"after it, mem holds {held} \u2264 n_m = {n_m}:", "nothing leaves it"]
+    k, s = len(step.compressed), "s" * (len(step.compressed) > 1)
+    lines = [
+        f"after it, mem would hold {held} > n_m = {n_m}, so",
+        f"{step.evicted[0]}\u2013{step.evicted[-1]} leave it: {k} block{s} of c = {c} "
+        f"\u2192 f_c \u2192 {k} c_mem slot{s}",
+    ]
+    if step.dropped:
+        n = len(step.dropped)
+        oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
+        lines.append(f"c_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}")
+    return lines
+
+
+FIFO_INTRO = [
+    "n_s = {n_s}: the tokens of a segment (one forward); n_m, n_cm: the slots of mem and c_mem; "
+    "c: the inputs that one c_mem slot compresses.",
+    "Left, one row a segment: what its queries attend over, [c_mem; mem; segment], oldest first, "
+    "as the FIFOs hold them before the update,",
+    "under the text positions each slot stands for. Right: the update after the segment, which "
+    "the next row shows done.",
+]
+FIFO_LEGEND = [
+    [
+        ("c_mem", "c_mem: one vector, f_c of a block of c inputs (their positions inside)"),
+        ("mem", "mem: a slot is one input"),
+        ("segment", "the segment read"),
+    ],
+    [
+        ("evicted", "leaves mem after the segment"),
+        ("new", "bold: made by the update before"),
+        ("t", "grey: read before, no longer held"),
+        ("\u00b7", "a space"),
+    ],
+]
+
+
+def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
+    """The schematic: one row per segment, the keys its queries attend over, [c_mem; mem;
+    segment], oldest first, each under the text positions it stands for (so a block that leaves
+    mem reappears below as one c_mem slot), and at the right what the FIFOs do after it. Ids:
+    fifo-slot-ROW-REGION-POSITIONS for a slot, fifo-evicted-ROW-P for a position leaving mem."""
+    n_s, n_m, n_cm, c = sizes
+    if not (n_m and n_cm):
+        raise ValueError(f"the schematic draws both FIFOs: n_m = {n_m}, n_cm = {n_cm}")
+    cell, row_h, left, top = 22, 50, 128, 148
+    n = len(steps) * n_s
+    notes_x = left + n * cell + 16
+    canvas = Canvas(notes_x + 330, top + len(steps) * row_h + 4)
+    title = f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
+    canvas.text(12, 22, title + f"n_cm = {n_cm}, c = {c}", 15, weight="bold")
+    for y, words in zip((42, 60, 76), FIFO_INTRO):
+        canvas.text(12, y, words.format(n_s=n_s))
+    for line, items in enumerate(FIFO_LEGEND):
+        x, y = 12, 90 + 18 * line
+        for kind, words in items:
+            if kind in REGION_FILLS or kind == "new":
+                region = "c_mem" if kind == "new" else kind
+                bold = 2 if kind == "new" else 0.75
+                canvas.box(x, y, 22, 13, REGION_FILLS[region], REGION_COLORS[region], bold)
+            elif kind == "evicted":
+                canvas.line([x, x + 22], [y + 12] * 2)
+            else:  # a sample as the rows draw it
+                colour = GREY if kind == "t" else INK
+                canvas.text(x + 11, y + 11, kind, ha="center", color=colour, family=FONT)
+            canvas.text(x + 28, y + 11, words)
+            x += 52 + 6.6 * len(words)
+    for p in range(0, n, n_s):  # the text positions, at the start of every segment
+        canvas.text(left + p * cell + 2, top - 8, str(p), 10, color="#555555")
+    before = NOTHING
+    for k, step in enumerate(steps):
+        y = top + k * row_h
+        canvas.text(12, y + 16, f"segment {k + 1} sees")
+        held = [p for block in before.c_mem for p in block] + before.mem + step.segment
+        for p in range(step.segment[0]):  # read before and no longer held: grey
+            if p not in held:
+                x = left + p * cell + 11
+                canvas.text(x, y + 16, shown(text[p]), ha="center", color=GREY, family=FONT)
+        slots = [("c_mem", block) for block in before.c_mem]
+        slots += [("mem", [p]) for p in before.mem] + [("segment", [p]) for p in step.segment]
+        for region, positions in slots:
+            x, w = left + positions[0] * cell, len(positions) * cell
+            gid = f"fifo-slot-{k}-{region}-{'_'.join(map(str, positions))}"
+            bold = 2 if positions in before.compressed else 0.75
+            canvas.box(x + 1, y, w - 2, 24, REGION_FILLS[region], REGION_COLORS[region], bold, gid)
+            if region == "c_mem":  # one vector, not its characters: where it came from
+                canvas.text(x + w / 2, y + 10, "f_c", 9, ha="center")
+                span = f"{positions[0]}\u2013{positions[-1]}"
+                canvas.text(x + w / 2, y + 20, span, 9, ha="center")
+            else:
+                canvas.text(x + 11, y + 16, shown(text[positions[0]]), ha="center", family=FONT)
+        for p in step.evicted:
+            x = left + p * cell
+            canvas.line([x + 2, x + cell - 2], [y + 29] * 2, gid=f"fifo-evicted-{k}-{p}")
+        for line, words in enumerate(fifo_notes(step, len(before.mem) + n_s, n_m, n_cm, c)):
+            canvas.text(notes_x, y + 7 + 13 * line, words, 11)
+        before = step
+    canvas.save(path, "fifo")
+
+
+def write_fifo_svg(path: str) -> None:
+    """The schematic of the notebook's toy FIFOs, from a real model's memory, into path."""
+    n_s, n_m, n_cm, c, n_segments = TOY_SIZES
+    steps = model_fifo_steps(n_s, n_m, n_cm, c, n_segments)
+    draw_fifo(steps, TOY_TEXT, (n_s, n_m, n_cm, c), path)
+
+
+# --------------------------------------------------------------------------------------------------
+# The shift (docs/shift.svg): relative_shift on a real layer's position scores
+
+
+def shift_model(T: int = 3, M: int = 2):
+    """A one-layer Transformer-XL (n_m = M, random weights) and the two segments of T vectors it
+    reads, [1, 2T, d]."""
+    torch.manual_seed(0)
+    cfg = toy_config(seq_len=T, mem_len=M, c_mem_len=0, d_model=8, n_heads=1)
+    return CompressiveTransformer(cfg).eval(), torch.randn(1, 2 * T, 8)
+
+
+@torch.no_grad()
+def shift_data(model, x) -> dict:
+    """relative_shift as a real layer runs it: model (one layer, one head) reads x in two segments,
+    and in the second its attention's position scores P = position_scores(q, r), [T, K+1],
+    go through relative_shift. Returns {"T", "M", "K", "P": P's rows, column p holding distance
+    K - p; "source": for each entry of the result, the index it takes in P flattened; "out": the
+    result [T, K]; "masked": where the causal mask hides a key; "weights": the attention weights,
+    as the forward computed them}."""
+    attn, seen = model.layers[0].attn, {}
+    hook = attn.register_forward_hook(lambda module, args, out: seen.update(args=args, out=out))
+    T = model.cfg.seq_len
+    _, memory, _ = model.hidden_states(x[:, :T])
+    model.hidden_states(x[:, T:], memory)
+    hook.remove()
+    h, _, r, mask = seen["args"]  # the second call's segment, W_r R and the causal mask
+    q, _, _ = attn.queries_keys_values(h)
+    P = attn.position_scores(q, r)[0, 0]  # head 1, row 1: [T, K+1]
+    K = P.size(1) - 1
+    source = relative_shift(torch.arange(T * (K + 1)).view(T, K + 1))
+    return {
+        "T": T,
+        "M": K - T,
+        "K": K,
+        "P": P.tolist(),
+        "source": source.tolist(),
+        "out": relative_shift(P).tolist(),
+        "masked": torch.isinf(mask).tolist(),
+        "weights": seen["out"].weights[0, 0].tolist(),
+    }
+
+
+QUERY_FILLS = ["#dbe6f1", "#fde4cc", "#dcefd8", "#eadcf0", "#f6e7b6"]
+QUERY_EDGES = ["#4c78a8", "#c2410c", "#2f7a2b", "#7b3f9e", "#a07a00"]
+
+
+def panel(canvas, y, heading, headers, rows, w, h, left=150, key_gid=None) -> float:
+    """A heading at y, then column headers (with ids key_gid-J, when given) and rows of cells
+    under them: rows are (name, cells), each cell the arguments of Canvas.cell after its place and
+    size. Returns the y under the panel."""
+    if heading:
+        canvas.text(12, y, heading, 13, weight="bold")
+    for j, header in enumerate(headers):
+        gid = key_gid and f"{key_gid}-{j}"
+        canvas.text(left + j * w + w / 2, y + 29, header, 9, gid, ha="center", va="bottom")
+    for i, (name, cells) in enumerate(rows):
+        top = y + 33 + i * h
+        canvas.text(left - 10, top + h / 2 + 4, name, 11, ha="right")
+        for j, cell in enumerate(cells):
+            canvas.cell(left + j * w + 1, top + 1, w - 2, h - 2, *cell)
+    return y + 33 + len(rows) * h
+
+
+SHIFT_NOTES = [
+    "Each colour is one query's row of P. Query 1's row of the result starts T entries into its "
+    "row of P, each next row one entry earlier, so row i runs",
+    "through the distances M + i \u2212 j: every key at its own distance. The grey entries "
+    "wrapped in from the next row; they fall on keys in the query's",
+    "future, which the causal mask hides (\u2212\u221e). Transformer-XL pads a column of zeros and "
+    "re-views; here P's spare distance-K column plays the pad's",
+    "role, and the view copies nothing.",
+]
+
+
+def draw_shift(data: dict, path: str) -> None:
+    """P per (query, distance), flattened, the first T skipped, re-cut into rows of K: each entry
+    coloured by its query's row of P, labelled by its distance and value. Ids: shift-P-I-P,
+    shift-flat-N and shift-out-I-J for the cells (their text: distance, then value or why not)."""
+    T, M, K, P = data["T"], data["M"], data["K"], data["P"]
+    w, h, flat_w, left = 52, 34, 44, 150
+    canvas = Canvas(left + T * (K + 1) * flat_w + 20, 344 + 2 * T * h + h)
+    title = f"relative_shift on a real layer's position scores: T = {T} queries, M = {M} memories, "
+    canvas.lines(0, [], title=title + f"K = M + T = {K} keys")
+
+    def entry(n: int, gid: str, why: str = ""):
+        """Entry n of P flattened; why: where it is not used, the word said instead of its value."""
+        i, p = divmod(n, K + 1)
+        words = f"d {K - p}\n" + (why or f"{P[i][p]:+.2f}".replace("-", "\u2212"))
+        fill = "#f3f3f3" if why else QUERY_FILLS[i % len(QUERY_FILLS)]
+        return fill, words, gid, 9, QUERY_EDGES[i % len(QUERY_EDGES)], "#888888" if why else INK
+
+    heading = "1. P = position_scores(q, r), [T, K+1]: query i's score at every distance d, from K"
+    headers = [f"d = {K - p}" for p in range(K + 1)]
+    rows = []
+    for i in range(T):
+        cells = [entry(i * (K + 1) + p, f"shift-P-{i}-{p}") for p in range(K + 1)]
+        rows.append((f"query {i + 1}", cells))
+    y = panel(canvas, 60, heading + " down to 0", headers, rows, w, h)
+    heading = f"2. flattened: T(K+1) = {T * (K + 1)} entries, row after row; the first T = {T} "
+    flat = [entry(n, f"shift-flat-{n}", "skipped" * (n < T)) for n in range(T * (K + 1))]
+    heading += f"skipped, the next T K = {T * K} kept"
+    y = panel(canvas, y + 36, heading, [], [("flat", flat)], flat_w, h)
+    for row in range(T):  # where each row of the result is cut
+        x = left + (T + row * K) * flat_w
+        canvas.line([x + 2, x + K * flat_w - 2], [y + 6] * 2, color=INK, lw=1, dashed=False)
+        canvas.text(x + K * flat_w / 2, y + 20, f"row {row + 1} of the result", 10, ha="center")
+    heading = f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for "
+    headers = [f"mem\n{j + 1}" if j < M else f"segment\n{j - M + 1}" for j in range(K)]
+    rows = []
+    for i in range(T):
+        sources = zip(data["source"][i], data["masked"][i])
+        cells = [entry(n, f"shift-out-{i}-{j}", "masked" * m) for j, (n, m) in enumerate(sources)]
+        rows.append((f"query {i + 1}", cells))
+    y = panel(canvas, y + 56, heading + "key j at distance M + i \u2212 j", headers, rows, w, h)
+    canvas.lines(y + 28, SHIFT_NOTES)
+    canvas.save(path, "shift")
+
+
+# --------------------------------------------------------------------------------------------------
+# The causal mask over [c_mem; mem; segment] (docs/mask.svg)
+
+
+@torch.no_grad()
+def mask_data() -> dict:
+    """The keys of the toy's last segment and where the mask hides them, from a real model: the
+    one of model_fifo_steps reads the toy's segments, and the keys' positions are read back from
+    its memory tensors before the last, the mask from the attention weights of the last (a hidden
+    key gets weight 0, in every head). Returns {"keys": [(region, positions)], oldest first,
+    "queries": the last segment's positions, "M": the memories, "masked": [T][K] booleans}."""
+    n_s, n_m, n_cm, c, n_segments = TOY_SIZES
+    model = position_model(n_s, n_m, n_cm, c, n_s * n_segments).eval()
+    memory = None
+    with recorded_attention(model) as attention:
+        for k in range(n_segments):
+            segment = list(range(k * n_s, (k + 1) * n_s))
+            if k == n_segments - 1:  # the memory the last segment reads, as positions
+                mem, c_mem = held_positions(memory)
+            _, memory, _ = model.hidden_states(position_inputs(model, segment), memory)
+    keys = [("c_mem", block) for block in c_mem] + [("mem", [p]) for p in mem]
+    keys += [("segment", [p]) for p in segment]
+    masked = (attention[0][0] == 0).all(dim=0)  # [T, K]: no head gives the key any weight
+    return {"keys": keys, "queries": segment, "M": len(c_mem) + len(mem), "masked": masked.tolist()}
+
+
+MASK_NOTES = [
+    "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position term "
+    "R; \u2212\u221e where key j lies in the query's future,",
+    "j > M + i (the mask is added to the scores: its weight is 0). A distance counts slots: a "
+    "c_mem slot stands for c tokens and still sits one",
+    "position further than the slot after it (a departure, in hidden_states). Read from a real "
+    "model: the keys from its memory tensors, the mask",
+    "from its attention weights (0 in every head).",
+]
+
+
+def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
+    """One row per query of the segment, one column per key, [c_mem; mem; segment] by region, each
+    cell the key's distance from the query, M + i - j, where the query sees it and -inf where the
+    mask hides it. Ids: mask-cell-I-J (text: the distance, or -inf), mask-key-J (text: the key)."""
+    keys, queries, M, masked = data["keys"], data["queries"], data["M"], data["masked"]
+    w, h, left = 40, 30, 170
+    canvas = Canvas(left + len(keys) * w + 40, len(queries) * h + 222)
+    n_s, n_m, n_cm, c, n_segments = TOY_SIZES
+    intro = [
+        f"The toy's segment {n_segments}, n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: its "
+        f"queries attend over the M = {M} memories and the segment,",
+        "oldest first, and see each key at a distance.",
+    ]
+    title = "The causal mask over [c_mem; mem; segment], and the distance of every key it leaves"
+    canvas.lines(46, intro, 12, title)
+    for region in REGION_FILLS:  # a band over each region's keys
+        inside = [j for j, (r, _) in enumerate(keys) if r == region]
+        x, band = left + inside[0] * w, len(inside) * w
+        canvas.box(x + 1, 72, band - 2, 18, REGION_FILLS[region], REGION_COLORS[region])
+        canvas.text(x + band / 2, 85, f"{region}: {len(inside)} keys", 10, ha="center")
+    headers = [f"{shown(text[p[0]])}\n{p[0]}" for _, p in keys]
+    headers = [
+        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else hd for (r, p), hd in zip(keys, headers)
+    ]
+    canvas.text(left - 10, 130, "key (position)", 9, ha="right", color="#555555")
+    rows = []
+    for i, p in enumerate(queries):
+        cells = []
+        for j, (region, _) in enumerate(keys):
+            hidden, gid = masked[i][j], f"mask-cell-{i}-{j}"
+            fill, ink = ("#eeeeee", "#999999") if hidden else (REGION_FILLS[region], INK)
+            cells.append((fill, "\u2212\u221e" if hidden else str(M + i - j), gid, 11, "none", ink))
+        rows.append((f"query {i + 1}: {shown(text[p])!r} ({p})", cells))
+    bottom = panel(canvas, 104, "", headers, rows, w, h, left, key_gid="mask-key")
+    canvas.lines(bottom + 28, MASK_NOTES)
+    canvas.save(path, "mask")
+
+
+# --------------------------------------------------------------------------------------------------
+# The reach, layer by layer (docs/reach.svg)
+
+
+@torch.no_grad()
+def reach_data(n_layers: int = 3, **changes) -> dict:
+    """How far back each layer's output at a segment's last token sees, measured on a real model
+    (the toy sizes, n_layers layers, random weights): one row of the batch per token, that token
+    changed, and the positions back whose change changes a layer's output there; beside it
+    compressive.reach at that depth. Returns {"cfg": the sizes, "edges": reach's [(name,
+    tokens)], "changed": per layer, the positions back (0: the token itself) that change it}."""
+    torch.manual_seed(0)
+    cfg = toy_config(n_layers=n_layers, **changes)
+    model = CompressiveTransformer(cfg).eval()
+    edges = reach(cfg, depth=n_layers)
+    n_s = cfg.seq_len
+    n = n_s * (-(-edges[-1][1] // n_s) + 3)  # whole segments, a few beyond the reach
+    x = torch.randn(1, n, cfg.d_model).repeat(n + 1, 1, 1)  # row 0 as it is, row 1 + p: p changed
+    x[1:][torch.arange(n), torch.arange(n)] += torch.randn(n, cfg.d_model)
+    outputs = [None] * n_layers
+    for i, layer in enumerate(model.layers):
+        layer.register_forward_hook(lambda module, args, out, i=i: outputs.__setitem__(i, out[0]))
+    memory = None
+    for start in range(0, n, n_s):
+        _, memory, _ = model.hidden_states(x[:, start : start + n_s], memory)
+    changed = []
+    for out in outputs:  # each layer's output at the last token: [n + 1, d]
+        differs = (out[1:, -1] != out[:1, -1]).any(dim=-1)
+        changed.append(sorted(n - 1 - p for p in differs.nonzero().flatten().tolist()))
+    sizes = {k: getattr(cfg, k) for k in ("seq_len", "mem_len", "c_mem_len", "compression_rate")}
+    return {"cfg": sizes, "edges": edges, "changed": changed}
+
+
+STACK_FILLS = ["#eadcf0", "#d3bde6", "#bb9edb", "#a37fd0"]  # layer 2, 3, ...: a deeper purple
+STACK_EDGE = "#7b3f9e"
+
+
+def draw_reach(data: dict, path: str) -> None:
+    """One row per layer, one cell per position back from the query (0, the token itself, at the
+    right), filled where changing that token changes the layer's output there, coloured by the
+    band of reach() it lies in: the first layer's segment, mem or c_mem, or what layer l adds
+    through the memories of the layer below; reach()'s edges are marked over the rows. Ids:
+    reach-cell-L-B for a filled cell (layer L from 1, B back), reach-edge-NAME (text: its label)."""
+    edges, changed, sizes = data["edges"], data["changed"], data["cfg"]
+    n_s, n_m, n_cm, c = sizes.values()
+    far = max(max(row) for row in changed) + 1
+    w, h, left, top = 14, 26, 90, 150
+    bottom = top + len(changed) * h
+    canvas = Canvas(left + far * w + 110, bottom + 86)
+    title = (
+        "The reach, layer by layer: how far back a segment's last token sees, through each layer"
+    )
+    intro = [
+        f"n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: one layer sees its segment, mem and "
+        "c_mem. Each layer above reads the states of the one below, and",
+        "those kept in its memories were made when their own tokens were read, seeing as far back "
+        "again from their own segment's start.",
+    ]
+    canvas.lines(46, intro, 12, title)
+    x_of = lambda back: left + (far - 1 - back) * w
+
+    def colours(back: int):
+        band = next(name for name, tokens in edges if back < tokens)
+        if band in REGION_FILLS:
+            return REGION_FILLS[band], REGION_COLORS[band]
+        return STACK_FILLS[min(int(band.split()[1]) - 2, len(STACK_FILLS) - 1)], STACK_EDGE
+
+    for name, tokens in edges:  # reach(): the edges, over the rows
+        x, gid = x_of(tokens - 1), f"reach-edge-{name.replace(' ', '_')}"
+        canvas.line([x, x], [top - 34, bottom], color="#555555", lw=0.8, dashed=False)
+        canvas.text(x + 2, top - 24, f"{name}: {tokens}", 9, gid, rotation=30, va="bottom")
+    for layer, row in enumerate(changed):
+        y = top + layer * h
+        canvas.text(left - 10, y + h / 2 + 4, f"layer {layer + 1}", 11, ha="right")
+        for back in row:
+            gid = f"reach-cell-{layer + 1}-{back}"
+            canvas.box(x_of(back) + 1, y + 3, w - 2, h - 6, *colours(back), gid=gid)
+        canvas.text(x_of(0) + w + 8, y + h / 2 + 4, f"{max(row) + 1} tokens", 11)
+    for back in range(0, far, 4):
+        canvas.text(x_of(back) + w / 2, bottom + 14, str(back), 9, ha="center", color="#555555")
+    canvas.text(x_of(0) + w + 8, bottom + 14, "positions back", 9, color="#555555")
+    step = edges[-1][1] - edges[-2][1] if len(changed) > 1 else 0
+    notes = [
+        "A cell is filled where changing that one token changes the layer's output at the last "
+        "token (measured on a real model, one row of the batch per token",
+        f"changed). The marks are compressive.reach(cfg, depth={len(changed)}): each layer above "
+        f"the first adds n_s \u2308S / n_s\u2309 = {step} tokens (S = n_m + c n_cm),",
+        "in a deeper purple layer by layer.",
+    ]
+    canvas.lines(bottom + 44, notes)
+    canvas.save(path, "reach")
+
+
+# --------------------------------------------------------------------------------------------------
+# Where the two losses' gradients go (docs/recon.svg)
+
+# What each row of the figure names, per layer, and why the gradients go where they go
+LAYER_ROWS = [
+    ("f_c (layer.compress)", "c_mem is stored detached, so only L_attn reaches f_c"),
+    ("W_q, W_k, W_v", "L_attn projects f_c(m) with W_k, W_v detached; its queries come detached"),
+    ("W_o, W_r, u, v", "L_attn's content attention has no positions and no W_o"),
+    ("feed-forward, LayerNorms", "L_attn stops at the attention"),
+    ("h: the layer's inputs", "L_attn's queries of h and its target are detached"),
+    ("mem, c_mem as read", "stored detached: no gradient flows into the memory"),
+    ("m: old_mem, evicted", "a part of mem, detached: f_c reads it as data"),
+    ("f_c(m): new c_mem slots", "L_attn's prediction attn(h, f_c(m)) reads it"),
+    ("c_mem handed on", "compressed.detach(): the next segment reads it without a graph"),
+]
+MODEL_ROWS = [("embedding", "the model's input"), ("head", "the logits")]
+LOSSES = ("lm", "attn")  # the language-model loss, f_c's L_attn: as the ids name them
+
+
+def gradient_norm(loss, tensors) -> object:
+    """The norm of loss's gradient over tensors, "none" where the loss does not reach them, or
+    "detached" where none of them is part of a graph."""
+    tensors = [t for t in tensors if t.requires_grad]
+    if not tensors:
+        return "detached"
+    grads = torch.autograd.grad(loss, tensors, allow_unused=True, retain_graph=True)
+    grads = [g for g in grads if g is not None]
+    return torch.stack([g.norm() for g in grads]).norm().item() if grads else "none"
+
+
+def recon_model(**changes):
+    """A model at the toy sizes with two layers, the conv f_c and the attention reconstruction
+    (random weights), and the tokens of its first three segments and their next tokens."""
+    torch.manual_seed(0)
+    model = CompressiveTransformer(toy_config(vocab_size=16, n_layers=2, **changes))
+    return model.train(), torch.randint(0, 16, (1, 3 * model.cfg.seq_len + 1))
+
+
+def recon_data(model, tokens) -> dict:
+    """Which tensors and parameters the language-model loss and f_c's L_attn reach, measured with
+    autograd on model (recon_model's) reading tokens: its third segment, the first to evict.
+    Returns {"layers": per layer, per LAYER_ROWS row, (the LM loss's, L_attn's) gradient_norm;
+    "model": the same per MODEL_ROWS row; "lm", "recon": the two losses}."""
+    n_s = model.cfg.seq_len
+    with torch.no_grad():  # fill mem
+        _, memory, _ = model(tokens[:, :n_s])
+        _, memory, _ = model(tokens[:, n_s : 2 * n_s], memory)
+    seen, hooks = [{} for _ in model.layers], []
+    for i, layer in enumerate(model.layers):  # h, the layer's input; m and f_c(m)
+        keep_h = lambda module, args, i=i: seen[i].update(h=args[0])
+        keep_fc = lambda module, args, out, i=i: seen[i].update(m=args[0], fc=out)
+        hooks += [layer.register_forward_pre_hook(keep_h)]
+        hooks += [layer.compress.register_forward_hook(keep_fc)]
+    logits, new_memory, recon = model(tokens[:, 2 * n_s : 3 * n_s], memory)
+    for hook in hooks:
+        hook.remove()
+    lm = F.cross_entropy(logits.flatten(0, 1), tokens[0, 2 * n_s + 1 : 3 * n_s + 1])
+    losses = (lm, recon)
+    layers = []
+    for i, layer in enumerate(model.layers):
+        attn = layer.attn
+        groups = [
+            list(layer.compress.parameters()),
+            [attn.qkv.weight],
+            [attn.out.weight, attn.position.weight, attn.content_bias, attn.position_bias],
+            [*layer.ff.parameters(), *layer.attn_norm.parameters(), *layer.ff_norm.parameters()],
+            [seen[i]["h"]],
+            [memory.mem[i], memory.c_mem[i]],
+            [seen[i]["m"]],
+            [seen[i]["fc"]],
+            [new_memory.c_mem[i]],
+        ]
+        layers.append([[gradient_norm(loss, group) for loss in losses] for group in groups])
+    groups = [[model.embed.weight], [model.head.weight]]
+    rows = [[gradient_norm(loss, group) for loss in losses] for group in groups]
+    return {"layers": layers, "model": rows, "lm": lm.item(), "recon": recon.item()}
+
+
+RECON_NOTES = [
+    "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network learns "
+    "from the language-model loss alone, and neither loss",
+    "reaches back into the memories, which are stored detached (so a segment's backward pass never "
+    "runs through earlier segments).",
+]
+
+
+# The flow of L_attn in one layer: boxes (words, column, row) and the arrows between them, each
+# with the cell of a layer's LAYER_ROWS (row, loss) whose gradient says whether one flows back
+FLOW_BOXES = {
+    "m": ("m: old_mem, evicted", 0, 1),
+    "fc": ("f_c", 1, 1),
+    "fcm": ("f_c(m)", 2, 1),
+    "pred": ("attn(h, f_c(m))", 3, 1),
+    "loss": ("L_attn", 4, 1),
+    "target": ("attn(h, m): the target", 5, 1),
+    "kv": ("W_k, W_v; h's queries", 3, 0),
+    "c_mem": ("c_mem, for later", 2, 2),
+}
+FLOW_ARROWS = [  # (from, to, the cell that says a gradient flows back, its label where none does)
+    ("m", "fc", (6, 1), "detached"),
+    ("fc", "fcm", (0, 1), ""),
+    ("fcm", "pred", (7, 1), ""),
+    ("pred", "loss", (7, 1), ""),
+    ("target", "loss", (4, 1), "no_grad"),
+    ("kv", "pred", (1, 1), "detached"),
+    ("fcm", "c_mem", (8, 1), ".detach()"),
+]
+
+
+def draw_flow(canvas, top: int, layer) -> None:
+    """L_attn's flow in one layer, from top: a solid green arrow where the measured gradient of
+    L_attn flows back along it, a grey dashed one where none does. Ids: recon-flow-FROM-TO
+    (text: "gradient" or why none)."""
+    from matplotlib.patches import FancyArrowPatch
+
+    w, h, dx, dy = 124, 24, 168, 40
+    words = (
+        "L_attn in layer 1 (layer 2 alike): a green arrow carries its gradient back, as autograd "
+    )
+    canvas.text(12, top - 8, words + "finds it; along a grey dashed one, none flows.", 11)
+    at = {k: (12 + col * dx, top + row * dy) for k, (_, col, row) in FLOW_BOXES.items()}
+    for key, (words, _, _) in FLOW_BOXES.items():
+        canvas.cell(*at[key], w, h, "#f7f7f7", words, f"recon-box-{key}", 10.5, "#999999")
+    for start, end, (row, loss), why in FLOW_ARROWS:
+        flows = not isinstance(layer[row][loss], str)
+        (x0, y0), (x1, y1) = at[start], at[end]
+        same_row = y0 == y1
+        tail = (x0 + w, y0 + h / 2) if same_row and x1 > x0 else (x0 + w / 2, y0 + h)
+        head = (x1, y1 + h / 2) if same_row and x1 > x0 else (x1 + w / 2, y1)
+        if same_row and x1 < x0:  # right to left
+            tail, head = (x0, y0 + h / 2), (x1 + w, y1 + h / 2)
+        style = dict(color=REGION_COLORS["segment"] if flows else "#999999", lw=1.6 if flows else 1)
+        style.update(linestyle="-" if flows else (0, (4, 2)), gid=f"recon-flow-{start}-{end}")
+        arrow = FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, **style)
+        arrow.set_clip_on(False)
+        canvas.ax.add_patch(arrow)
+        mid = ((tail[0] + head[0]) / 2, (tail[1] + head[1]) / 2)
+        at_label = (mid[0], mid[1] - 5) if same_row else (mid[0] + 6, mid[1] + 3)
+        label, gid = "gradient" if flows else why, f"recon-flow-{start}-{end}-text"
+        align = "center" if same_row else "left"
+        canvas.text(*at_label, label, 9, gid, ha=align, color=style["color"])
+
+
+def draw_recon(data: dict, path: str) -> None:
+    """A table: per layer, each part of it (LAYER_ROWS) against the two losses, the norm of the
+    gradient that reaches it or why none does, and at the right why; then the embedding and the
+    head. Ids: recon-I-ROW-LOSS for a layer's cell (I from 1; LOSS lm or attn), recon-model-ROW-
+    LOSS (text: the norm, "none" or "detached")."""
+    layers, h, w, left, top = data["layers"], 21, 84, 200, 226
+    why_x = left + 4 * w + 16
+    canvas = Canvas(why_x + 470, top + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 112)
+    intro = [
+        "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
+        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of the "
+        "gradient",
+        "that the loss sends to that part of layer 1 or 2; none where it does not.",
+    ]
+    title = "Where the gradients go: the language-model loss and f_c's L_attn, measured by autograd"
+    canvas.lines(46, intro, 12, title)
+    draw_flow(canvas, 100, layers[0])
+    for k, name in enumerate(("language-model loss", "L_attn")):
+        canvas.box(left + 2 * k * w + 1, top, 2 * w - 2, 16, "#f3f3f3", "#999999")
+        canvas.text(left + (2 * k + 1) * w, top + 12, name, 10, ha="center", weight="bold")
+
+    def cell(value, gid, loss):
+        if isinstance(value, str):  # "none" or "detached"
+            return "#eeeeee", value, f"{gid}-{loss}", 10, "none", "#888888"
+        return REGION_FILLS["segment"], f"{value:.3g}", f"{gid}-{loss}", 10
+
+    rows, columns = [], [(k, loss, i) for k, loss in enumerate(LOSSES) for i in range(len(layers))]
+    for r, (name, _) in enumerate(LAYER_ROWS):
+        cells = [cell(layers[i][r][k], f"recon-{i + 1}-{r}", loss) for k, loss, i in columns]
+        rows.append((name, cells))
+    headers = [f"layer {i + 1}" for _, _, i in columns]
+    y = panel(canvas, top + 2, "", headers, rows, w, h, left)
+    rows = []
+    for r, (name, _) in enumerate(MODEL_ROWS):
+        values = zip(data["model"][r], LOSSES)
+        rows.append((name, [cell(value, f"recon-model-{r}", loss) for value, loss in values]))
+    bottom = panel(canvas, y - 25, "", [], rows, 2 * w, h, left)
+    for r, (_, why) in enumerate(LAYER_ROWS + MODEL_ROWS):
+        y = top + 35 + r * h + 15 + 8 * (r >= len(LAYER_ROWS))
+        canvas.text(why_x, y, why, 10.5, color="#333333")
+    canvas.text(why_x, top + 31, "why", 10, weight="bold")
+    canvas.lines(bottom + 36, RECON_NOTES)
+    canvas.save(path, "recon")
+
+
+FIGURES = {  # python -m lesson.memory_picture --NAME-svg PATH: what draws it, what it shows
+    "fifo": (write_fifo_svg, "the two FIFOs, segment by segment"),
+    "shift": (lambda path: draw_shift(shift_data(*shift_model()), path), "relative_shift"),
+    "mask": (lambda path: draw_mask(mask_data(), path), "the causal mask over the keys"),
+    "reach": (lambda path: draw_reach(reach_data(), path), "the reach, layer by layer"),
+    "recon": (lambda path: draw_recon(recon_data(*recon_model()), path), "the losses' gradients"),
+}
