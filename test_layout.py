@@ -23,6 +23,7 @@ LAYERS = {
     "training": 2,
     "train_shakespeare": 3,
     "bench": 3,
+    "bench_busy": 3,
     "research": 4,
     "lesson": 5,
     "teachers_kit": 6,

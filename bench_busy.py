@@ -1,0 +1,69 @@
+"""The README's two commands on a machine that other jobs keep busy: the default training run and
+`pytest`, each timed as a newcomer types it, with --busy processes (2 unless told) spinning on the
+CPU beside it. What it measured is in the README, beside the two commands.
+
+    python bench_busy.py                  # both commands, two busy processes beside them
+    python bench_busy.py --busy 0         # the same on the machine as it is
+    python bench_busy.py --only pytest    # one of them
+
+The busy processes are plain Python loops that stop by themselves after --limit seconds, and are
+stopped as soon as the commands end.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def timed(command: list, env: dict) -> tuple:
+    """(seconds, exit status, the last line the command printed) of one run of command."""
+    start = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return seconds, done.returncode, lines[-1] if lines else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="python bench_busy.py", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--busy", type=int, default=2, help="busy processes beside each command")
+    parser.add_argument("--only", choices=["train", "pytest"], help="time one command alone")
+    parser.add_argument("--limit", type=int, default=1800, help="seconds a busy process spins")
+    args = parser.parse_args()
+    if args.busy < 0 or args.limit < 1:
+        print("error: --busy must be >= 0 and --limit >= 1", file=sys.stderr)
+        return 2
+    out = tempfile.TemporaryDirectory(prefix="bench_busy_")  # the run's checkpoint, removed after
+    commands = {
+        "train": [sys.executable, "train_shakespeare.py", "--out", out.name],
+        "pytest": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    print(f"{os.cpu_count()} cores, {args.busy} busy processes beside each command")
+    for name, command in commands.items():
+        if args.only not in (None, name):
+            continue
+        spin = SPIN.format(seconds=args.limit)
+        busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(args.busy)]
+        try:
+            seconds, status, last = timed(command, env)
+        finally:
+            for process in busy:
+                process.kill()
+                process.wait()
+        load = os.getloadavg()[0]
+        print(f"{name}: {seconds:.0f} s, exit {status}, load {load:.1f} at the end: {last}")
+    out.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
