@@ -70,8 +70,7 @@ import train_shakespeare
 from beyond_the_paper import overlap_pool
 from compressive import CompressiveConfig, CompressiveTransformer, n_evicted
 from training import checkpoint, data, files
-from training.checks import UserError, exit_status
-from training.device import pick_device
+from training.checks import UserError, exit_status, pick_device
 from training.recorded_attention import recorded_attention
 
 # --------------------------------------------------------------------------------------------------

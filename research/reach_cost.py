@@ -28,6 +28,7 @@ attends over the evicted memories once per layer and segment).
 
 import argparse
 import ctypes
+import dataclasses
 import os
 import statistics
 import time
@@ -38,9 +39,8 @@ import bench
 import train_shakespeare
 from compressive import Memory
 from training import files, plots
-from training.checks import UserError, exit_status
-from training.device import keep_freed_memory, pick_device
-from training.models import make_model
+from training.checkpoint import make_model
+from training.checks import UserError, exit_status, keep_freed_memory, pick_device
 
 REACHES = [256, 512, 1024, 2048]
 GENERATED = 16  # tokens per model per round of the generation timing
@@ -191,7 +191,7 @@ def make_step(flags, device):
     step as train_shakespeare.py takes it."""
     torch.manual_seed(flags.seed)
     cfg = train_shakespeare.model_config(flags, vocab_size=65)
-    model = make_model(flags.model, cfg, flags.compression).to(device)
+    model = make_model(dataclasses.asdict(cfg), flags.model, flags.compression).to(device)
     optimizer = train_shakespeare.make_optimizer(model, flags)
     return model, train_shakespeare.make_train_step(model, optimizer, flags, device)
 
