@@ -4,11 +4,10 @@
     python train_shakespeare.py --steps 4000 --resume  # train on from OUT/ckpt.pt
     torchrun --standalone --nproc_per_node=2 train_shakespeare.py   # 2 processes, data parallel
 
-Then sample.py, evaluate.py and bench.py beside it read OUT/ckpt.pt or time the steps. This file
-reads top to bottom: the settings, the data and its streams, the model, the optimizer and its
-schedule, the step, the loop. training/ holds what a reader may skip (the text's files, the
-checkpoints, the whole-text validation, the device and dtype, the errors); research/ trains
-with train().
+This file reads top to bottom: the settings, the data and its streams, the model, the optimizer
+and its schedule, the step, the loop. training/ holds what a reader may skip (the text's files,
+checkpoints, the whole-text validation, device and dtype, errors); sample.py, evaluate.py and
+bench.py beside it use OUT/ckpt.pt or time the steps; research/ trains with train().
 """
 
 import argparse
@@ -27,13 +26,11 @@ from training import checkpoint, checks
 from training.data import IGNORE, Data, load_data
 from training.evaluate import evaluate
 
-OUR_F_C = "overlap_max_pool"  # this project's own f_c (beyond_the_paper/overlap_pool.py)
-
 # --------------------------------------------------------------------------------------------------
 # Settings: every flag of a run (a research/ command adds its own to them)
 
-
 MODELS = ["compressive", "xl", "vanilla", "feedback"]  # xl: n_cm = 0; vanilla: no memory
+OUR_F_C = "overlap_max_pool"  # this project's own f_c (beyond_the_paper/overlap_pool.py)
 DEVICES = ["auto", "cpu", "cuda", "mps"]  # auto: CUDA, else mps, else the CPU
 DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: bf16 where the hardware has it
 
@@ -91,21 +88,11 @@ def parse_args(argv=None):
 
 
 def check_args(args) -> None:
-    """Every flag on its own, before any data is read or any file written (the model flags are
-    checked together where the model is made, once the data says the vocabulary's size). No run
-    is lost: a checkpoint in --out is continued or replaced on purpose only."""
+    """Every flag on its own, before anything is read or written (the model flags together, in
+    model_config)."""
     checks.check_flags(args)
     if args.data is not None:  # saved in the checkpoint as a path that works from anywhere
         args.data = os.path.abspath(args.data)
-    if args.resume and args.overwrite:
-        raise checks.UserError(
-            "--resume continues OUT/ckpt.pt and --overwrite replaces it: pick one"
-        )
-    if os.path.exists(os.path.join(args.out, "ckpt.pt")) and not (args.resume or args.overwrite):
-        raise checks.UserError(
-            f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "
-            f"--out, or --overwrite to replace it"
-        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -149,9 +136,8 @@ def streams_of_rank(data: Data, args, rank: int, world: int):
 
 
 def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
-    """The batch of a step: segment step % n_segments of every stream [B, n_s], its targets (the
-    next characters) [B, n_s], and whether the streams are back at their start (the memory must
-    then be dropped: it no longer precedes the text)."""
+    """The batch of a step: segment step % n_segments of every stream [B, n_s], its targets [B, n_s]
+    (the next characters), and whether the streams are back at their start."""
     n_segments = (streams.size(1) - 1) // seq_len
     start = (step % n_segments) * seq_len
     x = streams[:, start : start + seq_len]
@@ -160,8 +146,7 @@ def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len:
 
 
 # --------------------------------------------------------------------------------------------------
-# The model: its sizes from the flags, its vocabulary from the data (built by checkpoint.make_model,
-# which also rebuilds it from a checkpoint)
+# The model: its sizes from the flags, its vocabulary from the data (checkpoint.make_model builds)
 
 
 def model_config(args, vocab_size: int) -> CompressiveConfig:
@@ -209,30 +194,26 @@ def lr_at(step: int, args) -> float:
 
 
 def clip_groups(model):
-    """The parameters that only the language-model loss trains, and those of f_c (layers.i.compress,
-    and the auto-encoder's layers.i.decoder) that only the reconstruction loss trains. Their
-    gradients are clipped apart, so that large f_c gradients cannot shrink the language model's."""
+    """The parameters the language-model loss trains, and those of f_c (layers.i.compress, .decoder)
+    that only the reconstruction loss trains: clipped apart, so f_c's cannot shrink the others'."""
     of_f_c = lambda name: name.split(".")[2:3] in (["compress"], ["decoder"])
     named = list(model.named_parameters())
     return [p for n, p in named if not of_f_c(n)], [p for n, p in named if of_f_c(n)]
 
 
 def memories_full(memory, cfg) -> bool:
-    """Whether both memories have filled. From then on their shapes stay put (mem within c - 1 of
-    n_m when n_s is not a multiple of c), so a model compiled with dynamic=False traces no new
-    graph; each memory size while they fill would be a graph of its own."""
-    if memory is None:
-        return False
-    return all(m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem) and all(
-        c.size(1) == cfg.c_mem_len for c in memory.c_mem
+    """Whether both memories have filled: from then on their shapes stay put (mem within c - 1 of
+    n_m), so a model compiled with dynamic=False traces one graph, not one per memory size."""
+    mem_full = memory is not None and all(
+        m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem
     )
+    return mem_full and all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
 
 
 def make_train_step(model, optimizer, args, device):
     """step(x, y, memory) -> (LM loss, reconstruction loss, the new memory): one optimizer step on
-    one segment, in --dtype, the model compiled once its memories are full with --compile. The
-    losses stay on the device: reading them would make the host wait for it. Targets of IGNORE
-    are skipped (the mean over the others)."""
+    one segment, in --dtype. The losses stay on the device (reading them makes the host wait);
+    targets of IGNORE are skipped."""
     dtype = getattr(torch, checks.pick_dtype(args.dtype, device)[0])
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # bf16 needs none
@@ -246,10 +227,9 @@ def make_train_step(model, optimizer, args, device):
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss + recon_loss.float()).backward()
-        # Every process takes the same step: its gradients' mean over the processes, in one
-        # all_reduce. DistributedDataParallel does the same, but f_c's parameters get no gradient
-        # until the memory first overflows (and again after each wrap), which it handles only
-        # with find_unused_parameters, a search of the graph at every step.
+        # Every process steps with the gradients' mean over the processes, in one all_reduce: as
+        # DistributedDataParallel, which would need find_unused_parameters (a search of the graph
+        # every step), as f_c gets no gradient until the memory first overflows.
         if world > 1:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             flat = torch.cat([g.flatten() for g in grads])
@@ -267,26 +247,20 @@ def make_train_step(model, optimizer, args, device):
 
     if not args.compile:
         return step
-    compiled, tried = torch.compile(model, fullgraph=True, dynamic=False), False
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
 
     def step_compiled_when_full(x, y, memory):
-        # --compile is a speed-up, never a reason to stop: where the first compiled step fails
-        # (Dynamo or Inductor cannot compile this model here), one line says so and it is taken
-        # again eagerly, as every step after it
-        nonlocal compiled, tried
+        # --compile is a speed-up, never a reason to stop: where a compiled step fails (Dynamo or
+        # Inductor cannot compile this model here), one line says so and training goes on eagerly
+        nonlocal compiled
         if compiled is None or not memories_full(memory, model.cfg):
             return step(x, y, memory)
-        if tried:
-            return step(x, y, memory, compiled)
-        tried = True
         try:
             return step(x, y, memory, compiled)
         except Exception as e:  # Dynamo's and Inductor's errors, whatever their class
             if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
                 raise
-            print(
-                f"note: --compile failed, so training goes on eagerly ({checks.one_line(e, 200)})"
-            )
+            print(f"note: --compile failed, so training goes on eagerly ({checks.one_line(e)})")
             compiled = None
             return step(x, y, memory)
 
@@ -298,10 +272,9 @@ def make_train_step(model, optimizer, args, device):
 
 
 def train(args, data: Data, validate=None):
-    """Train a model of the flags on data, checkpointing into --out at each evaluation and where
-    the run stops (--stop-after, Ctrl-C, SIGTERM). Returns the run's metrics (also in
-    OUT/metrics.json) on rank 0 of a run that finished, else None. validate(model) -> dict: a
-    study's own validation (research/), on rank 0: the loss as val_loss, and what it records."""
+    """Train a model of the flags on data, saving OUT/ckpt.pt at each evaluation and where the run
+    stops (--stop-after, Ctrl-C, SIGTERM). Returns a finished run's metrics on rank 0, else None.
+    validate(model) -> {"val_loss": ..., more}: a study's own validation, run on rank 0."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     say = print if rank == 0 else lambda *a, **k: None
     device = checks.pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -309,15 +282,13 @@ def train(args, data: Data, validate=None):
         torch.cuda.set_device(device)
     args.dtype, why = checks.pick_dtype(args.dtype, device)  # chosen once: the checkpoint says it
     say(f"dtype: {args.dtype} ({why})")
-    say(
-        f"data: {data.name}; {len(data.train):,} characters to train on, {len(data.val):,} to check"
-    )
+    say(f"data: {data.name}; {len(data.train):,} characters to train on, {len(data.val):,} to test")
     cfg = model_config(args, vocab_size=len(data.vocab))
     torch.manual_seed(args.seed)  # the same initial weights in every process
     model = checkpoint.make_model(dataclasses.asdict(cfg), args.model, args.compression).to(device)
     torch.manual_seed(args.seed + rank)  # each process its own dropout
     optimizer = make_optimizer(model, args)
-    checkpoint.make_folder(args.out)
+    checkpoint.make_folder(args)  # no run is lost: a checkpoint there needs --resume or --overwrite
     ckpt_path = os.path.join(args.out, "ckpt.pt")
     memory, progress = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
     if args.resume:
@@ -332,14 +303,15 @@ def train(args, data: Data, validate=None):
     streams, targets = streams_of_rank(data, args, rank, world)
     train_step = make_train_step(model, optimizer, args, device)
     if validate is None:  # the loss on the whole validation text, walked as in training
-        autocast, val = checks.autocast_for(device, args.dtype), (data.val, data.val_targets)
-        validate = lambda m: {
-            "val_loss": evaluate(m, val[0], args.batch_size, args.seq_len, autocast, val[1])
-        }
+        autocast = checks.autocast_for(device, args.dtype)
+        val = lambda m: evaluate(
+            m, data.val, args.batch_size, cfg.seq_len, autocast, data.val_targets
+        )
+        validate = lambda m: {"val_loss": val(m)}
     step, seconds_before, t0 = progress["step"], progress["seconds"], time.time()
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
     saved_step = step if args.resume else None
-    logged_step, logged_at, first_step, checked = step, t0, step + 1, step + 1
+    checked, logged_step, logged_at = step + 1, step, t0
 
     def save(record=None) -> None:
         nonlocal saved_step
@@ -357,7 +329,7 @@ def train(args, data: Data, validate=None):
     all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss so far
     stopping = False
     model.train()
-    with checks.stop_signals() as signals:  # Ctrl-C, SIGTERM: stop between steps, and save
+    with checks.stop_signals() as signals:  # Ctrl-C, SIGTERM: stop between two steps, and save
         while step < last_step and not stopping:
             # the batch: the next segment of every stream, and the memory that precedes it
             x, y, wrapped = segment_at(streams, targets, step, args.seq_len)
@@ -369,58 +341,44 @@ def train(args, data: Data, validate=None):
             all_finite &= torch.isfinite(train_loss + recon_loss)
             step += 1
             evaluating = step % args.eval_every == 0 or step == args.steps
-            stopping = world == 1 and bool(signals)  # several processes agree on it at a log line
-            # log: the only place the losses come back from the device (the first step too, to
-            # show at once how fast it runs); a non-finite loss in any process stops them all
-            logging = step % args.log_every == 0 or evaluating or step == last_step or stopping
-            if logging:
+            stopping = world == 1 and bool(signals)  # processes agree on it at a log line
+            # log: the only place the losses come back from the device; a non-finite loss in any
+            # process stops them all
+            if step % args.log_every == 0 or evaluating or step == last_step or stopping:
                 if checks.any_process(not bool(all_finite), device):
                     raise diverged("the training loss", f"seen within steps {checked}-{step}")
                 stopping, checked = checks.any_process(bool(signals), device), step + 1
-            if logging or step == first_step:
                 lr, now = lr_at(step - 1, args), time.time()
                 rate = (step - logged_step) * args.batch_size * args.seq_len * world
                 train_loss, recon_loss = train_loss.item(), recon_loss.item()
                 say(
                     f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss "
-                    f"{recon_loss:.5f} | lr {lr:.2e} | {rate / max(now - logged_at, 1e-9):,.0f} tok/s",
+                    f"{recon_loss:.5f} | lr {lr:.2e} | {rate / (now - logged_at):,.0f} tok/s",
                     flush=True,
                 )
                 logged_step, logged_at = step, now
-                if logging:
-                    log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
-                    progress["train_log"].append({**log, "seconds": seconds_before + now - t0})
-            # validate on the whole validation text (rank 0; every rank learns the loss), save
+                log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
+                progress["train_log"].append({**log, "seconds": seconds_before + now - t0})
+            # validate on the whole validation text (on rank 0), and save
             if evaluating:
-                found = validate(model) if rank == 0 else {"val_loss": None}
-                val_loss = checks.of_rank_0(found["val_loss"], device)
-                if not math.isfinite(val_loss):
+                found = validate(model) if rank == 0 else {"val_loss": 0.0}
+                val_loss = found["val_loss"]
+                if checks.any_process(not math.isfinite(val_loss), device):
                     raise diverged("the validation loss", val_loss)
                 bpc = val_loss / math.log(2)
                 say(f"eval step {step}: val loss {val_loss:.4f} nats/char, {bpc:.4f} bpc")
-                save({"step": step, "train_loss": train_loss, **found, "val_loss": val_loss})
+                save({"step": step, "train_loss": train_loss, **found})
         if saved_step != step:
             save()
-    if stopping and step < args.steps:
-        raise KeyboardInterrupt(
-            f"stopped by {(signals or ['another process'])[0]} after step {step}/{args.steps}; "
-            f"{ckpt_path} holds it: continue with --resume"
-        )
+    if step < args.steps and stopping:
+        by = signals[0] if signals else "another process's signal"
+        raise KeyboardInterrupt(f"{by}: saved step {step} in {ckpt_path}; continue with --resume")
     if step < args.steps:  # --stop-after
         say(f"stopped after step {step}/{args.steps}; continue with --resume")
+    if step < args.steps or rank != 0:
         return None
-    if rank != 0:
-        return None
-    val_loss = progress["history"][-1]["val_loss"]  # the loop always validates at the last step
-    metrics = {"val_loss": val_loss, "val_bpc": val_loss / math.log(2), "train_loss": train_loss}
-    metrics |= {"step": step, "tokens_seen": step * args.batch_size * args.seq_len * world}
-    metrics |= {name: progress[name] for name in ("seconds", "history", "train_log")}
-    say(
-        f"done: {step} steps, {metrics['seconds']:.1f} s, val loss {val_loss:.4f} nats/char "
-        f"({metrics['val_bpc']:.4f} bpc); checkpoint {ckpt_path}"
-    )
-    checkpoint.write_record(args.out, metrics)
-    return metrics
+    tokens_seen = step * args.batch_size * args.seq_len * world
+    return checkpoint.write_record(args.out, progress, train_loss, tokens_seen)
 
 
 def main(argv=None) -> int:

@@ -12,8 +12,8 @@ evaluation the loss of every character is read again (training.evaluate.per_char
 
 import os
 
+import evaluate as evaluate_command
 import train_shakespeare
-from evaluate import add_ablation_flags, evaluate_checkpoint, load_checkpoint, record_evaluation
 from research import copies, corpus
 from training import evaluate, files
 from training.checks import UserError, exit_status, keep_freed_memory, processes
@@ -30,7 +30,7 @@ def parse_args(argv=None):
     e.add_argument(
         "--eval-only", action="store_true", help="the loss of OUT/ckpt.pt by copy distance"
     )
-    add_ablation_flags(e)
+    evaluate_command.add_ablation_flags(e)
     parser.add_argument(
         "--val-chars",
         type=int,
@@ -83,20 +83,20 @@ def train(args) -> None:
 
 def evaluate_checkpoint(args) -> None:
     """--eval-only: the loss of OUT/ckpt.pt by copy distance, its memory cut where asked."""
-    model, ckpt, cut = load_checkpoint(args, tasks=("code", "shakespeare"))
+    model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("code", "shakespeare"))
     if ckpt["args"].get("task", "shakespeare") == "shakespeare":
         data = load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
     elif args.data is not None:
         raise UserError("--data: this checkpoint learned the code corpus, which is its own text")
     else:
         data = load_data(args, saved_args=ckpt["args"], need_train=False)
-    evaluation = evaluate_checkpoint(args, model, ckpt, data, cut)
+    evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     rows = copies.by_bucket(evaluation.char_losses.cpu(), *geometry(data, args.batch_size, n_s))
     label = f", memory cut to {cut}" if cut else ""
     copies.print_by_bucket(rows, copies.regions_of(model.reach(), n_s), label)
     result = {"val_loss": evaluation.loss, "step": ckpt["step"], "loss_by_copy_distance": rows}
-    record_evaluation(args.out, cut, result)
+    evaluate_command.record_evaluation(args.out, cut, result)
 
 
 def main(argv=None) -> int:

@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
+import evaluate as evaluate_command
 import train_shakespeare
-from evaluate import add_ablation_flags, evaluate_checkpoint, load_checkpoint
 from training import checkpoint, evaluate, files, plots
 from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode
@@ -584,7 +584,7 @@ def parse_args(argv=None):
     parser.set_defaults(task="recall")
     e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
     e.add_argument("--eval-only", action="store_true", help="the accuracy report of OUT/ckpt.pt")
-    add_ablation_flags(e)
+    evaluate_command.add_ablation_flags(e)
     add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -626,9 +626,9 @@ def evaluate_checkpoint(args) -> None:
     """--eval-only: the accuracy report of OUT/ckpt.pt on the validation text of its flags (the
     task's flags given here widen or change it), its memory cut where asked. The training's
     metrics.json is left as it is; OUT/recall.png is drawn again."""
-    model, ckpt, cut = load_checkpoint(args, tasks=("recall",))
+    model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("recall",))
     data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
-    evaluation = evaluate_checkpoint(args, model, ckpt, data, cut)
+    evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     scored = score(evaluation.predictions.cpu(), data.val, answers, args.batch_size, n_s)
     report(scored, model, args.out, caption_for(ckpt, "python -m research.recall --eval-only"))

@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import functools
 import hashlib
+import math
 import os
 import pickle
 import re
@@ -300,29 +301,43 @@ def training_command(ckpt: dict, defaults: dict) -> str:
     for name, value in ckpt["args"].items():
         if name in ("out", "resume", "overwrite", "stop_after", "task") or value is None:
             continue
-        if value == defaults.get(name):
-            continue  # a default
+        if value == defaults.get(name) or (name not in defaults and value is False):
+            continue  # a default, or a switch of the study's own left off
         if value is True or value is False:
             flags.append(flag(name) if value else "--no-" + flag(name)[2:])
         else:
             flags.append(f"{flag(name)} {value}")
-    made = ckpt["made_with"]
+    made = ckpt.get("made_with") or {}  # what read() returns has it; a caller's own, maybe not
+    ran = f"; torch {made['torch']}, {made['threads']} thread(s)" if made else ""
     command = " ".join([trained_by(ckpt["args"]), *flags])
-    return (
-        f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}; torch "
-        f"{made.get('torch')}, {made.get('threads')} thread(s))"
-    )
+    return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
 
 
-def make_folder(out: str) -> None:
-    """The folder --out (and those above it), or one error line."""
+def make_folder(args) -> None:
+    """The folder --out (and those above it) for a run to train into, or one error line. One
+    that holds a checkpoint is trained into with --resume or --overwrite only: no run is lost."""
+    if os.path.exists(os.path.join(args.out, "ckpt.pt")) and not (args.resume or args.overwrite):
+        raise UserError(
+            f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "
+            f"--out, or --overwrite to replace it"
+        )
     try:
-        os.makedirs(out, exist_ok=True)
+        os.makedirs(args.out, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create --out {out} ({one_line(e)}); pass another --out") from None
+        raise UserError(f"cannot create --out {args.out} ({one_line(e)}); pass another") from None
 
 
-def write_record(out: str, metrics: dict) -> None:
-    """A finished run's metrics into OUT/metrics.json, and its loss curve into OUT/loss.png."""
+def write_record(out: str, progress: dict, train_loss: float, tokens_seen: int) -> dict:
+    """A finished run's metrics (its last validation, its training loss, its progress), said in
+    a line and written into OUT/metrics.json, and its loss curve into OUT/loss.png."""
+    val_loss = progress["history"][-1]["val_loss"]  # a run validates at its last step
+    metrics = {"val_loss": val_loss, "val_bpc": val_loss / math.log(2), "train_loss": train_loss}
+    metrics |= {"step": progress["step"], "tokens_seen": tokens_seen}
+    metrics |= {name: progress[name] for name in ("seconds", "history", "train_log")}
+    print(
+        f"done: {metrics['step']} steps, {metrics['seconds']:.1f} s, val loss {val_loss:.4f} "
+        f"nats/char ({metrics['val_bpc']:.4f} bpc); checkpoint {os.path.join(out, 'ckpt.pt')}"
+    )
     files.write_json(os.path.join(out, "metrics.json"), metrics)
     plots.plot_history(metrics["history"], os.path.join(out, "loss.png"), metrics["train_log"])
+    return metrics

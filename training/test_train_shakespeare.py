@@ -23,7 +23,7 @@ import evaluate as evaluate_command
 import sample
 import train_shakespeare as ts
 from conftest import DAMAGES, ROOT, SHAKESPEARE, TINY_FLAGS, craft, damage, error_line, resave
-from training import checkpoint, checks, data, evaluate, files, plots
+from training import checkpoint, checks, data, evaluate, files
 
 
 def test_streams_stay_contiguous_across_steps():
@@ -895,9 +895,7 @@ def test_the_projects_own_f_c_trains_resumes_and_evaluates(small_text, tmp_path,
 
 
 @pytest.mark.slow  # trains or compiles: seconds
-def test_the_loss_curve_is_a_valid_png(
-    fresh_pyplot, small_text, tmp_path, capsys
-):
+def test_the_loss_curve_is_a_valid_png(fresh_pyplot, small_text, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
 
