@@ -202,24 +202,16 @@ def trained_by(saved_args: dict) -> str:
 
 
 def flags_that_differ(ckpt: dict, model, args) -> list:
-    """Each model flag of this run that differs from the checkpoint's, as the flag, its value and
-    the checkpoint's."""
-    ours, theirs = dataclasses.asdict(model.cfg), ckpt["config"]
-    names = {
-        "vocab_size": "--data",
-        "pre_norm": "--post-norm",
-    }  # the text's characters; its inverse
-    differ = [
-        f"{names.get(name, flag(name))} ({ours[name]} here, {theirs.get(name)} in the checkpoint)"
-        for name in ours
-        if theirs.get(name) != ours[name]
+    """Each model flag of this run that differs from the checkpoint's: the flag, its value here
+    and in the checkpoint (--data for the text's characters, the vocabulary's size)."""
+    ours = {**dataclasses.asdict(model.cfg), "model": args.model, "compression": args.compression}
+    theirs = {**ckpt["config"], **{k: ckpt["args"].get(k) for k in ("model", "compression")}}
+    said = {"vocab_size": "--data (characters)", "pre_norm": "--post-norm (pre_norm)"}
+    return [
+        f"{said.get(name, flag(name))} ({value} here, {theirs.get(name)} in the checkpoint)"
+        for name, value in ours.items()
+        if theirs.get(name) != value
     ]
-    for name in ("model", "compression"):
-        if ckpt["args"].get(name) != getattr(args, name):
-            differ.append(
-                f"{flag(name)} ({getattr(args, name)} here, {ckpt['args'].get(name)} in it)"
-            )
-    return differ
 
 
 def resume(path: str, args, model, optimizer):

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -1040,3 +1041,261 @@ def test_a_checkpoint_says_how_it_was_made(trained):
     study = {**ckpt, "args": {**ckpt["args"], "task": "recall", "live_facts": 2}}
     said = checkpoint.training_command(study, defaults)
     assert said.startswith("python -m research.recall --d-model 32") and "--live-facts 2" in said
+
+
+# ---------------------------------------------------------------- no run lost
+
+
+def test_a_run_into_a_folder_holding_a_checkpoint_refuses_unless_told(trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    common = ["--data", small_text, "--out", trained, "--steps", "3", *TINY_FLAGS]
+    capsys.readouterr()
+    assert ts.main(common) == 2
+    line = error_line(capsys)
+    assert f"{trained} holds a checkpoint (ckpt.pt)" in line
+    assert "--resume" in line and "another --out" in line and "--overwrite" in line
+    assert open(path, "rb").read() == good
+    assert ts.main([*common, "--overwrite"]) == 0  # trained again from step 0
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["step"] == 3 and [h["step"] for h in ckpt["history"]] == [3]
+
+
+def zip_entries(path: str) -> dict:
+    """{name: (offset, size)} of the files inside a torch.save archive (stored uncompressed)."""
+    import zipfile
+
+    entries = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            f.seek(info.header_offset + 26)  # the local header's name and extra lengths
+            name_len, extra_len = (
+                int.from_bytes(f.read(2), "little"),
+                int.from_bytes(f.read(2), "little"),
+            )
+            start = info.header_offset + 30 + name_len + extra_len
+            entries[info.filename.split("/", 1)[1]] = (start, info.file_size)
+    return entries
+
+
+def flip_bits(path: str, where: str) -> None:
+    """Invert up to 4 KiB in the middle of the largest tensor of the checkpoint's weights, or of
+    AdamW's state (torch.save writes the weights' storages first, numbered in order), or change
+    its record (a value of its metadata) as a careless edit would, its digest left as it was."""
+    if where == "metadata":
+        ckpt = torch.load(path, weights_only=True)
+        ckpt["history"][-1]["val_loss"] -= 0.01
+        torch.save(ckpt, path)
+        return
+    n_weights = len(torch.load(path, weights_only=True)["model"])
+    data = {int(k.split("/")[1]): v for k, v in zip_entries(path).items() if k.startswith("data/")}
+    keys = range(n_weights) if where == "weights" else range(n_weights, max(data) + 1)
+    start, size = max((data[k] for k in keys), key=lambda entry: entry[1])
+    n = min(4096, size // 2)
+    with open(path, "r+b") as f:
+        f.seek(start + size // 4)
+        flipped = bytes(255 - b for b in f.read(n))
+        f.seek(start + size // 4)
+        f.write(flipped)
+
+
+@pytest.mark.parametrize("where", ["weights", "optimizer", "metadata"])
+@pytest.mark.parametrize("mode", [*MODES, "explorer"])
+def test_a_checkpoint_damaged_since_it_was_saved_is_refused(
+    where, mode, trained, small_text, capsys
+):
+    """A flipped bit loads as if whole (torch reads no checksum of its own): the digest the
+    checkpoint was saved with catches it, in every command that reads one (the explorer loads
+    through checkpoint.load_model)."""
+    path = os.path.join(trained, "ckpt.pt")
+    flip_bits(path, where)
+    damaged = open(path, "rb").read()
+    capsys.readouterr()
+    if mode == "explorer":
+        with pytest.raises(checks.UserError) as refused:
+            checkpoint.load_model(trained, torch.device("cpu"))
+        line = f"error: {refused.value}"
+    else:
+        assert MODES[mode](trained, small_text) == 2
+        line = error_line(capsys)
+    assert f"{path} is a damaged checkpoint: its contents do not match the sha256 digest" in line
+    assert "restore a copy, or train again" in line
+    assert open(path, "rb").read() == damaged  # nothing overwritten
+
+
+def test_the_digest_covers_every_value_and_its_type():
+    state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "step": 3, "args": {"lr": 0.1}}
+    sealed = checkpoint.digest(state)
+    assert sealed == checkpoint.digest({**state}) and len(sealed) == 64
+    changed = [
+        {**state, "step": 4},
+        {**state, "step": 3.0},
+        {**state, "args": {"lr": 0.1000001}},
+        {**state, "model": {"w": torch.arange(6.0).view(3, 2)}},
+        {**state, "model": {"w": torch.arange(6.0).view(2, 3).double()}},
+        {**state, "model": {"w": torch.arange(6.0).view(2, 3).flip(0)}},
+        {"step": 3, **state},
+    ]
+    assert all(checkpoint.digest(other) != sealed for other in changed)
+    w = state["model"]["w"]
+    assert checkpoint.digest({**state, "model": {"w": w.t().contiguous().t()}}) == sealed
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_run_saves_a_checkpoint_and_resumes_to_the_same_weights(
+    signum, small_text, tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C (SIGINT) or SIGTERM during step 4: the run ends that step, saves, says how to go on
+    and exits 130; --resume then ends where an uninterrupted run ends, bit for bit."""
+    common = ["--data", small_text, "--steps", "9", "--eval-every", "100", *TINY_FLAGS]
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    assert ts.main([*common, "--out", whole]) == 0
+    lr_at, sent = ts.lr_at, []
+
+    def signalled_at_step_4(step, args):
+        if step == 3 and not sent:  # once: a second signal acts at once
+            sent.append(os.kill(os.getpid(), signum))
+        return lr_at(step, args)
+
+    monkeypatch.setattr(ts, "lr_at", signalled_at_step_4)
+    capsys.readouterr()
+    assert ts.main([*common, "--out", stopped]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    ckpt = os.path.join(stopped, "ckpt.pt")
+    name = signal.Signals(signum).name
+    assert err == [f"{name}: saved step 4 in {ckpt}; continue with --resume"]
+    assert torch.load(ckpt, weights_only=True)["step"] == 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers given back
+    monkeypatch.setattr(ts, "lr_at", lr_at)
+    assert ts.main([*common, "--out", stopped, "--resume"]) == 0
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
+    b = torch.load(ckpt, weights_only=True)
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_a_resume_on_another_number_of_processes_says_what_it_drops(trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["memory"], ckpt["rng"] = ckpt["memory"] * 2, ckpt["rng"] * 2  # as 2 processes save it
+    resave(path, ckpt)
+    capsys.readouterr()
+    flags = ["--data", small_text, "--out", trained, "--resume", "--steps", "3", *TINY_FLAGS]
+    assert ts.main(flags) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert said == [
+        f"note: {path} was saved by 2 process(es) and resumes in 1: the weights, the "
+        "optimizer's state and the step carry on, each process's memory and random state do "
+        "not (the memory starts empty, the random state from --seed)"
+    ]
+
+
+# ---------------------------------------------------------------- every message names the fix
+
+
+def test_each_message_says_what_is_wrong_and_what_to_do(trained, small_text, tmp_path, capsys):
+    run = ["--out", str(tmp_path / "run"), *TINY_FLAGS]
+    assert ts.main(["--data", str(tmp_path), *run]) == 2
+    assert f"--data {tmp_path} is a folder; pass a text file" in error_line(capsys)
+    (tmp_path / "short.txt").write_text("to be")
+    assert ts.main(["--data", str(tmp_path / "short.txt"), *run]) == 2
+    assert "too short (5 characters; at least 1000 are needed)" in error_line(capsys)
+    path = os.path.join(trained, "ckpt.pt")
+    for written, says in ((b"some notes\n", "it is a text file"), (b"", "it is empty")):
+        open(path, "wb").write(written)
+        assert sample.main(["--out", trained, "--device", "cpu"]) == 2
+        line = error_line(capsys)
+        assert f"{path} is not a checkpoint ({says}); pass the --out of a training run" in line
+    # the model flags that differ from the checkpoint's, each named
+    out = str(tmp_path / "resumed")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "2", *TINY_FLAGS]) == 0
+    flags = ["--data", small_text, "--out", out, "--resume", *TINY_FLAGS, "--n-heads", "4"]
+    assert ts.main([*flags, "--no-post-norm", "--model", "xl"]) == 2
+    line = error_line(capsys)
+    assert "--n-heads (4 here, 2 in the checkpoint)" in line
+    assert "--post-norm (pre_norm) (True here, False in the checkpoint)" in line
+    assert "--c-mem-len (0 here, 8 in the checkpoint)" in line
+    assert "--model (xl here, compressive in the checkpoint)" in line
+    assert "pass the checkpoint's, or train a new model into another --out" in line
+
+
+def test_a_problem_is_said_by_the_first_process_alone(monkeypatch, capsys):
+    """Under torchrun every process meets the same problem; one line says it, from rank 0."""
+
+    def fails():
+        raise checks.UserError("a problem")
+
+    for rank, said in (("0", ["error: a problem"]), ("1", [])):
+        monkeypatch.setenv("RANK", rank)
+        assert checks.exit_status(fails) == 2
+        assert capsys.readouterr().err.splitlines() == said
+
+
+def test_every_flag_of_the_commands_says_what_it_does():
+    for parser, usage in (
+        (ts.training_flags(prog="python train_shakespeare.py"), "python train_shakespeare.py"),
+        (bench_parser(), "python bench.py"),
+        (sample_parser(), "python sample.py"),
+        (evaluate_parser(), "python evaluate.py"),
+    ):
+        assert parser.format_usage().startswith(f"usage: {usage} ")
+        silent = [a.dest for a in parser._actions if not a.help and a.dest != "help"]
+        assert silent == [], (usage, silent)
+
+
+def parser_of(parse_args):
+    """The parser a command's parse_args builds, caught as it parses --help."""
+    import argparse
+
+    caught = []
+    original = argparse.ArgumentParser.parse_args
+
+    def catch(self, *args, **kwargs):
+        caught.append(self)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = catch
+    try:
+        with pytest.raises(SystemExit):
+            parse_args([])
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return caught[0]
+
+
+bench_parser = lambda: parser_of(bench.parse_args)
+sample_parser = lambda: parser_of(sample.parse_args)
+evaluate_parser = lambda: parser_of(evaluate_command.parse_args)
+
+
+def test_the_feedback_transformer_trains_samples_and_evaluates(small_text, tmp_path):
+    out = str(tmp_path / "feedback")
+    flags = ["--data", small_text, "--out", out, "--steps", "2", *TINY_FLAGS, "--model", "feedback"]
+    assert ts.main(flags) == 0
+    model, _ = checkpoint.load_model(out, torch.device("cpu"))
+    assert type(model).__name__ == "FeedbackTransformer"
+    assert sample.main(["--out", out, "--chars", "5", "--device", "cpu"]) == 0
+    assert evaluate_command.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
+
+
+@pytest.mark.slow  # a fresh Python that imports torch
+def test_importing_the_script_loads_only_what_it_uses():
+    """Not the agent's memory (beyond_the_paper/agent.py), which only the Feedback Transformer
+    imports, where --model feedback builds one."""
+    code = "import sys, train_shakespeare; print(sorted(sys.modules))"
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    loaded = eval(found.stdout)  # a list of module names printed by the line above
+    ours = sorted(m for m in loaded if m.split(".")[0] in ("training", "beyond_the_paper"))
+    assert ours == [
+        "beyond_the_paper",
+        "beyond_the_paper.overlap_pool",
+        "training",
+        "training.checkpoint",
+        "training.checks",
+        "training.data",
+        "training.evaluate",
+        "training.files",
+        "training.plots",
+    ]
