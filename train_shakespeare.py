@@ -282,7 +282,8 @@ def train(args, data: Data, validate=None):
         torch.cuda.set_device(device)
     args.dtype, why = checks.pick_dtype(args.dtype, device)  # chosen once: the checkpoint says it
     say(f"dtype: {args.dtype} ({why})")
-    say(f"data: {data.name}; {len(data.train):,} characters to train on, {len(data.val):,} to test")
+    n_train, n_val = len(data.train), len(data.val)
+    say(f"data: {data.name}; {n_train:,} characters to train on, {n_val:,} to validate")
     cfg = model_config(args, vocab_size=len(data.vocab))
     torch.manual_seed(args.seed)  # the same initial weights in every process
     model = checkpoint.make_model(dataclasses.asdict(cfg), args.model, args.compression).to(device)
@@ -349,11 +350,12 @@ def train(args, data: Data, validate=None):
                     raise diverged("the training loss", f"seen within steps {checked}-{step}")
                 stopping, checked = checks.any_process(bool(signals), device), step + 1
                 lr, now = lr_at(step - 1, args), time.time()
-                rate = (step - logged_step) * args.batch_size * args.seq_len * world
+                tokens = (step - logged_step) * args.batch_size * args.seq_len * world
+                rate = tokens / max(now - logged_at, 1e-6)
                 train_loss, recon_loss = train_loss.item(), recon_loss.item()
                 say(
                     f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss "
-                    f"{recon_loss:.5f} | lr {lr:.2e} | {rate / (now - logged_at):,.0f} tok/s",
+                    f"{recon_loss:.5f} | lr {lr:.2e} | {rate:,.0f} tok/s",
                     flush=True,
                 )
                 logged_step, logged_at = step, now
