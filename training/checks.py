@@ -227,15 +227,6 @@ def any_process(flag: bool, device) -> bool:
     return bool(t.item())
 
 
-def of_rank_0(value, device) -> float:
-    """Rank 0's value in every process (the others pass anything, None say)."""
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value if dist.get_rank() == 0 else 0.0], device=device, dtype=torch.float64)
-    dist.broadcast(t, src=0)
-    return t.item()
-
-
 @contextmanager
 def stop_signals():
     """Inside the block Ctrl-C (SIGINT) and SIGTERM do not stop the process: their names are

@@ -1141,7 +1141,7 @@ def test_the_digest_covers_every_value_and_its_type():
     assert checkpoint.digest({**state, "model": {"w": w.t().contiguous().t()}}) == sealed
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stopped_run_saves_a_checkpoint_and_resumes_to_the_same_weights(
     signum, small_text, tmp_path, monkeypatch, capsys
 ):
