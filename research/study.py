@@ -80,7 +80,7 @@ def one_run(name: str, model: str, budget: str, seed: int, extra, out_root: str)
             )
 
         if trained_config(out, steps) is None:  # else its evaluation failed: only that is redone
-            run(*train)
+            run(*train, "--overwrite")  # a run that stopped short is trained again from the start
         config = trained_config(out, steps)
         keep = {
             label: (config["mem_len"] if n_m is None else n_m, n_cm)
