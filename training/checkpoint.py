@@ -162,10 +162,11 @@ def read(path: str, device) -> dict:
     if ckpt.get("format") != FORMAT:
         made = ckpt.get("made_with")
         by = made.get("commit") if isinstance(made, dict) else None
-        by = f"commit {by}" if by else "a commit from before checkpoints recorded their format"
+        use = f"check out {by.split('+')[0]}" if by else "check it out"  # +changes: uncommitted
+        by = f"commit {by}" if by else "an earlier commit"
         raise UserError(
-            f"{path} was written by another version of this script ({by}) and this one cannot "
-            f"read it; train again, or check that commit out to use it"
+            f"{path} was written by another version of this script ({by}), whose checkpoints "
+            f"this one cannot read; train again, or {use} to use it"
         )
     sealed = ckpt.pop("sha256", None)
     if sealed != digest(ckpt):

@@ -859,7 +859,8 @@ def test_a_checkpoint_of_another_version_is_refused_in_one_line(trained, small_t
     says which commit wrote them and what to do, in every command that reads one."""
     path = os.path.join(trained, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
-    for format, by in ((1, "commit " + ckpt["made_with"]["commit"]), (None, "before checkpoints")):
+    commit = ckpt["made_with"]["commit"]
+    for format, by in ((1, f"(commit {commit})"), (None, "(an earlier commit)")):
         older = {**ckpt, "format": format}
         if format is None:
             del older["format"], older["made_with"]
@@ -869,7 +870,7 @@ def test_a_checkpoint_of_another_version_is_refused_in_one_line(trained, small_t
             assert MODES[mode](trained, small_text) == 2, mode
             line = error_line(capsys)
             assert "written by another version of this script" in line and by in line, line
-            assert "train again, or check that commit out" in line
+            assert "train again, or check" in line and "to use it" in line
 
 
 def test_the_projects_own_f_c_trains_resumes_and_evaluates(small_text, tmp_path, capsys):
