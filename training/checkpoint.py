@@ -36,9 +36,8 @@ def make_model(config: dict, kind: str = "compressive", compression: str = "") -
     that config names) make it."""
     try:
         cfg = CompressiveConfig(**config)
-        if (
-            kind == "feedback"
-        ):  # imported here: it brings the agent's memory, which nothing else uses
+        if kind == "feedback":
+            # imported here, where it is used: it brings the agent's memory (agent.py) with it
             from beyond_the_paper.feedback import FeedbackTransformer
 
             return FeedbackTransformer(cfg)
