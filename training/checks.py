@@ -58,7 +58,7 @@ def exit_status(command) -> int:
         say(f"error: {out_of_memory(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        say(str(e) or "interrupted; nothing was written", file=sys.stderr)
+        say(str(e) or "interrupted; a checkpoint saved before is whole", file=sys.stderr)
         return 130
     return 0
 
