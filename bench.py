@@ -12,6 +12,7 @@ script's flags, model, optimizer and training step as they are.
 """
 
 import collections
+import dataclasses
 import math
 import resource
 import sys
@@ -21,11 +22,10 @@ import torch
 from torch.profiler import profile, record_function
 
 import train_shakespeare
-from beyond_the_paper.feedback import FeedbackTransformer
-from training.checks import UserError, exit_status
+from compressive import CompressiveTransformer
+from training import checkpoint, checks
+from training.checks import UserError
 from training.data import load_data
-from training.device import DTYPES, keep_freed_memory, pick_device, pick_dtype
-from training.models import make_model
 
 
 def train_flops_per_step(model, batch: int) -> float:
@@ -34,7 +34,9 @@ def train_flops_per_step(model, batch: int) -> float:
     cfg = model.cfg
     d, T = cfg.d_model, cfg.seq_len
     head = batch * 2 * d * cfg.vocab_size * T
-    if isinstance(model, FeedbackTransformer):  # per step and layer: q, the input's k and v,
+    if not isinstance(
+        model, CompressiveTransformer
+    ):  # the Feedback Transformer  # per step and layer: q, the input's k and v,
         K = cfg.mem_len + 1  # output, feed-forward, attention over K keys
         per_step = (
             cfg.n_layers * (2 * 4 * d * d + 2 * 2 * d * cfg.d_ff + 3 * 2 * K * d) + 2 * 2 * d * d
@@ -192,7 +194,7 @@ def profile_steps(train_step, model, batch_size: int, steps: int, seed: int, dev
 
 
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
+    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0], prog="python bench.py")
     parser.add_argument("--bench-steps", type=int, default=10, help="timed steps")
     parser.add_argument(
         "--profile", action="store_true", help="where the steps' time goes (torch.profiler)"
@@ -203,28 +205,28 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     """Whole training steps, as train_shakespeare.train takes them, on random tokens."""
     args = parse_args(argv)
-    keep_freed_memory()
+    checks.keep_freed_memory()
 
     def run():
         train_shakespeare.check_args(args)
         if args.profile and args.compile:  # a compiled step is one region the profile cannot split
             raise UserError("--profile profiles eager steps: drop --compile")
-        device = pick_device(args.device)
-        args.dtype, why = pick_dtype(args.dtype, device)
+        device = checks.pick_device(args.device)
+        args.dtype, why = checks.pick_dtype(args.dtype, device)
         print(f"dtype {args.dtype} ({why})")
         torch.manual_seed(args.seed)
         vocab = load_data(args).vocab  # the text's characters: random tokens of as many kinds
-        cfg = train_shakespeare.model_config(args, vocab_size=len(vocab))
-        model = make_model(args.model, cfg, args.compression).to(device)
+        cfg = dataclasses.asdict(train_shakespeare.model_config(args, vocab_size=len(vocab)))
+        model = checkpoint.make_model(cfg).to(device)
         optimizer = train_shakespeare.make_optimizer(model, args)
         step = train_shakespeare.make_train_step(model, optimizer, args, device)
         if args.profile:
             profile_steps(step, model, args.batch_size, args.bench_steps, args.seed, device)
             return
-        dtype = DTYPES[args.dtype]
+        dtype = getattr(torch, args.dtype)
         bench(step, model, args.batch_size, args.bench_steps, args.seed, device, dtype)
 
-    return exit_status(run)
+    return checks.exit_status(run)
 
 
 if __name__ == "__main__":

@@ -118,8 +118,8 @@ def test_the_documents_name_commands_and_find_them():
     """What the test below relies on: commands found in code blocks, inline spans broken over two
     lines, continued lines, with comments, shell operators and other projects left out."""
     text = (
-        "Run `python -m training.sample --chars 500 --prompt\n"
-        '"ROMEO:"` or `python -m training.evaluate` on it:\n\n'
+        "Run `python sample.py --chars 500 --prompt\n"
+        '"ROMEO:"` or `python evaluate.py` on it:\n\n'
         "    OMP_NUM_THREADS=1 python train_shakespeare.py --steps 10 \\\n"
         "        --seed 1   # a comment --not-a-flag\n"
         "    pip install -r requirements.txt && python -m research.study run --budget long\n"
@@ -127,8 +127,8 @@ def test_the_documents_name_commands_and_find_them():
         "```python\nprint('python -m not.a.command')\n```\n"
     )
     assert commands_in(text) == [
-        ("training.sample", ["--chars", "500", "--prompt", "ROMEO:"]),
-        ("training.evaluate", []),
+        ("sample.py", ["--chars", "500", "--prompt", "ROMEO:"]),
+        ("evaluate.py", []),
         ("train_shakespeare.py", ["--steps", "10", "--seed", "1"]),
         ("research.study", ["run", "--budget", "long"]),
         ("pip", ["install", "ruff"]),

@@ -1,9 +1,9 @@
 """The layout of the repository, read from the code's own imports, floor on floor: the model file
 at the bottom, the modules beyond the paper on it, the script's plumbing (training/) on those,
-the training script (and bench.py beside it) on its plumbing, the studies (research/), then the
-lesson (what a learner opens) and the teachers' kit. Imports run one way, downwards: a module
-imports its own floor or those below, so no circle can form across floors, and no function is
-handed the training script.
+the training script and the commands beside it (sample.py, evaluate.py, bench.py) on its
+plumbing, the studies (research/), then the lesson (what a learner opens) and the teachers' kit.
+Imports run one way, downwards: a module imports its own floor or those below, so no circle can
+form across floors, and no function is handed the training script.
 
     python test_layout.py      # prints the import map
 """
@@ -22,8 +22,10 @@ LAYERS = {
     "beyond_the_paper": 1,
     "training": 2,
     "train_shakespeare": 3,
-    "bench": 3,
+    "bench": 3,  # the commands beside the script
     "bench_busy": 3,
+    "sample": 3,
+    "evaluate": 3,
     "research": 4,
     "lesson": 5,
     "teachers_kit": 6,

@@ -41,8 +41,7 @@ from compressive import CompressiveTransformer
 from lesson import mechanism
 from lesson.mechanism import NOTHING, REGION_COLORS, REGION_FILLS, FifoStep, fifo_steps, shown
 from training import checkpoint, data, files
-from training.checks import UserError, exit_status
-from training.device import pick_device
+from training.checks import UserError, exit_status, pick_device
 from training.recorded_attention import recorded_attention
 
 

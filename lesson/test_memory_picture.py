@@ -12,7 +12,7 @@ import torch
 
 from beyond_the_paper.feedback import FeedbackTransformer
 from compressive import CompressiveTransformer
-from conftest import DAMAGES, craft, damage, error_line
+from conftest import DAMAGES, craft, damage, error_line, resave
 from lesson import memory_picture
 from test_compressive import make, tiny
 from training import data
@@ -187,7 +187,7 @@ def as_if_a_study_trained(out: str, task: str) -> None:
     path = os.path.join(out, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
     ckpt["args"]["task"] = task
-    torch.save(ckpt, path)
+    resave(path, ckpt)
 
 
 def write_validation_file(out: str, small_text: str, facts) -> str:

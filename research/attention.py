@@ -15,8 +15,7 @@ import train_shakespeare
 from compressive import CompressiveTransformer
 from research import recall, tasks
 from training import checkpoint, files, plots
-from training.checks import UserError, exit_status
-from training.device import keep_freed_memory, pick_device
+from training.checks import UserError, exit_status, keep_freed_memory, pick_device
 from training.recorded_attention import recorded_attention
 
 BUCKETS_PER_REGION = 4

@@ -12,13 +12,13 @@ evaluation the loss of every character is read again (training.evaluate.per_char
 
 import os
 
+import evaluate as evaluate_command
 import train_shakespeare
 from research import copies, corpus
-from training import distributed, evaluate, files
-from training.checks import UserError, exit_status
+from training import evaluate, files
+from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import Data, encode
 from training.data import load_data as load_text
-from training.device import keep_freed_memory
 
 VAL_CHARS = 300_000
 
@@ -30,7 +30,7 @@ def parse_args(argv=None):
     e.add_argument(
         "--eval-only", action="store_true", help="the loss of OUT/ckpt.pt by copy distance"
     )
-    evaluate.add_ablation_flags(e)
+    evaluate_command.add_ablation_flags(e)
     parser.add_argument(
         "--val-chars",
         type=int,
@@ -64,7 +64,7 @@ def geometry(data: Data, n_streams: int, seq_len: int):
 def train(args) -> dict:
     """Train on the corpus, the loss by copy distance at each evaluation; the run's metrics (rank
     0 of a finished run; else None), the last evaluation's loss by copy distance among them."""
-    with distributed.processes():
+    with processes():
         data = load_data(args)
         where = geometry(data, args.batch_size, args.seq_len)
         regions = []
@@ -86,20 +86,20 @@ def train(args) -> dict:
 
 def evaluate_checkpoint(args) -> dict:
     """--eval-only: the loss of OUT/ckpt.pt by copy distance, its memory cut where asked."""
-    model, ckpt, cut = evaluate.load_checkpoint(args, tasks=("code", "shakespeare"))
+    model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("code", "shakespeare"))
     if ckpt["args"].get("task", "shakespeare") == "shakespeare":
         data = load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
     elif args.data is not None:
         raise UserError("--data: this checkpoint learned the code corpus, which is its own text")
     else:
         data = load_data(args, saved_args=ckpt["args"], need_train=False)
-    evaluation = evaluate.evaluate_checkpoint(args, model, ckpt, data, cut)
+    evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     rows = copies.by_bucket(evaluation.char_losses.cpu(), *geometry(data, args.batch_size, n_s))
     label = f", memory cut to {cut}" if cut else ""
     copies.print_by_bucket(rows, copies.regions_of(model.reach(), n_s), label)
     result = {"val_loss": evaluation.loss, "step": ckpt["step"], "loss_by_copy_distance": rows}
-    files.record_evaluation(args.out, cut, result)
+    evaluate_command.record_evaluation(args.out, cut, result)
     return result
 
 

@@ -21,6 +21,7 @@ reconstruction loss).
 """
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -31,9 +32,8 @@ import bench
 import train_shakespeare
 from compressive import Memory
 from training import files, plots
-from training.checks import UserError, exit_status
-from training.device import keep_freed_memory, pick_device
-from training.models import make_model
+from training.checkpoint import make_model
+from training.checks import UserError, exit_status, keep_freed_memory, pick_device
 
 REACHES = [256, 512, 1024, 2048]
 GENERATED = 16  # tokens per model per round of the generation timing
@@ -139,7 +139,7 @@ def make_step(flags, device):
     step as train_shakespeare.py takes it."""
     torch.manual_seed(flags.seed)
     cfg = train_shakespeare.model_config(flags, vocab_size=65)
-    model = make_model(flags.model, cfg, flags.compression).to(device)
+    model = make_model(dataclasses.asdict(cfg)).to(device)
     optimizer = train_shakespeare.make_optimizer(model, flags)
     return model, train_shakespeare.make_train_step(model, optimizer, flags, device)
 

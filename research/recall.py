@@ -22,11 +22,11 @@ from typing import NamedTuple
 
 import torch
 
+import evaluate as evaluate_command
 import train_shakespeare
-from training import checkpoint, distributed, evaluate, files, plots
-from training.checks import UserError, exit_status
+from training import checkpoint, evaluate, files, plots
+from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode
-from training.device import keep_freed_memory
 
 VOCAB = sorted(". =?" + string.ascii_uppercase + string.digits)
 KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
@@ -530,7 +530,7 @@ def parse_args(argv=None):
     parser.set_defaults(task="recall")
     e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
     e.add_argument("--eval-only", action="store_true", help="the accuracy report of OUT/ckpt.pt")
-    evaluate.add_ablation_flags(e)
+    evaluate_command.add_ablation_flags(e)
     add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -547,8 +547,8 @@ def caption_for(ckpt: dict, drawn_by: str) -> str:
 def train(args) -> None:
     """Train on the recall text; at each evaluation the accuracy by region of the reach, and at
     the end the whole report (the table, the phases, OUT/recall.png), also into metrics.json."""
-    with distributed.processes():
-        data, answers = load_data(args, args.batch_size * distributed.world_size())
+    with processes() as world:
+        data, answers = load_data(args, args.batch_size * world)
         last = {}
 
         def validate(model):  # at each evaluation of the training, in place of its own
@@ -572,9 +572,9 @@ def evaluate_checkpoint(args) -> None:
     """--eval-only: the accuracy report of OUT/ckpt.pt on the validation text of its flags (the
     task's flags given here widen or change it), its memory cut where asked. The training's
     metrics.json is left as it is; OUT/recall.png is drawn again."""
-    model, ckpt, cut = evaluate.load_checkpoint(args, tasks=("recall",))
+    model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("recall",))
     data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
-    evaluation = evaluate.evaluate_checkpoint(args, model, ckpt, data, cut)
+    evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     scored = score(evaluation.predictions.cpu(), data.val, answers, args.batch_size, n_s)
     report(scored, model, args.out, caption_for(ckpt, "python -m research.recall --eval-only"))

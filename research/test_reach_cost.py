@@ -1,13 +1,15 @@
 """The cost of reach (research/reach_cost.py) as a test: both models timed at each reach, their
 memory state counted from the tensors."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import train_shakespeare as ts
 from conftest import TINY_FLAGS, error_line
 from research import reach_cost
-from training.models import make_model
+from training.checkpoint import make_model
 
 
 @pytest.mark.slow  # times four models: seconds
@@ -25,7 +27,7 @@ def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(
     printed = capsys.readouterr().out
     assert "24 slots" in printed and "reach 16" in printed and printed.count("ratio") == 2
     for kind, flags_ in reach.items():
-        model = make_model(kind, ts.model_config(flags_, 65), flags_.compression)
+        model = make_model(dataclasses.asdict(ts.model_config(flags_, 65)))
         memory = reach_cost.full_memory(model, 4, torch.device("cpu"))
         # the state figure: every memory tensor's bytes, n_m + n_cm vectors of d_model floats a row
         assert (

@@ -11,12 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import evaluate as evaluate_command
+import sample
 from beyond_the_paper.feedback import FeedbackTransformer
 from compressive import CompressiveTransformer
 from conftest import TINY_FLAGS, error_line
 from research import recall
 from test_compressive import make, tiny
-from training import evaluate, sample
+from training import evaluate
 from training.data import IGNORE, encode
 
 
@@ -339,8 +341,8 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(recall_trained, ca
     )
     rows = recall_table_rows(capsys.readouterr().out)
     assert rows and rows[-1]["to"] > 120  # the farthest bucket lies beyond what training asked
-    # python -m training.evaluate evaluates the script's checkpoints, and says which command fits
-    assert evaluate.main(["--out", out, "--device", "cpu"]) == 2
+    # python evaluate.py evaluates the script's checkpoints, and says which command fits
+    assert evaluate_command.main(["--out", out, "--device", "cpu"]) == 2
     assert "with python -m research.recall --eval-only" in error_line(capsys)
 
 
@@ -358,7 +360,7 @@ def test_recall_flags_are_checked_and_the_task_makes_its_own_text(
     # a checkpoint of the script's own text is not the recall task's
     assert recall.main(["--out", trained, "--eval-only", "--device", "cpu"]) == 2
     line = error_line(capsys)
-    assert "of python train_shakespeare.py: evaluate it with python -m training.evaluate" in line
+    assert "of python train_shakespeare.py: evaluate it with python evaluate.py" in line
 
 
 def recall_run(out, steps=4):

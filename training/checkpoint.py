@@ -1,122 +1,214 @@
-"""Checkpoints of train_shakespeare.py: weights, optimizer state, every process's memory and
-random state, so that --resume continues exactly where a run stopped. Written whole or not at all
-(files.write_atomically); read back as plain data, so that a crafted file cannot run code and
-anything that is not such a checkpoint is one error line; restored only where they fit. A
-checkpoint's args are the flags it was trained with; one written by an older version may hold
-flags that no longer exist, and they are read with .get."""
+"""What a run keeps in its --out folder, and the models it holds. ckpt.pt: the weights, the
+optimizer's state, every process's memory and random state, so that --resume continues exactly
+where a run stopped; written whole or not at all (files.write_atomically), sealed with a digest of
+its contents, read back as plain data (a crafted file cannot run code), restored only where it
+fits. metrics.json and loss.png: the record of a finished run.
 
+make_model is the one place where a model is built, from its config: for the script, for the
+commands on its checkpoints, and for the checkpoints themselves."""
+
+import ctypes
 import dataclasses
+import functools
+import hashlib
+import math
 import os
 import pickle
-import re
 
 import torch
+import torch.distributed as dist
 
-from compressive import CompressiveConfig, CompressiveTransformer, Memory
+from beyond_the_paper import model_from_config
+from compressive import CompressiveTransformer, Memory, check_memory
 
-from . import distributed, files
-from .checks import UserError, one_line
-from .models import check_memory_of, make_model
+from . import files, plots
+from .checks import UserError, flag, one_line
+
+# The layout of ckpt.pt. A checkpoint of another layout is refused in one line that says which
+# commit wrote it; nothing here reads the layouts of earlier commits.
+FORMAT = 2
+
+
+def make_model(config: dict) -> torch.nn.Module:
+    """The model config names (dataclasses.asdict of its CompressiveConfig, whose model and
+    compression say which: compressive.py's, the Feedback Transformer, this project's f_c)."""
+    try:
+        return model_from_config(config)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"invalid model configuration: {one_line(e)}") from None
+
+
+def digest(value, h=None) -> str:
+    """sha256 over a checkpoint's contents, walked in order: every key, every tensor's dtype, shape
+    and bytes, every other value's type and repr. A bit flipped anywhere changes it."""
+    h = h or hashlib.sha256()
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"tensor {t.dtype} {tuple(t.shape)};".encode())
+        if t.nbytes:  # the bytes in memory, read without numpy
+            h.update(ctypes.string_at(t.data_ptr(), t.nbytes))
+    elif isinstance(value, (dict, list, tuple)):
+        h.update(f"{type(value).__name__} {len(value)};".encode())
+        for item in value.items() if isinstance(value, dict) else value:
+            digest(item, h)
+    else:
+        h.update(f"{type(value).__name__} {value!r};".encode())
+    return h.hexdigest()
+
+
+def gathered(tensors, device) -> list:
+    """Every process's tensors (the same shapes in every process), in rank order, on the CPU."""
+    if not dist.is_initialized():
+        return [[t.cpu() for t in tensors]]
+    per_rank = [[] for _ in range(dist.get_world_size())]
+    for t in tensors:
+        parts = [torch.empty_like(t, device=device) for _ in per_rank]
+        dist.all_gather(parts, t.to(device).contiguous())
+        for rank, part in enumerate(parts):
+            per_rank[rank].append(part.cpu())
+    return per_rank
+
+
+@functools.cache  # once a process: the commit does not change while it runs
+def commit() -> str:
+    return files.repository_commit()
 
 
 def save(path, model, optimizer, memory, progress: dict, vocab, args) -> None:
     """A collective: every process calls it, and rank 0 writes. progress: {step, history,
-    train_log, seconds}. made_with records what a run's numbers depend on beyond its flags: they
-    repeat bit for bit with the same torch and the same number of threads."""
+    train_log, seconds}. made_with records what a run's numbers depend on beyond its flags (they
+    repeat bit for bit with the same torch and the same number of threads) and the commit."""
     device = next(model.parameters()).device
-    memories = distributed.gather_memories(memory, device)
-    states = [torch.get_rng_state()] + (
-        [torch.cuda.get_rng_state(device)] if device.type == "cuda" else []
-    )
-    rngs = distributed.gather_tensors(states, device)
-    if distributed.ranks()[0] == 0:
-        state = {
-            "config": dataclasses.asdict(model.cfg),
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            **progress,
-            "vocab": vocab,
-            "memory": memories,
-            "args": vars(args),
-            "rng": [{"cpu": r[0], "cuda": r[1] if len(r) > 1 else None} for r in rngs],
-            "made_with": {"torch": str(torch.__version__), "threads": torch.get_num_threads()},
-        }
-        files.write_atomically(path, lambda f: torch.save(state, f))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    memories = [None] * world  # None before the first segment and after the streams wrap
+    if memory is not None:
+        parts = [memory.mem, memory.c_mem, memory.usage or []]
+        cut = [len(parts[0]), len(parts[0]) + len(parts[1])]
+        memories = [
+            [ts[: cut[0]], ts[cut[0] : cut[1]], ts[cut[1] :] if memory.usage is not None else None]
+            for ts in gathered([t for part in parts for t in part], device)
+        ]
+    states = [torch.get_rng_state()]
+    states += [torch.cuda.get_rng_state(device)] if device.type == "cuda" else []
+    rngs = [{"cpu": r[0], "cuda": r[1] if len(r) > 1 else None} for r in gathered(states, device)]
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    state = {
+        "format": FORMAT,
+        "config": dataclasses.asdict(model.cfg),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        **progress,
+        "vocab": vocab,
+        "memory": memories,
+        "args": vars(args),
+        "rng": rngs,
+        "made_with": {
+            "torch": str(torch.__version__),
+            "threads": torch.get_num_threads(),
+            "commit": commit(),
+        },
+    }
+    state["sha256"] = digest(state)
+    files.write_atomically(path, lambda f: torch.save(state, f))
 
 
-CHECKPOINT_FIELDS = {
-    "config": dict,
-    "model": dict,
-    "optimizer": dict,
-    "step": int,
-    "history": list,
-    "seconds": float,
-    "vocab": list,
-    "memory": list,
-    "rng": list,
-    "args": dict,
-}
+FIELDS = {"config": dict, "model": dict, "optimizer": dict, "step": int, "history": list}
+FIELDS |= {"train_log": list, "seconds": float, "vocab": list, "memory": list, "rng": list}
+FIELDS |= {"args": dict, "made_with": dict}
 
 
 def read(path: str, device) -> dict:
-    """A checkpoint of train_shakespeare.py as plain data. weights_only=True builds tensors, dicts,
-    lists, numbers and strings and nothing else, so a crafted file cannot run code; whatever is
-    not such a checkpoint is reported as one line."""
+    """A checkpoint of this version as plain data, its digest checked. weights_only=True builds
+    tensors, dicts, lists, numbers and strings and nothing else, so a crafted file cannot run
+    code; whatever is not such a checkpoint, or is damaged, is one line that says what to do."""
     if not os.path.isfile(path):
-        raise UserError(f"no checkpoint at {path}; train first (or pass --out DIR)")
+        raise UserError(f"no checkpoint at {path}; train first, or pass the --out of a run")
+    with open(path, "rb") as f:
+        start = f.read(64)
+    if not start.startswith(b"PK\x03\x04"):  # torch.save writes a zip archive
+        what = "it is empty" if not start else f"it begins {start[:24]!r}"
+        if start and b"\x00" not in start:
+            what = "it is a text file"
+        raise UserError(f"{path} is not a checkpoint ({what}); pass the --out of a training run")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as e:  # holds (or claims to hold) more than plain data
-        found = re.search(
-            r"WeightsUnpickler error:\s*(.*?)(?:\. |\s+Check the documentation|$)",
-            one_line(e, 2000),
-        )
+    except pickle.UnpicklingError:  # holds (or claims to hold) more than plain data
         raise UserError(
-            f"{path} is not a readable checkpoint: it is not made of tensors and plain "
-            f"data alone ({found[1] if found else 'unpickling failed'}); it was not "
-            f"run"
+            f"{path} is not a readable checkpoint: it holds more than tensors and plain data, "
+            f"which torch.load(weights_only=True) refused; nothing in it was run"
         ) from None
-    except Exception as e:  # truncated or corrupt: torch's first sentence says how
+    except Exception as e:  # a zip that torch cannot read: torch's first sentence says how
         raise UserError(
-            f"{path} is not a readable checkpoint (truncated or corrupt: "
-            f"{one_line(e).split('. ')[0]})"
+            f"{path} is a damaged checkpoint (truncated or corrupt: {one_line(e).split('. ')[0]});"
+            f" restore a copy, or train again"
         ) from None
     if not isinstance(ckpt, dict):
         raise UserError(
             f"{path} is not a checkpoint of this script (it holds a {type(ckpt).__name__})"
         )
-    wrong = [
-        name for name, kind in CHECKPOINT_FIELDS.items() if not isinstance(ckpt.get(name), kind)
-    ]
+    if ckpt.get("format") != FORMAT:
+        made = ckpt.get("made_with")
+        by = made.get("commit") if isinstance(made, dict) else None
+        use = f"check out {by.split('+')[0]}" if by else "check it out"  # +changes: uncommitted
+        by = f"commit {by}" if by else "an earlier commit"
+        raise UserError(
+            f"{path} was written by another version of this script ({by}), whose checkpoints "
+            f"this one cannot read; train again, or {use} to use it"
+        )
+    sealed = ckpt.pop("sha256", None)
+    if sealed != digest(ckpt):
+        raise UserError(
+            f"{path} is a damaged checkpoint: its contents do not match the sha256 digest it was "
+            f"saved with; restore a copy, or train again (--overwrite)"
+        )
+    wrong = [name for name, kind in FIELDS.items() if not isinstance(ckpt.get(name), kind)]
+    vocab = [] if wrong else ckpt["vocab"]  # characters, each once, as many as the model reads
+    chars = all(isinstance(ch, str) and len(ch) == 1 for ch in vocab)
+    if not (chars and len(set(vocab)) == len(vocab) == ckpt["config"].get("vocab_size")):
+        wrong = wrong or ["vocab"]
     if wrong:
         raise UserError(
-            f"{path} is not a checkpoint of this script (missing or malformed: {', '.join(wrong)})"
+            f"{path} is not a checkpoint of this script (malformed: {', '.join(wrong)})"
         )
-    vocab = ckpt["vocab"]
-    if (
-        not all(isinstance(ch, str) and len(ch) == 1 for ch in vocab)
-        or len(set(vocab)) != len(vocab)
-        or len(vocab) != ckpt["config"].get("vocab_size")
-    ):
-        raise UserError(f"{path} is not a checkpoint of this script (its vocabulary is malformed)")
     return ckpt
+
+
+def trained_by(saved_args: dict) -> str:
+    """The command that trains a checkpoint's task: the script on its own text, or the research/
+    command of that name (the recall task, the code corpus)."""
+    task = saved_args.get("task", "shakespeare")
+    return "python train_shakespeare.py" if task == "shakespeare" else f"python -m research.{task}"
+
+
+def flags_that_differ(ckpt: dict, model, args) -> list:
+    """Each model flag of this run that differs from the checkpoint's: the flag, its value here
+    and in the checkpoint (--data for the text's characters, the vocabulary's size)."""
+    ours = {**dataclasses.asdict(model.cfg), "model": args.model, "compression": args.compression}
+    theirs = {**ckpt["config"], **{k: ckpt["args"].get(k) for k in ("model", "compression")}}
+    said = {"vocab_size": "--data (characters)", "pre_norm": "--post-norm (pre_norm)"}
+    return [
+        f"{said.get(name, flag(name))} ({value} here, {theirs.get(name)} in the checkpoint)"
+        for name, value in ours.items()
+        if theirs.get(name) != value
+    ]
 
 
 def resume(path: str, args, model, optimizer):
     """Load weights, optimizer state, this process's memory and random state into a run about to
-    continue; returns the memory and the run's progress {step, history, train_log, seconds}
-    (train_log empty for a checkpoint written before the log lines were recorded)."""
-    rank, world, _ = distributed.ranks()
+    continue; returns the memory and the run's progress {step, history, train_log, seconds}."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = next(model.parameters()).device
     ckpt = read(path, device)
     if ckpt["args"].get("task", "shakespeare") != args.task:
         raise UserError(f"--resume: the checkpoint was trained by {trained_by(ckpt['args'])}")
-    if (
-        config_of(ckpt) != dataclasses.asdict(model.cfg)
-        or ckpt["args"].get("model", "compressive") != args.model
-    ):
-        raise UserError("--resume: the model flags differ from the checkpoint's configuration")
-    if ckpt["step"] >= args.steps:  # read() checked that it is an int
+    differ = flags_that_differ(ckpt, model, args)
+    if differ:
+        raise UserError(
+            f"--resume: the model flags differ from the checkpoint's: {'; '.join(differ)}; pass "
+            f"the checkpoint's, or train a new model into another --out"
+        )
+    if ckpt["step"] >= args.steps:
         raise UserError(
             f"--resume: {path} has already trained {ckpt['step']} steps, and --steps is "
             f"{args.steps}: nothing is left to train (pass a larger --steps)"
@@ -127,131 +219,97 @@ def resume(path: str, args, model, optimizer):
         for p in model.parameters():  # a crafted file could hold moments of the wrong shape
             for value in optimizer.state.get(p, {}).values():
                 if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
-                    raise ValueError(
-                        f"optimizer state of shape {tuple(value.shape)} for a "
-                        f"parameter of shape {tuple(p.shape)}"
-                    )
+                    raise ValueError(f"optimizer state {tuple(value.shape)} for {tuple(p.shape)}")
         memory = None
         if len(ckpt["memory"]) == world and ckpt["memory"][rank] is not None:
-            mem, c_mem, usage = (
-                [t.to(device) for t in part] if part is not None else None
-                for part in ckpt["memory"][rank]
-            )
+            mem, c_mem, usage = ckpt["memory"][rank]
             memory = Memory(mem, c_mem, usage)
             check_memory_of(model, memory, args.batch_size)
         if len(ckpt["rng"]) == world:
-            torch.set_rng_state(ckpt["rng"][rank]["cpu"])
+            torch.set_rng_state(ckpt["rng"][rank]["cpu"].cpu())
             if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
-                torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"], device)
+                torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"].cpu(), device)
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
         raise UserError(f"--resume: {path} does not fit this run ({one_line(e)})") from None
-    train_log = ckpt.get("train_log", [])
-    if not isinstance(train_log, list):
-        raise UserError(
-            f"--resume: {path} is not a checkpoint of this script (malformed: train_log)"
+    if len(ckpt["memory"]) != world and rank == 0:
+        print(
+            f"note: {path} was saved by {len(ckpt['memory'])} process(es) and resumes in {world}: "
+            f"the weights, the optimizer's state and the step carry on, each process's memory and "
+            f"random state do not (the memory starts empty, the random state from --seed)"
         )
-    return memory, {
-        **{name: ckpt[name] for name in ("step", "history", "seconds")},
-        "train_log": train_log,
-    }
+    return memory, {name: ckpt[name] for name in ("step", "history", "train_log", "seconds")}
 
 
-def config_of(ckpt: dict) -> dict:
-    """The checkpoint's CompressiveConfig as a dict: it names the model and its f_c."""
-    return dict(ckpt["config"])
+def check_memory_of(model, memory, batch_size: int) -> None:
+    """The checks the model's forward would make of memory, for inputs of this batch size."""
+    inputs = next(model.parameters()).new_zeros(batch_size, 1, model.cfg.d_model)
+    if isinstance(model, CompressiveTransformer):
+        check_memory(model, memory, batch_size, inputs)
+    else:  # the Feedback Transformer: one memory for all layers, not per-layer FIFOs
+        from beyond_the_paper.feedback import check_feedback_memory
 
-
-def trained_by(saved_args: dict) -> str:
-    """The command that trains a checkpoint's task: the script on its own text, or the research/
-    command of that name (the recall task, the code corpus)."""
-    task = saved_args.get("task", "shakespeare")
-    return "python train_shakespeare.py" if task == "shakespeare" else f"python -m research.{task}"
-
-
-# The flags of --sample and --bench, which the script had before they became commands of their
-# own (training/sample.py, bench.py), at their defaults: a checkpoint it wrote holds them.
-FLAGS_THAT_LEFT = {"temperature": 0.8, "bench_steps": 10}
-
-
-def training_command(ckpt: dict, defaults: dict) -> str:
-    """How a checkpoint was made, for a figure's caption: the command (trained_by), the flags that
-    differ from defaults (the script's own, --out and --resume aside; a flag the script does not
-    have is shown where it was set), its seed and step, and the torch version and threads it ran
-    with (not recorded by checkpoints older than made_with)."""
-    flags = []
-    for name, value in ckpt["args"].items():
-        if name in ("out", "resume", "stop_after", "task") or value is None:
-            continue
-        if value == defaults.get(name, FLAGS_THAT_LEFT.get(name)):
-            continue  # a default
-        if name not in defaults and value is False:
-            continue  # a switch the script no longer has, left off
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False:
-            flags.append("--no-" + name.replace("_", "-"))
-        else:
-            flags.append(f"{flag} {value}")
-    made_with = ckpt.get("made_with")
-    ran = (
-        f"torch {made_with.get('torch')}, {made_with.get('threads')} thread(s)"
-        if isinstance(made_with, dict)
-        else "its torch and threads not recorded"
-    )
-    command = " ".join([trained_by(ckpt["args"]), *flags])
-    return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}; {ran})"
+        check_feedback_memory(model, memory, batch_size, inputs)
 
 
 def load_model(out: str, device):
-    """The model of OUT/ckpt.pt, in eval mode, and the checkpoint."""
+    """The model of OUT/ckpt.pt on device, in eval mode, and the checkpoint."""
     path = os.path.join(out, "ckpt.pt")
     ckpt = read(path, device)
-    config, args = config_of(ckpt), ckpt["args"]
-    compression = args.get("compression", ckpt["config"].get("compression"))
+    model = make_model(ckpt["config"])
     try:
-        model = make_model(
-            args.get("model", "compressive"), CompressiveConfig(**config), compression
-        )
         model.load_state_dict(ckpt["model"])
-    except (TypeError, ValueError, RuntimeError, KeyError) as e:
+    except RuntimeError as e:
         raise UserError(
-            f"{path}: the weights do not fit the checkpoint's configuration ({one_line(e)})"
+            f"{path}: the weights do not fit its configuration ({one_line(e)})"
         ) from None
     return model.to(device).eval(), ckpt
 
 
-def limit_memory(model, mem_len, c_mem_len) -> str:
-    """The ablation of --eval-mem-len / --eval-c-mem-len: the model keeps at most that many
-    memories (compressed memories) per layer, the weights unchanged; what the loss then loses is
-    what those memories were worth. Returns how the memory was cut ("" when it was not)."""
-    if mem_len is None and c_mem_len is None:
-        return ""
-    if not isinstance(model, CompressiveTransformer):
+def training_command(ckpt: dict, defaults: dict) -> str:
+    """How a checkpoint was made, for a figure's caption: the command (trained_by), the flags that
+    differ from defaults (the command's own; --out, --resume and the like aside), its seed and
+    step, and the torch version and threads it ran with."""
+    flags = []
+    for name, value in ckpt["args"].items():
+        if name in ("out", "resume", "overwrite", "stop_after", "task") or value is None:
+            continue
+        if value == defaults.get(name) or (name not in defaults and value is False):
+            continue  # a default, or a switch of the study's own left off
+        if value is True or value is False:
+            flags.append(flag(name) if value else "--no-" + flag(name)[2:])
+        else:
+            flags.append(f"{flag(name)} {value}")
+    made = ckpt.get("made_with") or {}  # what read() returns has it; a caller's own, maybe not
+    ran = f"; torch {made['torch']}, {made['threads']} thread(s)" if made else ""
+    command = " ".join([trained_by(ckpt["args"]), *flags])
+    return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
+
+
+def make_folder(args) -> None:
+    """The folder --out (and those above it) for a run to train into, or one error line. One
+    that holds a checkpoint is trained into with --resume or --overwrite only: no run is lost."""
+    if os.path.exists(os.path.join(args.out, "ckpt.pt")) and not (args.resume or args.overwrite):
         raise UserError(
-            "--eval-mem-len and --eval-c-mem-len cut the per-layer memories of the "
-            "compressive, xl and vanilla models; this checkpoint holds a Feedback "
-            "Transformer"
+            f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "
+            f"--out, or --overwrite to replace it"
         )
-    cfg = model.cfg
-    for flag, given, trained in (
-        ("--eval-mem-len", mem_len, cfg.mem_len),
-        ("--eval-c-mem-len", c_mem_len, cfg.c_mem_len),
-    ):
-        if given is not None and given > trained:
-            raise UserError(
-                f"{flag} {given}: the checkpoint was trained with {trained}; only less "
-                f"memory than in training can be evaluated"
-            )
-    mem_len = cfg.mem_len if mem_len is None else mem_len
-    c_mem_len = cfg.c_mem_len if c_mem_len is None or mem_len == 0 else c_mem_len
-    if 0 < mem_len < cfg.compression_rate and c_mem_len > 0:
-        raise UserError(
-            f"--eval-mem-len {mem_len}: with compressed memory, at least "
-            f"c = {cfg.compression_rate} memories must be kept"
-        )
-    # every layer reads its FIFO lengths from the config, so all of them get the new one
-    model.cfg = dataclasses.replace(cfg, mem_len=mem_len, c_mem_len=c_mem_len if mem_len else 0)
-    for layer in model.layers:
-        layer.cfg = model.cfg
-    return f"n_m={model.cfg.mem_len} n_cm={model.cfg.c_mem_len}"
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {args.out} ({one_line(e)}); pass another") from None
+
+
+def write_record(out: str, progress: dict, train_loss: float, tokens_seen: int) -> dict:
+    """A finished run's metrics (its last validation, its training loss, its progress), said in
+    a line and written into OUT/metrics.json, and its loss curve into OUT/loss.png."""
+    val_loss = progress["history"][-1]["val_loss"]  # a run validates at its last step
+    metrics = {"val_loss": val_loss, "val_bpc": val_loss / math.log(2), "train_loss": train_loss}
+    metrics |= {"step": progress["step"], "tokens_seen": tokens_seen}
+    metrics |= {name: progress[name] for name in ("seconds", "history", "train_log")}
+    print(
+        f"done: {metrics['step']} steps, {metrics['seconds']:.1f} s, val loss {val_loss:.4f} "
+        f"nats/char ({metrics['val_bpc']:.4f} bpc); checkpoint {os.path.join(out, 'ckpt.pt')}"
+    )
+    files.write_json(os.path.join(out, "metrics.json"), metrics)
+    plots.plot_history(metrics["history"], os.path.join(out, "loss.png"), metrics["train_log"])
+    return metrics

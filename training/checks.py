@@ -1,15 +1,20 @@
-"""Problems the user can fix: the flags checked before anything is read or written, and the one
-line that every command prints for each problem ("error: ...", exit status 2). A traceback is for
-bugs only."""
+"""What every command settles before it runs, and how it stops: its flags checked, its device and
+dtype chosen, its processes joined; a problem the user can fix printed as one line ("error: ...",
+exit status 2), once however many processes torchrun started. A traceback is for bugs only."""
 
+import ctypes
+import functools
 import math
 import os
+import platform
 import re
+import signal
 import sys
+import time
+from contextlib import contextmanager, nullcontext
 
 import torch
-
-from .device import mps_available
+import torch.distributed as dist
 
 
 class UserError(Exception):
@@ -20,40 +25,40 @@ def one_line(error: Exception, limit: int = 300) -> str:
     return " ".join(str(error).split())[:limit] or type(error).__name__
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """CUDA raises torch.OutOfMemoryError; the CPU allocator a RuntimeError that says so."""
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+def out_of_memory(error: BaseException):
+    """The one line for a model or batch larger than the machine's (or the GPU's) memory, or None
+    where error is not that (CUDA raises torch.OutOfMemoryError; the CPU a RuntimeError)."""
+    if not isinstance(error, (torch.OutOfMemoryError, MemoryError)) and not (
         isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-    )
-
-
-def out_of_memory(error: BaseException) -> UserError:
-    """The one line for a model or batch larger than the machine's (or the GPU's) memory."""
+    ):
+        return None
     size = re.search(r"allocate (\d+) bytes", str(error))
     asked = f"could not allocate {int(size[1]) / 2**30:.1f} GiB" if size else one_line(error, 120)
-    return UserError(
-        f"out of memory ({asked}): the model or the batch is too large for this "
-        f"machine; lower --d-model, --d-ff, --n-layers, --batch-size, --seq-len or "
-        f"--mem-len"
+    return (
+        f"out of memory ({asked}): the model or the batch is too large for this machine; lower "
+        f"--d-model, --d-ff, --n-layers, --batch-size, --seq-len or --mem-len"
     )
 
 
 def exit_status(command) -> int:
-    """Run command() and return the process's exit status: 0, or 2 with one line on stderr for a
-    problem the user can fix (a UserError, or a model too large for the memory), or 130 when
-    interrupted. Any other exception is a bug and keeps its traceback."""
+    """Run command() and return the process's exit status: 0; 2 with one line on stderr for a
+    problem the user can fix (a UserError, or a model too large for the memory); 130 when
+    interrupted, with the line that says what was kept. Under torchrun every process meets the
+    same problem (they check the same flags and read the same files), and rank 0 alone says it.
+    Any other exception is a bug and keeps its traceback."""
+    say = print if os.environ.get("RANK", "0") == "0" else lambda *args, **kwargs: None
     try:
         command()
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", file=sys.stderr)
         return 2
     except (RuntimeError, MemoryError) as e:
-        if not is_out_of_memory(e):
+        if out_of_memory(e) is None:
             raise
-        print(f"error: {out_of_memory(e)}", file=sys.stderr)
+        say(f"error: {out_of_memory(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted (checkpoints are only ever replaced whole)", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        say(str(e) or "interrupted; a checkpoint saved before is whole", file=sys.stderr)
         return 130
     return 0
 
@@ -63,52 +68,181 @@ def flag(name: str) -> str:
 
 
 def check_flags(args) -> None:
-    """The flags of every command one by one (train_shakespeare.py checks the model flags together;
-    a research command adds its own flags and checks them itself). A flag that a command does not
-    have is not checked."""
+    """The flags of every command one by one (a flag that a command does not have is not checked;
+    the script checks its model flags together, a research command its own flags)."""
     given = lambda names: [name for name in names if getattr(args, name, None) is not None]
     for name in given(["lr", "min_lr", "weight_decay", "grad_clip", "dropout", "temperature"]):
         if not math.isfinite(getattr(args, name)):  # inf and nan would train garbage
             raise UserError(f"{flag(name)} must be a finite number, got {getattr(args, name)}")
-    positive = [
-        "d_model",
-        "n_layers",
-        "n_heads",
-        "d_ff",
-        "seq_len",
-        "compression_rate",
-        "batch_size",
-        "steps",
-        "eval_every",
-        "log_every",
-        "bench_steps",
-        "stop_after",
-        "lr",
-        "temperature",
-        "top_k",
-    ]
+    positive = ["d_model", "n_layers", "n_heads", "d_ff", "seq_len", "compression_rate"]
+    positive += ["batch_size", "steps", "eval_every", "log_every", "bench_steps", "stop_after"]
+    positive += ["lr", "temperature", "top_k"]
     for name in given(positive):
         if not getattr(args, name) > 0:
             raise UserError(f"{flag(name)} must be positive, got {getattr(args, name)}")
-    at_least_zero = [
-        "mem_len",
-        "c_mem_len",
-        "eval_mem_len",
-        "eval_c_mem_len",
-        "warmup",
-        "weight_decay",
-        "grad_clip",
-        "min_lr",
-        "chars",
-    ]
+    at_least_zero = ["mem_len", "c_mem_len", "eval_mem_len", "eval_c_mem_len", "warmup"]
+    at_least_zero += ["weight_decay", "grad_clip", "min_lr", "chars"]
     for name in given(at_least_zero):
         if getattr(args, name) < 0:
             raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
     if given(["eval_mem_len", "eval_c_mem_len"]) and not getattr(args, "eval_only", True):
         raise UserError("--eval-mem-len and --eval-c-mem-len are for --eval-only")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UserError(f"--out {args.out} exists and is not a folder")
+        raise UserError(f"--out {args.out} exists and is not a folder; pass a folder")
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but CUDA is not available")
+        raise UserError("--device cuda was asked for but CUDA is not available; pass --device cpu")
     if args.device == "mps" and not mps_available():
         raise UserError("--device mps was asked for but this torch has no usable mps backend")
+
+
+# --------------------------------------------------------------------------------------------------
+# The device, the dtype, the processes
+
+
+def mps_available() -> bool:
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """auto: CUDA, else Apple's mps, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+    return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+
+
+# The x86 features with which a CPU computes bf16 in hardware, and oneDNN (torch's CPU matmuls)
+# uses them: AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire
+# Rapids). Without them bf16 is emulated on x86, and slower than float32.
+NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
+# A bf16 matmul must run this many times as fast as a float32 one for the probe to choose bf16.
+# Where bf16 is native the matmul peak is 2.4x (AVX512-BF16) to 7.6x (AMX) float32's; emulated,
+# 0.02x (docs/RESULTS.md).
+PROBE_SPEED_UP = 1.5
+
+
+def cpu_flags() -> set:
+    """The CPU's features as Linux lists them in /proc/cpuinfo ("flags" on x86, "Features" on
+    Arm); empty where there is no such file (macOS, Windows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache  # once a process: every call of pick_dtype then chooses alike
+def bf16_matmul_speed_up(n: int = 512) -> float:
+    """How many times as fast a [n, n] matmul runs in bf16 as in float32 on this CPU: the probe
+    where the CPU's flags cannot tell (a fraction of a second). The best of 5 each, alternating, so
+    that another process's load slows both alike."""
+    pairs = {
+        dtype: (torch.randn(n, n, dtype=dtype),) * 2 for dtype in (torch.float32, torch.bfloat16)
+    }
+    best = dict.fromkeys(pairs, float("inf"))
+    for _ in range(6):  # the first round warms up, and counts only if it is the fastest
+        for dtype, (a, b) in pairs.items():
+            start = time.perf_counter()
+            a @ b
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
+def pick_dtype(name: str, device) -> tuple:
+    """(the autocast dtype's name, why, in words) for --dtype name on device. auto: bfloat16 where
+    the hardware computes it natively (a CUDA GPU since Ampere, a CPU with AMX or AVX512-BF16;
+    where the CPU's flags cannot tell, a short timing probe), else float32. torch's CPU capability
+    alone cannot tell: "AVX512" names CPUs with and without bf16."""
+    if name != "auto":
+        return name, "as --dtype asked"
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bfloat16", f"auto: the GPU ({gpu}) computes bf16 natively"
+        return "float32", f"auto: the GPU ({gpu}) would only emulate bf16"
+    if device.type != "cpu":
+        return "float32", f"auto: bf16 is chosen on CUDA and on CPUs only, not on {device.type}"
+    flags = cpu_flags()
+    native = [flag for flag in NATIVE_BF16 if flag in flags]
+    if native and torch.backends.mkldnn.is_available():
+        return "bfloat16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    arm_bf16 = "bf16" in flags and not x86  # used by torch's kernels or not, as it was built
+    if flags and not native and not arm_bf16:
+        return "float32", "auto: the CPU has no bf16 instructions (bf16 would be emulated)"
+    # Arm's bf16, native bf16 with a torch built without oneDNN, or a CPU whose flags are unknown
+    speed_up = bf16_matmul_speed_up()
+    if speed_up >= PROBE_SPEED_UP:
+        return "bfloat16", f"auto: a bf16 matmul ran {speed_up:.1f}x as fast as a float32 one"
+    return "float32", f"auto: a bf16 matmul ran only {speed_up:.2f}x as fast as a float32 one"
+
+
+def autocast_for(device, dtype_name: str):
+    """The forward in bfloat16 or float16 where autocast allows it (dtype_name: a --dtype value,
+    auto as pick_dtype chooses it), as the script's step writes it."""
+    dtype_name = pick_dtype(dtype_name, device)[0]
+    if dtype_name == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
+
+
+def keep_freed_memory() -> None:
+    """glibc returns large freed blocks to the OS at once and page-faults them back in on the next
+    step, which allocates the same large attention tensors again; keeping them makes CPU steps
+    faster (the README's speed section says by how much)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to tune
+        return
+    libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: blocks up to 32 MiB from the heap
+    libc.mallopt(-1, 2**30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap
+
+
+@contextmanager
+def processes():
+    """Join the processes torchrun started (it sets WORLD_SIZE, RANK and LOCAL_RANK) for the
+    block, which is given the world size (1 without torchrun: nothing to join). At the block's
+    end every process waits for the others, so that they leave together."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        yield 1
+        return
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        yield world
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def any_process(flag: bool, device) -> bool:
+    """Whether flag is true in any process (a collective under torchrun: every process asks)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+@contextmanager
+def stop_signals():
+    """Inside the block Ctrl-C (SIGINT) and SIGTERM do not stop the process: their names are
+    appended to the list the block is given, for the training loop to stop between two steps and
+    keep a checkpoint. A second one acts as it would outside the block."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    received = []
+
+    def stop_soon(signum, frame):
+        received.append(signal.Signals(signum).name)
+        signal.signal(signum, handlers[signum])
+
+    for s in handlers:
+        signal.signal(s, stop_soon)
+    try:
+        yield received
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)

@@ -15,6 +15,8 @@ import torch
 from . import files
 from .checks import UserError, one_line
 
+MIN_CHARS = 1000  # a text shorter than this cannot fill a batch of streams and a validation split
+
 # The text ships with the repository (public domain; char-rnn's copy), so nothing is downloaded.
 DATA_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,12 +43,35 @@ class Data(NamedTuple):
         return self._replace(**{name: on(getattr(self, name)) for name in texts})
 
 
+def read_text(path: str) -> str:
+    """The text of a --data file, or one line that says what it is instead."""
+    if os.path.isdir(path):
+        raise UserError(f"--data {path} is a folder; pass a text file in it")
+    if not os.path.isfile(path):
+        raise UserError(f"data file not found: {path} (pass --data PATH to a text file)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"data file {path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it to UTF-8"
+        ) from None
+    except OSError as e:
+        raise UserError(f"cannot read data file {path} ({one_line(e)})") from None
+    if len(text) < MIN_CHARS:
+        raise UserError(
+            f"data file {path} is too short ({len(text)} characters; at least {MIN_CHARS} are "
+            f"needed)"
+        )
+    return text
+
+
 def load_text(path) -> str:
     """The text of path, or of the shipped Tiny Shakespeare (checked against its SHA-256, so an
     edited copy, or one whose line endings a checkout converted, is not taken for it)."""
     if path is not None:
-        return files.read_text(path)
-    text = files.read_text(DEFAULT_DATA)
+        return read_text(path)
+    text = read_text(DEFAULT_DATA)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if digest != DATA_SHA256:
         raise UserError(

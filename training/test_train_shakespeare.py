@@ -3,12 +3,14 @@ checkpoints, errors, precision, compile, torchrun and --bench. The model's own s
 test_compressive.py at the top of the repository; the studies' are beside them in research/.
 Run: pytest -q"""
 
+import dataclasses
 import hashlib
 import inspect
 import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -18,10 +20,11 @@ import pytest
 import torch
 
 import bench
+import evaluate as evaluate_command
+import sample
 import train_shakespeare as ts
-from conftest import DAMAGES, ROOT, SHAKESPEARE, TINY_FLAGS, craft, damage, error_line
-from training import checkpoint, checks, data, evaluate, files, plots, sample
-from training.models import make_model
+from conftest import DAMAGES, ROOT, SHAKESPEARE, TINY_FLAGS, craft, damage, error_line, resave
+from training import checkpoint, checks, data, evaluate, files
 
 
 def test_streams_stay_contiguous_across_steps():
@@ -170,7 +173,7 @@ def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
     printed = capsys.readouterr().out
     assert printed.startswith("First") and len(printed.rstrip("\n")) >= 45 - 1
     # no --data: its own text; no --batch-size: the training's validation streams (4 here)
-    assert evaluate.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
+    assert evaluate_command.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
     printed = capsys.readouterr().out
     assert f"validation text: {small_text}" in printed and "val loss" in printed
     metrics = json.load(open(os.path.join(out, "metrics.json")))
@@ -183,7 +186,7 @@ def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
     # the ablation: the same weights with less memory, recorded beside the full-memory loss
     flags = ["--out", out, "--data", small_text, "--device", "cpu", "--dtype", "float32"]
     flags += ["--eval-c-mem-len", "0"]
-    assert evaluate.main(flags) == 0
+    assert evaluate_command.main(flags) == 0
     assert "memory cut to n_m=16 n_cm=0" in capsys.readouterr().out
     after = json.load(open(os.path.join(out, "metrics.json")))
     assert after["eval_only"] == metrics["eval_only"]  # the full-memory figures are kept
@@ -192,15 +195,15 @@ def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
         (["--eval-mem-len", "17"], "trained with 16"),
         (["--eval-mem-len", "1"], "at least c = 2"),
     ):
-        assert evaluate.main(["--out", out, "--device", "cpu", *bad]) == 2
+        assert evaluate_command.main(["--out", out, "--device", "cpu", *bad]) == 2
         assert says in error_line(capsys)
     for command, bad, says in (
         (sample.main, ["--chars", "-1"], "--chars must be >= 0"),
         (sample.main, ["--prompt", "\u00e9"], "not in the vocabulary"),
         (sample.main, ["--temperature", "nan"], "--temperature must be a finite number"),
-        (evaluate.main, ["--batch-size", "0"], "--batch-size must be positive"),
+        (evaluate_command.main, ["--batch-size", "0"], "--batch-size must be positive"),
         (sample.main, ["--out", str(tmp_path / "nothing")], "no checkpoint"),
-        (evaluate.main, ["--out", str(tmp_path / "nothing")], "no checkpoint"),
+        (evaluate_command.main, ["--out", str(tmp_path / "nothing")], "no checkpoint"),
     ):
         assert command(["--out", out, "--device", "cpu", *bad]) == 2
         assert says in error_line(capsys)
@@ -211,7 +214,7 @@ def test_evaluation_keeps_each_character_where_the_walk_reads_it(small_text):
     (a model without memory reads each segment alone), and evaluate's loss is their mean."""
     torch.manual_seed(0)
     args = ts.parse_args([*TINY_FLAGS])
-    model = make_model("compressive", ts.model_config(args, 65))
+    model = checkpoint.make_model(dataclasses.asdict(ts.model_config(args, 65)))
     text = torch.randint(0, 65, (1003,))  # 4 streams of 250 and a tail of 2 (the last stream's)
     targets = text.masked_fill(text % 3 == 0, data.IGNORE)
     for scored in (None, targets):
@@ -222,7 +225,7 @@ def test_evaluation_keeps_each_character_where_the_walk_reads_it(small_text):
         mean = each.char_losses[counted].double().mean().item()
         torch.testing.assert_close(mean, loss, rtol=1e-5, atol=0)  # float32 sums, another order
     args = ts.parse_args([*TINY_FLAGS, "--model", "vanilla"])
-    vanilla = make_model("vanilla", ts.model_config(args, 65)).eval()
+    vanilla = checkpoint.make_model(dataclasses.asdict(ts.model_config(args, 65))).eval()
     each = evaluate.per_character(vanilla, text, 4, 16, nullcontext())
     for start, end in ((2 * 250 + 16, 2 * 250 + 32), (1000, 1002)):  # stream 2's 2nd; the tail
         with torch.no_grad():
@@ -291,9 +294,9 @@ def test_a_model_too_large_for_the_machine_gives_one_error_line(small_text, tmp_
     assert "out of memory" in line and "GiB" in line and "lower --d-model" in line
     assert not out.exists()
     cuda_error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert "lower --d-model" in str(checks.out_of_memory(cuda_error))
-    assert checks.is_out_of_memory(cuda_error)
-    assert not checks.is_out_of_memory(RuntimeError("shape mismatch"))
+    assert "lower --d-model" in checks.out_of_memory(cuda_error)
+    assert checks.out_of_memory(cuda_error) is not None
+    assert checks.out_of_memory(RuntimeError("shape mismatch")) is None
 
 
 @pytest.mark.slow  # a fresh Python that imports torch
@@ -366,59 +369,51 @@ def test_dtype_auto_picks_bf16_where_the_cpu_computes_it_natively(
 ):
     """--dtype auto on a CPU, whatever this one is: its flags, its architecture and the timing
     probe are those of the CPU described."""
-    from training import device
-
-    monkeypatch.setattr(device, "cpu_flags", lambda: set(flags))
-    monkeypatch.setattr(device.platform, "machine", lambda: machine)
+    monkeypatch.setattr(checks, "cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(checks.platform, "machine", lambda: machine)
     probed = []
 
     def probe():
         probed.append(True)
         return speed_up
 
-    monkeypatch.setattr(device, "bf16_matmul_speed_up", probe)
-    name, reason = device.pick_dtype("auto", torch.device("cpu"))
+    monkeypatch.setattr(checks, "bf16_matmul_speed_up", probe)
+    name, reason = checks.pick_dtype("auto", torch.device("cpu"))
     assert (name, bool(probed)) == (chosen, speed_up is not None) and why in reason, reason
     assert reason.startswith("auto: ")
     # autocast's dtype where a caller passes --dtype auto as it is (research's own steps)
-    autocast = device.autocast_for(torch.device("cpu"), "auto")
+    autocast = checks.autocast_for(torch.device("cpu"), "auto")
     assert getattr(autocast, "fast_dtype", torch.float32) == getattr(torch, chosen)
     # a dtype asked for is kept, and nothing is probed
     probed.clear()
     for asked in ("float32", "bfloat16", "float16"):
-        assert device.pick_dtype(asked, torch.device("cpu")) == (asked, "as --dtype asked")
+        assert checks.pick_dtype(asked, torch.device("cpu")) == (asked, "as --dtype asked")
     assert not probed
 
 
 def test_dtype_auto_on_a_gpu_and_elsewhere(monkeypatch):
-    from training import device
-
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "a GPU")
     for native, chosen in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(
             torch.cuda, "is_bf16_supported", lambda including_emulation, n=native: n
         )
-        name, reason = device.pick_dtype("auto", torch.device("cuda", 0))
+        name, reason = checks.pick_dtype("auto", torch.device("cuda", 0))
         assert name == chosen and "a GPU" in reason, reason
-    name, reason = device.pick_dtype("auto", torch.device("mps"))
+    name, reason = checks.pick_dtype("auto", torch.device("mps"))
     assert name == "float32" and "not on mps" in reason
     # auto is what the commands choose by default
-    assert bench.parse_args([]).dtype == "auto" and evaluate.parse_args([]).dtype == "auto"
+    assert bench.parse_args([]).dtype == "auto" and evaluate_command.parse_args([]).dtype == "auto"
 
 
 def test_bf16_matmul_speed_up_is_measured_here():
     """The probe itself: a positive, finite ratio (its size says nothing about this CPU)."""
-    from training import device
-
-    assert 0 < device.bf16_matmul_speed_up(n=64) < float("inf")
+    assert 0 < checks.bf16_matmul_speed_up(n=64) < float("inf")
 
 
 def test_checkpoints_resume_and_evaluate_across_dtypes(small_text, tmp_path, monkeypatch, capsys):
     """A run in bf16 resumes in float32 and back, its checkpoint evaluates in either and samples;
     weights, optimizer state and memory stay float32 under autocast. Evaluation's default, auto,
     names what it chose and why."""
-    from training import device
-
     out = str(tmp_path / "run")
     common = ["--data", small_text, "--out", out, *TINY_FLAGS, "--steps", "3"]
     assert ts.main([*common, "--dtype", "bfloat16", "--stop-after", "1"]) == 0
@@ -430,12 +425,12 @@ def test_checkpoints_resume_and_evaluate_across_dtypes(small_text, tmp_path, mon
     assert ts.main([*common, "--dtype", "float32", "--stop-after", "1", "--resume"]) == 0
     assert ts.main([*common, "--dtype", "bfloat16", "--resume"]) == 0
     assert json.load(open(os.path.join(out, "metrics.json")))["step"] == 3
-    monkeypatch.setattr(device, "cpu_flags", lambda: X86_FLAGS | {"avx512_bf16"})
-    monkeypatch.setattr(device.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(checks, "cpu_flags", lambda: X86_FLAGS | {"avx512_bf16"})
+    monkeypatch.setattr(checks.platform, "machine", lambda: "x86_64")
     capsys.readouterr()
     losses = {}
     for flags in ([], ["--dtype", "float32"]):
-        assert evaluate.main(["--out", out, "--device", "cpu", *flags]) == 0
+        assert evaluate_command.main(["--out", out, "--device", "cpu", *flags]) == 0
         printed = capsys.readouterr().out
         losses[bool(flags)] = json.load(open(os.path.join(out, "metrics.json")))["eval_only"]
         chosen = "float32 (as --dtype asked)" if flags else "bfloat16 (auto: the CPU computes"
@@ -650,15 +645,13 @@ def test_compiled_gradient_is_the_gradient_of_its_own_forward_with_dropout(devic
 
 
 def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
-    from training import device
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(device, "mps_available", lambda: False)
-    assert device.pick_device("auto") == torch.device("cpu")
-    monkeypatch.setattr(device, "mps_available", lambda: True)
-    assert device.pick_device("auto") == torch.device("mps")
+    monkeypatch.setattr(checks, "mps_available", lambda: False)
+    assert checks.pick_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(checks, "mps_available", lambda: True)
+    assert checks.pick_device("auto") == torch.device("mps")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert device.pick_device("auto", local_rank=1) == torch.device("cuda", 1)
+    assert checks.pick_device("auto", local_rank=1) == torch.device("cuda", 1)
 
 
 # ---------------------------------------------------------------- hostile files, bad flags
@@ -667,7 +660,7 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
 # what reads a checkpoint: sampling, evaluating, and a training run resumed
 MODES = {
     "sample": lambda out, text: sample.main(["--out", out, "--chars", "5", "--device", "cpu"]),
-    "evaluate": lambda out, text: evaluate.main(
+    "evaluate": lambda out, text: evaluate_command.main(
         ["--out", out, "--data", text, "--device", "cpu", "--dtype", "float32"]
     ),
     "resume": lambda out, text: ts.main(
@@ -703,7 +696,7 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_config_gives_one_error_line(
     path = os.path.join(trained, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
     ckpt["model"]["head.weight"] = ckpt["model"]["head.weight"][:, :3]
-    torch.save(ckpt, path)
+    resave(path, ckpt)
     capsys.readouterr()
     assert sample.main(["--out", trained, "--chars", "5", "--device", "cpu"]) == 2
     assert "do not fit" in error_line(capsys)
@@ -720,7 +713,7 @@ def test_data_that_is_not_utf8_text_gives_one_error_line(tmp_path, capsys):
 def test_out_naming_a_file_gives_one_error_line(command, small_text, tmp_path, capsys):
     path = tmp_path / "notes.txt"
     path.write_text("keep me")
-    main = {"train": ts.main, "sample": sample.main, "evaluate": evaluate.main}[command]
+    main = {"train": ts.main, "sample": sample.main, "evaluate": evaluate_command.main}[command]
     data_flag = [] if command == "sample" else ["--data", small_text]
     assert main(["--out", str(path), "--device", "cpu", *data_flag]) == 2
     assert "exists and is not a folder" in error_line(capsys)
@@ -843,7 +836,7 @@ def test_the_shipped_text_is_tiny_shakespeare_and_an_altered_copy_is_one_error_l
     altered = tmp_path / "tinyshakespeare.txt"
     altered.write_bytes(shipped.replace(b"ROMEO", b"ROMEA", 1))
     monkeypatch.setattr(data, "DEFAULT_DATA", str(altered))
-    with pytest.raises(ts.UserError, match="is not the Tiny Shakespeare this repository ships"):
+    with pytest.raises(checks.UserError, match="is not the Tiny Shakespeare this repository ships"):
         data.load_text(None)
     assert data.load_text(str(altered)).count("ROMEA") == 1  # as --data FILE it is any text
 
@@ -857,55 +850,54 @@ def test_a_checkpoint_trained_on_a_data_file_is_evaluated_on_that_file(
     monkeypatch.chdir(tmp_path)  # the checkpoint keeps where the file is, not how it was named
     monkeypatch.setattr(data, "DEFAULT_DATA", str(tmp_path / "absent.txt"))  # no default text
     capsys.readouterr()
-    assert evaluate.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
+    assert evaluate_command.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
     assert f"validation text: {small_text}" in capsys.readouterr().out
 
 
-def test_a_checkpoint_of_an_older_version_still_loads(trained, small_text, capsys):
-    """A checkpoint's args hold the flags of the code that wrote it: older ones hold flags that no
-    longer exist (--task, --analyze, --picture, the script's own --eval-only, --sample and --bench
-    and the like), and no made_with."""
+def test_a_checkpoint_of_another_version_is_refused_in_one_line(trained, small_text, capsys):
+    """No shim reads the layouts of earlier commits: their checkpoints are refused in one line that
+    says which commit wrote them and what to do, in every command that reads one."""
     path = os.path.join(trained, "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
-    ckpt["args"].update(task="shakespeare", analyze=False, picture=False, bench_reach=None)
-    ckpt["args"].update(eval_only=False, sample=None, temperature=0.8, bench=False, bench_steps=10)
-    del ckpt["made_with"]
-    torch.save(ckpt, path)
-    capsys.readouterr()
-    for mode in ("sample", "evaluate", "resume"):
-        assert MODES[mode](trained, small_text) == 0, mode
-        if mode == "evaluate":  # its weights give the loss its training recorded
-            metrics = json.load(open(os.path.join(trained, "metrics.json")))
-            recorded = ckpt["history"][-1]["val_loss"]
-            torch.testing.assert_close(
-                metrics["eval_only"]["val_loss"], recorded, rtol=1e-6, atol=0
-            )
-    assert torch.load(path, weights_only=True)["step"] == 4
+    commit = ckpt["made_with"]["commit"]
+    for format, by in ((1, f"(commit {commit})"), (None, "(an earlier commit)")):
+        older = {**ckpt, "format": format}
+        if format is None:
+            del older["format"], older["made_with"]
+        resave(path, older)
+        capsys.readouterr()
+        for mode in MODES:
+            assert MODES[mode](trained, small_text) == 2, mode
+            line = error_line(capsys)
+            assert "written by another version of this script" in line and by in line, line
+            assert "train again, or check" in line and "to use it" in line
 
 
-def test_a_checkpoint_of_the_projects_own_f_c_names_it_resumes_and_loads(small_text, tmp_path):
-    """The checkpoint's config names overlap_max_pool (beyond_the_paper/overlap_pool.py)."""
+def test_the_projects_own_f_c_trains_resumes_and_evaluates(small_text, tmp_path, capsys):
+    """--compression overlap_max_pool: the checkpoint's config names this project's own f_c
+    (beyond_the_paper/overlap_pool.py), and its model is built again with it."""
     out = str(tmp_path / "run")
     common = ["--data", small_text, "--out", out, *TINY_FLAGS, "--compression", "overlap_max_pool"]
     assert ts.main([*common, "--steps", "2"]) == 0
     path = os.path.join(out, "ckpt.pt")
-    ckpt = torch.load(path, weights_only=True)
-    assert ckpt["config"]["compression"] == "overlap_max_pool"
-    assert (
-        evaluate.main(["--out", out, "--data", small_text, "--device", "cpu", "--dtype", "float32"])
-        == 0
-    )
+    assert torch.load(path, weights_only=True)["config"]["compression"] == "overlap_max_pool"
+    model, _ = checkpoint.load_model(out, torch.device("cpu"))
+    assert type(model.layers[0].compress).__module__ == "beyond_the_paper.overlap_pool"
+    flags = ["--out", out, "--data", small_text, "--device", "cpu", "--dtype", "float32"]
+    assert evaluate_command.main(flags) == 0
     assert ts.main([*common, "--steps", "3", "--resume"]) == 0
     assert torch.load(path, weights_only=True)["step"] == 3
+    capsys.readouterr()
+    assert ts.main([*common[:-2], "--steps", "4", "--resume"]) == 2
+    line = error_line(capsys)
+    assert "the model flags differ" in line and "--compression (conv here, overlap_max" in line
 
 
 # ---------------------------------------------------------------- plots (optional)
 
 
 @pytest.mark.slow  # trains or compiles: seconds
-def test_the_loss_curve_is_a_valid_png_and_is_drawn_again_from_the_run(
-    fresh_pyplot, small_text, tmp_path, capsys
-):
+def test_the_loss_curve_is_a_valid_png(fresh_pyplot, small_text, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
 
@@ -919,11 +911,6 @@ def test_the_loss_curve_is_a_valid_png_and_is_drawn_again_from_the_run(
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     image = imread(path)  # decodes the whole file
     assert image.ndim == 3 and min(image.shape[:2]) >= 200 and image.std() > 0.01
-    os.remove(path)
-    assert plots.main([out]) == 0  # drawn again from the run's files
-    assert f"wrote {path}" in capsys.readouterr().out and imread(path).std() > 0.01
-    assert plots.main([str(tmp_path / "nothing")]) == 2
-    assert "no metrics.json or ckpt.pt in" in error_line(capsys)
 
 
 def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(
@@ -936,8 +923,6 @@ def test_without_matplotlib_no_plot_is_drawn_and_that_is_said_once(
     printed = capsys.readouterr().out
     assert printed.count("matplotlib is not installed, so no plots are drawn") == 1
     assert "wrote" not in printed and "loss.png" not in os.listdir(out)
-    assert plots.main([out]) == 2  # drawing it again needs matplotlib, and says so
-    assert "matplotlib is not installed" in error_line(capsys)
 
 
 def test_the_recall_flags_are_the_recall_tasks_own(small_text, tmp_path, capsys):
@@ -1043,18 +1028,275 @@ def test_a_checkpoint_says_how_it_was_made(trained):
     differ from the defaults, its seed and step, the torch and threads its numbers depend on."""
     ckpt = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
     threads = torch.get_num_threads()
-    assert ckpt["made_with"] == {"torch": str(torch.__version__), "threads": threads}
+    assert ckpt["made_with"] == {
+        "torch": str(torch.__version__),
+        "threads": threads,
+        "commit": files.repository_commit(),
+    }
     defaults = vars(ts.parse_args([]))
     said = checkpoint.training_command(ckpt, defaults)
     assert said.startswith("python train_shakespeare.py --d-model 32 --n-layers 2")
     assert "--steps 2" in said and "--out" not in said and "--seed" not in said
     assert said.endswith(f"(seed 1337, step 2; torch {torch.__version__}, {threads} thread(s))")
-    # as an older version wrote it: flags that no longer exist, and those of --sample and --bench
-    left = {"sample": None, "temperature": 0.8, "bench": False, "bench_steps": 10}
-    older = {**ckpt, "args": {**ckpt["args"], "task": "recall", "analyze": False, "live_facts": 2}}
-    older["args"].update(left)
-    del older["made_with"]
-    said = checkpoint.training_command(older, defaults)
-    assert said.startswith("python -m research.recall --d-model 32") and "--analyze" not in said
-    assert "--temperature" not in said and "--bench" not in said
-    assert "--live-facts 2" in said and said.endswith("its torch and threads not recorded)")
+    # a study's flags, the script's defaults: its own flags are said, its command named
+    study = {**ckpt, "args": {**ckpt["args"], "task": "recall", "live_facts": 2}}
+    said = checkpoint.training_command(study, defaults)
+    assert said.startswith("python -m research.recall --d-model 32") and "--live-facts 2" in said
+
+
+# ---------------------------------------------------------------- no run lost
+
+
+def test_a_run_into_a_folder_holding_a_checkpoint_refuses_unless_told(trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    good = open(path, "rb").read()
+    common = ["--data", small_text, "--out", trained, "--steps", "3", *TINY_FLAGS]
+    capsys.readouterr()
+    assert ts.main(common) == 2
+    line = error_line(capsys)
+    assert f"{trained} holds a checkpoint (ckpt.pt)" in line
+    assert "--resume" in line and "another --out" in line and "--overwrite" in line
+    assert open(path, "rb").read() == good
+    assert ts.main([*common, "--overwrite"]) == 0  # trained again from step 0
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["step"] == 3 and [h["step"] for h in ckpt["history"]] == [3]
+
+
+def zip_entries(path: str) -> dict:
+    """{name: (offset, size)} of the files inside a torch.save archive (stored uncompressed)."""
+    import zipfile
+
+    entries = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            f.seek(info.header_offset + 26)  # the local header's name and extra lengths
+            name_len, extra_len = (
+                int.from_bytes(f.read(2), "little"),
+                int.from_bytes(f.read(2), "little"),
+            )
+            start = info.header_offset + 30 + name_len + extra_len
+            entries[info.filename.split("/", 1)[1]] = (start, info.file_size)
+    return entries
+
+
+def flip_bits(path: str, where: str) -> None:
+    """Invert up to 4 KiB in the middle of the largest tensor of the checkpoint's weights, or of
+    AdamW's state (torch.save writes the weights' storages first, numbered in order), or change
+    its record (a value of its metadata) as a careless edit would, its digest left as it was."""
+    if where == "metadata":
+        ckpt = torch.load(path, weights_only=True)
+        ckpt["history"][-1]["val_loss"] -= 0.01
+        torch.save(ckpt, path)
+        return
+    n_weights = len(torch.load(path, weights_only=True)["model"])
+    data = {int(k.split("/")[1]): v for k, v in zip_entries(path).items() if k.startswith("data/")}
+    keys = range(n_weights) if where == "weights" else range(n_weights, max(data) + 1)
+    start, size = max((data[k] for k in keys), key=lambda entry: entry[1])
+    n = min(4096, size // 2)
+    with open(path, "r+b") as f:
+        f.seek(start + size // 4)
+        flipped = bytes(255 - b for b in f.read(n))
+        f.seek(start + size // 4)
+        f.write(flipped)
+
+
+@pytest.mark.parametrize("where", ["weights", "optimizer", "metadata"])
+@pytest.mark.parametrize("mode", [*MODES, "explorer"])
+def test_a_checkpoint_damaged_since_it_was_saved_is_refused(
+    where, mode, trained, small_text, capsys
+):
+    """A flipped bit loads as if whole (torch reads no checksum of its own): the digest the
+    checkpoint was saved with catches it, in every command that reads one (the explorer loads
+    through checkpoint.load_model)."""
+    path = os.path.join(trained, "ckpt.pt")
+    flip_bits(path, where)
+    damaged = open(path, "rb").read()
+    capsys.readouterr()
+    if mode == "explorer":
+        with pytest.raises(checks.UserError) as refused:
+            checkpoint.load_model(trained, torch.device("cpu"))
+        line = f"error: {refused.value}"
+    else:
+        assert MODES[mode](trained, small_text) == 2
+        line = error_line(capsys)
+    assert f"{path} is a damaged checkpoint: its contents do not match the sha256 digest" in line
+    assert "restore a copy, or train again" in line
+    assert open(path, "rb").read() == damaged  # nothing overwritten
+
+
+def test_the_digest_covers_every_value_and_its_type():
+    state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "step": 3, "args": {"lr": 0.1}}
+    sealed = checkpoint.digest(state)
+    assert sealed == checkpoint.digest({**state}) and len(sealed) == 64
+    changed = [
+        {**state, "step": 4},
+        {**state, "step": 3.0},
+        {**state, "args": {"lr": 0.1000001}},
+        {**state, "model": {"w": torch.arange(6.0).view(3, 2)}},
+        {**state, "model": {"w": torch.arange(6.0).view(2, 3).double()}},
+        {**state, "model": {"w": torch.arange(6.0).view(2, 3).flip(0)}},
+        {"step": 3, **state},
+    ]
+    assert all(checkpoint.digest(other) != sealed for other in changed)
+    w = state["model"]["w"]
+    assert checkpoint.digest({**state, "model": {"w": w.t().contiguous().t()}}) == sealed
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_run_saves_a_checkpoint_and_resumes_to_the_same_weights(
+    signum, small_text, tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C (SIGINT) or SIGTERM during step 4: the run ends that step, saves, says how to go on
+    and exits 130; --resume then ends where an uninterrupted run ends, bit for bit."""
+    common = ["--data", small_text, "--steps", "9", "--eval-every", "100", *TINY_FLAGS]
+    whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+    assert ts.main([*common, "--out", whole]) == 0
+    lr_at, sent = ts.lr_at, []
+
+    def signalled_at_step_4(step, args):
+        if step == 3 and not sent:  # once: a second signal acts at once
+            sent.append(os.kill(os.getpid(), signum))
+        return lr_at(step, args)
+
+    monkeypatch.setattr(ts, "lr_at", signalled_at_step_4)
+    capsys.readouterr()
+    assert ts.main([*common, "--out", stopped]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    ckpt = os.path.join(stopped, "ckpt.pt")
+    name = signal.Signals(signum).name
+    assert err == [f"{name}: saved step 4 in {ckpt}; continue with --resume"]
+    assert torch.load(ckpt, weights_only=True)["step"] == 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers given back
+    monkeypatch.setattr(ts, "lr_at", lr_at)
+    assert ts.main([*common, "--out", stopped, "--resume"]) == 0
+    a = torch.load(os.path.join(whole, "ckpt.pt"), weights_only=True)
+    b = torch.load(ckpt, weights_only=True)
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_a_resume_on_another_number_of_processes_says_what_it_drops(trained, small_text, capsys):
+    path = os.path.join(trained, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["memory"], ckpt["rng"] = ckpt["memory"] * 2, ckpt["rng"] * 2  # as 2 processes save it
+    resave(path, ckpt)
+    capsys.readouterr()
+    flags = ["--data", small_text, "--out", trained, "--resume", "--steps", "3", *TINY_FLAGS]
+    assert ts.main(flags) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert said == [
+        f"note: {path} was saved by 2 process(es) and resumes in 1: the weights, the "
+        "optimizer's state and the step carry on, each process's memory and random state do "
+        "not (the memory starts empty, the random state from --seed)"
+    ]
+
+
+# ---------------------------------------------------------------- every message names the fix
+
+
+def test_each_message_says_what_is_wrong_and_what_to_do(trained, small_text, tmp_path, capsys):
+    run = ["--out", str(tmp_path / "run"), *TINY_FLAGS]
+    assert ts.main(["--data", str(tmp_path), *run]) == 2
+    assert f"--data {tmp_path} is a folder; pass a text file" in error_line(capsys)
+    (tmp_path / "short.txt").write_text("to be")
+    assert ts.main(["--data", str(tmp_path / "short.txt"), *run]) == 2
+    assert "too short (5 characters; at least 1000 are needed)" in error_line(capsys)
+    path = os.path.join(trained, "ckpt.pt")
+    for written, says in ((b"some notes\n", "it is a text file"), (b"", "it is empty")):
+        open(path, "wb").write(written)
+        assert sample.main(["--out", trained, "--device", "cpu"]) == 2
+        line = error_line(capsys)
+        assert f"{path} is not a checkpoint ({says}); pass the --out of a training run" in line
+    # the model flags that differ from the checkpoint's, each named
+    out = str(tmp_path / "resumed")
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "2", *TINY_FLAGS]) == 0
+    flags = ["--data", small_text, "--out", out, "--resume", *TINY_FLAGS, "--n-heads", "4"]
+    assert ts.main([*flags, "--no-post-norm", "--model", "xl"]) == 2
+    line = error_line(capsys)
+    assert "--n-heads (4 here, 2 in the checkpoint)" in line
+    assert "--post-norm (pre_norm) (True here, False in the checkpoint)" in line
+    assert "--c-mem-len (0 here, 8 in the checkpoint)" in line
+    assert "--model (xl here, compressive in the checkpoint)" in line
+    assert "pass the checkpoint's, or train a new model into another --out" in line
+
+
+def test_a_problem_is_said_by_the_first_process_alone(monkeypatch, capsys):
+    """Under torchrun every process meets the same problem; one line says it, from rank 0."""
+
+    def fails():
+        raise checks.UserError("a problem")
+
+    for rank, said in (("0", ["error: a problem"]), ("1", [])):
+        monkeypatch.setenv("RANK", rank)
+        assert checks.exit_status(fails) == 2
+        assert capsys.readouterr().err.splitlines() == said
+
+
+def test_every_flag_of_the_commands_says_what_it_does():
+    for parser, usage in (
+        (ts.training_flags(prog="python train_shakespeare.py"), "python train_shakespeare.py"),
+        (bench_parser(), "python bench.py"),
+        (sample_parser(), "python sample.py"),
+        (evaluate_parser(), "python evaluate.py"),
+    ):
+        assert parser.format_usage().startswith(f"usage: {usage} ")
+        silent = [a.dest for a in parser._actions if not a.help and a.dest != "help"]
+        assert silent == [], (usage, silent)
+
+
+def parser_of(parse_args):
+    """The parser a command's parse_args builds, caught as it parses --help."""
+    import argparse
+
+    caught = []
+    original = argparse.ArgumentParser.parse_args
+
+    def catch(self, *args, **kwargs):
+        caught.append(self)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = catch
+    try:
+        with pytest.raises(SystemExit):
+            parse_args([])
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return caught[0]
+
+
+bench_parser = lambda: parser_of(bench.parse_args)
+sample_parser = lambda: parser_of(sample.parse_args)
+evaluate_parser = lambda: parser_of(evaluate_command.parse_args)
+
+
+def test_the_feedback_transformer_trains_samples_and_evaluates(small_text, tmp_path):
+    out = str(tmp_path / "feedback")
+    flags = ["--data", small_text, "--out", out, "--steps", "2", *TINY_FLAGS, "--model", "feedback"]
+    assert ts.main(flags) == 0
+    model, _ = checkpoint.load_model(out, torch.device("cpu"))
+    assert type(model).__name__ == "FeedbackTransformer"
+    assert sample.main(["--out", out, "--chars", "5", "--device", "cpu"]) == 0
+    assert evaluate_command.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
+
+
+@pytest.mark.slow  # a fresh Python that imports torch
+def test_importing_the_script_loads_only_what_it_uses():
+    """Not the agent's memory (beyond_the_paper/agent.py), which only the Feedback Transformer
+    imports, where --model feedback builds one."""
+    code = "import sys, train_shakespeare; print(sorted(sys.modules))"
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    loaded = eval(found.stdout)  # a list of module names printed by the line above
+    ours = sorted(m for m in loaded if m.split(".")[0] in ("training", "beyond_the_paper"))
+    assert ours == [
+        "beyond_the_paper",
+        "beyond_the_paper.overlap_pool",
+        "training",
+        "training.checkpoint",
+        "training.checks",
+        "training.data",
+        "training.evaluate",
+        "training.files",
+        "training.plots",
+    ]

@@ -1,7 +1,7 @@
 """Text from a trained model, one character at a time through its memory (as nanoGPT's sample.py),
 from the checkpoint OUT/ckpt.pt (--out, default out):
 
-    python -m training.sample --chars 500 --prompt "ROMEO:"
+    python sample.py --chars 500 --prompt "ROMEO:"
 """
 
 import argparse
@@ -9,22 +9,28 @@ import sys
 
 import torch
 
-from . import checkpoint, checks
-from .checks import UserError, exit_status
-from .device import pick_device
+from training import checkpoint, checks
+from training.checks import UserError
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog="python sample.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
     p.add_argument("--chars", type=int, default=500, help="how many characters to generate")
     p.add_argument("--prompt", help="the text it starts from; by default a newline, else '.'")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
     p.add_argument("--top-k", type=int, help="sample from the k most likely characters")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
+    p.add_argument("--seed", type=int, default=1337, help="the random draws' seed")
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda", "mps"],
+        default="auto",
+        help="auto: CUDA, else mps, else the CPU",
+    )
     return p.parse_args(argv)
 
 
@@ -54,11 +60,11 @@ def main(argv=None) -> int:
 
     def run():
         checks.check_flags(args)
-        device = pick_device(args.device)
+        device = checks.pick_device(args.device)
         model, ckpt = checkpoint.load_model(args.out, device)
         print(sample(model, ckpt["vocab"], args, device))
 
-    return exit_status(run)
+    return checks.exit_status(run)
 
 
 if __name__ == "__main__":
