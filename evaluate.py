@@ -122,9 +122,13 @@ def load_checkpoint(args, tasks=("shakespeare",)):
 def evaluate_checkpoint(args, model, ckpt, data: Data, cut: str) -> Evaluation:
     """The Evaluation of a checkpoint's model on all of data's validation text, in --dtype (auto
     chosen here, once), saying how far it got at every tenth of the text; its loss printed."""
-    args.dtype, why = checks.pick_dtype(args.dtype, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    args.dtype, why = checks.pick_dtype(args.dtype, device)
+    threads = f"; threads {checks.cpu_threads()}" if device.type == "cpu" else ""
     n_segments = math.ceil(len(data.val) / args.batch_size / model.cfg.seq_len)
-    print(f"validation text: {data.name}; dtype {args.dtype} ({why}); {n_segments} segments")
+    print(
+        f"validation text: {data.name}; dtype {args.dtype} ({why}){threads}; {n_segments} segments"
+    )
     done = []
 
     def progress():

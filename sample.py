@@ -61,6 +61,8 @@ def main(argv=None) -> int:
     def run():
         checks.check_flags(args)
         device = checks.pick_device(args.device)
+        if device.type == "cpu":
+            checks.cpu_threads()  # the cores other jobs leave free
         model, ckpt = checkpoint.load_model(args.out, device)
         print(sample(model, ckpt["vocab"], args, device))
 

@@ -282,6 +282,8 @@ def train(args, data: Data, validate=None):
         torch.cuda.set_device(device)
     args.dtype, why = checks.pick_dtype(args.dtype, device)  # chosen once: the checkpoint says it
     say(f"dtype: {args.dtype} ({why})")
+    if device.type == "cpu":
+        say(f"threads: {checks.cpu_threads()}")
     n_train, n_val = len(data.train), len(data.val)
     say(f"data: {data.name}; {n_train:,} characters to train on, {n_val:,} to validate")
     cfg = model_config(args, vocab_size=len(data.vocab))

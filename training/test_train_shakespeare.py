@@ -405,6 +405,26 @@ def test_dtype_auto_on_a_gpu_and_elsewhere(monkeypatch):
     assert bench.parse_args([]).dtype == "auto" and evaluate_command.parse_args([]).dtype == "auto"
 
 
+def test_the_cpu_threads_are_the_cores_other_jobs_leave_free(monkeypatch):
+    """Without OMP_NUM_THREADS, the commands compute on the cores the load average leaves free,
+    at least one: OpenMP's spinning threads stall on a core another job holds."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(checks.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # torch's default: the 4 cores
+    chosen = []
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    for load, threads in ((0.1, 4), (1.2, 3), (2.6, 1), (9.0, 1)):
+        monkeypatch.setattr(checks.os, "getloadavg", lambda load=load: (load, load, load))
+        said = checks.cpu_threads()
+        assert chosen[-1] == threads and said.startswith(f"{threads} of 4 cores (load "), said
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's word decides
+    chosen.clear()
+    assert checks.cpu_threads() == "4, as OMP_NUM_THREADS says" and not chosen
+    monkeypatch.undo()
+    assert torch.get_num_threads() == before
+
+
 def test_bf16_matmul_speed_up_is_measured_here():
     """The probe itself: a positive, finite ratio (its size says nothing about this CPU)."""
     assert 0 < checks.bf16_matmul_speed_up(n=64) < float("inf")
