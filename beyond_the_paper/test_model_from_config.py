@@ -18,8 +18,6 @@ from beyond_the_paper.overlap_pool import NAME, OverlapMaxPoolCompress
 from compressive import CompressiveConfig, CompressiveTransformer
 from test_compressive import tiny, tokens
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
-
 # each kind: how it is made, and what compressive.py's route says of its config (None: it loads)
 KINDS = {
     "compressive": (lambda: CompressiveTransformer(tiny()), None),

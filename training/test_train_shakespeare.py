@@ -23,6 +23,7 @@ import bench
 import evaluate as evaluate_command
 import sample
 import train_shakespeare as ts
+from compressive import CompressiveConfig, CompressiveTransformer
 from conftest import DAMAGES, ROOT, SHAKESPEARE, TINY_FLAGS, craft, damage, error_line, resave
 from training import checkpoint, checks, data, evaluate, files
 
@@ -911,6 +912,39 @@ def test_the_projects_own_f_c_trains_resumes_and_evaluates(small_text, tmp_path,
     assert ts.main([*common[:-2], "--steps", "4", "--resume"]) == 2
     line = error_line(capsys)
     assert "the model flags differ" in line and "--compression (conv here, overlap_max" in line
+
+
+@pytest.mark.parametrize(
+    "kind, flags, refusal",
+    [
+        ("compressive", [], None),
+        ("overlap_max_pool", ["--compression", "overlap_max_pool"], "overlap_pool.py"),
+        ("feedback", ["--model", "feedback"], "model 'feedback'"),
+    ],
+)
+def test_a_checkpoint_rebuilt_by_compressive_py_alone_is_its_model_or_refused(
+    small_text, tmp_path, kind, flags, refusal
+):
+    """The script's checkpoint read as compressive.py's note reads a saved config: the model that
+    was trained, or one line that says what else builds it (and what it says, done, is that
+    model): the same outputs as the model the commands load."""
+    out = str(tmp_path / kind)
+    assert ts.main(["--data", small_text, "--out", out, "--steps", "2", *TINY_FLAGS, *flags]) == 0
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    loaded, _ = checkpoint.load_model(out, torch.device("cpu"))
+    if refusal is None:
+        rebuilt = CompressiveTransformer(CompressiveConfig(**ckpt["config"]))
+    else:
+        with pytest.raises(ValueError, match=refusal) as refused:
+            CompressiveTransformer(CompressiveConfig(**ckpt["config"]))
+        assert "\n" not in str(refused.value) and "model_from_config" in str(refused.value)
+        from beyond_the_paper import model_from_config
+
+        rebuilt = model_from_config(ckpt["config"])
+    rebuilt.load_state_dict(ckpt["model"])
+    x = torch.randint(0, len(ckpt["vocab"]), (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.eval()(x)[0], loaded(x)[0])
 
 
 # ---------------------------------------------------------------- plots (optional)
