@@ -22,12 +22,16 @@ SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() 
 
 
 def timed(command: list, env: dict) -> tuple:
-    """(seconds, exit status, the last line the command printed) of one run of command."""
-    start = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    seconds = time.monotonic() - start
-    lines = (done.stdout + done.stderr).strip().splitlines()
-    return seconds, done.returncode, lines[-1] if lines else ""
+    """(seconds, exit status, the last line it printed) of one run of command, whose lines are
+    shown as they come (indented), so that a long run shows its progress."""
+    start, last = time.monotonic(), ""
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        for line in process.stdout:
+            print("    " + line.rstrip(), flush=True)
+            last = line.strip() or last
+    return time.monotonic() - start, process.returncode, last
 
 
 def main() -> int:
