@@ -23,6 +23,7 @@ way, students side by side, one per core (grade_class).
 import ast
 import atexit
 import contextlib
+import errno
 import functools
 import hashlib
 import importlib.util
@@ -137,7 +138,41 @@ def module_name(path: str) -> str:
 
 INSIDE = "/sandbox"  # where a submission's sandbox folder appears in bubblewrap, read-only
 TMP_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
-NAMESPACES = 0x6C020000  # sandbox.NEW_NAMESPACES: mount, host name, IPC, processes, network
+
+# What one process can leave in the kernel for another of the same uid, past the end of its own
+# processes and folders: a key in the uid's keyring (which lives as long as the machine), a System
+# V object or a POSIX message queue (as long as its IPC namespace), a memfd passed on, a socket
+# (abstract ones are named in the network namespace, which the submissions of a grading as root
+# share). Student code makes none of them: the filter refuses their system calls (EPERM), and a
+# new user namespace (unshare or clone with CLONE_NEWUSER; clone3, whose flags it cannot read,
+# answers ENOSYS, and the C library then calls clone), ptrace and another process's memory.
+REFUSED_CALLS = """keyctl add_key request_key shmget msgget semget mq_open memfd_create socket
+    ptrace process_vm_readv process_vm_writev""".split()
+CLONE_NEWUSER = 0x10000000
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_filter():
+    """The sandbox's seccomp filter, built by libseccomp (pyseccomp): every architecture but the
+    machine's own is killed (libseccomp's default, x32's calls too)."""
+    import pyseccomp as seccomp
+
+    rules = seccomp.SyscallFilter(seccomp.ALLOW)
+    for call in REFUSED_CALLS:
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    new_user = seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
+    for call in ("unshare", "clone"):  # their first argument holds the flags
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), call, new_user)
+    return rules
+
+
+def filter_file():
+    """The filter as BPF in a file of its own, for bubblewrap's --seccomp (its fd)."""
+    bpf = tempfile.TemporaryFile()
+    kernel_filter().export_bpf(bpf)
+    bpf.seek(0)
+    return bpf
 
 
 def torch_folder() -> Path:
@@ -188,19 +223,19 @@ def sandbox_environment(count_processes: bool) -> Dict[str, str]:
     return env
 
 
-def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> list:
+def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccomp: int) -> list:
     """The command that starts Python with argv in a sandbox on folder (a copy of sandbox.py and
-    the project's other modules, nothing of the teacher's tests). In bubblewrap where bwrap names
-    it: namespaces of its own for processes (every one dies with it), network (none), IPC and
-    host name; the system and Python read-only; a /tmp of its own; no environment but
-    what it needs. root (the grader is): bubblewrap runs as root, without a user namespace, its
-    first process holding no capability but those to change uid and to make namespaces, and
-    /tmp writable by root alone; each submission's first process has namespaces of its own and
-    takes a uid of the kit's own before anything of the submission runs, a real uid of the
-    machine's, whose processes the kernel counts and whose files it checks as no one's but its
-    own. Else bubblewrap runs as the grader's user, in a user namespace of its own too (no
-    capability, none nested). Without bubblewrap, Python alone (started in folder)."""
-    python = str(Path(sys.executable).resolve())
+    the project's other modules, nothing of the teacher's tests), all of it bubblewrap's options:
+    namespaces of its own for processes (every one dies with it), network (none), IPC and host
+    name; the system and Python read-only; a /tmp of its own; no environment but what it needs;
+    the seccomp filter (the fd of its BPF). root (the grader is): bubblewrap runs as root,
+    without a user namespace, its first process holding no capability but those to change uid
+    and to give a folder to one, /tmp writable by root alone; each submission's workers take a
+    uid of the kit's own before anything of the submission runs, a real uid of the machine's,
+    whose processes the kernel counts and whose files it checks as no one's but its own. Else
+    bubblewrap runs as the grader's user, in a user namespace of its own too (no capability,
+    none nested). Without bubblewrap, Python alone (started in folder)."""
+    python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
     if not bwrap:
         return [python, *argv]
     if not root:
@@ -208,15 +243,16 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> lis
     else:
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
-        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_SYS_ADMIN"):
+        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"):
             args += ["--cap-add", capability]
-    args += ["--die-with-parent", "--new-session", "--clearenv"]
+    args += ["--die-with-parent", "--new-session", "--clearenv", "--seccomp", str(seccomp)]
     for name, value in sandbox_environment(True).items():
         args += ["--setenv", name, value]
     # its own /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
     # it, read-only, after
     tmp_mode = "0711" if root else "1777"  # as root, each submission's folder in it, its own
-    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
+    tmp_bytes = TMP_BYTES * (workers() if root else 1)  # as root, the submissions side by side
+    args += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
     args += system_mounts()
     made = {"/", "/tmp"}
     for path in python_folders():
@@ -237,22 +273,27 @@ def probe(bwrap: str, uid: Optional[int]) -> str:
     with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder:
         os.chmod(folder, 0o755)
         look = "import os, sys\n"
-        if uid is not None and bwrap:  # a submission's namespaces made (sandbox.isolate), its uid
-            look += f"import ctypes\nif ctypes.CDLL(None).unshare({NAMESPACES}): sys.exit(4)\n"
+        if uid is not None and bwrap:  # a worker's uid taken
             look += f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
         look += f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)\n"
-        command = sandbox_command(bwrap, folder, ["-I", "-c", look], uid is not None)
         user = {"user": uid, "group": uid, "extra_groups": []} if uid and not bwrap else {}
         try:
-            done = subprocess.run(
-                command, cwd=folder, capture_output=True, text=True, timeout=60, **user
-            )
+            with filter_file() as bpf:
+                argv = ["-I", "-c", look]
+                command = sandbox_command(bwrap, folder, argv, uid is not None, bpf.fileno())
+                done = subprocess.run(
+                    command,
+                    cwd=folder,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    pass_fds=(bpf.fileno(),),
+                    **user,
+                )
         except (OSError, subprocess.SubprocessError) as e:
             return str(e)
     if done.returncode == 3:
         return f"torch ({torch_init}) cannot be read there"
-    if done.returncode == 4:
-        return "a submission's namespaces cannot be made there"
     lines = (done.stderr or done.stdout).strip().splitlines()
     return (
         "" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")
@@ -356,17 +397,22 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
     env = sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None)
     if not ways.bwrap:  # a private folder of its own (tmp_folder), not the machine's /tmp
         env["TMPDIR"] = env["HOME"] = tmp_folder
-    process = subprocess.Popen(
-        sandbox_command(ways.bwrap, str(folder), argv, uid is not None),
-        cwd=folder,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        pass_fds=(theirs.fileno(),),
-        start_new_session=True,  # its own process group, killed whole when it ends
-        **user,
-    )
+    # the filter: bubblewrap installs it; without bubblewrap, libseccomp does in the new process
+    # before it runs Python (no thread of the grader runs in it)
+    load = None if ways.bwrap else kernel_filter().load
+    with filter_file() as bpf:
+        process = subprocess.Popen(
+            sandbox_command(ways.bwrap, str(folder), argv, uid is not None, bpf.fileno()),
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(theirs.fileno(), *([bpf.fileno()] if ways.bwrap else [])),
+            start_new_session=True,  # its own process group, killed whole when it ends
+            preexec_fn=load,
+            **user,
+        )
     theirs.close()
     return process, ours, log, folder
 
@@ -690,7 +736,7 @@ def uid_in_use(uid: int) -> bool:
 def end_every_process_of(uid: int) -> None:
     """Without bubblewrap's namespace, a process the sandbox started may outlive it: kill(-1) as
     that uid reaches each of them, and nothing else."""
-    python = str(Path(sys.executable).resolve())
+    python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
     kill = "import os, signal; os.kill(-1, signal.SIGKILL)"
     subprocess.run(
         [python, "-I", "-S", "-c", kill],

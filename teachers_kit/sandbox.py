@@ -616,74 +616,14 @@ def serve(fd: int) -> None:
                 held.clear()
 
 
-# ---------------------------------------------------------------- the kernel's shared objects -----
-# What one process can leave in the kernel for another of the same uid, past the end of its own
-# processes and folders: a key in the uid's keyring (which lives as long as the machine), a System
-# V object or a POSIX message queue (as long as its IPC namespace), a memfd passed on. Student code
-# makes none of them: a seccomp filter refuses their system calls (EPERM), and refuses a new user
-# namespace (unshare or clone with CLONE_NEWUSER; clone3, whose flags it cannot read, answers
-# ENOSYS, and the C library then calls clone). By architecture: keyctl, add_key, request_key,
-# shmget, msgget, semget, mq_open, memfd_create; then unshare, clone, clone3.
-REFUSED_CALLS = {
-    "x86_64": (0xC000003E, (250, 248, 249, 29, 68, 64, 240, 319), 272, 56, 435),
-    "aarch64": (0xC00000B7, (219, 217, 218, 194, 186, 190, 180, 279), 97, 220, 435),
-}
-CLONE_NEWUSER = 0x10000000
-
-
-def seccomp_program(machine: str) -> Optional[bytes]:
-    """The filter's classic BPF program for this machine's architecture (None: not known)."""
-    if machine not in REFUSED_CALLS:
-        return None
-    arch, refused, unshare, clone, clone3 = REFUSED_CALLS[machine]
-    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
-
-    def op(code, k, jt=0, jf=0):
-        return struct.pack("<HBBI", code, jt, jf, k)
-
-    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    program = [
-        op(load, 4),  # seccomp_data.arch
-        op(jeq, arch, 1, 0),
-        op(ret, enosys),  # another ABI's system calls (32-bit ones): none
-        op(load, 0),  # seccomp_data.nr
-        op(jge, 0x40000000, 0, 1),  # x32's
-        op(ret, enosys),
-    ]
-    for number in refused:
-        program += [op(jeq, number, 0, 1), op(ret, eperm)]
-    program += [op(jeq, clone3, 0, 1), op(ret, enosys)]
-    for number in (unshare, clone):  # their first argument holds the flags
-        program += [op(jeq, number, 0, 4), op(load, 16), op(jset, CLONE_NEWUSER, 0, 1)]
-        program += [op(ret, eperm), op(ret, allow)]
-    program.append(op(ret, allow))
-    return b"".join(program)
-
-
-def forbid_kernel_channels(libc) -> None:
-    """The seccomp filter above, on this process and every process it starts; no process under
-    it can gain a privilege again (no_new_privs). Raises where the kernel refuses it."""
-    program = seccomp_program(os.uname().machine)
-    if program is None:
-        raise OSError(0, f"no seccomp filter is known for {os.uname().machine}")
-    code = ctypes.create_string_buffer(program, len(program))
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = Program(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))
-    zero = ctypes.c_ulong(0)
-    if libc.prctl(38, ctypes.c_ulong(1), zero, zero, zero):  # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), zero, zero):  # a filter
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
-
-
 # ---------------------------------------------------------------- the workers ---------------------
-# Each worker's output (what the student's code prints) goes to a pipe of that exercise's own,
-# which the grader reads and caps: a print never fails and never fills a file another shares.
-# How each worker ended goes to the grader on a pipe of its own, which the worker does not hold:
-# its wait status and the processor time it used, as "ended STATUS SECONDS".
+# Every process of a sandbox runs under the grader's seccomp filter (grading.kernel_filter, built
+# by libseccomp and installed by bubblewrap's --seccomp, or without bubblewrap before the
+# sandbox's Python starts), which refuses the kernel's shared objects. Each worker's output
+# (what the student's code prints) goes to a pipe of that exercise's own, which the grader reads
+# and caps: a print never fails and never fills a file another shares. How each worker ended
+# goes to the grader on a pipe of its own, which the worker does not hold: its wait status and
+# the processor time it used, as "ended STATUS SECONDS".
 
 
 class Workers:
@@ -710,33 +650,30 @@ class Workers:
                 cls.status_fd = -1
 
 
-def announce_started(control_fd: int):
-    """What a sandbox's forking process does first: not dumpable (no worker traces or reads it),
-    its objects frozen, and "started" sent to the grader if it runs one thread alone (it forks
-    its children then), else "unsafe". Returns the control socket, libc and whether it may go
-    on."""
+def announce_started(control_fd: int) -> tuple:
+    """What a sandbox's forking process does first: not dumpable, so that no worker of its uid
+    traces it or reads its memory (Python has no prctl: one call of the C library's), its
+    objects frozen, and "started" sent to the grader if it runs one thread alone (it forks its
+    children then), else "unsafe". Returns the control socket and whether it may go on."""
     control = socket.socket(fileno=control_fd)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
     # frozen, torch's objects are neither walked by each child's collections of garbage nor
     # copied into it page by page as those walks touch them
     gc.freeze()
     alone = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
     control.sendall(b"started" if alone else b"unsafe")
-    return control, libc, alone
+    return control, alone
 
 
 def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -> None:
-    """The sandbox's first process: torch imported, it says so on its control socket, then
+    """A submission's first process: torch imported, it says so on its control socket, then
     starts a worker for each exercise the grader sends (its limit of processor time, a socket to
     its test process, a pipe for its output, a pipe to say how it ended on), one at a time.
-    Before each, it kills every other process of the sandbox (the last worker, and whatever that
-    one started) and empties the temporary folder, so that nothing one exercise's code leaves
-    behind reaches the next. uid (a submission of the shared sandbox, this process root): each
-    worker has an IPC namespace and a temporary folder (a tmpfs) of its own, made before it takes
-    uid, which end with its processes. It cannot be traced or read by a worker (not dumpable),
-    and forks only with one thread (it checks)."""
-    control, libc, alone = announce_started(control_fd)
+    Before each, it kills every other process of the submission (the last worker, and whatever
+    that one started) and empties the temporary folder, so that nothing one exercise's code
+    leaves behind reaches the next. uid (a submission of the shared sandbox, this process root):
+    each worker takes uid before anything of the submission runs."""
+    control, alone = announce_started(control_fd)
     if not alone:
         return
     signal.signal(signal.SIGCHLD, Workers.reap)
@@ -744,7 +681,7 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
         if not message:  # the grader has gone
             return
-        end_others("" if uid is not None else tmp_folder, uid)
+        end_others(tmp_folder, uid)
         Workers.reap()  # the last worker, if it ended just now
         if Workers.status_fd >= 0:
             with contextlib.suppress(OSError):
@@ -757,9 +694,7 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
                 control.close()
                 os.close(status_fd)
                 if uid is not None:
-                    isolate(libc, tmp_folder, NEW_EXERCISE_NAMESPACES)
                     become(uid)
-                forbid_kernel_channels(libc)
                 os.dup2(output_fd, 1)
                 os.dup2(output_fd, 2)
                 os.close(output_fd)
@@ -778,24 +713,16 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
         os.close(output_fd)
 
 
-# A submission's namespaces (unshare(2)), and the flags of its mounts (mount(2))
-NEW_NAMESPACES = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x40000000  # mount, host
-# name, IPC, processes, network
-NEW_EXERCISE_NAMESPACES = 0x00020000 | 0x08000000  # mount, IPC
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
-
-
 def start_submissions(control_fd: int) -> None:
     """The first process of a sandbox shared by the submissions of a grading (bubblewrap started
-    as root, without a user namespace): torch imported once, it forks for each submission the
-    grader sends ("start": its uid, a socket) a process that gives it namespaces of its own
-    (processes, network, IPC, host name, mounts: its own /proc and temporary folder), whose first
-    process starts its workers, each of which takes that uid, and with it loses every
-    capability, before anything of the submission runs; and, asked to "end" a uid, a process that
-    takes it and kills every process that uid runs (the first of its namespace of processes
-    among them, with which all die), its socket closing when that is done. It runs no student
-    code, and no student's process can signal, trace or read it (root, not dumpable)."""
-    control, libc, alone = announce_started(control_fd)
+    as root): torch imported once, it forks for each submission the grader sends ("start": its
+    uid, a socket, the fds of its cgroups' cgroup.procs) a process that joins those cgroups,
+    makes /tmp/UID (the uid's alone: /tmp is root's) and starts the submission's workers, each
+    of which takes that uid, and with it loses every capability, before anything of the
+    submission runs; and, asked to "end" a uid, a process that kills every process of that uid
+    and empties its folder, its socket closing when that is done. It runs no student code, and
+    no student's process can signal, trace or read it (root)."""
+    control, alone = announce_started(control_fd)
     if not alone:
         return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
@@ -811,44 +738,19 @@ def start_submissions(control_fd: int) -> None:
                 uid = int(request["uid"])
                 tmp_folder = f"/tmp/{uid}"
                 if request["op"] == "end":
-                    become(uid)
-                    end_others("")
+                    end_others(tmp_folder, uid)
                 else:
                     for cgroup_procs in fds[1:]:  # the submission's cgroups, where it has them
                         os.write(cgroup_procs, b"0")
                         os.close(cgroup_procs)
-                    isolate(libc, tmp_folder, NEW_NAMESPACES)
-                    if os.fork():  # the next process is the first of its namespace
-                        os._exit(0)
-                    mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                    os.makedirs(tmp_folder, mode=0o700, exist_ok=True)
+                    os.chown(tmp_folder, uid, uid)
                     os.environ["TMPDIR"] = os.environ["HOME"] = tmp_folder
-                    # root, the first of its namespace of processes: its kill(-1) reaches every
-                    # process of the submission and nothing else; its workers take uid
                     start_workers(fds[0], tmp_folder, uid)
             finally:
                 os._exit(0)
         for fd in fds:
             os.close(fd)
-
-
-def isolate(libc, tmp_folder: str, namespaces: int) -> None:
-    """Namespaces of its own (unshare's flags), and in its mount namespace a fresh tmpfs on
-    tmp_folder, a folder of /tmp where only root may write (as /tmp may hold Python, it stays).
-    A submission's first process takes NEW_NAMESPACES (its processes' namespace is its next
-    children's); an exercise's worker, still root, NEW_EXERCISE_NAMESPACES: both end with its
-    last process, so no object or file of one exercise reaches the next."""
-    os.makedirs(tmp_folder, exist_ok=True)
-    if libc.unshare(namespaces) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
-    mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing it mounts reaches another
-    size = f"size={64 << 20},mode=1777".encode()
-    mount(libc, "tmpfs", tmp_folder, "tmpfs", MS_NOSUID | MS_NODEV, size)
-
-
-def mount(libc, source, target, kind, flags, data=None) -> None:
-    encode = [None if v is None else v.encode() for v in (source, target, kind)]
-    if libc.mount(*encode, ctypes.c_ulong(flags), data) != 0:
-        raise OSError(ctypes.get_errno(), f"mount {target}")
 
 
 def become(uid: int) -> None:
@@ -858,38 +760,37 @@ def become(uid: int) -> None:
 
 
 def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
-    """Every other process of the sandbox killed (kill(-1) reaches all that its uid may signal,
-    never the caller; uid: this process is root, the first of the submission's namespace of
-    processes, and a child of it that takes uid kills them), the dead reaped, the temporary
-    folder emptied."""
-    if uid is None:
+    """Every other process of the submission killed (kill(-1) reaches all that its uid may
+    signal, never the caller), the dead reaped, the temporary folder emptied. uid: this process
+    is root, and a child of it that takes uid does it."""
+    if uid is not None and os.fork():
+        reap_all()
+        return
+    try:
+        if uid is not None:
+            become(uid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(-1, signal.SIGKILL)
-    elif os.fork() == 0:
-        try:
-            become(uid)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(-1, signal.SIGKILL)
-        finally:
+        reap_all()
+        for folder, subfolders, _ in os.walk(tmp_folder):  # a mount (a Python under /tmp) kept
+            subfolders[:] = [n for n in subfolders if not os.path.ismount(f"{folder}/{n}")]
+            with contextlib.suppress(OSError):  # a worker may have taken its permissions away
+                os.chmod(folder, 0o700)
+        for folder, subfolders, files in os.walk(tmp_folder, topdown=False):
+            for name in files + subfolders:
+                path = os.path.join(folder, name)
+                folder_kept = os.path.isdir(path) and not os.path.islink(path)
+                with contextlib.suppress(OSError):  # a folder that holds a mount stays
+                    os.rmdir(path) if folder_kept else os.unlink(path)
+    finally:
+        if uid is not None:
             os._exit(0)
-    while True:
-        try:
-            if os.waitpid(-1, 0)[0] == 0:
-                break
-        except ChildProcessError:
-            break
-    if not tmp_folder:
-        return
-    for folder, subfolders, _ in os.walk(tmp_folder):
-        subfolders[:] = [n for n in subfolders if not os.path.ismount(os.path.join(folder, n))]
-        with contextlib.suppress(OSError):  # a worker may have taken its permissions away
-            os.chmod(folder, 0o700)
-    for folder, subfolders, files in os.walk(tmp_folder, topdown=False):
-        for name in files + subfolders:
-            path = os.path.join(folder, name)
-            folder_kept = os.path.isdir(path) and not os.path.islink(path)
-            with contextlib.suppress(OSError):  # a folder that holds a mount (Python's) stays
-                os.rmdir(path) if folder_kept else os.unlink(path)
+
+
+def reap_all() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, 0)[0]:
+            pass
 
 
 def main(argv: List[str]) -> int:
@@ -916,29 +817,17 @@ def main(argv: List[str]) -> int:
     # imports (symbolic shapes, sympy, the compiler's modules): once here, not once per worker
     import torch._dynamo  # noqa: F401
 
-    if not filter_holds():
-        control = socket.socket(fileno=int(control_fd))
-        control.sendall(b"no filter")  # the grader says the sandbox did not start, and why
+    try:  # the filter holds: a memfd, one of the objects it refuses, cannot be made
+        os.close(os.memfd_create("kit-probe"))
+        socket.socket(fileno=int(control_fd)).sendall(b"no filter")  # the grader says why
         return 1
+    except PermissionError:
+        pass
     if tmp_folder == "shared":
         start_submissions(int(control_fd))
     else:
-        start_workers(int(control_fd), "" if tmp_folder == "-" else tmp_folder)
+        start_workers(int(control_fd), tmp_folder)
     return 0
-
-
-def filter_holds() -> bool:
-    """Whether this kernel takes the seccomp filter and it refuses a key (tried in a child)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            forbid_kernel_channels(libc)
-            refused = libc.syscall(REFUSED_CALLS[os.uname().machine][1][0], 0, 0, 0, 0) == -1
-            os._exit(0 if refused and ctypes.get_errno() == 1 else 3)
-        finally:
-            os._exit(3)
-    return os.waitpid(pid, 0)[1] == 0
 
 
 # ---------------------------------------------------------------- the test process's side ---------

@@ -1370,8 +1370,11 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     else:
         assert seen["outside"] == os.geteuid(), seen
     # the system and Python (read-only), its folder, its own /tmp, its own /proc and /dev
-    assert ROOT.parts[1] not in seen["top"] or ROOT.parts[1] in {"usr", "tmp"}, seen["top"]
-    assert seen["processes"] <= 3, seen  # bubblewrap's first, the sandbox's first, the worker
+    system = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "tmp", "proc", "dev"}
+    pythons = {Path(folder).parts[1] for folder in grading.python_folders()}
+    assert set(seen["top"]) <= system | pythons | {"sandbox"}, seen["top"]
+    # bubblewrap's first, the sandbox's first, (as root) the submission's first, the worker
+    assert seen["processes"] <= 3 + (os.geteuid() == 0), seen
     assert seen["network"] != "reached"
     assert seen["/usr"] != "written" and seen["/sandbox"] != "written"
     assert seen["tmp_folder"] == "written"
@@ -1379,7 +1382,6 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     assert seen["processes limit"] == sandbox.PROCESSES
     assert seen["children"] < sandbox.PROCESSES, seen  # the limit holds
     assert int(seen["capabilities"], 16) == 0
-    assert grading.NAMESPACES == sandbox.NEW_NAMESPACES  # what the probe checks can be made
     # nothing of the grader's environment: what the kit sets, and what the sandbox's processes
     # set themselves (Python's locale coercion, bubblewrap's --chdir, torch's compiler import)
     own = {"LC_CTYPE", "PWD", "TORCHINDUCTOR_CACHE_DIR"}
