@@ -856,7 +856,7 @@ def run_tests(
             # this folder is pytest's rootdir, and the top the tests import the modules from
             (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
             (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
-            limit_s = wall_limit(timeout_s) + 60  # the run stops its worker before, itself
+            limit_s = wall_limit(timeout_s) + 15  # the run stops its worker before, itself
             sandbox_fd = worker.socket_fd if worker else None
             record, output, code, timed_out = start_and_read(
                 folder, control, sandbox_fd, limit_s, worker and (worker.output_fd, printed)
@@ -876,13 +876,14 @@ def run_tests(
     return run._replace(seconds=time.monotonic() - began, printed=printed.text())
 
 
-WALL_FACTOR = 3  # a worker's wall-clock limit, in its limits of processor time (plus a minute)
+GRACE_S = 45  # past an exercise's processor time, the wall-clock time its run may take
 
 
 def wall_limit(timeout_s: float) -> float:
     """How long a graded run may wait for its worker: its processor time is its own limit (the
-    kernel stops it there), and a worker that has not used it by then was kept from it."""
-    return WALL_FACTOR * timeout_s + 60
+    kernel stops it there), and a worker that has not used it by then, with a grace for the
+    tests' own time, was kept from it or waited: it holds its slot no longer (regrade)."""
+    return timeout_s + GRACE_S
 
 
 def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, float]]:
@@ -1549,29 +1550,43 @@ def failure_lines(grade: Grade, hidden: bool) -> List[str]:
     return lines
 
 
-def print_grading(grading: Grading) -> None:
-    if grading.refused:
-        print(f"{grading.submission}: {audit_line(grading.refused)}")
+def shown(text: str) -> str:
+    """text as a terminal may show it: every control character but a line feed and a tab
+    escaped (ESC as \\x1b), so that nothing a submission printed or raised moves the cursor or
+    rewrites a line of the grade."""
+    return "".join(c if c in "\n\t" or c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def report(grading: Grading) -> str:
+    """The grade as print_grading shows it and a student's feedback file holds it: each
+    exercise's points, its failing tests with the first line of why, what it printed."""
+    lines = [f"{grading.submission}: {audit_line(grading.refused)}"] if grading.refused else []
     width = max(len(g.name) for g in grading.grades)
     for g in grading.grades:
         if grading.refused:
             verdict = "refused"
         else:
-            verdict = audit_line(g.refused) if g.refused else summary(g)
+            verdict = audit_line(g.refused, whole=False) if g.refused else summary(g)
         score = "regrade" if g.regrade else f"{g.score:g}"
-        print(f"{g.name:<{width}}  {score}/{g.points:g}  {verdict}")
+        lines.append(f"{g.name:<{width}}  {score}/{g.points:g}  {verdict}")
         if g.failures and not g.problem and not verdict.startswith("not written"):
-            for line in failure_lines(g, hidden=False):
-                print(f"    {line}")
-            for line in failure_lines(g, hidden=True):
-                print(f"    (hidden) {line}")
+            lines += [f"    {line}" for line in failure_lines(g, hidden=False)]
+            lines += [f"    (hidden) {line}" for line in failure_lines(g, hidden=True)]
         if g.printed:
-            print(f"    what it printed (not graded):\n{textwrap.indent(g.printed, '      ')}")
-    print(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
+            lines.append(
+                f"    what it printed (not graded):\n{textwrap.indent(g.printed, '      ')}"
+            )
+    lines.append(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
+    return shown("\n".join(lines))
 
 
-def audit_line(why: str) -> str:
-    return f"refused: {why}"
+def print_grading(grading: Grading) -> None:
+    print(report(grading))
+
+
+def audit_line(why: str, whole: bool = True) -> str:
+    graded = "nothing of the file was graded" if whole else "the other exercises were graded"
+    return f"refused: {why} ({graded})"
 
 
 def results_json(grading: Grading, assignment: Assignment) -> dict:
@@ -1581,7 +1596,7 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
     tests = []
     for g in grading.grades:
         if grading.refused or g.refused:
-            output = audit_line(grading.refused or g.refused)
+            output = audit_line(grading.refused or g.refused, whole=bool(grading.refused))
         elif g.problem:
             output = f"{not_graded(g).capitalize()}."
         else:
@@ -1598,7 +1613,7 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
                 "score": g.score,
                 "max_score": g.points,
                 "status": "passed" if g.score == g.points else "failed",
-                "output": output,
+                "output": shown(output),
                 "visibility": "visible",
             }
         )
@@ -1611,7 +1626,8 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
                     "score": 0.0,
                     "max_score": 0.0,
                     "status": "failed" if failed else "passed",
-                    "output": "\n".join(failed) or f"all {len(g.hidden)} hidden tests passed",
+                    "output": shown("\n".join(failed))
+                    or f"all {len(g.hidden)} hidden tests passed",
                     "visibility": assignment.hidden_visibility,
                 }
             )
@@ -1623,7 +1639,7 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
     return {
         "score": round(grading.score, 4),
         "execution_time": round(grading.seconds),
-        "output": audit_line(grading.refused) if grading.refused else intro,
+        "output": shown(audit_line(grading.refused)) if grading.refused else intro,
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,

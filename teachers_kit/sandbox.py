@@ -16,23 +16,25 @@ A submission's first process forks a worker for each exercise in turn, which mak
 module with only that exercise's function taken from the submission (its source comes from the
 test process, and is never a file) and serves that exercise's test process on a socket. Where
 the grader is not root, each submission has a sandbox of its own, whose first process imports
-torch. Where it is root, one sandbox serves every submission of the grading (TMP is
-"shared"): its first process imports torch once, holding only the capabilities to change uid
-and to make namespaces, and forks for each submission a process with namespaces of its own,
-whose first process starts the submission's workers; each makes an IPC namespace and a
-temporary folder of its own and takes a uid of the kit's own before anything of the submission
-runs. Every worker runs under a seccomp filter that refuses the kernel's shared objects (keys,
-System V IPC, POSIX message queues, memfds) and new user namespaces, and prints to a pipe of its
-exercise's own.
+torch. Where it is root, one sandbox serves every submission of the grading (TMP is "shared"):
+its first process imports torch once, holding only the capabilities to change uid and to give a
+folder away, and forks for each submission a process that starts its workers, each of which
+takes the submission's uid of the kit's own before anything of the submission runs. Every
+process of a sandbox runs under the grader's seccomp filter (keys, System V IPC, POSIX message
+queues, memfds, sockets, ptrace and new user namespaces refused), and each worker prints to a
+pipe of its exercise's own.
 
-A message is a length, a JSON header and raw byte blobs. The test process builds each tensor it
-receives with torch.frombuffer and as_strided, after checking every field of the header (a dtype
-of DTYPES; shapes and strides of integers that stay inside the bytes sent; at most MAX_ELEMENTS
-elements; at most MAX_BYTES a message): nothing a sandbox sends is unpickled or run. The other
-way, the call's arguments (modules among them) are pickled: the sandbox trusts its caller.
+The way out (the sandbox's replies) is one safetensors file a message: the reply's structure as
+JSON in its metadata, its tensors (new ones as their layout's span, the bytes of a storage
+changed in place, the random state) read by safetensors; the test process checks every field of
+the structure (shapes and strides of integers whose span is the tensor sent; at most
+MAX_ELEMENTS elements; a view only of a storage it handed; at most MAX_BYTES a message) before a
+value is made of it: nothing a sandbox sends is unpickled or run. The way in, the call's
+arguments (modules among them) are pickled beside the bytes of their storages: the sandbox
+trusts its caller.
 
-The grader starts a sandbox (grading.py: bubblewrap, the uid); `main` sets its limits
-before anything of a submission runs. Standard library and torch only.
+The grader starts a sandbox (grading.py: bubblewrap, the uid, the filter); `main` sets its
+limits before anything of a submission runs. Standard library, torch and safetensors.
 """
 
 import contextlib
@@ -58,6 +60,8 @@ import time
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
+import safetensors
+import safetensors.torch
 import torch
 from torch import nn
 
@@ -123,8 +127,12 @@ class Refused(Exception):
 
 
 def send(fd: int, header: dict, blobs: List[bytes] = ()) -> None:
+    """The way in, to the sandbox, which trusts its caller: a JSON header and raw bytes."""
     head = json.dumps({**header, "blobs": [len(b) for b in blobs]}).encode()
-    data = b"".join([struct.pack(">QQ", len(head), sum(map(len, blobs))), head, *blobs])
+    send_all(fd, b"".join([struct.pack(">QQ", len(head), sum(map(len, blobs))), head, *blobs]))
+
+
+def send_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -166,6 +174,47 @@ def receive(fd: int, deadline: Optional[float] = None):
         blobs.append(data[start : start + size])
         start += size
     return header, blobs
+
+
+def send_reply(fd: int, reply: dict, tensors: Optional[Dict[str, torch.Tensor]] = None) -> None:
+    """The way out, from the sandbox: one safetensors file, the reply's structure (JSON) in its
+    metadata, its tensors each contiguous and of a storage of its own."""
+    data = reply_bytes(reply, tensors or {})
+    send_all(fd, struct.pack(">Q", len(data)) + data)
+
+
+def reply_bytes(reply: dict, tensors: Dict[str, torch.Tensor]) -> bytes:
+    return safetensors.torch.save(dict(tensors), metadata={"reply": json.dumps(reply)})
+
+
+def receive_reply(fd: int, deadline: Optional[float] = None):
+    """(reply, tensors) of the sandbox's next message, read by safetensors (on a memfd of this
+    process); EOFError, TimeoutError as receive; Refused when what came is no such file."""
+    (length,) = struct.unpack(">Q", read_exactly(fd, 8, deadline))
+    if length > MAX_BYTES:
+        raise Refused(f"a message of {length} bytes (at most {MAX_BYTES})")
+    return read_reply(read_exactly(fd, length, deadline))
+
+
+def read_reply(data: bytes):
+    memfd = os.memfd_create("kit-reply")
+    try:
+        send_all(memfd, data)
+        with safetensors.safe_open(f"/proc/self/fd/{memfd}", "pt") as file:
+            reply = json.loads((file.metadata() or {})["reply"])
+            tensors = {name: file.get_tensor(name) for name in file.keys()}
+    except Exception:  # whatever safetensors or JSON refuse
+        raise Refused("a message that is no safetensors file with its reply") from None
+    finally:
+        os.close(memfd)
+    if type(reply) is not dict:
+        raise Refused("a message that is no safetensors file with its reply")
+    return reply, tensors
+
+
+def uint8_of(t: torch.Tensor) -> torch.Tensor:
+    """t's whole storage, as bytes (a uint8 tensor over it)."""
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
 
 
 def storage_bytes(t: torch.Tensor, start: int, count: int) -> bytes:
@@ -397,7 +446,7 @@ def call_arguments(header: dict, blobs: List[bytes]):
     for number, k in header["storages"]:
         storages[number] = over(blobs[k], torch.uint8)
     for number, k in header["updates"]:
-        ctypes.memmove(storages[number].data_ptr(), blobs[k], len(blobs[k]))
+        storages[number].copy_(over(blobs[k], torch.uint8))
     for entry in header["tensors"]:
         dtype, shape, stride = DTYPES[entry["dtype"]], entry["shape"], entry["stride"]
         where = None
@@ -471,23 +520,23 @@ class Encoder:
         return {"tensor": len(self.new) - 1}
 
     def table(self):
-        """The new tensors' descriptors, and the bytes of each."""
-        table, blobs = [], []
-        for t in self.new:
+        """The new tensors' layouts, and each one's elements from its first to its last (its
+        layout's span, a tensor of its own, so that strides and expanded views come back as
+        they are)."""
+        table, tensors = [], {}
+        for i, t in enumerate(self.new):
             entry = {
                 "dtype": str(t.dtype).removeprefix("torch."),
                 "shape": list(t.shape),
                 "stride": list(t.stride()),
                 "requires_grad": t.requires_grad,
-                "blob": None,
+                "meta": t.device.type == "meta",
             }
-            if t.device.type != "meta":
-                itemsize = t.element_size()
-                count = extent(t.shape, t.stride()) * itemsize
-                entry["blob"] = len(blobs)
-                blobs.append(storage_bytes(t, t.storage_offset() * itemsize, count))
+            if not entry["meta"]:
+                span = (extent(t.shape, t.stride()),)
+                tensors[f"new.{i}"] = t.detach().as_strided(span, (1,), t.storage_offset()).clone()
             table.append(entry)
-        return table, blobs
+        return table, tensors
 
 
 def error_header(error: BaseException) -> dict:
@@ -518,7 +567,7 @@ class Server:
 
     def call(self, header, blobs):
         if self.failed:
-            return dict(self.failed), []
+            return dict(self.failed), {}
         args, kwargs, reached = call_arguments(header, blobs)
         torch.set_rng_state(over(blobs[1], torch.uint8))
         torch.set_default_dtype(DTYPES[header["default_dtype"]])
@@ -526,7 +575,7 @@ class Server:
         for number in reached:
             where = HELD["where"][number]
             if where is not None and where[0] not in before:
-                before[where[0]] = where, ctypes.string_at(where[1], where[2])
+                before[where[0]] = HELD["storage"][where[0]].clone()
         encoder = Encoder(reached)
         try:
             with torch.set_grad_enabled(header["grad_enabled"]):
@@ -534,18 +583,15 @@ class Server:
             reply = {"value": encoder.encode(value)}
             table, out = encoder.table()
         except BaseException as error:
-            reply, table, out = error_header(error), [], []
+            reply, table, out = error_header(error), [], {}
         changed = []  # the storages the call changed in place: their bytes now
-        for storage, (where, old) in before.items():
-            new = ctypes.string_at(where[1], where[2])
-            if new != old:
-                changed.append([storage, len(out)])
-                out.append(new)
-        rng = torch.get_rng_state()
-        reply.update(tensors=table, changed=changed, rng=len(out))
-        out.append(storage_bytes(rng, 0, rng.numel()))
+        for storage, old in before.items():
+            if not torch.equal(HELD["storage"][storage], old):
+                changed.append(storage)
+                out[f"changed.{storage}"] = HELD["storage"][storage].clone()
+        out["rng"] = torch.get_rng_state()
         self.calls += 1
-        reply["call"] = self.calls
+        reply.update(tensors=table, changed=changed, call=self.calls)
         leaves = [t for t in reached.values() if t.requires_grad]
         if "value" in reply and leaves and any(t.requires_grad for t in encoder.new):
             self.graphs[self.calls] = encoder.new, leaves
@@ -556,7 +602,7 @@ class Server:
         pairs = [(o, gradient(e, blobs)) for o, e in zip(outputs, header["grads"]) if e]
         pairs = [(o, g) for o, g in pairs if o.requires_grad]
         if not pairs:
-            return {"grads": [None] * len(leaves), "tensors": []}, []
+            return {"grads": [None] * len(leaves), "tensors": []}, {}
         try:
             found = torch.autograd.grad(
                 [o for o, _ in pairs],
@@ -566,7 +612,7 @@ class Server:
                 allow_unused=True,
             )
         except BaseException as error:
-            return error_header(error), []
+            return error_header(error), {}
         encoder = Encoder({})
         grads = [None if g is None else encoder.tensor(g) for g in found]
         table, out = encoder.table()
@@ -600,16 +646,16 @@ def serve(fd: int) -> None:
     on the socket fd until the test process goes."""
     header, blobs = receive(fd)
     server = Server(header["module"], blobs[0].decode("utf-8"), header["function"])
-    send(fd, {"op": "imported", **server.failed})
+    send_reply(fd, {"op": "imported", **server.failed})
     while True:
         try:
             header, blobs = receive(fd)
         except EOFError:
             return
         if header["op"] == "call":
-            send(fd, *server.call(header, blobs))
+            send_reply(fd, *server.call(header, blobs))
         elif header["op"] == "backward":
-            send(fd, *server.backward(header, blobs))
+            send_reply(fd, *server.backward(header, blobs))
         else:  # reset: the test is over, and no gradient will be asked of its calls
             server.graphs.clear()
             for held in HELD.values():
@@ -900,7 +946,7 @@ class Sandbox:
         try:
             if message is not None:
                 send(self.fd, *message)
-            return receive(self.fd, self.deadline)
+            return receive_reply(self.fd, self.deadline)
         except TimeoutError:
             self.problem = self.problem or "the time ran out"
             self.end("the sandbox was stopped at the timeout")
@@ -924,19 +970,23 @@ class Sandbox:
     def read_reply(self, reply, out, sent: CallPickler):
         """The value a call returned, built from the reply after every check; or the exception
         it raised (returned, to be raised by the caller)."""
-        state = over(blob(out, reply["rng"]), torch.uint8)
+        state = out.get("rng")
+        if state is None or state.dtype != torch.uint8:
+            raise Refused("a reply without the random state")
         torch.set_rng_state(state)  # it checks the state's size
         handed = set(sent.storage_of.values())
-        for number, k in reply["changed"]:  # what it changed in place, changed here too
-            data, storage = blob(out, k), self.mirror.by_number.get(number)
-            if number not in handed or len(data) != len(storage[1]):
+        for number in reply["changed"]:  # what it changed in place, changed here too
+            data, storage = out.get(f"changed.{number}"), self.mirror.by_number.get(number)
+            if number not in handed or data is None or data.dtype != torch.uint8:
                 raise Refused("a change in place of a storage it was not handed")
-            ctypes.memmove(storage[2].untyped_storage().data_ptr(), data, len(data))
-            storage[1] = data
+            if data.shape != (len(storage[1]),):
+                raise Refused("a change in place of another size than its storage")
+            uint8_of(storage[2]).copy_(data)
+            storage[1] = storage_bytes(storage[2], 0, len(storage[1]))
         if "error" in reply:
             kind = EXCEPTIONS.get(text(reply["error"]), RuntimeError)
             return kind(text(reply["message"]))
-        new = [self.tensor(entry, out) for entry in reply["tensors"]]
+        new = [self.tensor(entry, out, i) for i, entry in enumerate(reply["tensors"])]
         leaves = [t for t in sent.reached.values() if t.requires_grad]
         differentiable = [entry["requires_grad"] is True for entry in reply["tensors"]]
         if torch.is_grad_enabled() and leaves and any(differentiable):
@@ -948,17 +998,18 @@ class Sandbox:
                 bases.setdefault((sent.storage_of[number], t.dtype), t)
         return self.value(reply["value"], bases, new, 0)
 
-    def tensor(self, entry: dict, out: List[bytes]) -> torch.Tensor:
-        dtype, shape, stride = (
-            DTYPES[entry["dtype"]],
-            layout(entry["shape"]),
-            layout(entry["stride"]),
-        )
+    def tensor(self, entry: dict, out: Dict[str, torch.Tensor], i: int) -> torch.Tensor:
+        """A new tensor: safetensors read its elements (its layout's span); its layout, checked
+        to lie inside them, is the reply's."""
+        shape, stride = layout(entry["shape"]), layout(entry["stride"])
         if len(shape) != len(stride) or math.prod(shape) > MAX_ELEMENTS:
             raise Refused(f"a tensor of shape {shape[:MAX_DIMS]}")
-        if entry["blob"] is None:
-            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-        return over(blob(out, entry["blob"]), dtype).as_strided(shape, stride, 0)
+        if entry["meta"] is True:
+            return torch.empty_strided(shape, stride, dtype=DTYPES[entry["dtype"]], device="meta")
+        span = out.get(f"new.{i}")
+        if span is None or span.shape != (extent(shape, stride),):
+            raise Refused(f"a tensor of shape {shape} that the elements sent do not hold")
+        return span.as_strided(shape, stride, 0)
 
     def value(self, node, handed: dict, new: list, depth: int):
         if depth > MAX_DEPTH:
@@ -999,23 +1050,23 @@ class Sandbox:
 
     def backward(self, link: Link, grads) -> list:
         """The gradients of the tensors a call was handed (its leaves), from the sandbox."""
-        encoder = Encoder({})
-        entries = [
-            encoder.tensor(g.contiguous()) if g is not None and wanted else None
-            for g, wanted in zip(grads, link.differentiable)
-        ]
-        table, blobs = encoder.table()
-        header = {
-            "op": "backward",
-            "call": link.call,
-            "grads": [None if e is None else table[e["tensor"]] for e in entries],
-        }
+        entries, blobs = [], []
+        for g, wanted in zip(grads, link.differentiable):
+            if g is None or not wanted:
+                entries.append(None)
+                continue
+            g = g.contiguous()
+            entry = {"dtype": str(g.dtype).removeprefix("torch."), "shape": list(g.shape)}
+            entries.append({**entry, "blob": None if g.is_meta else len(blobs)})
+            if not g.is_meta:
+                blobs.append(storage_bytes(g, g.storage_offset() * g.element_size(), g.nbytes))
+        header = {"op": "backward", "call": link.call, "grads": entries}
         reply, out = self.exchange((header, blobs))
         try:
             if "error" in reply:  # the student's code raised it, in its backward
                 error = EXCEPTIONS.get(text(reply["error"]), RuntimeError)(text(reply["message"]))
                 reply = {"tensors": [], "grads": [None] * len(link.leaves), "raised": error}
-            new = [self.tensor(entry, out) for entry in reply["tensors"]]
+            new = [self.tensor(entry, out, i) for i, entry in enumerate(reply["tensors"])]
             found = [None if e is None else self.value(e, {}, new, 0) for e in reply["grads"]]
             if len(found) != len(link.leaves) or any(
                 g is not None and (g.shape != t.shape or g.dtype != t.dtype)
@@ -1041,10 +1092,6 @@ class Sandbox:
             self.gone = "closed"
             with contextlib.suppress(OSError):
                 os.close(self.fd)
-
-
-def blob(out: List[bytes], k) -> bytes:
-    return out[integer(k, len(out))]
 
 
 def integer(value, below: int) -> int:

@@ -642,14 +642,14 @@ class Loopback(sandbox.Sandbox):
             self.server = sandbox.Server(header["module"], blobs[0].decode(), header["function"])
             probe = sys.modules["kit_probe"]
             self.classes = {"kit_probe:Pair": probe.Pair}
-            return {"op": "imported", **self.server.failed}, []
+            return {"op": "imported", **self.server.failed}, {}
         if self.reply is not None:
-            return self.reply(header)
+            return sandbox.read_reply(sandbox.reply_bytes(*self.reply(header)))
         if header["op"] == "call":
             reply, out = self.server.call(header, blobs)
         else:
             reply, out = self.server.backward(header, blobs)
-        return json.loads(json.dumps(reply)), out
+        return sandbox.read_reply(sandbox.reply_bytes(reply, out))
 
 
 def test_what_a_function_returns_in_the_sandbox_comes_back_as_it_would_here():
@@ -707,20 +707,19 @@ def test_the_worker_keeps_a_module_sent_until_it_changes():
     assert (training, changed_training) == (True, False)
 
 
-def forged(value=None, tensors=(), changed=(), blobs=()):
-    """A worker's reply, forged: what it returned and the bytes beside."""
+def forged(value=None, tensors=(), changed=(), sent=None):
+    """A worker's reply, forged: what it returned and the tensors beside."""
 
     def reply(header):
-        rng = torch.get_rng_state()
-        out = [bytes(rng.tolist()), *blobs]
+        out = {"rng": torch.get_rng_state(), **(sent or {})}
         storage = header["storages"][0][0] if header["storages"] else 0
         made = {"value": value(storage) if callable(value) else value, "tensors": list(tensors)}
-        return {**made, "changed": list(changed), "rng": 0, "call": 1}, out
+        return {**made, "changed": list(changed), "call": 1}, out
 
     return reply
 
 
-FLOAT = {"dtype": "float32", "requires_grad": False, "blob": 1}
+FLOAT = {"dtype": "float32", "requires_grad": False, "meta": False}
 FORGERIES = {
     "a view beyond the storage it was handed": forged(
         lambda storage: {
@@ -737,19 +736,19 @@ FORGERIES = {
     "an expanded view larger than the limit": forged(
         {"tensor": 0},
         [{**FLOAT, "shape": [1 << 13, 1 << 13], "stride": [0, 0]}],
-        blobs=[b"\0" * 4],
+        sent={"new.0": torch.zeros(1)},
     ),
-    "a shape that the bytes sent do not hold": forged(
-        {"tensor": 0}, [{**FLOAT, "shape": [64], "stride": [1]}], blobs=[b"\0" * 8]
+    "a shape that the elements sent do not hold": forged(
+        {"tensor": 0}, [{**FLOAT, "shape": [64], "stride": [1]}], sent={"new.0": torch.zeros(2)}
     ),
     "a dtype of no tensor": forged(
-        {"tensor": 0}, [{**FLOAT, "dtype": "object", "shape": [1], "stride": [1]}], blobs=[b"1"]
+        {"tensor": 0}, [{**FLOAT, "dtype": "object", "shape": [1], "stride": [1], "meta": True}]
     ),
     "a named tuple no module of the run defines": forged(
         {"namedtuple": "os:stat_result", "items": []}
     ),
     "a change in place of a storage it was not handed": forged(
-        None, changed=[[999, 1]], blobs=[b"x"]
+        None, changed=[999], sent={"changed.999": torch.zeros(1, dtype=torch.uint8)}
     ),
     "a string that is not one": forged({"str": 5}),
     "a value of no kind": forged({"code": "import os"}),
@@ -777,6 +776,18 @@ def test_a_message_too_large_or_not_one_is_refused_before_it_is_read(tmp_path):
         os.close(write)
         with pytest.raises(sandbox.Refused, match=why):
             sandbox.receive(read, deadline=None)
+        os.close(read)
+    # the way out: safetensors reads it, and what is no safetensors file with a reply is refused
+    for data, why in [
+        (struct.pack(">Q", sandbox.MAX_BYTES + 1), "a message of"),
+        (struct.pack(">Q", 5) + b"{oops", "no safetensors file"),
+        (struct.pack(">Q", 16) + struct.pack("<Q", 8) + b"{}" + b" " * 6, "no safetensors file"),
+    ]:
+        read, write = os.pipe()
+        os.write(write, data)
+        os.close(write)
+        with pytest.raises(sandbox.Refused, match=why):
+            sandbox.receive_reply(read, deadline=None)
         os.close(read)
 
 
