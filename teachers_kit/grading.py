@@ -62,7 +62,7 @@ from teachers_kit.exercises import (
 KIT = Path(__file__).resolve().parent
 CHILD = KIT / "grading_child.py"
 SANDBOX = KIT / "sandbox.py"
-FORMAT = 3  # of assignment.json
+FORMAT = 4  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
@@ -819,6 +819,7 @@ def run_tests(
     leave_out: Optional[List[str]] = None,
     layout: Layout = COMPRESSIVE,
     graded: Optional[Graded] = None,
+    wrong: Optional[Tuple[str, str]] = None,
     timeout_s=TIMEOUT_S,
 ) -> Run:
     """Run tests (the text of a test file) on compressive (the text of the module they test,
@@ -835,6 +836,9 @@ def run_tests(
         "timeout_s": wall_limit(timeout_s),
     }
     worker = None
+    if wrong:  # (function, kind): the original's function made wrong (grading_child.WrongBody)
+        control["wrong"] = {"module": module_name(layout.module), "function": wrong[0]}
+        control["wrong"]["kind"] = wrong[1]
     if graded:
         control["graded"] = {
             "function": graded.function,
@@ -1043,7 +1047,7 @@ def read_record(
 
 def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
     """run_tests on each (compressive, tests, selected[, names[, leave_out[, layout[,
-    graded]]]]), side by side, one per core."""
+    graded[, wrong]]]]]), side by side, one per core."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
         return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
 
@@ -1115,6 +1119,28 @@ def sandbox_checks(
     return unsandboxed
 
 
+WRONG_BODIES = ("zeros", "perturbed", "inputs")  # grading_child.WrongBody's
+
+
+def measuring_tests(
+    reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
+) -> Dict[str, List[str]]:
+    """For each exercise, the tests of its check that every wrong body the kit makes of its
+    function fails (WRONG_BODIES), as the blanked one does: those its partial credit counts,
+    since a test that a wrong answer passes measures nothing of the answer. One run per
+    exercise and body, side by side."""
+    jobs = [(name, kind) for name in checks for kind in WRONG_BODIES]
+    runs = run_many(
+        [(reference, tests, checks[n], None, None, layout, None, (n, kind)) for n, kind in jobs]
+    )
+    measured = {name: list(tests) for name, tests in checks.items()}
+    for (name, kind), run in zip(jobs, runs):
+        if run.problem:
+            raise KitError(f"with {name} made wrong ({kind}), the tests do not run: {run.problem}")
+        measured[name] = [t for t in measured[name] if run.outcomes.get(t) != "passed"]
+    return measured
+
+
 def base_name(node_id: str) -> str:
     """test_compressive.py::test_x[param] -> test_x"""
     return node_id.split("::")[-1].split("[")[0]
@@ -1132,6 +1158,8 @@ class Check(NamedTuple):
     # sandbox (one that hooks a module the function calls: the sandbox's copy carries no hook),
     # left out of its check
     unsandboxed: List[str] = []
+    # those of its tests that every wrong body the kit makes fails: what partial credit counts
+    measured: List[str] = []
 
 
 class Assignment(NamedTuple):
@@ -1185,6 +1213,7 @@ def make_assignment(
         reference, tests, names, only, all_left_out, layout
     )
     unsandboxed = sandbox_checks(reference, tests, checks, layout)
+    measured = measuring_tests(reference, tests, checks, layout)
     hidden = set(hidden_tests(tests))
     exercises = [
         Check(
@@ -1193,6 +1222,7 @@ def make_assignment(
             checks[n],
             [t for t in checks[n] if base_name(t) in hidden],
             unsandboxed[n],
+            measured[n],
         )
         for n in names
     ]
@@ -1248,6 +1278,7 @@ def load_assignment(folder: Path) -> Assignment:
                 list(e["tests"]),
                 list(e["hidden"]),
                 list(e["unsandboxed"]),
+                list(e["measured"]),
             )
             for e in record["exercises"]
         ]
@@ -1479,15 +1510,19 @@ def finish(
 
 
 def score(check: Check, run: Run, partial: bool) -> Grade:
-    """All of an exercise's points when its whole check passes (partial: in proportion to the
-    tests that pass); none when its run is worth nothing."""
+    """All of an exercise's points when its whole check passes; none when its run is worth
+    nothing. partial: the share of its measuring tests (Check.measured) that pass, each other
+    test that fails counted as one more of them failed; where no test measures, all or
+    nothing."""
     failures = [
         (t, run.messages.get(t, "")) for t in check.tests if run.outcomes.get(t) != "passed"
     ]
+    failed = {t for t, _ in failures}
     if run.problem:
         points = 0.0
-    elif partial:
-        points = check.points * (len(check.tests) - len(failures)) / len(check.tests)
+    elif partial and failed and check.measured:
+        passed = sum(t not in failed for t in check.measured)
+        points = check.points * passed / (len(check.measured) + len(failed - {*check.measured}))
     else:
         points = 0.0 if failures else check.points
     return Grade(

@@ -756,7 +756,8 @@ def main(argv=None) -> int:
         note_assignment(args.out)
         for check in assignment.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""
-            print(f"{check.name}: blanked; its check is {len(check.tests)} tests{hidden}")
+            measured = f"; partial credit counts the {len(check.measured)} that wrong bodies fail"
+            print(f"{check.name}: blanked; its check is {len(check.tests)} tests{hidden}{measured}")
             for test in check.unsandboxed:
                 print(
                     f"    {grading.short(test)} left out: it fails with the original in the sandbox"

@@ -1112,10 +1112,11 @@ def text(value) -> str:
     return value[:MAX_TEXT]
 
 
-def install(module, function: str, sandbox: Sandbox) -> None:
+def install(module, function: str, call) -> None:
     """Put a proxy in place of the module's function (or a class's method, as the class holds
     it: a staticmethod stays one), so that every caller, the tests and the module's own code,
-    reaches the sandbox. Before the tests import anything from the module."""
+    reaches call(target, args, kwargs) (the sandbox's, or a wrong body's). Before the tests
+    import anything from the module."""
     owner_name, _, name = function.rpartition(".")
     owner = getattr(module, owner_name) if owner_name else module
     raw = inspect.getattr_static(owner, name)
@@ -1124,7 +1125,7 @@ def install(module, function: str, sandbox: Sandbox) -> None:
 
     @functools.wraps(target)
     def proxy(*args, **kwargs):
-        return sandbox.call(args, kwargs)
+        return call(target, args, kwargs)
 
     setattr(owner, name, type(raw)(proxy) if isinstance(raw, wraps) else proxy)
 

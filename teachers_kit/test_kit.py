@@ -1030,6 +1030,10 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
     assert "apt-get install -y python3 python3-venv bubblewrap" in setup  # the sandbox
     assert "setup.sh" in TEACHERS and "needs the network" in " ".join(TEACHERS.split())
     assert f"pytest=={pytest.__version__}" in setup
+    assert "-r /autograder/source/teachers_kit/requirements.txt" in setup  # the kit's own
+    pins = (ROOT / "teachers_kit" / "requirements.txt").read_text().split()
+    for package in ("pyseccomp", "safetensors"):  # pinned to what this machine runs
+        assert f"{package}=={version(package)}" in pins, pins
     with tempfile.NamedTemporaryFile("w", suffix=".sh") as script:
         script.write(setup)
         script.flush()
@@ -1078,14 +1082,120 @@ def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 60
 
 
-def test_points_are_all_or_nothing_unless_partial():
-    check = grading.Check("f", 4.0, ["t::a", "t::b", "t::c", "t::d"], ["t::d"])
+def test_points_are_all_or_nothing_unless_partial_which_counts_the_measuring_tests():
+    """Partial credit: the share of the measuring tests (those every wrong body fails) that
+    pass, each other failing test one more failed; with none measuring, all or nothing."""
+    tests = ["t::a", "t::b", "t::c", "t::d"]
+    check = grading.Check("f", 4.0, tests, ["t::d"], [], ["t::a", "t::b", "t::c"])
     run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {}, 0.0)
-    one_failed = run._replace(outcomes={**run.outcomes, "t::b": "failed"})
+
+    def failing(*names):
+        return run._replace(outcomes={**run.outcomes, **dict.fromkeys(names, "failed")})
+
     assert grading.score(check, run, partial=False).score == 4
-    assert grading.score(check, one_failed, partial=False).score == 0
-    assert grading.score(check, one_failed, partial=True).score == 3
+    assert grading.score(check, run, partial=True).score == 4
+    assert grading.score(check, failing("t::b"), partial=False).score == 0
+    assert grading.score(check, failing("t::b"), partial=True).score == round(4 * 2 / 3, 4)
+    assert grading.score(check, failing("t::d"), partial=True).score == 3  # 3 of 3 + 1
+    assert grading.score(check, failing("t::a", "t::b", "t::c"), partial=True).score == 0
     assert grading.score(check, run._replace(problem="forged"), partial=True).score == 0
+    unmeasured = check._replace(measured=[])
+    assert grading.score(unmeasured, failing("t::d"), partial=True).score == 0
+
+
+WRONG_BODIES = {  # the exercise, the wrong body, from the original
+    "relative_shift with no shift": (
+        "relative_shift",
+        changed(ORIGINAL, (SHIFT_RETURN, "    return position_scores[..., 1:]\n")),
+    ),
+    "relative_shift off by one": (
+        "relative_shift",
+        changed(
+            ORIGINAL,
+            (SHIFT_RETURN, "    return flat[..., T - 1 : T - 1 + T * K].view(*batch, T, K)\n"),
+        ),
+    ),
+    "attend with the softmax over the queries": (
+        "RelativeMultiHeadAttention.attend",
+        changed(ORIGINAL, ("weights = scores.softmax(dim=-1)", "weights = scores.softmax(dim=-2)")),
+    ),
+    "update_memory returning its inputs": (
+        "CompressiveLayer.update_memory",
+        changed(
+            ORIGINAL,
+            (
+                "        recon_loss = h.new_zeros(())\n        if n_m == 0:",
+                "        recon_loss = h.new_zeros(())\n"
+                "        return mem, c_mem, usage, recon_loss\n        if n_m == 0:",
+            ),
+        ),
+    ),
+}
+
+
+@pytest.mark.slow  # an assignment of three exercises made with their whole checks: minutes
+def test_partial_credit_pays_a_wrong_body_at_most_a_tenth_and_a_correct_one_in_full(
+    tmp_path_factory,
+):
+    out = tmp_path_factory.mktemp("partial") / "hw"
+    names = [
+        "relative_shift",
+        "RelativeMultiHeadAttention.attend",
+        "CompressiveLayer.update_memory",
+    ]
+    handout.make(names, out, points=[1, 3, 2], partial=True)
+    assignment = grading.load_assignment(out)
+    folder = tmp_path_factory.mktemp("wrong")
+    jobs = {"correct": (submit(folder / "correct", ORIGINAL), assignment)}
+    for number, (body, (name, text)) in enumerate(WRONG_BODIES.items()):
+        jobs[body] = (submit(folder / str(number), text), only(assignment, name))
+    with ThreadPoolExecutor(max_workers=grading.workers()) as pool:
+        gradings = dict(zip(jobs, pool.map(lambda job: grading.grade(*job), jobs.values())))
+    correct = gradings.pop("correct")
+    assert correct.score == correct.max_score == 6, grading.report(correct)
+    for body, result in gradings.items():
+        (g,) = result.grades
+        assert g.failures and g.score <= 0.1 * g.points, (body, g.score, g.points)
+
+
+def test_every_public_dtype_of_torch_finfo_and_iinfo_are_an_answers_to_use():
+    """The allowlist holds every dtype the installed torch has (the grader never imports torch,
+    so the list is the audit's own), and relative_shift rewritten with each is accepted."""
+    dtypes = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    assert dtypes <= audit.TORCH_DTYPES, sorted(dtypes - audit.TORCH_DTYPES)
+    info = "torch.finfo(position_scores.dtype).eps, torch.iinfo(torch.int32).max"
+    uses = ", ".join(f"torch.{name}" for name in sorted(dtypes))
+    text = cheat_in_shift(f"kinds = ({uses}, {info}, torch.finfo().tiny)")
+    assert audit.audit_each(text, ORIGINAL, EXERCISES) == {}
+
+
+def test_a_refused_import_is_named_with_its_line_and_the_refusal_says_what_was_graded():
+    text = changed(ORIGINAL, ("import math\n", "import math\nfrom einops import rearrange\n"))
+    line = text.split("\n").index("from einops import rearrange") + 1
+    with pytest.raises(audit.Refusal) as refusal:
+        audit.audit_each(text, ORIGINAL, EXERCISES)
+    why = str(refusal.value)
+    assert why.startswith(f"line {line}, an import the handout does not have"), why
+    assert "`from einops import rearrange`" in why
+    assert grading.audit_line(why).endswith("(nothing of the file was graded)")
+    alone = grading.audit_line("line 9: `os`", whole=False)
+    assert alone.endswith("(the other exercises were graded)")
+
+
+def test_no_control_character_a_submission_prints_reaches_the_terminal_raw():
+    """A cursor-up and erase-line sequence that would rewrite the grade above it is shown
+    escaped, in the printed grade, its output and results.json, as is a carriage return."""
+    forged = "\x1b[1A\x1b[2Krelative_shift  1/1  passed\r"
+    grade = grading.Grade(
+        "relative_shift", 1.0, 0.0, ["t::a"], [], [("t::a", forged)], "", printed=forged
+    )
+    result = grading.Grading("alice\x1b]0;x\x07", [grade], "", False, 1.0)
+    shown = grading.report(result)
+    assert not any(ord(c) < 32 and c not in "\n\t" for c in shown), repr(shown)
+    assert "\\x1b[1A\\x1b[2Krelative_shift" in shown and "\\r" in shown
+    assignment = grading.Assignment(Path("."), "", "", [], False, "visible", 1.0, {})
+    record = json.dumps(grading.results_json(result, assignment))
+    assert "\\u001b" not in record and "\\\\x1b[1A" in record
 
 
 # ---------------------------------------------------------------- the command line --------------
