@@ -601,37 +601,43 @@ class StudentSandbox:
 # Where the grader is root and the machine lets it, each submission's processes share one cgroup:
 # their memory together (shared memory and tmpfs pages included) at most SUBMISSION_MEMORY, the
 # kernel killing one of theirs past it; their processor time together at most one core's, so
-# that no number of busy processes slows a classmate more than one busy core does. cgroup v1's
-# memory and cpu hierarchies, where mounted and writable (this kit does not yet use cgroup v2's
-# controllers: a cgroup with processes, as the grader's own, cannot hand them to children).
+# that no number of busy processes slows a classmate more than one busy core does. cgroup v2's
+# memory and cpu controllers where the grader's cgroup hands them to its children (the root of
+# a cgroup namespace, or a delegated one, as systemd-run -p Delegate=yes makes); else cgroup
+# v1's memory and cpu hierarchies, where mounted and writable; else cgroup_note says what is
+# not bounded.
 SUBMISSION_MEMORY = 4 << 30
 CPU_PERIOD_US = 100_000
 
 
-def cgroup_folders() -> Dict[str, Path]:
-    """{controller: the grader's own cgroup folder} for memory and cpu, where cgroup v1 mounts
-    them writable (empty where it does not, or where the grader is not root)."""
+def cgroup_folders() -> Dict[str, Tuple[str, Path]]:
+    """{controller: (its cgroup version, the grader's own cgroup folder)} for memory and cpu
+    where a submission's cgroup can be made below it (empty where the grader is not root)."""
     if os.geteuid() != 0:
         return {}
-    own = {}
+    own, found = {}, {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
-            for controller in controllers.split(","):
+            for controller in controllers.split(",") if controllers else ["v2"]:
                 own[controller] = path
-    found = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             fields, _, tail = line.partition(" - ")
             kind, _, options = (tail.split() + ["", "", ""])[:3]
-            if kind != "cgroup":
-                continue
-            mount_point = fields.split()[4]
-            for controller in ("memory", "cpu"):
+            mount_point = Path(fields.split()[4])
+            if kind == "cgroup2" and "v2" in own:
+                folder = mount_point / own["v2"].lstrip("/")
+                with contextlib.suppress(OSError):  # the controllers handed to its children
+                    (folder / "cgroup.subtree_control").write_text("+memory +cpu")
+                with contextlib.suppress(OSError):
+                    handed = (folder / "cgroup.subtree_control").read_text().split()
+                    found.update({c: ("v2", folder) for c in ("memory", "cpu") if c in handed})
+            for controller in ("memory", "cpu") if kind == "cgroup" else ():
                 if controller in options.split(",") and controller in own:
-                    folder = Path(mount_point) / own[controller].lstrip("/")
+                    folder = mount_point / own[controller].lstrip("/")
                     if os.access(folder, os.W_OK):
-                        found[controller] = folder
+                        found.setdefault(controller, ("v1", folder))
     return found
 
 
@@ -645,9 +651,24 @@ def cgroup_note() -> str:
         "cpu": "its share of the processors not at all (its own processor time is its limit)",
     }
     return (
-        f"no writable cgroup v1 {' or '.join(missing)} controller here: a submission bounds "
+        f"no cgroup {' or '.join(missing)} controller for the kit here (v2 handed to the "
+        f"grader's children, or v1 writable): a submission bounds "
         + " and ".join(what[m] for m in missing)
     )
+
+
+def cgroup_limits(version: str, controller: str) -> List[Tuple[str, str]]:
+    """The files of a submission's cgroup to write, and what (a swap limit where there is one)."""
+    memory, period = str(SUBMISSION_MEMORY), str(CPU_PERIOD_US)
+    return {
+        ("v1", "memory"): [
+            ("memory.limit_in_bytes", memory),
+            ("memory.memsw.limit_in_bytes", memory),
+        ],
+        ("v1", "cpu"): [("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", period)],
+        ("v2", "memory"): [("memory.max", memory), ("memory.swap.max", "0")],
+        ("v2", "cpu"): [("cpu.max", f"{period} {period}")],
+    }[(version, controller)]
 
 
 class SubmissionCgroup(NamedTuple):
@@ -657,20 +678,16 @@ class SubmissionCgroup(NamedTuple):
     @classmethod
     def make(cls, uid: int) -> Optional["SubmissionCgroup"]:
         folders, fds = [], []
-        for controller, parent in cgroup_folders().items():
+        for controller, (kind, parent) in cgroup_folders().items():
             folder = parent / f"kit-{os.getpid()}-{uid}"
             try:
                 folder.mkdir(exist_ok=True)
-                if controller == "memory":
-                    (folder / "memory.limit_in_bytes").write_text(str(SUBMISSION_MEMORY))
-                    swap = folder / "memory.memsw.limit_in_bytes"
-                    with contextlib.suppress(OSError):  # no more with swap than without
-                        swap.write_text(str(SUBMISSION_MEMORY))
-                else:
-                    (folder / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-                    (folder / "cpu.cfs_quota_us").write_text(str(CPU_PERIOD_US))
-                fds.append(os.open(folder / "cgroup.procs", os.O_WRONLY))
-                folders.append(folder)
+                for name, value in cgroup_limits(kind, controller):
+                    with contextlib.suppress(OSError if "swap" in name else ()):
+                        (folder / name).write_text(value)
+                if folder not in folders:  # v2: one folder holds both controllers
+                    fds.append(os.open(folder / "cgroup.procs", os.O_WRONLY))
+                    folders.append(folder)
             except OSError:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
@@ -683,9 +700,10 @@ class SubmissionCgroup(NamedTuple):
 
     def oom_kills(self) -> int:
         for folder in self.folders:
-            with contextlib.suppress(OSError, ValueError):
-                control = (folder / "memory.oom_control").read_text().split()
-                return int(control[control.index("oom_kill") + 1])
+            for name in ("memory.oom_control", "memory.events"):  # v1's, v2's
+                with contextlib.suppress(OSError, ValueError):
+                    counts = (folder / name).read_text().split()
+                    return int(counts[counts.index("oom_kill") + 1])
         return 0
 
     def remove(self) -> None:
@@ -1511,18 +1529,19 @@ def finish(
 
 def score(check: Check, run: Run, partial: bool) -> Grade:
     """All of an exercise's points when its whole check passes; none when its run is worth
-    nothing. partial: the share of its measuring tests (Check.measured) that pass, each other
-    test that fails counted as one more of them failed; where no test measures, all or
-    nothing."""
+    nothing. partial: none when a measuring test fails (Check.measured: the answer's values are
+    wrong), else the share of its check's tests that pass (it misses only what no wrong body
+    needs to, a gradient say); where no test measures, all or nothing. A share of the measuring
+    tests would pay wrong code: relative_shift off by one fails 3 of 69 tests, 3 of its 4
+    measuring ones; attend's softmax over the queries 9 of 67, 3 of its 11."""
     failures = [
         (t, run.messages.get(t, "")) for t in check.tests if run.outcomes.get(t) != "passed"
     ]
     failed = {t for t, _ in failures}
     if run.problem:
         points = 0.0
-    elif partial and failed and check.measured:
-        passed = sum(t not in failed for t in check.measured)
-        points = check.points * passed / (len(check.measured) + len(failed - {*check.measured}))
+    elif partial and failed and check.measured and not failed & {*check.measured}:
+        points = check.points * (len(check.tests) - len(failed)) / len(check.tests)
     else:
         points = 0.0 if failures else check.points
     return Grade(

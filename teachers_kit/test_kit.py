@@ -1082,9 +1082,9 @@ def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 60
 
 
-def test_points_are_all_or_nothing_unless_partial_which_counts_the_measuring_tests():
-    """Partial credit: the share of the measuring tests (those every wrong body fails) that
-    pass, each other failing test one more failed; with none measuring, all or nothing."""
+def test_points_are_all_or_nothing_unless_partial_which_the_measuring_tests_gate():
+    """Partial credit: none where a measuring test (one every wrong body fails) fails, else the
+    share of the check's tests that pass; with none measuring, all or nothing."""
     tests = ["t::a", "t::b", "t::c", "t::d"]
     check = grading.Check("f", 4.0, tests, ["t::d"], [], ["t::a", "t::b", "t::c"])
     run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {}, 0.0)
@@ -1095,9 +1095,9 @@ def test_points_are_all_or_nothing_unless_partial_which_counts_the_measuring_tes
     assert grading.score(check, run, partial=False).score == 4
     assert grading.score(check, run, partial=True).score == 4
     assert grading.score(check, failing("t::b"), partial=False).score == 0
-    assert grading.score(check, failing("t::b"), partial=True).score == round(4 * 2 / 3, 4)
-    assert grading.score(check, failing("t::d"), partial=True).score == 3  # 3 of 3 + 1
-    assert grading.score(check, failing("t::a", "t::b", "t::c"), partial=True).score == 0
+    assert grading.score(check, failing("t::b"), partial=True).score == 0
+    assert grading.score(check, failing("t::d"), partial=True).score == 3  # 3 of 4 pass
+    assert grading.score(check, failing("t::a", "t::d"), partial=True).score == 0
     assert grading.score(check, run._replace(problem="forged"), partial=True).score == 0
     unmeasured = check._replace(measured=[])
     assert grading.score(unmeasured, failing("t::d"), partial=True).score == 0
