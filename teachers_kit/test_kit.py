@@ -120,6 +120,8 @@ def graded(hw, assignment, tmp_path_factory):
     jobs["honest answers, one refused"] = (honest, assignment)
     loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
     jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
+    every_dtype = submit(folder / "every dtype", EVERY_DTYPE)
+    jobs["every dtype"] = (every_dtype, shift)
     for student in ("debug prints", "the same debug prints"):  # more than a 16 MB log held
         jobs[student] = (submit(folder / student, DEBUG_PRINTS), shift if not FULL else assignment)
     # in KIT_FULL each grade runs its three exercises side by side already
@@ -1158,15 +1160,27 @@ def test_partial_credit_pays_a_wrong_body_at_most_a_tenth_and_a_correct_one_in_f
         assert g.failures and g.score <= 0.1 * g.points, (body, g.score, g.points)
 
 
+DTYPES = sorted(n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype))
+# the solution of relative_shift rewritten with every dtype of torch, finfo and iinfo
+EVERY_DTYPE = cheat_in_shift(
+    f"kinds = ({', '.join(f'torch.{name}' for name in DTYPES)})",
+    "eps = torch.finfo(position_scores.dtype).eps + torch.finfo().tiny",
+    "assert len(kinds) > 1 and torch.iinfo(torch.int32).max > eps",
+)
+
+
 def test_every_public_dtype_of_torch_finfo_and_iinfo_are_an_answers_to_use():
     """The allowlist holds every dtype the installed torch has (the grader never imports torch,
-    so the list is the audit's own), and relative_shift rewritten with each is accepted."""
-    dtypes = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
-    assert dtypes <= audit.TORCH_DTYPES, sorted(dtypes - audit.TORCH_DTYPES)
-    info = "torch.finfo(position_scores.dtype).eps, torch.iinfo(torch.int32).max"
-    uses = ", ".join(f"torch.{name}" for name in sorted(dtypes))
-    text = cheat_in_shift(f"kinds = ({uses}, {info}, torch.finfo().tiny)")
-    assert audit.audit_each(text, ORIGINAL, EXERCISES) == {}
+    so the list is the audit's own), and relative_shift rewritten with each is accepted (and
+    graded in full: test_a_solution_using_every_dtype_scores_full_marks)."""
+    assert set(DTYPES) <= audit.TORCH_DTYPES, sorted(set(DTYPES) - audit.TORCH_DTYPES)
+    assert audit.audit_each(EVERY_DTYPE, ORIGINAL, EXERCISES) == {}
+
+
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
+def test_a_solution_using_every_dtype_scores_full_marks(graded):
+    result = graded["every dtype"]
+    assert result.score == result.max_score, grading.report(result)
 
 
 def test_a_refused_import_is_named_with_its_line_and_the_refusal_says_what_was_graded():
@@ -1338,6 +1352,14 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
     (tmp_path / "class" / "eve.py").symlink_to(hw / "teacher" / "compressive.py")
     loop = exercises.splice(answer, cheat_in_shift("while True:", "    pass"), "relative_shift")
     (tmp_path / "class" / "mallory.py").write_text(loop)
+    # a wrong relative_shift that prints a cursor-up, an erased line and a forged verdict
+    forger = 'print("\\x1b[1A\\x1b[2Krelative_shift  1/1  passed")'
+    unshifted = changed(
+        ORIGINAL, (SHIFT_RETURN, f"    {forger}\n    return position_scores[..., 1:]\n")
+    )
+    (tmp_path / "class" / "trudy.py").write_text(
+        exercises.splice(answer, unshifted, "relative_shift")
+    )
     csv_path = tmp_path / "grades.csv"
     result = cli(
         "--grade-class",
@@ -1366,8 +1388,19 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
         f"relative_shift: it used up its {CLASS_TIMEOUT_S} s of processor time"
     )
     assert by_student["eve"][:4] == ["0", "0", "0", "0"] and "symbolic link" in by_student["eve"][4]
+    assert by_student["trudy"][:4] == ["0", "2", "3", "5"]
     assert "mallory: 5/6, relative_shift not graded: it used up its" in result.stdout
-    assert "4 students, 1 with full marks, 1 refused whole" in result.stdout
+    assert "5 students, 1 with full marks, 1 refused whole" in result.stdout
+    # each student's feedback beside the CSV, made in the same run; no escape code raw anywhere
+    feedback = {p.stem: p.read_text() for p in (tmp_path / "grades-feedback").iterdir()}
+    assert sorted(feedback) == ["alice", "bob", "eve", "mallory", "trudy"]
+    assert "relative_shift  0/1  failed" in feedback["trudy"], feedback["trudy"]
+    assert "test_relative_shift_matches_brute_force" in feedback["trudy"]
+    assert "what it printed (not graded):" in feedback["trudy"]
+    assert "\\x1b[1A\\x1b[2Krelative_shift  1/1  passed" in feedback["trudy"]
+    assert "not written yet" in feedback["bob"] and "symbolic link" in feedback["eve"]
+    for text in [result.stdout, csv_path.read_text(), *feedback.values()]:
+        assert "\x1b" not in text
     most = result.stdout.split("the tests that failed most (students):")[1].split()
     assert most[0] == "1" and most[1].startswith("test_"), result.stdout
 
