@@ -524,6 +524,13 @@ class StudentSandbox:
         if self.cgroup:  # before it has read a line of the submission: it waits for its word
             self.cgroup.take(self.process.pid)
 
+    def watch(self, timeout_s: float) -> dict:
+        """How a test process tells whether the submission's processes compute: those of its uid
+        (the grader is root), else those below its sandbox's process; and the last a run may
+        wait for one that computes (the kernel stops it at its processor time before)."""
+        where = {"uid": self.uid} if os.geteuid() == 0 else {"pid": self.process.pid}
+        return {**where, "hard_s": COMPUTING_FACTOR * timeout_s + 60}
+
     def out_of_memory(self) -> bool:
         """Whether the kernel killed a process of the submission for its cgroup's memory."""
         return bool(self.cgroup and self.cgroup.oom_kills())
@@ -862,6 +869,7 @@ def run_tests(
             "function": graded.function,
             "module": module_name(layout.module),
             "source": graded.sandbox.spliced[graded.function],
+            "watch": graded.sandbox.watch(timeout_s),
         }
         try:
             worker = graded.sandbox.open()
@@ -878,7 +886,7 @@ def run_tests(
             # this folder is pytest's rootdir, and the top the tests import the modules from
             (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
             (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
-            limit_s = wall_limit(timeout_s) + 15  # the run stops its worker before, itself
+            limit_s = COMPUTING_FACTOR * timeout_s + 75  # the run stops its worker before, itself
             sandbox_fd = worker.socket_fd if worker else None
             record, output, code, timed_out = start_and_read(
                 folder, control, sandbox_fd, limit_s, worker and (worker.output_fd, printed)
@@ -899,12 +907,15 @@ def run_tests(
 
 
 GRACE_S = 45  # past an exercise's processor time, the wall-clock time its run may take
+COMPUTING_FACTOR = 3  # the most a run waits for a worker that computes, in its processor time
 
 
 def wall_limit(timeout_s: float) -> float:
-    """How long a graded run may wait for its worker: its processor time is its own limit (the
-    kernel stops it there), and a worker that has not used it by then, with a grace for the
-    tests' own time, was kept from it or waited: it holds its slot no longer (regrade)."""
+    """How long a graded run may wait for a worker that does not compute: its processor time is
+    its own limit (the kernel stops it there), and one that has neither finished nor used it by
+    then, with a grace for the tests' own time, waited or was kept from the processor: it holds
+    its slot no longer (regrade). One that computes then may go on to its limit (Sandbox.due),
+    at most COMPUTING_FACTOR times it and a minute on a busy machine."""
     return timeout_s + GRACE_S
 
 
@@ -1047,7 +1058,8 @@ def read_record(
     if record["problem"]:  # the worker neither answered nor used its time: it was kept from it
         problem = (
             f"it neither finished nor used its {timeout_s:g} s of processor time within "
-            f"{wall_limit(timeout_s):g} s (the machine was busy, or its code waited)"
+            f"{wall_limit(timeout_s):g} s, and was not computing (its code waited, or the "
+            "machine was busy)"
         )
         return Run(record["collected"] or [], {}, {}, problem, versions, 0.0, regrade=True)
     tests, outcomes, messages = record["collected"] or [], record["outcomes"], record["messages"]
@@ -1688,7 +1700,7 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
     intro = (
         "Each exercise is graded alone: the original compressive.py with only your function put "
         "in, against the teacher's tests"
-        + (" (in proportion to the tests passed)." if grading.partial else " (all or nothing).")
+        + (" (partial credit for right values)." if grading.partial else " (all or nothing).")
     )
     return {
         "score": round(grading.score, 4),

@@ -202,7 +202,8 @@ def student_readme(
             if first != later and set(visible[later]) < set(visible[first]):
                 order.append(f"Write `{first}` first: every test of `{later}`'s check needs it.")
     credit = (
-        "in proportion to the tests of its check that pass"
+        "when every test of its check passes (if it passes every test that wrong answers fail "
+        "but misses another, a gradient say, the share of the check it passes)"
         if assignment.partial
         else "when every test of its check passes"
     )
@@ -602,7 +603,7 @@ def parse_arguments(argv):
     parser.add_argument(
         "--partial",
         action="store_true",
-        help="credit in proportion to the tests passed, not all or nothing",
+        help="partial credit for an answer that passes every test wrong answers fail",
     )
     parser.add_argument(
         "--hidden-visibility",

@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
@@ -120,6 +121,8 @@ def graded(hw, assignment, tmp_path_factory):
     jobs["honest answers, one refused"] = (honest, assignment)
     loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
     jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
+    sleeper = submit(folder / "sleeper", cheat_in_shift("__import__('time').sleep(3600)"))
+    jobs["a sleeper"] = (sleeper, shift, None, LOOP_TIMEOUT_S, False)  # without the audit
     every_dtype = submit(folder / "every dtype", EVERY_DTYPE)
     jobs["every dtype"] = (every_dtype, shift)
     for student in ("debug prints", "the same debug prints"):  # more than a 16 MB log held
@@ -1084,6 +1087,26 @@ def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 60
 
 
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
+def test_a_worker_that_waits_holds_its_slot_the_timeout_and_a_grace_and_is_regraded(graded):
+    (g,) = graded["a sleeper"].grades
+    assert g.regrade and "and was not computing" in g.problem, g
+    assert graded["a sleeper"].seconds < LOOP_TIMEOUT_S + grading.GRACE_S + 30
+
+
+def test_a_process_that_computes_is_told_from_one_that_waits():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(1)
+        assert sandbox.computing({"pid": os.getpid()})  # busy, below this process
+        assert not sandbox.computing({"pid": waiting.pid})  # nothing below it computes
+        assert sandbox.computing({"uid": os.getuid()})
+    finally:
+        busy.kill()
+        waiting.kill()
+
+
 def test_points_are_all_or_nothing_unless_partial_which_the_measuring_tests_gate():
     """Partial credit: none where a measuring test (one every wrong body fails) fails, else the
     share of the check's tests that pass; with none measuring, all or nothing."""
@@ -1394,7 +1417,7 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
     # each student's feedback beside the CSV, made in the same run; no escape code raw anywhere
     feedback = {p.stem: p.read_text() for p in (tmp_path / "grades-feedback").iterdir()}
     assert sorted(feedback) == ["alice", "bob", "eve", "mallory", "trudy"]
-    assert "relative_shift  0/1  failed" in feedback["trudy"], feedback["trudy"]
+    assert re.search(r"^relative_shift +0/1 +failed", feedback["trudy"], re.M), feedback["trudy"]
     assert "test_relative_shift_matches_brute_force" in feedback["trudy"]
     assert "what it printed (not graded):" in feedback["trudy"]
     assert "\\x1b[1A\\x1b[2Krelative_shift  1/1  passed" in feedback["trudy"]
