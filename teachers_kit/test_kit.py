@@ -1569,6 +1569,7 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
 CHANNELS = """
 import ctypes
 import os
+import socket
 import time
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -1588,6 +1589,12 @@ def store():
     kept["POSIX IPC"] = call(240, b"kit-answer", 0o100 | 0o2, 0o666, None)  # mq_open O_CREAT
     kept["memfd"] = call(319, b"kit-answer", 0)
     kept["user namespace"] = call(272, 0x10000000)  # unshare(CLONE_NEWUSER)
+    kept["ptrace"] = call(101, 16, os.getppid(), 0, 0)  # PTRACE_ATTACH to its first process
+    try:  # an abstract socket, named in the network namespace a root grading's submissions share
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).bind(b"\\0kit-answer")
+        kept["socket"] = "bound"
+    except OSError as e:
+        kept["socket"] = f"refused ({e.strerror})"
     for name, folder in (("files", os.environ["TMPDIR"]), ("/dev/shm", "/dev/shm")):
         try:
             with open(os.path.join(folder, "kit-answer"), "w") as f:
@@ -1636,7 +1643,8 @@ def worker_call(box, function):
 def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypatch):
     """Student code (no audit) stores the answer on every channel it can: a key in its uid's
     keyring, a System V segment, a POSIX message queue, a memfd, a file in its temporary folder
-    and in /dev/shm, a daemon (and a user namespace, to escape the filter). The next exercise
+    and in /dev/shm, a daemon, an abstract socket (and a user namespace or ptrace, to escape the
+    filter or its first process). The next exercise
     of the same submission, and the next submission given the very same uid, find none of it;
     the kernel holds no key of that uid, and no process of it runs once the submission ends."""
     ways = grading.confinement()
@@ -1662,6 +1670,7 @@ def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypa
     if grading.cgroup_folders():  # each submission's processes in a cgroup of its own
         assert f"/kit-{os.getpid()}-{uid}" in next_submission["cgroups"], next_submission
     refused = ("keyring", "System V", "POSIX IPC", "memfd", "/dev/shm", "user namespace")
+    refused += ("ptrace", "socket")
     for channel in refused:
         assert str(kept[channel]).startswith("refused"), kept
     assert kept["files"] == "written" and kept["processes"] == "started", kept
