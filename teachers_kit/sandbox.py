@@ -703,11 +703,15 @@ class Workers:
 
 def announce_started(control_fd: int) -> tuple:
     """What a sandbox's forking process does first: not dumpable, so that no worker of its uid
-    traces it or reads its memory (Python has no prctl: one call of the C library's), its
-    objects frozen, and "started" sent to the grader if it runs one thread alone (it forks its
-    children then), else "unsafe". Returns the control socket and whether it may go on."""
+    traces it or reads its memory, and the reaper of every process its workers leave (an orphan
+    comes to it, not to bubblewrap's first, so end_others reaps it before the next exercise):
+    Python has no prctl, so two calls of the C library's. Then its objects frozen, and
+    "started" sent to the grader if it runs one thread alone (it forks its children then), else
+    "unsafe". Returns the control socket and whether it may go on."""
     control = socket.socket(fileno=control_fd)
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    libc = ctypes.CDLL(None)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     # frozen, torch's objects are neither walked by each child's collections of garbage nor
     # copied into it page by page as those walks touch them
     gc.freeze()
