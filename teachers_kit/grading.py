@@ -586,6 +586,8 @@ class StudentSandbox:
             if self.shared:
                 self.shared.end(self.uid)
             else:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # it ends its workers first
+                    self.process.wait(timeout=30)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()

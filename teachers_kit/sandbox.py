@@ -734,7 +734,8 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
     signal.signal(signal.SIGCHLD, Workers.reap)
     while True:
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
-        if not message:  # the grader has gone
+        if not message:  # the grader has gone: the last worker, and what it left, with it
+            end_others(tmp_folder, uid)
             return
         end_others(tmp_folder, uid)
         Workers.reap()  # the last worker, if it ended just now
@@ -815,18 +816,28 @@ def become(uid: int) -> None:
 
 
 def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
-    """Every other process of the submission killed (kill(-1) reaches all that its uid may
-    signal, never the caller), the dead reaped, the temporary folder emptied. uid: this process
-    is root, and a child of it that takes uid does it."""
-    if uid is not None and os.fork():
+    """Every other process of the submission killed, the dead reaped, the temporary folder
+    emptied. uid (this process is root): a child of it that takes uid kills all that uid runs
+    (kill(-1) as uid reaches those alone) and empties the folder. Else every process below this
+    one, which is their subreaper (none escapes by leaving its parent): never kill(-1), which
+    without bubblewrap, as the grader's own user, would reach every process of that user."""
+    if uid is None:
+        for _ in range(1000):  # a process may fork as its parent is killed: until none is left
+            below = descendants(os.getpid())
+            if not below:
+                break
+            for pid in below:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            reap_all()
+    elif os.fork():
         reap_all()
         return
     try:
         if uid is not None:
             become(uid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)
-        reap_all()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
         for folder, subfolders, _ in os.walk(tmp_folder):  # a mount (a Python under /tmp) kept
             subfolders[:] = [n for n in subfolders if not os.path.ismount(f"{folder}/{n}")]
             with contextlib.suppress(OSError):  # a worker may have taken its permissions away
@@ -840,6 +851,29 @@ def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
     finally:
         if uid is not None:
             os._exit(0)
+
+
+def processes() -> Dict[int, tuple]:
+    """{pid: (its state, its parent, its uid)} of every process /proc shows."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+            found[int(pid)] = fields[0], int(fields[1]), os.stat(f"/proc/{pid}").st_uid
+    return found
+
+
+def descendants(pid: int, table: Optional[Dict[int, tuple]] = None) -> List[int]:
+    table = processes() if table is None else table
+    children: Dict[int, List[int]] = {}
+    for child, (_, parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, stack = [], [pid]
+    while stack:
+        below = children.get(stack.pop(), [])
+        found += below
+        stack += below
+    return found
 
 
 def reap_all() -> None:
@@ -1135,21 +1169,10 @@ def text(value) -> str:
 def computing(watch: dict) -> bool:
     """Whether a process of the submission runs or waits for a processor (state R): those of
     its uid (watch["uid"]), or those below its sandbox's process (watch["pid"])."""
-    below, states = {}, {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError, IndexError):
-            fields = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
-            if "uid" not in watch or os.stat(f"/proc/{pid}").st_uid == watch["uid"]:
-                states[int(pid)] = fields[0]
-                below.setdefault(int(fields[1]), []).append(int(pid))
+    table = processes()
     if "uid" in watch:
-        return "R" in states.values()
-    found, stack = set(), [watch.get("pid", -1)]
-    while stack:
-        children = set(below.get(stack.pop(), [])) - found
-        found |= children
-        stack += children
-    return any(states.get(pid) == "R" for pid in found)
+        return any(state == "R" and uid == watch["uid"] for state, _, uid in table.values())
+    return any(table[pid][0] == "R" for pid in descendants(watch.get("pid", -1), table))
 
 
 def install(module, function: str, call) -> None:
