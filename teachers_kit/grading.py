@@ -1166,10 +1166,9 @@ def measuring_tests(
         [(reference, tests, checks[n], None, None, layout, None, (n, kind)) for n, kind in jobs]
     )
     measured = {name: list(tests) for name, tests in checks.items()}
-    for (name, kind), run in zip(jobs, runs):
-        if run.problem:
-            raise KitError(f"with {name} made wrong ({kind}), the tests do not run: {run.problem}")
-        measured[name] = [t for t in measured[name] if run.outcomes.get(t) != "passed"]
+    for (name, _), run in zip(jobs, runs):
+        if not run.problem:  # a wrong body that stops the tests says nothing of them
+            measured[name] = [t for t in measured[name] if run.outcomes.get(t) != "passed"]
     return measured
 
 
