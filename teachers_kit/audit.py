@@ -45,6 +45,7 @@ effect no one foresaw. Grading runs student code: run it in a container, as Grad
 """
 
 import ast
+import builtins
 import functools
 import symtable
 from typing import Dict, List, NamedTuple
@@ -88,6 +89,23 @@ TENSOR_OPERATIONS = frozenset(
     var view view_as vstack where zero_ zeros zeros_like""".split()
 )
 
+# Every public dtype of torch (a test checks the list against the installed torch: the grader
+# itself never imports torch), and what torch.finfo and torch.iinfo tell of one.
+TORCH_DTYPES = frozenset(
+    """bfloat16 bit bits16 bits1x8 bits2x4 bits4x2 bits8 bool cdouble cfloat chalf complex128
+    complex32 complex64 double float float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn
+    float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu half int int1 int16 int2 int3
+    int32 int4 int5 int6 int64 int7 int8 long qint32 qint8 quint2x4 quint4x2 quint8 short uint1
+    uint16 uint2 uint3 uint32 uint4 uint5 uint6 uint64 uint7 uint8""".split()
+)
+DTYPE_INFO = frozenset("finfo iinfo bits eps max min tiny smallest_normal resolution".split())
+# Builtins an answer never gets, even where the original's own body reads them: each reaches a
+# name built from a string, a class, or the interpreter.
+REACHING_BUILTINS = frozenset(
+    """getattr setattr delattr hasattr vars globals locals eval exec compile open __import__
+    breakpoint input type object classmethod staticmethod property memoryview help""".split()
+)
+
 # The one attribute the original reads that an answer has no use for: torch.compiler drives the
 # compiler that the tests' own compiled calls go through.
 DENIED_ATTRIBUTES = frozenset({"compiler"})
@@ -112,9 +130,22 @@ class Refusal(Exception):
 
 def allowed_attributes(reference: ast.Module) -> frozenset:
     used = {n.attr for n in ast.walk(reference) if isinstance(n, ast.Attribute)}
-    return frozenset(a for a in used | TENSOR_OPERATIONS if not a.startswith("_")) - (
-        DENIED_ATTRIBUTES
-    )
+    allowed = used | TENSOR_OPERATIONS | TORCH_DTYPES | DTYPE_INFO
+    return frozenset(a for a in allowed if not a.startswith("_")) - DENIED_ATTRIBUTES
+
+
+def solution_builtins(reference: ast.Module, exercises: tuple) -> frozenset:
+    """The builtins the original's own bodies of the exercises read (an answer may use what the
+    solution does), less REACHING_BUILTINS."""
+    found = functions(reference)
+    read = {
+        node.id
+        for name in exercises
+        if name in found
+        for node in ast.walk(found[name])
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+    return frozenset(read & set(dir(builtins))) - REACHING_BUILTINS
 
 
 def module_names(reference: ast.Module) -> frozenset:
@@ -147,11 +178,19 @@ def first_difference(student: ast.Module, reference: ast.Module, exercises: List
                     ast.Module(ours.body, []), ast.Module(theirs.body, []), methods
                 )
                 return inner if inner.startswith("line") else f"line {ours.lineno}"
-            return f"line {ours.lineno}"
+            return f"line {ours.lineno}{named(ours)}"
     extra = student.body[len(reference.body) :]
     if extra:
-        return f"line {extra[0].lineno} (added after the original's last statement)"
+        where = f"line {extra[0].lineno}{named(extra[0])}"
+        return f"{where} (added after the original's last statement)"
     return "its end (a statement of the original is missing)"
+
+
+def named(statement: ast.stmt) -> str:
+    """An import, named: what it imports is what a reader of the refusal looks for."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return f", an import the handout does not have (`{ast.unparse(statement)}`)"
+    return ""
 
 
 MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
@@ -221,7 +260,7 @@ def read_reference(reference_text: str, exercises: tuple) -> Reference:
     return Reference(
         functions=functions(tree),
         without_exercises=without_functions(tree, list(exercises)),
-        names=module_names(tree) | SAFE_BUILTINS,
+        names=module_names(tree) | SAFE_BUILTINS | solution_builtins(tree, exercises),
         attributes=allowed_attributes(tree),
         classes=frozenset(n.name for n in tree.body if isinstance(n, ast.ClassDef)),
     )

@@ -23,6 +23,7 @@ KIT_FILES = [
     "sandbox.py",
     "gradescope.py",
     "exercises.json",  # the table of exercises, which exercises.py reads as it is imported
+    "requirements.txt",  # the kit's own, which setup.sh installs
 ]
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -42,10 +43,11 @@ def setup_sh(versions: Dict[str, str]) -> str:
 # checks were computed with.
 set -euo pipefail
 apt-get update
-apt-get install -y python3 python3-venv bubblewrap
+apt-get install -y python3 python3-venv bubblewrap libseccomp2
 python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install --no-cache-dir torch=={torch_version} --index-url {TORCH_CPU_INDEX}
 /autograder/venv/bin/pip install --no-cache-dir pytest=={pytest_version}
+/autograder/venv/bin/pip install --no-cache-dir -r /autograder/source/teachers_kit/requirements.txt
 """
 
 

@@ -23,6 +23,7 @@ way, students side by side, one per core (grade_class).
 import ast
 import atexit
 import contextlib
+import errno
 import functools
 import hashlib
 import importlib.util
@@ -61,7 +62,7 @@ from teachers_kit.exercises import (
 KIT = Path(__file__).resolve().parent
 CHILD = KIT / "grading_child.py"
 SANDBOX = KIT / "sandbox.py"
-FORMAT = 3  # of assignment.json
+FORMAT = 4  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
@@ -137,7 +138,41 @@ def module_name(path: str) -> str:
 
 INSIDE = "/sandbox"  # where a submission's sandbox folder appears in bubblewrap, read-only
 TMP_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
-NAMESPACES = 0x6C020000  # sandbox.NEW_NAMESPACES: mount, host name, IPC, processes, network
+
+# What one process can leave in the kernel for another of the same uid, past the end of its own
+# processes and folders: a key in the uid's keyring (which lives as long as the machine), a System
+# V object or a POSIX message queue (as long as its IPC namespace), a memfd passed on, a socket
+# (abstract ones are named in the network namespace, which the submissions of a grading as root
+# share). Student code makes none of them: the filter refuses their system calls (EPERM), and a
+# new user namespace (unshare or clone with CLONE_NEWUSER; clone3, whose flags it cannot read,
+# answers ENOSYS, and the C library then calls clone), ptrace and another process's memory.
+REFUSED_CALLS = """keyctl add_key request_key shmget msgget semget mq_open memfd_create socket
+    ptrace process_vm_readv process_vm_writev""".split()
+CLONE_NEWUSER = 0x10000000
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_filter():
+    """The sandbox's seccomp filter, built by libseccomp (pyseccomp): every architecture but the
+    machine's own is killed (libseccomp's default, x32's calls too)."""
+    import pyseccomp as seccomp
+
+    rules = seccomp.SyscallFilter(seccomp.ALLOW)
+    for call in REFUSED_CALLS:
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    new_user = seccomp.Arg(0, seccomp.MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER)
+    for call in ("unshare", "clone"):  # their first argument holds the flags
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), call, new_user)
+    return rules
+
+
+def filter_file():
+    """The filter as BPF in a file of its own, for bubblewrap's --seccomp (its fd)."""
+    bpf = tempfile.TemporaryFile()
+    kernel_filter().export_bpf(bpf)
+    bpf.seek(0)
+    return bpf
 
 
 def torch_folder() -> Path:
@@ -188,19 +223,19 @@ def sandbox_environment(count_processes: bool) -> Dict[str, str]:
     return env
 
 
-def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> list:
+def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccomp: int) -> list:
     """The command that starts Python with argv in a sandbox on folder (a copy of sandbox.py and
-    the project's other modules, nothing of the teacher's tests). In bubblewrap where bwrap names
-    it: namespaces of its own for processes (every one dies with it), network (none), IPC and
-    host name; the system and Python read-only; a /tmp of its own; no environment but
-    what it needs. root (the grader is): bubblewrap runs as root, without a user namespace, its
-    first process holding no capability but those to change uid and to make namespaces, and
-    /tmp writable by root alone; each submission's first process has namespaces of its own and
-    takes a uid of the kit's own before anything of the submission runs, a real uid of the
-    machine's, whose processes the kernel counts and whose files it checks as no one's but its
-    own. Else bubblewrap runs as the grader's user, in a user namespace of its own too (no
-    capability, none nested). Without bubblewrap, Python alone (started in folder)."""
-    python = str(Path(sys.executable).resolve())
+    the project's other modules, nothing of the teacher's tests), all of it bubblewrap's options:
+    namespaces of its own for processes (every one dies with it), network (none), IPC and host
+    name; the system and Python read-only; a /tmp of its own; no environment but what it needs;
+    the seccomp filter (the fd of its BPF). root (the grader is): bubblewrap runs as root,
+    without a user namespace, its first process holding no capability but those to change uid
+    and to give a folder to one, /tmp writable by root alone; each submission's workers take a
+    uid of the kit's own before anything of the submission runs, a real uid of the machine's,
+    whose processes the kernel counts and whose files it checks as no one's but its own. Else
+    bubblewrap runs as the grader's user, in a user namespace of its own too (no capability,
+    none nested). Without bubblewrap, Python alone (started in folder)."""
+    python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
     if not bwrap:
         return [python, *argv]
     if not root:
@@ -208,15 +243,16 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool) -> lis
     else:
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
-        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_SYS_ADMIN"):
+        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"):
             args += ["--cap-add", capability]
-    args += ["--die-with-parent", "--new-session", "--clearenv"]
+    args += ["--die-with-parent", "--new-session", "--clearenv", "--seccomp", str(seccomp)]
     for name, value in sandbox_environment(True).items():
         args += ["--setenv", name, value]
     # its own /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
     # it, read-only, after
     tmp_mode = "0711" if root else "1777"  # as root, each submission's folder in it, its own
-    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
+    tmp_bytes = TMP_BYTES * (workers() if root else 1)  # as root, the submissions side by side
+    args += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
     args += system_mounts()
     made = {"/", "/tmp"}
     for path in python_folders():
@@ -237,22 +273,27 @@ def probe(bwrap: str, uid: Optional[int]) -> str:
     with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder:
         os.chmod(folder, 0o755)
         look = "import os, sys\n"
-        if uid is not None and bwrap:  # a submission's namespaces made (sandbox.isolate), its uid
-            look += f"import ctypes\nif ctypes.CDLL(None).unshare({NAMESPACES}): sys.exit(4)\n"
+        if uid is not None and bwrap:  # a worker's uid taken
             look += f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
         look += f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)\n"
-        command = sandbox_command(bwrap, folder, ["-I", "-c", look], uid is not None)
         user = {"user": uid, "group": uid, "extra_groups": []} if uid and not bwrap else {}
         try:
-            done = subprocess.run(
-                command, cwd=folder, capture_output=True, text=True, timeout=60, **user
-            )
+            with filter_file() as bpf:
+                argv = ["-I", "-c", look]
+                command = sandbox_command(bwrap, folder, argv, uid is not None, bpf.fileno())
+                done = subprocess.run(
+                    command,
+                    cwd=folder,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    pass_fds=(bpf.fileno(),),
+                    **user,
+                )
         except (OSError, subprocess.SubprocessError) as e:
             return str(e)
     if done.returncode == 3:
         return f"torch ({torch_init}) cannot be read there"
-    if done.returncode == 4:
-        return "a submission's namespaces cannot be made there"
     lines = (done.stderr or done.stdout).strip().splitlines()
     return (
         "" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")
@@ -356,17 +397,22 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
     env = sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None)
     if not ways.bwrap:  # a private folder of its own (tmp_folder), not the machine's /tmp
         env["TMPDIR"] = env["HOME"] = tmp_folder
-    process = subprocess.Popen(
-        sandbox_command(ways.bwrap, str(folder), argv, uid is not None),
-        cwd=folder,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        pass_fds=(theirs.fileno(),),
-        start_new_session=True,  # its own process group, killed whole when it ends
-        **user,
-    )
+    # the filter: bubblewrap installs it; without bubblewrap, libseccomp does in the new process
+    # before it runs Python (no thread of the grader runs in it)
+    load = None if ways.bwrap else kernel_filter().load
+    with filter_file() as bpf:
+        process = subprocess.Popen(
+            sandbox_command(ways.bwrap, str(folder), argv, uid is not None, bpf.fileno()),
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(theirs.fileno(), *([bpf.fileno()] if ways.bwrap else [])),
+            start_new_session=True,  # its own process group, killed whole when it ends
+            preexec_fn=load,
+            **user,
+        )
     theirs.close()
     return process, ours, log, folder
 
@@ -478,6 +524,13 @@ class StudentSandbox:
         if self.cgroup:  # before it has read a line of the submission: it waits for its word
             self.cgroup.take(self.process.pid)
 
+    def watch(self, timeout_s: float) -> dict:
+        """How a test process tells whether the submission's processes compute: those of its uid
+        (the grader is root), else those below its sandbox's process; and the last a run may
+        wait for one that computes (the kernel stops it at its processor time before)."""
+        where = {"uid": self.uid} if os.geteuid() == 0 else {"pid": self.process.pid}
+        return {**where, "hard_s": COMPUTING_FACTOR * timeout_s + 60}
+
     def out_of_memory(self) -> bool:
         """Whether the kernel killed a process of the submission for its cgroup's memory."""
         return bool(self.cgroup and self.cgroup.oom_kills())
@@ -533,6 +586,8 @@ class StudentSandbox:
             if self.shared:
                 self.shared.end(self.uid)
             else:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # it ends its workers first
+                    self.process.wait(timeout=30)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
@@ -555,37 +610,43 @@ class StudentSandbox:
 # Where the grader is root and the machine lets it, each submission's processes share one cgroup:
 # their memory together (shared memory and tmpfs pages included) at most SUBMISSION_MEMORY, the
 # kernel killing one of theirs past it; their processor time together at most one core's, so
-# that no number of busy processes slows a classmate more than one busy core does. cgroup v1's
-# memory and cpu hierarchies, where mounted and writable (this kit does not yet use cgroup v2's
-# controllers: a cgroup with processes, as the grader's own, cannot hand them to children).
+# that no number of busy processes slows a classmate more than one busy core does. cgroup v2's
+# memory and cpu controllers where the grader's cgroup hands them to its children (the root of
+# a cgroup namespace, or a delegated one, as systemd-run -p Delegate=yes makes); else cgroup
+# v1's memory and cpu hierarchies, where mounted and writable; else cgroup_note says what is
+# not bounded.
 SUBMISSION_MEMORY = 4 << 30
 CPU_PERIOD_US = 100_000
 
 
-def cgroup_folders() -> Dict[str, Path]:
-    """{controller: the grader's own cgroup folder} for memory and cpu, where cgroup v1 mounts
-    them writable (empty where it does not, or where the grader is not root)."""
+def cgroup_folders() -> Dict[str, Tuple[str, Path]]:
+    """{controller: (its cgroup version, the grader's own cgroup folder)} for memory and cpu
+    where a submission's cgroup can be made below it (empty where the grader is not root)."""
     if os.geteuid() != 0:
         return {}
-    own = {}
+    own, found = {}, {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
-            for controller in controllers.split(","):
+            for controller in controllers.split(",") if controllers else ["v2"]:
                 own[controller] = path
-    found = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             fields, _, tail = line.partition(" - ")
             kind, _, options = (tail.split() + ["", "", ""])[:3]
-            if kind != "cgroup":
-                continue
-            mount_point = fields.split()[4]
-            for controller in ("memory", "cpu"):
+            mount_point = Path(fields.split()[4])
+            if kind == "cgroup2" and "v2" in own:
+                folder = mount_point / own["v2"].lstrip("/")
+                with contextlib.suppress(OSError):  # the controllers handed to its children
+                    (folder / "cgroup.subtree_control").write_text("+memory +cpu")
+                with contextlib.suppress(OSError):
+                    handed = (folder / "cgroup.subtree_control").read_text().split()
+                    found.update({c: ("v2", folder) for c in ("memory", "cpu") if c in handed})
+            for controller in ("memory", "cpu") if kind == "cgroup" else ():
                 if controller in options.split(",") and controller in own:
-                    folder = Path(mount_point) / own[controller].lstrip("/")
+                    folder = mount_point / own[controller].lstrip("/")
                     if os.access(folder, os.W_OK):
-                        found[controller] = folder
+                        found.setdefault(controller, ("v1", folder))
     return found
 
 
@@ -599,9 +660,24 @@ def cgroup_note() -> str:
         "cpu": "its share of the processors not at all (its own processor time is its limit)",
     }
     return (
-        f"no writable cgroup v1 {' or '.join(missing)} controller here: a submission bounds "
+        f"no cgroup {' or '.join(missing)} controller for the kit here (v2 handed to the "
+        f"grader's children, or v1 writable): a submission bounds "
         + " and ".join(what[m] for m in missing)
     )
+
+
+def cgroup_limits(version: str, controller: str) -> List[Tuple[str, str]]:
+    """The files of a submission's cgroup to write, and what (a swap limit where there is one)."""
+    memory, period = str(SUBMISSION_MEMORY), str(CPU_PERIOD_US)
+    return {
+        ("v1", "memory"): [
+            ("memory.limit_in_bytes", memory),
+            ("memory.memsw.limit_in_bytes", memory),
+        ],
+        ("v1", "cpu"): [("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", period)],
+        ("v2", "memory"): [("memory.max", memory), ("memory.swap.max", "0")],
+        ("v2", "cpu"): [("cpu.max", f"{period} {period}")],
+    }[(version, controller)]
 
 
 class SubmissionCgroup(NamedTuple):
@@ -611,20 +687,16 @@ class SubmissionCgroup(NamedTuple):
     @classmethod
     def make(cls, uid: int) -> Optional["SubmissionCgroup"]:
         folders, fds = [], []
-        for controller, parent in cgroup_folders().items():
+        for controller, (kind, parent) in cgroup_folders().items():
             folder = parent / f"kit-{os.getpid()}-{uid}"
             try:
                 folder.mkdir(exist_ok=True)
-                if controller == "memory":
-                    (folder / "memory.limit_in_bytes").write_text(str(SUBMISSION_MEMORY))
-                    swap = folder / "memory.memsw.limit_in_bytes"
-                    with contextlib.suppress(OSError):  # no more with swap than without
-                        swap.write_text(str(SUBMISSION_MEMORY))
-                else:
-                    (folder / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-                    (folder / "cpu.cfs_quota_us").write_text(str(CPU_PERIOD_US))
-                fds.append(os.open(folder / "cgroup.procs", os.O_WRONLY))
-                folders.append(folder)
+                for name, value in cgroup_limits(kind, controller):
+                    with contextlib.suppress(OSError if "swap" in name else ()):
+                        (folder / name).write_text(value)
+                if folder not in folders:  # v2: one folder holds both controllers
+                    fds.append(os.open(folder / "cgroup.procs", os.O_WRONLY))
+                    folders.append(folder)
             except OSError:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
@@ -637,9 +709,10 @@ class SubmissionCgroup(NamedTuple):
 
     def oom_kills(self) -> int:
         for folder in self.folders:
-            with contextlib.suppress(OSError, ValueError):
-                control = (folder / "memory.oom_control").read_text().split()
-                return int(control[control.index("oom_kill") + 1])
+            for name in ("memory.oom_control", "memory.events"):  # v1's, v2's
+                with contextlib.suppress(OSError, ValueError):
+                    counts = (folder / name).read_text().split()
+                    return int(counts[counts.index("oom_kill") + 1])
         return 0
 
     def remove(self) -> None:
@@ -690,7 +763,7 @@ def uid_in_use(uid: int) -> bool:
 def end_every_process_of(uid: int) -> None:
     """Without bubblewrap's namespace, a process the sandbox started may outlive it: kill(-1) as
     that uid reaches each of them, and nothing else."""
-    python = str(Path(sys.executable).resolve())
+    python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
     kill = "import os, signal; os.kill(-1, signal.SIGKILL)"
     subprocess.run(
         [python, "-I", "-S", "-c", kill],
@@ -773,6 +846,7 @@ def run_tests(
     leave_out: Optional[List[str]] = None,
     layout: Layout = COMPRESSIVE,
     graded: Optional[Graded] = None,
+    wrong: Optional[Tuple[str, str]] = None,
     timeout_s=TIMEOUT_S,
 ) -> Run:
     """Run tests (the text of a test file) on compressive (the text of the module they test,
@@ -789,11 +863,15 @@ def run_tests(
         "timeout_s": wall_limit(timeout_s),
     }
     worker = None
+    if wrong:  # (function, kind): the original's function made wrong (grading_child.WrongBody)
+        control["wrong"] = {"module": module_name(layout.module), "function": wrong[0]}
+        control["wrong"]["kind"] = wrong[1]
     if graded:
         control["graded"] = {
             "function": graded.function,
             "module": module_name(layout.module),
             "source": graded.sandbox.spliced[graded.function],
+            "watch": graded.sandbox.watch(timeout_s),
         }
         try:
             worker = graded.sandbox.open()
@@ -810,7 +888,7 @@ def run_tests(
             # this folder is pytest's rootdir, and the top the tests import the modules from
             (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
             (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
-            limit_s = wall_limit(timeout_s) + 60  # the run stops its worker before, itself
+            limit_s = COMPUTING_FACTOR * timeout_s + 75  # the run stops its worker before, itself
             sandbox_fd = worker.socket_fd if worker else None
             record, output, code, timed_out = start_and_read(
                 folder, control, sandbox_fd, limit_s, worker and (worker.output_fd, printed)
@@ -830,13 +908,17 @@ def run_tests(
     return run._replace(seconds=time.monotonic() - began, printed=printed.text())
 
 
-WALL_FACTOR = 3  # a worker's wall-clock limit, in its limits of processor time (plus a minute)
+GRACE_S = 45  # past an exercise's processor time, the wall-clock time its run may take
+COMPUTING_FACTOR = 3  # the most a run waits for a worker that computes, in its processor time
 
 
 def wall_limit(timeout_s: float) -> float:
-    """How long a graded run may wait for its worker: its processor time is its own limit (the
-    kernel stops it there), and a worker that has not used it by then was kept from it."""
-    return WALL_FACTOR * timeout_s + 60
+    """How long a graded run may wait for a worker that does not compute: its processor time is
+    its own limit (the kernel stops it there), and one that has neither finished nor used it by
+    then, with a grace for the tests' own time, waited or was kept from the processor: it holds
+    its slot no longer (regrade). One that computes then may go on to its limit (Sandbox.due),
+    at most COMPUTING_FACTOR times it and a minute on a busy machine."""
+    return timeout_s + GRACE_S
 
 
 def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, float]]:
@@ -978,7 +1060,8 @@ def read_record(
     if record["problem"]:  # the worker neither answered nor used its time: it was kept from it
         problem = (
             f"it neither finished nor used its {timeout_s:g} s of processor time within "
-            f"{wall_limit(timeout_s):g} s (the machine was busy, or its code waited)"
+            f"{wall_limit(timeout_s):g} s, and was not computing (its code waited, or the "
+            "machine was busy)"
         )
         return Run(record["collected"] or [], {}, {}, problem, versions, 0.0, regrade=True)
     tests, outcomes, messages = record["collected"] or [], record["outcomes"], record["messages"]
@@ -996,7 +1079,7 @@ def read_record(
 
 def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
     """run_tests on each (compressive, tests, selected[, names[, leave_out[, layout[,
-    graded]]]]), side by side, one per core."""
+    graded[, wrong]]]]]), side by side, one per core."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
         return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
 
@@ -1068,6 +1151,27 @@ def sandbox_checks(
     return unsandboxed
 
 
+WRONG_BODIES = ("zeros", "perturbed", "inputs")  # grading_child.WrongBody's
+
+
+def measuring_tests(
+    reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
+) -> Dict[str, List[str]]:
+    """For each exercise, the tests of its check that every wrong body the kit makes of its
+    function fails (WRONG_BODIES), as the blanked one does: those its partial credit counts,
+    since a test that a wrong answer passes measures nothing of the answer. One run per
+    exercise and body, side by side."""
+    jobs = [(name, kind) for name in checks for kind in WRONG_BODIES]
+    runs = run_many(
+        [(reference, tests, checks[n], None, None, layout, None, (n, kind)) for n, kind in jobs]
+    )
+    measured = {name: list(tests) for name, tests in checks.items()}
+    for (name, _), run in zip(jobs, runs):
+        if not run.problem:  # a wrong body that stops the tests says nothing of them
+            measured[name] = [t for t in measured[name] if run.outcomes.get(t) != "passed"]
+    return measured
+
+
 def base_name(node_id: str) -> str:
     """test_compressive.py::test_x[param] -> test_x"""
     return node_id.split("::")[-1].split("[")[0]
@@ -1085,6 +1189,8 @@ class Check(NamedTuple):
     # sandbox (one that hooks a module the function calls: the sandbox's copy carries no hook),
     # left out of its check
     unsandboxed: List[str] = []
+    # those of its tests that every wrong body the kit makes fails: what partial credit counts
+    measured: List[str] = []
 
 
 class Assignment(NamedTuple):
@@ -1138,6 +1244,7 @@ def make_assignment(
         reference, tests, names, only, all_left_out, layout
     )
     unsandboxed = sandbox_checks(reference, tests, checks, layout)
+    measured = measuring_tests(reference, tests, checks, layout)
     hidden = set(hidden_tests(tests))
     exercises = [
         Check(
@@ -1146,6 +1253,7 @@ def make_assignment(
             checks[n],
             [t for t in checks[n] if base_name(t) in hidden],
             unsandboxed[n],
+            measured[n],
         )
         for n in names
     ]
@@ -1201,6 +1309,7 @@ def load_assignment(folder: Path) -> Assignment:
                 list(e["tests"]),
                 list(e["hidden"]),
                 list(e["unsandboxed"]),
+                list(e["measured"]),
             )
             for e in record["exercises"]
         ]
@@ -1432,15 +1541,20 @@ def finish(
 
 
 def score(check: Check, run: Run, partial: bool) -> Grade:
-    """All of an exercise's points when its whole check passes (partial: in proportion to the
-    tests that pass); none when its run is worth nothing."""
+    """All of an exercise's points when its whole check passes; none when its run is worth
+    nothing. partial: none when a measuring test fails (Check.measured: the answer's values are
+    wrong), else the share of its check's tests that pass (it misses only what no wrong body
+    needs to, a gradient say); where no test measures, all or nothing. A share of the measuring
+    tests would pay wrong code: relative_shift off by one fails 3 of 69 tests, 3 of its 4
+    measuring ones; attend's softmax over the queries 9 of 67, 3 of its 11."""
     failures = [
         (t, run.messages.get(t, "")) for t in check.tests if run.outcomes.get(t) != "passed"
     ]
+    failed = {t for t, _ in failures}
     if run.problem:
         points = 0.0
-    elif partial:
-        points = check.points * (len(check.tests) - len(failures)) / len(check.tests)
+    elif partial and failed and check.measured and not failed & {*check.measured}:
+        points = check.points * (len(check.tests) - len(failed)) / len(check.tests)
     else:
         points = 0.0 if failures else check.points
     return Grade(
@@ -1503,29 +1617,43 @@ def failure_lines(grade: Grade, hidden: bool) -> List[str]:
     return lines
 
 
-def print_grading(grading: Grading) -> None:
-    if grading.refused:
-        print(f"{grading.submission}: {audit_line(grading.refused)}")
+def shown(text: str) -> str:
+    """text as a terminal may show it: every control character but a line feed and a tab
+    escaped (ESC as \\x1b), so that nothing a submission printed or raised moves the cursor or
+    rewrites a line of the grade."""
+    return "".join(c if c in "\n\t" or c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def report(grading: Grading) -> str:
+    """The grade as print_grading shows it and a student's feedback file holds it: each
+    exercise's points, its failing tests with the first line of why, what it printed."""
+    lines = [f"{grading.submission}: {audit_line(grading.refused)}"] if grading.refused else []
     width = max(len(g.name) for g in grading.grades)
     for g in grading.grades:
         if grading.refused:
             verdict = "refused"
         else:
-            verdict = audit_line(g.refused) if g.refused else summary(g)
+            verdict = audit_line(g.refused, whole=False) if g.refused else summary(g)
         score = "regrade" if g.regrade else f"{g.score:g}"
-        print(f"{g.name:<{width}}  {score}/{g.points:g}  {verdict}")
+        lines.append(f"{g.name:<{width}}  {score}/{g.points:g}  {verdict}")
         if g.failures and not g.problem and not verdict.startswith("not written"):
-            for line in failure_lines(g, hidden=False):
-                print(f"    {line}")
-            for line in failure_lines(g, hidden=True):
-                print(f"    (hidden) {line}")
+            lines += [f"    {line}" for line in failure_lines(g, hidden=False)]
+            lines += [f"    (hidden) {line}" for line in failure_lines(g, hidden=True)]
         if g.printed:
-            print(f"    what it printed (not graded):\n{textwrap.indent(g.printed, '      ')}")
-    print(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
+            lines.append(
+                f"    what it printed (not graded):\n{textwrap.indent(g.printed, '      ')}"
+            )
+    lines.append(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
+    return shown("\n".join(lines))
 
 
-def audit_line(why: str) -> str:
-    return f"refused: {why}"
+def print_grading(grading: Grading) -> None:
+    print(report(grading))
+
+
+def audit_line(why: str, whole: bool = True) -> str:
+    graded = "nothing of the file was graded" if whole else "the other exercises were graded"
+    return f"refused: {why} ({graded})"
 
 
 def results_json(grading: Grading, assignment: Assignment) -> dict:
@@ -1535,7 +1663,7 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
     tests = []
     for g in grading.grades:
         if grading.refused or g.refused:
-            output = audit_line(grading.refused or g.refused)
+            output = audit_line(grading.refused or g.refused, whole=bool(grading.refused))
         elif g.problem:
             output = f"{not_graded(g).capitalize()}."
         else:
@@ -1552,7 +1680,7 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
                 "score": g.score,
                 "max_score": g.points,
                 "status": "passed" if g.score == g.points else "failed",
-                "output": output,
+                "output": shown(output),
                 "visibility": "visible",
             }
         )
@@ -1565,19 +1693,20 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
                     "score": 0.0,
                     "max_score": 0.0,
                     "status": "failed" if failed else "passed",
-                    "output": "\n".join(failed) or f"all {len(g.hidden)} hidden tests passed",
+                    "output": shown("\n".join(failed))
+                    or f"all {len(g.hidden)} hidden tests passed",
                     "visibility": assignment.hidden_visibility,
                 }
             )
     intro = (
         "Each exercise is graded alone: the original compressive.py with only your function put "
         "in, against the teacher's tests"
-        + (" (in proportion to the tests passed)." if grading.partial else " (all or nothing).")
+        + (" (partial credit for right values)." if grading.partial else " (all or nothing).")
     )
     return {
         "score": round(grading.score, 4),
         "execution_time": round(grading.seconds),
-        "output": audit_line(grading.refused) if grading.refused else intro,
+        "output": shown(audit_line(grading.refused)) if grading.refused else intro,
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,

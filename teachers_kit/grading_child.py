@@ -58,6 +58,38 @@ def first_line(report) -> str:
     return lines[0][:500] if lines else "failed"
 
 
+class WrongBody:
+    """A wrong answer the kit can make of any function: the original's value with each of its
+    floating-point tensors replaced, its structure (tuples, named tuples, None) kept. "zeros":
+    the value times 0 (its gradients 0); "perturbed": the value plus noise as large as the value
+    (its gradients right); "inputs": the argument of the same shape and dtype where there is
+    one (an update that returns its inputs), else zeros. An exercise's partial credit comes from
+    the tests that all of them fail (grading.measuring_tests)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.noise = torch.Generator().manual_seed(0)  # the tests' own random stream untouched
+
+    def __call__(self, target, args, kwargs):
+        value = target(*args, **kwargs)
+        inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        return self.replaced(value, inputs)
+
+    def replaced(self, value, inputs):
+        if isinstance(value, (tuple, list)):
+            items = [self.replaced(item, inputs) for item in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.is_meta:
+            return value
+        if self.kind == "inputs":
+            same = [a for a in inputs if a.shape == value.shape and a.dtype == value.dtype]
+            return same[0] if same else value * 0
+        if self.kind == "zeros":
+            return value * 0
+        noise = torch.randn(value.shape, generator=self.noise, dtype=value.dtype)
+        return value + noise * (value.detach().abs().mean() + 1)
+
+
 def run(control: dict, sandbox_fd: Optional[int]) -> dict:
     """pytest on the test file of this folder; the record of what happened. sandbox_fd: the
     socket of the worker that runs the graded function."""
@@ -66,12 +98,15 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
     record = {"collected": None, "outcomes": {}, "messages": {}, "collect_error": "", "problem": ""}
     record["versions"] = {"torch": torch.__version__, "pytest": pytest.__version__}
     box = None
-    graded = control.get("graded")
+    graded, wrong = control.get("graded"), control.get("wrong")
     if graded:  # the proxy in place before the tests import anything of the module
         module = importlib.import_module(graded["module"])  # the teacher's original, from here
         classes = sandbox.named_tuples(os.getcwd())
         box = sandbox.Sandbox(sandbox_fd, graded, control["timeout_s"], classes)
-        sandbox.install(module, graded["function"], box)
+        sandbox.install(module, graded["function"], lambda _, args, kwargs: box.call(args, kwargs))
+    elif wrong:
+        module = importlib.import_module(wrong["module"])
+        sandbox.install(module, wrong["function"], WrongBody(wrong["kind"]))
     rank = ["passed", "skipped", "failed"]
 
     class Reporter:

@@ -41,6 +41,7 @@ import argparse
 import ast
 import contextlib
 import csv
+import io
 import json
 import os
 import shutil
@@ -201,7 +202,8 @@ def student_readme(
             if first != later and set(visible[later]) < set(visible[first]):
                 order.append(f"Write `{first}` first: every test of `{later}`'s check needs it.")
     credit = (
-        "in proportion to the tests of its check that pass"
+        "when every test of its check passes (if it passes every test that wrong answers fail "
+        "but misses another, a gradient say, the share of the check it passes)"
         if assignment.partial
         else "when every test of its check passes"
     )
@@ -235,11 +237,12 @@ def student_readme(
         )
     for check in assignment.exercises:
         if check.unsandboxed:
-            tests = ", ".join(f"`{grading.short(t)}`" for t in check.unsandboxed)
+            named = ", ".join(f"`{grading.short(t)}`" for t in check.unsandboxed)
             left_out.append(
-                f"{tests} count for no grade of `{check.name}`: the grader runs your function "
-                "in a sandbox of its own, and these tests watch from outside what it calls "
-                "(a hook on a module)."
+                f"{named} count for no grade of `{check.name}`: they fail even with your "
+                "teacher's own function in the grader's sandbox, which runs it on a copy of what "
+                "the test hands it (a hook the test put on a module, a model the test compiled, "
+                "never reach that copy)."
             )
     left_out = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in left_out)
     return f"""# Compressive Transformer: the exercise
@@ -425,8 +428,13 @@ def grade_class(
     began = time.monotonic()
     print(f"grading {len(submissions)} submissions, {grading.workers()} runs at a time")
 
+    feedback = feedback_folder(csv_path)
+    feedback.mkdir(parents=True, exist_ok=True)
+
     def graded(student, result):
-        print(f"{student}: {result.score:g}/{result.max_score:g}{class_note(result)}", flush=True)
+        line = f"{student}: {result.score:g}/{result.max_score:g}{class_note(result)}"
+        print(grading.shown(line), flush=True)
+        write_text(feedback / f"{student}.txt", grading.report(result) + "\n")
 
     results = grading.grade_class(submissions, assignment, partial, timeout_s, graded, audited)
     rows = [["student", *names, "total", "refusals", "not graded"]]
@@ -444,32 +452,40 @@ def grade_class(
         ]
         row = [student, *(scores[n] for n in names), f"{result.score:g}"]
         row += ["; ".join(why), "; ".join(ungraded)]
-        rows.append([spreadsheet_cell(cell) for cell in row])
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    staging = csv_path.with_name(f".{csv_path.name}.tmp")
-    with staging.open("w", newline="", encoding="utf-8") as handle:
-        csv.writer(handle).writerows(rows)
-    os.replace(staging, csv_path)
+        rows.append([spreadsheet_cell(grading.shown(cell)) for cell in row])
+    table = io.StringIO()
+    csv.writer(table).writerows(rows)
+    write_text(csv_path, table.getvalue())
     total = sum(c.points for c in assignment.exercises)
     full = sum(r.score == total for r in results.values())
     print(
         f"{csv_path}: {len(results)} students, {full} with full marks, "
         f"{sum(bool(r.refused) for r in results.values())} refused whole "
-        f"({time.monotonic() - began:.0f} s)"
+        f"({time.monotonic() - began:.0f} s); each one's feedback in {feedback}/STUDENT.txt"
     )
     most = grading.failed_most(list(results.values()))
     if most:
         print("the tests that failed most (students):")
         for test, count in most[:MOST_FAILED]:
-            print(f"  {count:>4}  {grading.short(test)}")
+            print(grading.shown(f"  {count:>4}  {grading.short(test)}"))
     return 0
 
 
-def write_results(path: Path, record: dict) -> None:
+def feedback_folder(csv_path: Path) -> Path:
+    """Where a class run writes each student's feedback: grades.csv -> grades-feedback/."""
+    return csv_path.with_name(f"{csv_path.stem}-feedback")
+
+
+def write_text(path: Path, text: str) -> None:
+    """path written whole or not at all (staged beside it, then renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    staging.write_text(text, encoding="utf-8", newline="")
     os.replace(staging, path)
+
+
+def write_results(path: Path, record: dict) -> None:
+    write_text(path, json.dumps(record, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------- the README's table ------------
@@ -587,7 +603,7 @@ def parse_arguments(argv):
     parser.add_argument(
         "--partial",
         action="store_true",
-        help="credit in proportion to the tests passed, not all or nothing",
+        help="partial credit for an answer that passes every test wrong answers fail",
     )
     parser.add_argument(
         "--hidden-visibility",
@@ -741,7 +757,8 @@ def main(argv=None) -> int:
         note_assignment(args.out)
         for check in assignment.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""
-            print(f"{check.name}: blanked; its check is {len(check.tests)} tests{hidden}")
+            measured = f"; partial credit counts the {len(check.measured)} that wrong bodies fail"
+            print(f"{check.name}: blanked; its check is {len(check.tests)} tests{hidden}{measured}")
             for test in check.unsandboxed:
                 print(
                     f"    {grading.short(test)} left out: it fails with the original in the sandbox"
@@ -752,7 +769,7 @@ def main(argv=None) -> int:
         )
         return 0
     except (KitError, OSError) as e:  # OSError: a folder that cannot be written, a full disk
-        print(f"error: {e}", file=sys.stderr)
+        print(grading.shown(f"error: {e}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted; nothing was written", file=sys.stderr)

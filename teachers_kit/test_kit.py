@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
@@ -120,6 +121,10 @@ def graded(hw, assignment, tmp_path_factory):
     jobs["honest answers, one refused"] = (honest, assignment)
     loop = submit(folder / "loop", cheat_in_shift("while True:", "    pass"))
     jobs["an endless loop"] = (loop, shift, None, LOOP_TIMEOUT_S)
+    sleeper = submit(folder / "sleeper", cheat_in_shift("__import__('time').sleep(3600)"))
+    jobs["a sleeper"] = (sleeper, shift, None, LOOP_TIMEOUT_S, False)  # without the audit
+    every_dtype = submit(folder / "every dtype", EVERY_DTYPE)
+    jobs["every dtype"] = (every_dtype, shift)
     for student in ("debug prints", "the same debug prints"):  # more than a 16 MB log held
         jobs[student] = (submit(folder / student, DEBUG_PRINTS), shift if not FULL else assignment)
     # in KIT_FULL each grade runs its three exercises side by side already
@@ -642,14 +647,14 @@ class Loopback(sandbox.Sandbox):
             self.server = sandbox.Server(header["module"], blobs[0].decode(), header["function"])
             probe = sys.modules["kit_probe"]
             self.classes = {"kit_probe:Pair": probe.Pair}
-            return {"op": "imported", **self.server.failed}, []
+            return {"op": "imported", **self.server.failed}, {}
         if self.reply is not None:
-            return self.reply(header)
+            return sandbox.read_reply(sandbox.reply_bytes(*self.reply(header)))
         if header["op"] == "call":
             reply, out = self.server.call(header, blobs)
         else:
             reply, out = self.server.backward(header, blobs)
-        return json.loads(json.dumps(reply)), out
+        return sandbox.read_reply(sandbox.reply_bytes(reply, out))
 
 
 def test_what_a_function_returns_in_the_sandbox_comes_back_as_it_would_here():
@@ -707,20 +712,19 @@ def test_the_worker_keeps_a_module_sent_until_it_changes():
     assert (training, changed_training) == (True, False)
 
 
-def forged(value=None, tensors=(), changed=(), blobs=()):
-    """A worker's reply, forged: what it returned and the bytes beside."""
+def forged(value=None, tensors=(), changed=(), sent=None):
+    """A worker's reply, forged: what it returned and the tensors beside."""
 
     def reply(header):
-        rng = torch.get_rng_state()
-        out = [bytes(rng.tolist()), *blobs]
+        out = {"rng": torch.get_rng_state(), **(sent or {})}
         storage = header["storages"][0][0] if header["storages"] else 0
         made = {"value": value(storage) if callable(value) else value, "tensors": list(tensors)}
-        return {**made, "changed": list(changed), "rng": 0, "call": 1}, out
+        return {**made, "changed": list(changed), "call": 1}, out
 
     return reply
 
 
-FLOAT = {"dtype": "float32", "requires_grad": False, "blob": 1}
+FLOAT = {"dtype": "float32", "requires_grad": False, "meta": False}
 FORGERIES = {
     "a view beyond the storage it was handed": forged(
         lambda storage: {
@@ -737,19 +741,19 @@ FORGERIES = {
     "an expanded view larger than the limit": forged(
         {"tensor": 0},
         [{**FLOAT, "shape": [1 << 13, 1 << 13], "stride": [0, 0]}],
-        blobs=[b"\0" * 4],
+        sent={"new.0": torch.zeros(1)},
     ),
-    "a shape that the bytes sent do not hold": forged(
-        {"tensor": 0}, [{**FLOAT, "shape": [64], "stride": [1]}], blobs=[b"\0" * 8]
+    "a shape that the elements sent do not hold": forged(
+        {"tensor": 0}, [{**FLOAT, "shape": [64], "stride": [1]}], sent={"new.0": torch.zeros(2)}
     ),
     "a dtype of no tensor": forged(
-        {"tensor": 0}, [{**FLOAT, "dtype": "object", "shape": [1], "stride": [1]}], blobs=[b"1"]
+        {"tensor": 0}, [{**FLOAT, "dtype": "object", "shape": [1], "stride": [1], "meta": True}]
     ),
     "a named tuple no module of the run defines": forged(
         {"namedtuple": "os:stat_result", "items": []}
     ),
     "a change in place of a storage it was not handed": forged(
-        None, changed=[[999, 1]], blobs=[b"x"]
+        None, changed=[999], sent={"changed.999": torch.zeros(1, dtype=torch.uint8)}
     ),
     "a string that is not one": forged({"str": 5}),
     "a value of no kind": forged({"code": "import os"}),
@@ -777,6 +781,18 @@ def test_a_message_too_large_or_not_one_is_refused_before_it_is_read(tmp_path):
         os.close(write)
         with pytest.raises(sandbox.Refused, match=why):
             sandbox.receive(read, deadline=None)
+        os.close(read)
+    # the way out: safetensors reads it, and what is no safetensors file with a reply is refused
+    for data, why in [
+        (struct.pack(">Q", sandbox.MAX_BYTES + 1), "a message of"),
+        (struct.pack(">Q", 5) + b"{oops", "no safetensors file"),
+        (struct.pack(">Q", 16) + struct.pack("<Q", 8) + b"{}" + b" " * 6, "no safetensors file"),
+    ]:
+        read, write = os.pipe()
+        os.write(write, data)
+        os.close(write)
+        with pytest.raises(sandbox.Refused, match=why):
+            sandbox.receive_reply(read, deadline=None)
         os.close(read)
 
 
@@ -1019,6 +1035,10 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
     assert "apt-get install -y python3 python3-venv bubblewrap" in setup  # the sandbox
     assert "setup.sh" in TEACHERS and "needs the network" in " ".join(TEACHERS.split())
     assert f"pytest=={pytest.__version__}" in setup
+    assert "-r /autograder/source/teachers_kit/requirements.txt" in setup  # the kit's own
+    pins = (ROOT / "teachers_kit" / "requirements.txt").read_text().split()
+    for package in ("pyseccomp", "safetensors"):  # pinned to what this machine runs
+        assert f"{package}=={version(package)}" in pins, pins
     with tempfile.NamedTemporaryFile("w", suffix=".sh") as script:
         script.write(setup)
         script.flush()
@@ -1067,14 +1087,152 @@ def test_an_endless_loop_scores_zero_at_the_timeout_not_a_hang(graded):
     assert graded["an endless loop"].seconds < LOOP_TIMEOUT_S + 60
 
 
-def test_points_are_all_or_nothing_unless_partial():
-    check = grading.Check("f", 4.0, ["t::a", "t::b", "t::c", "t::d"], ["t::d"])
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
+def test_a_worker_that_waits_holds_its_slot_the_timeout_and_a_grace_and_is_regraded(graded):
+    (g,) = graded["a sleeper"].grades
+    assert g.regrade and "and was not computing" in g.problem, g
+    assert graded["a sleeper"].seconds < LOOP_TIMEOUT_S + grading.GRACE_S + 30
+
+
+def test_a_process_that_computes_is_told_from_one_that_waits():
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(1)
+        assert sandbox.computing({"pid": os.getpid()})  # busy, below this process
+        assert not sandbox.computing({"pid": waiting.pid})  # nothing below it computes
+        assert sandbox.computing({"uid": os.getuid()})
+    finally:
+        busy.kill()
+        waiting.kill()
+
+
+def test_points_are_all_or_nothing_unless_partial_which_the_measuring_tests_gate():
+    """Partial credit: none where a measuring test (one every wrong body fails) fails, else the
+    share of the check's tests that pass; with none measuring, all or nothing."""
+    tests = ["t::a", "t::b", "t::c", "t::d"]
+    check = grading.Check("f", 4.0, tests, ["t::d"], [], ["t::a", "t::b", "t::c"])
     run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {}, 0.0)
-    one_failed = run._replace(outcomes={**run.outcomes, "t::b": "failed"})
+
+    def failing(*names):
+        return run._replace(outcomes={**run.outcomes, **dict.fromkeys(names, "failed")})
+
     assert grading.score(check, run, partial=False).score == 4
-    assert grading.score(check, one_failed, partial=False).score == 0
-    assert grading.score(check, one_failed, partial=True).score == 3
+    assert grading.score(check, run, partial=True).score == 4
+    assert grading.score(check, failing("t::b"), partial=False).score == 0
+    assert grading.score(check, failing("t::b"), partial=True).score == 0
+    assert grading.score(check, failing("t::d"), partial=True).score == 3  # 3 of 4 pass
+    assert grading.score(check, failing("t::a", "t::d"), partial=True).score == 0
     assert grading.score(check, run._replace(problem="forged"), partial=True).score == 0
+    unmeasured = check._replace(measured=[])
+    assert grading.score(unmeasured, failing("t::d"), partial=True).score == 0
+
+
+WRONG_BODIES = {  # the exercise, the wrong body, from the original
+    "relative_shift with no shift": (
+        "relative_shift",
+        changed(ORIGINAL, (SHIFT_RETURN, "    return position_scores[..., 1:]\n")),
+    ),
+    "relative_shift off by one": (
+        "relative_shift",
+        changed(
+            ORIGINAL,
+            (SHIFT_RETURN, "    return flat[..., T - 1 : T - 1 + T * K].view(*batch, T, K)\n"),
+        ),
+    ),
+    "attend with the softmax over the queries": (
+        "RelativeMultiHeadAttention.attend",
+        changed(ORIGINAL, ("weights = scores.softmax(dim=-1)", "weights = scores.softmax(dim=-2)")),
+    ),
+    "update_memory returning its inputs": (
+        "CompressiveLayer.update_memory",
+        changed(
+            ORIGINAL,
+            (
+                "        recon_loss = h.new_zeros(())\n        if n_m == 0:",
+                "        recon_loss = h.new_zeros(())\n"
+                "        return mem, c_mem, usage, recon_loss\n        if n_m == 0:",
+            ),
+        ),
+    ),
+}
+
+
+@pytest.mark.slow  # an assignment of three exercises made with their whole checks: minutes
+def test_partial_credit_pays_a_wrong_body_at_most_a_tenth_and_a_correct_one_in_full(
+    tmp_path_factory,
+):
+    out = tmp_path_factory.mktemp("partial") / "hw"
+    names = [
+        "relative_shift",
+        "RelativeMultiHeadAttention.attend",
+        "CompressiveLayer.update_memory",
+    ]
+    handout.make(names, out, points=[1, 3, 2], partial=True)
+    assignment = grading.load_assignment(out)
+    folder = tmp_path_factory.mktemp("wrong")
+    jobs = {"correct": (submit(folder / "correct", ORIGINAL), assignment)}
+    for number, (body, (name, text)) in enumerate(WRONG_BODIES.items()):
+        jobs[body] = (submit(folder / str(number), text), only(assignment, name))
+    with ThreadPoolExecutor(max_workers=grading.workers()) as pool:
+        gradings = dict(zip(jobs, pool.map(lambda job: grading.grade(*job), jobs.values())))
+    correct = gradings.pop("correct")
+    assert correct.score == correct.max_score == 6, grading.report(correct)
+    for body, result in gradings.items():
+        (g,) = result.grades
+        assert g.failures and g.score <= 0.1 * g.points, (body, g.score, g.points)
+
+
+DTYPES = sorted(n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype))
+# the solution of relative_shift rewritten with every dtype of torch, finfo and iinfo
+EVERY_DTYPE = cheat_in_shift(
+    f"kinds = ({', '.join(f'torch.{name}' for name in DTYPES)})",
+    "eps = torch.finfo(position_scores.dtype).eps + torch.finfo().tiny",
+    "assert len(kinds) > 1 and torch.iinfo(torch.int32).max > eps",
+)
+
+
+def test_every_public_dtype_of_torch_finfo_and_iinfo_are_an_answers_to_use():
+    """The allowlist holds every dtype the installed torch has (the grader never imports torch,
+    so the list is the audit's own), and relative_shift rewritten with each is accepted (and
+    graded in full: test_a_solution_using_every_dtype_scores_full_marks)."""
+    assert set(DTYPES) <= audit.TORCH_DTYPES, sorted(set(DTYPES) - audit.TORCH_DTYPES)
+    assert audit.audit_each(EVERY_DTYPE, ORIGINAL, EXERCISES) == {}
+
+
+@pytest.mark.slow  # the graded fixture: its submissions graded in sandboxes
+def test_a_solution_using_every_dtype_scores_full_marks(graded):
+    result = graded["every dtype"]
+    assert result.score == result.max_score, grading.report(result)
+
+
+def test_a_refused_import_is_named_with_its_line_and_the_refusal_says_what_was_graded():
+    text = changed(ORIGINAL, ("import math\n", "import math\nfrom einops import rearrange\n"))
+    line = text.split("\n").index("from einops import rearrange") + 1
+    with pytest.raises(audit.Refusal) as refusal:
+        audit.audit_each(text, ORIGINAL, EXERCISES)
+    why = str(refusal.value)
+    assert why.startswith(f"line {line}, an import the handout does not have"), why
+    assert "`from einops import rearrange`" in why
+    assert grading.audit_line(why).endswith("(nothing of the file was graded)")
+    alone = grading.audit_line("line 9: `os`", whole=False)
+    assert alone.endswith("(the other exercises were graded)")
+
+
+def test_no_control_character_a_submission_prints_reaches_the_terminal_raw():
+    """A cursor-up and erase-line sequence that would rewrite the grade above it is shown
+    escaped, in the printed grade, its output and results.json, as is a carriage return."""
+    forged = "\x1b[1A\x1b[2Krelative_shift  1/1  passed\r"
+    grade = grading.Grade(
+        "relative_shift", 1.0, 0.0, ["t::a"], [], [("t::a", forged)], "", printed=forged
+    )
+    result = grading.Grading("alice\x1b]0;x\x07", [grade], "", False, 1.0)
+    shown = grading.report(result)
+    assert not any(ord(c) < 32 and c not in "\n\t" for c in shown), repr(shown)
+    assert "\\x1b[1A\\x1b[2Krelative_shift" in shown and "\\r" in shown
+    assignment = grading.Assignment(Path("."), "", "", [], False, "visible", 1.0, {})
+    record = json.dumps(grading.results_json(result, assignment))
+    assert "\\u001b" not in record and "\\\\x1b[1A" in record
 
 
 # ---------------------------------------------------------------- the command line --------------
@@ -1217,6 +1375,14 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
     (tmp_path / "class" / "eve.py").symlink_to(hw / "teacher" / "compressive.py")
     loop = exercises.splice(answer, cheat_in_shift("while True:", "    pass"), "relative_shift")
     (tmp_path / "class" / "mallory.py").write_text(loop)
+    # a wrong relative_shift that prints a cursor-up, an erased line and a forged verdict
+    forger = 'print("\\x1b[1A\\x1b[2Krelative_shift  1/1  passed")'
+    unshifted = changed(
+        ORIGINAL, (SHIFT_RETURN, f"    {forger}\n    return position_scores[..., 1:]\n")
+    )
+    (tmp_path / "class" / "trudy.py").write_text(
+        exercises.splice(answer, unshifted, "relative_shift")
+    )
     csv_path = tmp_path / "grades.csv"
     result = cli(
         "--grade-class",
@@ -1245,10 +1411,21 @@ def test_a_class_is_graded_side_by_side_into_one_csv_row_each(tmp_path, hw):
         f"relative_shift: it used up its {CLASS_TIMEOUT_S} s of processor time"
     )
     assert by_student["eve"][:4] == ["0", "0", "0", "0"] and "symbolic link" in by_student["eve"][4]
+    assert by_student["trudy"][:4] == ["0", "2", "3", "5"]
     assert "mallory: 5/6, relative_shift not graded: it used up its" in result.stdout
-    assert "4 students, 1 with full marks, 1 refused whole" in result.stdout
+    assert "5 students, 1 with full marks, 1 refused whole" in result.stdout
+    # each student's feedback beside the CSV, made in the same run; no escape code raw anywhere
+    feedback = {p.stem: p.read_text() for p in (tmp_path / "grades-feedback").iterdir()}
+    assert sorted(feedback) == ["alice", "bob", "eve", "mallory", "trudy"]
+    assert re.search(r"^relative_shift +0/1 +failed", feedback["trudy"], re.M), feedback["trudy"]
+    assert "test_relative_shift_matches_brute_force" in feedback["trudy"]
+    assert "what it printed (not graded):" in feedback["trudy"]
+    assert "\\x1b[1A\\x1b[2Krelative_shift  1/1  passed" in feedback["trudy"]
+    assert "not written yet" in feedback["bob"] and "symbolic link" in feedback["eve"]
+    for text in [result.stdout, csv_path.read_text(), *feedback.values()]:
+        assert "\x1b" not in text
     most = result.stdout.split("the tests that failed most (students):")[1].split()
-    assert most[0] == "1" and most[1].startswith("test_"), result.stdout
+    assert most[0] == "2" and most[1].startswith("test_"), result.stdout  # bob and trudy
 
 
 @pytest.mark.slow  # the assignment made for real: seconds
@@ -1370,8 +1547,11 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     else:
         assert seen["outside"] == os.geteuid(), seen
     # the system and Python (read-only), its folder, its own /tmp, its own /proc and /dev
-    assert ROOT.parts[1] not in seen["top"] or ROOT.parts[1] in {"usr", "tmp"}, seen["top"]
-    assert seen["processes"] <= 3, seen  # bubblewrap's first, the sandbox's first, the worker
+    system = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "tmp", "proc", "dev"}
+    pythons = {Path(folder).parts[1] for folder in grading.python_folders()}
+    assert set(seen["top"]) <= system | pythons | {"sandbox"}, seen["top"]
+    # bubblewrap's first, the sandbox's first, (as root) the submission's first, the worker
+    assert seen["processes"] <= 3 + (os.geteuid() == 0), seen
     assert seen["network"] != "reached"
     assert seen["/usr"] != "written" and seen["/sandbox"] != "written"
     assert seen["tmp_folder"] == "written"
@@ -1379,7 +1559,6 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
     assert seen["processes limit"] == sandbox.PROCESSES
     assert seen["children"] < sandbox.PROCESSES, seen  # the limit holds
     assert int(seen["capabilities"], 16) == 0
-    assert grading.NAMESPACES == sandbox.NEW_NAMESPACES  # what the probe checks can be made
     # nothing of the grader's environment: what the kit sets, and what the sandbox's processes
     # set themselves (Python's locale coercion, bubblewrap's --chdir, torch's compiler import)
     own = {"LC_CTYPE", "PWD", "TORCHINDUCTOR_CACHE_DIR"}
@@ -1390,6 +1569,7 @@ def test_the_sandbox_shows_student_code_nothing_of_the_teachers_and_holds_its_li
 CHANNELS = """
 import ctypes
 import os
+import socket
 import time
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -1409,6 +1589,12 @@ def store():
     kept["POSIX IPC"] = call(240, b"kit-answer", 0o100 | 0o2, 0o666, None)  # mq_open O_CREAT
     kept["memfd"] = call(319, b"kit-answer", 0)
     kept["user namespace"] = call(272, 0x10000000)  # unshare(CLONE_NEWUSER)
+    kept["ptrace"] = call(101, 16, os.getppid(), 0, 0)  # PTRACE_ATTACH to its first process
+    try:  # an abstract socket, named in the network namespace a root grading's submissions share
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).bind(b"\\0kit-answer")
+        kept["socket"] = "bound"
+    except OSError as e:
+        kept["socket"] = f"refused ({e.strerror})"
     for name, folder in (("files", os.environ["TMPDIR"]), ("/dev/shm", "/dev/shm")):
         try:
             with open(os.path.join(folder, "kit-answer"), "w") as f:
@@ -1457,7 +1643,8 @@ def worker_call(box, function):
 def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypatch):
     """Student code (no audit) stores the answer on every channel it can: a key in its uid's
     keyring, a System V segment, a POSIX message queue, a memfd, a file in its temporary folder
-    and in /dev/shm, a daemon (and a user namespace, to escape the filter). The next exercise
+    and in /dev/shm, a daemon, an abstract socket (and a user namespace or ptrace, to escape the
+    filter or its first process). The next exercise
     of the same submission, and the next submission given the very same uid, find none of it;
     the kernel holds no key of that uid, and no process of it runs once the submission ends."""
     ways = grading.confinement()
@@ -1483,6 +1670,7 @@ def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypa
     if grading.cgroup_folders():  # each submission's processes in a cgroup of its own
         assert f"/kit-{os.getpid()}-{uid}" in next_submission["cgroups"], next_submission
     refused = ("keyring", "System V", "POSIX IPC", "memfd", "/dev/shm", "user namespace")
+    refused += ("ptrace", "socket")
     for channel in refused:
         assert str(kept[channel]).startswith("refused"), kept
     assert kept["files"] == "written" and kept["processes"] == "started", kept
