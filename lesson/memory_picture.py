@@ -198,6 +198,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     line, one row per layer (per layer and head when the picture has them) coloured by the query's
     attention on each slot, the row's largest weight outlined, its value and distance at the right.
     footer: how to reproduce the figure, written at its foot."""
+    mechanism.pyplot_or_error()  # one line where matplotlib is not installed
     from matplotlib.colors import PowerNorm
 
     cfg, data = picture.cfg, picture.data
@@ -318,6 +319,7 @@ def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last
     frames, (a) the segment read and appended to mem, what overflows n_m marked for eviction, and
     (b) the FIFOs updated: the evicted blocks of c compressed into new c_mem slots, what fell off
     c_mem's end, with the slot counts of the model's own memory tensors."""
+    mechanism.pyplot_or_error()
     from matplotlib.animation import PillowWriter
 
     cfg, steps = picture.cfg, picture.steps
