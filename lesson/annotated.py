@@ -486,7 +486,9 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m lesson.annotated", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument(
         "file", nargs="?", type=Path, default=DEFAULT_FILE, help="the Python file to lay out"
     )

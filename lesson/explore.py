@@ -228,7 +228,9 @@ def screenshot(html: str, png: str) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m lesson.explore", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", default="out", help="the folder of the checkpoint; the page goes there")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
     p.add_argument(

@@ -437,7 +437,9 @@ def training_command(ckpt: dict) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m lesson.memory_picture", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", default="out", help="the checkpoint's folder; the picture goes there")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
     read = "a research command's text, as python -m research.tasks --out OUT writes it"

@@ -32,7 +32,9 @@ from compressive import CompressiveConfig, CompressiveTransformer
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m research.agent_cost", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--n-layers", type=int, default=2)

@@ -172,7 +172,9 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m research.attention", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
     p.add_argument("--batch-size", type=int, default=12, help="parallel streams of the text")

@@ -24,7 +24,9 @@ VAL_CHARS = 300_000
 
 
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
+    parser = train_shakespeare.training_flags(
+        __doc__.split("\n\n")[0], prog="python -m research.code"
+    )
     parser.set_defaults(task="code")
     e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
     e.add_argument(

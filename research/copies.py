@@ -134,7 +134,10 @@ def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="The share of each text's characters by copy distance.")
+    p = argparse.ArgumentParser(
+        prog="python -m research.copies",
+        description="The share of each text's characters by copy distance.",
+    )
     p.add_argument("paths", nargs="+", metavar="FILE", help="UTF-8 texts to profile")
     for path in p.parse_args(argv).paths:
         try:

@@ -58,7 +58,7 @@ def episodes(n_envs: int, length: int, min_blanks: int, max_blanks: int, generat
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m research.cue", description=__doc__.split("\n\n")[0])
     p.add_argument("--unrolls", type=int, default=800, help="training unrolls")
     p.add_argument("--eval-steps", type=int, default=3000, help="steps acted to evaluate")
     p.add_argument("--envs", type=int, default=16, help="environments run in parallel")

@@ -94,7 +94,9 @@ def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m research.ppo_cue", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--iterations", type=int, default=300, help="rollouts and updates per seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--envs", type=int, default=16)

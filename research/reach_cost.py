@@ -286,7 +286,9 @@ def plot(results, path: str, caption: str) -> None:
 
 
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
+    parser = train_shakespeare.training_flags(
+        __doc__.split("\n\n")[0], prog="python -m research.reach_cost"
+    )
     r = parser.add_argument_group("the cost of reach")
     r.add_argument(
         "--reaches",

@@ -526,7 +526,9 @@ def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -
 
 
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0])
+    parser = train_shakespeare.training_flags(
+        __doc__.split("\n\n")[0], prog="python -m research.recall"
+    )
     parser.set_defaults(task="recall")
     e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
     e.add_argument("--eval-only", action="store_true", help="the accuracy report of OUT/ckpt.pt")

@@ -279,7 +279,9 @@ def plot(runs, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m research.study", description=__doc__.split("\n\n")[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate the runs not yet recorded")
     r.add_argument("--budget", choices=BUDGETS, default="default")

@@ -56,8 +56,9 @@ def facts(answers) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
+        prog="python -m research.tasks",
         description="Write OUT/validation.json: the validation text of OUT/ckpt.pt (and the "
-        "recall task's facts), for the lesson's memory picture and explorer (--validation)."
+        "recall task's facts), for the lesson's memory picture and explorer (--validation).",
     )
     p.add_argument(
         "--out", default="out", help="the checkpoint's folder; validation.json goes there"

@@ -159,7 +159,9 @@ def train_and_act(args, memory_kind: str, seed: int):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m research.tmaze", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--memories", nargs="+", default=list(MEMORIES), choices=list(MEMORIES))
     p.add_argument("--batches", type=int, default=2000, help="training batches per run")
