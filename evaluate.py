@@ -54,13 +54,13 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--device",
-        choices=["auto", "cpu", "cuda", "mps"],
+        choices=checks.DEVICES,
         default="auto",
         help="auto: CUDA, else mps, else the CPU",
     )
     p.add_argument(
         "--dtype",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=checks.DTYPES,
         default="auto",
         help="autocast dtype; auto: bfloat16 where the hardware computes it natively, else float32",
     )

@@ -27,7 +27,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337, help="the random draws' seed")
     p.add_argument(
         "--device",
-        choices=["auto", "cpu", "cuda", "mps"],
+        choices=checks.DEVICES,
         default="auto",
         help="auto: CUDA, else mps, else the CPU",
     )

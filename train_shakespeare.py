@@ -31,8 +31,6 @@ from training.evaluate import evaluate
 
 MODELS = ["compressive", "xl", "vanilla", "feedback"]  # xl: n_cm = 0; vanilla: no memory
 OUR_F_C = "overlap_max_pool"  # this project's own f_c (beyond_the_paper/overlap_pool.py)
-DEVICES = ["auto", "cpu", "cuda", "mps"]  # auto: CUDA, else mps, else the CPU
-DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: bf16 where the hardware has it
 
 
 def training_flags(description=None, prog=None) -> argparse.ArgumentParser:
@@ -73,8 +71,8 @@ def training_flags(description=None, prog=None) -> argparse.ArgumentParser:
     t.add_argument("--stop-after", type=int, metavar="N", help="stop after N steps (--resume on)")
     t.add_argument("--data", help="a UTF-8 text to learn instead of Tiny Shakespeare")
     r = p.add_argument_group("runtime")
-    r.add_argument("--device", choices=DEVICES, default="auto", help="where it runs")
-    r.add_argument("--dtype", choices=DTYPES, default="auto", help="the autocast dtype")
+    r.add_argument("--device", choices=checks.DEVICES, default="auto", help="where it runs")
+    r.add_argument("--dtype", choices=checks.DTYPES, default="auto", help="the autocast dtype")
     r.add_argument("--compile", action="store_true", help="torch.compile once memories are full")
     r.add_argument("--log-every", type=int, default=100, help="steps between log lines")
     r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and loss.png")

@@ -103,6 +103,10 @@ def mps_available() -> bool:
     return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
+DEVICES = ["auto", "cpu", "cuda", "mps"]  # auto: CUDA, else mps, else the CPU (pick_device)
+DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: bf16 where the hardware has it
+
+
 def cpu_threads() -> str:
     """Sets the threads torch computes with on the CPU to the cores the machine's other jobs leave
     free (by the load average of the last minute), at least one, unless OMP_NUM_THREADS is set;
