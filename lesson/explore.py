@@ -35,15 +35,15 @@ import torch
 
 from lesson.memory_picture import (
     NO_FEEDBACK_PICTURE,
+    NOTHING,
     check_model,
     compression_name,
-    fifo_steps,
+    read_segments,
     training_command,
     validation_text,
 )
 from training import checkpoint, files
 from training.checks import UserError, exit_status, one_line
-from training.recorded_attention import recorded_attention
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.html")
 WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)
@@ -120,41 +120,24 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
     query = end - 1 if query is None else query
     if not start <= query < end:
         raise ValueError(f"the query {query} lies outside the passage, positions {start}-{end - 1}")
-    steps = fifo_steps(start, [n_s] * n_segments, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
-    passage = ids[start:end].to(next(model.parameters()).device)[None]
-    was_training = model.training
-    model.eval()
-    memory, pages, before = None, [], None
-    try:
-        with recorded_attention(model) as attention:
-            for k, step in enumerate(steps):
-                _, memory, _ = model(passage[:, k * n_s : (k + 1) * n_s], memory)
-                held = (memory.mem[0].size(1), memory.c_mem[0].size(1))
-                c_mem, mem = (before.c_mem, before.mem) if before else ([], [])  # what it saw
-                n_held = len(c_mem) + len(mem)
-                if (
-                    held != (len(step.mem), len(step.c_mem))
-                    or attention[0].size(-1) != n_held + n_s
-                ):
-                    raise RuntimeError(  # a bug, not the user's
-                        f"after segment {k + 1} the model holds {held} (mem, c_mem) slots and saw "
-                        f"{attention[0].size(-1)} keys; the FIFO rule says otherwise"
-                    )
-                pages.append(
-                    {
-                        "segment": step.segment[0],
-                        "c_mem": c_mem,
-                        "mem": mem,
-                        "evicted": step.evicted,
-                        "compressed": step.compressed,
-                        "dropped": step.dropped,
-                        "weights": packed(attention, n_held),
-                        "shares": region_shares(attention, len(c_mem), len(mem)),
-                    }
-                )
-                before = step
-    finally:
-        model.train(was_training)
+    pages, before = [], NOTHING
+    for step, _, attention in read_segments(model, ids, start, [n_s] * n_segments):
+        n_held = len(before.c_mem) + len(before.mem)  # the memory the segment saw
+        if attention[0].size(-1) != n_held + n_s:  # a bug, not the user's
+            raise RuntimeError(f"segment {len(pages) + 1} saw keys the FIFO rule does not hold")
+        pages.append(
+            {
+                "segment": step.segment[0],
+                "c_mem": before.c_mem,
+                "mem": before.mem,
+                "evicted": step.evicted,
+                "compressed": step.compressed,
+                "dropped": step.dropped,
+                "weights": packed(attention, n_held),
+                "shares": region_shares(attention, len(before.c_mem), len(before.mem)),
+            }
+        )
+        before = step
     return {
         "text": "".join(vocab[t] for t in ids[start:end].tolist()),
         "start": start,

@@ -8,21 +8,16 @@ A passage goes through the model segment by segment, memory carried from an empt
 one query (by default the last character of the last segment) this writes
 
     OUT/memory.png   the keys the query sees, [c_mem; mem; segment], oldest first, as the text they
-                     stand for (a c_mem slot boxed around its block of c), under each line the
-                     query's attention on every slot, one row per layer
-    OUT/memory.gif   the two FIFOs moving, segment by segment: what joins mem, the blocks of c it
-                     evicts into c_mem through f_c, what falls off c_mem's end
+                     stand for, and under them the query's attention on every slot, per layer
+    OUT/memory.gif   the two FIFOs moving, segment by segment
     OUT/memory.json  {"start", "seq_len": n_s, "query", "slots": oldest first, {"region": "c_mem" |
                      "mem" | "segment", "positions", "text", "attention": the mean over the heads,
                      one per layer (--heads: "attention_by_head" too)}, "compression": f_c's name}
 
-Which positions a slot holds is the FIFO rule applied to positions (fifo_steps), checked against
-the model's memory tensors on every run. On a recall task's text (--validation) the picture picks a
-'?' whose fact is held in c_mem. --fifo-svg, --shift-svg, --mask-svg, --reach-svg and --recon-svg
-draw the figures of lesson/mechanism.py instead. Layers, heads and segments count from 1.
-
-From Python: picture = memory_picture(model, ids, vocab, start=0, query=None); write_json,
-draw_png, draw_gif(picture, path); fifo_steps(start, lengths, n_m, n_cm, c), the rule alone.
+A slot's positions follow the FIFO rule (fifo_steps), checked against the model's memory tensors
+on every run. On a recall task's text (--validation) the query is a '?' whose fact is in c_mem.
+--fifo-svg, --shift-svg, --mask-svg, --reach-svg and --recon-svg draw the figures of
+lesson/mechanism.py instead. Layers, heads and segments count from 1.
 """
 
 import argparse
@@ -68,11 +63,6 @@ def default_segments(model) -> int:
     return math.ceil(model.reach()[-1][1] / model.cfg.seq_len) + 2
 
 
-def default_start(model, query: int) -> int:
-    """The start that makes the query the last character of the last of default_segments."""
-    return max(0, query + 1 - default_segments(model) * model.cfg.seq_len)
-
-
 NO_FEEDBACK_PICTURE = (
     "the picture draws the per-layer memories [c_mem; mem] of the compressive, xl and vanilla "
     "models; a Feedback Transformer keeps one memory shared by all its layers, made token by "
@@ -85,16 +75,38 @@ def check_model(model) -> None:
         raise ValueError(NO_FEEDBACK_PICTURE)
 
 
+def read_segments(model, ids, start: int, lengths):
+    """Yield (step, held, attention) after each segment as model reads ids from start in segments
+    of the given lengths, from an empty memory: step, the FIFO rule's (fifo_steps); held, the
+    (mem, c_mem) slots of the model's memory tensors, checked against it; attention, the
+    segment's weights per layer [1, H, T, K]. Call it under torch.no_grad()."""
+    cfg, device = model.cfg, next(model.parameters()).device
+    steps = fifo_steps(start, lengths, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
+    was_training, memory = model.training, None
+    model.eval()
+    try:
+        with recorded_attention(model) as attention:
+            for k, step in enumerate(steps):
+                segment = ids[step.segment[0] : step.segment[-1] + 1].to(device)[None]
+                _, memory, _ = model(segment, memory)
+                held = (memory.mem[0].size(1), memory.c_mem[0].size(1))
+                if held != (len(step.mem), len(step.c_mem)):  # a bug, not the user's
+                    raise RuntimeError(
+                        f"after segment {k + 1} the model holds {held} (mem, c_mem) slots, "
+                        f"the FIFO rule {len(step.mem), len(step.c_mem)}"
+                    )
+                yield step, held, attention
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, heads=False) -> Picture:
-    """Run model (a CompressiveTransformer) over ids[start:] ([N] ids of the characters vocab) in
-    segments of n_s, memory carried from an empty one, up to the query's segment (default: the
-    last character of default_segments(model) segments), and return the Picture of every key the
-    query sees, oldest first, with the query's attention on it per layer (mean over the heads;
-    heads=True: also per head). Raises ValueError for a query or start out of range."""
+    """The Picture of the keys the query sees (default: the last of default_segments(model)),
+    model (a CompressiveTransformer) reading ids[start:] in segments from an empty memory, with
+    the query's attention on each per layer (heads=True: per head too)."""
     check_model(model)
-    cfg, n = model.cfg, len(ids)
-    n_s = cfg.seq_len
+    n, n_s = len(ids), model.cfg.seq_len
     query = start + default_segments(model) * n_s - 1 if query is None else query
     if not 0 <= start < n:
         raise ValueError(f"the passage start {start} lies outside the text (0 to {n - 1})")
@@ -102,28 +114,16 @@ def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, head
         raise ValueError(f"the query {query} lies outside the passage, [{start}, {n - 1}]")
     end = min(n, start + ((query - start) // n_s + 1) * n_s)  # the end of the query's segment
     lengths = [min(n_s, end - s) for s in range(start, end, n_s)]
-    steps = fifo_steps(start, lengths, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
-    passage = ids[start:end].to(next(model.parameters()).device)[None]
-    was_training, memory, held = model.training, None, []
-    model.eval()
-    try:
-        with recorded_attention(model) as attention:
-            for k, step in enumerate(steps):
-                offset = step.segment[0] - start
-                _, memory, _ = model(passage[:, offset : offset + n_s], memory)
-                held.append((memory.mem[0].size(1), memory.c_mem[0].size(1)))
-                if held[-1] != (len(step.mem), len(step.c_mem)):  # a bug, not the user's
-                    raise RuntimeError(
-                        f"after segment {k + 1} the model holds {held[-1]} (mem, c_mem) slots, "
-                        f"the FIFO rule {len(step.mem), len(step.c_mem)}"
-                    )
-    finally:
-        model.train(was_training)
+    steps, held = [], []
+    for step, counts, attention in read_segments(model, ids, start, lengths):
+        steps.append(step)
+        held.append(counts)
+        weights = torch.stack([w[0] for w in attention])  # [L, H, T, K], at the end the query's
     before = steps[-2] if len(steps) > 1 else NOTHING
     i = query - steps[-1].segment[0]  # the query's row in its segment
     keys = [("c_mem", block) for block in before.c_mem] + [("mem", [p]) for p in before.mem]
     keys += [("segment", [p]) for p in steps[-1].segment[: i + 1]]
-    weights = torch.stack([w[0, :, i, : len(keys)] for w in attention]).double().cpu()  # [L, H, K]
+    weights = weights[:, :, i, : len(keys)].double().cpu()  # [L, H, K]
     text = "".join(vocab[t] for t in ids[start:end].tolist())
     slots = []
     for k, (region, positions) in enumerate(keys):
@@ -135,11 +135,7 @@ def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, head
         slots.append(slot)
     data = {"start": start, "seq_len": n_s, "query": query, "slots": slots}
     data["compression"] = compression_name(model)
-    return Picture(data, steps, text, cfg, held)
-
-
-def write_json(picture: Picture, path: str) -> None:
-    files.write_atomically(path, lambda f: f.write(json.dumps(picture.data, indent=1).encode()))
+    return Picture(data, steps, text, model.cfg, held)
 
 
 def strongest(picture: Picture):
@@ -488,7 +484,7 @@ def picture_checkpoint(args) -> None:
         start, query, marks = recall_query(model, facts, len(val)) or (None, None, [])
     marks = marks or (recall_fact(facts, query) if query is not None else [])
     if start is None:
-        start = default_start(model, query) if query is not None else 0
+        start = 0 if query is None else max(0, query + 1 - default_segments(model) * n_s)
     if query is not None and query < start:
         raise UserError(f"--query {query} lies before --start {start}")
     n_segments = default_segments(model)
@@ -504,7 +500,9 @@ def picture_checkpoint(args) -> None:
         picture.note = f"The fact this '?' asks for, {fact!r}, is outlined in red dashes."
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, "memory.json")
-    write_json(picture, json_path)
+    files.write_atomically(
+        json_path, lambda f: f.write(json.dumps(picture.data, indent=1).encode())
+    )
     print("\n".join(describe(picture) + ([fact_report(picture, marks)] if marks else [])))
     print(f"wrote {json_path}")
     flags = [(name, getattr(args, name)) for name in ("validation", "start", "query")]
