@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 from lesson.memory_picture import (
-    NO_FEEDBACK_PICTURE,
     NOTHING,
     check_model,
     compression_name,
@@ -121,7 +120,7 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
     if not start <= query < end:
         raise ValueError(f"the query {query} lies outside the passage, positions {start}-{end - 1}")
     pages, before = [], NOTHING
-    for step, _, attention in read_segments(model, ids, start, [n_s] * n_segments):
+    for step, attention in read_segments(model, ids, start, [n_s] * n_segments):
         n_held = len(before.c_mem) + len(before.mem)  # the memory the segment saw
         if attention[0].size(-1) != n_held + n_s:  # a bug, not the user's
             raise RuntimeError(f"segment {len(pages) + 1} saw keys the FIFO rule does not hold")
@@ -246,10 +245,7 @@ def explore_checkpoint(args) -> None:
     if args.segments < 1:
         raise UserError(f"--segments must be at least 1, got {args.segments}")
     model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"))
-    try:
-        check_model(model)
-    except ValueError:
-        raise UserError(NO_FEEDBACK_PICTURE) from None
+    check_model(model, UserError)
     data, _ = validation_text(args, ckpt)
     print(f"validation text: {data.name}")
     n_s, n = model.cfg.seq_len, len(data.val)

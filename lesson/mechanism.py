@@ -15,6 +15,7 @@ back. Layers and segments count from 1 in every label.
 """
 
 import io
+import os
 import re
 import textwrap
 from typing import List, NamedTuple
@@ -882,3 +883,24 @@ FIGURES = {  # python -m lesson.memory_picture --NAME-svg PATH: what draws it, w
     "reach": (lambda path: draw_reach(reach_data(), path), "the reach, layer by layer"),
     "recon": (lambda path: draw_recon(recon_data(*recon_model()), path), "the losses' gradients"),
 }
+
+
+def add_figure_flags(parser) -> None:
+    for name, (_, what) in FIGURES.items():
+        figure = f"write only the figure of {what} (docs/{name}.svg), from a tiny model"
+        parser.add_argument(f"--{name}-svg", metavar="SVG", help=figure)
+
+
+def write_figures(args) -> bool:
+    """The figures that args' --NAME-svg flags ask for, each into its path; False if none."""
+    figures = [(name, getattr(args, f"{name}_svg")) for name in FIGURES]
+    figures = [(name, path) for name, path in figures if path is not None]
+    for name, path in figures:  # every path checked before any figure is drawn
+        if not path.endswith(".svg"):
+            raise UserError(f"--{name}-svg {path}: the figure is an SVG, name it .svg")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UserError(f"--{name}-svg {path}: no such folder")
+    for name, path in figures:
+        FIGURES[name][0](path)
+        print(f"wrote {path}")
+    return bool(figures)

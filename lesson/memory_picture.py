@@ -46,7 +46,6 @@ class Picture:
     steps: List[FifoStep]  # the FIFOs after each segment of the passage
     text: str  # the passage's characters, from data["start"]
     cfg: object  # the model's CompressiveConfig
-    held: List[tuple]  # (len(mem[0]), len(c_mem[0])) of the model's memory per segment
     marks: List[int] = field(default_factory=list)  # positions to point out (a recall fact)
     note: str = ""  # one line under the title (what the marks are)
 
@@ -63,23 +62,20 @@ def default_segments(model) -> int:
     return math.ceil(model.reach()[-1][1] / model.cfg.seq_len) + 2
 
 
-NO_FEEDBACK_PICTURE = (
-    "the picture draws the per-layer memories [c_mem; mem] of the compressive, xl and vanilla "
-    "models; a Feedback Transformer keeps one memory shared by all its layers, made token by "
-    "token, with nothing compressed"
-)
-
-
-def check_model(model) -> None:
+def check_model(model, error=ValueError) -> None:
     if not isinstance(model, CompressiveTransformer):
-        raise ValueError(NO_FEEDBACK_PICTURE)
+        raise error(
+            "the picture draws the per-layer memories [c_mem; mem] of the compressive, xl and "
+            "vanilla models; a Feedback Transformer keeps one memory shared by all its layers, "
+            "made token by token, with nothing compressed"
+        )
 
 
 def read_segments(model, ids, start: int, lengths):
-    """Yield (step, held, attention) after each segment as model reads ids from start in segments
-    of the given lengths, from an empty memory: step, the FIFO rule's (fifo_steps); held, the
-    (mem, c_mem) slots of the model's memory tensors, checked against it; attention, the
-    segment's weights per layer [1, H, T, K]. Call it under torch.no_grad()."""
+    """Yield (step, attention) after each segment as model reads ids from start in segments of
+    the given lengths, from an empty memory: step, the FIFOs by the rule of fifo_steps, checked
+    against the model's memory tensors; attention, the segment's weights per layer [1, H, T, K].
+    Call it under torch.no_grad()."""
     cfg, device = model.cfg, next(model.parameters()).device
     steps = fifo_steps(start, lengths, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
     was_training, memory = model.training, None
@@ -95,7 +91,7 @@ def read_segments(model, ids, start: int, lengths):
                         f"after segment {k + 1} the model holds {held} (mem, c_mem) slots, "
                         f"the FIFO rule {len(step.mem), len(step.c_mem)}"
                     )
-                yield step, held, attention
+                yield step, attention
     finally:
         model.train(was_training)
 
@@ -114,10 +110,9 @@ def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, head
         raise ValueError(f"the query {query} lies outside the passage, [{start}, {n - 1}]")
     end = min(n, start + ((query - start) // n_s + 1) * n_s)  # the end of the query's segment
     lengths = [min(n_s, end - s) for s in range(start, end, n_s)]
-    steps, held = [], []
-    for step, counts, attention in read_segments(model, ids, start, lengths):
+    steps = []
+    for step, attention in read_segments(model, ids, start, lengths):
         steps.append(step)
-        held.append(counts)
         weights = torch.stack([w[0] for w in attention])  # [L, H, T, K], at the end the query's
     before = steps[-2] if len(steps) > 1 else NOTHING
     i = query - steps[-1].segment[0]  # the query's row in its segment
@@ -135,7 +130,7 @@ def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, head
         slots.append(slot)
     data = {"start": start, "seq_len": n_s, "query": query, "slots": slots}
     data["compression"] = compression_name(model)
-    return Picture(data, steps, text, model.cfg, held)
+    return Picture(data, steps, text, model.cfg)
 
 
 def strongest(picture: Picture):
@@ -189,20 +184,17 @@ RED, DARK, FAINT = "#d62728", "#222222", mechanism.FAINT
 
 
 def draw_png(picture: Picture, path: str, footer: str = "") -> None:
-    """The still picture: the keys the query sees as text, oldest first, in lines of about 64
-    characters, each region tinted and each c_mem slot boxed around its c characters; under each
-    line, one row per layer (per layer and head when the picture has them) coloured by the query's
-    attention on each slot, the row's largest weight outlined, its value and distance at the right.
-    footer: how to reproduce the figure, written at its foot."""
+    """The keys the query sees as text in lines, a c_mem slot boxed around its c characters, and
+    under each line a row per layer (or head) coloured by the query's attention, its largest
+    outlined. footer: how to reproduce the figure, written at its foot."""
     mechanism.pyplot_or_error()  # one line where matplotlib is not installed
     from matplotlib.colors import PowerNorm
 
     cfg, data = picture.cfg, picture.data
     slots, query, start = data["slots"], data["query"], data["start"]
-    layers = range(cfg.n_layers)
-    rows = [(f"layer {i + 1}", [s["attention"][i] for s in slots]) for i in layers]
+    rows = [(f"layer {i + 1}", [s["attention"][i] for s in slots]) for i in range(cfg.n_layers)]
     if "attention_by_head" in slots[0]:
-        heads = [(i, h) for i in layers for h in range(cfg.n_heads)]
+        heads = [(i, h) for i in range(cfg.n_layers) for h in range(cfg.n_heads)]
         by_head = lambda i, h: [s["attention_by_head"][i][h] for s in slots]
         rows = [(f"layer {i + 1} head {h + 1}", by_head(i, h)) for i, h in heads]
     first = slots[0]["positions"][0]
@@ -277,11 +269,11 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
 
 def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
     """The animation's three caption lines after segment k (0-based): (a) read, (b) updated."""
-    step, cfg, n_segments = picture.steps[k], picture.cfg, len(picture.steps)
+    step, cfg = picture.steps[k], picture.cfg
     n_m, n_cm, c = cfg.mem_len, cfg.c_mem_len, cfg.compression_rate
     seg, ev, n_ev = step.segment, step.evicted, len(step.evicted)
     done = "(b) the FIFOs updated" if after else "(a) read, and appended to mem"
-    title = f"Segment {k + 1} of {n_segments}, positions {seg[0]}-{seg[-1]}: {done}"
+    title = f"Segment {k + 1} of {len(picture.steps)}, positions {seg[0]}-{seg[-1]}: {done}"
     evicted = f"{n_ev} evicted (positions {ev[0]}-{ev[-1]})" if ev else ""
     if not n_m:
         says = "No memory (n_m = 0): each segment sees only itself, and nothing is kept."
@@ -291,19 +283,18 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
         overflow = f"the oldest {n_ev} overflow (red dashes){blocks}" if ev else "nothing overflows"
         says = f"mem would hold {held}, n_m = {n_m}: {overflow}."
     elif ev and n_cm:
-        n_dropped = len(step.dropped)
-        fell = f"; c_mem over n_cm = {n_cm}, so its oldest {n_dropped} fell off (red dots)"
+        fell = f"; c_mem over n_cm = {n_cm}, so its oldest {len(step.dropped)} fell off (red dots)"
         made = f"{len(step.compressed)} new c_mem slots (bold boxes)"
-        says = f"The {evicted} went through f_c: {made}{fell if n_dropped else ''}."
+        says = f"The {evicted} went through f_c: {made}{fell if step.dropped else ''}."
     elif ev:
         says = f"Transformer-XL (n_cm = 0): the {evicted} are forgotten (red dots)."
     else:
         says = "Nothing overflowed, so nothing was evicted."
     fact = "; red: the fact the last query asks for." if picture.marks else "."
-    n_mem, n_c_mem = picture.held[k]
-    state = (
-        f"The model's own memory tensors now hold {n_mem} mem and {n_c_mem} c_mem slots per "
-        f"layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {picture.data['compression']})."
+    state = (  # the slots of the model's memory tensors, as read_segments checked
+        f"The model's own memory tensors now hold {len(step.mem)} mem and {len(step.c_mem)} "
+        f"c_mem slots per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, "
+        f"f_c = {picture.data['compression']})."
     )
     if not after:
         state = f"Positions of the passage at the left; grey: not read yet, or no longer held{fact}"
@@ -311,10 +302,8 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
 
 
 def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last_segments=16):
-    """The animation: the passage as text, and after each of its last last_segments segments two
-    frames, (a) the segment read and appended to mem, what overflows n_m marked for eviction, and
-    (b) the FIFOs updated: the evicted blocks of c compressed into new c_mem slots, what fell off
-    c_mem's end, with the slot counts of the model's own memory tensors."""
+    """The passage as text, two frames after each of its last last_segments segments: (a) read
+    and appended to mem, what overflows n_m marked; (b) the FIFOs updated (gif_caption)."""
     mechanism.pyplot_or_error()
     from matplotlib.animation import PillowWriter
 
@@ -389,9 +378,8 @@ def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last
 
 
 def recall_query(model, facts, n: int):
-    """On the recall task: (start, query, its fact's positions) of the first '?' whose fact's '='
-    and digit (its last two positions) are held in c_mem when the '?' ends a segment, both memories
-    full; or None."""
+    """(start, query, its fact's positions) of the first recall '?' whose fact's '=' and digit
+    (its last two) are in c_mem when the '?' ends a segment, both memories full; or None."""
     reach, c = dict(model.reach()), model.cfg.compression_rate
     if "c_mem" not in reach:
         return None
@@ -411,8 +399,7 @@ def recall_fact(facts, query: int):
 
 
 def validation_text(args, ckpt: dict):
-    """(Data, facts) of the text the picture and the explorer read: a checkpoint of the script
-    reads its own (Tiny Shakespeare, or the --data it was trained on), or --data, without facts;
+    """(Data, facts) of the text to read: the script's checkpoint, its own or --data (no facts);
     a research command's, the file that python -m research.tasks writes (--validation)."""
     if args.validation is not None:
         if args.data is not None:
@@ -441,37 +428,21 @@ def parse_args(argv=None):
     read = "a research command's text, as python -m research.tasks --out OUT writes it"
     p.add_argument("--validation", metavar="JSON", help=read)
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
-    start = (
-        "where the passage starts (default: segments enough before the query to fill both memories)"
-    )
+    start = "where the passage starts (default: enough segments before the query to fill both)"
     p.add_argument("--start", type=int, metavar="POS", help=start)
     query = "the query (default: the last of the last segment, or a recall '?' held in c_mem)"
     p.add_argument("--query", type=int, metavar="POS", help=query)
     p.add_argument("--heads", action="store_true", help="the attention per head too")
-    for name, (_, what) in mechanism.FIGURES.items():
-        figure = f"write only the figure of {what} (docs/{name}.svg), from a tiny model"
-        p.add_argument(f"--{name}-svg", metavar="SVG", help=figure)
+    mechanism.add_figure_flags(p)
     return p.parse_args(argv)
 
 
 def picture_checkpoint(args) -> None:
-    """The picture of OUT/ckpt.pt's model on its validation text, into OUT: memory.json,
-    memory.png, memory.gif. With --NAME-svg flags, those figures alone."""
-    figures = [(name, getattr(args, f"{name}_svg")) for name in mechanism.FIGURES]
-    figures = [(name, path) for name, path in figures if path is not None]
-    for name, path in figures:
-        if not path.endswith(".svg"):
-            raise UserError(f"--{name}-svg {path}: the figure is an SVG, name it .svg")
-        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise UserError(f"--{name}-svg {path}: no such folder")
-    for name, path in figures:
-        mechanism.FIGURES[name][0](path)
-        print(f"wrote {path}")
-    if figures:
+    """OUT/memory.json, .png and .gif of OUT/ckpt.pt's model; with --NAME-svg, those figures."""
+    if mechanism.write_figures(args):
         return
     model, ckpt = checkpoint.load_model(args.out, pick_device(args.device))
-    if not isinstance(model, CompressiveTransformer):
-        raise UserError(NO_FEEDBACK_PICTURE)
+    check_model(model, UserError)
     text, facts = validation_text(args, ckpt)
     print(f"validation text: {text.name}")
     val, vocab, n_s = text.val, text.vocab, model.cfg.seq_len
