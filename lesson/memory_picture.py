@@ -21,7 +21,6 @@ lesson/mechanism.py instead. Layers, heads and segments count from 1.
 """
 
 import argparse
-import json
 import math
 import os
 import textwrap
@@ -72,10 +71,9 @@ def check_model(model, error=ValueError) -> None:
 
 
 def read_segments(model, ids, start: int, lengths):
-    """Yield (step, attention) after each segment as model reads ids from start in segments of
-    the given lengths, from an empty memory: step, the FIFOs by the rule of fifo_steps, checked
-    against the model's memory tensors; attention, the segment's weights per layer [1, H, T, K].
-    Call it under torch.no_grad()."""
+    """Yield (step, attention) per segment as model reads ids from start in segments of lengths,
+    from an empty memory (under torch.no_grad()): step, the FIFOs by fifo_steps' rule, checked
+    against the model's memory tensors; attention, the segment's weights per layer [1, H, T, K]."""
     cfg, device = model.cfg, next(model.parameters()).device
     steps = fifo_steps(start, lengths, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
     was_training, memory = model.training, None
@@ -160,7 +158,8 @@ def regions(picture: Picture):
 
 
 def describe(picture: Picture) -> List[str]:
-    """What the command prints: the regions the query sees and each layer's strongest slot."""
+    """What the command prints: the regions the query sees, each layer's strongest slot, and
+    where a recall fact (the marks) is held."""
     query, start, slots = picture.data["query"], picture.data["start"], picture.data["slots"]
     lines = [
         f"query: position {query} {shown(picture.text[query - start])!r}, after "
@@ -174,6 +173,20 @@ def describe(picture: Picture) -> List[str]:
         slot, back = slots[k], distance(picture, slots[k])
         on = f"{slot['region']} slot {shown(slot['text'])!r} ({back} back)"
         lines.append(f"  layer {layer + 1}: largest weight {weight:.3f} on {on}")
+    fact = picture.marks[-2:]  # a recall fact's '=' and digit: where each layer's weight is
+    holding = sorted({k for k, s in enumerate(slots) for p in fact if p in s["positions"]})
+    if fact and not holding:
+        lines.append("the fact is no longer held: it lies beyond the query's reach")
+    elif holding:
+        where = ", ".join(f"{slots[k]['region']} slot {shown(slots[k]['text'])!r}" for k in holding)
+        lines.append(f"the fact's '=' and digit are held in {where}")
+        for layer, (k, weight) in enumerate(strongest(picture)):
+            on = sum(slots[j]["attention"][layer] for j in holding)
+            words = f"{weight:.3f} on {slots[k]['region']} {shown(slots[k]['text'])!r}"
+            lines.append(
+                f"  layer {layer + 1}: {on:.3f} on the fact's slot(s); its largest weight is "
+                + ("there" if k in holding else f"elsewhere ({words})")
+            )
     return lines
 
 
@@ -425,8 +438,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default="out", help="the checkpoint's folder; the picture goes there")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
-    read = "a research command's text, as python -m research.tasks --out OUT writes it"
-    p.add_argument("--validation", metavar="JSON", help=read)
+    p.add_argument("--validation", metavar="JSON", help="the text python -m research.tasks wrote")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     start = "where the passage starts (default: enough segments before the query to fill both)"
     p.add_argument("--start", type=int, metavar="POS", help=start)
@@ -471,11 +483,8 @@ def picture_checkpoint(args) -> None:
         picture.note = f"The fact this '?' asks for, {fact!r}, is outlined in red dashes."
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, "memory.json")
-    files.write_atomically(
-        json_path, lambda f: f.write(json.dumps(picture.data, indent=1).encode())
-    )
-    print("\n".join(describe(picture) + ([fact_report(picture, marks)] if marks else [])))
-    print(f"wrote {json_path}")
+    files.write_json(json_path, picture.data)
+    print("\n".join(describe(picture) + [f"wrote {json_path}"]))
     flags = [(name, getattr(args, name)) for name in ("validation", "start", "query")]
     drawn_by = "".join(f" --{name} {value}" for name, value in flags if value is not None)
     footer = (
@@ -486,24 +495,6 @@ def picture_checkpoint(args) -> None:
     for name, draw in (("memory.png", draw_png), ("memory.gif", draw_gif)):
         draw(picture, os.path.join(args.out, name), footer)
         print(f"wrote {os.path.join(args.out, name)}")
-
-
-def fact_report(picture: Picture, marks) -> str:
-    """Where each layer's attention stands on the slot(s) holding a recall fact's '=' and digit."""
-    slots = picture.data["slots"]
-    holding = sorted({k for k, s in enumerate(slots) for p in marks[-2:] if p in s["positions"]})
-    if not holding:
-        return "the fact is no longer held: it lies beyond the query's reach"
-    where = ", ".join(f"{slots[k]['region']} slot {shown(slots[k]['text'])!r}" for k in holding)
-    lines = [f"the fact's '=' and digit are held in {where}"]
-    for layer, (k, weight) in enumerate(strongest(picture)):
-        on = sum(slots[j]["attention"][layer] for j in holding)
-        elsewhere = f"elsewhere ({weight:.3f} on {slots[k]['region']} {shown(slots[k]['text'])!r})"
-        lines.append(
-            f"  layer {layer + 1}: {on:.3f} on the fact's slot(s); its largest weight is "
-            + ("there" if k in holding else elsewhere)
-        )
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
