@@ -46,6 +46,7 @@ from training.files import write_atomically
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILE = ROOT / "compressive.py"
 DEFAULT_OUT = ROOT / "docs"
+TEMPLATE = Path(__file__).with_name("annotated.html")  # the page around the sections, its style
 PAGE_NAME = "compressive.html"  # the name the README links and CI compares, whatever FILE is called
 EXTRA = "pip install -r requirements-annotated.txt"
 PACKAGES = {  # the modules it imports: the packages that hold them
@@ -220,74 +221,6 @@ def code_style() -> str:
     from pygments.formatters import HtmlFormatter
 
     return "\n".join(HtmlFormatter(style="default").get_token_style_defs(".code"))
-
-
-PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-body {{ margin: 0; color: #1d1d1f; background: #fff;
-  font: 15px/1.55 Georgia, "DejaVu Serif", "Times New Roman", serif; }}
-header {{ padding: 12px 24px; border-bottom: 1px solid #e4e4ec; font-size: 13px; color: #666;
-  font-family: system-ui, "DejaVu Sans", sans-serif; }}
-header code {{ font-size: 12px; }}
-header label {{ float: right; margin-right: 8px; }}
-#hide-speed {{ position: absolute; top: 12px; right: 14px; margin: 2px 0; }}
-main {{ max-width: 1600px; margin: 0 auto; }}
-section {{ display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, min(62%, 790px)); }}
-.note {{ padding: 6px 22px 6px 24px; overflow-wrap: anywhere; }}
-.note > :first-child {{ margin-top: 4px; }}
-.note > :last-child {{ margin-bottom: 4px; }}
-.note h1 {{ font-size: 26px; line-height: 1.25; margin: 18px 0 10px; }}
-.note h2 {{ font-size: 19px; margin: 26px 0 6px; padding-top: 10px; border-top: 2px solid #dde; }}
-.note p, .note ul, .note ol {{ margin: 0 0 8px; }}
-.note ul, .note ol {{ padding-left: 22px; }}
-.note a {{ color: inherit; text-decoration-color: #99a; }}
-.note code {{ font: 12.5px/1.4 "DejaVu Sans Mono", Menlo, Consolas, monospace;
-  background: #f3f3f8; padding: 0 3px; border-radius: 3px; }}
-.note pre {{ background: #f6f6fa; border: 1px solid #e6e6ee; padding: 6px 8px; overflow-x: auto;
-  margin: 4px 0 8px; white-space: pre-wrap; line-height: 1.4; }}
-.note pre code {{ background: none; padding: 0; font-size: 11px; }}
-.note math {{ font-size: 1.05em;
-  font-family: "DejaVu Math TeX Gyre", "STIX Two Math", "Latin Modern Math", math; }}
-.note math[display="block"] {{ margin: 8px 0; overflow-x: auto; }}
-.note .nowrap {{ white-space: nowrap; }}
-.note mtd[columnalign="left"] {{ text-align: left; }}
-.note mtd[columnalign="right"] {{ text-align: right; }}
-.note p.departure, .note p.speed {{ padding: 4px 9px; border-left: 3px solid; border-radius: 2px; }}
-.note p.departure {{ border-color: #d97706; background: #fff7ed; }}
-.note p.speed {{ border-color: #4c78a8; background: #f1f5fb; font-size: 14px; }}
-#hide-speed:checked ~ main .speed {{ display: none; }}
-.figure {{ grid-column: 1 / -1; margin: 0; padding: 8px 24px 14px; border-top: 1px solid #e4e4ec; }}
-.figure svg {{ display: block; max-width: 100%; height: auto; margin: 0 auto; }}
-.figure figcaption {{ font-size: 13px; color: #555; text-align: center; margin-top: 4px; }}
-.code {{ background: #f7f7fb; border-left: 1px solid #e4e4ec; min-width: 0; }}
-.code pre {{ margin: 0; padding: 6px 12px 6px 0; overflow-x: auto; white-space: pre-wrap;
-  font: 12px/1.5 "DejaVu Sans Mono", Menlo, Consolas, monospace; }}
-.code .l {{ display: block; overflow-wrap: anywhere; }}
-.code .l::before {{ content: attr(data-n); display: inline-block; width: 4ch; margin-right: 2ch;
-  text-indent: 0; text-align: right; color: #b0b0bc; user-select: none; }}
-section:target .note {{ background: #fffbe6; }}
-@media (max-width: 900px) {{ section {{ grid-template-columns: minmax(0, 1fr); }}
-  .code {{ border-left: 0; }} }}
-{code_style}
-</style>
-</head>
-<body>
-<input type="checkbox" id="hide-speed">
-<header><label for="hide-speed">hide the Speed notes</label>{title}: each note beside the code
-it explains. Made from the file by <code>python -m lesson.annotated</code>; the notes are its
-comments.</header>
-<main>
-{sections}
-</main>
-</body>
-</html>
-"""
 
 
 def definitions(tree: ast.Module) -> dict:
@@ -478,7 +411,9 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
     ]
     shown = [source[n - 1] for section in cut for n in section.code]
     style = code_style() + "\n" + code_indents(shown)
-    return PAGE.format(title=html.escape(title), code_style=style, sections="\n".join(parts))
+    page = TEMPLATE.read_text(encoding="utf-8").replace("__STYLE__", style)
+    page = page.replace("__TITLE__", html.escape(title))
+    return page.replace("__SECTIONS__", "\n".join(parts))  # last: the code may say anything
 
 
 # --------------------------------------------------------------------------------------------------
