@@ -2,32 +2,27 @@
 
     python -m lesson.annotated [FILE] --out DIR    # DIR/compressive.html; FILE: compressive.py
 
-The notes are the file's own comments. A note is a block of full-line comments (blank lines
-between them allowed), or the module's docstring; it goes beside the code that follows it, up to
-the next note: code without a note of its own belongs to the note above it. Notes are Markdown
-with $...$ and $$...$$ math, typeset as MathML (which browsers render natively); a comment like
-`# 3. Transformer-XL relative attention -----` is a heading, and a `name` of one of the file's defs
-or classes links to its code. Other docstrings and trailing comments are code.
+The notes are the file's own comments: a block of full-line comments (blank lines between them
+allowed), or the module's docstring, goes beside the code after it, up to the next note. Notes are
+Markdown with $...$ and $$...$$ math, typeset as MathML; `# 3. Name -----` is a heading, and a
+`name` of one of the file's defs or classes links to its code. Other docstrings and trailing
+comments are code.
 
 On the page, a paragraph from **Speed:** or **Departure:** on is set apart (a box at the top hides
 the Speed notes); the numbered list before the first heading links to the numbered headings;
-links relative to the file's folder are made relative to the page's, docs/; and a paragraph
-`Figure: PATH.svg` (or `Figure: PATH.svg, a caption`, for an SVG without a caption of its own)
-puts that SVG, read from the file's folder, inline across the page below the code its note
-explains: after the end of the def or class that holds the note's code, so that no figure cuts a
-function in two (a note outside any def: below its own code). A figure whose file is not there is
-left out, and the command says so on stderr; the page is still made. Inline math keeps the
-punctuation that follows it on its line; a line of code too long for its column wraps under
-itself, its continuation indented past the line's own indentation, rather than scrolling. The
-page is one file, its style inline: it opens from the disk and asks for nothing over the network.
+links relative to the file's folder are made relative to docs/; a paragraph `Figure: PATH.svg`
+(or `Figure: PATH.svg, a caption`) puts that SVG inline across the page after the end of the def
+or class that holds the note's code, so that no figure cuts a function in two (a figure whose file
+is missing is left out, and stderr says so). Inline math keeps its punctuation on its line; a long
+line of code wraps indented past its own indentation. The page is one file (lesson/annotated.html
+around the sections), its style inline, asking for nothing over the network. Each section is an
+element with data-lines="START-END" (FILE's lines it shows, 1-based, covering the file once, in
+order) holding a data-note and a data-code element.
 
-Each section of the page is an element with data-lines="START-END" (the 1-based lines of FILE
-it shows; the sections cover the file once, in order) holding a data-note and a data-code element.
+It needs an optional extra (markdown-it-py, mdit-py-plugins, latex2mathml, pygments; pinned, as CI
+checks docs/ is up to date), which compressive.py never does:
 
-It needs an optional extra, which compressive.py and its tests never do:
-
-    pip install -r requirements-annotated.txt   # markdown-it-py, mdit-py-plugins, latex2mathml,
-                                                # pygments (pinned: CI checks docs/ is up to date)
+    pip install -r requirements-annotated.txt
 """
 
 import argparse
@@ -49,12 +44,6 @@ DEFAULT_OUT = ROOT / "docs"
 TEMPLATE = Path(__file__).with_name("annotated.html")  # the page around the sections, its style
 PAGE_NAME = "compressive.html"  # the name the README links and CI compares, whatever FILE is called
 EXTRA = "pip install -r requirements-annotated.txt"
-PACKAGES = {  # the modules it imports: the packages that hold them
-    "markdown_it": "markdown-it-py",
-    "mdit_py_plugins": "mdit-py-plugins",
-    "latex2mathml": "latex2mathml",
-    "pygments": "pygments",
-}
 # `# 3. Transformer-XL relative attention ------`: a heading; a comment of dashes alone: a rule
 HEADING = re.compile(r"^(\S.*?)\s*-{3,}$")
 RULE = re.compile(r"^-{3,}$")
@@ -178,8 +167,7 @@ def dependencies():
         from markdown_it import MarkdownIt
         from mdit_py_plugins.dollarmath import dollarmath_plugin
     except ImportError as e:
-        package = PACKAGES.get((e.name or "").split(".")[0], e.name)
-        raise UserError(f"lesson.annotated needs {package}, an optional extra: {EXTRA}") from None
+        raise UserError(f"lesson.annotated needs {e.name}, of an optional extra: {EXTRA}") from None
     return MarkdownIt, dollarmath_plugin, latex2mathml.converter, pygments
 
 
@@ -424,15 +412,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m lesson.annotated", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument(
-        "file", nargs="?", type=Path, default=DEFAULT_FILE, help="the Python file to lay out"
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        help="the folder the page goes to, as compressive.html",
-    )
+    p.add_argument("file", nargs="?", type=Path, default=DEFAULT_FILE, help="the file to lay out")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the page's folder")
     return p.parse_args(argv)
 
 
@@ -447,9 +428,7 @@ def annotate(args) -> None:
         print(f"the figure {path} is not there: the page is made without it", file=sys.stderr)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = (
-            args.out / PAGE_NAME
-        )  # whatever FILE is called: a copy of the file makes the same page
+        path = args.out / PAGE_NAME  # whatever FILE is called: a copy makes the same page
         write_atomically(str(path), lambda f: f.write(page.encode("utf-8")))
     except OSError as e:
         raise UserError(f"--out {args.out}: {one_line(e)}") from None
