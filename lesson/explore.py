@@ -4,24 +4,20 @@
     python -m lesson.explore --out OUT --validation OUT/validation.json  # a research command's
                                 # checkpoint, on the text python -m research.tasks --out OUT wrote
 
-The model reads a passage of the validation text segment by segment, memory carried from an empty
-one, as `python -m lesson.memory_picture` does for one query; here every query of every segment is
-kept. The page shows, for the segment chosen with its slider, the keys its queries see in each
-layer, [c_mem; mem; segment] oldest first, each slot labelled with the text positions it stands
-for; a click on any character of the passage (or the arrow keys) makes it the query, and the slots
-are shaded by its attention, per layer (the mean over the heads, or one head). The keys act on
-the query wherever the focus is. Stepping forward shows the block of c that leaves mem and the
-c_mem slot f_c makes of it. Above the query's view, a summary of the whole segment: per layer and
-head, the share of its attention on c_mem, mem and the segment, averaged over all its queries.
+The model reads a passage of the validation text segment by segment, as `python -m
+lesson.memory_picture` does, and every query of every segment is kept. For the segment its slider
+picks, the page shows the keys its queries see in each layer, [c_mem; mem; segment] oldest first,
+each slot labelled with the positions it stands for; a click on a character (or the arrow keys)
+makes it the query, and the slots are shaded by its attention, per layer (mean over the heads) or
+head. Stepping forward shows the block of c that leaves mem and the c_mem slot f_c makes of it.
+Above, per layer and head, the share of the segment's attention on c_mem, mem and the segment.
 
-The page is one file, its data, script and style inline: it opens from the disk by a double click
-and asks for nothing over the network. Its numbers are the model's own: the attention weights of
-the forward on the passage, stored as multiples of 1/WEIGHT_SCALE (each row rounded so that it
-still sums to 1), and the slots' positions by the FIFO rule of memory_picture.fifo_steps, checked
-against the model's memory tensors after each segment.
+The page is one file, its data, script and style inline: it opens from the disk and asks for
+nothing over the network. Its numbers are the model's own: the attention weights, stored as
+multiples of 1/WEIGHT_SCALE (each row still summing to 1), and the slots' positions by the FIFO
+rule, checked against the model's memory tensors after each segment.
 
-    python -m lesson.explore --screenshot docs/explorer.png   # also a picture of the page (needs
-                                                              # chromium and playwright)
+    python -m lesson.explore --screenshot docs/explorer.png   # and a PNG of it (needs chromium)
 """
 
 import argparse
@@ -48,15 +44,10 @@ TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.htm
 WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)
 DEFAULT_SEGMENTS = 10
 CHROMIUM = "/usr/bin/chromium"  # Debian's (apt-get install chromium); never a downloaded one
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
+CHROMIUM_ARGS = (
+    "--headless --no-sandbox --disable-gpu --disable-background-networking "
+    "--disable-component-update --no-first-run --disable-sync"
+).split()
 
 # --------------------------------------------------------------------------------------------------
 # The page's data: the model's forward on the passage, every query of every segment
@@ -101,13 +92,9 @@ def region_shares(attention, n_c_mem: int, n_mem: int) -> list:
 
 @torch.no_grad()
 def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query=None) -> dict:
-    """Run model (a CompressiveTransformer) over n_segments segments of n_s from ids[start] (the
-    memory empty before it) and return the page's data: the passage, the model's sizes, and per
-    segment the slots its queries see (c_mem and mem before it, as the text positions they stand
-    for), what the FIFOs move after it, its attention weights (packed) and, per layer and head,
-    the share of c_mem, mem and the segment over all its queries (region_shares). query: the text
-    position the page opens on (default: the passage's last). Raises ValueError for a passage or
-    query outside the text."""
+    """The page's data, model reading n_segments segments from ids[start]: the passage, the sizes,
+    and per segment the slots its queries see (as positions), what the FIFOs move after it, its
+    attention (packed) and region_shares. query: the one the page opens on (default: the last)."""
     check_model(model)
     cfg, n_s = model.cfg, model.cfg.seq_len
     end = start + n_segments * n_s
@@ -215,22 +202,11 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default="out", help="the folder of the checkpoint; the page goes there")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
-    p.add_argument(
-        "--validation",
-        metavar="JSON",
-        help="the validation text of a research command's checkpoint, as python -m "
-        "research.tasks --out OUT writes it (OUT/validation.json)",
-    )
-    p.add_argument(
-        "--start", type=int, default=0, metavar="POS", help="the passage's first position"
-    )
+    p.add_argument("--validation", metavar="JSON", help="the text python -m research.tasks wrote")
+    p.add_argument("--start", type=int, default=0, metavar="POS", help="the passage's start")
     p.add_argument("--segments", type=int, default=DEFAULT_SEGMENTS, help="the passage's length")
-    p.add_argument(
-        "--query", type=int, metavar="POS", help="the query the page opens on (default: the last)"
-    )
-    p.add_argument(
-        "--screenshot", metavar="PNG", help="also a picture of the page as it opens (chromium)"
-    )
+    p.add_argument("--query", type=int, metavar="POS", help="the query it opens on (default: last)")
+    p.add_argument("--screenshot", metavar="PNG", help="also a picture of the page (chromium)")
     return p.parse_args(argv)
 
 
@@ -261,22 +237,12 @@ def explore_checkpoint(args) -> None:
     if args.query is not None and not args.start <= args.query < end:
         raise UserError(f"--query {args.query} lies outside the passage, {args.start}-{end - 1}")
     page = explorer_data(model, data.val, data.vocab, args.start, args.segments, args.query)
-    made_by = " ".join(
-        ["python -m lesson.explore"]
-        + [
-            f"--{name} {value}"
-            for name, value, default in (
-                ("validation", args.validation, None),
-                ("start", args.start, 0),
-                ("segments", args.segments, DEFAULT_SEGMENTS),
-                ("query", args.query, None),
-            )
-            if value != default
-        ]
-    )
+    defaults = vars(parse_args([]))
+    flags = [(name, getattr(args, name)) for name in ("validation", "start", "segments", "query")]
+    made_by = "".join(f" --{name} {v}" for name, v in flags if v != defaults[name])
     page["caption"] = (
         f"Checkpoint: {training_command(ckpt)}. Text: "
-        f"{data.name}. Made by: {made_by} with torch {torch.__version__}, "
+        f"{data.name}. Made by: python -m lesson.explore{made_by} with torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
     )
     path = os.path.join(args.out, "explorer.html")
