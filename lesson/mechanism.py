@@ -46,6 +46,13 @@ class FifoStep(NamedTuple):
 NOTHING = FifoStep([], [], [], [], [], [])  # the memory before the first segment
 
 
+def keys_seen(before: FifoStep, segment: List[int]) -> list:
+    """The keys a segment's queries attend over, [c_mem; mem; segment] oldest first, each as
+    (region, the positions it stands for), with the FIFOs before it."""
+    keys = [("c_mem", block) for block in before.c_mem] + [("mem", [p]) for p in before.mem]
+    return keys + [("segment", [p]) for p in segment]
+
+
 def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoStep]:
     """The memory after each segment of a text fed from position start in segments of the given
     lengths, by CompressiveLayer.update_memory's rule: append the segment to mem; evict what
@@ -81,34 +88,27 @@ def toy_config(**changes) -> CompressiveConfig:
 
 def position_model(n_s: int, n_m: int, n_cm: int, c: int, n: int) -> CompressiveTransformer:
     """A one-layer model with the mean_pool f_c that reads the text positions 0 .. n - 1 as one-hot
-    vectors (position_inputs): its mem holds one one-hot a slot (the first layer keeps its raw
-    inputs), each c_mem slot the mean of its block's, so the positions can be read back."""
+    vectors: its mem holds one one-hot a slot (the first layer keeps its raw inputs), each c_mem
+    slot the mean of its block's, so the positions can be read back."""
     d = n + n % 2  # two heads
     sizes = dict(seq_len=n_s, mem_len=n_m, c_mem_len=n_cm, compression_rate=c)
     return CompressiveTransformer(toy_config(d_model=d, d_ff=d, compression="mean_pool", **sizes))
 
 
-def position_inputs(model, positions: List[int]) -> torch.Tensor:
-    return torch.eye(model.cfg.d_model)[None, positions]  # [1, T, d]
-
-
-def held_positions(memory):
-    """The positions a position_model's memory holds: mem's, one a slot, and c_mem's blocks."""
-    mem = memory.mem[0][0].argmax(-1).tolist()
-    return mem, [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
-
-
 @torch.no_grad()
-def model_fifo_steps(n_s: int, n_m: int, n_cm: int, c: int, n_segments: int) -> List[FifoStep]:
-    """The FIFOs after each segment as a real CompressiveTransformer holds them (position_model),
-    read back from its memory tensors; what left mem and fell off c_mem is what the tensors lost.
-    Raises RuntimeError where the model and fifo_steps disagree: a bug."""
-    model = position_model(n_s, n_m, n_cm, c, n_s * n_segments).eval()
+def model_fifo_steps(n_s, n_m, n_cm, c, n_segments, model=None) -> List[FifoStep]:
+    """The FIFOs after each segment as a real model (position_model's, or model, one of them)
+    holds them, read back from its memory tensors; what left mem and fell off c_mem is what the
+    tensors lost. Raises RuntimeError where the model and fifo_steps disagree: a bug."""
+    model = model if model is not None else position_model(n_s, n_m, n_cm, c, n_s * n_segments)
+    model.eval()
     memory, mem, c_mem, steps = None, [], [], []
     for k in range(n_segments):
         segment = list(range(k * n_s, (k + 1) * n_s))
-        _, memory, _ = model.hidden_states(position_inputs(model, segment), memory)
-        new_mem, new_c_mem = held_positions(memory)
+        one_hot = torch.eye(model.cfg.d_model)[None, segment]  # [1, n_s, d]
+        _, memory, _ = model.hidden_states(one_hot, memory)
+        new_mem = memory.mem[0][0].argmax(-1).tolist()
+        new_c_mem = [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
         evicted = [p for p in mem + segment if p not in new_mem]
         compressed = [block for block in new_c_mem if block not in c_mem]
         dropped = [block for block in c_mem + compressed if block not in new_c_mem]
@@ -372,9 +372,7 @@ def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
             if p not in held:
                 x = left + p * cell + 11
                 canvas.text(x, y + 16, shown(text[p]), ha="center", color=GREY, family=FONT)
-        slots = [("c_mem", block) for block in before.c_mem]
-        slots += [("mem", [p]) for p in before.mem] + [("segment", [p]) for p in step.segment]
-        for region, positions in slots:
+        for region, positions in keys_seen(before, step.segment):
             x, w = left + positions[0] * cell, len(positions) * cell
             gid = f"fifo-slot-{k}-{region}-{'_'.join(map(str, positions))}"
             bold = 2 if positions in before.compressed else 0.75
@@ -532,18 +530,17 @@ def mask_data() -> dict:
     key gets weight 0, in every head). Returns {"keys": [(region, positions)], oldest first,
     "queries": the last segment's positions, "M": the memories, "masked": [T][K] booleans}."""
     n_s, n_m, n_cm, c, n_segments = TOY_SIZES
-    model = position_model(n_s, n_m, n_cm, c, n_s * n_segments).eval()
-    memory = None
+    model = position_model(n_s, n_m, n_cm, c, n_s * n_segments)
     with recorded_attention(model) as attention:
-        for k in range(n_segments):
-            segment = list(range(k * n_s, (k + 1) * n_s))
-            if k == n_segments - 1:  # the memory the last segment reads, as positions
-                mem, c_mem = held_positions(memory)
-            _, memory, _ = model.hidden_states(position_inputs(model, segment), memory)
-    keys = [("c_mem", block) for block in c_mem] + [("mem", [p]) for p in mem]
-    keys += [("segment", [p]) for p in segment]
+        *_, before, last = model_fifo_steps(*TOY_SIZES, model=model)
     masked = (attention[0][0] == 0).all(dim=0)  # [T, K]: no head gives the key any weight
-    return {"keys": keys, "queries": segment, "M": len(c_mem) + len(mem), "masked": masked.tolist()}
+    M = len(before.c_mem) + len(before.mem)
+    return {
+        "keys": keys_seen(before, last.segment),
+        "queries": last.segment,
+        "M": M,
+        "masked": masked.tolist(),
+    }
 
 
 MASK_NOTES = [

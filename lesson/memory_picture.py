@@ -114,8 +114,7 @@ def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, head
         weights = torch.stack([w[0] for w in attention])  # [L, H, T, K], at the end the query's
     before = steps[-2] if len(steps) > 1 else NOTHING
     i = query - steps[-1].segment[0]  # the query's row in its segment
-    keys = [("c_mem", block) for block in before.c_mem] + [("mem", [p]) for p in before.mem]
-    keys += [("segment", [p]) for p in steps[-1].segment[: i + 1]]
+    keys = mechanism.keys_seen(before, steps[-1].segment[: i + 1])
     weights = weights[:, :, i, : len(keys)].double().cpu()  # [L, H, K]
     text = "".join(vocab[t] for t in ids[start:end].tolist())
     slots = []
