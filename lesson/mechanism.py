@@ -7,11 +7,10 @@ the reconstruction loss's gradients, each an SVG of the page (docs/), each made 
     python -m lesson.memory_picture --reach-svg docs/reach.svg   # the reach, layer by layer
     python -m lesson.memory_picture --recon-svg docs/recon.svg   # which loss reaches what
 
-Each figure has a function that reads what it draws from a tiny CompressiveTransformer at the
-lesson's toy sizes (model_fifo_steps, shift_data, mask_data, reach_data, recon_data) and one that
-draws it (matplotlib, imported only there). Every shape that carries data has an id that says
-what it shows (a slot's positions, a cell's row and column), so that a test can read the drawing
-back. Layers and segments count from 1 in every label.
+Each figure has a function that reads its data from a tiny CompressiveTransformer (the *_data
+functions and model_fifo_steps) and one that draws it with matplotlib. A shape that carries data
+has an id that says what it shows, so that a test can read the drawing back. Layers and segments
+count from 1 in every label.
 """
 
 import io
@@ -54,10 +53,9 @@ def keys_seen(before: FifoStep, segment: List[int]) -> list:
 
 
 def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoStep]:
-    """The memory after each segment of a text fed from position start in segments of the given
-    lengths, by CompressiveLayer.update_memory's rule: append the segment to mem; evict what
-    overflows n_m (n_evicted: whole blocks of c when n_cm > 0), each block one c_mem slot; keep
-    c_mem's newest n_cm. With n_cm = 0 the evicted are dropped; with n_m = 0 nothing is kept."""
+    """The memory after each segment of a text fed from position start in segments of lengths, by
+    update_memory's rule: append the segment to mem; evict what overflows n_m (n_evicted), each
+    block of c one c_mem slot (n_cm = 0: dropped); keep c_mem's newest n_cm."""
     mem, c_mem, steps = [], [], []
     for length in lengths:
         segment = list(range(start, start + length))
@@ -97,9 +95,8 @@ def position_model(n_s: int, n_m: int, n_cm: int, c: int, n: int) -> Compressive
 
 @torch.no_grad()
 def model_fifo_steps(n_s, n_m, n_cm, c, n_segments, model=None) -> List[FifoStep]:
-    """The FIFOs after each segment as a real model (position_model's, or model, one of them)
-    holds them, read back from its memory tensors; what left mem and fell off c_mem is what the
-    tensors lost. Raises RuntimeError where the model and fifo_steps disagree: a bug."""
+    """The FIFOs after each segment as a real model (position_model's, or model) holds them, read
+    back from its memory tensors. Raises RuntimeError where they and fifo_steps disagree: a bug."""
     model = model if model is not None else position_model(n_s, n_m, n_cm, c, n_s * n_segments)
     model.eval()
     memory, mem, c_mem, steps = None, [], [], []
@@ -144,9 +141,8 @@ def pyplot_or_error():
 
 
 class Canvas:
-    """A white figure of width x height pixels (96 to the inch, as a browser shows an SVG) whose
-    coordinates are those pixels, y downwards; text sizes are in pixels too. (The command that
-    draws it is said beside it, in the caption of the page or the README, not inside it.)"""
+    """A white figure of width x height pixels (96 to the inch, as a browser shows an SVG), its
+    coordinates those pixels, y downwards; text sizes in pixels too."""
 
     def __init__(self, width: int, height: int):
         self.plt = pyplot_or_error()
@@ -194,9 +190,8 @@ class Canvas:
         self.ax.plot(xs, ys, **style)
 
     def save(self, path: str, name: str) -> None:
-        """The SVG of the figure, fit to be inlined in a page beside others: text kept as text,
-        no date, every id prefixed with name, no XML prolog, and nothing clipped (a clip path is
-        a url(...), which the page does not allow itself)."""
+        """The SVG, fit to be inlined in a page: text as text, no date, no XML prolog, every id
+        prefixed with name, nothing clipped (a clip path is a url(...), which the page forbids)."""
         import matplotlib
 
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
@@ -230,9 +225,8 @@ def spans(positions, first: int, width: int):
 
 
 class TextFigure:
-    """A figure of a text in lines of width characters, 0.16 inch each, line_h characters tall a
-    line (the text and what goes under it), under a header of head inches, a footer at its foot:
-    the checkpoint's picture and animation (lesson/memory_picture.py)."""
+    """A figure of a text in lines of width characters (0.16 inch each, line_h tall), under a
+    header of head inches, a footer at its foot: the picture and animation of memory_picture."""
 
     def __init__(self, width, n_lines, line_h, head, footer, first):
         self.plt = pyplot_or_error()
@@ -332,10 +326,9 @@ FIFO_LEGEND = [
 
 
 def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
-    """The schematic: one row per segment, the keys its queries attend over, [c_mem; mem;
-    segment], oldest first, each under the text positions it stands for (so a block that leaves
-    mem reappears below as one c_mem slot), and at the right what the FIFOs do after it. Ids:
-    fifo-slot-ROW-REGION-POSITIONS for a slot, fifo-evicted-ROW-P for a position leaving mem."""
+    """One row per segment: the keys its queries attend over, each under the positions it stands
+    for, and at the right what the FIFOs do after it. Ids: fifo-slot-ROW-REGION-POSITIONS,
+    fifo-evicted-ROW-P for a position leaving mem."""
     n_s, n_m, n_cm, c = sizes
     if not (n_m and n_cm):
         raise ValueError(f"the schematic draws both FIFOs: n_m = {n_m}, n_cm = {n_cm}")
@@ -413,12 +406,9 @@ def shift_model(T: int = 3, M: int = 2):
 
 @torch.no_grad()
 def shift_data(model, x) -> dict:
-    """relative_shift as a real layer runs it: model (one layer, one head) reads x in two segments,
-    and in the second its attention's position scores P = position_scores(q, r), [T, K+1],
-    go through relative_shift. Returns {"T", "M", "K", "P": P's rows, column p holding distance
-    K - p; "source": for each entry of the result, the index it takes in P flattened; "out": the
-    result [T, K]; "masked": where the causal mask hides a key; "weights": the attention weights,
-    as the forward computed them}."""
+    """relative_shift as a real layer (one head) runs it on the position scores P, [T, K+1], of the
+    second of two segments of x. Returns {"T", "M", "K", "P"; "source": the index in P flattened
+    each entry of the result takes; "out": the result; "masked"; "weights": the forward's}."""
     attn, seen = model.layers[0].attn, {}
     hook = attn.register_forward_hook(lambda module, args, out: seen.update(args=args, out=out))
     T = model.cfg.seq_len
@@ -447,9 +437,8 @@ QUERY_EDGES = ["#4c78a8", "#c2410c", "#2f7a2b", "#7b3f9e", "#a07a00"]
 
 
 def panel(canvas, y, heading, headers, rows, w, h, left=150, key_gid=None) -> float:
-    """A heading at y, then column headers (with ids key_gid-J, when given) and rows of cells
-    under them: rows are (name, cells), each cell the arguments of Canvas.cell after its place and
-    size. Returns the y under the panel."""
+    """A heading at y, column headers (ids key_gid-J) and rows (name, cells), each cell the
+    arguments of Canvas.cell after its place and size. Returns the y under the panel."""
     if heading:
         canvas.text(12, y, heading, 13, weight="bold")
     for j, header in enumerate(headers):
@@ -475,9 +464,8 @@ SHIFT_NOTES = [
 
 
 def draw_shift(data: dict, path: str) -> None:
-    """P per (query, distance), flattened, the first T skipped, re-cut into rows of K: each entry
-    coloured by its query's row of P, labelled by its distance and value. Ids: shift-P-I-P,
-    shift-flat-N and shift-out-I-J for the cells (their text: distance, then value or why not)."""
+    """P per (query, distance), flattened, the first T skipped, re-cut into rows of K. Ids:
+    shift-P-I-P, shift-flat-N, shift-out-I-J (their text: the distance, the value or why not)."""
     T, M, K, P = data["T"], data["M"], data["K"], data["P"]
     w, h, flat_w, left = 52, 34, 44, 150
     canvas = Canvas(left + T * (K + 1) * flat_w + 20, 344 + 2 * T * h + h)
@@ -524,11 +512,9 @@ def draw_shift(data: dict, path: str) -> None:
 
 @torch.no_grad()
 def mask_data() -> dict:
-    """The keys of the toy's last segment and where the mask hides them, from a real model: the
-    one of model_fifo_steps reads the toy's segments, and the keys' positions are read back from
-    its memory tensors before the last, the mask from the attention weights of the last (a hidden
-    key gets weight 0, in every head). Returns {"keys": [(region, positions)], oldest first,
-    "queries": the last segment's positions, "M": the memories, "masked": [T][K] booleans}."""
+    """The keys of the toy's last segment, read back from the model's memory tensors, and where the
+    mask hides them, from its attention weights (0 in every head). Returns {"keys": [(region,
+    positions)], "queries": the segment's positions, "M": the memories, "masked": [T][K]}."""
     n_s, n_m, n_cm, c, n_segments = TOY_SIZES
     model = position_model(n_s, n_m, n_cm, c, n_s * n_segments)
     with recorded_attention(model) as attention:
@@ -555,9 +541,8 @@ MASK_NOTES = [
 
 
 def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
-    """One row per query of the segment, one column per key, [c_mem; mem; segment] by region, each
-    cell the key's distance from the query, M + i - j, where the query sees it and -inf where the
-    mask hides it. Ids: mask-cell-I-J (text: the distance, or -inf), mask-key-J (text: the key)."""
+    """A row per query, a column per key, each cell the key's distance M + i - j, or -inf where the
+    mask hides it. Ids: mask-cell-I-J (text: the distance or -inf), mask-key-J (text: the key)."""
     keys, queries, M, masked = data["keys"], data["queries"], data["M"], data["masked"]
     w, h, left = 40, 30, 170
     canvas = Canvas(left + len(keys) * w + 40, len(queries) * h + 222)
@@ -598,11 +583,9 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
 
 @torch.no_grad()
 def reach_data(n_layers: int = 3, **changes) -> dict:
-    """How far back each layer's output at a segment's last token sees, measured on a real model
-    (the toy sizes, n_layers layers, random weights): one row of the batch per token, that token
-    changed, and the positions back whose change changes a layer's output there; beside it
-    compressive.reach at that depth. Returns {"cfg": the sizes, "edges": reach's [(name,
-    tokens)], "changed": per layer, the positions back (0: the token itself) that change it}."""
+    """How far back each layer's output at the last token sees, measured on a real model (the toy
+    sizes, random weights) by changing one token a row of the batch. Returns {"cfg": the sizes,
+    "edges": reach(cfg, depth), "changed": per layer, the positions back that change it}."""
     torch.manual_seed(0)
     cfg = toy_config(n_layers=n_layers, **changes)
     model = CompressiveTransformer(cfg).eval()
@@ -630,11 +613,9 @@ STACK_EDGE = "#7b3f9e"
 
 
 def draw_reach(data: dict, path: str) -> None:
-    """One row per layer, one cell per position back from the query (0, the token itself, at the
-    right), filled where changing that token changes the layer's output there, coloured by the
-    band of reach() it lies in: the first layer's segment, mem or c_mem, or what layer l adds
-    through the memories of the layer below; reach()'s edges are marked over the rows. Ids:
-    reach-cell-L-B for a filled cell (layer L from 1, B back), reach-edge-NAME (text: its label)."""
+    """A row per layer, a cell per position back (0 at the right) filled where changing that token
+    changes the layer's output, coloured by reach()'s band, its edges marked above. Ids:
+    reach-cell-L-B (layer L from 1, B back), reach-edge-NAME (text: its label)."""
     edges, changed, sizes = data["edges"], data["changed"], data["cfg"]
     n_s, n_m, n_cm, c = sizes.values()
     far = max(max(row) for row in changed) + 1
@@ -724,10 +705,9 @@ def recon_model(**changes):
 
 
 def recon_data(model, tokens) -> dict:
-    """Which tensors and parameters the language-model loss and f_c's L_attn reach, measured with
-    autograd on model (recon_model's) reading tokens: its third segment, the first to evict.
-    Returns {"layers": per layer, per LAYER_ROWS row, (the LM loss's, L_attn's) gradient_norm;
-    "model": the same per MODEL_ROWS row; "lm", "recon": the two losses}."""
+    """What the language-model loss and L_attn reach, by autograd, in model's third segment (the
+    first to evict). Returns {"layers": per layer and LAYER_ROWS row, (LM's, L_attn's)
+    gradient_norm; "model": the same per MODEL_ROWS row; "lm", "recon": the losses}."""
     n_s = model.cfg.seq_len
     with torch.no_grad():  # fill mem
         _, memory, _ = model(tokens[:, :n_s])
@@ -795,9 +775,8 @@ FLOW_ARROWS = [  # (from, to, the cell that says a gradient flows back, its labe
 
 
 def draw_flow(canvas, top: int, layer) -> None:
-    """L_attn's flow in one layer, from top: a solid green arrow where the measured gradient of
-    L_attn flows back along it, a grey dashed one where none does. Ids: recon-flow-FROM-TO
-    (text: "gradient" or why none)."""
+    """L_attn's flow in one layer: a green arrow where its measured gradient flows back, a grey
+    dashed one where none does. Ids: recon-flow-FROM-TO (text: "gradient" or why none)."""
     from matplotlib.patches import FancyArrowPatch
 
     w, h, dx, dy = 124, 24, 168, 40
@@ -829,10 +808,9 @@ def draw_flow(canvas, top: int, layer) -> None:
 
 
 def draw_recon(data: dict, path: str) -> None:
-    """A table: per layer, each part of it (LAYER_ROWS) against the two losses, the norm of the
-    gradient that reaches it or why none does, and at the right why; then the embedding and the
-    head. Ids: recon-I-ROW-LOSS for a layer's cell (I from 1; LOSS lm or attn), recon-model-ROW-
-    LOSS (text: the norm, "none" or "detached")."""
+    """Per layer, each part (LAYER_ROWS) against the two losses: the norm of the gradient that
+    reaches it, or why none does. Ids: recon-I-ROW-LOSS (I from 1; LOSS lm or attn),
+    recon-model-ROW-LOSS (text: the norm, "none" or "detached")."""
     layers, h, w, left, top = data["layers"], 21, 84, 200, 226
     why_x = left + 4 * w + 16
     canvas = Canvas(why_x + 470, top + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 112)
