@@ -325,13 +325,11 @@ FIFO_LEGEND = [
 ]
 
 
-def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
-    """One row per segment: the keys its queries attend over, each under the positions it stands
-    for, and at the right what the FIFOs do after it. Ids: fifo-slot-ROW-REGION-POSITIONS,
-    fifo-evicted-ROW-P for a position leaving mem."""
-    n_s, n_m, n_cm, c = sizes
-    if not (n_m and n_cm):
-        raise ValueError(f"the schematic draws both FIFOs: n_m = {n_m}, n_cm = {n_cm}")
+def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
+    """One row per segment of the toy (steps: model_fifo_steps'): the keys its queries attend over,
+    each under the positions it stands for, and at the right what the FIFOs do after it. Ids:
+    fifo-slot-ROW-REGION-POSITIONS, fifo-evicted-ROW-P for a position leaving mem."""
+    n_s, n_m, n_cm, c, _ = TOY_SIZES
     cell, row_h, left, top = 22, 50, 128, 148
     n = len(steps) * n_s
     notes_x = left + n * cell + 16
@@ -383,13 +381,6 @@ def draw_fifo(steps: List[FifoStep], text: str, sizes, path: str) -> None:
             canvas.text(notes_x, y + 7 + 13 * line, words, 11)
         before = step
     canvas.save(path, "fifo")
-
-
-def write_fifo_svg(path: str) -> None:
-    """The schematic of the notebook's toy FIFOs, from a real model's memory, into path."""
-    n_s, n_m, n_cm, c, n_segments = TOY_SIZES
-    steps = model_fifo_steps(n_s, n_m, n_cm, c, n_segments)
-    draw_fifo(steps, TOY_TEXT, (n_s, n_m, n_cm, c), path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -696,11 +687,11 @@ def gradient_norm(loss, tensors) -> object:
     return torch.stack([g.norm() for g in grads]).norm().item() if grads else "none"
 
 
-def recon_model(**changes):
+def recon_model():
     """A model at the toy sizes with two layers, the conv f_c and the attention reconstruction
     (random weights), and the tokens of its first three segments and their next tokens."""
     torch.manual_seed(0)
-    model = CompressiveTransformer(toy_config(vocab_size=16, n_layers=2, **changes))
+    model = CompressiveTransformer(toy_config(vocab_size=16, n_layers=2))
     return model.train(), torch.randint(0, 16, (1, 3 * model.cfg.seq_len + 1))
 
 
@@ -852,7 +843,7 @@ def draw_recon(data: dict, path: str) -> None:
 
 
 FIGURES = {  # python -m lesson.memory_picture --NAME-svg PATH: what draws it, what it shows
-    "fifo": (write_fifo_svg, "the two FIFOs, segment by segment"),
+    "fifo": (lambda path: draw_fifo(model_fifo_steps(*TOY_SIZES), path), "the two FIFOs"),
     "shift": (lambda path: draw_shift(shift_data(*shift_model()), path), "relative_shift"),
     "mask": (lambda path: draw_mask(mask_data(), path), "the causal mask over the keys"),
     "reach": (lambda path: draw_reach(reach_data(), path), "the reach, layer by layer"),
