@@ -51,9 +51,8 @@ class Picture:
 
 def compression_name(model) -> str:
     """The f_c's name: the config's, or this project's own overlap_max_pool put in its place."""
-    if isinstance(model.layers[0].compress, overlap_pool.OverlapMaxPoolCompress):
-        return overlap_pool.NAME
-    return model.cfg.compression
+    overlap = isinstance(model.layers[0].compress, overlap_pool.OverlapMaxPoolCompress)
+    return overlap_pool.NAME if overlap else model.cfg.compression
 
 
 def default_segments(model) -> int:
@@ -141,8 +140,7 @@ def strongest(picture: Picture):
 
 def distance(picture: Picture, slot: dict) -> str:
     """How far back a slot's characters lie from the query: "d" or "near-far"."""
-    query = picture.data["query"]
-    near, far = query - slot["positions"][-1], query - slot["positions"][0]
+    near, far = (picture.data["query"] - slot["positions"][end] for end in (-1, 0))
     return str(near) if near == far else f"{near}-{far}"
 
 
@@ -302,15 +300,13 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
         says = f"Transformer-XL (n_cm = 0): the {evicted} are forgotten (red dots)."
     else:
         says = "Nothing overflowed, so nothing was evicted."
-    fact = "; red: the fact the last query asks for." if picture.marks else "."
-    state = (  # the slots of the model's memory tensors, as read_segments checked
-        f"The model's own memory tensors now hold {len(step.mem)} mem and {len(step.c_mem)} "
-        f"c_mem slots per layer (n_m = {n_m}, n_cm = {n_cm}, c = {c}, "
-        f"f_c = {picture.data['compression']})."
-    )
     if not after:
-        state = f"Positions of the passage at the left; grey: not read yet, or no longer held{fact}"
-    return [title, says, state]
+        fact = "; red: the fact the last query asks for" if picture.marks else ""
+        grey = "grey: not read yet, or no longer held"
+        return [title, says, f"Positions of the passage at the left; {grey}{fact}."]
+    held = f"{len(step.mem)} mem and {len(step.c_mem)} c_mem slots"  # as read_segments checked
+    sizes = f"n_m = {n_m}, n_cm = {n_cm}, c = {c}, f_c = {picture.data['compression']}"
+    return [title, says, f"The model's own memory tensors now hold {held} per layer ({sizes})."]
 
 
 def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last_segments=16):
@@ -464,7 +460,7 @@ def picture_checkpoint(args) -> None:
             raise UserError(f"{flag} {value}: {has}")
     if facts and start is None and query is None:
         start, query, marks = recall_query(model, facts, len(val)) or (None, None, [])
-    marks = marks or (recall_fact(facts, query) if query is not None else [])
+    marks = marks or recall_fact(facts, query)
     if start is None:
         start = 0 if query is None else max(0, query + 1 - default_segments(model) * n_s)
     if query is not None and query < start:
