@@ -511,13 +511,8 @@ def mask_data() -> dict:
     with recorded_attention(model) as attention:
         *_, before, last = model_fifo_steps(*TOY_SIZES, model=model)
     masked = (attention[0][0] == 0).all(dim=0)  # [T, K]: no head gives the key any weight
-    M = len(before.c_mem) + len(before.mem)
-    return {
-        "keys": keys_seen(before, last.segment),
-        "queries": last.segment,
-        "M": M,
-        "masked": masked.tolist(),
-    }
+    M, keys = len(before.c_mem) + len(before.mem), keys_seen(before, last.segment)
+    return {"keys": keys, "queries": last.segment, "M": M, "masked": masked.tolist()}
 
 
 MASK_NOTES = [
