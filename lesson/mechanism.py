@@ -148,10 +148,8 @@ class Canvas:
         self.plt = pyplot_or_error()
         self.fig = self.plt.figure(figsize=(width / 96, height / 96))
         self.ax = self.fig.add_axes([0, 0, 1, 1])
-        self.ax.set_xlim(0, width)
-        self.ax.set_ylim(height, 0)
+        self.ax.set(xlim=(0, width), ylim=(height, 0))
         self.ax.axis("off")
-        self.height = height
 
     def text(self, x, y, words, px=12, gid=None, **style):
         """Words at (x, y), each of their lines a text of its own (so that an SVG of any
@@ -237,8 +235,7 @@ class TextFigure:
         self.fig = self.plt.figure(figsize=(self.w, self.h))
         place = [1.2 / self.w, foot / self.h, 0.16 * width / self.w, 1 - (head + foot) / self.h]
         self.ax = self.fig.add_axes(place)
-        self.ax.set_xlim(0, width)
-        self.ax.set_ylim(line_h * n_lines, 0)
+        self.ax.set(xlim=(0, width), ylim=(line_h * n_lines, 0))  # y downwards
         self.ax.axis("off")
         self.width, self.line_h, self.first = width, line_h, first
         self.text_at(0.1, self.h - 0.08, footer, fontsize=6.5, color=FAINT, va="bottom")
