@@ -4,10 +4,8 @@
     python train_shakespeare.py --steps 4000 --resume  # train on from OUT/ckpt.pt
     torchrun --standalone --nproc_per_node=2 train_shakespeare.py   # 2 processes, data parallel
 
-This file reads top to bottom: the settings, the data and its streams, the model, the optimizer
-and its schedule, the step, the loop. training/ holds what a reader may skip (the text's files,
-checkpoints, the whole-text validation, device and dtype, errors); sample.py, evaluate.py and
-bench.py beside it use OUT/ckpt.pt or time the steps; research/ trains with train().
+It reads top to bottom: the settings, the data and its streams, the model, the optimizer and its
+schedule, the step, the loop. training/ holds what a reader may skip; research/ trains with train().
 """
 
 import argparse
@@ -24,7 +22,7 @@ import torch.nn.functional as F
 from compressive import COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig
 from training import checkpoint, checks
 from training.data import IGNORE, Data, load_data
-from training.evaluate import evaluate
+from training.evaluate import on_validation
 
 # --------------------------------------------------------------------------------------------------
 # Settings: every flag of a run (a research/ command adds its own to them)
@@ -86,8 +84,7 @@ def parse_args(argv=None):
 
 
 def check_args(args) -> None:
-    """Every flag on its own, before anything is read or written (the model flags together, in
-    model_config)."""
+    """Every flag on its own, before anything is read or written (the model's together, below)."""
     checks.check_flags(args)
     if args.data is not None:  # saved in the checkpoint as a path that works from anywhere
         args.data = os.path.abspath(args.data)
@@ -119,18 +116,17 @@ def make_streams(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
 
 
 def streams_of_rank(data: Data, args, rank: int, world: int):
-    """This process's --batch-size strands of the training text and of its targets (rank r takes
-    strands [r*B, (r+1)*B) of the world's B*world: every process reads its own text)."""
-    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
-    streams = make_streams(data.train, args.batch_size * world)[mine]
-    targets = streams  # each character is the target of the one before it
-    if data.train_targets is not None:  # a task that scores only some characters (research/)
-        targets = make_streams(data.train_targets, args.batch_size * world)[mine]
+    """This process's --batch-size strands of the training text, and of its targets: rank r takes
+    strands [r*B, (r+1)*B) of the world's B*world, so every process reads its own text."""
+    first = rank * args.batch_size
+    mine = lambda ids: make_streams(ids, args.batch_size * world)[first : first + args.batch_size]
+    streams = mine(data.train)
     if streams.size(1) - 1 < args.seq_len:
         raise checks.UserError(
             "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
         )
-    return streams, targets
+    # each character is the target of the one before it, but where a task scores only some
+    return streams, streams if data.train_targets is None else mine(data.train_targets)
 
 
 def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
@@ -149,12 +145,11 @@ def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len:
 
 def model_config(args, vocab_size: int) -> CompressiveConfig:
     same = ["d_model", "n_heads", "n_layers", "d_ff", "dropout", "seq_len"]
-    same += ["compression_rate", "reconstruction"]
+    same += ["compression_rate", "reconstruction", "compression"]
     try:
         return CompressiveConfig(
             vocab_size=vocab_size,
             **{name: getattr(args, name) for name in same},
-            compression=args.compression,  # overlap_max_pool: this project's, named as it is
             model="feedback" if args.model == "feedback" else "compressive",  # what it builds
             mem_len=0 if args.model == "vanilla" else args.mem_len,
             c_mem_len=args.c_mem_len if args.model == "compressive" else 0,
@@ -191,31 +186,18 @@ def lr_at(step: int, args) -> float:
 # One training step
 
 
-def clip_groups(model):
-    """The parameters the language-model loss trains, and those of f_c (layers.i.compress, .decoder)
-    that only the reconstruction loss trains: clipped apart, so f_c's cannot shrink the others'."""
-    of_f_c = lambda name: name.split(".")[2:3] in (["compress"], ["decoder"])
-    named = list(model.named_parameters())
-    return [p for n, p in named if not of_f_c(n)], [p for n, p in named if of_f_c(n)]
-
-
-def memories_full(memory, cfg) -> bool:
-    """Whether both memories have filled: from then on their shapes stay put (mem within c - 1 of
-    n_m), so a model compiled with dynamic=False traces one graph, not one per memory size."""
-    mem_full = memory is not None and all(
-        m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem
-    )
-    return mem_full and all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
-
-
 def make_train_step(model, optimizer, args, device):
-    """step(x, y, memory) -> (LM loss, reconstruction loss, the new memory): one optimizer step on
-    one segment, in --dtype. The losses stay on the device (reading them makes the host wait);
-    targets of IGNORE are skipped."""
+    """step(x, y, memory) -> (LM loss, reconstruction loss, new memory): one optimizer step on one
+    segment, in --dtype, targets of IGNORE skipped; the losses stay on the device (no host wait)."""
     dtype = getattr(torch, checks.pick_dtype(args.dtype, device)[0])
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # bf16 needs none
-    groups = clip_groups(model)
+    # f_c's parameters (layers.i.compress, .decoder), which only the reconstruction loss trains,
+    # are clipped apart from the others, so that their gradients cannot shrink the others'
+    of_f_c = lambda name: name.split(".")[2:3] in (["compress"], ["decoder"])
+    named = list(model.named_parameters())
+    groups = [[p for n, p in named if of_f_c(n) == f_c] for f_c in (False, True)]
+    groups = [group for group in groups if group and args.grad_clip > 0]
     world = dist.get_world_size() if dist.is_initialized() else 1
 
     def step(x, y, memory, forward=model):
@@ -225,9 +207,8 @@ def make_train_step(model, optimizer, args, device):
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss + recon_loss.float()).backward()
-        # Every process steps with the gradients' mean over the processes, in one all_reduce: as
-        # DistributedDataParallel, which would need find_unused_parameters (a search of the graph
-        # every step), as f_c gets no gradient until the memory first overflows.
+        # The gradients' mean over the processes in one all_reduce, where DistributedDataParallel
+        # would search the graph every step (find_unused_parameters: f_c's wait for an overflow).
         if world > 1:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             flat = torch.cat([g.flatten() for g in grads])
@@ -235,10 +216,8 @@ def make_train_step(model, optimizer, args, device):
             for g, mean in zip(grads, (flat / world).split([g.numel() for g in grads])):
                 g.copy_(mean.view_as(g))
         scaler.unscale_(optimizer)  # clip the true gradients
-        if args.grad_clip > 0:
-            for group in groups:
-                if group:
-                    torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
+        for group in groups:
+            torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
         scaler.step(optimizer)  # skipped when a float16 gradient overflowed
         scaler.update()
         return loss.detach(), recon_loss.detach(), memory
@@ -248,10 +227,14 @@ def make_train_step(model, optimizer, args, device):
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
 
     def step_compiled_when_full(x, y, memory):
-        # --compile is a speed-up, never a reason to stop: where a compiled step fails (Dynamo or
-        # Inductor cannot compile this model here), one line says so and training goes on eagerly
+        # Compiled once both memories have filled: from then on their shapes stay put (mem within
+        # c - 1 of n_m), so dynamic=False traces one graph, not one per memory size. --compile is
+        # a speed-up, never a reason to stop: where it fails, one line says so, and eager goes on.
         nonlocal compiled
-        if compiled is None or not memories_full(memory, model.cfg):
+        cfg = model.cfg
+        full = memory is not None and all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
+        full = full and all(m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem)
+        if compiled is None or not full:
             return step(x, y, memory)
         try:
             return step(x, y, memory, compiled)
@@ -273,15 +256,7 @@ def train(args, data: Data, validate=None):
     """Train a model of the flags on data, saving OUT/ckpt.pt at each evaluation and where the run
     stops (--stop-after, Ctrl-C, SIGTERM). Returns a finished run's metrics on rank 0, else None.
     validate(model) -> {"val_loss": ..., more}: a study's own validation, run on rank 0."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    say = print if rank == 0 else lambda *a, **k: None
-    device = checks.pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    args.dtype, why = checks.pick_dtype(args.dtype, device)  # chosen once: the checkpoint says it
-    say(f"dtype: {args.dtype} ({why})")
-    if device.type == "cpu":
-        say(f"threads: {checks.cpu_threads()}")
+    rank, world, device, say = checks.runtime(args)  # under torchrun or not; --dtype chosen once
     n_train, n_val = len(data.train), len(data.val)
     say(f"data: {data.name}; {n_train:,} characters to train on, {n_val:,} to validate")
     cfg = model_config(args, vocab_size=len(data.vocab))
@@ -289,12 +264,8 @@ def train(args, data: Data, validate=None):
     model = checkpoint.make_model(dataclasses.asdict(cfg)).to(device)
     torch.manual_seed(args.seed + rank)  # each process its own dropout
     optimizer = make_optimizer(model, args)
-    checkpoint.make_folder(args)  # no run is lost: a checkpoint there needs --resume or --overwrite
-    ckpt_path = os.path.join(args.out, "ckpt.pt")
-    memory, progress = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
-    if args.resume:
-        memory, progress = checkpoint.resume(ckpt_path, args, model, optimizer)
-        say(f"resuming from {ckpt_path} at step {progress['step']}/{args.steps}")
+    ckpt_path = os.path.join(args.out, "ckpt.pt")  # never replaced without --resume or --overwrite
+    memory, progress = checkpoint.start(ckpt_path, args, model, optimizer)
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     say(
         f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
@@ -304,27 +275,21 @@ def train(args, data: Data, validate=None):
     streams, targets = streams_of_rank(data, args, rank, world)
     train_step = make_train_step(model, optimizer, args, device)
     if validate is None:  # the loss on the whole validation text, walked as in training
-        autocast = checks.autocast_for(device, args.dtype)
-        val = lambda m: evaluate(
-            m, data.val, args.batch_size, cfg.seq_len, autocast, data.val_targets
-        )
-        validate = lambda m: {"val_loss": val(m)}
-    step, seconds_before, t0 = progress["step"], progress["seconds"], time.time()
+        validate = lambda m: {"val_loss": on_validation(m, data, args.batch_size, args.dtype).loss}
+    step, t0 = progress["step"], time.time() - progress["seconds"]  # t0: as if never stopped
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
-    saved_step = step if args.resume else None
-    checked, logged_step, logged_at = step + 1, step, t0
+    checked, logged_step, logged_at = step + 1, step, time.time()
+    tokens_per_step = args.batch_size * args.seq_len * world
 
-    def save(record=None) -> None:
-        nonlocal saved_step
-        progress.update(step=step, seconds=seconds_before + time.time() - t0)
+    def save(record=None) -> None:  # progress["step"]: the step of the checkpoint on disk
+        progress.update(step=step, seconds=time.time() - t0)
         if record is not None:
             progress["history"].append({**record, "seconds": progress["seconds"]})
         checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
-        saved_step = step
 
     def diverged(what: str, value) -> checks.UserError:
-        kept = f"the last good checkpoint is kept at {ckpt_path} (step {saved_step})"
-        kept = kept if saved_step is not None else "no checkpoint was written"
+        kept = f"the last good checkpoint is kept at {ckpt_path} (step {progress['step']})"
+        kept = kept if progress["step"] else "no checkpoint was written"
         return checks.UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
     all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss so far
@@ -349,18 +314,20 @@ def train(args, data: Data, validate=None):
                 if checks.any_process(not bool(all_finite), device):
                     raise diverged("the training loss", f"seen within steps {checked}-{step}")
                 stopping, checked = checks.any_process(bool(signals), device), step + 1
-                lr, now = lr_at(step - 1, args), time.time()
-                tokens = (step - logged_step) * args.batch_size * args.seq_len * world
-                rate = tokens / max(now - logged_at, 1e-6)
-                train_loss, recon_loss = train_loss.item(), recon_loss.item()
+                train_loss, recon_loss, lr = (
+                    train_loss.item(),
+                    recon_loss.item(),
+                    lr_at(step - 1, args),
+                )
+                rate = (step - logged_step) * tokens_per_step / max(time.time() - logged_at, 1e-6)
                 say(
                     f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss "
                     f"{recon_loss:.5f} | lr {lr:.2e} | {rate:,.0f} tok/s",
                     flush=True,
                 )
-                logged_step, logged_at = step, now
+                logged_step, logged_at = step, time.time()
                 log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
-                progress["train_log"].append({**log, "seconds": seconds_before + now - t0})
+                progress["train_log"].append({**log, "seconds": logged_at - t0})
             # validate on the whole validation text (on rank 0), and save
             if evaluating:
                 found = validate(model) if rank == 0 else {"val_loss": 0.0}
@@ -370,17 +337,15 @@ def train(args, data: Data, validate=None):
                 bpc = val_loss / math.log(2)
                 say(f"eval step {step}: val loss {val_loss:.4f} nats/char, {bpc:.4f} bpc")
                 save({"step": step, "train_loss": train_loss, **found})
-        if saved_step != step:
+        if progress["step"] != step:
             save()
     if step < args.steps and stopping:
         by = signals[0] if signals else "another process's signal"
         raise KeyboardInterrupt(f"{by}: saved step {step} in {ckpt_path}; continue with --resume")
-    if step < args.steps:  # --stop-after
+    if step < args.steps or rank != 0:  # --stop-after (said by rank 0), or another process
         say(f"stopped after step {step}/{args.steps}; continue with --resume")
-    if step < args.steps or rank != 0:
         return None
-    tokens_seen = step * args.batch_size * args.seq_len * world
-    return checkpoint.write_record(args.out, progress, train_loss, tokens_seen)
+    return checkpoint.write_record(args.out, progress, train_loss, step * tokens_per_step)
 
 
 def main(argv=None) -> int:

@@ -194,9 +194,21 @@ def flags_that_differ(ckpt: dict, model, args) -> list:
     ]
 
 
-def resume(path: str, args, model, optimizer):
-    """Load weights, optimizer state, this process's memory and random state into a run about to
-    continue; returns the memory and the run's progress {step, history, train_log, seconds}."""
+def start(path: str, args, model, optimizer):
+    """(memory, progress {step, history, train_log, seconds}) of a run about to train into path:
+    a new one; or with --resume the checkpoint's weights, optimizer state, this process's memory and
+    random state loaded. A checkpoint there is trained on with --resume or --overwrite only."""
+    if os.path.exists(path) and not (args.resume or args.overwrite):
+        raise UserError(
+            f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "
+            f"--out, or --overwrite to replace it"
+        )
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {args.out} ({one_line(e)}); pass another") from None
+    if not args.resume:
+        return None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = next(model.parameters()).device
     ckpt = read(path, device)
@@ -231,6 +243,8 @@ def resume(path: str, args, model, optimizer):
                 torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"].cpu(), device)
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
         raise UserError(f"--resume: {path} does not fit this run ({one_line(e)})") from None
+    if rank == 0:
+        print(f"resuming from {path} at step {ckpt['step']}/{args.steps}")
     if len(ckpt["memory"]) != world and rank == 0:
         print(
             f"note: {path} was saved by {len(ckpt['memory'])} process(es) and resumes in {world}: "
@@ -283,20 +297,6 @@ def training_command(ckpt: dict, defaults: dict) -> str:
     ran = f"; torch {made['torch']}, {made['threads']} thread(s)" if made else ""
     command = " ".join([trained_by(ckpt["args"]), *flags])
     return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
-
-
-def make_folder(args) -> None:
-    """The folder --out (and those above it) for a run to train into, or one error line. One
-    that holds a checkpoint is trained into with --resume or --overwrite only: no run is lost."""
-    if os.path.exists(os.path.join(args.out, "ckpt.pt")) and not (args.resume or args.overwrite):
-        raise UserError(
-            f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "
-            f"--out, or --overwrite to replace it"
-        )
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out {args.out} ({one_line(e)}); pass another") from None
 
 
 def write_record(out: str, progress: dict, train_loss: float, tokens_seen: int) -> dict:

@@ -129,6 +129,21 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
 
 
+def runtime(args) -> tuple:
+    """(rank, world size, device, say: print on rank 0 alone) of a run, under torchrun or not, its
+    device set and --dtype settled (auto chosen once, so the checkpoint says which), both said."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    say = print if rank == 0 else lambda *args, **kwargs: None
+    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    args.dtype, why = pick_dtype(args.dtype, device)
+    say(f"dtype: {args.dtype} ({why})")
+    if device.type == "cpu":
+        say(f"threads: {cpu_threads()}")
+    return rank, world, device, say
+
+
 # The x86 features with which a CPU computes bf16 in hardware, and oneDNN (torch's CPU matmuls)
 # uses them: AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire
 # Rapids). Without them bf16 is emulated on x86, and slower than float32.
