@@ -28,7 +28,7 @@ from training.evaluate import on_validation
 # Settings: every flag of a run (a research/ command adds its own to them)
 
 MODELS = ["compressive", "xl", "vanilla", "feedback"]  # xl: n_cm = 0; vanilla: no memory
-OUR_F_C = "overlap_max_pool"  # this project's own f_c (beyond_the_paper/overlap_pool.py)
+F_C = [*COMPRESSIONS, "overlap_max_pool"]  # the paper's, and ours (beyond_the_paper/)
 
 
 def training_flags(description=None, prog=None) -> argparse.ArgumentParser:
@@ -38,44 +38,40 @@ def training_flags(description=None, prog=None) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.set_defaults(task="shakespeare")  # the text a checkpoint learned (research sets its own)
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=MODELS, default="compressive", help="the memory it has")
-    m.add_argument("--d-model", type=int, default=128, help="width of the residual stream")
-    m.add_argument("--n-layers", type=int, default=4, help="layers")
-    m.add_argument("--n-heads", type=int, default=4, help="attention heads per layer")
-    m.add_argument("--d-ff", type=int, default=512, help="hidden width of the feed-forward block")
-    m.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
-    m.add_argument("--seq-len", type=int, default=64, help="n_s: tokens per segment")
-    m.add_argument("--mem-len", type=int, default=64, help="n_m: memories per layer")
-    m.add_argument("--c-mem-len", type=int, default=32, help="n_cm: compressed memories per layer")
-    m.add_argument("--compression-rate", type=int, default=4, help="c: memories per compressed one")
-    m.add_argument("--compression", choices=[*COMPRESSIONS, OUR_F_C], default="conv", help="f_c")
-    m.add_argument(
-        "--reconstruction", choices=RECONSTRUCTIONS, default="attention", help="its loss"
-    )
-    m.add_argument(
-        "--post-norm", action=argparse.BooleanOptionalAction, default=True, help="post-LN (paper)"
-    )
-    t = p.add_argument_group("training")
-    t.add_argument("--batch-size", type=int, default=12, help="parallel text streams per process")
-    t.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    t.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the decay's end")
-    t.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
-    t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices)")
-    t.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0: off)")
-    t.add_argument("--eval-every", type=int, default=1000, help="steps between validations")
-    t.add_argument("--seed", type=int, default=1337, help="the weights' and the dropout's seed")
-    t.add_argument("--stop-after", type=int, metavar="N", help="stop after N steps (--resume on)")
-    t.add_argument("--data", help="a UTF-8 text to learn instead of Tiny Shakespeare")
-    r = p.add_argument_group("runtime")
-    r.add_argument("--device", choices=checks.DEVICES, default="auto", help="where it runs")
-    r.add_argument("--dtype", choices=checks.DTYPES, default="auto", help="the autocast dtype")
-    r.add_argument("--compile", action="store_true", help="torch.compile once memories are full")
-    r.add_argument("--log-every", type=int, default=100, help="steps between log lines")
-    r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and loss.png")
-    r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    r.add_argument("--overwrite", action="store_true", help="replace a checkpoint in --out")
+    m = p.add_argument_group("model").add_argument
+    m("--model", choices=MODELS, default="compressive", help="the memory it has")
+    m("--d-model", type=int, default=128, help="width of the residual stream")
+    m("--n-layers", type=int, default=4, help="layers")
+    m("--n-heads", type=int, default=4, help="attention heads per layer")
+    m("--d-ff", type=int, default=512, help="hidden width of the feed-forward block")
+    m("--dropout", type=float, default=0.0, help="dropout probability")
+    m("--seq-len", type=int, default=64, help="n_s: tokens per segment")
+    m("--mem-len", type=int, default=64, help="n_m: memories per layer")
+    m("--c-mem-len", type=int, default=32, help="n_cm: compressed memories per layer")
+    m("--compression-rate", type=int, default=4, help="c: memories per compressed one")
+    m("--compression", choices=F_C, default="conv", help="f_c: how c memories become one")
+    m("--reconstruction", choices=RECONSTRUCTIONS, default="attention", help="f_c's own loss")
+    m("--post-norm", action=argparse.BooleanOptionalAction, default=True, help="post-LN (paper)")
+    t = p.add_argument_group("training").add_argument
+    t("--batch-size", type=int, default=12, help="parallel text streams per process")
+    t("--steps", type=int, default=2000, help="optimizer steps")
+    t("--lr", type=float, default=3e-3, help="peak learning rate")
+    t("--min-lr", type=float, default=1e-4, help="learning rate at the decay's end")
+    t("--warmup", type=int, default=100, help="linear warm-up steps")
+    t("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices)")
+    t("--grad-clip", type=float, default=1.0, help="max gradient norm (0: off)")
+    t("--eval-every", type=int, default=1000, help="steps between validations")
+    t("--seed", type=int, default=1337, help="the weights' and the dropout's seed")
+    t("--stop-after", type=int, metavar="N", help="stop after N steps (--resume on)")
+    t("--data", help="a UTF-8 text to learn instead of Tiny Shakespeare")
+    r = p.add_argument_group("runtime").add_argument
+    r("--device", choices=checks.DEVICES, default="auto", help="where it runs")
+    r("--dtype", choices=checks.DTYPES, default="auto", help="the autocast dtype")
+    r("--compile", action="store_true", help="torch.compile once memories are full")
+    r("--log-every", type=int, default=100, help="steps between log lines")
+    r("--out", default="out", help="folder for ckpt.pt, metrics.json and loss.png")
+    r("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    r("--overwrite", action="store_true", help="replace a checkpoint in --out")
     return p
 
 
@@ -101,9 +97,8 @@ def check_args(args) -> None:
 #     text:    |---- strand 0 ----|---- strand 1 ----| ... |---- strand B-1 ----|
 #     step t:  row b = strand b[t n_s : (t+1) n_s], its targets one character on
 #
-# When the strands run out they start again from their beginning, and the memory is dropped: it
-# no longer precedes the text. This is how Transformer-XL and the Compressive Transformer are
-# trained (the paper's "contiguous" segments); shuffled windows would leave the memory meaningless.
+# At the strands' end they start again, and the memory, which no longer precedes them, is dropped:
+# the paper's "contiguous" segments (shuffled windows would leave the memory meaningless).
 
 
 def make_streams(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -140,7 +135,7 @@ def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len:
 
 
 # --------------------------------------------------------------------------------------------------
-# The model: its sizes from the flags, its vocabulary from the data (checkpoint.make_model builds)
+# The model (its sizes from the flags, its vocabulary from the data), the optimizer, the schedule
 
 
 def model_config(args, vocab_size: int) -> CompressiveConfig:
@@ -159,19 +154,12 @@ def model_config(args, vocab_size: int) -> CompressiveConfig:
         raise checks.UserError(f"invalid model configuration: {e}") from None
 
 
-# --------------------------------------------------------------------------------------------------
-# The optimizer and its schedule
-
-
 def make_optimizer(model, args):
     # As nanoGPT: decay tensors of 2+ dims (weights, embedding, u and v), not biases or norm gains.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": args.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99), fused=True)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
 
 
 def lr_at(step: int, args) -> float:
@@ -183,7 +171,7 @@ def lr_at(step: int, args) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# One training step
+# One training step: forward (autocast), the losses, backward, the mean over processes, clip, step
 
 
 def make_train_step(model, optimizer, args, device):
@@ -227,9 +215,8 @@ def make_train_step(model, optimizer, args, device):
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
 
     def step_compiled_when_full(x, y, memory):
-        # Compiled once both memories have filled: from then on their shapes stay put (mem within
-        # c - 1 of n_m), so dynamic=False traces one graph, not one per memory size. --compile is
-        # a speed-up, never a reason to stop: where it fails, one line says so, and eager goes on.
+        # Compiled once both memories are full, when their shapes stay put (mem within c - 1 of
+        # n_m): one graph. Where compiling fails, one line says so and training goes on eagerly.
         nonlocal compiled
         cfg = model.cfg
         full = memory is not None and all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
@@ -265,12 +252,7 @@ def train(args, data: Data, validate=None):
     torch.manual_seed(args.seed + rank)  # each process its own dropout
     optimizer = make_optimizer(model, args)
     ckpt_path = os.path.join(args.out, "ckpt.pt")  # never replaced without --resume or --overwrite
-    memory, progress = checkpoint.start(ckpt_path, args, model, optimizer)
-    n_params = sum(p.numel() for p in model.parameters()) / 1e6
-    say(
-        f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
-        f"n_cm={cfg.c_mem_len}; device {device}, {world} process(es) x {args.batch_size} streams"
-    )
+    memory, progress = checkpoint.start(ckpt_path, args, model, optimizer)  # and says the model
     data = data.to(device)
     streams, targets = streams_of_rank(data, args, rank, world)
     train_step = make_train_step(model, optimizer, args, device)
@@ -292,15 +274,13 @@ def train(args, data: Data, validate=None):
         kept = kept if progress["step"] else "no checkpoint was written"
         return checks.UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
-    all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss so far
-    stopping = False
+    all_finite, stopping = torch.ones((), dtype=torch.bool, device=device), False  # every loss
     model.train()
     with checks.stop_signals() as signals:  # Ctrl-C, SIGTERM: stop between two steps, and save
         while step < last_step and not stopping:
             # the batch: the next segment of every stream, and the memory that precedes it
             x, y, wrapped = segment_at(streams, targets, step, args.seq_len)
-            if wrapped:
-                memory = None  # back at the start of the text: the old memory does not precede it
+            memory = None if wrapped else memory  # at the text's start, nothing precedes it
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, args)
             train_loss, recon_loss, memory = train_step(x, y, memory)
@@ -308,17 +288,13 @@ def train(args, data: Data, validate=None):
             step += 1
             evaluating = step % args.eval_every == 0 or step == args.steps
             stopping = world == 1 and bool(signals)  # processes agree on it at a log line
-            # log: the only place the losses come back from the device; a non-finite loss in any
-            # process stops them all
+            # log: the only place the losses come back from the device (a non-finite one stops)
             if step % args.log_every == 0 or evaluating or step == last_step or stopping:
                 if checks.any_process(not bool(all_finite), device):
                     raise diverged("the training loss", f"seen within steps {checked}-{step}")
                 stopping, checked = checks.any_process(bool(signals), device), step + 1
-                train_loss, recon_loss, lr = (
-                    train_loss.item(),
-                    recon_loss.item(),
-                    lr_at(step - 1, args),
-                )
+                train_loss, recon_loss = train_loss.item(), recon_loss.item()
+                lr = lr_at(step - 1, args)
                 rate = (step - logged_step) * tokens_per_step / max(time.time() - logged_at, 1e-6)
                 say(
                     f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss "
@@ -331,10 +307,9 @@ def train(args, data: Data, validate=None):
             # validate on the whole validation text (on rank 0), and save
             if evaluating:
                 found = validate(model) if rank == 0 else {"val_loss": 0.0}
-                val_loss = found["val_loss"]
+                val_loss, bpc = found["val_loss"], found["val_loss"] / math.log(2)
                 if checks.any_process(not math.isfinite(val_loss), device):
                     raise diverged("the validation loss", val_loss)
-                bpc = val_loss / math.log(2)
                 say(f"eval step {step}: val loss {val_loss:.4f} nats/char, {bpc:.4f} bpc")
                 save({"step": step, "train_loss": train_loss, **found})
         if progress["step"] != step:

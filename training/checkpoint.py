@@ -207,9 +207,16 @@ def start(path: str, args, model, optimizer):
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create --out {args.out} ({one_line(e)}); pass another") from None
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if rank == 0:
+        cfg, n_params = model.cfg, sum(p.numel() for p in model.parameters()) / 1e6
+        print(
+            f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
+            f"n_cm={cfg.c_mem_len}; device {next(model.parameters()).device}, {world} process(es) "
+            f"x {args.batch_size} streams"
+        )
     if not args.resume:
         return None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = next(model.parameters()).device
     ckpt = read(path, device)
     if ckpt["args"].get("task", "shakespeare") != args.task:
