@@ -2,6 +2,7 @@
 dtype chosen, its processes joined; a problem the user can fix printed as one line ("error: ...",
 exit status 2), once however many processes torchrun started. A traceback is for bugs only."""
 
+import argparse
 import ctypes
 import functools
 import math
@@ -59,6 +60,18 @@ def exit_status(command) -> int:
         say(str(e) or "interrupted; a checkpoint saved before is whole", file=sys.stderr)
         return 130
     return 0
+
+
+def command_flags(prog: str, doc: str):
+    """The parser of a command on a checkpoint: --out, where it is, and --device."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="CUDA, else mps, else CPU")
+    return p
 
 
 def flag(name: str) -> str:
