@@ -1,14 +1,12 @@
 """Time training steps of a model of train_shakespeare.py's flags on random tokens, once both
-memories are full, and report tokens/s, ms per step, peak memory and mfu (model FLOPs over the best
-matmul rate measured here). --profile runs the same steps under torch.profiler instead and prints
-where their time goes: forward, backward, optimizer and the rest apart, and the operators that
-take the most of each.
+memories are full: tokens/s, ms per step, peak memory and mfu (model FLOPs over the best matmul
+rate measured here). --profile takes the same steps under torch.profiler and prints where their
+time goes (forward, backward, optimizer, the rest) and the operators that take the most of each.
 
     python bench.py --bench-steps 10    # and any of the script's model and runtime flags
     python bench.py --profile --device cpu
 
-It stands beside train_shakespeare.py, as nanoGPT's bench.py beside its train.py: it takes the
-script's flags, model, optimizer and training step as they are.
+As nanoGPT's bench.py beside its train.py, it takes the script's flags, model, optimizer and step.
 """
 
 import collections
@@ -32,28 +30,21 @@ def train_flops_per_step(model, batch: int) -> float:
     """Matmul FLOPs of one training step (forward x 3) with full memories: the model's own work,
     not counting f_c and its reconstruction loss."""
     cfg = model.cfg
-    d, T = cfg.d_model, cfg.seq_len
+    d, T, n_m = cfg.d_model, cfg.seq_len, cfg.mem_len
     head = batch * 2 * d * cfg.vocab_size * T
-    if not isinstance(
-        model, CompressiveTransformer
-    ):  # the Feedback Transformer  # per step and layer: q, the input's k and v,
-        K = cfg.mem_len + 1  # output, feed-forward, attention over K keys
-        per_step = (
-            cfg.n_layers * (2 * 4 * d * d + 2 * 2 * d * cfg.d_ff + 3 * 2 * K * d) + 2 * 2 * d * d
-        )  # the memory vector's k and v, once for every layer
-        per_row = T * per_step + 2 * 2 * d * d * cfg.mem_len  # the carried memory's k and v
-        positions = cfg.n_layers * 2 * d * d * (cfg.mem_len + 2)  # W_r R, shared by the batch
+    if not isinstance(model, CompressiveTransformer):  # the Feedback Transformer
+        # per step: each layer's q, the input's k and v, output, feed-forward and attention over
+        # n_m + 1 keys, and the memory vector's k and v, once for all layers
+        per_layer = 2 * 4 * d * d + 2 * 2 * d * cfg.d_ff + 3 * 2 * (n_m + 1) * d
+        per_row = T * (cfg.n_layers * per_layer + 2 * 2 * d * d) + 2 * 2 * d * d * n_m
+        positions = cfg.n_layers * 2 * d * d * (n_m + 2)  # W_r R, shared by the batch
         return 3.0 * (batch * per_row + positions + head)
-    M = cfg.mem_len + cfg.c_mem_len
-    K = M + T
-    per_row = (
-        2 * 3 * d * d * T  # q, k, v of the segment
-        + 2 * 2 * d * d * M  # k, v of the memories
-        + 2 * d * d * T  # output projection
-        + 2 * 2 * d * cfg.d_ff * T  # feed-forward
-        + 3 * 2 * T * K * d
-    )  # content scores, position scores, weighted values
-    per_layer = batch * per_row + 2 * d * d * (K + 1)  # W_r R is shared by the batch
+    M = n_m + cfg.c_mem_len
+    # q, k, v of the segment, k and v of the memories, the output, the feed-forward; then the
+    # content scores, position scores and weighted values over M + T keys
+    per_row = 2 * 3 * d * d * T + 2 * 2 * d * d * M + 2 * d * d * T + 2 * 2 * d * cfg.d_ff * T
+    per_row += 3 * 2 * T * (M + T) * d
+    per_layer = batch * per_row + 2 * d * d * (M + T + 1)  # W_r R is shared by the batch
     return 3.0 * (cfg.n_layers * per_layer + head)
 
 
@@ -68,13 +59,12 @@ def matmul_peak_flops(device, dtype) -> float:
     n = 256
     while True:
         a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        a @ b  # warm-up
+        a @ a  # warm-up
         best = float("inf")
         for _ in range(5):
             sync(device)
             t = time.perf_counter()
-            a @ b
+            a @ a
             sync(device)
             best = min(best, time.perf_counter() - t)
         if n >= 2048 or best > 0.02:
@@ -82,54 +72,48 @@ def matmul_peak_flops(device, dtype) -> float:
         n *= 2
 
 
-def random_batches(cfg, batch_size: int, seed: int, device) -> list:
-    """Four batches of random tokens [batch_size, n_s + 1], the steps' inputs and targets."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    return [
-        torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len + 1), generator=g).to(device)
-        for _ in range(4)
-    ]
+def random_batches(model, args, device) -> list:
+    """Four batches of random tokens [--batch-size, n_s + 1]: the steps' inputs and targets."""
+    g = torch.Generator(device="cpu").manual_seed(args.seed)
+    shape = (args.batch_size, model.cfg.seq_len + 1)
+    return [torch.randint(0, model.cfg.vocab_size, shape, generator=g).to(device) for _ in range(4)]
 
 
-def warmup_steps(model) -> int:
-    """Steps until the memories hold all that the last token reaches, and two more, so that the
-    measured steps do the steady-state work."""
-    return 2 + math.ceil(model.reach()[-1][1] / model.cfg.seq_len)
-
-
-def bench(train_step, model, batch_size: int, steps: int, seed: int, device, dtype) -> None:
-    """train_step(x, y, memory) -> (loss, reconstruction loss, memory) does one whole optimizer
-    step, as in training (train_shakespeare.make_train_step)."""
-    cfg = model.cfg
-    batches = random_batches(cfg, batch_size, seed, device)
-    memory = None
-    warmup = warmup_steps(model)
-    warm_start = time.perf_counter()
-    for i in range(warmup + steps):
-        if i == warmup:
-            warm_seconds = time.perf_counter() - warm_start
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            sync(device)
-            start = time.perf_counter()
+def take_steps(train_step, model, batches, memory=None, n=None):
+    """n training steps on the batches in turn, from memory (by default: until the memories hold
+    all that the last token reaches, and two more, so that later steps do the steady work)."""
+    n = 2 + math.ceil(model.reach()[-1][1] / model.cfg.seq_len) if n is None else n
+    for i in range(n):
         batch = batches[i % len(batches)]
         _, _, memory = train_step(batch[:, :-1], batch[:, 1:], memory)
-    sync(device)
-    seconds = (time.perf_counter() - start) / steps
-    peak = matmul_peak_flops(device, dtype)
+    sync(next(model.parameters()).device)
+    return memory
+
+
+def bench(train_step, model, args, device) -> None:
+    """Time --bench-steps whole optimizer steps (train_shakespeare.make_train_step's) once warm."""
+    start, batches = time.perf_counter(), random_batches(model, args, device)
+    memory = take_steps(train_step, model, batches)
+    warm_seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    take_steps(train_step, model, batches, memory, args.bench_steps)
+    seconds = (time.perf_counter() - start) / args.bench_steps
+    peak = matmul_peak_flops(device, getattr(torch, args.dtype))
     if device.type == "cuda":
         peak_mem = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    flops = train_flops_per_step(model, batch_size)
-    print(f"config: {cfg}")
+    flops = train_flops_per_step(model, args.batch_size)
+    print(f"config: {model.cfg}")
     print(
-        f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, matmul peak "
-        f"{peak / 1e9:.1f} GFLOP/s, model {flops / 1e9:.2f} GFLOP/step; warm-up {warmup} "
-        f"steps in {warm_seconds:.1f} s (with --compile: the compile)"
+        f"device {device}, dtype {args.dtype}, threads {torch.get_num_threads()}, matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s, model {flops / 1e9:.2f} GFLOP/step; warm-up in "
+        f"{warm_seconds:.1f} s (with --compile: the compile)"
     )
     print(
-        f"bench tokens_per_s={batch_size * cfg.seq_len / seconds:.1f} "
+        f"bench tokens_per_s={args.batch_size * model.cfg.seq_len / seconds:.1f} "
         f"ms_per_step={seconds * 1000:.2f} peak_mem_mb={peak_mem:.1f} "
         f"mfu={flops / seconds / peak:.4f}"
     )
@@ -145,24 +129,18 @@ def phase_of(event) -> str:
         return "forward"
     if event.name.startswith("autograd::engine::evaluate_function"):
         return "backward"
-    if event.name.startswith("Optimizer."):
-        return "optimizer"
-    return "rest"
+    return "optimizer" if event.name.startswith("Optimizer.") else "rest"
 
 
-def profile_steps(train_step, model, batch_size: int, steps: int, seed: int, device, rows=8):
-    """Take steps training steps under torch.profiler once the memories are full, and print each
-    phase's ms a step and share, then the rows operators of each phase that took the most time
-    of their own (a matmul's time, not the time of the Python around it). The profiler's own cost
-    makes every step slower than bench times it; the shares are what to read. The times are the
-    host's: on a GPU they show what launches the kernels, not the kernels."""
-    batches, memory = random_batches(model.cfg, batch_size, seed, device), None
-    for i in range(warmup_steps(model)):
-        batch = batches[i % len(batches)]
-        _, _, memory = train_step(batch[:, :-1], batch[:, 1:], memory)
-    marks = []  # the model's forward as one profiler range, opened and closed by module hooks
+def profile_steps(train_step, model, args, device, rows=8):
+    """--bench-steps steps under torch.profiler once warm: each phase's ms a step and share, then
+    the rows operators of each phase that took the most time of their own. The profiler's cost
+    slows every step; the shares are what to read. The times are the host's: on a GPU they show
+    what launches the kernels, not the kernels."""
+    batches, marks = random_batches(model, args, device), []
+    memory = take_steps(train_step, model, batches)
 
-    def open_mark(*_):
+    def open_mark(*_):  # the model's forward as one profiler range, opened and closed by hooks
         marks.append(record_function("forward"))
         marks[-1].__enter__()
 
@@ -172,19 +150,16 @@ def profile_steps(train_step, model, batch_size: int, steps: int, seed: int, dev
     ]
     try:
         with profile() as prof:
-            for i in range(steps):
-                batch = batches[i % len(batches)]
-                _, _, memory = train_step(batch[:, :-1], batch[:, 1:], memory)
-                sync(device)
+            for _ in range(args.bench_steps):
+                memory = take_steps(train_step, model, batches, memory, 1)
     finally:
         for hook in hooks:
             hook.remove()
     per_phase, per_op = collections.Counter(), collections.Counter()
     for event in prof.events():
-        phase = phase_of(event)
-        per_phase[phase] += event.self_cpu_time_total  # microseconds
-        per_op[phase, event.name] += event.self_cpu_time_total
-    total = sum(per_phase.values())
+        per_phase[phase_of(event)] += event.self_cpu_time_total  # microseconds
+        per_op[phase_of(event), event.name] += event.self_cpu_time_total
+    total, steps = sum(per_phase.values()), args.bench_steps
     print(f"profile of {steps} training step(s), {torch.get_num_threads()} thread(s), {device}")
     for phase, us in per_phase.most_common():
         print(f"{phase:9s} {us / steps / 1000:8.1f} ms/step {100 * us / total:5.1f}%")
@@ -196,14 +171,11 @@ def profile_steps(train_step, model, batch_size: int, steps: int, seed: int, dev
 def parse_args(argv=None):
     parser = train_shakespeare.training_flags(__doc__.split("\n\n")[0], prog="python bench.py")
     parser.add_argument("--bench-steps", type=int, default=10, help="timed steps")
-    parser.add_argument(
-        "--profile", action="store_true", help="where the steps' time goes (torch.profiler)"
-    )
+    parser.add_argument("--profile", action="store_true", help="where the steps' time goes")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
-    """Whole training steps, as train_shakespeare.train takes them, on random tokens."""
     args = parse_args(argv)
     checks.keep_freed_memory()
 
@@ -220,11 +192,7 @@ def main(argv=None) -> int:
         model = checkpoint.make_model(cfg).to(device)
         optimizer = train_shakespeare.make_optimizer(model, args)
         step = train_shakespeare.make_train_step(model, optimizer, args, device)
-        if args.profile:
-            profile_steps(step, model, args.batch_size, args.bench_steps, args.seed, device)
-            return
-        dtype = getattr(torch, args.dtype)
-        bench(step, model, args.batch_size, args.bench_steps, args.seed, device, dtype)
+        (profile_steps if args.profile else bench)(step, model, args, device)
 
     return checks.exit_status(run)
 

@@ -1,13 +1,11 @@
 """The README's two commands on a machine that other jobs keep busy: the default training run and
-`pytest`, each timed as a newcomer types it, with --busy processes (2 unless told) spinning on the
-CPU beside it. What it measured is in the README, beside the two commands.
+`pytest`, each timed as a newcomer types it, beside --busy processes (plain Python loops that stop
+after --limit seconds, or as soon as the command ends) spinning on the CPU. What it measured is in
+the README, beside the two commands.
 
     python bench_busy.py                  # both commands, two busy processes beside them
     python bench_busy.py --busy 0         # the same on the machine as it is
     python bench_busy.py --only pytest    # one of them
-
-The busy processes are plain Python loops that stop by themselves after --limit seconds, and are
-stopped as soon as the commands end.
 """
 
 import argparse

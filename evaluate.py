@@ -9,7 +9,6 @@ The results go into OUT/metrics.json beside the training's (eval_only, ablations
 --eval-only (research/) evaluates through the same functions.
 """
 
-import argparse
 import dataclasses
 import json
 import math
@@ -25,53 +24,24 @@ from training.evaluate import Evaluation, on_validation
 
 def add_ablation_flags(group) -> None:
     """--eval-mem-len and --eval-c-mem-len, which the research commands' --eval-only shares."""
-    group.add_argument(
-        "--eval-mem-len",
-        type=int,
-        metavar="N",
-        help="at most N memories per layer: what the checkpoint's memory is worth",
-    )
-    group.add_argument(
-        "--eval-c-mem-len",
-        type=int,
-        metavar="N",
-        help="at most N compressed memories per layer (0: what c_mem is worth)",
-    )
+    add = group.add_argument
+    add("--eval-mem-len", type=int, metavar="N", help="at most N memories per layer (n_m's worth)")
+    add("--eval-c-mem-len", type=int, metavar="N", help="at most N compressed (0: c_mem's worth)")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python evaluate.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p = checks.command_flags("python evaluate.py", __doc__)
     p.add_argument("--data", help="a text to evaluate on instead of the checkpoint's own")
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        help="parallel streams of the text; by default the training's, whose loss it then repeats",
-    )
-    p.add_argument(
-        "--device",
-        choices=checks.DEVICES,
-        default="auto",
-        help="auto: CUDA, else mps, else the CPU",
-    )
-    p.add_argument(
-        "--dtype",
-        choices=checks.DTYPES,
-        default="auto",
-        help="autocast dtype; auto: bfloat16 where the hardware computes it natively, else float32",
-    )
+    p.add_argument("--batch-size", type=int, help="streams; the training's repeat its loss")
+    p.add_argument("--dtype", choices=checks.DTYPES, default="auto", help="auto: bf16 where native")
     add_ablation_flags(p)
     return p.parse_args(argv)
 
 
 def limit_memory(model, mem_len, c_mem_len) -> str:
-    """The ablation of --eval-mem-len / --eval-c-mem-len: the model keeps at most that many
-    memories (compressed memories) per layer, the weights unchanged; what the loss then loses is
-    what those memories were worth. Returns how the memory was cut ("" when it was not)."""
+    """The ablation: the model keeps at most mem_len memories and c_mem_len compressed ones per
+    layer, its weights unchanged; what the loss loses is what they were worth. Returns how the
+    memory was cut ("" where it was not)."""
     if mem_len is None and c_mem_len is None:
         return ""
     if not isinstance(model, CompressiveTransformer):
@@ -104,9 +74,8 @@ def limit_memory(model, mem_len, c_mem_len) -> str:
 
 
 def load_checkpoint(args, tasks=("shakespeare",)):
-    """(model, checkpoint, how its memory was cut): OUT/ckpt.pt's model on --device, its memory cut
-    to --eval-mem-len / --eval-c-mem-len where given. tasks: the texts the command reads (a
-    research command reads its own); another's checkpoint is one error."""
+    """(model, checkpoint, how its memory was cut) of OUT/ckpt.pt on --device. tasks: the texts
+    the command reads (a research command reads its own); another's checkpoint is one error."""
     model, ckpt = checkpoint.load_model(args.out, checks.pick_device(args.device))
     task = ckpt["args"].get("task", "shakespeare")
     if task not in tasks:
@@ -145,18 +114,17 @@ def evaluate_checkpoint(args, model, ckpt, data: Data, cut: str) -> Evaluation:
 
 
 def record_evaluation(out: str, ablation: str, result: dict) -> None:
-    """Into OUT/metrics.json, beside the training's figures: an evaluation of the checkpoint with
-    its full memory as eval_only (with what a study added to result at the top level too), one
-    with its memory cut under ablations[how it was cut]."""
-    path = os.path.join(out, "metrics.json")
-    metrics = {}  # none yet where the run stopped early
+    """Into OUT/metrics.json, beside the training's figures: an evaluation with the full memory as
+    eval_only (what a study added to result at the top level too), one with its memory cut under
+    ablations[how it was cut]. A file there that is not such metrics is kept; one line says so."""
+    path, metrics = os.path.join(out, "metrics.json"), {}  # none yet where the run stopped early
     if os.path.exists(path):
         try:
             with open(path, encoding="utf-8") as f:
                 metrics = json.load(f)
-        except (OSError, ValueError) as e:
-            metrics = e
-        if not isinstance(metrics, dict):  # kept as it is, not overwritten
+        except (OSError, ValueError):
+            metrics = None
+        if not isinstance(metrics, dict):
             raise UserError(
                 f"{path} is not a metrics file of this script; move it away to record this "
                 f"evaluation"

@@ -4,7 +4,6 @@ from the checkpoint OUT/ckpt.pt (--out, default out):
     python sample.py --chars 500 --prompt "ROMEO:"
 """
 
-import argparse
 import sys
 
 import torch
@@ -14,23 +13,12 @@ from training.checks import UserError
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python sample.py",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p = checks.command_flags("python sample.py", __doc__)
     p.add_argument("--chars", type=int, default=500, help="how many characters to generate")
     p.add_argument("--prompt", help="the text it starts from; by default a newline, else '.'")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature")
     p.add_argument("--top-k", type=int, help="sample from the k most likely characters")
     p.add_argument("--seed", type=int, default=1337, help="the random draws' seed")
-    p.add_argument(
-        "--device",
-        choices=checks.DEVICES,
-        default="auto",
-        help="auto: CUDA, else mps, else the CPU",
-    )
     return p.parse_args(argv)
 
 

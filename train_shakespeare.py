@@ -4,10 +4,8 @@
     python train_shakespeare.py --steps 4000 --resume  # train on from OUT/ckpt.pt
     torchrun --standalone --nproc_per_node=2 train_shakespeare.py   # 2 processes, data parallel
 
-This file reads top to bottom: the settings, the data and its streams, the model, the optimizer
-and its schedule, the step, the loop. training/ holds what a reader may skip (the text's files,
-checkpoints, the whole-text validation, device and dtype, errors); sample.py, evaluate.py and
-bench.py beside it use OUT/ckpt.pt or time the steps; research/ trains with train().
+It reads top to bottom: the settings, the data and its streams, the model, the optimizer and its
+schedule, the step, the loop. training/ holds what a reader may skip; research/ trains with train().
 """
 
 import argparse
@@ -24,13 +22,13 @@ import torch.nn.functional as F
 from compressive import COMPRESSIONS, RECONSTRUCTIONS, CompressiveConfig
 from training import checkpoint, checks
 from training.data import IGNORE, Data, load_data
-from training.evaluate import evaluate
+from training.evaluate import on_validation
 
 # --------------------------------------------------------------------------------------------------
 # Settings: every flag of a run (a research/ command adds its own to them)
 
 MODELS = ["compressive", "xl", "vanilla", "feedback"]  # xl: n_cm = 0; vanilla: no memory
-OUR_F_C = "overlap_max_pool"  # this project's own f_c (beyond_the_paper/overlap_pool.py)
+F_C = [*COMPRESSIONS, "overlap_max_pool"]  # the paper's, and ours (beyond_the_paper/)
 
 
 def training_flags(description=None, prog=None) -> argparse.ArgumentParser:
@@ -40,44 +38,40 @@ def training_flags(description=None, prog=None) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.set_defaults(task="shakespeare")  # the text a checkpoint learned (research sets its own)
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=MODELS, default="compressive", help="the memory it has")
-    m.add_argument("--d-model", type=int, default=128, help="width of the residual stream")
-    m.add_argument("--n-layers", type=int, default=4, help="layers")
-    m.add_argument("--n-heads", type=int, default=4, help="attention heads per layer")
-    m.add_argument("--d-ff", type=int, default=512, help="hidden width of the feed-forward block")
-    m.add_argument("--dropout", type=float, default=0.0, help="dropout probability")
-    m.add_argument("--seq-len", type=int, default=64, help="n_s: tokens per segment")
-    m.add_argument("--mem-len", type=int, default=64, help="n_m: memories per layer")
-    m.add_argument("--c-mem-len", type=int, default=32, help="n_cm: compressed memories per layer")
-    m.add_argument("--compression-rate", type=int, default=4, help="c: memories per compressed one")
-    m.add_argument("--compression", choices=[*COMPRESSIONS, OUR_F_C], default="conv", help="f_c")
-    m.add_argument(
-        "--reconstruction", choices=RECONSTRUCTIONS, default="attention", help="its loss"
-    )
-    m.add_argument(
-        "--post-norm", action=argparse.BooleanOptionalAction, default=True, help="post-LN (paper)"
-    )
-    t = p.add_argument_group("training")
-    t.add_argument("--batch-size", type=int, default=12, help="parallel text streams per process")
-    t.add_argument("--steps", type=int, default=2000, help="optimizer steps")
-    t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-    t.add_argument("--min-lr", type=float, default=1e-4, help="learning rate at the decay's end")
-    t.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
-    t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices)")
-    t.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0: off)")
-    t.add_argument("--eval-every", type=int, default=1000, help="steps between validations")
-    t.add_argument("--seed", type=int, default=1337, help="the weights' and the dropout's seed")
-    t.add_argument("--stop-after", type=int, metavar="N", help="stop after N steps (--resume on)")
-    t.add_argument("--data", help="a UTF-8 text to learn instead of Tiny Shakespeare")
-    r = p.add_argument_group("runtime")
-    r.add_argument("--device", choices=checks.DEVICES, default="auto", help="where it runs")
-    r.add_argument("--dtype", choices=checks.DTYPES, default="auto", help="the autocast dtype")
-    r.add_argument("--compile", action="store_true", help="torch.compile once memories are full")
-    r.add_argument("--log-every", type=int, default=100, help="steps between log lines")
-    r.add_argument("--out", default="out", help="folder for ckpt.pt, metrics.json and loss.png")
-    r.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    r.add_argument("--overwrite", action="store_true", help="replace a checkpoint in --out")
+    m = p.add_argument_group("model").add_argument
+    m("--model", choices=MODELS, default="compressive", help="the memory it has")
+    m("--d-model", type=int, default=128, help="width of the residual stream")
+    m("--n-layers", type=int, default=4, help="layers")
+    m("--n-heads", type=int, default=4, help="attention heads per layer")
+    m("--d-ff", type=int, default=512, help="hidden width of the feed-forward block")
+    m("--dropout", type=float, default=0.0, help="dropout probability")
+    m("--seq-len", type=int, default=64, help="n_s: tokens per segment")
+    m("--mem-len", type=int, default=64, help="n_m: memories per layer")
+    m("--c-mem-len", type=int, default=32, help="n_cm: compressed memories per layer")
+    m("--compression-rate", type=int, default=4, help="c: memories per compressed one")
+    m("--compression", choices=F_C, default="conv", help="f_c: how c memories become one")
+    m("--reconstruction", choices=RECONSTRUCTIONS, default="attention", help="f_c's own loss")
+    m("--post-norm", action=argparse.BooleanOptionalAction, default=True, help="post-LN (paper)")
+    t = p.add_argument_group("training").add_argument
+    t("--batch-size", type=int, default=12, help="parallel text streams per process")
+    t("--steps", type=int, default=2000, help="optimizer steps")
+    t("--lr", type=float, default=3e-3, help="peak learning rate")
+    t("--min-lr", type=float, default=1e-4, help="learning rate at the decay's end")
+    t("--warmup", type=int, default=100, help="linear warm-up steps")
+    t("--weight-decay", type=float, default=0.1, help="AdamW weight decay (matrices)")
+    t("--grad-clip", type=float, default=1.0, help="max gradient norm (0: off)")
+    t("--eval-every", type=int, default=1000, help="steps between validations")
+    t("--seed", type=int, default=1337, help="the weights' and the dropout's seed")
+    t("--stop-after", type=int, metavar="N", help="stop after N steps (--resume on)")
+    t("--data", help="a UTF-8 text to learn instead of Tiny Shakespeare")
+    r = p.add_argument_group("runtime").add_argument
+    r("--device", choices=checks.DEVICES, default="auto", help="where it runs")
+    r("--dtype", choices=checks.DTYPES, default="auto", help="the autocast dtype")
+    r("--compile", action="store_true", help="torch.compile once memories are full")
+    r("--log-every", type=int, default=100, help="steps between log lines")
+    r("--out", default="out", help="folder for ckpt.pt, metrics.json and loss.png")
+    r("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    r("--overwrite", action="store_true", help="replace a checkpoint in --out")
     return p
 
 
@@ -86,8 +80,7 @@ def parse_args(argv=None):
 
 
 def check_args(args) -> None:
-    """Every flag on its own, before anything is read or written (the model flags together, in
-    model_config)."""
+    """Every flag on its own, before anything is read or written (the model's together, below)."""
     checks.check_flags(args)
     if args.data is not None:  # saved in the checkpoint as a path that works from anywhere
         args.data = os.path.abspath(args.data)
@@ -104,9 +97,8 @@ def check_args(args) -> None:
 #     text:    |---- strand 0 ----|---- strand 1 ----| ... |---- strand B-1 ----|
 #     step t:  row b = strand b[t n_s : (t+1) n_s], its targets one character on
 #
-# When the strands run out they start again from their beginning, and the memory is dropped: it
-# no longer precedes the text. This is how Transformer-XL and the Compressive Transformer are
-# trained (the paper's "contiguous" segments); shuffled windows would leave the memory meaningless.
+# At the strands' end they start again, and the memory, which no longer precedes them, is dropped:
+# the paper's "contiguous" segments (shuffled windows would leave the memory meaningless).
 
 
 def make_streams(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -119,18 +111,17 @@ def make_streams(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
 
 
 def streams_of_rank(data: Data, args, rank: int, world: int):
-    """This process's --batch-size strands of the training text and of its targets (rank r takes
-    strands [r*B, (r+1)*B) of the world's B*world: every process reads its own text)."""
-    mine = slice(rank * args.batch_size, (rank + 1) * args.batch_size)
-    streams = make_streams(data.train, args.batch_size * world)[mine]
-    targets = streams  # each character is the target of the one before it
-    if data.train_targets is not None:  # a task that scores only some characters (research/)
-        targets = make_streams(data.train_targets, args.batch_size * world)[mine]
+    """This process's --batch-size strands of the training text, and of its targets: rank r takes
+    strands [r*B, (r+1)*B) of the world's B*world, so every process reads its own text."""
+    first = rank * args.batch_size
+    mine = lambda ids: make_streams(ids, args.batch_size * world)[first : first + args.batch_size]
+    streams = mine(data.train)
     if streams.size(1) - 1 < args.seq_len:
         raise checks.UserError(
             "--seq-len is longer than each training stream; lower --batch-size or --seq-len"
         )
-    return streams, targets
+    # each character is the target of the one before it, but where a task scores only some
+    return streams, streams if data.train_targets is None else mine(data.train_targets)
 
 
 def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
@@ -144,17 +135,16 @@ def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len:
 
 
 # --------------------------------------------------------------------------------------------------
-# The model: its sizes from the flags, its vocabulary from the data (checkpoint.make_model builds)
+# The model (its sizes from the flags, its vocabulary from the data), the optimizer, the schedule
 
 
 def model_config(args, vocab_size: int) -> CompressiveConfig:
     same = ["d_model", "n_heads", "n_layers", "d_ff", "dropout", "seq_len"]
-    same += ["compression_rate", "reconstruction"]
+    same += ["compression_rate", "reconstruction", "compression"]
     try:
         return CompressiveConfig(
             vocab_size=vocab_size,
             **{name: getattr(args, name) for name in same},
-            compression=args.compression,  # overlap_max_pool: this project's, named as it is
             model="feedback" if args.model == "feedback" else "compressive",  # what it builds
             mem_len=0 if args.model == "vanilla" else args.mem_len,
             c_mem_len=args.c_mem_len if args.model == "compressive" else 0,
@@ -164,19 +154,12 @@ def model_config(args, vocab_size: int) -> CompressiveConfig:
         raise checks.UserError(f"invalid model configuration: {e}") from None
 
 
-# --------------------------------------------------------------------------------------------------
-# The optimizer and its schedule
-
-
 def make_optimizer(model, args):
     # As nanoGPT: decay tensors of 2+ dims (weights, embedding, u and v), not biases or norm gains.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": args.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99), fused=True)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay}]
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
 
 
 def lr_at(step: int, args) -> float:
@@ -188,34 +171,21 @@ def lr_at(step: int, args) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
-# One training step
-
-
-def clip_groups(model):
-    """The parameters the language-model loss trains, and those of f_c (layers.i.compress, .decoder)
-    that only the reconstruction loss trains: clipped apart, so f_c's cannot shrink the others'."""
-    of_f_c = lambda name: name.split(".")[2:3] in (["compress"], ["decoder"])
-    named = list(model.named_parameters())
-    return [p for n, p in named if not of_f_c(n)], [p for n, p in named if of_f_c(n)]
-
-
-def memories_full(memory, cfg) -> bool:
-    """Whether both memories have filled: from then on their shapes stay put (mem within c - 1 of
-    n_m), so a model compiled with dynamic=False traces one graph, not one per memory size."""
-    mem_full = memory is not None and all(
-        m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem
-    )
-    return mem_full and all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
+# One training step: forward (autocast), the losses, backward, the mean over processes, clip, step
 
 
 def make_train_step(model, optimizer, args, device):
-    """step(x, y, memory) -> (LM loss, reconstruction loss, the new memory): one optimizer step on
-    one segment, in --dtype. The losses stay on the device (reading them makes the host wait);
-    targets of IGNORE are skipped."""
+    """step(x, y, memory) -> (LM loss, reconstruction loss, new memory): one optimizer step on one
+    segment, in --dtype, targets of IGNORE skipped; the losses stay on the device (no host wait)."""
     dtype = getattr(torch, checks.pick_dtype(args.dtype, device)[0])
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # bf16 needs none
-    groups = clip_groups(model)
+    # f_c's parameters (layers.i.compress, .decoder), which only the reconstruction loss trains,
+    # are clipped apart from the others, so that their gradients cannot shrink the others'
+    of_f_c = lambda name: name.split(".")[2:3] in (["compress"], ["decoder"])
+    named = list(model.named_parameters())
+    groups = [[p for n, p in named if of_f_c(n) == f_c] for f_c in (False, True)]
+    groups = [group for group in groups if group and args.grad_clip > 0]
     world = dist.get_world_size() if dist.is_initialized() else 1
 
     def step(x, y, memory, forward=model):
@@ -225,9 +195,8 @@ def make_train_step(model, optimizer, args, device):
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum") / counted
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss + recon_loss.float()).backward()
-        # Every process steps with the gradients' mean over the processes, in one all_reduce: as
-        # DistributedDataParallel, which would need find_unused_parameters (a search of the graph
-        # every step), as f_c gets no gradient until the memory first overflows.
+        # The gradients' mean over the processes in one all_reduce, where DistributedDataParallel
+        # would search the graph every step (find_unused_parameters: f_c's wait for an overflow).
         if world > 1:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             flat = torch.cat([g.flatten() for g in grads])
@@ -235,10 +204,8 @@ def make_train_step(model, optimizer, args, device):
             for g, mean in zip(grads, (flat / world).split([g.numel() for g in grads])):
                 g.copy_(mean.view_as(g))
         scaler.unscale_(optimizer)  # clip the true gradients
-        if args.grad_clip > 0:
-            for group in groups:
-                if group:
-                    torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
+        for group in groups:
+            torch.nn.utils.clip_grad_norm_(group, args.grad_clip)
         scaler.step(optimizer)  # skipped when a float16 gradient overflowed
         scaler.update()
         return loss.detach(), recon_loss.detach(), memory
@@ -248,10 +215,13 @@ def make_train_step(model, optimizer, args, device):
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
 
     def step_compiled_when_full(x, y, memory):
-        # --compile is a speed-up, never a reason to stop: where a compiled step fails (Dynamo or
-        # Inductor cannot compile this model here), one line says so and training goes on eagerly
+        # Compiled once both memories are full, when their shapes stay put (mem within c - 1 of
+        # n_m): one graph. Where compiling fails, one line says so and training goes on eagerly.
         nonlocal compiled
-        if compiled is None or not memories_full(memory, model.cfg):
+        cfg = model.cfg
+        full = memory is not None and all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
+        full = full and all(m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem)
+        if compiled is None or not full:
             return step(x, y, memory)
         try:
             return step(x, y, memory, compiled)
@@ -273,15 +243,7 @@ def train(args, data: Data, validate=None):
     """Train a model of the flags on data, saving OUT/ckpt.pt at each evaluation and where the run
     stops (--stop-after, Ctrl-C, SIGTERM). Returns a finished run's metrics on rank 0, else None.
     validate(model) -> {"val_loss": ..., more}: a study's own validation, run on rank 0."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    say = print if rank == 0 else lambda *a, **k: None
-    device = checks.pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    args.dtype, why = checks.pick_dtype(args.dtype, device)  # chosen once: the checkpoint says it
-    say(f"dtype: {args.dtype} ({why})")
-    if device.type == "cpu":
-        say(f"threads: {checks.cpu_threads()}")
+    rank, world, device, say = checks.runtime(args)  # under torchrun or not; --dtype chosen once
     n_train, n_val = len(data.train), len(data.val)
     say(f"data: {data.name}; {n_train:,} characters to train on, {n_val:,} to validate")
     cfg = model_config(args, vocab_size=len(data.vocab))
@@ -289,53 +251,36 @@ def train(args, data: Data, validate=None):
     model = checkpoint.make_model(dataclasses.asdict(cfg)).to(device)
     torch.manual_seed(args.seed + rank)  # each process its own dropout
     optimizer = make_optimizer(model, args)
-    checkpoint.make_folder(args)  # no run is lost: a checkpoint there needs --resume or --overwrite
-    ckpt_path = os.path.join(args.out, "ckpt.pt")
-    memory, progress = None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
-    if args.resume:
-        memory, progress = checkpoint.resume(ckpt_path, args, model, optimizer)
-        say(f"resuming from {ckpt_path} at step {progress['step']}/{args.steps}")
-    n_params = sum(p.numel() for p in model.parameters()) / 1e6
-    say(
-        f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
-        f"n_cm={cfg.c_mem_len}; device {device}, {world} process(es) x {args.batch_size} streams"
-    )
+    ckpt_path = os.path.join(args.out, "ckpt.pt")  # never replaced without --resume or --overwrite
+    memory, progress = checkpoint.start(ckpt_path, args, model, optimizer)  # and says the model
     data = data.to(device)
     streams, targets = streams_of_rank(data, args, rank, world)
     train_step = make_train_step(model, optimizer, args, device)
     if validate is None:  # the loss on the whole validation text, walked as in training
-        autocast = checks.autocast_for(device, args.dtype)
-        val = lambda m: evaluate(
-            m, data.val, args.batch_size, cfg.seq_len, autocast, data.val_targets
-        )
-        validate = lambda m: {"val_loss": val(m)}
-    step, seconds_before, t0 = progress["step"], progress["seconds"], time.time()
+        validate = lambda m: {"val_loss": on_validation(m, data, args.batch_size, args.dtype).loss}
+    step, t0 = progress["step"], time.time() - progress["seconds"]  # t0: as if never stopped
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
-    saved_step = step if args.resume else None
-    checked, logged_step, logged_at = step + 1, step, t0
+    checked, logged_step, logged_at = step + 1, step, time.time()
+    tokens_per_step = args.batch_size * args.seq_len * world
 
-    def save(record=None) -> None:
-        nonlocal saved_step
-        progress.update(step=step, seconds=seconds_before + time.time() - t0)
+    def save(record=None) -> None:  # progress["step"]: the step of the checkpoint on disk
+        progress.update(step=step, seconds=time.time() - t0)
         if record is not None:
             progress["history"].append({**record, "seconds": progress["seconds"]})
         checkpoint.save(ckpt_path, model, optimizer, memory, progress, data.vocab, args)
-        saved_step = step
 
     def diverged(what: str, value) -> checks.UserError:
-        kept = f"the last good checkpoint is kept at {ckpt_path} (step {saved_step})"
-        kept = kept if saved_step is not None else "no checkpoint was written"
+        kept = f"the last good checkpoint is kept at {ckpt_path} (step {progress['step']})"
+        kept = kept if progress["step"] else "no checkpoint was written"
         return checks.UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
-    all_finite = torch.ones((), dtype=torch.bool, device=device)  # every loss so far
-    stopping = False
+    all_finite, stopping = torch.ones((), dtype=torch.bool, device=device), False  # every loss
     model.train()
     with checks.stop_signals() as signals:  # Ctrl-C, SIGTERM: stop between two steps, and save
         while step < last_step and not stopping:
             # the batch: the next segment of every stream, and the memory that precedes it
             x, y, wrapped = segment_at(streams, targets, step, args.seq_len)
-            if wrapped:
-                memory = None  # back at the start of the text: the old memory does not precede it
+            memory = None if wrapped else memory  # at the text's start, nothing precedes it
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, args)
             train_loss, recon_loss, memory = train_step(x, y, memory)
@@ -343,44 +288,39 @@ def train(args, data: Data, validate=None):
             step += 1
             evaluating = step % args.eval_every == 0 or step == args.steps
             stopping = world == 1 and bool(signals)  # processes agree on it at a log line
-            # log: the only place the losses come back from the device; a non-finite loss in any
-            # process stops them all
+            # log: the only place the losses come back from the device (a non-finite one stops)
             if step % args.log_every == 0 or evaluating or step == last_step or stopping:
                 if checks.any_process(not bool(all_finite), device):
                     raise diverged("the training loss", f"seen within steps {checked}-{step}")
                 stopping, checked = checks.any_process(bool(signals), device), step + 1
-                lr, now = lr_at(step - 1, args), time.time()
-                tokens = (step - logged_step) * args.batch_size * args.seq_len * world
-                rate = tokens / max(now - logged_at, 1e-6)
                 train_loss, recon_loss = train_loss.item(), recon_loss.item()
+                lr = lr_at(step - 1, args)
+                rate = (step - logged_step) * tokens_per_step / max(time.time() - logged_at, 1e-6)
                 say(
                     f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss "
                     f"{recon_loss:.5f} | lr {lr:.2e} | {rate:,.0f} tok/s",
                     flush=True,
                 )
-                logged_step, logged_at = step, now
+                logged_step, logged_at = step, time.time()
                 log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
-                progress["train_log"].append({**log, "seconds": seconds_before + now - t0})
+                progress["train_log"].append({**log, "seconds": logged_at - t0})
             # validate on the whole validation text (on rank 0), and save
             if evaluating:
                 found = validate(model) if rank == 0 else {"val_loss": 0.0}
-                val_loss = found["val_loss"]
+                val_loss, bpc = found["val_loss"], found["val_loss"] / math.log(2)
                 if checks.any_process(not math.isfinite(val_loss), device):
                     raise diverged("the validation loss", val_loss)
-                bpc = val_loss / math.log(2)
                 say(f"eval step {step}: val loss {val_loss:.4f} nats/char, {bpc:.4f} bpc")
                 save({"step": step, "train_loss": train_loss, **found})
-        if saved_step != step:
+        if progress["step"] != step:
             save()
     if step < args.steps and stopping:
         by = signals[0] if signals else "another process's signal"
         raise KeyboardInterrupt(f"{by}: saved step {step} in {ckpt_path}; continue with --resume")
-    if step < args.steps:  # --stop-after
+    if step < args.steps or rank != 0:  # --stop-after (said by rank 0), or another process
         say(f"stopped after step {step}/{args.steps}; continue with --resume")
-    if step < args.steps or rank != 0:
         return None
-    tokens_seen = step * args.batch_size * args.seq_len * world
-    return checkpoint.write_record(args.out, progress, train_loss, tokens_seen)
+    return checkpoint.write_record(args.out, progress, train_loss, step * tokens_per_step)
 
 
 def main(argv=None) -> int:

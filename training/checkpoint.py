@@ -1,15 +1,10 @@
-"""What a run keeps in its --out folder, and the models it holds. ckpt.pt: the weights, the
-optimizer's state, every process's memory and random state, so that --resume continues exactly
-where a run stopped; written whole or not at all (files.write_atomically), sealed with a digest of
-its contents, read back as plain data (a crafted file cannot run code), restored only where it
-fits. metrics.json and loss.png: the record of a finished run.
-
-make_model is the one place where a model is built, from its config: for the script, for the
-commands on its checkpoints, and for the checkpoints themselves."""
+"""What a run keeps in --out. ckpt.pt: the weights, the optimizer's state, every process's memory
+and random state, so that --resume continues exactly; written whole or not at all, sealed with a
+digest of its contents, read back as plain data (a crafted file cannot run code). metrics.json and
+loss.png: a finished run's record. make_model: the one place a model is built from its config."""
 
 import ctypes
 import dataclasses
-import functools
 import hashlib
 import math
 import os
@@ -69,46 +64,26 @@ def gathered(tensors, device) -> list:
     return per_rank
 
 
-@functools.cache  # once a process: the commit does not change while it runs
-def commit() -> str:
-    return files.repository_commit()
-
-
 def save(path, model, optimizer, memory, progress: dict, vocab, args) -> None:
     """A collective: every process calls it, and rank 0 writes. progress: {step, history,
-    train_log, seconds}. made_with records what a run's numbers depend on beyond its flags (they
-    repeat bit for bit with the same torch and the same number of threads) and the commit."""
+    train_log, seconds}. made_with: what the numbers depend on beyond the flags, and the commit."""
     device = next(model.parameters()).device
     world = dist.get_world_size() if dist.is_initialized() else 1
     memories = [None] * world  # None before the first segment and after the streams wrap
     if memory is not None:
-        parts = [memory.mem, memory.c_mem, memory.usage or []]
-        cut = [len(parts[0]), len(parts[0]) + len(parts[1])]
-        memories = [
-            [ts[: cut[0]], ts[cut[0] : cut[1]], ts[cut[1] :] if memory.usage is not None else None]
-            for ts in gathered([t for part in parts for t in part], device)
-        ]
+        usages = [None] * world if memory.usage is None else gathered(memory.usage, device)
+        mems, c_mems = gathered(memory.mem, device), gathered(memory.c_mem, device)
+        memories = [list(rank) for rank in zip(mems, c_mems, usages)]
     states = [torch.get_rng_state()]
     states += [torch.cuda.get_rng_state(device)] if device.type == "cuda" else []
     rngs = [{"cpu": r[0], "cuda": r[1] if len(r) > 1 else None} for r in gathered(states, device)]
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    state = {
-        "format": FORMAT,
-        "config": dataclasses.asdict(model.cfg),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        **progress,
-        "vocab": vocab,
-        "memory": memories,
-        "args": vars(args),
-        "rng": rngs,
-        "made_with": {
-            "torch": str(torch.__version__),
-            "threads": torch.get_num_threads(),
-            "commit": commit(),
-        },
-    }
+    made_with = {"torch": str(torch.__version__), "threads": torch.get_num_threads()}
+    state = {"format": FORMAT, "config": dataclasses.asdict(model.cfg)}
+    state |= {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **progress}
+    state |= {"vocab": vocab, "memory": memories, "args": vars(args), "rng": rngs}
+    state |= {"made_with": {**made_with, "commit": files.repository_commit()}}
     state["sha256"] = digest(state)
     files.write_atomically(path, lambda f: torch.save(state, f))
 
@@ -119,17 +94,15 @@ FIELDS |= {"args": dict, "made_with": dict}
 
 
 def read(path: str, device) -> dict:
-    """A checkpoint of this version as plain data, its digest checked. weights_only=True builds
-    tensors, dicts, lists, numbers and strings and nothing else, so a crafted file cannot run
-    code; whatever is not such a checkpoint, or is damaged, is one line that says what to do."""
+    """A checkpoint of this version as plain data (weights_only=True builds tensors, dicts, lists,
+    numbers and strings and nothing else), its digest checked; anything else is one line."""
     if not os.path.isfile(path):
         raise UserError(f"no checkpoint at {path}; train first, or pass the --out of a run")
     with open(path, "rb") as f:
         start = f.read(64)
     if not start.startswith(b"PK\x03\x04"):  # torch.save writes a zip archive
         what = "it is empty" if not start else f"it begins {start[:24]!r}"
-        if start and b"\x00" not in start:
-            what = "it is a text file"
+        what = "it is a text file" if start and b"\x00" not in start else what
         raise UserError(f"{path} is not a checkpoint ({what}); pass the --out of a training run")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
@@ -151,13 +124,12 @@ def read(path: str, device) -> dict:
         made = ckpt.get("made_with")
         by = made.get("commit") if isinstance(made, dict) else None
         use = f"check out {by.split('+')[0]}" if by else "check it out"  # +changes: uncommitted
-        by = f"commit {by}" if by else "an earlier commit"
         raise UserError(
-            f"{path} was written by another version of this script ({by}), whose checkpoints "
-            f"this one cannot read; train again, or {use} to use it"
+            f"{path} was written by another version of this script "
+            f"({f'commit {by}' if by else 'an earlier commit'}), whose checkpoints this one cannot "
+            f"read; train again, or {use} to use it"
         )
-    sealed = ckpt.pop("sha256", None)
-    if sealed != digest(ckpt):
+    if ckpt.pop("sha256", None) != digest(ckpt):
         raise UserError(
             f"{path} is a damaged checkpoint: its contents do not match the sha256 digest it was "
             f"saved with; restore a copy, or train again (--overwrite)"
@@ -175,34 +147,45 @@ def read(path: str, device) -> dict:
 
 
 def trained_by(saved_args: dict) -> str:
-    """The command that trains a checkpoint's task: the script on its own text, or the research/
-    command of that name (the recall task, the code corpus)."""
+    """The command that trains a checkpoint's task: the script, or research's command of it."""
     task = saved_args.get("task", "shakespeare")
     return "python train_shakespeare.py" if task == "shakespeare" else f"python -m research.{task}"
 
 
-def flags_that_differ(ckpt: dict, model, args) -> list:
-    """Each model flag of this run that differs from the checkpoint's: the flag, its value here
-    and in the checkpoint (--data for the text's characters, the vocabulary's size)."""
-    ours = {**dataclasses.asdict(model.cfg), "model": args.model, "compression": args.compression}
+def start(path: str, args, model, optimizer):
+    """(memory, progress {step, history, train_log, seconds}) of a run about to train into path,
+    its model said: a new run, or with --resume the checkpoint's weights, optimizer state, this
+    process's memory and random state loaded. A checkpoint there needs --resume or --overwrite."""
+    if os.path.exists(path) and not (args.resume or args.overwrite):
+        raise UserError(
+            f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "
+            f"--out, or --overwrite to replace it"
+        )
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {args.out} ({one_line(e)}); pass another") from None
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    say = print if rank == 0 else lambda *args, **kwargs: None
+    cfg, device = model.cfg, next(model.parameters()).device
+    n_params = sum(p.numel() for p in model.parameters()) / 1e6
+    say(
+        f"model: {args.model}, {n_params:.2f}M parameters, n_s={cfg.seq_len} n_m={cfg.mem_len} "
+        f"n_cm={cfg.c_mem_len}; device {device}, {world} process(es) x {args.batch_size} streams"
+    )
+    if not args.resume:
+        return None, {"step": 0, "history": [], "train_log": [], "seconds": 0.0}
+    ckpt = read(path, device)
+    if ckpt["args"].get("task", "shakespeare") != args.task:
+        raise UserError(f"--resume: the checkpoint was trained by {trained_by(ckpt['args'])}")
+    ours = {**dataclasses.asdict(cfg), "model": args.model, "compression": args.compression}
     theirs = {**ckpt["config"], **{k: ckpt["args"].get(k) for k in ("model", "compression")}}
     said = {"vocab_size": "--data (characters)", "pre_norm": "--post-norm (pre_norm)"}
-    return [
+    differ = [
         f"{said.get(name, flag(name))} ({value} here, {theirs.get(name)} in the checkpoint)"
         for name, value in ours.items()
         if theirs.get(name) != value
     ]
-
-
-def resume(path: str, args, model, optimizer):
-    """Load weights, optimizer state, this process's memory and random state into a run about to
-    continue; returns the memory and the run's progress {step, history, train_log, seconds}."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    device = next(model.parameters()).device
-    ckpt = read(path, device)
-    if ckpt["args"].get("task", "shakespeare") != args.task:
-        raise UserError(f"--resume: the checkpoint was trained by {trained_by(ckpt['args'])}")
-    differ = flags_that_differ(ckpt, model, args)
     if differ:
         raise UserError(
             f"--resume: the model flags differ from the checkpoint's: {'; '.join(differ)}; pass "
@@ -222,8 +205,7 @@ def resume(path: str, args, model, optimizer):
                     raise ValueError(f"optimizer state {tuple(value.shape)} for {tuple(p.shape)}")
         memory = None
         if len(ckpt["memory"]) == world and ckpt["memory"][rank] is not None:
-            mem, c_mem, usage = ckpt["memory"][rank]
-            memory = Memory(mem, c_mem, usage)
+            memory = Memory(*ckpt["memory"][rank])
             check_memory_of(model, memory, args.batch_size)
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank]["cpu"].cpu())
@@ -231,8 +213,9 @@ def resume(path: str, args, model, optimizer):
                 torch.cuda.set_rng_state(ckpt["rng"][rank]["cuda"].cpu(), device)
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
         raise UserError(f"--resume: {path} does not fit this run ({one_line(e)})") from None
-    if len(ckpt["memory"]) != world and rank == 0:
-        print(
+    say(f"resuming from {path} at step {ckpt['step']}/{args.steps}")
+    if len(ckpt["memory"]) != world:
+        say(
             f"note: {path} was saved by {len(ckpt['memory'])} process(es) and resumes in {world}: "
             f"the weights, the optimizer's state and the step carry on, each process's memory and "
             f"random state do not (the memory starts empty, the random state from --seed)"
@@ -266,9 +249,9 @@ def load_model(out: str, device):
 
 
 def training_command(ckpt: dict, defaults: dict) -> str:
-    """How a checkpoint was made, for a figure's caption: the command (trained_by), the flags that
-    differ from defaults (the command's own; --out, --resume and the like aside), its seed and
-    step, and the torch version and threads it ran with."""
+    """How a checkpoint was made, for a figure's caption: the command, the flags that differ from
+    defaults (the command's own; --out, --resume and the like aside), its seed and step, and the
+    torch version and threads it ran with."""
     flags = []
     for name, value in ckpt["args"].items():
         if name in ("out", "resume", "overwrite", "stop_after", "task") or value is None:
@@ -285,23 +268,9 @@ def training_command(ckpt: dict, defaults: dict) -> str:
     return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
 
 
-def make_folder(args) -> None:
-    """The folder --out (and those above it) for a run to train into, or one error line. One
-    that holds a checkpoint is trained into with --resume or --overwrite only: no run is lost."""
-    if os.path.exists(os.path.join(args.out, "ckpt.pt")) and not (args.resume or args.overwrite):
-        raise UserError(
-            f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "
-            f"--out, or --overwrite to replace it"
-        )
-    try:
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out {args.out} ({one_line(e)}); pass another") from None
-
-
 def write_record(out: str, progress: dict, train_loss: float, tokens_seen: int) -> dict:
-    """A finished run's metrics (its last validation, its training loss, its progress), said in
-    a line and written into OUT/metrics.json, and its loss curve into OUT/loss.png."""
+    """A finished run's metrics, said in a line and written into OUT/metrics.json, and its loss
+    curve into OUT/loss.png."""
     val_loss = progress["history"][-1]["val_loss"]  # a run validates at its last step
     metrics = {"val_loss": val_loss, "val_bpc": val_loss / math.log(2), "train_loss": train_loss}
     metrics |= {"step": progress["step"], "tokens_seen": tokens_seen}

@@ -2,6 +2,7 @@
 dtype chosen, its processes joined; a problem the user can fix printed as one line ("error: ...",
 exit status 2), once however many processes torchrun started. A traceback is for bugs only."""
 
+import argparse
 import ctypes
 import functools
 import math
@@ -41,11 +42,9 @@ def out_of_memory(error: BaseException):
 
 
 def exit_status(command) -> int:
-    """Run command() and return the process's exit status: 0; 2 with one line on stderr for a
-    problem the user can fix (a UserError, or a model too large for the memory); 130 when
-    interrupted, with the line that says what was kept. Under torchrun every process meets the
-    same problem (they check the same flags and read the same files), and rank 0 alone says it.
-    Any other exception is a bug and keeps its traceback."""
+    """Run command(); its exit status: 0; 2 with one line on stderr for a problem the user can fix
+    (a UserError, or out of memory), said by rank 0 alone under torchrun; 130 when interrupted,
+    with the line that says what was kept. Any other exception is a bug and keeps its traceback."""
     say = print if os.environ.get("RANK", "0") == "0" else lambda *args, **kwargs: None
     try:
         command()
@@ -63,6 +62,18 @@ def exit_status(command) -> int:
     return 0
 
 
+def command_flags(prog: str, doc: str):
+    """The parser of a command on a checkpoint: --out, where it is, and --device."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="CUDA, else mps, else CPU")
+    return p
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -76,13 +87,11 @@ def check_flags(args) -> None:
             raise UserError(f"{flag(name)} must be a finite number, got {getattr(args, name)}")
     positive = ["d_model", "n_layers", "n_heads", "d_ff", "seq_len", "compression_rate"]
     positive += ["batch_size", "steps", "eval_every", "log_every", "bench_steps", "stop_after"]
-    positive += ["lr", "temperature", "top_k"]
-    for name in given(positive):
+    for name in given([*positive, "lr", "temperature", "top_k"]):
         if not getattr(args, name) > 0:
             raise UserError(f"{flag(name)} must be positive, got {getattr(args, name)}")
     at_least_zero = ["mem_len", "c_mem_len", "eval_mem_len", "eval_c_mem_len", "warmup"]
-    at_least_zero += ["weight_decay", "grad_clip", "min_lr", "chars"]
-    for name in given(at_least_zero):
+    for name in given([*at_least_zero, "weight_decay", "grad_clip", "min_lr", "chars"]):
         if getattr(args, name) < 0:
             raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
     if given(["eval_mem_len", "eval_c_mem_len"]) and not getattr(args, "eval_only", True):
@@ -108,11 +117,11 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: bf16 where the hard
 
 
 def cpu_threads() -> str:
-    """Sets the threads torch computes with on the CPU to the cores the machine's other jobs leave
-    free (by the load average of the last minute), at least one, unless OMP_NUM_THREADS is set;
-    says so in words. OpenMP's threads wait for each other by spinning, so a thread whose core
-    another job holds stalls every step: beside two busy processes on 2 cores, two threads ran
-    the default step at 336-399 tokens/s, one at 2,200-5,400."""
+    """Sets torch's CPU threads to the cores the machine's other jobs leave free (by the last
+    minute's load average), at least one, unless OMP_NUM_THREADS is set; says so. OpenMP's threads
+    spin-wait for each other, so one whose core another job holds stalls every step: beside two
+    busy processes on 2 cores, two threads ran the default step at 336-399 tokens/s, one at
+    2,200-5,400."""
     if "OMP_NUM_THREADS" in os.environ:
         return f"{torch.get_num_threads()}, as OMP_NUM_THREADS says"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -129,19 +138,33 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
 
 
-# The x86 features with which a CPU computes bf16 in hardware, and oneDNN (torch's CPU matmuls)
-# uses them: AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire
-# Rapids). Without them bf16 is emulated on x86, and slower than float32.
+def runtime(args) -> tuple:
+    """(rank, world size, device, say: print on rank 0 alone) of a run, under torchrun or not, its
+    device set and --dtype settled (auto chosen once, so the checkpoint says which), both said."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    say = print if rank == 0 else lambda *args, **kwargs: None
+    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    args.dtype, why = pick_dtype(args.dtype, device)
+    say(f"dtype: {args.dtype} ({why})")
+    if device.type == "cpu":
+        say(f"threads: {cpu_threads()}")
+    return rank, world, device, say
+
+
+# The x86 features with which a CPU computes bf16 in hardware, which oneDNN (torch's CPU matmuls)
+# uses: AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire
+# Rapids); without them x86 emulates bf16, slower than float32. Where the flags cannot tell, a
+# probe chooses bf16 if its matmul runs PROBE_SPEED_UP times as fast (native: 2.4x to 7.6x float32;
+# emulated: 0.02x, docs/RESULTS.md).
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
-# A bf16 matmul must run this many times as fast as a float32 one for the probe to choose bf16.
-# Where bf16 is native the matmul peak is 2.4x (AVX512-BF16) to 7.6x (AMX) float32's; emulated,
-# 0.02x (docs/RESULTS.md).
 PROBE_SPEED_UP = 1.5
 
 
 def cpu_flags() -> set:
-    """The CPU's features as Linux lists them in /proc/cpuinfo ("flags" on x86, "Features" on
-    Arm); empty where there is no such file (macOS, Windows)."""
+    """The CPU's features as /proc/cpuinfo lists them ("flags" on x86, "Features" on Arm); empty
+    where there is no such file (macOS, Windows)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -155,26 +178,23 @@ def cpu_flags() -> set:
 
 @functools.cache  # once a process: every call of pick_dtype then chooses alike
 def bf16_matmul_speed_up(n: int = 512) -> float:
-    """How many times as fast a [n, n] matmul runs in bf16 as in float32 on this CPU: the probe
-    where the CPU's flags cannot tell (a fraction of a second). The best of 5 each, alternating, so
-    that another process's load slows both alike."""
-    pairs = {
-        dtype: (torch.randn(n, n, dtype=dtype),) * 2 for dtype in (torch.float32, torch.bfloat16)
-    }
+    """How many times as fast a [n, n] matmul runs in bf16 as in float32 here: the best of 5 each,
+    alternating, so that another process's load slows both alike (the first round warms up)."""
+    pairs = {dtype: torch.randn(n, n, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)}
     best = dict.fromkeys(pairs, float("inf"))
-    for _ in range(6):  # the first round warms up, and counts only if it is the fastest
-        for dtype, (a, b) in pairs.items():
+    for _ in range(6):
+        for dtype, a in pairs.items():
             start = time.perf_counter()
-            a @ b
+            a @ a
             best[dtype] = min(best[dtype], time.perf_counter() - start)
     return best[torch.float32] / best[torch.bfloat16]
 
 
 def pick_dtype(name: str, device) -> tuple:
     """(the autocast dtype's name, why, in words) for --dtype name on device. auto: bfloat16 where
-    the hardware computes it natively (a CUDA GPU since Ampere, a CPU with AMX or AVX512-BF16;
-    where the CPU's flags cannot tell, a short timing probe), else float32. torch's CPU capability
-    alone cannot tell: "AVX512" names CPUs with and without bf16."""
+    the hardware computes it natively (a CUDA GPU since Ampere, a CPU with AMX or AVX512-BF16, or
+    where the flags cannot tell, one the probe finds fast), else float32. torch's CPU capability
+    cannot tell: "AVX512" names CPUs with and without bf16."""
     if name != "auto":
         return name, "as --dtype asked"
     if device.type == "cuda":
@@ -189,19 +209,16 @@ def pick_dtype(name: str, device) -> tuple:
     if native and torch.backends.mkldnn.is_available():
         return "bfloat16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-    arm_bf16 = "bf16" in flags and not x86  # used by torch's kernels or not, as it was built
-    if flags and not native and not arm_bf16:
+    if flags and not native and ("bf16" not in flags or x86):  # no bf16 instructions
         return "float32", "auto: the CPU has no bf16 instructions (bf16 would be emulated)"
-    # Arm's bf16, native bf16 with a torch built without oneDNN, or a CPU whose flags are unknown
-    speed_up = bf16_matmul_speed_up()
+    speed_up = bf16_matmul_speed_up()  # Arm's bf16, or a CPU whose flags are unknown
     if speed_up >= PROBE_SPEED_UP:
         return "bfloat16", f"auto: a bf16 matmul ran {speed_up:.1f}x as fast as a float32 one"
     return "float32", f"auto: a bf16 matmul ran only {speed_up:.2f}x as fast as a float32 one"
 
 
 def autocast_for(device, dtype_name: str):
-    """The forward in bfloat16 or float16 where autocast allows it (dtype_name: a --dtype value,
-    auto as pick_dtype chooses it), as the script's step writes it."""
+    """The forward's autocast for a --dtype value (auto as pick_dtype chooses), as in the step."""
     dtype_name = pick_dtype(dtype_name, device)[0]
     if dtype_name == "float32":
         return nullcontext()
@@ -222,9 +239,8 @@ def keep_freed_memory() -> None:
 
 @contextmanager
 def processes():
-    """Join the processes torchrun started (it sets WORLD_SIZE, RANK and LOCAL_RANK) for the
-    block, which is given the world size (1 without torchrun: nothing to join). At the block's
-    end every process waits for the others, so that they leave together."""
+    """The processes torchrun started (WORLD_SIZE, RANK, LOCAL_RANK) joined for the block, given
+    the world size (1 without torchrun); at its end each waits for the others, to leave together."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         yield 1
@@ -248,9 +264,8 @@ def any_process(flag: bool, device) -> bool:
 
 @contextmanager
 def stop_signals():
-    """Inside the block Ctrl-C (SIGINT) and SIGTERM do not stop the process: their names are
-    appended to the list the block is given, for the training loop to stop between two steps and
-    keep a checkpoint. A second one acts as it would outside the block."""
+    """Inside the block Ctrl-C (SIGINT) and SIGTERM only append their names to the list the block
+    is given, for the training loop to stop between two steps and save; a second acts as usual."""
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     received = []
 

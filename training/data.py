@@ -1,9 +1,7 @@
-"""The text train_shakespeare.py learns, as ids: Tiny Shakespeare (shipped in data/) or a --data
-text, split as nanoGPT splits it (the first 90% to train, the last 10% to validate). A research
-command brings its own text in the same form (research/recall.py, research/code.py), and can write
-its validation text into a file (write_validation) for the commands that do not make it (the
-lesson's picture and explorer read it back with read_validation). The script reads a text as
-parallel contiguous streams (train_shakespeare.make_streams), and so does the evaluation."""
+"""The text the script learns, as ids: Tiny Shakespeare (shipped in data/) or a --data text, split
+as nanoGPT splits it (90% to train, 10% to validate). A research command brings its own text in
+the same form, and can write its validation text into a file for the lesson's commands
+(write_validation, read_validation)."""
 
 import hashlib
 import json
@@ -104,17 +102,16 @@ def load_data(args, vocab=None, saved_args=None) -> Data:
 
 
 def write_validation(path: str, data: Data, facts=()) -> None:
-    """data's validation text into path as JSON: {"name": what the text is, "text": it, "facts":
-    for a task that asks for facts, one {"query": a query's position in the text, "fact": the
-    positions of the fact it asks for, in order} per query (the recall task's ' KK=d' for each
-    '?')}."""
+    """data's validation text into path as JSON: {"name", "text", "facts": for a task that asks for
+    facts, one {"query": a query's position in the text, "fact": the positions of the fact it asks
+    for, in order} per query (the recall task's ' KK=d' for each '?')}."""
     text = "".join(data.vocab[i] for i in data.val.tolist())
     files.write_json(path, {"name": data.name, "text": text, "facts": list(facts)})
 
 
 def read_validation(path: str, vocab) -> tuple:
-    """(Data, facts) of a file write_validation wrote, its text in vocab (a checkpoint's); Data has
-    no training text. Anything else is one error line."""
+    """(Data without a training text, facts) of a file write_validation wrote, its text in vocab
+    (a checkpoint's); anything else is one error line."""
     try:
         with open(path, encoding="utf-8") as f:
             found = json.load(f)
@@ -124,11 +121,9 @@ def read_validation(path: str, vocab) -> tuple:
         raise UserError(
             f"{path} is not a validation text of a checkpoint ({one_line(e)})"
         ) from None
-    if not (
-        isinstance(found, dict)
-        and isinstance(found.get("name"), str)
-        and isinstance(found.get("text"), str)
-        and isinstance(found.get("facts"), list)
+    kinds = {"name": str, "text": str, "facts": list}
+    if not isinstance(found, dict) or any(
+        not isinstance(found.get(k), t) for k, t in kinds.items()
     ):
         raise UserError(
             f"{path} is not a validation text of a checkpoint (no name, text and facts)"
@@ -136,13 +131,9 @@ def read_validation(path: str, vocab) -> tuple:
     n = len(found["text"])
     in_text = lambda p: isinstance(p, int) and not isinstance(p, bool) and 0 <= p < n
     for fact in found["facts"]:
-        if not (
-            isinstance(fact, dict)
-            and in_text(fact.get("query"))
-            and isinstance(fact.get("fact"), list)
-            and fact["fact"]
-            and all(in_text(p) for p in fact["fact"])
-        ):
+        ok = isinstance(fact, dict) and in_text(fact.get("query"))
+        ok = ok and isinstance(fact.get("fact"), list) and fact["fact"]
+        if not (ok and all(in_text(p) for p in fact["fact"])):
             raise UserError(
                 f"{path}: a fact is not {{query, fact}} of positions in its text: {fact!r:.80}"
             )

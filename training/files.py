@@ -1,5 +1,6 @@
 """Files: writes that a crash cannot leave half done, and the commit a result was made at."""
 
+import functools
 import json
 import os
 import subprocess
@@ -30,6 +31,7 @@ def write_json(path: str, value) -> None:
     write_atomically(path, lambda f: f.write(json.dumps(value, indent=1).encode()))
 
 
+@functools.cache  # once a process: the commit does not change while it runs
 def repository_commit() -> str:
     """The repository's commit, with "+changes" where its tracked files differ from it, for the
     captions of figures and the records of studies; "unknown" outside a git checkout."""

@@ -145,23 +145,24 @@ def test_resume_follows_the_schedule_of_the_flags_it_is_given_from_the_step_reac
     would be."""
     out = str(tmp_path / "run")
     common = ["--data", small_text, "--out", out, "--eval-every", "100", *TINY_FLAGS]
+    common += ["--warmup", "1"]
 
     def last_lr():  # the rate the optimizer last stepped with, as the checkpoint keeps it
         ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
         return ckpt["step"], ckpt["optimizer"]["param_groups"][0]["lr"]
 
-    def planned(step, steps, lr=3e-3, min_lr=1e-4, warmup=5):  # TINY_FLAGS's, --min-lr's default
+    def planned(step, steps, lr=3e-3, min_lr=1e-4, warmup=1):  # TINY_FLAGS's, --min-lr's default
         return min_lr + 0.5 * (lr - min_lr) * (
             1 + math.cos(math.pi * (step - warmup) / (steps - warmup))
         )
 
-    assert ts.main([*common, "--steps", "12"]) == 0
+    assert ts.main([*common, "--steps", "6"]) == 0
     step, decayed = last_lr()
-    assert step == 12 and math.isclose(decayed, planned(11, 12), rel_tol=1e-9)  # 2.4e-4
-    assert ts.main([*common, "--steps", "24", "--stop-after", "1", "--resume"]) == 0
+    assert step == 6 and math.isclose(decayed, planned(5, 6), rel_tol=1e-9)  # 3.8e-4
+    assert ts.main([*common, "--steps", "12", "--stop-after", "1", "--resume"]) == 0
     step, resumed = last_lr()
-    assert step == 13 and math.isclose(resumed, planned(12, 24), rel_tol=1e-9)  # 2.1e-3
-    assert resumed > 5 * decayed
+    assert step == 7 and math.isclose(resumed, planned(6, 12), rel_tol=1e-9)  # 1.8e-3
+    assert resumed > 4 * decayed
 
 
 def test_sample_and_evaluate_use_the_checkpoint_and_evaluate_records_its_loss(
@@ -483,7 +484,7 @@ def count_host_reads(monkeypatch):
 def test_the_loop_reads_the_device_per_log_line_not_per_step(small_text, tmp_path, monkeypatch):
     reads = count_host_reads(monkeypatch)
     counts = {}
-    for steps, log_every in ((4, 4), (8, 8), (8, 2)):
+    for steps, log_every in ((2, 2), (4, 4), (4, 1)):
         reads.clear()
         assert (
             ts.main(
@@ -504,8 +505,8 @@ def test_the_loop_reads_the_device_per_log_line_not_per_step(small_text, tmp_pat
             == 0
         )
         counts[steps, log_every] = len(reads)
-    assert counts[8, 8] == counts[4, 4]  # twice the steps, the same reads
-    assert counts[8, 2] == counts[8, 8] + 3 * 3  # three more log lines, three reads each
+    assert counts[4, 4] == counts[2, 2]  # twice the steps, the same reads
+    assert counts[4, 1] == counts[4, 4] + 3 * 3  # three more log lines, three reads each
 
 
 def test_resuming_a_finished_run_says_nothing_is_left_to_train(trained, small_text, capsys):
@@ -1203,7 +1204,7 @@ def test_a_stopped_run_saves_a_checkpoint_and_resumes_to_the_same_weights(
 ):
     """Ctrl-C (SIGINT) or SIGTERM during step 4: the run ends that step, saves, says how to go on
     and exits 130; --resume then ends where an uninterrupted run ends, bit for bit."""
-    common = ["--data", small_text, "--steps", "9", "--eval-every", "100", *TINY_FLAGS]
+    common = ["--data", small_text, "--steps", "6", "--eval-every", "100", *TINY_FLAGS]
     whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
     assert ts.main([*common, "--out", whole]) == 0
     lr_at, sent = ts.lr_at, []
