@@ -173,7 +173,6 @@ def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> 
     if missing:
         raise Refusal(f"it has no function {missing[0]}: keep every exercise's def")
     if without_functions(student, exercises) != reference.without_exercises:
-        # a tree of its own: the cached one is shared by the grading threads
         where = first_difference(student, ast.parse(reference_text), exercises)
         raise Refusal(
             f"{where}: the file differs from the handout outside the exercises "

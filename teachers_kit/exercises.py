@@ -55,19 +55,17 @@ def project_files(root: Path, paths: List[str]) -> List[str]:
         if path in found:
             continue
         found.append(path)
-        for node in ast.walk(ast.parse((root / path).read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                modules = [node.module]
-            elif isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            else:
-                continue
-            for parts in (m.split(".") for m in modules):
-                for i in range(1, len(parts) + 1):  # a.b: a/__init__.py, a/b.py, ...
-                    stem = "/".join(parts[:i])
-                    queue += [
-                        p for p in (f"{stem}.py", f"{stem}/__init__.py") if (root / p).is_file()
-                    ]
+        tree = ast.parse((root / path).read_text(encoding="utf-8"))
+        modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        modules += [
+            n.module
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and not n.level
+        ]
+        for parts in (m.split(".") for m in modules):
+            for i in range(1, len(parts) + 1):  # a.b: a.py, a/__init__.py, a/b.py, ...
+                stem = "/".join(parts[:i])
+                queue += [p for p in (f"{stem}.py", f"{stem}/__init__.py") if (root / p).is_file()]
     return found
 
 

@@ -30,7 +30,6 @@ from typing import Dict, List, Optional
 from teachers_kit import grading
 from teachers_kit.exercises import (
     EXERCISES,
-    Exercise,
     KitError,
     blank,
     compile_tests,
@@ -42,8 +41,6 @@ from teachers_kit.exercises import (
     tests_of,
 )
 from teachers_kit.gradescope import write_bundle
-
-__all__ = ["EXERCISES", "Exercise", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "compressive.py"
@@ -175,15 +172,14 @@ def student_readme(
         )
     paragraphs = [
         f"**How it is graded.** Each exercise alone: your function is put into the original "
-        f"`{module}`, so a mistake in one exercise costs that exercise only, and it scores its "
-        f"points {credit}, along with a few tests your teacher keeps. Your function runs in a "
-        "sandbox of its own; the tests check what it returns and raises, and nothing it prints "
-        "counts. Write only inside these bodies. The grader refuses a file that differs from this "
-        "one anywhere else or imports anything; and it refuses an exercise alone (it scores 0, "
-        "the others are graded) whose body uses more than its arguments, its own names, the names "
-        f"`{module}` defines or takes from the project's modules, torch, F, nn and math, tensor "
-        "operations and plain builtins (len, range, min, max, ...), or hands a class to anything; "
-        "it says which line and which name."
+        f"`{module}` and runs in a sandbox of its own, so a mistake costs its own exercise only; "
+        f"it scores its points {credit}, along with a few tests your teacher keeps. What it "
+        "returns and raises counts, never what it prints. Write only inside these bodies: the "
+        "grader refuses a file that differs from this one elsewhere or imports anything, and an "
+        "exercise alone (it scores 0, the others are graded) whose body uses more than its "
+        f"arguments, its own names, `{module}`'s names, torch, F, nn and math, tensor operations "
+        "and plain builtins (len, range, ...), or hands a class to anything; it says which line "
+        "and which name."
     ]
     compiled = assignment.left_out.get("torch.compile", [])
     if compiled:
