@@ -160,10 +160,12 @@ def student_readme(
         rows.append(textwrap.fill(row, 96, subsequent_indent="  "))
         check_it = f"OMP_NUM_THREADS=1 pytest -q @checks/{name}.txt"
         rows.append(f"  Check it: `{check_it}` ({len(visible[name])} tests).")
-    for later in visible:  # where one check lies inside another's, the order to write them
-        for first in visible:
-            if first != later and set(visible[later]) < set(visible[first]):
-                rows.append(f"\nWrite `{first}` first: every test of `{later}`'s check needs it.")
+    order = [  # where one check lies inside another's, the order to write them
+        f"Write `{first}` first: every test of `{later}`'s check needs it."
+        for later in visible
+        for first in visible
+        if first != later and set(visible[later]) < set(visible[first])
+    ]
     credit = "when every test of its check passes"
     if assignment.partial:
         credit += (
@@ -209,6 +211,7 @@ docstring states what it receives, in which shapes, and what it returns; the res
 is the finished model, to read and to call. Write each body:
 
 {newline.join(rows)}
+{"".join(newline + line for line in order)}
 
 An exercise's check is the tests of `{tests}` that fail while the function is not
 written. Then run the whole file, `OMP_NUM_THREADS=1 pytest -q`. (`@file` needs pytest 8.2 or
