@@ -194,14 +194,18 @@ def student_readme(
     if assignment.left_out.get("by the teacher"):
         named = ", ".join(f"`{t}`" for t in assignment.left_out["by the teacher"])
         paragraphs.append(f"Your teacher left out {named} too.")
-    for check in assignment.exercises:
-        if check.unsandboxed:
-            paragraphs.append(
-                f"{', '.join(f'`{grading.short(t)}`' for t in check.unsandboxed)} count for no "
-                f"grade of `{check.name}`: they fail even with your teacher's own function in the "
-                "grader's sandbox, which runs it on a copy of what the test hands it (a hook the "
-                "test put on a module, a model the test compiled, never reach that copy)."
-            )
+    unsandboxed = [
+        f"`{c.name}`: {', '.join(f'`{grading.short(t)}`' for t in c.unsandboxed)}"
+        for c in assignment.exercises
+        if c.unsandboxed
+    ]
+    if unsandboxed:
+        paragraphs.append(
+            "Left out of one exercise's grade, since they fail even with your teacher's own "
+            "function in the grader's sandbox, which runs it on a copy of what the test hands it "
+            "(a hook the test put on a module, a model the test compiled, never reach that "
+            f"copy): {'; '.join(unsandboxed)}."
+        )
     graded = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in paragraphs)
     newline = "\n"
     return f"""# Compressive Transformer: the exercise
