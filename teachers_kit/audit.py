@@ -1,47 +1,16 @@
-"""The static audit of a student's compressive.py, before any of it runs.
+"""The static audit of a student's file, before any of it runs (the kit's README says why each
+rule).
 
-A submission is refused whole, with one line saying why, unless it parses, is at most MAX_BYTES,
-defines every exercise, and is the original outside the exercise functions (same statements;
-comments and layout may differ), so it imports nothing new and runs nothing of its own when
-imported. Then each exercise is audited alone, and one that breaks a rule below is refused alone,
-with the line and the name to avoid: it scores 0, the others are graded. An exercise is refused
-unless its signature and decorators are the original's, and its body uses only what an answer
-needs:
-
-- names: its arguments and its own local names; the functions, classes and constants
-  compressive.py defines; of what compressive.py imports, only IMPORTED_NAMES (torch, nn, F,
-  math, and the typing names an annotation uses); a few builtins (SAFE_BUILTINS). (An exercise
-  of beyond_the_paper/ may also use what its module imports from the project's own modules.)
-- attributes from an allowlist (ALLOWED_ATTRIBUTES): those compressive.py itself reads, and the
-  tensor operations an answer could reasonably reach for (TENSOR_OPERATIONS);
-- classes (torch.Tensor, nn.Module, compressive.py's own, any name or attribute spelled with a
-  capital and more than one letter) only called, tested with isinstance, named as a type in an
-  annotation, or (a safe builtin exception) caught or raised: never read an attribute of, passed
-  as an argument, bound to a name or returned;
-- no attribute assigned or deleted, no global or nonlocal, no class definition, no import.
-
-Why the class rule and the short list of imported names: a decorator or class factory rewrites
-the class it is handed. `dataclass(eq=True, init=False)(torch.Tensor)` assigns no attribute in
-the answer's text, yet replaces Tensor.__eq__ for every test; `nn.Module.train(torch.Tensor)`
-sets an attribute of the class it is handed as self. So `dataclass` and `NamedTuple` (class
-factories) are left out although compressive.py imports them, as is anything else it may import
-one day beyond IMPORTED_NAMES (a hook registry, say), and no class can be handed to anything:
-what a decorator or an unbound method would change never reaches it. What is let in: calling a class
-(it builds a new object, a tensor or a module, and changes no class), isinstance (it reads),
-`except ValueError:` and `raise ValueError`, and annotations. A local variable's annotation is
-never evaluated; a nested def's is, when the def runs, so there a class may stand only as a type
-(torch.Tensor, Optional[torch.Tensor]) and the rest is audited as the code it is:
-`def probe(x: nn.Module.train(torch.Tensor))` hands the class to a function.
-
-An allowlist holds where a list of forbidden names would not: a name built from a string at run
-time (getattr(torch, "lo" + "ad"), __import__, vars(...)["..."]) needs getattr, __import__, vars
-or a dunder attribute, none of which is on it. So the student's code cannot reach the interpreter
-(sys, os, builtins, __dict__, __globals__, __subclasses__), the test runner (pytest, _pytest,
-atexit, importlib), files (open, torch.save, torch.load, /proc) or the grader's report.
-
-What it cannot prove: that the code halts, or stays within memory (grading kills a run at its
-timeout; a container bounds the rest), or that no torch operation on the list has a side
-effect no one foresaw. Grading runs student code: run it in a container, as Gradescope does.
+The file is refused whole, in one line, unless it parses, is at most MAX_BYTES, defines every
+exercise, and is the original outside the exercises' functions (comments and layout aside). An
+exercise is refused alone, with its line and the name to avoid, unless its signature and
+decorators are the original's and its body uses only its own names, the module's names and
+IMPORTED_NAMES, SAFE_BUILTINS and the attributes an answer needs: no import, global, class
+definition, attribute assigned or name that starts with `__`. A class (the module's own, or a
+name spelled with a capital) may be called, tested with isinstance, named as a type in an
+annotation, or (a builtin exception) caught and raised, and handed to nothing: a decorator or
+class factory (`dataclass(eq=True)(torch.Tensor)`) would rewrite it. An allowlist, so a name
+built from a string at run time needs getattr, vars or a dunder, none of which is on it.
 """
 
 import ast
@@ -52,6 +21,7 @@ from typing import Dict, List, NamedTuple
 
 from teachers_kit.exercises import functions, without_functions
 
+MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
 SAFE_BUILTINS = frozenset(
     """abs all any bool dict divmod enumerate filter float frozenset int isinstance iter len
     list map max min next pow print range reversed round set slice sorted str sum super tuple zip
@@ -128,24 +98,38 @@ class Refusal(Exception):
     """The one line that says why a submission is refused."""
 
 
-def allowed_attributes(reference: ast.Module) -> frozenset:
-    used = {n.attr for n in ast.walk(reference) if isinstance(n, ast.Attribute)}
-    allowed = used | TENSOR_OPERATIONS | TORCH_DTYPES | DTYPE_INFO
-    return frozenset(a for a in allowed if not a.startswith("_")) - DENIED_ATTRIBUTES
+class Reference(NamedTuple):
+    """What the audit reads from the original, once per original and assignment."""
+
+    functions: dict
+    without_exercises: str
+    names: frozenset  # what an answer may name
+    attributes: frozenset  # what an answer may read with a dot
+    classes: frozenset  # the classes the module defines
 
 
-def solution_builtins(reference: ast.Module, exercises: tuple) -> frozenset:
-    """The builtins the original's own bodies of the exercises read (an answer may use what the
-    solution does), less REACHING_BUILTINS."""
-    found = functions(reference)
-    read = {
+@functools.lru_cache(maxsize=4)
+def read_reference(reference_text: str, exercises: tuple) -> Reference:
+    tree = ast.parse(reference_text)
+    found = functions(tree)
+    # an answer may use the builtins the original's own bodies of the exercises read
+    solution_reads = {
         node.id
         for name in exercises
         if name in found
         for node in ast.walk(found[name])
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
     }
-    return frozenset(read & set(dir(builtins))) - REACHING_BUILTINS
+    solution_builtins = solution_reads & set(dir(builtins)) - REACHING_BUILTINS
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    attributes = read | TENSOR_OPERATIONS | TORCH_DTYPES | DTYPE_INFO
+    return Reference(
+        functions=found,
+        without_exercises=without_functions(tree, list(exercises)),
+        names=module_names(tree) | SAFE_BUILTINS | solution_builtins,
+        attributes=frozenset(a for a in attributes if not a.startswith("_")) - DENIED_ATTRIBUTES,
+        classes=frozenset(n.name for n in tree.body if isinstance(n, ast.ClassDef)),
+    )
 
 
 def module_names(reference: ast.Module) -> frozenset:
@@ -166,38 +150,8 @@ def module_names(reference: ast.Module) -> frozenset:
     return frozenset(n for n in names if not n.startswith("__"))
 
 
-def first_difference(student: ast.Module, reference: ast.Module, exercises: List[str]) -> str:
-    """Where the student's file leaves the original outside the exercises, in a few words."""
-    for ours, theirs in zip(student.body, reference.body):
-        if without_functions(ast.Module([ours], []), exercises) != without_functions(
-            ast.Module([theirs], []), exercises
-        ):
-            if isinstance(ours, ast.ClassDef) and isinstance(theirs, ast.ClassDef):
-                methods = [n.split(".", 1)[1] for n in exercises if n.startswith(f"{ours.name}.")]
-                inner = first_difference(
-                    ast.Module(ours.body, []), ast.Module(theirs.body, []), methods
-                )
-                return inner if inner.startswith("line") else f"line {ours.lineno}"
-            return f"line {ours.lineno}{named(ours)}"
-    extra = student.body[len(reference.body) :]
-    if extra:
-        where = f"line {extra[0].lineno}{named(extra[0])}"
-        return f"{where} (added after the original's last statement)"
-    return "its end (a statement of the original is missing)"
-
-
-def named(statement: ast.stmt) -> str:
-    """An import, named: what it imports is what a reader of the refusal looks for."""
-    if isinstance(statement, (ast.Import, ast.ImportFrom)):
-        return f", an import the handout does not have (`{ast.unparse(statement)}`)"
-    return ""
-
-
-MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
-
-
 def audit(student_text: str, reference_text: str, exercises: List[str]) -> None:
-    """Raise Refusal (one line) unless the whole submission may run; see the module docstring."""
+    """Raise Refusal (one line) unless the whole submission may run."""
     refused = audit_each(student_text, reference_text, exercises)
     if refused:
         raise Refusal(next(iter(refused.values())))
@@ -219,7 +173,6 @@ def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> 
     if missing:
         raise Refusal(f"it has no function {missing[0]}: keep every exercise's def")
     if without_functions(student, exercises) != reference.without_exercises:
-        # a tree of its own: the cached one is shared by the grading threads
         where = first_difference(student, ast.parse(reference_text), exercises)
         raise Refusal(
             f"{where}: the file differs from the handout outside the exercises "
@@ -228,42 +181,46 @@ def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> 
     scopes = symtable.symtable(student_text, "the submission", "exec")
     refused = {}
     for name in exercises:
-        ours, theirs = found[name], reference.functions[name]
-        if signature(ours) != signature(theirs):
+        ours = found[name]
+        if signature(ours) != signature(reference.functions[name]):
             refused[name] = (
                 f"line {ours.lineno}: {name}'s signature or decorators differ from the "
                 f"handout's: write only its body"
             )
             continue
-        local = local_names(ours) - global_reads(scopes, name, ours.lineno)
-        why = check_body(
-            ours, name, local, reference.names, reference.attributes, reference.classes
-        )
+        local = local_names(scopes, name, ours.lineno)
+        why = check_body(ours, name, local, reference)
         if why:
             refused[name] = why
     return refused
 
 
-class Reference(NamedTuple):
-    """What the audit reads from the original, once per original and assignment."""
+def first_difference(student: ast.Module, reference: ast.Module, exercises: List[str]) -> str:
+    """Where the student's file leaves the original outside the exercises, in a few words."""
+    for ours, theirs in zip(student.body, reference.body):
+        if without_functions(ast.Module([ours], []), exercises) != without_functions(
+            ast.Module([theirs], []), exercises
+        ):
+            if isinstance(ours, ast.ClassDef) and isinstance(theirs, ast.ClassDef):
+                methods = [n.split(".", 1)[1] for n in exercises if n.startswith(f"{ours.name}.")]
+                inner = first_difference(
+                    ast.Module(ours.body, []), ast.Module(theirs.body, []), methods
+                )
+                return inner if inner.startswith("line") else f"line {ours.lineno}"
+            return f"line {ours.lineno}{named(ours)}"
+    extra = student.body[len(reference.body) :]
+    if extra:
+        return (
+            f"line {extra[0].lineno}{named(extra[0])} (added after the original's last statement)"
+        )
+    return "its end (a statement of the original is missing)"
 
-    functions: dict
-    without_exercises: str
-    names: frozenset  # what an answer may name: the module's own names and the safe builtins
-    attributes: frozenset  # what an answer may read with a dot
-    classes: frozenset  # the classes the module defines
 
-
-@functools.lru_cache(maxsize=4)
-def read_reference(reference_text: str, exercises: tuple) -> Reference:
-    tree = ast.parse(reference_text)
-    return Reference(
-        functions=functions(tree),
-        without_exercises=without_functions(tree, list(exercises)),
-        names=module_names(tree) | SAFE_BUILTINS | solution_builtins(tree, exercises),
-        attributes=allowed_attributes(tree),
-        classes=frozenset(n.name for n in tree.body if isinstance(n, ast.ClassDef)),
-    )
+def named(statement: ast.stmt) -> str:
+    """An import, named: what it imports is what a reader of the refusal looks for."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return f", an import the handout does not have (`{ast.unparse(statement)}`)"
+    return ""
 
 
 def signature(node: ast.FunctionDef) -> str:
@@ -272,50 +229,32 @@ def signature(node: ast.FunctionDef) -> str:
     return " ".join(ast.dump(part) for part in parts)
 
 
-def local_names(function: ast.FunctionDef) -> set:
-    """Every name the function binds anywhere inside it: arguments (its own, its lambdas' and
-    nested defs'), assignments, loop and with targets, comprehension variables, except-as. A name
-    is the answer's own only where it is never read as a global too (global_reads)."""
-    bound = set()
-    for node in ast.walk(function):
-        if isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, ast.FunctionDef) and node is not function:
-            bound.add(node.name)
-    return bound
-
-
-def global_reads(scopes: symtable.SymbolTable, name: str, line: int) -> set:
-    """The names that the function (name, qualified; its def at line) or any scope nested in it
-    reads as a global or a builtin, as Python resolves them (symtable). Bound as a lambda's
-    parameter, a comprehension's variable or a nested def's, `exec` is local there alone: read
-    in the function's own body, it is the builtin."""
+def local_names(scopes: symtable.SymbolTable, name: str, line: int) -> set:
+    """The names the function (qualified name, its def at line) binds anywhere inside it, its
+    lambdas and nested defs included, less those that it or any scope nested in it reads as a
+    global or a builtin, as Python resolves them: bound as a lambda's parameter, `exec` is local
+    there alone, and the builtin in the function's own body."""
     table = scopes
     for part in name.split("."):
         matches = [t for t in table.get_children() if t.get_name() == part]
         table = next((t for t in matches if t.get_lineno() == line), matches[-1])
-    reads, stack = set(), [table]
+    bound, reads, stack = set(), set(), [table]
     while stack:
         scope = stack.pop()
         stack += scope.get_children()
-        for symbol in scope.get_symbols():
-            if symbol.is_referenced() and symbol.is_global():
-                reads.add(symbol.get_name())
-    return reads
+        bound |= {s.get_name() for s in scope.get_symbols() if s.is_local()}
+        reads |= {s.get_name() for s in scope.get_symbols() if s.is_referenced() and s.is_global()}
+    return bound - reads
 
 
-def check_body(function: ast.FunctionDef, name: str, local, names, attributes, classes) -> str:
-    """Why the body may not run, or "": its every name and attribute, and where it names a class.
-    Of what it may not use, the first in the text is named (in open(f).read(), open)."""
+def check_body(function: ast.FunctionDef, name: str, local: set, reference: Reference) -> str:
+    """Why the body may not run, or "": of what it may not use, the first in the text is named
+    (in open(f).read(), open)."""
     found = []
     class_places = places_for_a_class(function)
     for node in (node for statement in function.body for node in ast.walk(statement)):
-        why = violation(node, local, names, attributes)
-        if not why and names_a_class(node, classes, local) and id(node) not in class_places:
+        why = violation(node, local, reference)
+        if not why and id(node) not in class_places and names_a_class(node, reference, local):
             why = (
                 f"`{ast.unparse(node)}` is or holds a class: an answer calls a class or tests "
                 f"isinstance with it, and hands it to nothing (a decorator would rewrite it)"
@@ -326,26 +265,52 @@ def check_body(function: ast.FunctionDef, name: str, local, names, attributes, c
     return min(found)[1] if found else ""
 
 
-def names_a_class(node: ast.AST, classes, local) -> bool:
-    """A name or attribute that holds a class: one the module defines, or one spelled with a
-    capital and more than one letter (torch.Tensor, nn.Module, COMPRESSIONS, a dict of classes;
-    not x.T, nor the answer's own names, which can hold no class since none can be handed to
-    them)."""
+def violation(node: ast.AST, local: set, reference: Reference) -> str:
+    """Why an answer may not hold this node, or ""."""
+    if type(node) in FORBIDDEN_NODES:
+        return f"an answer may not contain {FORBIDDEN_NODES[type(node)]}"
     if isinstance(node, ast.Name):
-        if node.id in local:
-            return False
+        if node.id.startswith("__"):
+            return f"`{node.id}` reaches into the interpreter"
+        if node.id not in local and node.id not in reference.names:
+            return (
+                f"`{node.id}` is not something an answer may use (its arguments, its own names, "
+                f"compressive.py's names and {len(SAFE_BUILTINS)} builtins such as len and range)"
+            )
+    elif isinstance(node, ast.Attribute):
+        if node.attr.startswith("_"):
+            return f"`.{node.attr}` reaches into the interpreter"
+        if not isinstance(node.ctx, ast.Load):
+            return (
+                f"an answer assigns or deletes no attribute (.{node.attr}): it returns what it "
+                f"computes"
+            )
+        if node.attr not in reference.attributes:
+            return (
+                f"`.{node.attr}` is not among the attributes an answer may use (tensor operations "
+                f"and compressive.py's own)"
+            )
+    return ""
+
+
+def names_a_class(node: ast.AST, reference: Reference, local: set) -> bool:
+    """A name or attribute that holds a class: one the module defines, or one spelled with a
+    capital and more than one letter (torch.Tensor, COMPRESSIONS; not x.T, nor the answer's own
+    names, to which no class can be handed)."""
+    if isinstance(node, ast.Name) and node.id not in local:
         spelled = node.id
     elif isinstance(node, ast.Attribute):
         spelled = node.attr
     else:
         return False
-    return spelled in classes or (spelled[:1].isupper() and len(spelled) > 1)
+    return spelled in reference.classes or (spelled[:1].isupper() and len(spelled) > 1)
 
 
 def places_for_a_class(function: ast.FunctionDef) -> set:
     """The ids of the nodes where a class may stand: what a call calls, isinstance's second
     argument (or its tuple's items), a safe builtin exception in an except clause or a raise,
-    anything inside a local variable's annotation, and a type in a nested def's annotation."""
+    anything in a local variable's annotation (never evaluated in a function), and a type in a
+    nested def's annotation."""
     places = set()
     for node in ast.walk(function):
         if isinstance(node, ast.Call):
@@ -358,8 +323,6 @@ def places_for_a_class(function: ast.FunctionDef) -> set:
         elif isinstance(node, ast.Raise) and node.exc is not None and is_safe_builtin(node.exc):
             places.add(id(node.exc))
         elif isinstance(node, ast.AnnAssign):
-            # in a function Python never evaluates a variable's annotation (class bodies, where
-            # it would, are refused)
             places.update(id(n) for n in ast.walk(node.annotation))
         elif isinstance(node, ast.arg) and node.annotation is not None:
             places.update(type_places(node.annotation))
@@ -378,11 +341,10 @@ def is_safe_builtin(node: ast.AST) -> bool:
 
 
 def type_places(annotation: ast.AST) -> set:
-    """Where a class may stand in a nested def's annotation, which Python evaluates when the def
-    runs: the annotation itself when it is a name or an attribute (torch.Tensor), and the
-    typing name and each item of a subscript (Optional[torch.Tensor], Tuple[Tensor, Tensor]).
-    Anything else in it is audited as the expression it is: nn.Module.train(torch.Tensor) hands
-    the class to a function there as anywhere."""
+    """Where a class may stand in a nested def's annotation, which runs when the def does: the
+    annotation itself when it is a name or an attribute (torch.Tensor), and the typing name and
+    each item of a subscript (Optional[torch.Tensor]). Anything else in it is audited as the
+    code it is: nn.Module.train(torch.Tensor) hands the class to a function there too."""
     if isinstance(annotation, (ast.Name, ast.Attribute)):
         return {id(annotation)}
     is_typing = isinstance(annotation, ast.Subscript) and isinstance(annotation.value, ast.Name)
@@ -392,32 +354,3 @@ def type_places(annotation: ast.AST) -> set:
     for item in items(annotation.slice)[1:] or [annotation.slice]:
         places |= type_places(item)
     return places
-
-
-def violation(node: ast.AST, local, names, attributes) -> str:
-    """Why an answer may not hold this node, or ""."""
-    for kind, what in FORBIDDEN_NODES.items():
-        if isinstance(node, kind):
-            return f"an answer may not contain {what}"
-    if isinstance(node, ast.Name):
-        if node.id.startswith("__"):
-            return f"`{node.id}` reaches into the interpreter"
-        if node.id not in local and node.id not in names:
-            return (
-                f"`{node.id}` is not something an answer may use (its arguments, its own names, "
-                f"compressive.py's names and {len(SAFE_BUILTINS)} builtins such as len and range)"
-            )
-    elif isinstance(node, ast.Attribute):
-        if node.attr.startswith("_"):
-            return f"`.{node.attr}` reaches into the interpreter"
-        if not isinstance(node.ctx, ast.Load):
-            return (
-                f"an answer assigns or deletes no attribute (.{node.attr}): it returns what it "
-                f"computes"
-            )
-        if node.attr not in attributes:
-            return (
-                f"`.{node.attr}` is not among the attributes an answer may use (tensor operations "
-                f"and compressive.py's own)"
-            )
-    return ""

@@ -1,9 +1,10 @@
-"""compressive.py as a source of exercises: its functions by qualified name, the student copy with
+"""A module as a source of exercises: its functions by qualified name, the student copy with
 chosen bodies blanked, one function of a student's file put into the original, and the student
-copy of the tests without the tests kept from students. Standard library only: every function
-here reads source text, none runs it."""
+copy of the tests. Every function here reads source text; none runs it."""
 
 import ast
+import builtins
+import copy
 import difflib
 import io
 import json
@@ -13,8 +14,7 @@ import tokenize
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, NamedTuple, Tuple
 
-# The decorator of test_compressive.py that keeps a test out of the student copy of the tests.
-KEPT_FROM_STUDENTS = "kept_from_students"
+KEPT_FROM_STUDENTS = "kept_from_students"  # the tests' decorator of a hidden test
 
 
 class KitError(Exception):
@@ -24,36 +24,20 @@ class KitError(Exception):
 class Exercise(NamedTuple):
     writes: str  # what the student writes, in a few words (the README's table)
     paper: str  # where to read about it
-    # the contract, where the docstring gives the answer away (a worked example, an index
-    # formula) or is absent: the student copy's docstring is then its first line and this
-    contract: str = ""
-    module: str = "compressive.py"  # the file it is in, from the repository's top
-
-
-# This project's table of exercises, as data: each function's module (from the repository's top),
-# what the student writes, where to read about it, and its contract where the docstring would
-# give the answer away. Another project hands its own functions out with a table of its own.
-TABLE = Path(__file__).resolve().with_name("exercises.json")
+    contract: str = ""  # replaces the docstring but its first line where that gives the answer
+    module: str = "compressive.py"  # its file, from the repository's top
 
 
 def read_table(path: Path) -> Dict[str, Exercise]:
     """{function: Exercise} from a table of exercises (KitError where it is not one)."""
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
-        return {
-            name: Exercise(
-                entry["writes"],
-                entry["paper"],
-                entry.get("contract", ""),
-                entry.get("module", "compressive.py"),
-            )
-            for name, entry in entries.items()
-        }
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return {name: Exercise(**entry) for name, entry in entries.items()}
+    except (OSError, ValueError, TypeError, AttributeError) as e:
         raise KitError(f"{path} is no table of exercises: {e}") from None
 
 
-EXERCISES: Dict[str, Exercise] = read_table(TABLE)
+EXERCISES = read_table(Path(__file__).resolve().with_name("exercises.json"))
 
 
 def tests_of(module: str) -> str:
@@ -64,27 +48,24 @@ def tests_of(module: str) -> str:
 
 def project_files(root: Path, paths: List[str]) -> List[str]:
     """paths and every file of the repository they import, directly or not (a package's
-    __init__.py too), from the repository's top, in the order found."""
+    __init__.py too), in the order found."""
     found, queue = [], list(paths)
     while queue:
         path = queue.pop(0)
         if path in found:
             continue
         found.append(path)
-        for node in ast.walk(ast.parse((root / path).read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                modules = [node.module]
-            elif isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            else:
-                continue
-            for module in modules:
-                parts = module.split(".")
-                for i in range(1, len(parts) + 1):  # a.b.c: a/__init__.py, a/b/__init__.py, ...
-                    stem = "/".join(parts[:i])
-                    for candidate in (f"{stem}.py", f"{stem}/__init__.py"):
-                        if (root / candidate).is_file():
-                            queue.append(candidate)
+        tree = ast.parse((root / path).read_text(encoding="utf-8"))
+        modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        modules += [
+            n.module
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and not n.level
+        ]
+        for parts in (m.split(".") for m in modules):
+            for i in range(1, len(parts) + 1):  # a.b: a.py, a/__init__.py, a/b.py, ...
+                stem = "/".join(parts[:i])
+                queue += [p for p in (f"{stem}.py", f"{stem}/__init__.py") if (root / p).is_file()]
     return found
 
 
@@ -103,8 +84,7 @@ def parse(text: str, what: str) -> Tuple[str, ast.Module]:
         return text, ast.parse(text)
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
-        why = e.msg if isinstance(e, SyntaxError) else str(e)
-        raise KitError(f"{what} is not Python source: {why}{where}") from None
+        raise KitError(f"{what} is not Python source: {getattr(e, 'msg', e)}{where}") from None
 
 
 def functions(tree: ast.Module) -> Dict[str, ast.FunctionDef]:
@@ -122,21 +102,18 @@ def functions(tree: ast.Module) -> Dict[str, ast.FunctionDef]:
 
 def resolve(names: List[str], tree: ast.Module, module: str = "compressive.py") -> List[str]:
     """The qualified names the teacher means (`update_memory` alone is enough when unique)."""
-    known = functions(tree)
-    resolved = []
+    known, resolved = functions(tree), []
     for name in names:
         matches = [q for q in known if q == name] or [q for q in known if q.split(".")[-1] == name]
         if len(matches) != 1:
             close = difflib.get_close_matches(name, list(known), n=3)
-            if matches:
-                hint = f"it could be {', '.join(matches)}"
-            elif close:
-                hint = f"did you mean {', '.join(close)}?"
-            else:
-                hint = (
-                    "name a function or method of compressive.py, such as relative_shift or "
-                    "CompressiveLayer.update_memory"
-                )
+            hint = (
+                f"it could be {', '.join(matches)}"
+                if matches
+                else f"did you mean {', '.join(close)}?"
+                if close
+                else f"name a function or method of {module}"
+            )
             many = "more than one" if matches else "no"
             raise KitError(f"{module} has {many} function {name!r}: {hint}")
         if matches[0] not in resolved:
@@ -154,99 +131,75 @@ def file_order(names, tree: ast.Module) -> List[str]:
 
 
 def student_docstring(name: str, node: ast.FunctionDef) -> str:
-    """The docstring (only its first paragraph where the exercise has a contract of the kit's
-    own, which follows it), and what to write."""
-    text = (ast.get_docstring(node, clean=True) or "").strip()
+    """The docstring (its first paragraph alone where the exercise has a contract, which follows
+    it), and what to write."""
+    text = (ast.get_docstring(node) or "").strip()
     exercise = EXERCISES.get(name)
-    if exercise and exercise.contract:
-        text = text.split("\n\n")[0]
-    parts = [text] if text else []
-    if exercise and exercise.contract:
-        parts.append(textwrap.fill(exercise.contract, 92))
-    if exercise:
-        parts.append(textwrap.fill(f"Exercise: {exercise.writes}. Read: {exercise.paper}.", 92))
-    return "\n\n".join(parts) or "Exercise: write this function (see the comments around it)."
+    if not exercise:
+        return text or "Exercise: write this function (see the comments around it)."
+    parts = [text.split("\n\n")[0] if exercise.contract else text, exercise.contract]
+    parts.append(f"Exercise: {exercise.writes}. Read: {exercise.paper}.")
+    return "\n\n".join(textwrap.fill(p, 92) if i else p for i, p in enumerate(parts) if p)
 
 
 def source_lines(text: str) -> List[str]:
-    """The lines of a file as Python's parser counts them, ends kept: a line ends at \\n, \\r\\n or
-    \\r and nowhere else (str.splitlines also breaks at \\x0c, \\x1c, \\u2028 and others, which
-    the parser reads as whitespace or as characters of a comment)."""
+    """The lines of a file as Python's parser counts them, ends kept: at \\n, \\r\\n or \\r and
+    nowhere else (str.splitlines also breaks at \\x0c, \\u2028 and others, which the parser reads
+    as whitespace or as characters of a comment)."""
     parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def header_end(text: str, node: ast.FunctionDef) -> Tuple[int, int]:
+def header_end(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]:
     """(line, column) just after the ':' that ends the def's signature."""
-    lines = source_lines(text)
-    start = node.lineno  # the `def` line (decorators come before it)
-    source = "".join(lines[start - 1 :])
-    depth = 0
+    depth, source = 0, "".join(lines[node.lineno - 1 :])
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.OP and tok.string in "([{":
-            depth += 1
-        elif tok.type == tokenize.OP and tok.string in ")]}":
-            depth -= 1
-        elif tok.type == tokenize.OP and tok.string == ":" and depth == 0:
-            return start + tok.end[0] - 1, tok.end[1]
+        if tok.type == tokenize.OP:
+            depth += (tok.string in "([{") - (tok.string in ")]}")
+            if tok.string == ":" and depth == 0:
+                return node.lineno + tok.end[0] - 1, tok.end[1]
     raise KitError(f"cannot find the end of the signature of {node.name}")
 
 
-def body_end(lines: List[str], node: ast.FunctionDef) -> int:
-    """The last line of a def: its body, and the comment lines right after it, indented as the
-    body (they go with it)."""
+def definition_lines(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]:
+    """The 0-based line range [start, end) of a def with its decorators and the comment lines
+    right after it, indented as its body (they go with it)."""
     end = node.end_lineno
-    while (
-        end < len(lines)
-        and lines[end].strip().startswith("#")
-        and len(lines[end]) - len(lines[end].lstrip()) > node.col_offset
-    ):
+    while end < len(lines) and lines[end].strip().startswith("#"):
+        if len(lines[end]) - len(lines[end].lstrip()) <= node.col_offset:
+            break
         end += 1
-    return end
+    return min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1, end
 
 
 def blank(text: str, tree: ast.Module, names: List[str]) -> str:
-    """compressive.py with the bodies of `names` replaced by a student docstring and a raise."""
-    known = functions(tree)
-    lines = source_lines(text)
+    """The module with the bodies of `names` replaced by a student docstring and a raise."""
+    known, lines = functions(tree), source_lines(text)
     for name in sorted(names, key=lambda q: known[q].lineno, reverse=True):  # bottom up
         node = known[name]
-        line, column = header_end(text, node)
-        end = body_end(lines, node)
-        body_indent = " " * (node.col_offset + 4)
+        line, column = header_end(lines, node)
+        indent = " " * (node.col_offset + 4)
         doc = student_docstring(name, node).replace("\\", "\\\\").replace('"""', '\\"""')
-        doc = textwrap.indent(doc, body_indent).lstrip()
-        body = (
-            f'{body_indent}"""{doc}\n{body_indent}"""\n'
-            f'{body_indent}raise NotImplementedError("{name}: the exercise")\n'
-        )
-        head = lines[line - 1][:column]
+        body = f'{indent}"""{textwrap.indent(doc, indent).lstrip()}\n{indent}"""\n'
+        body += f'{indent}raise NotImplementedError("{name}: the exercise")\n'
         comment = lines[line - 1][column:].strip()  # a comment on the signature's line stays
-        head = head + (f"  {comment}" if comment.startswith("#") else "") + "\n"
-        lines[line - 1 : end] = [head, body]
+        head = lines[line - 1][:column] + (f"  {comment}" if comment.startswith("#") else "")
+        lines[line - 1 : definition_lines(lines, node)[1]] = [head + "\n", body]
     return "".join(lines)
-
-
-def definition_lines(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]:
-    """The 0-based line range [start, end) of a def with its decorators."""
-    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    return start - 1, body_end(lines, node)
 
 
 def splice(reference: str, student: str, name: str) -> str:
     """The reference file with the def of `name` (decorators and all) taken from the student's
-    file; both must define it at the same depth. The result is parsed again and must be the
-    reference with only that def changed, and that def the student's as the audit read it;
-    otherwise a KitError says where."""
+    file. The result is parsed again and must be the reference with only that def changed, and
+    that def the student's as the audit read it; otherwise a KitError says where."""
     ref_lines, student_lines = source_lines(reference), source_lines(student)
     ref_tree, student_tree = ast.parse(reference), ast.parse(student)
-    ref_node, student_node = functions(ref_tree)[name], functions(student_tree)[name]
-    start, end = definition_lines(ref_lines, ref_node)
+    student_node = functions(student_tree)[name]
+    start, end = definition_lines(ref_lines, functions(ref_tree)[name])
     student_start, student_end = definition_lines(student_lines, student_node)
-    definition = student_lines[student_start:student_end]
-    if definition and not definition[-1].endswith("\n"):
-        definition[-1] += "\n"
-    spliced = "".join(ref_lines[:start] + definition + ref_lines[end:])
+    definition = "".join(student_lines[student_start:student_end])
+    definition += "" if definition.endswith("\n") else "\n"
+    spliced = "".join(ref_lines[:start]) + definition + "".join(ref_lines[end:])
     try:
         spliced_tree = ast.parse(spliced)
         spliced_node = functions(spliced_tree).get(name)
@@ -263,27 +216,21 @@ def splice(reference: str, student: str, name: str) -> str:
 def without_functions(tree: ast.Module, names: List[str]) -> str:
     """The module's syntax tree with the functions of `names` reduced to `def name(): ...` (their
     signatures and decorators are compared on their own), as text to compare."""
-    saved = {}
-    for name, node in functions(tree).items():
-        if name in names:
-            saved[node] = (node.body, node.args, node.decorator_list, node.returns)
-    # blank in place and put the parts back: copying the whole tree costs more than the dump
-    try:
-        for node in saved:
-            node.body, node.args = (
-                [ast.Expr(ast.Constant(...))],
-                ast.arguments([], [], None, [], [], None, []),
-            )
+
+    def stub(node, prefix=""):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and prefix + node.name in names
+        ):
+            node = copy.copy(node)  # of the same kind: a def stays a def
+            node.args, node.body = ast.arguments([], [], None, [], [], None, []), [ast.Pass()]
             node.decorator_list, node.returns = [], None
-        return ast.dump(tree, include_attributes=False)
-    finally:
-        for node, (body, args, decorators, returns) in saved.items():
-            node.body, node.args, node.decorator_list, node.returns = (
-                body,
-                args,
-                decorators,
-                returns,
-            )
+        elif isinstance(node, ast.ClassDef) and not prefix:
+            node = copy.copy(node)
+            node.body = [stub(item, f"{node.name}.") for item in node.body]
+        return node
+
+    return ast.dump(ast.Module([stub(n) for n in tree.body], []), include_attributes=False)
 
 
 # ---------------------------------------------------------------- the student copy of the tests ---
@@ -300,42 +247,41 @@ def hidden_tests(tests_text: str) -> List[str]:
     return [n.name for n in ast.parse(tests_text).body if is_kept_from_students(n)]
 
 
-def top_level_names(node: ast.stmt) -> List[str]:
+def names_in(nodes) -> set:
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def bound_at_top(node: ast.stmt) -> set:
     """The names a top-level def, class or assignment binds."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
+        return {node.name}
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return [t.id for t in targets if isinstance(t, ast.Name)]
-    return []
+        return {t.id for t in targets if isinstance(t, ast.Name)}
+    return set()
 
 
 def student_tests(tests_text: str) -> str:
-    """test_compressive.py without the tests kept from students, and without the helpers that
-    only they used (the reference FIFO, say), with the comment lines right above each."""
+    """The tests without those kept from students, and without the helpers only they used (the
+    reference FIFO, say), each with the comment lines right above it."""
     tree = ast.parse(tests_text)
     removed = [n for n in tree.body if is_kept_from_students(n)]
-    kept = [n for n in tree.body if not is_kept_from_students(n)]
-    # helpers the removed tests used, and the decorator itself, go too once nothing kept uses them
-    candidates = {KEPT_FROM_STUDENTS}
-    for node in removed:
-        candidates |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-    while True:
-        used = {n.id for node in kept for n in ast.walk(node) if isinstance(n, ast.Name)}
+    kept = [n for n in tree.body if n not in removed]
+    candidates = names_in(removed) | {KEPT_FROM_STUDENTS}
+    while True:  # a helper goes once nothing kept uses it
+        used = names_in(kept)
         unused = [
-            node
-            for node in kept
-            if top_level_names(node)
-            and set(top_level_names(node)) <= candidates
-            and not set(top_level_names(node)) & used
-            and not top_level_names(node)[0].startswith("test_")
+            n
+            for n in kept
+            if bound_at_top(n)
+            and bound_at_top(n) <= candidates - used
+            and not any(name.startswith("test_") for name in bound_at_top(n))
         ]
         if not unused:
             break
         removed += unused
         kept = [n for n in kept if n not in unused]
-    lines = source_lines(tests_text)
-    drop = set()
+    lines, drop = source_lines(tests_text), set()
     for node in removed:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
         while start > 0 and lines[start - 1].lstrip().startswith("#"):  # its comment goes too
@@ -356,47 +302,29 @@ def student_tests(tests_text: str) -> str:
 
 def compile_tests(tests_text: str) -> List[str]:
     """The test functions that run torch.compile, themselves or through a helper of the file."""
-    tree = ast.parse(tests_text)
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    calls = {
-        name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in defs}
-        for name, node in defs.items()
-    }
+    defs = {n.name: n for n in ast.parse(tests_text).body if isinstance(n, ast.FunctionDef)}
     compiling = {
         name
         for name, node in defs.items()
-        if any(
-            isinstance(n, ast.Attribute)
-            and n.attr == "compile"
-            and isinstance(n.value, ast.Name)
-            and n.value.id == "torch"
-            for n in ast.walk(node)
-        )
+        if "torch.compile"
+        in {ast.unparse(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)}
     }
     while True:  # a test that calls a helper that compiles compiles too
-        more = {name for name in defs if calls[name] & compiling} - compiling
+        more = {name for name, node in defs.items() if names_in([node]) & compiling} - compiling
         if not more:
-            break
+            return [name for name in defs if name in compiling and name.startswith("test_")]
         compiling |= more
-    return [name for name in defs if name in compiling and name.startswith("test_")]
 
 
 def undefined_names(text: str) -> set:
     """Names a module reads but neither defines nor imports nor gets from builtins."""
-    import builtins
-
     table = symtable.symtable(text, "<tests>", "exec")
     defined = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
-    defined |= set(dir(builtins))
-    missing = set()
-
-    def visit(scope):
+    missing, scopes = set(), [table]
+    while scopes:
+        scope = scopes.pop()
+        scopes += scope.get_children()
         for symbol in scope.get_symbols():
             if (symbol.is_global() or scope is table) and symbol.is_referenced():
-                if symbol.get_name() not in defined:
-                    missing.add(symbol.get_name())
-        for child in scope.get_children():
-            visit(child)
-
-    visit(table)
-    return missing
+                missing.add(symbol.get_name())
+    return missing - defined - set(dir(builtins))
