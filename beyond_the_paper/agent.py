@@ -63,11 +63,11 @@ from compressive import (
 
 class Kept(NamedTuple):
     """The keys and values of a memory's slots, per layer, and what made them. A training call
-    hands on the ones it was given, marked stale. A slot no step sees keeps whatever key it had.
+    hands on the ones it was given, marked stale. A slot no step sees (unused, or before its
+    row's episode) is never read: its key is whatever it was, zeros in an empty or reset row.
 
     keys, values:             [B, H, n_mem + n_s - 1, d_head] per layer, mem's slots'
     c_mem_keys, c_mem_values: [B, H, n_cm, d_head] per layer
-    blank_keys, blank_values: [B, H, 1, d_head] per layer, a zero vector's (reset's slots)
     made_by: [B, 1 + n_layers] int64: the config's checksum, then per layer the fingerprint of
              the weights its keys were made by (section 4)
     """
@@ -76,8 +76,6 @@ class Kept(NamedTuple):
     values: List[torch.Tensor]
     c_mem_keys: List[torch.Tensor]
     c_mem_values: List[torch.Tensor]
-    blank_keys: List[torch.Tensor]
-    blank_values: List[torch.Tensor]
     made_by: torch.Tensor
 
 
@@ -108,16 +106,10 @@ class AgentMemory(NamedTuple):
         """The rows where done ([B] bool) is true become a fresh memory's; the others stay as
         they are. The same as a start at the next call's first step."""
         check_done(done, self.filled.size(0), self.filled.device)
-        kept = self.kept
-        if kept is not None:
-            kept = kept._replace(
-                keys=forget(done, kept.keys, kept.blank_keys),
-                values=forget(done, kept.values, kept.blank_values),
-                c_mem_keys=forget(done, kept.c_mem_keys, kept.blank_keys),
-                c_mem_values=forget(done, kept.c_mem_values, kept.blank_values),
-            )
-        mem, c_mem, usage = (forget(done, t) for t in (self.mem, self.c_mem, self.usage))
-        return AgentMemory(mem, c_mem, usage, *forget(done, [self.filled, self.since_start]), kept)
+        fresh_rows = map_tensors(self, lambda t: forget(done, t))  # zeros, made_by aside
+        if self.kept is None:
+            return fresh_rows
+        return fresh_rows._replace(kept=fresh_rows.kept._replace(made_by=self.kept.made_by))
 
     def take(self, rows) -> "AgentMemory":
         """The memory of the rows given, as a tensor's first dimension takes them (of a stacked
@@ -168,11 +160,9 @@ class AgentMemory(NamedTuple):
         return map_tensors(self, torch.Tensor.detach)
 
 
-def forget(done, tensors, blanks=None):
-    """The tensors [B, ...] (a list) with the rows where done [B] is true set to their blank, or
-    to zeros."""
-    blanks = blanks or [0] * len(tensors)
-    return [torch.where(done.view(-1, *[1] * (t.dim() - 1)), b, t) for t, b in zip(tensors, blanks)]
+def forget(done: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """t [B, ...] with zeros in the rows where done [B] is true."""
+    return torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)
 
 
 def one_row_kept(rows):
@@ -248,21 +238,19 @@ def tracks_usage(cfg: CompressiveConfig) -> bool:
 
 
 def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
-    """A memory of batch_size rows whose slots hold zeros no step sees, its keys model's."""
+    """A memory of batch_size rows whose slots (and their keys) hold zeros no step sees."""
     check_batch_size(batch_size)
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
     dtype = weight.dtype if dtype is None else dtype
-    n_slots = n_mem + cfg.seq_len - 1
+    n_slots, H = n_mem + cfg.seq_len - 1, cfg.n_heads
 
     def zeros(*shape, of=dtype):
         return torch.zeros(batch_size, *shape, device=device, dtype=of)
 
-    blank_k, blank_v = zip(*(blank_of(layer, zeros(0, cfg.d_model)) for layer in model.layers))
-
-    def blanks(which, n):
-        return [fresh(b.expand(batch_size, -1, n, -1)) for b in which]
+    def keys(n):
+        return [zeros(H, n, cfg.d_model // H) for _ in model.layers]
 
     return AgentMemory(
         [zeros(n_slots, cfg.d_model) for _ in model.layers],
@@ -271,22 +259,13 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
         zeros(of=torch.long),
         zeros(of=torch.long),
         Kept(
-            blanks(blank_k, n_slots),
-            blanks(blank_v, n_slots),
-            blanks(blank_k, n_cm),
-            blanks(blank_v, n_cm),
-            blanks(blank_k, 1),
-            blanks(blank_v, 1),
+            keys(n_slots),
+            keys(n_slots),
+            keys(n_cm),
+            keys(n_cm),
             fingerprint(model).to(device).expand(batch_size, -1).contiguous(),
         ),
     )
-
-
-def blank_of(layer, like):
-    """The layer's key and value [1, H, 1, d_head] of a zero vector, in like's device and dtype
-    (a slot no step sees)."""
-    with torch.no_grad():
-        return layer.memory_keys_values(like.new_zeros(1, 1, like.size(-1)))
 
 
 # 2. Where each step of a call stands --------------------------------------------------------------
@@ -483,11 +462,9 @@ def scattered(rows, values, batch_size: int):
     return values.new_zeros(batch_size, *values.shape[1:]).index_copy(0, rows, values)
 
 
-def newest(values, seen, blank=0):
-    """The newest m = seen.size(1) slots of values [B, n] / [B, n, d], blank where not seen
-    ([B, m] bool)."""
-    seen = seen if values.dim() == 2 else seen[..., None]
-    return torch.where(seen, values[:, -seen.size(1) :], blank)
+def newest(values, seen):
+    """The newest m = seen.size(1) slots of values [B, n, d], zeros where not seen ([B, m])."""
+    return torch.where(seen[..., None], values[:, -seen.size(1) :], 0)
 
 
 # 3. One layer over a call -------------------------------------------------------------------------
@@ -517,8 +494,6 @@ class MemoryKeys(NamedTuple):
     c_values: torch.Tensor
     keys: torch.Tensor  # [B, H, n_mem + n_s - 1, d_head], mem's slots'
     values: torch.Tensor
-    blank_key: Optional[torch.Tensor]  # [B or 1, H, 1, d_head], a zero vector's, or None:
-    blank_value: Optional[torch.Tensor]  # none to hand on
 
 
 def layer_over_call(
@@ -537,8 +512,6 @@ def layer_over_call(
     out = layer.residual_and_feed_forward(h, attended.out)
     recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
-    if keeps:
-        fields += [slots.blank_key, slots.blank_value]
     return out, fields, recon_loss
 
 
@@ -760,32 +733,29 @@ def same_weights(made_by, now) -> bool:
     return False
 
 
-def memory_keys(model, memory: AgentMemory, usable, keeps: bool, x) -> List[MemoryKeys]:
+def memory_keys(model, memory: AgentMemory, usable) -> List[MemoryKeys]:
     """Per layer, the memory's keys and values: the kept ones, or one projection of
     [c_mem; mem]. usable: kept_usable's; a tensor is read by one torch.cond for all layers."""
     layers = list(enumerate(model.layers))
     if isinstance(usable, torch.Tensor):
         n = len(layers)
         kept = [t for i, _ in layers for t in kept_of_layer(memory.kept, i)]
-        operands = (*memory.mem, *memory.c_mem, x, *kept)
+        operands = (*memory.mem, *memory.c_mem, *kept)
 
         # the branches return no input, and outputs laid out alike: fresh copies
         def read_kept(*operands):
-            return tuple(fresh(t) for t in operands[2 * n + 1 :])
+            return tuple(fresh(t) for t in operands[2 * n :])
 
         def project(*operands):
-            mem, c_mem, x = operands[:n], operands[n : 2 * n], operands[2 * n]
-            made = [projection(layer, mem[i], c_mem[i], x, True) for i, layer in layers]
+            mem, c_mem = operands[:n], operands[n : 2 * n]
+            made = [projection(layer, mem[i], c_mem[i]) for i, layer in layers]
             return tuple(fresh(t) for keys in made for t in keys)
 
         flat = torch.cond(usable, read_kept, project, operands)
-        return [MemoryKeys(*flat[6 * i : 6 * i + 6]) for i, _ in layers]
+        return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i, _ in layers]
     if usable:
         return [MemoryKeys(*kept_of_layer(memory.kept, i)) for i, _ in layers]
-    return [
-        MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i], x, keeps))
-        for i, layer in layers
-    ]
+    return [MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i])) for i, layer in layers]
 
 
 def fresh(t):
@@ -795,19 +765,14 @@ def fresh(t):
 
 def kept_of_layer(kept: Kept, i: int):
     """Layer i's kept keys, in the order of MemoryKeys' fields."""
-    blank = (kept.blank_keys[i], kept.blank_values[i])
-    return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i], *blank
+    return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i]
 
 
-def projection(layer, mem, c_mem, x, keeps: bool):
-    """One projection of [c_mem; mem], in the order of MemoryKeys' fields; where the new memory
-    keeps keys, the blank's [B, H, 1, d_head] too (else None)."""
+def projection(layer, mem, c_mem):
+    """One projection of [c_mem; mem], in the order of MemoryKeys' fields."""
     kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
     (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
-    if not keeps:
-        return c_keys, c_values, keys, values, None, None
-    blank = [fresh(b.expand(len(x), -1, -1, -1)) for b in blank_of(layer, x)]
-    return c_keys, c_values, keys, values, *blank
+    return c_keys, c_values, keys, values
 
 
 # 5. The models ----------------------------------------------------------------------------------
@@ -836,7 +801,7 @@ def hidden_states(model, x, memory=None, starts=None):
     layout = Layout(model.cfg, memory.filled, memory.since_start, starts, T, read_back)
     R = sinusoid_positions(layout.max_distance + 1, model.cfg.d_model, x.device).to(x.dtype)
     h, recon_loss, per_layer = x, x.new_zeros(()), []
-    slots = memory_keys(model, memory, usable, keeps, x)
+    slots = memory_keys(model, memory, usable)
     for i, layer in enumerate(model.layers):
         h, fields, layer_loss = layer_over_call(layer, h, memory, i, slots[i], keeps, layout, R)
         per_layer.append(fields)
@@ -994,8 +959,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         )
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     B, L, H, n_slots = batch_size, cfg.n_layers, cfg.n_heads, n_mem + cfg.seq_len - 1
-    keys = [(B, H, n_slots, cfg.d_model // H)] * L
-    c_mem_keys, blank_keys = ([(B, H, n, cfg.d_model // H)] * L for n in (n_cm, 1))
+    keys, c_mem_keys = ([(B, H, n, cfg.d_model // H)] * L for n in (n_slots, n_cm))
     # each field's shapes, a list where it holds one tensor per layer; the others are int64
     expected = {
         "mem": [(B, n_slots, cfg.d_model)] * L,
@@ -1005,7 +969,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         "since_start": (B,),
     }
     if memory.kept is not None:
-        kept = (keys, keys, c_mem_keys, c_mem_keys, blank_keys, blank_keys, (B, 1 + L))
+        kept = (keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
         expected.update({f"kept.{name}": s for name, s in zip(Kept._fields, kept)})
     for name, shapes in expected.items():
         value = getattr(memory.kept if name.startswith("kept.") else memory, name.split(".")[-1])

@@ -62,10 +62,8 @@ class Kept(NamedTuple):
     them. None of it is recomputed when the weights change: FeedbackMemory.without_kept() drops
     it all, and the next call projects every vector anew."""
 
-    keys: List[torch.Tensor]  # [B, H, M, d_head], of mem
+    keys: List[torch.Tensor]  # [B, H, M, d_head], of mem (zeros where a row forgot it)
     values: List[torch.Tensor]  # [B, H, M, d_head]
-    blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]: a zero vector's, which reset puts in
-    blank_values: List[torch.Tensor]  # [1, H, 1, d_head]   the slots of a forgotten row
     position_keys: List[torch.Tensor]  # W_r R [H, n, d_head], the distances n - 1, ..., 0
 
 
@@ -94,15 +92,13 @@ class FeedbackMemory(NamedTuple):
         since_start = self.since_start
         if since_start is None:  # a row that never saw a start: its episode began before mem
             since_start = torch.full_like(done, self.mem[0].size(1), dtype=torch.long)
-        usage = None if self.usage is None else forget(done, self.usage)
+        usage = None if self.usage is None else [forget(done, u) for u in self.usage]
         kept = self.kept
-        if kept is not None:  # a zeroed slot's keys and values are those of a zero vector
-            kept = kept._replace(
-                keys=forget(done, kept.keys, kept.blank_keys),
-                values=forget(done, kept.values, kept.blank_values),
-            )
-        mem, c_mem = forget(done, self.mem), forget(done, self.c_mem)
-        return FeedbackMemory(mem, c_mem, usage, torch.where(done, 0, since_start), kept)
+        if kept is not None:
+            keys, values = ([forget(done, t) for t in part] for part in (kept.keys, kept.values))
+            kept = kept._replace(keys=keys, values=values)
+        mem, c_mem = ([forget(done, t) for t in part] for part in (self.mem, self.c_mem))
+        return FeedbackMemory(mem, c_mem, usage, forget(done, since_start), kept)
 
     def without_kept(self) -> "FeedbackMemory":
         """This memory without its kept keys, values and W_r R: the next call projects every
@@ -258,10 +254,6 @@ class FeedbackTransformer(nn.Module):
         split = self.layers[0].attn.split_heads
         return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
-    def blank_key_value(self):
-        """The key and value [1, H, 1, d_head] of a zeroed memory vector."""
-        return self.shared_kv(self.embed.weight.new_zeros(1, 1, self.cfg.d_model))
-
     def hidden_states(self, x: torch.Tensor, memory=None, starts: Optional[torch.Tensor] = None):
         """The recurrence over the steps of a segment.
 
@@ -320,18 +312,13 @@ class FeedbackTransformer(nn.Module):
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
         if since is not None:
             since = since_start_after(since, n_m)
-        new_kept = None
-        if is_acting:  # a zero vector's key and value: made once an episode of acting
-            blank = (kept.blank_keys[0], kept.blank_values[0]) if kept else self.blank_key_value()
-        if starts is not None:  # keep only each row's latest episode
+        if starts is not None:  # keep only each row's latest episode (hidden: never read)
             back = torch.arange(new_memory.size(1), 0, -1, device=x.device)  # steps back
             keep = back <= since[:, None]  # [B, n]
             new_memory = torch.where(keep[..., None], new_memory, 0)
-            if is_acting:  # a zeroed vector's key and value are those of a zero vector
-                keys = torch.where(keep[:, None, :, None], keys, blank[0])
-                values = torch.where(keep[:, None, :, None], values, blank[1])
-        if is_acting:
-            new_kept = Kept([keys], [values], [blank[0]], [blank[1]], r)
+            if is_acting:  # the keys handed on
+                keys, values = (torch.where(keep[:, None, :, None], t, 0) for t in (keys, values))
+        new_kept = Kept([keys], [values], r) if is_acting else None
         return h, FeedbackMemory([new_memory], [], None, since, new_kept), h.new_zeros(())
 
     def reach(self, call_length: Optional[int] = None):
