@@ -303,7 +303,6 @@ class Frames(NamedTuple):
     t: torch.Tensor  # [T]: the call's steps
     s: torch.Tensor  # [T]: each step's place, the same in every row
     unused: torch.Tensor  # [B, 1]: the places before the memory's mem (its unused slots)
-    latest: torch.Tensor  # the latest start at or before t (-1: none)
     begun: torch.Tensor  # the place of the episode's first step
     origin: torch.Tensor  # the frame's origin: its mem's oldest place before any segment end
     first: torch.Tensor  # the first place both in the stream and in the episode
@@ -345,7 +344,7 @@ class Layout:
         into = s - origin - n_mem  # steps since the frame's first segment began
         closes = (into + 1) % n_s == 0
         ended = closes.long().cumsum(dim=1)
-        return Frames(t, s, unused, latest, begun, origin, first, into // n_s, closes, ended)
+        return Frames(t, s, unused, begun, origin, first, into // n_s, closes, ended)
 
     def segment_ends(self, f: Frames, T: int, read_back) -> List[Close]:
         """Each segment end of the call: the places it evicts, and its c_mem slots' (their newest
@@ -469,12 +468,10 @@ def newest(values, seen):
 
 # 3. One layer over a call -------------------------------------------------------------------------
 # compressive.py's layer over each row's stream, in the order layer_over_call takes the steps: the
-# memory's keys, kept or projected; the position terms per key (the stream's by compressive.py's
-# relative shift, a c_mem slot's read at its own distance); each segment end's FIFOs as
-# CompressiveLayer.update_memory moves them at the end of an n_s-step call (f_c of the n_s evicted
-# steps, and the slots that stay); compressive.py's attend over what each step sees, then the
-# layer's feed-forward; f_c's loss; the memory handed on. The keys kept for a slot no step sees
-# (unused, or before its row's episode) are left as they are: they are never read.
+# position terms per key (the stream's by compressive.py's relative shift, a c_mem slot's read at
+# its own distance); each segment end's FIFOs as CompressiveLayer.update_memory moves them after
+# an n_s-step call; compressive.py's attend over what each step sees, then the layer's
+# feed-forward; f_c's loss; the memory handed on.
 
 
 def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
@@ -574,18 +571,10 @@ def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, 
             usage = usage if rows is None else usage[rows]
         compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
-        new_k, new_v = layer.memory_keys_values(compressed.detach())  # [B, H, n_new, d_head]
-        for field, value in zip(
-            ends,
-            (
-                close,
-                evicted,
-                compressed,
-                scattered(rows, compressed.detach(), B),
-                scattered(rows, new_k, B),
-                scattered(rows, new_v, B),
-            ),
-        ):
+        made = compressed.detach()
+        new_kv = layer.memory_keys_values(made)  # [B, H, n_new, d_head] each
+        made = [scattered(rows, t, B) for t in (made, *new_kv)]
+        for field, value in zip(ends, (close, evicted, compressed, *made)):
             field.append(value)
     return ends
 
