@@ -115,10 +115,7 @@ class AgentMemory(NamedTuple):
         """The memory of the rows given, as a tensor's first dimension takes them (of a stacked
         memory: a tuple, (which memory, which rows)). One row's index keeps the batch dimension:
         take(0) is a memory of one row."""
-        if isinstance(rows, tuple):
-            rows = (*rows[:-1], one_row_kept(rows[-1]))
-        else:
-            rows = one_row_kept(rows)
+        rows = one_row_kept(rows)
         return map_tensors(self, lambda t: t[rows])
 
     @staticmethod
@@ -166,7 +163,10 @@ def forget(done: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def one_row_kept(rows):
-    """One row's index (an int, a numpy integer, a 0-dim integer tensor) as a slice of it."""
+    """One row's index (an int, a numpy integer, a 0-dim integer tensor) as a slice of it; in a
+    tuple, the last index (the rows of a stacked memory's)."""
+    if isinstance(rows, tuple):
+        return (*rows[:-1], one_row_kept(rows[-1]))
     if isinstance(rows, torch.Tensor):
         one_row = rows.dim() == 0 and not (rows.is_floating_point() or rows.dtype == torch.bool)
     else:

@@ -295,10 +295,7 @@ class FeedbackTransformer(nn.Module):
             n_keys = keys.size(2) + 1  # the memory and x_t itself
             if since is not None:  # hide the vectors of earlier episodes
                 back = torch.arange(n_keys - 1, -1, -1, device=x.device)  # each key's steps back
-                hidden = back > since[:, t : t + 1]  # [B, n_keys]
-                attn_mask = torch.zeros(hidden.shape, device=x.device).masked_fill_(
-                    hidden, float("-inf")
-                )
+                attn_mask = torch.where(back > since[:, t : t + 1], float("-inf"), 0.0)
                 attn_mask = attn_mask[:, None, None]  # [B, 1, 1, n_keys]
             for i, layer in enumerate(self.layers):
                 x_t = layer(x_t, keys, values, r[i][:, -(n_keys + 1) :], self.shared_kv, attn_mask)
