@@ -18,6 +18,7 @@ It builds on compressive.py in this order:
     6. the checks, and the episodes' bookkeeping, which feedback.py shares
 
     core = AgentCore(CompressiveConfig(d_model=128, ...))
+    memory = core.empty_memory(batch)
     h, memory, recon_loss = core(x, memory, starts)   # x: [B, T, d_model], starts: [B, T] bool
 """
 
