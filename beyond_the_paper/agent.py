@@ -873,16 +873,14 @@ class AgentTransformer(CompressiveTransformer):
         check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
 
-    def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
-        return empty_memory(self, batch_size, device, dtype)
+    empty_memory = empty_memory
+    hidden_states = hidden_states
 
     def forward(self, tokens, memory=None, starts=None):
         check_tokens(self, tokens)
         x = self.dropout(self.embed(tokens))
         h, memory, recon_loss = self.hidden_states(x, memory, starts)
         return self.head(h), memory, recon_loss
-
-    hidden_states = hidden_states
 
 
 class AgentCore(nn.Module):
@@ -902,17 +900,13 @@ class AgentCore(nn.Module):
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.apply(CompressiveTransformer.init_weights)
 
-    def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
-        return empty_memory(self, batch_size, device, dtype)
-
+    empty_memory = empty_memory
     hidden_states = hidden_states
+    forward = hidden_states  # vectors in, vectors out
 
     def reach(self, call_length: Optional[int] = None, depth: int = 1):
         """compressive.reach(self.cfg, ...): how far back the last token of a call sees."""
         return reach(self.cfg, call_length, depth)
-
-    def forward(self, x, memory=None, starts=None):
-        return self.hidden_states(x, memory, starts)
 
 
 # 6. The checks ----------------------------------------------------------------------------------
