@@ -1,34 +1,21 @@
 """An agent's memory, beyond the paper: train on a rollout exactly as the agent acted on it.
 
-The paper trains on one long text, a segment of n_s tokens per call. An agent runs B environments
-side by side, acts one step per call, and each row's episode ends at its own moment; it then
-learns from the rollout it played, in one call. This module makes those two computations one:
-
-    - segments of n_s steps per row, wherever calls begin and end: a row's step sees c_mem and mem
-      as they stood when its segment began, and its segment's earlier steps; the FIFOs move once,
-      when the segment's n_s-th step is done. So T calls of one step (acting), one call of T
-      steps (the update) and calls of n_s steps (the paper's training) compute the same, and a
-      call of n_s steps from a segment's start is compressive.py's call
-    - a memory of one fixed shape: c_mem, mem and the open segment as slots, with the steps each
-      row has filled; an empty memory is one whose slots no step sees. Memories of any time stack,
-      rows come out (take) and join (AgentMemory.join)
-    - episodes: starts [B, T] marks a row's first step of a new episode, anywhere in a call;
-      from there the row is a fresh memory, its segments counted from its start, and nothing of
-      the old episode reaches what it computes; memory.reset(done) is a start at the next step
-    - acting: the memory keeps the keys and values of its slots, so a step without gradient
-      projects only itself; they carry a fingerprint of the weights that made them, and a call
-      after any change of those weights, by whatever route, projects anew
+An agent runs B environments side by side, acts one step per call, and each row's episode ends
+at its own moment; it then learns from the rollout it played, in one call. Here the two compute
+the same: each row's FIFOs move once per segment of n_s steps, wherever calls begin and end (a
+call of n_s steps from a segment's start is compressive.py's call). The memory has one shape from
+empty to full, so memories of any time stack and rows come out and join; starts [B, T] begin an
+episode anywhere in a call; acting keeps the keys and values of the memory's slots, marked with
+a fingerprint of the weights that made them. docs/AGENT.md says what each guarantees and costs.
 
 It builds on compressive.py in this order:
 
     1. the memory: AgentMemory and the keys it keeps (Kept)
     2. where each step of a call stands in its row's stream: Layout
-    3. one layer over a call: attention over what each step sees, then the FIFOs of every
-       segment the call closes
+    3. one layer over a call
     4. the fingerprint that tells kept keys from stale ones
-    5. AgentTransformer (tokens) and AgentCore (vectors), the models
-    6. the checks of what this module adds to the inputs, and the episodes' bookkeeping, which
-       feedback.py shares
+    5. the models: AgentTransformer (tokens) and AgentCore (vectors)
+    6. the checks, and the episodes' bookkeeping, which feedback.py shares
 
     core = AgentCore(CompressiveConfig(d_model=128, ...))
     memory = core.empty_memory(batch)
@@ -70,49 +57,42 @@ from compressive import (
 #            `filled` steps; the n_s - 1 - filled slots before them are unused (zeros)
 #
 # A segment's end evicts the n_s oldest of [mem; segment] into n_s / c new c_mem slots and keeps
-# the newest n_mem as mem. n_s must be a multiple of c, so that every segment end evicts n_s steps
-# and mem holds n_mem = n_m rounded down to a multiple of c after it, as compressive.py's mem does
-# after an n_s-token call once full. An empty memory's slots hold zeros that no step sees
-# (since_start = 0), as a reset row's do.
+# the newest n_mem as mem. n_s must be a multiple of c, so that mem holds n_mem = n_m rounded down
+# to a multiple of c after every end, as compressive.py's mem does after an n_s-token call once
+# full. An empty memory's slots hold zeros that no step sees (since_start = 0), as a reset row's.
 
 
 class Kept(NamedTuple):
-    """The keys and values of a memory's slots, per layer, and what made them. Acting hands them
-    on; a training call hands on the ones it was given, marked stale (the next optimizer step
-    would make its own stale). A slot no step sees keeps whatever key it had: none is ever read.
+    """The keys and values of a memory's slots, per layer, and what made them. A training call
+    hands on the ones it was given, marked stale. A slot no step sees (unused, or before its
+    row's episode) is never read: its key is whatever it was, zeros in an empty or reset row.
 
     keys, values:             [B, H, n_mem + n_s - 1, d_head] per layer, mem's slots'
     c_mem_keys, c_mem_values: [B, H, n_cm, d_head] per layer
-    blank_keys, blank_values: [B, H, 1, d_head] per layer, a zero vector's (reset's slots)
-    made_by: [B, 1 + n_layers] int64, on the memory's device: the config's checksum, then per
-             layer the fingerprint of the weights its keys depend on (W_k and W_v, and pre-LN's
-             norm) when they were made (section 4)
+    made_by: [B, 1 + n_layers] int64: the config's checksum, then per layer the fingerprint of
+             the weights its keys were made by (section 4)
     """
 
     keys: List[torch.Tensor]
     values: List[torch.Tensor]
     c_mem_keys: List[torch.Tensor]
     c_mem_values: List[torch.Tensor]
-    blank_keys: List[torch.Tensor]
-    blank_values: List[torch.Tensor]
     made_by: torch.Tensor
 
 
 class AgentMemory(NamedTuple):
-    """What one call hands to the next; every tensor is batch first and has the same shape from
-    empty to full, so memories of any time stack, and rows come out and join:
+    """What one call hands to the next, batch first:
 
-    mem:         [B, n_mem + n_s - 1, d_model] per layer (section 1's layout)
+    mem:         [B, n_mem + n_s - 1, d_model] per layer (the layout above)
     c_mem:       [B, n_cm, d_model] per layer
-    usage:       [B, n_mem + n_s - 1] per layer, the attention each mem slot received (most_used
-                 f_c only; else an empty list)
+    usage:       [B, n_mem + n_s - 1] per layer, the attention each mem slot received (the
+                 most_used f_c only; else [])
     filled:      [B] int64, the steps of the open segment
     since_start: [B] int64, the steps of each row's episode so far (saturating at the span the
                  memory holds); slots older than its first step are hidden
-    kept:        the keys and values of the slots (Kept), or None: the next call projects
-                 them (a training call's memory, or one stored without them: without_kept())
+    kept:        the keys and values of the slots (Kept), or None: the next call projects them
 
-    Saved with torch.save and read back with torch.load(f, weights_only=True) inside
+    torch.load(f, weights_only=True) reads a saved one back inside
     torch.serialization.safe_globals([AgentMemory, Kept]).
     """
 
@@ -124,41 +104,19 @@ class AgentMemory(NamedTuple):
     kept: Optional[Kept]
 
     def reset(self, done: torch.Tensor) -> "AgentMemory":
-        """The rows where done ([B] bool) is true become empty, as a fresh memory's rows; the
-        others stay as they are. The same as a start at the next call's first step."""
+        """The rows where done ([B] bool) is true become a fresh memory's; the others stay as
+        they are. The same as a start at the next call's first step."""
         check_done(done, self.filled.size(0), self.filled.device)
-
-        def forget(tensors, blanks=None):
-            blanks = blanks or [0] * len(tensors)
-            return [
-                torch.where(done.view(-1, *[1] * (t.dim() - 1)), b, t)
-                for t, b in zip(tensors, blanks)
-            ]
-
-        kept = self.kept
-        if kept is not None:
-            kept = kept._replace(
-                keys=forget(kept.keys, kept.blank_keys),
-                values=forget(kept.values, kept.blank_values),
-                c_mem_keys=forget(kept.c_mem_keys, kept.blank_keys),
-                c_mem_values=forget(kept.c_mem_values, kept.blank_values),
-            )
-        return AgentMemory(
-            forget(self.mem),
-            forget(self.c_mem),
-            forget(self.usage),
-            *forget([self.filled, self.since_start]),
-            kept,
-        )
+        fresh_rows = map_tensors(self, lambda t: forget(done, t))  # zeros, made_by aside
+        if self.kept is None:
+            return fresh_rows
+        return fresh_rows._replace(kept=fresh_rows.kept._replace(made_by=self.kept.made_by))
 
     def take(self, rows) -> "AgentMemory":
-        """The memory of the rows given: indices, a bool mask, a slice or an int, as for a
-        tensor's first dimension (of a stacked memory: a tuple, (which memory, which rows)). The
-        batch dimension stays: take(0) is a memory of one row."""
-        if isinstance(rows, tuple):
-            rows = (*rows[:-1], one_row_kept(rows[-1]))
-        else:
-            rows = one_row_kept(rows)
+        """The memory of the rows given, as a tensor's first dimension takes them (of a stacked
+        memory: a tuple, (which memory, which rows)). One row's index keeps the batch dimension:
+        take(0) is a memory of one row."""
+        rows = one_row_kept(rows)
         return map_tensors(self, lambda t: t[rows])
 
     @staticmethod
@@ -168,19 +126,19 @@ class AgentMemory(NamedTuple):
 
     @staticmethod
     def stack(memories) -> "AgentMemory":
-        """The memories (a list, all of one batch size) along a new first dimension, as a
-        rollout buffer keeps them; stacked.take((n, rows)) gives rows of the n-th."""
+        """The memories (a list, of one batch size) along a new first dimension, as a rollout
+        buffer keeps them; stacked.take((n, rows)) gives rows of the n-th."""
         return combine(memories, torch.stack)
 
     def without_kept(self) -> "AgentMemory":
-        """This memory without its kept keys and values (its states alone, as a replay buffer may
-        store it: the keys are most of a memory's size); the next call projects every slot."""
+        """This memory's states alone, as a replay buffer may store it (the keys are most of its
+        size); the next call projects every slot."""
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "AgentMemory":
-        """This memory on another device, or with its states and keys in another floating dtype
-        (usage, filled, since_start and made_by keep theirs), as Tensor.to takes them. Keys in
-        another dtype are not what a projection in it gives: they are dropped (without_kept)."""
+        """As Tensor.to: the states and keys in another floating dtype (usage, filled,
+        since_start and made_by keep theirs). Keys in another dtype are not what a projection in
+        it gives: they are dropped (without_kept)."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
 
@@ -194,17 +152,22 @@ class AgentMemory(NamedTuple):
         return moved.without_kept() if converted else moved
 
     def cpu(self) -> "AgentMemory":
-        """This memory on the CPU."""
         return self.to("cpu")
 
     def detach(self) -> "AgentMemory":
-        """This memory with every tensor detached (a model's are already)."""
         return map_tensors(self, torch.Tensor.detach)
 
 
+def forget(done: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """t [B, ...] with zeros in the rows where done [B] is true."""
+    return torch.where(done.view(-1, *[1] * (t.dim() - 1)), 0, t)
+
+
 def one_row_kept(rows):
-    """An index of one row (an int, a numpy integer, a 0-dim integer tensor) as a slice of that
-    row, so that the batch dimension stays."""
+    """One row's index (an int, a numpy integer, a 0-dim integer tensor) as a slice of it; in a
+    tuple, the last index (the rows of a stacked memory's)."""
+    if isinstance(rows, tuple):
+        return (*rows[:-1], one_row_kept(rows[-1]))
     if isinstance(rows, torch.Tensor):
         one_row = rows.dim() == 0 and not (rows.is_floating_point() or rows.dtype == torch.bool)
     else:
@@ -216,22 +179,18 @@ def one_row_kept(rows):
 
 
 def map_tensors(memory: AgentMemory, how) -> AgentMemory:
-    """The memory with how applied to each of its tensors."""
     return rebuild(memory, [how(t) for t in tensors_of(memory)])
 
 
 def combine(memories, how) -> AgentMemory:
     """AgentMemory.join (how = torch.cat) and AgentMemory.stack (torch.stack)."""
     if (
-        not isinstance(memories, (list, tuple))
-        or isinstance(memories, AgentMemory)
+        isinstance(memories, AgentMemory)
+        or not isinstance(memories, (list, tuple))
         or not memories
         or not all(isinstance(m, AgentMemory) for m in memories)
     ):
         got = type(memories).__name__
-        if isinstance(memories, (list, tuple)):
-            names = ", ".join(sorted({type(m).__name__ for m in memories}))
-            got += f" of {names}" if names else " (empty)"
         raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
     if any(m.kept is None for m in memories):  # rows without kept keys: none keep theirs
         memories = [m.without_kept() for m in memories]
@@ -267,55 +226,47 @@ def rebuild(like: AgentMemory, tensors: List[torch.Tensor]) -> AgentMemory:
 
 def memory_sizes(cfg: CompressiveConfig):
     """(n_cm, n_mem, n_new): the slots of c_mem and mem, and the c_mem slots a segment's end
-    makes. A model that never compresses (n_m = 0 or n_cm = 0) holds no c_mem; Transformer-XL
-    (n_cm = 0) drops what it evicts, so its mem holds n_m steps."""
+    makes. A model that never compresses holds no c_mem; Transformer-XL (n_cm = 0) drops what it
+    evicts, so its mem holds n_m steps."""
     if cfg.mem_len == 0 or cfg.c_mem_len == 0:
         return 0, cfg.mem_len, 0
     c = cfg.compression_rate
     return cfg.c_mem_len, cfg.mem_len - cfg.mem_len % c, cfg.seq_len // c
 
 
+def tracks_usage(cfg: CompressiveConfig) -> bool:
+    return cfg.compression == "most_used" and memory_sizes(cfg)[0] > 0
+
+
 def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
-    """A memory of batch_size rows whose slots hold zeros no step sees, its keys model's."""
+    """A memory of batch_size rows whose slots (and their keys) hold zeros no step sees."""
     check_batch_size(batch_size)
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
     dtype = weight.dtype if dtype is None else dtype
-    n_slots = n_mem + cfg.seq_len - 1
+    n_slots, H = n_mem + cfg.seq_len - 1, cfg.n_heads
 
     def zeros(*shape, of=dtype):
         return torch.zeros(batch_size, *shape, device=device, dtype=of)
 
-    blank_k, blank_v = zip(*blank_keys_values(model, device, dtype))
+    def keys(n):
+        return [zeros(H, n, cfg.d_model // H) for _ in model.layers]
 
-    def blanks(which, n):
-        return [fresh(b.expand(batch_size, -1, n, -1)) for b in which]
-
-    tracks_usage = cfg.compression == "most_used" and n_cm > 0
     return AgentMemory(
         [zeros(n_slots, cfg.d_model) for _ in model.layers],
         [zeros(n_cm, cfg.d_model) for _ in model.layers],
-        [zeros(n_slots, of=torch.float32) for _ in model.layers] if tracks_usage else [],
+        [zeros(n_slots, of=torch.float32) for _ in model.layers] if tracks_usage(cfg) else [],
         zeros(of=torch.long),
         zeros(of=torch.long),
         Kept(
-            blanks(blank_k, n_slots),
-            blanks(blank_v, n_slots),
-            blanks(blank_k, n_cm),
-            blanks(blank_v, n_cm),
-            blanks(blank_k, 1),
-            blanks(blank_v, 1),
+            keys(n_slots),
+            keys(n_slots),
+            keys(n_cm),
+            keys(n_cm),
             fingerprint(model).to(device).expand(batch_size, -1).contiguous(),
         ),
     )
-
-
-@torch.no_grad()
-def blank_keys_values(model, device, dtype):
-    """Per layer, the key and value [1, H, 1, d_head] of a zero vector (a slot no step sees)."""
-    zero = torch.zeros(1, 1, model.cfg.d_model, device=device, dtype=dtype)
-    return [layer.memory_keys_values(zero) for layer in model.layers]
 
 
 # 2. Where each step of a call stands --------------------------------------------------------------
@@ -353,7 +304,6 @@ class Frames(NamedTuple):
     t: torch.Tensor  # [T]: the call's steps
     s: torch.Tensor  # [T]: each step's place, the same in every row
     unused: torch.Tensor  # [B, 1]: the places before the memory's mem (its unused slots)
-    latest: torch.Tensor  # the latest start at or before t (-1: none)
     begun: torch.Tensor  # the place of the episode's first step
     origin: torch.Tensor  # the frame's origin: its mem's oldest place before any segment end
     first: torch.Tensor  # the first place both in the stream and in the episode
@@ -395,7 +345,7 @@ class Layout:
         into = s - origin - n_mem  # steps since the frame's first segment began
         closes = (into + 1) % n_s == 0
         ended = closes.long().cumsum(dim=1)
-        return Frames(t, s, unused, latest, begun, origin, first, into // n_s, closes, ended)
+        return Frames(t, s, unused, begun, origin, first, into // n_s, closes, ended)
 
     def segment_ends(self, f: Frames, T: int, read_back) -> List[Close]:
         """Each segment end of the call: the places it evicts, and its c_mem slots' (their newest
@@ -512,21 +462,17 @@ def scattered(rows, values, batch_size: int):
     return values.new_zeros(batch_size, *values.shape[1:]).index_copy(0, rows, values)
 
 
-def newest(values, seen, blank=0):
-    """The newest m = seen.size(1) slots of values [B, n] / [B, n, d], blank where not seen
-    ([B, m] bool)."""
-    seen = seen if values.dim() == 2 else seen[..., None]
-    return torch.where(seen, values[:, -seen.size(1) :], blank)
+def newest(values, seen):
+    """The newest m = seen.size(1) slots of values [B, n, d], zeros where not seen ([B, m])."""
+    return torch.where(seen[..., None], values[:, -seen.size(1) :], 0)
 
 
 # 3. One layer over a call -------------------------------------------------------------------------
 # compressive.py's layer over each row's stream, in the order layer_over_call takes the steps: the
-# memory's keys, kept or projected; the position terms per key (the stream's by compressive.py's
-# relative shift, a c_mem slot's read at its own distance); each segment end's FIFOs as
-# CompressiveLayer.update_memory moves them at the end of an n_s-step call (f_c of the n_s evicted
-# steps, and the slots that stay); compressive.py's attend over what each step sees, then the
-# layer's feed-forward; f_c's loss; the memory handed on. The keys kept for a slot no step sees
-# (unused, or before its row's episode) are left as they are: they are never read.
+# position terms per key (the stream's by compressive.py's relative shift, a c_mem slot's read at
+# its own distance); each segment end's FIFOs as CompressiveLayer.update_memory moves them after
+# an n_s-step call; compressive.py's attend over what each step sees, then the layer's
+# feed-forward; f_c's loss; the memory handed on.
 
 
 def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
@@ -546,18 +492,14 @@ class MemoryKeys(NamedTuple):
     c_values: torch.Tensor
     keys: torch.Tensor  # [B, H, n_mem + n_s - 1, d_head], mem's slots'
     values: torch.Tensor
-    blank_key: Optional[torch.Tensor]  # [B or 1, H, 1, d_head], a zero vector's, or None:
-    blank_value: Optional[torch.Tensor]  # none to hand on
 
 
 def layer_over_call(
     layer: CompressiveLayer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R
 ):
     """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], this layer's fields of
-    the memory handed on (mem, c_mem, usage, keys, values, c_mem_keys, c_mem_values), the key and
-    value of a zero vector, and f_c's loss. slots: the memory's keys and values (section 4);
-    keeps: hand on the keys of the new memory (else the old ones, which the caller marks
-    stale, and no blank)."""
+    the memory handed on (mem, c_mem, usage; where keeps, the keys of Kept too) and f_c's loss.
+    slots: the memory's keys and values (section 4)."""
     attn = layer.attn
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
     q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
@@ -568,11 +510,7 @@ def layer_over_call(
     out = layer.residual_and_feed_forward(h, attended.out)
     recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
-    blank = (slots.blank_key, slots.blank_value)
-    if not keeps:  # the memory's own, or none
-        kept = memory.kept
-        blank = (None, None) if kept is None else (kept.blank_keys[i], kept.blank_values[i])
-    return out, fields, blank, recon_loss
+    return out, fields, recon_loss
 
 
 def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
@@ -634,18 +572,10 @@ def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, 
             usage = usage if rows is None else usage[rows]
         compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
-        new_k, new_v = layer.memory_keys_values(compressed.detach())  # [B, H, n_new, d_head]
-        for field, value in zip(
-            ends,
-            (
-                close,
-                evicted,
-                compressed,
-                scattered(rows, compressed.detach(), B),
-                scattered(rows, new_k, B),
-                scattered(rows, new_v, B),
-            ),
-        ):
+        made = compressed.detach()
+        new_kv = layer.memory_keys_values(made)  # [B, H, n_new, d_head] each
+        made = [scattered(rows, t, B) for t in (made, *new_kv)]
+        for field, value in zip(ends, (close, evicted, compressed, *made)):
             field.append(value)
     return ends
 
@@ -675,8 +605,7 @@ def reconstruction_losses(layer, ends: Ends, content_q, h):
 
 def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: Ends, keeps):
     """This layer's fields of the memory handed on: the stream's newest slots, c_mem as the
-    last segment end left it, usage, and the keys and values (new ones where keeps, else the
-    memory's own, which the caller marks stale)."""
+    last segment end left it, usage, and where keeps, their keys and values."""
     c_mem = memory.c_mem[i]
     B, T = stream.size(0), attended.out.size(1)
     usage = None
@@ -706,44 +635,27 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
             c_mem_of(slots.c_keys, ends.keys, None),
             c_mem_of(slots.c_values, ends.values, None),
         ]
-    elif memory.kept is not None:  # the memory's own, which the caller marks stale
-        kept = memory.kept
-        fields += [kept.keys[i], kept.values[i], kept.c_mem_keys[i], kept.c_mem_values[i]]
-    else:
-        fields += [None] * 4
     fields = [f if f is None else f.detach() for f in fields]
     if torch.compiler.is_compiling():  # laid out as an empty memory's, or the next call's
         return [f if f is None else fresh(f) for f in fields]  # graph is traced again
     return fields
 
 
-def blank_of(layer, h):
-    """The layer's key and value [1, H, 1, d_head] of a zero vector, by the weights of now."""
-    with torch.no_grad():
-        return layer.memory_keys_values(h.new_zeros(1, 1, h.size(-1)))
-
-
 # 4. Kept keys that cannot go stale ----------------------------------------------------------------
-# A kept key is W_k of a slot, made once; the weights change (an optimizer step, fused or not, a
-# loaded state dict, a write through .data, vector_to_parameters, a dtype round trip, another
-# process writing shared weights), or another model (a target network) reads the memory. Version
-# counters miss half of those routes, so the kept keys record what the weights hold: per layer, a
-# fingerprint of the bits of the weights a key depends on, computed on their device (a few
-# elementwise kernels over W_k and W_v). Any change of one bit changes it: each element's bits,
-# read as an integer, are multiplied by an odd constant of its own, modulo 2^32 (a bijection), and
-# summed exactly. A call whose fingerprints differ from the memory's projects every slot anew;
-# acting reads back one bool for it, as it reads back which rows end a segment. Under
-# torch.compile this code reads nothing back: the comparison stays a tensor on the device, and one
-# torch.cond chooses, for every layer at once, between the kept keys and a projection of every
-# slot, so that `fullgraph=True` holds. (Inductor's code for a torch.cond reads its predicate to
-# pick the branch: free on the CPU, a wait on a GPU, as an eager call's bool is.)
+# The weights change by many routes (an optimizer step, fused or not, a loaded state dict, a write
+# through .data, a dtype round trip, another process writing shared weights), or another model
+# reads the memory; version counters miss half of them. So kept keys record what the weights
+# hold: per layer, each element of W_k and W_v (and pre-LN's norm) read as its bits, times an odd
+# constant of its own modulo 2^32 (a bijection), summed exactly, on the weights' device. A call
+# whose fingerprint differs projects every slot anew: eagerly one bool read back; under
+# torch.compile the comparison stays on the device and one torch.cond chooses, for every layer,
+# between the kept keys and a projection, so that `fullgraph=True` holds.
 
 
 def key_probe(d_model: int, device) -> torch.Tensor:
-    """The odd constants of the fingerprint, [2 d + 2, d] int32, 1, 3, 5, ...: one per element of
-    W_k and W_v (the first 2 d rows), a norm's weight and its bias (a row each). Made on each
-    call (one kernel), never kept: a buffer would hold garbage after `to_empty()`, and no state
-    dict restores a buffer that is not saved."""
+    """The odd constants 1, 3, 5, ..., [2 d + 2, d] int32: one per element of W_k and W_v, and a
+    row each for a norm's weight and bias. Made on each call, never a buffer: one would hold
+    garbage after `to_empty()`."""
     n = 2 * d_model * (d_model + 1)
     return torch.arange(1, 2 * n, 2, dtype=torch.int32, device=device).view(-1, d_model)
 
@@ -781,11 +693,9 @@ def stale(made_by: torch.Tensor) -> torch.Tensor:
 
 
 def kept_usable(model, memory: AgentMemory, keeps: bool, x):
-    """Whether the call reads the memory's kept keys: it keeps keys (acting), the memory has
-    them, in the dtype of the call's projections, and made by the weights of now. Returns that
-    and the fingerprint of now. Outside torch.compile the answer is a bool, one read back; under
-    it, a 0-dim bool tensor on the device, which torch.cond reads (nothing read back by this
-    code)."""
+    """Whether the call reads the memory's kept keys (it keeps keys, the memory has them, in the
+    dtype of the call's projections, made by the weights of now), and the fingerprint of now.
+    A bool, or under torch.compile a 0-dim bool tensor on the device."""
     now = fingerprint(model)
     kept = memory.kept
     if kept is None or now.device.type == "meta":  # meta: no values to compare
@@ -802,7 +712,7 @@ def kept_usable(model, memory: AgentMemory, keeps: bool, x):
 @torch.compiler.disable
 def same_weights(made_by, now) -> bool:
     """Whether kept keys made_by [B, 1 + n_layers] are those of the fingerprint now; keys of
-    another config are refused. One bool read back."""
+    another config are refused."""
     if torch.equal(made_by, now.expand_as(made_by)):
         return True
     if not made_by[:, 0].eq(now[0]).all():
@@ -813,34 +723,29 @@ def same_weights(made_by, now) -> bool:
     return False
 
 
-def memory_keys(model, memory: AgentMemory, usable, keeps: bool, x) -> List[MemoryKeys]:
+def memory_keys(model, memory: AgentMemory, usable) -> List[MemoryKeys]:
     """Per layer, the memory's keys and values: the kept ones, or one projection of
-    [c_mem; mem] (and a zero vector's, where the new memory keeps them). usable: a bool, or
-    under torch.compile a 0-dim bool tensor on the device, which one torch.cond reads for all
-    the layers."""
+    [c_mem; mem]. usable: kept_usable's; a tensor is read by one torch.cond for all layers."""
     layers = list(enumerate(model.layers))
     if isinstance(usable, torch.Tensor):
         n = len(layers)
         kept = [t for i, _ in layers for t in kept_of_layer(memory.kept, i)]
-        operands = (*memory.mem, *memory.c_mem, x, *kept)
+        operands = (*memory.mem, *memory.c_mem, *kept)
 
         # the branches return no input, and outputs laid out alike: fresh copies
         def read_kept(*operands):
-            return tuple(fresh(t) for t in operands[2 * n + 1 :])
+            return tuple(fresh(t) for t in operands[2 * n :])
 
         def project(*operands):
-            mem, c_mem, x = operands[:n], operands[n : 2 * n], operands[2 * n]
-            made = [projection(layer, mem[i], c_mem[i], x, True, len(x)) for i, layer in layers]
+            mem, c_mem = operands[:n], operands[n : 2 * n]
+            made = [projection(layer, mem[i], c_mem[i]) for i, layer in layers]
             return tuple(fresh(t) for keys in made for t in keys)
 
         flat = torch.cond(usable, read_kept, project, operands)
-        return [MemoryKeys(*flat[6 * i : 6 * i + 6]) for i, _ in layers]
+        return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i, _ in layers]
     if usable:
         return [MemoryKeys(*kept_of_layer(memory.kept, i)) for i, _ in layers]
-    return [
-        MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i], x, keeps, len(x)))
-        for i, layer in layers
-    ]
+    return [MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i])) for i, layer in layers]
 
 
 def fresh(t):
@@ -850,19 +755,14 @@ def fresh(t):
 
 def kept_of_layer(kept: Kept, i: int):
     """Layer i's kept keys, in the order of MemoryKeys' fields."""
-    blank = (kept.blank_keys[i], kept.blank_values[i])
-    return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i], *blank
+    return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i]
 
 
-def projection(layer, mem, c_mem, x, keeps: bool, rows: int):
-    """One projection of [c_mem; mem], in the order of MemoryKeys' fields; the blank's key and
-    value [rows, H, 1, d_head] where the new memory keeps them (else None)."""
+def projection(layer, mem, c_mem):
+    """One projection of [c_mem; mem], in the order of MemoryKeys' fields."""
     kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
     (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
-    if not keeps:
-        return c_keys, c_values, keys, values, None, None
-    blank = [fresh(b.expand(rows, -1, -1, -1)) for b in blank_of(layer, x)]
-    return c_keys, c_values, keys, values, *blank
+    return c_keys, c_values, keys, values
 
 
 # 5. The models ----------------------------------------------------------------------------------
@@ -870,9 +770,8 @@ def projection(layer, mem, c_mem, x, keeps: bool, rows: int):
 
 def hidden_states(model, x, memory=None, starts=None):
     """The layers over a call of T steps of each row's stream (any T): x [B, T, d_model], the
-    memory the previous call returned (or None: an empty one), starts None or [B, T] bool.
-    Returns the outputs [B, T, d_model], the new AgentMemory and f_c's loss, summed over the
-    layers."""
+    memory the previous call returned (None: an empty one), starts None or [B, T] bool. Returns
+    the outputs [B, T, d_model], the new AgentMemory and f_c's loss, summed over the layers."""
     check_inputs(model, x)
     B, T, _ = x.shape
     memory = model.empty_memory(B, x.device, x.dtype) if memory is None else memory
@@ -886,30 +785,22 @@ def hidden_states(model, x, memory=None, starts=None):
     keeps = not torch.is_grad_enabled()
     check_modes(model, keeps)
     usable, now = kept_usable(model, memory, keeps, x)
-
-    # acting (no gradient, outside torch.compile): read back which rows end a segment, so
-    # that f_c runs for those rows alone, once per segment (an actor reads its step's action
-    # back anyway); a training call and a compiled step read nothing back
-    read_back = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
-    read_back = read_back and x.device.type != "meta"
+    # acting outside torch.compile reads back which rows end a segment, so that f_c runs for
+    # those rows alone (an actor reads its action back anyway); other calls read nothing back
+    read_back = keeps and not torch.compiler.is_compiling() and x.device.type != "meta"
     layout = Layout(model.cfg, memory.filled, memory.since_start, starts, T, read_back)
     R = sinusoid_positions(layout.max_distance + 1, model.cfg.d_model, x.device).to(x.dtype)
-    h, recon_loss = x, x.new_zeros(())
-    fields = [[] for _ in range(9)]  # mem, c_mem, usage, keys, values, c_mem's, the blanks'
-    slots = memory_keys(model, memory, usable, keeps, x)
+    h, recon_loss, per_layer = x, x.new_zeros(()), []
+    slots = memory_keys(model, memory, usable)
     for i, layer in enumerate(model.layers):
-        h, layer_fields, blank, layer_loss = layer_over_call(
-            layer, h, memory, i, slots[i], keeps, layout, R
-        )
-        for field, value in zip(fields, (*layer_fields, *blank)):
-            field.append(value)
+        h, fields, layer_loss = layer_over_call(layer, h, memory, i, slots[i], keeps, layout, R)
+        per_layer.append(fields)
         recon_loss = recon_loss + layer_loss
-    mem, c_mem, usage, keys, values, c_keys, c_values, blank_k, blank_v = fields
-    if not keeps:  # the old keys, marked stale (where the memory had any)
+    mem, c_mem, usage, *keys = (list(field) for field in zip(*per_layer))
+    if keeps:
+        kept = Kept(*keys, now.expand(B, -1).contiguous())
+    else:  # the old keys, marked stale (where the memory had any)
         kept = memory.kept and memory.kept._replace(made_by=stale(memory.kept.made_by))
-    else:
-        made_by = now.expand(B, -1).contiguous()  # the kept keys' own, where usable
-        kept = Kept(keys, values, c_keys, c_values, blank_k, blank_v, made_by)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
@@ -930,10 +821,9 @@ MODES_SPLIT = (
 
 
 def check_modes(model, keeps: bool) -> None:
-    """Acting and updating alike: acting in train mode with dropout warns (refused under
-    torch.compile, where a graph cannot warn); an eager acting call records its mode
-    (model.acted_in_eval), and an update in train mode with dropout after acting in eval mode
-    warns. Once each, Python's default filter showing a warning once per line."""
+    """Acting in train mode with dropout warns (refused under torch.compile, where a graph
+    cannot warn); an eager acting call records its mode, and an update in train mode with
+    dropout after acting in eval mode warns."""
     dropout = model.training and model.cfg.dropout > 0
     if keeps and dropout:
         if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
@@ -948,11 +838,9 @@ def check_modes(model, keeps: bool) -> None:
 
 
 def check_ranking_dtype(model, x) -> None:
-    """most_used ranks memories by the attention they received: under a 16-bit autocast its
-    weights round to 8 (or 11) bits, and near ties rank one way in the actor's one-step calls,
-    the other way in the update's call over the rollout (60 steps of 3 rows, rollouts of 7: the
-    outputs 0.28 apart in 1 of 8 seeds; conv and max_pool within 1.2e-7 in all). Refused: the
-    update would not be what the actor computed."""
+    """most_used ranks memories by the attention they received, which a 16-bit autocast rounds:
+    near ties rank one way in the actor's one-step calls, the other in the update's call over
+    the rollout (docs/AGENT.md measured it). Refused."""
     if model.cfg.compression != "most_used" or not autocasting(x.device):
         return
     dtype = torch.get_autocast_dtype(x.device.type)
@@ -976,9 +864,8 @@ class AgentTransformer(CompressiveTransformer):
         h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
 
     memory: an AgentMemory (None: model.empty_memory(B)); starts: None or [B, T] bool, true at
-    the first step of a new episode. Fed in calls of n_s tokens, without starts and resets, it
-    computes what CompressiveTransformer computes (its f_c's loss aside while blank slots are
-    evicted); fed in calls of any other length, what those calls of n_s compute.
+    the first step of a new episode. Fed calls of n_s tokens without starts, it computes what
+    CompressiveTransformer computes; fed calls of any other length, what calls of n_s compute.
     """
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
@@ -986,8 +873,8 @@ class AgentTransformer(CompressiveTransformer):
         check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
 
-    def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
-        return empty_memory(self, batch_size, device, dtype)
+    empty_memory = empty_memory
+    hidden_states = hidden_states
 
     def forward(self, tokens, memory=None, starts=None):
         check_tokens(self, tokens)
@@ -995,15 +882,11 @@ class AgentTransformer(CompressiveTransformer):
         h, memory, recon_loss = self.hidden_states(x, memory, starts)
         return self.head(h), memory, recon_loss
 
-    hidden_states = hidden_states
-
 
 class AgentCore(nn.Module):
-    """The layers of AgentTransformer without the token embedding and the head: inputs are
-    vectors [B, T, d_model] (an encoder's output), and so are the outputs (for a policy and a
-    value head of one's own). Every parameter gets a gradient, so DistributedDataParallel needs
-    find_unused_parameters only for f_c and, under autoencoding, its decoder (no gradient in a
-    call that compresses nothing).
+    """AgentTransformer's layers without the embedding and the head: inputs and outputs are
+    vectors [B, T, d_model] (an encoder's output in; a policy and a value head of one's own on
+    the outputs).
 
         h, memory, recon_loss = core(x, memory, starts=None)
     """
@@ -1017,26 +900,21 @@ class AgentCore(nn.Module):
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
         self.apply(CompressiveTransformer.init_weights)
 
-    def empty_memory(self, batch_size: int, device=None, dtype=None) -> AgentMemory:
-        return empty_memory(self, batch_size, device, dtype)
-
+    empty_memory = empty_memory
     hidden_states = hidden_states
+    forward = hidden_states  # vectors in, vectors out
 
     def reach(self, call_length: Optional[int] = None, depth: int = 1):
         """compressive.reach(self.cfg, ...): how far back the last token of a call sees."""
         return reach(self.cfg, call_length, depth)
-
-    def forward(self, x, memory=None, starts=None):
-        return self.hidden_states(x, memory, starts)
 
 
 # 6. The checks ----------------------------------------------------------------------------------
 
 
 def own_config(cfg, model: str) -> CompressiveConfig:
-    """cfg as the config of this project's model named model (cfg.model = model), so that a
-    checkpoint's config says which model it holds; a config of compressive.py's model gives the
-    sizes, one of another model is refused."""
+    """cfg naming this project's model `model`, so that a checkpoint's config says which model it
+    holds; a config of compressive.py's model gives the sizes, one of another model is refused."""
     if not isinstance(cfg, CompressiveConfig):
         raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
     if cfg.model not in ("compressive", model):
@@ -1064,29 +942,22 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
             f"call's), or None; got {type(memory).__name__}"
         )
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
-    L, H, d, n_slots = cfg.n_layers, cfg.n_heads, cfg.d_model, n_mem + cfg.seq_len - 1
-    tracks_usage = cfg.compression == "most_used" and n_cm > 0
+    B, L, H, n_slots = batch_size, cfg.n_layers, cfg.n_heads, n_mem + cfg.seq_len - 1
+    keys, c_mem_keys = ([(B, H, n, cfg.d_model // H)] * L for n in (n_slots, n_cm))
+    # each field's shapes, a list where it holds one tensor per layer; the others are int64
     expected = {
-        "mem": [(batch_size, n_slots, d)] * L,
-        "c_mem": [(batch_size, n_cm, d)] * L,
-        "usage": [(batch_size, n_slots)] * L if tracks_usage else [],
-        "filled": (batch_size,),
-        "since_start": (batch_size,),
-        "kept.keys": [(batch_size, H, n_slots, d // H)] * L,
-        "kept.values": [(batch_size, H, n_slots, d // H)] * L,
-        "kept.c_mem_keys": [(batch_size, H, n_cm, d // H)] * L,
-        "kept.c_mem_values": [(batch_size, H, n_cm, d // H)] * L,
-        "kept.blank_keys": [(batch_size, H, 1, d // H)] * L,
-        "kept.blank_values": [(batch_size, H, 1, d // H)] * L,
-        "kept.made_by": (batch_size, 1 + L),
+        "mem": [(B, n_slots, cfg.d_model)] * L,
+        "c_mem": [(B, n_cm, cfg.d_model)] * L,
+        "usage": [(B, n_slots)] * L if tracks_usage(cfg) else [],
+        "filled": (B,),
+        "since_start": (B,),
     }
+    if memory.kept is not None:
+        kept = (keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
+        expected.update({f"kept.{name}": s for name, s in zip(Kept._fields, kept)})
     for name, shapes in expected.items():
-        if name.startswith("kept.") and memory.kept is None:
-            continue
-        value = memory.kept if name.startswith("kept.") else memory
-        value = getattr(value, name.removeprefix("kept."))
+        value = getattr(memory.kept if name.startswith("kept.") else memory, name.split(".")[-1])
         tensors = value if isinstance(value, list) else [value]
-        shapes = shapes if isinstance(shapes, list) else [shapes]
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"memory.{name} must hold tensors, got {value!r:.60}")
         if isinstance(value, list) and len(value) != len(shapes):
@@ -1094,18 +965,16 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
                 f"memory.{name} must hold {len(shapes)} tensors (one per layer of this model), "
                 f"got {len(value)}"
             )
+        shapes = shapes if isinstance(shapes, list) else [shapes]
         got = [tuple(t.shape) for t in tensors]
-        if got != shapes or any(t.device != x.device for t in tensors):  # one per layer
+        if got != shapes or any(t.device != x.device for t in tensors):
             raise ValueError(
                 f"memory.{name} must be {shapes[0] if shapes else 'empty'} on {x.device} (this "
-                f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
+                f"model's memory for a batch size of {B}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
-    for name, value in (("filled", memory.filled), ("since_start", memory.since_start)):
-        if value.dtype != torch.long:
+        if not isinstance(value, list) and value.dtype != torch.long:
             raise TypeError(f"memory.{name} must be int64, as the model makes it")
-    if memory.kept is not None and memory.kept.made_by.dtype != torch.long:
-        raise TypeError("memory.kept.made_by must be int64, as the model makes it")
     states = memory.mem + memory.c_mem
     if any(t.dtype != x.dtype for t in states) and not autocasting(x.device):
         raise TypeError(
@@ -1115,12 +984,10 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
 
 
 # Episodes, as this module and feedback.py mark them -----------------------------------------------
-#
 # starts [B, T] bool marks the first step of a new episode, anywhere in a call; memory.reset(done)
 # is a start at the next call's first step. A memory counts each row's steps since its episode
-# began, since_start [B] int64, saturating at the span the memory holds (a step further back than
-# every slot hides nothing): slots older than the episode's first step are hidden. Kept here, in
-# the file a copier takes beside compressive.py, so that agent.py alone brings episodes.
+# began, since_start [B] int64, saturating at the span the memory holds: slots older than the
+# episode's first step are hidden. Kept here, so that agent.py alone brings episodes.
 
 
 def latest_start(starts, batch_size: int, T: int, device) -> torch.Tensor:
@@ -1143,16 +1010,9 @@ def since_start_after(steps: torch.Tensor, span: int) -> torch.Tensor:
     return (steps[:, -1] + 1).clamp(max=span)
 
 
-def described(value) -> str:
-    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of {value.dtype}"
-    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")
-
-
 def check_starts(starts, batch_size: int, T: int, device) -> None:
-    """starts is batch first, as the inputs are: [B, T]. (A time-major [T, B] tensor is refused
-    unless B equals T, when no shape can tell the two apart.)"""
+    """starts is batch first, as the inputs are: [B, T] bool. (A time-major [T, B] tensor is
+    refused unless B equals T, when no shape can tell the two apart.)"""
     if starts is None:
         return
     if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
@@ -1167,7 +1027,7 @@ def check_starts(starts, batch_size: int, T: int, device) -> None:
 
 
 def check_done(done, batch_size: int, device) -> None:
-    """The checks of a memory's reset(done): done [B] bool, on the memory's device."""
+    """A memory's reset(done): done [B] bool, on the memory's device."""
     if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
         raise TypeError(f"done must be a bool tensor, got {described(done)}")
     if done.shape != (batch_size,) or done.device != device:
@@ -1175,3 +1035,10 @@ def check_done(done, batch_size: int, device) -> None:
             f"done must have shape [{batch_size}] on {device}, like the memory; got "
             f"{list(done.shape)} on {done.device}"
         )
+
+
+def described(value) -> str:
+    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of {value.dtype}"
+    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")

@@ -11,10 +11,9 @@ and at step t every layer attends over [m_(t-n_m), ..., m_(t-1); its own input x
 compressive.py's relative attention. The price is recurrence: m_(t-1) needs every layer at step
 t-1, so a segment's tokens go through one at a time (the loop over time below). W_k and W_v are
 shared by all layers (the paper's faster variant), so each memory vector is projected once, when
-it is made. The memory is a FeedbackMemory holding one tensor, mem = [the last n_m memory
-vectors, [B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused.
-Episodes (starts, reset) are marked as in agent.py; acting keeps the memory vectors' keys and
-values.
+it is made. The memory is a FeedbackMemory of one tensor, mem = [the last n_m memory vectors,
+[B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused. Episodes (starts, reset) are marked as
+in agent.py; acting keeps the memory vectors' keys and values.
 
     model = FeedbackTransformer(CompressiveConfig(mem_len=64, ...))
     logits, memory, zero = model(tokens, memory, starts=None)
@@ -31,8 +30,10 @@ import torch.nn as nn
 from beyond_the_paper.agent import (
     check_done,
     check_starts,
+    forget,
     latest_start,
     own_config,
+    projection_dtype,
     since_start_after,
     steps_since_start,
 )
@@ -52,9 +53,8 @@ from compressive import (
 )
 
 # The memory: the last n_m memory vectors, and what acting keeps ---------------------------------
-# The Feedback Transformer runs its steps one at a time whatever the call's length, so acting
-# and training already compute the same; acting keeps the keys and values of the memory vectors
-# (made once, by the weights of the call that made them) and W_r R.
+# The steps run one at a time whatever the call's length, so acting and training compute the
+# same; acting keeps the memory vectors' keys and values and W_r R.
 
 
 class Kept(NamedTuple):
@@ -62,10 +62,8 @@ class Kept(NamedTuple):
     them. None of it is recomputed when the weights change: FeedbackMemory.without_kept() drops
     it all, and the next call projects every vector anew."""
 
-    keys: List[torch.Tensor]  # [B, H, M, d_head], of mem
+    keys: List[torch.Tensor]  # [B, H, M, d_head], of mem (zeros where a row forgot it)
     values: List[torch.Tensor]  # [B, H, M, d_head]
-    blank_keys: List[torch.Tensor]  # [1, H, 1, d_head]: a zero vector's, which reset puts in
-    blank_values: List[torch.Tensor]  # [1, H, 1, d_head]   the slots of a forgotten row
     position_keys: List[torch.Tensor]  # W_r R [H, n, d_head], the distances n - 1, ..., 0
 
 
@@ -90,7 +88,17 @@ class FeedbackMemory(NamedTuple):
     def reset(self, done: torch.Tensor) -> "FeedbackMemory":
         """Forget everything the rows where done ([batch] bool) is true hold: the same as a start
         at the next call's first step."""
-        return forget_rows(self, done)
+        check_done(done, self.mem[0].size(0), self.mem[0].device)
+        since_start = self.since_start
+        if since_start is None:  # a row that never saw a start: its episode began before mem
+            since_start = torch.full_like(done, self.mem[0].size(1), dtype=torch.long)
+        usage = None if self.usage is None else [forget(done, u) for u in self.usage]
+        kept = self.kept
+        if kept is not None:
+            keys, values = ([forget(done, t) for t in part] for part in (kept.keys, kept.values))
+            kept = kept._replace(keys=keys, values=values)
+        mem, c_mem = ([forget(done, t) for t in part] for part in (self.mem, self.c_mem))
+        return FeedbackMemory(mem, c_mem, usage, forget(done, since_start), kept)
 
     def without_kept(self) -> "FeedbackMemory":
         """This memory without its kept keys, values and W_r R: the next call projects every
@@ -110,138 +118,43 @@ class FeedbackMemory(NamedTuple):
         return FeedbackMemory(*moved, since_start)
 
     def cpu(self) -> "FeedbackMemory":
-        """This memory on the CPU (its kept projections dropped, as by to)."""
         return self.to("cpu")
 
     def detach(self) -> "FeedbackMemory":
-        """This memory with every tensor detached (a model's are already)."""
         since_start = None if self.since_start is None else self.since_start.detach()
         kept = self.kept and Kept(*([t.detach() for t in part] for part in self.kept))
         return FeedbackMemory(*Memory(self.mem, self.c_mem, self.usage).detach(), since_start, kept)
 
 
-def key_positions(n_c_mem: int, n_mem: int, n_new: int, rate: int, device) -> torch.Tensor:
-    """The position of the newest step each key of [c_mem; mem; n_new new steps] holds, counted
-    from the first new step (position 0): [K], float. mem's k-th newest slot is at -k. c_mem's
-    k-th newest slot holds the c steps before the (k-1)-th's (the first: those before mem's
-    oldest), so its newest step is at -(n_mem + (k - 1) c + 1)."""
-    c_mem = -(n_mem + rate * torch.arange(n_c_mem - 1, -1, -1, device=device) + 1)
-    mem = -torch.arange(n_mem, 0, -1, device=device)
-    new = torch.arange(n_new, device=device)
-    return torch.cat([c_mem, mem, new]).float()
-
-
-def episode_mask(begun: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """-inf where a key lies before the step where its query's episode began, else 0.
-    begun: [B, T], that position for each query; positions: [K], key_positions. Returns
-    [B, 1, T, K]."""
-    before = positions[None, None, :] < begun[:, :, None]  # [B, T, K]
-    mask = torch.zeros(before.shape, device=begun.device).masked_fill_(before, float("-inf"))
-    return mask[:, None]
-
-
-def forget_rows(memory: FeedbackMemory, done: torch.Tensor) -> FeedbackMemory:
-    """FeedbackMemory.reset: forget all that the rows where done is true hold, and leave the others
-    exactly as they are. On the first call there is no memory to reset: give that call starts
-    instead (or reset model.empty_memory(batch))."""
-    check_done(done, memory.mem[0].size(0), memory.mem[0].device)
-
-    def forget(t, blank=0):
-        return torch.where(done.view(-1, *[1] * (t.dim() - 1)), blank, t)
-
-    # a row that never saw a start: its episode began before its oldest vector
-    since_start = memory.since_start
-    if since_start is None:
-        since_start = torch.full_like(done, memory.mem[0].size(1), dtype=torch.long)
-    since_start = torch.where(done, 0, since_start)
-    usage = None if memory.usage is None else [forget(u) for u in memory.usage]
-    mem, c_mem = [forget(t) for t in memory.mem], [forget(t) for t in memory.c_mem]
-    kept = memory.kept
-    if kept is not None:  # a zeroed slot's keys and values are those of a zero vector
-        keys = [forget(k, blank) for k, blank in zip(kept.keys, kept.blank_keys)]
-        values = [forget(v, blank) for v, blank in zip(kept.values, kept.blank_values)]
-        kept = Kept(keys, values, kept.blank_keys, kept.blank_values, kept.position_keys)
-    return FeedbackMemory(mem, c_mem, usage, since_start, kept)
-
-
-def acting(model) -> bool:
-    """Eval mode without gradient, outside torch.compile: where keys and values are kept."""
-    return not (model.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
-
-
 def usable_kept(memory: FeedbackMemory, x: torch.Tensor) -> Optional[Kept]:
-    """The memory's kept projections, where they fit these slots and the dtype a projection
-    would give now (autocast's, else x's); None where they do not, and the call projects anew."""
+    """The memory's kept projections, where they fit its slots and the dtype a projection would
+    give now; else None, and the call projects anew."""
     kept = memory.kept
-    if kept is None:
+    if kept is None or any(
+        keys.dtype != projection_dtype(x)
+        or keys.device != x.device
+        or keys.shape[0::2] != (x.size(0), memory.mem[0].size(1))
+        for keys in kept.keys
+    ):
         return None
-    dtype = torch.get_autocast_dtype(x.device.type) if autocasting(x.device) else x.dtype
-    n_slots = memory.mem[0].size(1) + (memory.c_mem[0].size(1) if memory.c_mem else 0)
-    for keys in kept.keys:
-        if (
-            keys.dtype != dtype
-            or keys.device != x.device
-            or keys.shape[0::2] != (x.size(0), n_slots)
-        ):
-            return None
     return kept
 
 
-def position_projections(model, K: int, x: torch.Tensor, kept: Optional[Kept]):
-    """W_r R of every layer for the distances n - 1, ..., 1, 0, n >= K + 1: [H, n, d_head] each.
-    Acting, made once for the distances up to n_m + n_cm + 1 and kept (for_distances slices
-    what a call needs); else made for K + 1."""
-    if kept is not None and kept.position_keys[0].size(1) >= K + 1:
+def position_projections(model, x: torch.Tensor, kept: Optional[Kept]):
+    """W_r R of every layer for the distances n_m + 1, ..., 1, 0: [H, n_m + 2, d_head] each, from
+    which each step slices the distances it needs. Kept while acting."""
+    n = model.cfg.mem_len + 2
+    if kept is not None and kept.position_keys[0].size(1) >= n:
         return kept.position_keys
-    n = max(K + 1, model.cfg.mem_len + model.cfg.c_mem_len + 2) if acting(model) else K + 1
     R = sinusoid_positions(n, model.cfg.d_model, x.device).to(x.dtype)
     return [layer.attn.project_positions(R) for layer in model.layers]
 
 
-def make_kept(keys_values, blanks, position_keys, previous: Optional[Kept]) -> Kept:
-    """The Kept of a new memory: keys_values [(keys, values)] per layer; blanks() gives the
-    [(key, value)] of a zero vector per layer, made once per episode of acting."""
-    if previous is not None:
-        blank_keys, blank_values = previous.blank_keys, previous.blank_values
-    else:
-        blank_keys, blank_values = zip(*blanks())
-    keys, values = zip(*keys_values)
-    return Kept(list(keys), list(values), list(blank_keys), list(blank_values), position_keys)
-
-
-def as_feedback_memory(memory) -> FeedbackMemory:
-    if isinstance(memory, Memory):
-        return FeedbackMemory(*memory)
-    if not isinstance(memory, FeedbackMemory):
-        raise TypeError(
-            f"memory must be a FeedbackMemory returned by the model (or model.empty_memory(batch)) "
-            f"or None, got a {type(memory).__name__}"
-        )
-    return memory
-
-
-def check_episodes_and_kept(memory: FeedbackMemory, batch_size: int, device) -> None:
-    since = memory.since_start
-    if since is not None and not (
-        isinstance(since, torch.Tensor)
-        and since.device == device
-        and since.shape == (batch_size,)
-        and since.dtype == torch.long
-    ):
-        raise ValueError(
-            f"memory.since_start must be None or an int64 tensor [{batch_size}] on {device}, as "
-            f"FeedbackMemory.reset and starts make it"
-        )
-    if memory.kept is not None and not isinstance(memory.kept, Kept):
-        raise TypeError(f"memory.kept must be None or a Kept, got {type(memory.kept).__name__}")
-
-
 class FeedbackAttention(RelativeMultiHeadAttention):
-    """compressive.py's relative attention without a W_q, W_k, W_v of its own (the layer makes
-    the queries, the model the keys and values): W_r, u, v and W_o, made in the order
-    compressive.py makes them (so a seed gives the weights it always gave), and the methods of
-    compressive.RelativeMultiHeadAttention that use them alone (split_heads, project_positions,
-    position_scores, attend); those that read qkv are not called."""
+    """compressive.py's relative attention without its qkv (the layer makes the queries, the
+    model the keys and values): W_r, u, v and W_o, made in compressive.py's order, and the
+    parent's methods that read them alone (split_heads, project_positions, position_scores,
+    attend)."""
 
     def __init__(self, cfg: CompressiveConfig):
         nn.Module.__init__(self)  # not the parent's: it would make a qkv
@@ -256,8 +169,7 @@ class FeedbackAttention(RelativeMultiHeadAttention):
 class FeedbackLayer(CompressiveLayer):
     """One layer of the Feedback Transformer, run one time step at a time: compressive.py's
     layer with a W_q of its own (W_k and W_v are the model's) and no FIFOs (one memory serves all
-    layers). It uses the parent's residual_and_feed_forward, which reads pre_norm, attn_norm, ff,
-    ff_norm and dropout; the methods of the FIFOs are not called."""
+    layers); its residual_and_feed_forward is the parent's."""
 
     def __init__(self, cfg: CompressiveConfig):
         nn.Module.__init__(self)  # not the parent's: it would make f_c and a qkv
@@ -342,10 +254,6 @@ class FeedbackTransformer(nn.Module):
         split = self.layers[0].attn.split_heads
         return tuple(split(t) for t in self.kv(self.kv_norm(x)).chunk(2, dim=-1))
 
-    def blank_keys_values(self):
-        """The key and value [1, H, 1, d_head] of a zeroed memory vector."""
-        return [self.shared_kv(self.embed.weight.new_zeros(1, 1, self.cfg.d_model))]
-
     def hidden_states(self, x: torch.Tensor, memory=None, starts: Optional[torch.Tensor] = None):
         """The recurrence over the steps of a segment.
 
@@ -365,14 +273,14 @@ class FeedbackTransformer(nn.Module):
         if T == 0:  # no new step: the memory as it was
             return self.out_norm(x), memory, x.new_zeros(())
         n_m = self.cfg.mem_len
-        is_acting = acting(self)
+        # acting (eval mode, no gradient, outside torch.compile) keeps the keys and values
+        is_acting = not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
         kept = usable_kept(memory, x) if is_acting else None
         if kept is None:
             keys, values = self.shared_kv(memory.mem[0])
         else:
             keys, values = kept.keys[0], kept.values[0]
-        # every layer's W_r R once per segment: step t slices the distances it needs
-        r = position_projections(self, n_m + 1, x, kept)
+        r = position_projections(self, x, kept)  # every layer's W_r R, once per call
         mix = self.mix.softmax(dim=0)
         # since [B, T]: the steps of each row's episode before step t; None: all one episode
         since = memory.since_start
@@ -386,8 +294,9 @@ class FeedbackTransformer(nn.Module):
             m = mix[0] * x_t
             n_keys = keys.size(2) + 1  # the memory and x_t itself
             if since is not None:  # hide the vectors of earlier episodes
-                positions = key_positions(0, n_keys - 1, 1, 1, x.device)
-                attn_mask = episode_mask(-since[:, t : t + 1], positions)  # [B, 1, 1, n_keys]
+                back = torch.arange(n_keys - 1, -1, -1, device=x.device)  # each key's steps back
+                attn_mask = torch.where(back > since[:, t : t + 1], float("-inf"), 0.0)
+                attn_mask = attn_mask[:, None, None]  # [B, 1, 1, n_keys]
             for i, layer in enumerate(self.layers):
                 x_t = layer(x_t, keys, values, r[i][:, -(n_keys + 1) :], self.shared_kv, attn_mask)
                 m = m + mix[i + 1] * x_t  # m_t, built as the layers run
@@ -400,17 +309,13 @@ class FeedbackTransformer(nn.Module):
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
         if since is not None:
             since = since_start_after(since, n_m)
-        if starts is not None:  # keep only each row's latest episode
-            n_vectors = new_memory.size(1)
-            keep = key_positions(0, n_vectors, 0, 1, x.device) >= -since[:, None]  # [B, n]
+        if starts is not None:  # keep only each row's latest episode (hidden: never read)
+            back = torch.arange(new_memory.size(1), 0, -1, device=x.device)  # steps back
+            keep = back <= since[:, None]  # [B, n]
             new_memory = torch.where(keep[..., None], new_memory, 0)
-            if is_acting:  # a zeroed vector's key and value are those of a zero vector
-                blank_k, blank_v = self.blank_keys_values()[0]
-                keys = torch.where(keep[:, None, :, None], keys, blank_k)
-                values = torch.where(keep[:, None, :, None], values, blank_v)
-        new_kept = None
-        if is_acting:
-            new_kept = make_kept([(keys, values)], self.blank_keys_values, r, kept)
+            if is_acting:  # the keys handed on
+                keys, values = (torch.where(keep[:, None, :, None], t, 0) for t in (keys, values))
+        new_kept = Kept([keys], [values], r) if is_acting else None
         return h, FeedbackMemory([new_memory], [], None, since, new_kept), h.new_zeros(())
 
     def reach(self, call_length: Optional[int] = None):
@@ -419,8 +324,15 @@ class FeedbackTransformer(nn.Module):
 
 
 def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
-    """One mem tensor [B, <= n_m, d_model] and no c_mem, on x's device, in x's dtype."""
-    memory = as_feedback_memory(memory)
+    """One mem tensor [B, <= n_m, d_model] and no c_mem, on x's device, in x's dtype; since_start
+    and kept as the model makes them. Returns it as a FeedbackMemory (a Memory is one)."""
+    if isinstance(memory, Memory):
+        memory = FeedbackMemory(*memory)
+    if not isinstance(memory, FeedbackMemory):
+        raise TypeError(
+            f"memory must be a FeedbackMemory returned by the model (or model.empty_memory(batch)) "
+            f"or None, got a {type(memory).__name__}"
+        )
     if len(memory.mem) != 1 or len(memory.c_mem) != 0:
         raise ValueError(
             f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; the Feedback "
@@ -429,12 +341,7 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
     t, cfg = memory.mem[0], model.cfg
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"memory.mem[0] must be a torch.Tensor, got {type(t).__name__}")
-    if (
-        t.dim() != 3
-        or t.size(0) != batch_size
-        or t.size(2) != cfg.d_model
-        or t.size(1) > cfg.mem_len
-    ):
+    if t.dim() != 3 or t.shape[0::2] != (batch_size, cfg.d_model) or t.size(1) > cfg.mem_len:
         raise ValueError(
             f"memory.mem[0] has shape {tuple(t.shape)}, expected [{batch_size}, <= {cfg.mem_len}, "
             f"{cfg.d_model}] (batch size and d_model must match the inputs and model)"
@@ -446,5 +353,15 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
             f"memory.mem[0] has dtype {t.dtype}, the inputs {x.dtype}: convert the memory with "
             f"memory.to(dtype={x.dtype})"
         )
-    check_episodes_and_kept(memory, batch_size, x.device)
+    since = memory.since_start
+    if since is not None and not (
+        isinstance(since, torch.Tensor)
+        and (since.shape, since.dtype, since.device) == ((batch_size,), torch.long, x.device)
+    ):
+        raise ValueError(
+            f"memory.since_start must be None or an int64 tensor [{batch_size}] on {x.device}, "
+            f"as FeedbackMemory.reset and starts make it"
+        )
+    if memory.kept is not None and not isinstance(memory.kept, Kept):
+        raise TypeError(f"memory.kept must be None or a Kept, got {type(memory.kept).__name__}")
     return memory
