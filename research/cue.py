@@ -2,19 +2,13 @@
 
 Each of --envs environments plays one episode after another. An episode's first step shows a
 cue (one of four), then come --min-blanks to --max-blanks blank steps (20 to 180), then a query,
-where the agent must name the cue. The agent reads unrolls of --unroll-len steps through the
-model's hidden_states, its memory carried from one unroll to the next, and `starts` marks the
-first step of every episode, wherever it falls in an unroll. It learns from the loss at the
-queries alone. Then it acts on new episodes one step at a time (eval mode, no gradient: the
-memory keeps its keys and values) and reports its accuracy, for the episodes that began inside
-an unroll and for the cues that only c_mem still held.
+where the agent must name the cue. The agent reads unrolls of --unroll-len steps, its memory
+carried from one unroll to the next, and `starts` marks the first step of every episode, wherever
+it falls in an unroll; it learns from the loss at the queries alone. Then it acts on new episodes
+one step at a time and reports its accuracy, for the episodes that began inside an unroll and for
+the cues that only c_mem still held.
 
     python -m research.cue                       # about 30 s on 2 idle cores
-    python -m research.cue --reset-after-unroll  # no starts: reset the rows after each unroll
-
---reset-after-unroll is the loop without starts: the rows whose episode ended inside the unroll
-are reset after it. That erases the cue of every episode that began inside the unroll, and the
-steps of a new episode still see the old one until then: accuracy stays at chance (0.25).
 """
 
 import argparse
@@ -22,10 +16,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from compressive import CompressiveConfig
-from research.ppo_cue import BLANK, N_CUES, QUERY, Agent
+from research.ppo_cue import BLANK, N_CUES, QUERY, Agent, act, supervised_step
+from research.study import positive
 
 
 def episodes(n_envs: int, length: int, min_blanks: int, max_blanks: int, generator):
@@ -59,10 +53,10 @@ def episodes(n_envs: int, length: int, min_blanks: int, max_blanks: int, generat
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m research.cue", description=__doc__.split("\n\n")[0])
-    p.add_argument("--unrolls", type=int, default=800, help="training unrolls")
-    p.add_argument("--eval-steps", type=int, default=3000, help="steps acted to evaluate")
-    p.add_argument("--envs", type=int, default=16, help="environments run in parallel")
-    p.add_argument("--unroll-len", type=int, default=32, help="steps per training call, T")
+    p.add_argument("--unrolls", type=positive, default=800, help="training unrolls")
+    p.add_argument("--eval-steps", type=positive, default=3000, help="steps acted to evaluate")
+    p.add_argument("--envs", type=positive, default=16, help="environments run in parallel")
+    p.add_argument("--unroll-len", type=positive, default=32, help="steps per training call, T")
     p.add_argument("--min-blanks", type=int, default=20, help="fewest blank steps after a cue")
     p.add_argument(
         "--max-blanks",
@@ -73,15 +67,7 @@ def parse_args(argv):
     )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--reset-after-unroll",
-        action="store_true",
-        help="no starts: reset the rows whose episode ended, after the unroll",
-    )
     args = p.parse_args(argv)
-    for name in ("unrolls", "eval_steps", "envs", "unroll_len"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 <= args.min_blanks <= args.max_blanks:
         p.error("--min-blanks and --max-blanks must satisfy 0 <= min <= max")
     return args
@@ -105,17 +91,9 @@ def main(argv=None) -> int:
     memory, began = None, time.time()
     for unroll in range(args.unrolls):
         steps = slice(unroll * T, (unroll + 1) * T)
-        starts_here = None if args.reset_after_unroll else starts[:, steps]
-        logits, memory, recon_loss = agent(observations[:, steps], memory, starts_here)
-        y = targets[:, steps]
-        # the mean over the queries in this unroll (none: 0)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum")
-        loss = loss / y.ne(-100).sum().clamp(min=1)
-        optimizer.zero_grad()
-        (loss + recon_loss).backward()
-        optimizer.step()
-        if args.reset_after_unroll:
-            memory = memory.reset(starts[:, steps].any(dim=1))
+        loss, memory = supervised_step(
+            agent, optimizer, observations[:, steps], targets[:, steps], memory, starts[:, steps]
+        )
         if (unroll + 1) % 200 == 0:
             print(f"unroll {unroll + 1}: loss {loss.item():.4f} ({time.time() - began:.0f} s)")
 
@@ -125,19 +103,7 @@ def main(argv=None) -> int:
     observations, starts, targets, cue_steps = episodes(
         args.envs, args.eval_steps, args.min_blanks, args.max_blanks, generator
     )
-    memory, answers = None, []
-    with torch.no_grad():
-        for step in range(args.eval_steps):
-            if args.reset_after_unroll:  # as in training: starts unseen, reset every T steps
-                logits, memory, _ = agent(observations[:, step : step + 1], memory, None)
-                if (step + 1) % T == 0:
-                    memory = memory.reset(starts[:, step + 1 - T : step + 1].any(dim=1))
-            else:
-                logits, memory, _ = agent(
-                    observations[:, step : step + 1], memory, starts[:, step : step + 1]
-                )
-            answers.append(logits[:, 0].argmax(dim=-1))
-    answers = torch.stack(answers, dim=1)
+    answers = act(agent, observations, starts).argmax(dim=-1)
     env, query = targets.ne(-100).nonzero(as_tuple=True)
     right = answers[env, query].eq(targets[env, query]).float()
     cue = cue_steps[env, query]

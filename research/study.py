@@ -1,27 +1,99 @@
-"""The code study: what the memory, and the compressed memory, buy on real text.
+"""The code study, and what the studies' commands share (the helpers first).
 
     python -m research.study run --budget default --seeds 1 2 3   # train and evaluate each run
     python -m research.study table                                # the tables and the figure
 
-`run` trains each model on each seed on the code corpus (python -m research.code), one run after
-another in this process, evaluates the checkpoint again with less memory (the ablations: the
-same checkpoint without its far memory), and writes the run's record to OUT/NAME/study.json. A run
-with a record is skipped, one whose training finished is only evaluated, so a stopped study goes
-on where it stopped; two commands on other seeds or models may run side by side (one thread
-each: OMP_NUM_THREADS=1). `table` prints the tables of every record under OUT and draws
-OUT/code_study.png. The models, at equal slots per layer (96) and at equal reach (192 characters
-beyond the segment):
+`run` trains each model on each seed on the code corpus (python -m research.code), evaluates the
+checkpoint again without its far memory (the ablations), and writes the run's record to
+OUT/NAME/study.json. A run with a record is skipped, one whose training finished is only
+evaluated, so a stopped study goes on where it stopped. `table` prints the tables of every record
+under OUT and draws OUT/code_study.png. The models, at equal slots per layer (96) and at equal
+reach (192 characters beyond the segment):
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
 import sys
+import time
+
+import torch
 
 from research import code
 from training import files, plots
 from training.checks import UserError, exit_status
+
+# --------------------------------------------------------------------------------------------------
+# What the studies' commands share
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def made_with() -> str:
+    """How a figure was made, for its foot: torch, the threads, the commit."""
+    return (
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), commit "
+        f"{files.repository_commit()}"
+    )
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run on one thread, and give the process's threads back after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def alternate(calls: dict, rounds: int, clock=time.perf_counter) -> dict:
+    """{name: [seconds of each round]}: the calls timed in alternation, one call each a round,
+    the order reversed every other round, so that the machine's noise hits them alike."""
+    times = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in calls if r % 2 == 0 else reversed(calls):
+            began = clock()
+            calls[name]()
+            times[name].append(clock() - began)
+    return times
+
+
+def print_table(header: list, rows) -> None:
+    """A markdown table, as docs/ shows them."""
+    print("| " + " | ".join(header) + " |")
+    print("| --- " * len(header) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
+def plot_curves(curves, path: str, xlabel: str, ylabel: str, chance: float, caption: str):
+    """Learning curves [(label, xs, ys, style)] against chance, to path, caption at its foot."""
+    plt = plots.pyplot()
+    if plt is None:
+        return
+    plt.figure(figsize=(6, 3.8))
+    for label, xs, ys, style in curves:
+        plt.plot(xs, ys, label=label, **style)
+    plt.axhline(chance, color="grey", linewidth=0.8, label="chance")
+    plt.xlabel(xlabel)
+    plt.ylabel(ylabel)
+    plt.ylim(0, 1.05)
+    plt.legend(fontsize=5 if len(curves) > 6 else 8, ncol=2 if len(curves) > 6 else 1)
+    plots.save(plt, path, caption)
+
+
+# --------------------------------------------------------------------------------------------------
+# The code study
 
 MODELS = {  # name: (training flags, ablations: label -> the (n_m, n_cm) it is evaluated with;
     #          None: as trained)
