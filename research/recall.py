@@ -4,14 +4,10 @@
     python -m research.recall --eval-only --out OUT    # a checkpoint's accuracy by distance
 
 A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
-and asked for D characters later, " KK?d". Nothing but the fact predicts the digit after '?', so
-the accuracy there, by D, measures how far back a model can reach (chance 0.10). The report cuts
-the distances at the model's reach (model.reach()) and splits the facts held in c_mem by their
-phase, the place of the digit in its block of c: the FIFO evicts blocks of c aligned to the start
-of each stream, so an f_c that keeps one place of a block worse shows up as one phase at chance.
-Training is train_shakespeare.py's, with its flags, on this text (with --loss-on answers every
-other target is IGNORE); the accuracy is read from what the model predicts on the validation text
-at each evaluation of the training and on a checkpoint."""
+and asked for D characters later, " KK?d": only the fact predicts the digit after '?', so the
+accuracy there, by D, measures how far back a model reaches (chance 0.10). The report cuts the
+distances at the model's reach (model.reach()) and splits the facts held in c_mem by their phase,
+the place of the digit in its block of c. Training is train_shakespeare.py's, on this text."""
 
 import heapq
 import math
@@ -24,6 +20,7 @@ import torch
 
 import evaluate as evaluate_command
 import train_shakespeare
+from research.study import made_with, print_table
 from training import checkpoint, evaluate, files, plots
 from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode
@@ -99,27 +96,17 @@ def settings(args, saved_args=None) -> dict:
 def check_args(args) -> None:
     if args.data is not None:
         raise UserError("--data: the recall task makes its own text")
-    if args.live_facts is not None and args.live_facts <= 0:
-        raise UserError(f"--live-facts must be positive, got {args.live_facts}")
-    if args.fact_gap is not None and args.fact_gap < 0:
-        raise UserError(f"--fact-gap must be >= 0, got {args.fact_gap}")
+    least = {"live_facts": (1, "be positive"), "fact_gap": (0, "be >= 0")}
+    least.update(val_chars=(1000, "be >= 1000"), min_distance=(5, "be >= 5 (a fact's length)"))
+    for name, (low, rule) in least.items():
+        if getattr(args, name) is not None and getattr(args, name) < low:
+            raise UserError(f"--{name.replace('_', '-')} must {rule}, got {getattr(args, name)}")
     for name in ("curriculum", "curriculum_hold"):
         value = getattr(args, name)
         if value is not None and not 0.0 <= value <= 1.0:
             raise UserError(f"--{name.replace('_', '-')} must be a fraction in [0, 1], got {value}")
-    if args.val_chars is not None and args.val_chars < 1000:
-        raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
-    if args.min_distance is not None and args.min_distance < 5:
-        raise UserError(
-            f"--min-distance must be >= 5 (a fact is 5 characters), got {args.min_distance}"
-        )
     s = settings(args)
-    if (
-        args.min_distance is not None
-        and s["max_distance"] < args.min_distance
-        or args.max_distance is not None
-        and args.max_distance < s["min_distance"]
-    ):
+    if s["max_distance"] < s["min_distance"]:
         raise UserError(
             f"--max-distance must be >= --min-distance, got {s['min_distance']} "
             f"and {s['max_distance']}"
@@ -424,8 +411,7 @@ def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
 
 def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     """Print the accuracy-by-distance table, the phase split and the key use, plot them to
-    OUT/recall.png (with caption at its foot: how to make it again), and return them for
-    metrics.json."""
+    OUT/recall.png (caption at its foot: how to make it again); return them for metrics.json."""
     if len(scored.distance) == 0:
         print(
             "recall accuracy by distance: no query in the validation text could be scored "
@@ -438,10 +424,13 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
     reach = ", ".join(f"{name} < {edge}" for name, edge in edges)
     print(f"recall accuracy by distance (chance 0.10; {title}: {reach})")
-    print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
-    for row in rows:
-        span = f"{row['from']}-{row['to']}"
-        print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
+    print_table(
+        ["distance", "region", "queries", "accuracy"],
+        (
+            [f"{r['from']}-{r['to']}", r["region"], r["queries"], f"{r['accuracy']:.3f}"]
+            for r in rows
+        ),
+    )
     if phases:
         held, *split = phases
         print(
@@ -453,22 +442,18 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     if keys:
         print(
             "finding the fact by its key, with several waiting: accuracy, what answering with the "
-            "latest fact\nstated would score, how often the model answered with its digit, and "
-            "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for"
+            "latest fact stated would score, how often the model answered with its digit, and its "
+            "accuracy when 0, 1, 2, 3+ facts were stated after the one asked for"
         )
-        columns = "".join(f"{column:>7}" for column in [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"])
-        print(
-            f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
-            + columns
+        print_table(
+            ["region", "queries", "accuracy", "latest fact", "said latest", "0", "1", "2", "3+"],
+            (
+                [k["region"], k["queries"]]
+                + [f"{k[name]:.3f}" for name in ("accuracy", "latest_fact_right", "said_latest")]
+                + ["-" if a is None else f"{a:.3f}" for a in k["by_facts_after"]]
+                for k in keys
+            ),
         )
-        for row in keys:
-            after = "".join(
-                f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]
-            )
-            print(
-                f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
-                f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}{after}"
-            )
     if cfg.mem_len and cfg.c_mem_len:
         title += f" f_c={cfg.compression}"
     plot_recall(rows, edges, phases, title, os.path.join(out, "recall.png"), caption)
@@ -483,39 +468,28 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
 
 def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -> None:
     """Accuracy by distance with the model's reach edges; across the compressed region, a level
-    per phase: the accuracy of the queries whose fact is held in c_mem when asked, by the place of
-    the fact's digit in its block of c. Levels that coincide stay apart by their line styles, and
-    each one's accuracy is in its label."""
+    per phase (the facts held in c_mem when asked, by the place of the digit in its block of c),
+    each with its accuracy in its label and a style of its own, so that levels that coincide
+    stay apart."""
     plt = plots.pyplot()
     if plt is None:
         return
     plt.figure(figsize=(7, 4.6 if caption else 4))
     middle = [(row["from"] + row["to"]) / 2 for row in rows]
     plt.plot(middle, [row["accuracy"] for row in rows], marker="o", label="all queries, by D")
-    lows = [0] + [edge for _, edge in edges]
     styles = [(3.5, "-"), (2.5, "--"), (2, ":"), (1.5, "-.")]
-    for (name, edge), lo in zip(edges, lows):
+    for (name, edge), lo in zip(edges, [0] + [edge for _, edge in edges]):
         plt.axvline(edge, color="gray", linestyle=":")
         plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
-        if name == "c_mem":
-            for p in phases[1:]:  # phases[0] is all of them together
-                width, style = styles[p["phase"] % len(styles)]
-                plt.hlines(
-                    p["accuracy"],
-                    lo,
-                    edge,
-                    colors=f"C{p['phase'] + 1}",
-                    linewidth=width,
-                    linestyle=style,
-                    label=f"held in c_mem, phase {p['phase']}: {p['accuracy']:.2f} "
-                    f"({p['queries']} queries)",
-                )
+        for p in phases[1:] if name == "c_mem" else []:  # phases[0] is all of them together
+            width, style = styles[p["phase"] % len(styles)]
+            label = f"held in c_mem, phase {p['phase']}: {p['accuracy']:.2f} ({p['queries']})"
+            plt.hlines(p["accuracy"], lo, edge, f"C{p['phase'] + 1}", style, label=label, lw=width)
     plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
     plt.ylim(0, 1.05)
     plt.title(title, fontsize=9, loc="left")
     plt.xlabel("D: distance from fact to query (characters)")
     plt.ylabel("recall accuracy")
-    # a phase: the place p of the fact's digit in its block of c, the blocks f_c compresses
     legend_title = "phase p: the fact's digit at place p\nof its block of c" if phases else None
     plt.legend(fontsize=7, title=legend_title, title_fontsize=7)
     plots.save(plt, path, caption)
@@ -539,11 +513,8 @@ def parse_args(argv=None):
 
 def caption_for(ckpt: dict, drawn_by: str) -> str:
     defaults = vars(parse_args([]))
-    return (
-        f"Checkpoint: {checkpoint.training_command(ckpt, defaults)}. Drawn by: {drawn_by}, torch "
-        f"{torch.__version__}, {torch.get_num_threads()} thread(s), commit "
-        f"{files.repository_commit()}."
-    )
+    command = checkpoint.training_command(ckpt, defaults)
+    return f"Checkpoint: {command}. Drawn by: {drawn_by}, {made_with()}."
 
 
 def train(args) -> None:

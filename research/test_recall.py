@@ -286,8 +286,8 @@ def recall_table_rows(printed: str):
     lines = printed.splitlines()
     start = max(i for i, line in enumerate(lines) if line.startswith("recall accuracy by distance"))
     rows = []
-    for line in lines[start + 2 :]:  # after the title and the column names
-        match = re.fullmatch(r"\s*(\d+)-(\d+)\s+(\w+)\s+(\d+)\s+([\d.]+)", line)
+    for line in lines[start + 3 :]:  # after the title, the column names and the rule
+        match = re.fullmatch(r"\| (\d+)-(\d+) \| (\w+) \| (\d+) \| ([\d.]+) \|", line)
         if not match:
             break
         rows.append(
