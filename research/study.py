@@ -243,47 +243,42 @@ def tables(runs: list) -> None:
     budget over the seeds: the loss and its differences from XL-96 trained alike."""
     print(
         f"Per run: the validation loss (nats/char), the loss in {ZONE}, what the far memory is "
-        f"worth there and at most\nwhere it cannot reach (the same checkpoint without it minus "
-        f"with it: conv, omax with c_mem emptied, xl192\nwith mem cut to 96), and over training "
+        f"worth there and at most where it cannot reach (the same checkpoint without it minus "
+        f"with it: conv, omax with c_mem emptied, xl192 with mem cut to 96), and over training "
         f"the loss in {ZONE} minus in {BEYOND} (beyond every reach)\n"
     )
-    print(
-        f"| model | budget | seed | commit | val | {ZONE} | worth in {ZONE} | largest elsewhere "
-        f"| {ZONE} minus {BEYOND} by step |"
-    )
-    print("| --- " * 9 + "|")
+    rows = []
     for r in runs:
-        worth_cells = " | "
+        worth_cells = ["", ""]
         if r["model"] in WORTH:
             ablation, reaches = WORTH[r["model"]]
             w = worth(r, ablation)
             elsewhere = max(value for bucket, value in w.items() if bucket not in reaches)
-            worth_cells = f"{w[ZONE]:+.4f} | {elsewhere:+.4f}"
-        gains = ", ".join(
-            f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]
-        )
-        print(
-            f"| {label(r)} | {r['budget']} | {r['seed']} | {r['commit']} | {r['val_loss']:.4f} | "
-            f"{loss(r['loss_by_copy_distance'], ZONE):.3f} | {worth_cells} | {gains} |"
-        )
+            worth_cells = [f"{w[ZONE]:+.4f}", f"{elsewhere:+.4f}"]
+        gains = [f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]]
+        zone = loss(r["loss_by_copy_distance"], ZONE)
+        rows.append([label(r), r["budget"], r["seed"], r["commit"], f"{r['val_loss']:.4f}"])
+        rows[-1] += [f"{zone:.3f}", *worth_cells, ", ".join(gains)]
+    print_table(
+        ["model", "budget", "seed", "commit", "val", ZONE, f"worth in {ZONE}"]
+        + ["largest elsewhere", f"{ZONE} minus {BEYOND} by step"],
+        rows,
+    )
     print(
         f"\nMeans over seeds (min-max); minus XL-96: the difference of the means at the same "
         f"budget; worth: of the far memory in {ZONE}\n"
     )
-    print(
-        f"| model | budget | seeds | val | {ZONE} | val minus XL-96 | {ZONE} minus XL-96 "
-        f"| worth in {ZONE} |"
-    )
-    print("| --- " * 8 + "|")
     found = groups(runs)
 
     def spread(values):
         return f"{sum(values) / len(values):.4f} ({min(values):.3f}-{max(values):.3f})"
 
+    rows = []
     for (name, budget), members in found.items():
         model, extra = members[0]["model"], members[0]["extra"]
         base = found.get((" ".join(["xl96", *extra]), budget)) or found.get(("xl96", budget))
-        cells = [
+        rows.append([name, budget, " ".join(str(r["seed"]) for r in members)])
+        rows[-1] += [
             spread([r["val_loss"] for r in members]),
             spread([loss(r["loss_by_copy_distance"], ZONE) for r in members]),
             *(
@@ -294,8 +289,11 @@ def tables(runs: list) -> None:
             ),
             spread([worth(r, WORTH[model][0])[ZONE] for r in members]) if model in WORTH else "",
         ]
-        seeds = " ".join(str(r["seed"]) for r in members)
-        print(f"| {name} | {budget} | {seeds} | " + " | ".join(cells) + " |")
+    print_table(
+        ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
+        + [f"worth in {ZONE}"],
+        rows,
+    )
 
 
 def plot(runs, path: str) -> None:
@@ -308,33 +306,27 @@ def plot(runs, path: str) -> None:
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5))
     buckets = list(runs[0]["loss_by_copy_distance"])
     x = range(len(buckets))
-    plain = [r for r in runs if not r["extra"]] or runs  # the levers are left to the tables
-    for (_, budget), members in groups(plain).items():
-        seeds = f"{len(members)} seed{'s' * (len(members) > 1)}"
+    for (_, budget), members in groups([r for r in runs if not r["extra"]] or runs).items():
         model = members[0]["model"]
-        style = dict(
-            linestyle="-" if budget == "long" else "--", color=f"C{list(MODELS).index(model)}"
-        )
+        style = dict(linestyle="-" if budget == "long" else "--")
+        style.update(color=f"C{list(MODELS).index(model)}")
+        seeds = f"{len(members)} seed{'s' * (len(members) > 1)}"
         means = [mean(members, b) for b in buckets]
         left.plot(x, means, marker="o", label=f"{model} ({budget}, {seeds})", **style)
         for r in members:
-            steps = [h["step"] for h in r["history"]]
             gains = [zone_gain(h["loss_by_copy_distance"]) for h in r["history"]]
-            right.plot(steps, gains, marker=".", **style)
+            right.plot([h["step"] for h in r["history"]], gains, marker=".", **style)
             if model in WORTH:
                 w = worth(r, WORTH[model][0])
                 middle.plot(x, [w[b] for b in buckets], marker=".", alpha=0.8, **style)
-    for ax, title in (
-        (left, "validation loss by copy distance beyond the segment"),
-        (
-            middle,
-            "worth of the far memory: loss without it minus with it\n"
-            "(conv, omax: c_mem emptied; xl192: mem cut to 96)",
-        ),
-    ):
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(buckets, rotation=30)
-        ax.set_title(title, fontsize=9)
+    left.set_title("validation loss by copy distance beyond the segment", fontsize=9)
+    middle.set_title(
+        "worth of the far memory: loss without it minus with it\n"
+        "(conv, omax: c_mem emptied; xl192: mem cut to 96)",
+        fontsize=9,
+    )
+    for ax in (left, middle):
+        ax.set_xticks(list(x), buckets, rotation=30)
         ax.set_xlabel("characters between the copy and the query's segment (13-gram)")
     middle.axvspan(buckets.index(ZONE) - 0.5, buckets.index(ZONE) + 0.5, color="gray", alpha=0.15)
     right.set_title(
