@@ -1,20 +1,16 @@
 """PPO that remembers a cue: the agent acts one step per call, and each update re-runs the rollout
-in one call from the memory stored at its start, exactly as the agent acted.
-
-Each of --envs environments plays one episode after another: a cue (one of four) at its first
-step, then --min-delay to --max-delay blank steps, then a query, where the action is rewarded 1 if
-it names the cue and the episode ends. The agent: an embedding, AgentCore as its memory, a policy
-and a value head; PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), with
-rollouts of --rollout steps (32: not a multiple of n_s = 24, so rollouts begin and end inside
-segments).
+in one call from the memory stored at its start, exactly as the agent acted (docs/AGENT.md).
 
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
 
-What it prints per seed, every --report iterations: the episodes' mean return (their accuracy:
-chance is 0.25) and, over every update before its first optimizer step, the largest |log ratio|
-between the update's policy and the actor's and the largest fraction of samples outside the clip
-range: 0 when the update computes what the actor computed.
+Each of --envs environments plays one episode after another: a cue (one of four), --min-delay to
+--max-delay blank steps, then a query, where naming the cue is rewarded 1 and the episode ends.
+PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), rollouts of --rollout
+steps (32: not a multiple of n_s = 24, so rollouts begin and end inside segments). Printed per
+seed, every --report iterations, the mean return (chance 0.25); and, over every update before its
+first optimizer step, the largest |log ratio| between the update's policy and the actor's and the
+largest fraction of samples outside the clip range: 0 when the update computes what the actor did.
 """
 
 import argparse

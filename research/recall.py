@@ -30,57 +30,46 @@ KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
 VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ever trained on
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
-# the task's flags: name -> (type, default, help); None where a store_true flag is not given
-TASK_FLAGS = {
-    "min_distance": (int, 8, "shortest fact-to-query distance D"),
-    "max_distance": (int, 400, "longest D, drawn log-uniform in between"),
-    "fact_gap": (int, 5, "mean filler characters between facts"),
-    "live_facts": (
-        int,
-        1,
-        "most facts waiting for their query at once; with more than one, a query must be "
-        "matched to its key",
-    ),
-    "distractors": (
-        None,
-        False,
-        "go on stating facts while --live-facts wait, never to be asked: the latest fact is "
-        "then seldom the one asked for, and only its key finds it",
-    ),
-    "curriculum": (
-        float,
-        0.5,
-        "the longest D grows from --min-distance to --max-distance over this fraction of training",
-    ),
-    "curriculum_hold": (
-        float,
-        0.0,
-        "first hold every fact inside the segment (D < n_s) for this fraction of training, then "
-        "widen from there over --curriculum",
-    ),
-    "val_chars": (int, 300_000, "length of the validation text"),
-    "loss_on": (
-        ["all", "answers"],
-        "all",
-        "the characters the loss (and the validation loss) is taken on: all, or only the answer "
-        "digit after each '?', as associative-recall benchmarks train",
-    ),
+DEFAULTS = {  # the task's flags; given as None, a checkpoint's own settings fill them first
+    "min_distance": 8,
+    "max_distance": 400,
+    "fact_gap": 5,
+    "live_facts": 1,
+    "distractors": False,
+    "curriculum": 0.5,
+    "curriculum_hold": 0.0,
+    "val_chars": 300_000,
+    "loss_on": "all",
 }
-DEFAULTS = {name: default for name, (_, default, _) in TASK_FLAGS.items()}
 
 
 def add_arguments(parser) -> None:
-    """The task's flags. They default to None so that a checkpoint's own settings can fill them
-    (the evaluation modes default to the checkpoint's)."""
     group = parser.add_argument_group("the recall task")
-    for name, (kind, default, text) in TASK_FLAGS.items():
-        flag, text = "--" + name.replace("_", "-"), f"{text} (default {default})"
-        if kind is None:
-            group.add_argument(flag, action="store_true", default=None, help=text)
-        elif isinstance(kind, list):
-            group.add_argument(flag, choices=kind, help=text)
-        else:
-            group.add_argument(flag, type=kind, help=text)
+
+    def add(name, text, **kind):
+        text = f"{text} (default {DEFAULTS[name]})"
+        group.add_argument("--" + name.replace("_", "-"), help=text, **kind)
+
+    add("min_distance", "shortest fact-to-query distance D", type=int)
+    add("max_distance", "longest D, drawn log-uniform in between", type=int)
+    add("fact_gap", "mean filler characters between facts", type=int)
+    add("live_facts", "most facts waiting at once (more than one: a query needs its key)", type=int)
+    add(
+        "distractors",
+        "go on stating facts while --live-facts wait, never to be asked: only its key finds a fact",
+        action="store_true",
+        default=None,
+    )
+    add(
+        "curriculum", "the longest D grows to --max-distance over this part of training", type=float
+    )
+    add(
+        "curriculum_hold",
+        "first hold every fact inside the segment for this part of training",
+        type=float,
+    )
+    add("val_chars", "length of the validation text", type=int)
+    add("loss_on", "all characters, or the answer digit after each '?'", choices=["all", "answers"])
 
 
 def settings(args, saved_args=None) -> dict:

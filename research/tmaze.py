@@ -1,24 +1,16 @@
-"""What compression buys an agent: a T-maze whose cue lies beyond an equal-slot Transformer-XL.
-
-An episode shows a cue (one of four) at its first step, then a corridor of distractors (each step
-one of four other observations, drawn at random), then a query at step L, where the agent must name
-the cue; L is drawn from --min-gap to --max-gap. Three memories, each one layer of AgentCore:
-
-    compressive   n_m = 16, n_cm = 16 compressed memories of c = 4: 32 slots, reach 16 + 4*16 = 80
-    xl-slots      Transformer-XL with as many slots: n_m = 32, n_cm = 0: reach 32
-    xl-reach      Transformer-XL with as long a reach: n_m = 80, n_cm = 0: 80 slots
-
-Segments of n_s = 16 steps count from the episode's first step, so the query at step L sees the
-cue when 16 * floor(L / 16) <= reach: gaps of 48 to 95 put every cue beyond xl-slots and within
-the other two. One layer, so that no layer above stretches the reach. Supervised (to fit the
-time): each batch is --batch new episodes, each read in one call from an empty memory, the loss
-the cross-entropy at the query plus f_c's reconstruction loss; every --eval-every batches the
-held-out accuracy, and at the end the accuracy acting one step per call on the held-out episodes,
-two back to back in each row, the second begun by `starts` (chance 0.25).
+"""What compression buys an agent: a T-maze whose cue lies beyond an equal-slot Transformer-XL
+(docs/AGENT.md).
 
     python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
 
-Each run uses one thread; --jobs runs that many at a time, in processes of their own.
+An episode shows a cue (one of four) at its first step, a corridor of random distractors, then a
+query at step L (--min-gap to --max-gap), where the agent must name the cue. Three one-layer
+memories (MEMORIES): compressive, 16 + 16 slots at c = 4 (reach 16 + 4*16 = 80); xl-slots, as
+many slots (reach 32); xl-reach, as long a reach (80 slots). Segments of n_s = 16 count from the
+episode's first step, so the query sees the cue when 16 * floor(L / 16) <= reach. Supervised: each
+batch is new episodes, each read in one call; at the end, the accuracy acting one step per call on
+held-out episodes, two back to back in each row, the second begun by `starts` (chance 0.25). Each
+run uses one thread; --jobs runs that many at a time, in processes of their own.
 """
 
 import argparse
