@@ -129,15 +129,13 @@ def make_recall_text(
     hold_over: int = 0,
     hold_distance: int = 0,
 ) -> RecallText:
-    """Facts at random places, about gap filler characters apart on average, each asked for once
-    D characters later (D log-uniform in [min_distance, max_distance], from the fact's digit to the
-    answer's), with at most live_facts facts waiting for their query at any time. A key is not
-    stated again until its query has passed, so every answer is the digit of the latest fact with
-    that key. With widen_over > 0, the longest D grows linearly from
-    min_distance to max_distance over the first widen_over characters (a curriculum); with
-    hold_over > 0 it first stays at hold_distance for hold_over characters, then grows from there.
-    With distractors, facts go on being stated while live_facts wait, but are never asked: the
-    fact stated last is then seldom the one asked for, so only the key finds it."""
+    """Facts at random places, about gap filler characters apart, each asked for once D
+    characters later (D log-uniform in [min_distance, max_distance], digit to digit), at most
+    live_facts waiting for their query at once; a key is not stated again before its query, so
+    every answer is the digit of the latest fact with that key. widen_over > 0: the longest D grows
+    from min_distance (or, after hold_over characters at hold_distance, from there) to
+    max_distance over widen_over characters. distractors: facts go on being stated while
+    live_facts wait, never asked, so that only the key finds the asked one."""
     rng = random.Random(seed)
     chars, taken = ["."] * n_chars, bytearray(n_chars)
     free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)

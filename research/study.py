@@ -141,6 +141,7 @@ def finished_training(out: str, steps: int):
 def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
     """Train (unless that finished before) and evaluate one model on one seed; its record."""
     from research import code  # here: code.py's modules draw on this one's helpers
+
     flags, ablations = MODELS[model]
     train_flags = [*flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     args = code.parse_args(train_flags)
