@@ -94,35 +94,26 @@ def plot_curves(curves, path: str, xlabel: str, ylabel: str, chance: float, capt
 # --------------------------------------------------------------------------------------------------
 # The code study
 
-MODELS = {  # name: (training flags, ablations: label -> the (n_m, n_cm) it is evaluated with;
-    #          None: as trained)
-    "vanilla": (["--model", "vanilla"], {}),
-    "xl96": (["--model", "xl", "--mem-len", "96"], {"no mem": (0, 0)}),
-    "conv": (
-        ["--model", "compressive", "--compression", "conv"],
-        {"no c_mem": (None, 0), "no mem": (0, 0)},
-    ),
-    "omax": (
-        ["--model", "compressive", "--compression", "overlap_max_pool"],
-        {"no c_mem": (None, 0), "no mem": (0, 0)},
-    ),
-    "xl192": (
-        ["--model", "xl", "--mem-len", "192"],
-        {"mem 96": (96, 0), "mem 64": (64, 0), "no mem": (0, 0)},
-    ),
+MODELS = {  # name: its training flags
+    "vanilla": ["--model", "vanilla"],
+    "xl96": ["--model", "xl", "--mem-len", "96"],
+    "conv": ["--model", "compressive", "--compression", "conv"],
+    "omax": ["--model", "compressive", "--compression", "overlap_max_pool"],
+    "xl192": ["--model", "xl", "--mem-len", "192"],
 }
 BUDGETS = {
     "default": ["--steps", "2000", "--eval-every", "1000"],
     "long": ["--steps", "8000", "--eval-every", "2000"],
 }
-__doc__ += "".join(f"    {name:<8} {' '.join(flags)}\n" for name, (flags, _) in MODELS.items())
+__doc__ += "".join(f"    {name:<8} {' '.join(flags)}\n" for name, flags in MODELS.items())
 ZONE = "97-192"  # beyond an equal-slots Transformer-XL's reach (96), within the compressive model's
 BEYOND = "193-1000"  # beyond the reach of every model of the study
-# the far memory's ablation, and the buckets it alone reaches (beyond the segment)
+# the far memory: its ablation, the (n_m, n_cm) the checkpoint is evaluated with (None: as
+# trained), and the buckets beyond the segment that it alone reaches
 WORTH = {
-    "conv": ("no c_mem", ("65-96", ZONE)),
-    "omax": ("no c_mem", ("65-96", ZONE)),
-    "xl192": ("mem 96", (ZONE,)),
+    "conv": ("no c_mem", (None, 0), ("65-96", ZONE)),
+    "omax": ("no c_mem", (None, 0), ("65-96", ZONE)),
+    "xl192": ("mem 96", (96, 0), (ZONE,)),
 }
 
 
@@ -142,15 +133,15 @@ def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
     """Train (unless that finished before) and evaluate one model on one seed; its record."""
     from research import code  # here: code.py's modules draw on this one's helpers
 
-    flags, ablations = MODELS[model]
-    train_flags = [*flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
+    train_flags = [*MODELS[model], *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     args = code.parse_args(train_flags)
     metrics = finished_training(out, args.steps) or code.run(args)
     cut = {}
-    for label, (n_m, n_cm) in ablations.items():
+    if model in WORTH:
+        ablation, (n_m, n_cm), _ = WORTH[model]
         n_m = args.mem_len if n_m is None else n_m
         evaluation = ["--eval-only", "--out", out, "--eval-mem-len", str(n_m)]
-        cut[label] = code.run(code.parse_args([*evaluation, "--eval-c-mem-len", str(n_cm)]))
+        cut[ablation] = code.run(code.parse_args([*evaluation, "--eval-c-mem-len", str(n_cm)]))
     return {
         "model": model,
         "budget": budget,
@@ -209,9 +200,11 @@ def loss(rows: dict, bucket: str) -> float:
     return float("nan") if value is None else value
 
 
-def worth(run: dict, ablation: str) -> dict:
-    """What the checkpoint loses, bucket by bucket, evaluated with less memory: its worth there."""
-    cut, full = run["ablations"][ablation]["loss_by_copy_distance"], run["loss_by_copy_distance"]
+def worth(run: dict) -> dict:
+    """What the checkpoint loses, bucket by bucket, evaluated without its far memory (WORTH): that
+    memory's worth there."""
+    cut = run["ablations"][WORTH[run["model"]][0]]["loss_by_copy_distance"]
+    full = run["loss_by_copy_distance"]
     return {bucket: loss(cut, bucket) - loss(full, bucket) for bucket in full}
 
 
@@ -252,8 +245,7 @@ def tables(runs: list) -> None:
     for r in runs:
         worth_cells = ["", ""]
         if r["model"] in WORTH:
-            ablation, reaches = WORTH[r["model"]]
-            w = worth(r, ablation)
+            reaches, w = WORTH[r["model"]][2], worth(r)
             elsewhere = max(value for bucket, value in w.items() if bucket not in reaches)
             worth_cells = [f"{w[ZONE]:+.4f}", f"{elsewhere:+.4f}"]
         gains = [f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]]
@@ -288,7 +280,7 @@ def tables(runs: list) -> None:
                 else f"{mean(members, b) - mean(base, b):+.4f}"
                 for b in ("val", ZONE)
             ),
-            spread([worth(r, WORTH[model][0])[ZONE] for r in members]) if model in WORTH else "",
+            spread([worth(r)[ZONE] for r in members]) if model in WORTH else "",
         ]
     print_table(
         ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
@@ -318,7 +310,7 @@ def plot(runs, path: str) -> None:
             gains = [zone_gain(h["loss_by_copy_distance"]) for h in r["history"]]
             right.plot([h["step"] for h in r["history"]], gains, marker=".", **style)
             if model in WORTH:
-                w = worth(r, WORTH[model][0])
+                w = worth(r)
                 middle.plot(x, [w[b] for b in buckets], marker=".", alpha=0.8, **style)
     left.set_title("validation loss by copy distance beyond the segment", fontsize=9)
     middle.set_title(

@@ -112,7 +112,7 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     """The study's tables on hand-made records: the compressed memory's worth in the zone beyond
     XL-96 and within the compressive model's reach, and the means against XL-96."""
     results = hand_made_records()
-    worth = study.worth(results["xl192"], "mem 96")
+    worth = study.worth(results["xl192"])  # mem cut to 96
     assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
     runs = sorted(
         results.values(), key=lambda r: (r["extra"], list(study.MODELS).index(r["model"]))
