@@ -20,8 +20,6 @@ import sys
 
 import torch
 
-from research.study import print_table
-
 NGRAM = 13
 EDGES = (64, 96, 192, 1000)
 PLAIN_EDGES = (96, 160, 352, 1000)  # the corpus profile: distances alone, not position-aware
@@ -112,18 +110,10 @@ def print_by_bucket(rows: dict, regions, label: str = "") -> None:
         f"validation loss by copy distance{label} ({NGRAM}-gram; the buckets count how far the "
         f"copy lies beyond the query's own segment)"
     )
-    print_table(
-        ["bucket", "region", "share", "loss"],
-        (
-            [
-                name,
-                region,
-                f"{row['share']:.3f}",
-                "-" if row["loss"] is None else f"{row['loss']:.3f}",
-            ]
-            for (name, row), region in zip(rows.items(), regions)
-        ),
-    )
+    print(f"{'bucket':>10} {'region':>8} {'share':>7} {'loss':>7}")
+    for (name, row), region in zip(rows.items(), regions):
+        loss = "-" if row["loss"] is None else f"{row['loss']:.3f}"
+        print(f"{name:>10} {region:>8} {row['share']:>7.3f} {loss:>7}")
 
 
 def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from research import code
 from training import files, plots
 from training.checks import UserError, exit_status
 
@@ -131,7 +132,6 @@ def finished_training(out: str, steps: int):
 
 def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
     """Train (unless that finished before) and evaluate one model on one seed; its record."""
-    from research import code  # here: code.py's modules draw on this one's helpers
 
     train_flags = [*MODELS[model], *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     args = code.parse_args(train_flags)
