@@ -30,10 +30,9 @@ KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
 VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ever trained on
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
+MIN_DISTANCE, FACT_GAP = 8, 5  # the shortest D; the mean filler characters between facts
 DEFAULTS = {  # the task's flags; given as None, a checkpoint's own settings fill them first
-    "min_distance": 8,
     "max_distance": 400,
-    "fact_gap": 5,
     "live_facts": 1,
     "distractors": False,
     "curriculum": 0.5,
@@ -50,9 +49,7 @@ def add_arguments(parser) -> None:
         text = f"{text} (default {DEFAULTS[name]})"
         group.add_argument("--" + name.replace("_", "-"), help=text, **kind)
 
-    add("min_distance", "shortest fact-to-query distance D", type=int)
-    add("max_distance", "longest D, drawn log-uniform in between", type=int)
-    add("fact_gap", "mean filler characters between facts", type=int)
+    add("max_distance", f"longest D, drawn log-uniform from {MIN_DISTANCE}", type=int)
     add("live_facts", "most facts waiting at once (more than one: a query needs its key)", type=int)
     add(
         "distractors",
@@ -85,8 +82,8 @@ def settings(args, saved_args=None) -> dict:
 def check_args(args) -> None:
     if args.data is not None:
         raise UserError("--data: the recall task makes its own text")
-    least = {"live_facts": (1, "be positive"), "fact_gap": (0, "be >= 0")}
-    least.update(val_chars=(1000, "be >= 1000"), min_distance=(5, "be >= 5 (a fact's length)"))
+    least = {"live_facts": (1, "be positive"), "val_chars": (1000, "be >= 1000")}
+    least.update(max_distance=(MIN_DISTANCE, f"be >= {MIN_DISTANCE}, the shortest D"))
     for name, (low, rule) in least.items():
         if getattr(args, name) is not None and getattr(args, name) < low:
             raise UserError(f"--{name.replace('_', '-')} must {rule}, got {getattr(args, name)}")
@@ -94,16 +91,10 @@ def check_args(args) -> None:
         value = getattr(args, name)
         if value is not None and not 0.0 <= value <= 1.0:
             raise UserError(f"--{name.replace('_', '-')} must be a fraction in [0, 1], got {value}")
-    s = settings(args)
-    if s["max_distance"] < s["min_distance"]:
-        raise UserError(
-            f"--max-distance must be >= --min-distance, got {s['min_distance']} "
-            f"and {s['max_distance']}"
-        )
-    if args.curriculum_hold and args.seq_len - 1 < s["min_distance"]:
+    if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
         raise UserError(
             f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
-            f"characters (D >= --min-distance {s['min_distance']})"
+            f"characters (D >= {MIN_DISTANCE})"
         )
 
 
@@ -197,7 +188,7 @@ def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool 
     as on Shakespeare); and a validation text of held-out keys that depends only on the task's
     flags, with its queries (answers, as RecallText's)."""
     s = settings(args, saved_args)
-    task = (s["min_distance"], s["max_distance"], s["fact_gap"], s["live_facts"])
+    task = (MIN_DISTANCE, s["max_distance"], FACT_GAP, s["live_facts"])
     train = None
     if need_train:
         length = min(args.steps * args.seq_len, MAX_TRAIN_CHARS // n_train_streams)
