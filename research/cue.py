@@ -1,8 +1,8 @@
 """Remember the cue: a compressive memory for an agent whose episodes end anywhere in an unroll.
 
 Each of --envs environments plays one episode after another. An episode's first step shows a
-cue (one of four), then come --min-blanks to --max-blanks blank steps (20 to 180), then a query,
-where the agent must name the cue. The agent reads unrolls of --unroll-len steps, its memory
+cue (one of four), then come MIN_BLANKS = 20 to --max-blanks (180) blank steps, then a query,
+where the agent must name the cue. The agent reads unrolls of UNROLL = 32 steps, its memory
 carried from one unroll to the next, and `starts` marks the first step of every episode, wherever
 it falls in an unroll; it learns from the loss at the queries alone. Then it acts on new episodes
 one step at a time and reports its accuracy, for the episodes that began inside an unroll and for
@@ -20,6 +20,8 @@ import torch
 from compressive import CompressiveConfig
 from research.ppo_cue import BLANK, N_CUES, QUERY, Agent, act, supervised_step
 from research.study import positive
+
+MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per training call
 
 
 def episodes(n_envs: int, length: int, min_blanks: int, max_blanks: int, generator):
@@ -56,8 +58,6 @@ def parse_args(argv):
     p.add_argument("--unrolls", type=positive, default=800, help="training unrolls")
     p.add_argument("--eval-steps", type=positive, default=3000, help="steps acted to evaluate")
     p.add_argument("--envs", type=positive, default=16, help="environments run in parallel")
-    p.add_argument("--unroll-len", type=positive, default=32, help="steps per training call, T")
-    p.add_argument("--min-blanks", type=int, default=20, help="fewest blank steps after a cue")
     p.add_argument(
         "--max-blanks",
         type=int,
@@ -68,8 +68,8 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if not 0 <= args.min_blanks <= args.max_blanks:
-        p.error("--min-blanks and --max-blanks must satisfy 0 <= min <= max")
+    if args.max_blanks < MIN_BLANKS:
+        p.error(f"--max-blanks must be >= {MIN_BLANKS}, the fewest blank steps after a cue")
     return args
 
 
@@ -83,10 +83,10 @@ def main(argv=None) -> int:
     )
     agent = Agent(cfg, value=False)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
-    T = args.unroll_len
+    T = UNROLL
     generator = torch.Generator().manual_seed(args.seed)
     observations, starts, targets, _ = episodes(
-        args.envs, args.unrolls * T, args.min_blanks, args.max_blanks, generator
+        args.envs, args.unrolls * T, MIN_BLANKS, args.max_blanks, generator
     )
     memory, began = None, time.time()
     for unroll in range(args.unrolls):
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     agent.eval()
     generator = torch.Generator().manual_seed(args.seed + 1)
     observations, starts, targets, cue_steps = episodes(
-        args.envs, args.eval_steps, args.min_blanks, args.max_blanks, generator
+        args.envs, args.eval_steps, MIN_BLANKS, args.max_blanks, generator
     )
     answers = act(agent, observations, starts).argmax(dim=-1)
     env, query = targets.ne(-100).nonzero(as_tuple=True)
