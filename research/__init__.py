@@ -3,8 +3,8 @@ training or evaluating with train_shakespeare.py and training/ (never the other 
 holds their reports (REACH.md) and figures, and the tests beside them specify them.
 
     recall.py       the reach benchmark: python -m research.recall (a text in which reach is all)
-    code.py         real text in which reach matters: python -m research.code (Python's library)
-    corpus.py       the code corpus, built from the interpreter's own standard library
+    code.py         real text in which reach matters: python -m research.code (Python's library,
+                    the corpus built from the interpreter's own standard library)
     copies.py       the loss by copy distance; python -m research.copies FILE profiles a text
     study.py        the code study: python -m research.study run | table (OUT/*/study.json);
                     first, what the studies' commands share (tables, timing, curves, captions)

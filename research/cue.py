@@ -18,38 +18,31 @@ import time
 import torch
 
 from compressive import CompressiveConfig
-from research.ppo_cue import BLANK, N_CUES, QUERY, Agent, act, supervised_step
+from research.ppo_cue import QUERY, Agent, CueEnvs, act, supervised_step
 from research.study import positive
 
 MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per training call
 
 
-def episodes(n_envs: int, length: int, min_blanks: int, max_blanks: int, generator):
-    """length steps of back-to-back episodes in each of n_envs environments:
+def episodes(envs: CueEnvs, length: int):
+    """length steps of the episodes of envs (research/ppo_cue.py's), played back to back:
 
     observations: [n_envs, length], a cue, BLANK or QUERY
     starts:       [n_envs, length] bool, true at the first step of each episode
     targets:      [n_envs, length], the cue at each query step, -100 (not scored) elsewhere
     cue_steps:    [n_envs, length], at each query step the step of its cue, -1 elsewhere
-    The episode under way at step 0 began before it: its query is not scored.
     """
-    observations = torch.full((n_envs, length), BLANK)
+    n_envs = len(envs.cue)
+    observations = torch.zeros(n_envs, length, dtype=torch.long)
     starts = torch.zeros(n_envs, length, dtype=torch.bool)
-    targets = torch.full((n_envs, length), -100)
-    cue_steps = torch.full((n_envs, length), -1)
-    for env in range(n_envs):
-        step = -int(torch.randint(1, max_blanks + 2, (1,), generator=generator))
-        while step < length:
-            cue = int(torch.randint(0, N_CUES, (1,), generator=generator))
-            n_blanks = int(torch.randint(min_blanks, max_blanks + 1, (1,), generator=generator))
-            query = step + 1 + n_blanks
-            if step >= 0:
-                observations[env, step], starts[env, step] = cue, True
-            if 0 <= query < length:
-                observations[env, query] = QUERY
-                if step >= 0:
-                    targets[env, query], cue_steps[env, query] = cue, step
-            step = query + 1
+    targets, cue_steps = torch.full((n_envs, length), -100), torch.full((n_envs, length), -1)
+    start, cue_step = torch.ones(n_envs, dtype=torch.bool), torch.zeros(n_envs, dtype=torch.long)
+    for t in range(length):
+        observations[:, t], starts[:, t] = envs.observation, start
+        cue_step = torch.where(start, t, cue_step)
+        asked = envs.observation == QUERY
+        targets[asked, t], cue_steps[asked, t] = envs.cue[asked], cue_step[asked]
+        _, start = envs.step(envs.cue)
     return observations, starts, targets, cue_steps
 
 
@@ -73,6 +66,12 @@ def parse_args(argv):
     return args
 
 
+def cue_envs(args, seed: int) -> CueEnvs:
+    """The environments, a query MIN_BLANKS to --max-blanks blank steps after each cue."""
+    generator = torch.Generator().manual_seed(seed)
+    return CueEnvs(args.envs, MIN_BLANKS + 1, args.max_blanks + 1, generator)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
@@ -84,10 +83,7 @@ def main(argv=None) -> int:
     agent = Agent(cfg, value=False)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
     T = UNROLL
-    generator = torch.Generator().manual_seed(args.seed)
-    observations, starts, targets, _ = episodes(
-        args.envs, args.unrolls * T, MIN_BLANKS, args.max_blanks, generator
-    )
+    observations, starts, targets, _ = episodes(cue_envs(args, args.seed), args.unrolls * T)
     memory, began = None, time.time()
     for unroll in range(args.unrolls):
         steps = slice(unroll * T, (unroll + 1) * T)
@@ -99,9 +95,8 @@ def main(argv=None) -> int:
 
     # act on new episodes, one step at a time
     agent.eval()
-    generator = torch.Generator().manual_seed(args.seed + 1)
     observations, starts, targets, cue_steps = episodes(
-        args.envs, args.eval_steps, MIN_BLANKS, args.max_blanks, generator
+        cue_envs(args, args.seed + 1), args.eval_steps
     )
     answers = act(agent, observations, starts).argmax(dim=-1)
     env, query = targets.ne(-100).nonzero(as_tuple=True)
