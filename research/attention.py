@@ -14,7 +14,7 @@ import torch
 import train_shakespeare
 from compressive import CompressiveTransformer
 from research import recall, tasks
-from research.study import made_with, print_table
+from research.study import made_with, positive, print_table
 from training import checkpoint, plots
 from training.checks import UserError, exit_status, keep_freed_memory, pick_device
 from training.recorded_attention import recorded_attention
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         prog="python -m research.attention", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
-    p.add_argument("--batch-size", type=int, default=12, help="parallel streams of the text")
+    p.add_argument("--batch-size", type=positive, default=12, help="parallel streams of the text")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.set_defaults(data=None)  # the checkpoint's own text
     args = p.parse_args(argv)
@@ -188,8 +188,6 @@ def main(argv=None) -> int:
 
 
 def analyze_checkpoint(args) -> None:
-    if args.batch_size <= 0:
-        raise UserError(f"--batch-size must be positive, got {args.batch_size}")
     device = pick_device(args.device)
     model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):

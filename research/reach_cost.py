@@ -24,7 +24,7 @@ import torch
 import bench
 import train_shakespeare
 from compressive import Memory
-from research.study import alternate, made_with, print_table
+from research.study import alternate, made_with, positive, print_table
 from training import plots
 from training.checkpoint import make_model
 from training.checks import UserError, exit_status, keep_freed_memory, pick_device
@@ -239,13 +239,15 @@ def parse_args(argv=None):
     r = parser.add_argument_group("the cost of reach")
     r.add_argument(
         "--reaches",
-        type=int,
+        type=positive,
         nargs="+",
         default=REACHES,
         metavar="N",
         help="the reaches beyond the segment at which both models are timed",
     )
-    r.add_argument("--rounds", type=int, default=10, help="timed rounds, one step of each model")
+    r.add_argument(
+        "--rounds", type=positive, default=10, help="timed rounds, one step of each model"
+    )
     return parser.parse_args(argv)
 
 
@@ -255,10 +257,6 @@ def main(argv=None) -> int:
 
     def command():
         train_shakespeare.check_args(args)
-        if args.rounds <= 0 or any(n <= 0 for n in args.reaches):
-            raise UserError(
-                f"--rounds and --reaches must be positive, got {args.rounds}, {args.reaches}"
-            )
         run(args)
 
     return exit_status(command)

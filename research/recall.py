@@ -20,7 +20,7 @@ import torch
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research.study import made_with, print_table
+from research.study import at_least, fraction, made_with, positive, print_table
 from training import checkpoint, evaluate, files, plots
 from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode
@@ -49,8 +49,16 @@ def add_arguments(parser) -> None:
         text = f"{text} (default {DEFAULTS[name]})"
         group.add_argument("--" + name.replace("_", "-"), help=text, **kind)
 
-    add("max_distance", f"longest D, drawn log-uniform from {MIN_DISTANCE}", type=int)
-    add("live_facts", "most facts waiting at once (more than one: a query needs its key)", type=int)
+    add(
+        "max_distance",
+        f"longest D, drawn log-uniform from {MIN_DISTANCE}",
+        type=at_least(MIN_DISTANCE),
+    )
+    add(
+        "live_facts",
+        "most facts waiting at once (more than one: a query needs its key)",
+        type=positive,
+    )
     add(
         "distractors",
         "go on stating facts while --live-facts wait, never to be asked: only its key finds a fact",
@@ -58,14 +66,16 @@ def add_arguments(parser) -> None:
         default=None,
     )
     add(
-        "curriculum", "the longest D grows to --max-distance over this part of training", type=float
+        "curriculum",
+        "the longest D grows to --max-distance over this part of training",
+        type=fraction,
     )
     add(
         "curriculum_hold",
         "first hold every fact inside the segment for this part of training",
-        type=float,
+        type=fraction,
     )
-    add("val_chars", "length of the validation text", type=int)
+    add("val_chars", "length of the validation text", type=at_least(1000))
     add("loss_on", "all characters, or the answer digit after each '?'", choices=["all", "answers"])
 
 
@@ -82,15 +92,6 @@ def settings(args, saved_args=None) -> dict:
 def check_args(args) -> None:
     if args.data is not None:
         raise UserError("--data: the recall task makes its own text")
-    least = {"live_facts": (1, "be positive"), "val_chars": (1000, "be >= 1000")}
-    least.update(max_distance=(MIN_DISTANCE, f"be >= {MIN_DISTANCE}, the shortest D"))
-    for name, (low, rule) in least.items():
-        if getattr(args, name) is not None and getattr(args, name) < low:
-            raise UserError(f"--{name.replace('_', '-')} must {rule}, got {getattr(args, name)}")
-    for name in ("curriculum", "curriculum_hold"):
-        value = getattr(args, name)
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise UserError(f"--{name.replace('_', '-')} must be a fraction in [0, 1], got {value}")
     if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
         raise UserError(
             f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "

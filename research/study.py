@@ -29,11 +29,26 @@ from training.checks import UserError, exit_status
 # What the studies' commands share
 
 
-def positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+def at_least(low: int):
+    """An argparse type: an integer >= low."""
+
+    def integer(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return integer
+
+
+positive = at_least(1)
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {value}")
     return value
 
 
