@@ -49,32 +49,12 @@ def add_arguments(parser) -> None:
         text = f"{text} (default {DEFAULTS[name]})"
         group.add_argument("--" + name.replace("_", "-"), help=text, **kind)
 
-    add(
-        "max_distance",
-        f"longest D, drawn log-uniform from {MIN_DISTANCE}",
-        type=at_least(MIN_DISTANCE),
-    )
-    add(
-        "live_facts",
-        "most facts waiting at once (more than one: a query needs its key)",
-        type=positive,
-    )
-    add(
-        "distractors",
-        "go on stating facts while --live-facts wait, never to be asked: only its key finds a fact",
-        action="store_true",
-        default=None,
-    )
-    add(
-        "curriculum",
-        "the longest D grows to --max-distance over this part of training",
-        type=fraction,
-    )
-    add(
-        "curriculum_hold",
-        "first hold every fact inside the segment for this part of training",
-        type=fraction,
-    )
+    add("max_distance", f"longest D, log-uniform from {MIN_DISTANCE}", type=at_least(MIN_DISTANCE))
+    add("live_facts", "most facts waiting at once (more: a query needs its key)", type=positive)
+    distractors = "more facts, never asked, while --live-facts wait: only its key finds a fact"
+    add("distractors", distractors, action="store_true", default=None)
+    add("curriculum", "the longest D grows to --max-distance over this part", type=fraction)
+    add("curriculum_hold", "first hold every fact in the segment for this part", type=fraction)
     add("val_chars", "length of the validation text", type=at_least(1000))
     add("loss_on", "all characters, or the answer digit after each '?'", choices=["all", "answers"])
 
