@@ -62,11 +62,8 @@ def add_arguments(parser) -> None:
 def settings(args, saved_args=None) -> dict:
     """The task's flags as given, else as the checkpoint was trained (saved_args), else defaults."""
     saved_args = saved_args or {}
-    out = {}
-    for name, default in DEFAULTS.items():
-        given = [v for v in (getattr(args, name, None), saved_args.get(name)) if v is not None]
-        out[name] = given[0] if given else default
-    return out
+    given = lambda name: [getattr(args, name, None), saved_args.get(name), DEFAULTS[name]]
+    return {name: next(v for v in given(name) if v is not None) for name in DEFAULTS}
 
 
 def check_args(args) -> None:
@@ -248,12 +245,12 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     return Scored(*(t[whole] for t in found))
 
 
-def counted(scored: Scored, chosen: torch.Tensor) -> dict:
-    return {"queries": int(chosen.sum()), "accuracy": accuracy(scored.correct[chosen])}
-
-
 def accuracy(correct: torch.Tensor):
     return correct.float().mean().item() if len(correct) else None
+
+
+def counted(scored: Scored, chosen: torch.Tensor) -> dict:
+    return {"queries": int(chosen.sum()), "accuracy": accuracy(scored.correct[chosen])}
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -287,10 +284,8 @@ def by_region(scored: Scored, edges) -> dict:
 
 def held_in_c_mem(fact_back: torch.Tensor, edges):
     """Which queries find their fact in the compressed memory when they are read, or None without
-    one. A distance D does not say this alone: a query early in its segment holds a fact of the
-    same D farther back than a query late in it (the c_mem region by D, with the n_s - 1 more
-    that its last query reaches, mixes a few of each, and some facts already beyond reach). Exact
-    when n_s and n_m are multiples of c, as in the recipes, so that mem always holds n_m."""
+    one; D alone does not say it, a query early in its segment holding a fact of the same D farther
+    back than one late in it. Exact when n_s and n_m are multiples of c, as in the recipes."""
     limits = dict(edges)
     if "c_mem" not in limits:
         return None
@@ -333,8 +328,7 @@ def key_use(scored: Scored, edges) -> list:
     return [
         {
             "region": name,
-            "queries": int(inside.sum()),
-            "accuracy": accuracy(scored.correct[inside]),
+            **counted(scored, inside),
             "latest_fact_right": accuracy(scored.latest_right[inside]),
             "said_latest": accuracy(scored.said_latest[inside]),
             "by_facts_after": [accuracy(scored.correct[inside & (after == n)]) for n in AFTER],
@@ -372,10 +366,7 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     """Print the accuracy-by-distance table, the phase split and the key use, plot them to
     OUT/recall.png (caption at its foot: how to make it again); return them for metrics.json."""
     if len(scored.distance) == 0:
-        print(
-            "recall accuracy by distance: no query in the validation text could be scored "
-            "(raise --val-chars or lower --max-distance)"
-        )
+        print("recall: no query could be scored (raise --val-chars or lower --max-distance)")
         return {"by_distance": [], "by_phase": [], "key_use": []}
     cfg, edges = model.cfg, model.reach()
     rows = by_distance(scored, edges, cfg.seq_len)
@@ -400,9 +391,8 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     keys = key_use(scored, edges)
     if keys:
         print(
-            "finding the fact by its key, with several waiting: accuracy, what answering with the "
-            "latest fact stated would score, how often the model answered with its digit, and its "
-            "accuracy when 0, 1, 2, 3+ facts were stated after the one asked for"
+            "finding the fact by its key: accuracy, that of the latest fact stated, how often the "
+            "model said its digit, and accuracy with 0, 1, 2, 3+ facts stated after the asked one"
         )
         print_table(
             ["region", "queries", "accuracy", "latest fact", "said latest", "0", "1", "2", "3+"],
@@ -416,13 +406,7 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     if cfg.mem_len and cfg.c_mem_len:
         title += f" f_c={cfg.compression}"
     plot_recall(rows, edges, phases, title, os.path.join(out, "recall.png"), caption)
-    return {
-        "by_distance": rows,
-        "by_phase": phases,
-        "key_use": keys,
-        "reach": edges,
-        "title": title,
-    }
+    return dict(by_distance=rows, by_phase=phases, key_use=keys, reach=edges, title=title)
 
 
 def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -> None:
