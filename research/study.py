@@ -16,6 +16,7 @@ import contextlib
 import glob
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -147,7 +148,6 @@ def finished_training(out: str, steps: int):
 
 def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
     """Train (unless that finished before) and evaluate one model on one seed; its record."""
-
     train_flags = [*MODELS[model], *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     args = code.parse_args(train_flags)
     metrics = finished_training(out, args.steps) or code.run(args)
@@ -157,24 +157,13 @@ def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
         n_m = args.mem_len if n_m is None else n_m
         evaluation = ["--eval-only", "--out", out, "--eval-mem-len", str(n_m)]
         cut[ablation] = code.run(code.parse_args([*evaluation, "--eval-c-mem-len", str(n_cm)]))
-    return {
-        "model": model,
-        "budget": budget,
-        "seed": seed,
-        "extra": extra,
-        "commit": files.repository_commit(),
-        "seconds": metrics["seconds"],
-        "val_loss": metrics["val_loss"],
-        "loss_by_copy_distance": metrics["loss_by_copy_distance"],
-        "history": [
-            {"step": h["step"], "loss_by_copy_distance": h["loss_by_copy_distance"]}
-            for h in metrics["history"]
-        ],
-        "ablations": {
-            label: {"val_loss": r["val_loss"], "loss_by_copy_distance": r["loss_by_copy_distance"]}
-            for label, r in cut.items()
-        },
-    }
+    kept = lambda result, *names: {name: result[name] for name in names}
+    record = {"model": model, "budget": budget, "seed": seed, "extra": extra}
+    record["commit"] = files.repository_commit()
+    record.update(kept(metrics, "seconds", "val_loss", "loss_by_copy_distance"))
+    record["history"] = [kept(h, "step", "loss_by_copy_distance") for h in metrics["history"]]
+    record["ablations"] = {a: kept(r, "val_loss", "loss_by_copy_distance") for a, r in cut.items()}
+    return record
 
 
 def run_study(args) -> None:
@@ -233,10 +222,10 @@ def label(run: dict) -> str:
 
 
 def mean(runs, bucket: str) -> float:
-    values = [
+    """The mean over runs of the validation loss (bucket "val") or of the loss in the bucket."""
+    return statistics.fmean(
         r["val_loss"] if bucket == "val" else loss(r["loss_by_copy_distance"], bucket) for r in runs
-    ]
-    return sum(values) / len(values)
+    )
 
 
 def groups(runs) -> dict:
@@ -251,10 +240,9 @@ def tables(runs: list) -> None:
     """Per run: the loss, what its far memory is worth, the zone over training; per model and
     budget over the seeds: the loss and its differences from XL-96 trained alike."""
     print(
-        f"Per run: the validation loss (nats/char), the loss in {ZONE}, what the far memory is "
-        f"worth there and at most where it cannot reach (the same checkpoint without it minus "
-        f"with it: conv, omax with c_mem emptied, xl192 with mem cut to 96), and over training "
-        f"the loss in {ZONE} minus in {BEYOND} (beyond every reach)\n"
+        f"Per run: the validation loss (nats/char), the loss in {ZONE}, the far memory's worth "
+        f"(the checkpoint without it minus with it) there and at most where it cannot reach, and "
+        f"over training the loss in {ZONE} minus in {BEYOND} (beyond every reach)\n"
     )
     rows = []
     for r in runs:
@@ -279,24 +267,19 @@ def tables(runs: list) -> None:
     found = groups(runs)
 
     def spread(values):
-        return f"{sum(values) / len(values):.4f} ({min(values):.3f}-{max(values):.3f})"
+        return f"{statistics.fmean(values):.4f} ({min(values):.3f}-{max(values):.3f})"
 
     rows = []
     for (name, budget), members in found.items():
         model, extra = members[0]["model"], members[0]["extra"]
         base = found.get((" ".join(["xl96", *extra]), budget)) or found.get(("xl96", budget))
         rows.append([name, budget, " ".join(str(r["seed"]) for r in members)])
-        rows[-1] += [
-            spread([r["val_loss"] for r in members]),
-            spread([loss(r["loss_by_copy_distance"], ZONE) for r in members]),
-            *(
-                ""
-                if base is None or base is members
-                else f"{mean(members, b) - mean(base, b):+.4f}"
-                for b in ("val", ZONE)
-            ),
-            spread([worth(r)[ZONE] for r in members]) if model in WORTH else "",
-        ]
+        rows[-1] += [spread([r["val_loss"] for r in members])]
+        rows[-1] += [spread([loss(r["loss_by_copy_distance"], ZONE) for r in members])]
+        for b in ("val", ZONE):
+            differs = base is not None and base is not members
+            rows[-1] += [f"{mean(members, b) - mean(base, b):+.4f}" if differs else ""]
+        rows[-1] += [spread([worth(r)[ZONE] for r in members]) if model in WORTH else ""]
     print_table(
         ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
         + [f"worth in {ZONE}"],
