@@ -38,7 +38,6 @@ def parse_args(argv):
     )
     p.add_argument("--d-model", type=positive, default=128)
     p.add_argument("--n-heads", type=positive, default=4)
-    p.add_argument("--n-layers", type=positive, default=2)
     p.add_argument("--seq-len", type=positive, default=32, help="n_s")
     p.add_argument("--mem-len", type=positive, default=64, help="n_m")
     p.add_argument("--c-mem-len", type=positive, default=32, help="n_cm")
@@ -53,7 +52,7 @@ def measure(args) -> dict:
     cfg = CompressiveConfig(
         d_model=args.d_model,
         n_heads=args.n_heads,
-        n_layers=args.n_layers,
+        n_layers=2,
         d_ff=4 * args.d_model,
         seq_len=args.seq_len,
         mem_len=args.mem_len,

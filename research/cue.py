@@ -58,8 +58,6 @@ def parse_args(argv):
         help="most blank steps after a cue (a step sees its segment's steps so far, the n_m = 64 "
         "before them, and c*n_cm = 128 more in c_mem: 192 steps back and more)",
     )
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.max_blanks < MIN_BLANKS:
         p.error(f"--max-blanks must be >= {MIN_BLANKS}, the fewest blank steps after a cue")
@@ -74,16 +72,16 @@ def cue_envs(args, seed: int) -> CueEnvs:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(0)
     # segments of n_s = 64 steps, n_m = 64 memories and n_cm = 32 compressed ones of c = 4: a
     # step sees its segment's steps so far, the 64 before them and 128 more through c_mem
     cfg = CompressiveConfig(
         d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32, compression_rate=4
     )
     agent = Agent(cfg, value=False)
-    optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
+    optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     T = UNROLL
-    observations, starts, targets, _ = episodes(cue_envs(args, args.seed), args.unrolls * T)
+    observations, starts, targets, _ = episodes(cue_envs(args, seed=0), args.unrolls * T)
     memory, began = None, time.time()
     for unroll in range(args.unrolls):
         steps = slice(unroll * T, (unroll + 1) * T)
@@ -95,9 +93,7 @@ def main(argv=None) -> int:
 
     # act on new episodes, one step at a time
     agent.eval()
-    observations, starts, targets, cue_steps = episodes(
-        cue_envs(args, args.seed + 1), args.eval_steps
-    )
+    observations, starts, targets, cue_steps = episodes(cue_envs(args, seed=1), args.eval_steps)
     answers = act(agent, observations, starts).argmax(dim=-1)
     env, query = targets.ne(-100).nonzero(as_tuple=True)
     right = answers[env, query].eq(targets[env, query]).float()

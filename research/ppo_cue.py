@@ -126,7 +126,6 @@ def parse_args(argv):
     p.add_argument("--min-delay", type=int, default=40, help="fewest blank steps after the cue")
     p.add_argument("--max-delay", type=int, default=100, help="most blank steps after the cue")
     p.add_argument("--epochs", type=positive, default=4, help="passes over each rollout")
-    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--report", type=positive, default=25, help="print every this many iterations")
     p.add_argument("--plot", default=None, help="a PNG of the return curves")
     args = p.parse_args(argv)
@@ -155,7 +154,7 @@ def train(args, seed: int):
         compression_rate=4,
     )
     agent = Agent(cfg)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
     envs = CueEnvs(args.envs, args.min_delay, args.max_delay, torch.Generator().manual_seed(seed))
     gamma, lam, clip, B, T = 0.99, 0.95, 0.2, args.envs, args.rollout
     memory, start = agent.core.empty_memory(B), torch.ones(B, dtype=torch.bool)

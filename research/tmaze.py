@@ -99,7 +99,7 @@ def run(args, memory_kind: str, seed: int):
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
     agent = make_agent(cfg)
-    optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
+    optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     train_data = torch.Generator().manual_seed(seed)
     held_out = episodes(
         args.eval_episodes, args.min_gap, args.max_gap, torch.Generator().manual_seed(10_000 + seed)
@@ -142,7 +142,6 @@ def parse_args(argv):
     p.add_argument("--min-gap", type=int, default=48, help="fewest steps from the cue to the query")
     p.add_argument("--max-gap", type=int, default=95, help="most steps from the cue to the query")
     p.add_argument("--d-model", type=positive, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-every", type=positive, default=25, help="batches between checks")
     p.add_argument("--eval-episodes", type=positive, default=512, help="held-out episodes (even)")
     p.add_argument("--jobs", type=positive, default=1, help="runs at a time, one thread each")
