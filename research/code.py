@@ -7,23 +7,17 @@ cut to show what the memory is worth.
     python -m research.code --eval-only --out OUT --eval-c-mem-len 0    # without c_mem: its worth
 
 The corpus is the running interpreter's own standard-library sources (no network, no new
-dependency): source code repeats itself far back, a name defined at the top of a module used
-again hundreds of characters later. It is built in memory once per process, deterministically:
+dependency), where a name defined at the top of a module is used again hundreds of characters
+later. It is built in memory once per process, deterministically: the .py files under sysconfig's
+stdlib folder in sorted order of their '/'-separated relative paths, each after a line "# file:
+<relative path>"; left out are tests (folders test, tests, idle_test), third-party code
+(site-packages, dist-packages), __pycache__, the build's config-* and the generated
+_sysconfigdata_* module (it differs between machines). The text is normalised to VOCAB (97
+characters, normalise); a file is validation when the first byte of the SHA-256 of its path is
+below 26 (about 10% of the files, stable when files come and go). The description (the run's log,
+the checkpoint) names the interpreter, the files and the validation text's SHA-256, so that two
+runs can tell whether they read one text.
 
-  * the .py files under the standard-library folder that sysconfig reports, in sorted order of
-    their relative paths ('/' separated);
-  * left out: folders named test, tests or idle_test (tests and their data), site-packages and
-    dist-packages (third-party code), __pycache__, config-* (the build's own files), and the
-    generated _sysconfigdata_* module (it differs from machine to machine);
-  * each file is introduced by one header line, "# file: <relative path>";
-  * the text is normalised to a fixed alphabet of 97 characters (VOCAB): line ends to "\\n", tabs
-    expanded to 8-column stops (Python's own rule), every other character outside printable ASCII
-    to the ASCII substitute character "\\x1a";
-  * the validation split is whole files: a file belongs to it when the first byte of the SHA-256
-    of its relative path is below 26 (about 10% of the files, stable when files come and go).
-
-Its description (the run's log, the checkpoint) names the interpreter, the files and the first
-digits of the validation text's SHA-256, so that two runs can tell whether they read one text.
 --eval-only reads checkpoints of this command and of train_shakespeare.py alike (each on its own
 validation text), and records into OUT/metrics.json. Training is train_shakespeare.py's; at each
 evaluation the loss of every character is read again (training.evaluate.per_character)."""
