@@ -141,17 +141,10 @@ def train(args, seed: int):
     last --report iterations, their number)] and, for every update before its first optimizer
     step, (max |log ratio| over the rollout's samples, the fraction outside the clip range)."""
     torch.manual_seed(seed)
-    # n_m = 48 memories and n_cm = 24 compressed ones of c = 4: the query reaches 144 steps and
-    # more before its segment, the cue 41 to 101 steps back
+    # n_m = 48 memories and n_cm = 24 compressed ones of c = 4 (the default): the query reaches
+    # 144 steps and more before its segment, the cue 41 to 101 steps back
     cfg = CompressiveConfig(
-        d_model=32,
-        n_heads=2,
-        n_layers=2,
-        d_ff=64,
-        seq_len=24,
-        mem_len=48,
-        c_mem_len=24,
-        compression_rate=4,
+        d_model=32, n_heads=2, n_layers=2, d_ff=64, seq_len=24, mem_len=48, c_mem_len=24
     )
     agent = Agent(cfg)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
