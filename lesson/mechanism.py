@@ -7,10 +7,9 @@ the reconstruction loss's gradients, each an SVG of the page (docs/), each made 
     python -m lesson.memory_picture --reach-svg docs/reach.svg   # the reach, layer by layer
     python -m lesson.memory_picture --recon-svg docs/recon.svg   # which loss reaches what
 
-Each figure has a function that reads its data from a tiny CompressiveTransformer (the *_data
-functions and model_fifo_steps) and one that draws it with matplotlib. A shape that carries data
-has an id that says what it shows, so that a test can read the drawing back. Layers and segments
-count from 1 in every label.
+Each figure's data is read from a tiny CompressiveTransformer (the *_data functions and
+model_fifo_steps) and drawn with matplotlib, each shape that carries data with an id that says what
+it shows, so that a test can read it back. Layers and segments count from 1 in every label.
 """
 
 import io
@@ -209,9 +208,12 @@ class Canvas:
         files.write_atomically(path, lambda f: f.write(svg.encode("utf-8")))
 
 
-def panel(canvas, headers, rows, w, h, left=150, key_gid=None, notes=()) -> None:
-    """Column headers (ids key_gid-J) and rows (name, cells) from the cursor down, each cell the
-    arguments of Canvas.cell after its place and size; notes: words right of each row."""
+def panel(canvas, rows, w, h, headers=(), heading="", left=150, key_gid=None, notes=()) -> None:
+    """A heading, column headers (ids key_gid-J) and rows (name, cells) from the cursor down, each
+    cell the arguments of Canvas.cell after its place and size; notes: words right of each row."""
+    if heading:
+        canvas.y += 10
+        canvas.paragraph(heading, 13, weight="bold")
     y = canvas.y + 26 * bool(headers)
     for j, header in enumerate(headers):
         gid = key_gid and f"{key_gid}-{j}"
@@ -303,21 +305,17 @@ def shown(text: str) -> str:
 # The two FIFOs (docs/fifo.svg)
 
 
-def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> List[str]:
+def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> str:
     """What the FIFOs do after a segment (the next row shows it done); held: mem with it."""
     if not step.evicted:
-        return [f"after it, mem holds {held} \u2264 n_m = {n_m}:", "nothing leaves it"]
-    k, s = len(step.compressed), "s" * (len(step.compressed) > 1)
-    lines = [
-        f"after it, mem would hold {held} > n_m = {n_m}, so",
-        f"{step.evicted[0]}\u2013{step.evicted[-1]} leave it: {k} block{s} of c = {c} "
-        f"\u2192 f_c \u2192 {k} c_mem slot{s}",
-    ]
-    if step.dropped:
-        n = len(step.dropped)
-        oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
-        lines.append(f"c_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}")
-    return lines
+        return f"after it, mem holds {held} \u2264 n_m = {n_m}:\nnothing leaves it"
+    k, s, n = len(step.compressed), "s" * (len(step.compressed) > 1), len(step.dropped)
+    words = f"after it, mem would hold {held} > n_m = {n_m}, so\n{step.evicted[0]}\u2013"
+    words += (
+        f"{step.evicted[-1]} leave it: {k} block{s} of c = {c} \u2192 f_c \u2192 {k} c_mem slot{s}"
+    )
+    oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
+    return words + f"\nc_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}" * bool(n)
 
 
 FIFO_INTRO = (
@@ -378,8 +376,7 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
         for p in step.evicted:
             x = left + p * cell
             canvas.line([x + 2, x + cell - 2], [y + 29] * 2, gid=f"fifo-evicted-{k}-{p}")
-        notes = fifo_notes(step, len(before.mem) + n_s, n_m, n_cm, c)
-        canvas.text(notes_x, y + 7, "\n".join(notes), 11)
+        canvas.text(notes_x, y + 7, fifo_notes(step, len(before.mem) + n_s, n_m, n_cm, c), 11)
         before = step
     canvas.y = top + len(steps) * row_h
     canvas.save(path, "fifo")
@@ -452,25 +449,22 @@ def draw_shift(data: dict, path: str) -> None:
         fill = "#f3f3f3" if why else QUERY_FILLS[i % len(QUERY_FILLS)]
         return fill, words, gid, 9, QUERY_EDGES[i % len(QUERY_EDGES)], "#888888" if why else INK
 
-    def heading(words: str):
-        canvas.y += 10
-        canvas.paragraph(words, 13, weight="bold")
+    def rows(name: str, sources, whys):
+        """Per query i, entry sources[i][j] of P flattened as cell j, its id shift-name-i-j."""
+        cells = lambda i: zip(sources[i], whys[i])
+        entries = lambda i: [
+            entry(n, f"shift-{name}-{i}-{j}", why) for j, (n, why) in enumerate(cells(i))
+        ]
+        return [(f"query {i + 1}", entries(i)) for i in range(T)]
 
-    heading(
-        "1. P = position_scores(q, r), [T, K+1]: query i's score at every distance d, from K down to 0"
-    )
-    rows = []
-    for i in range(T):
-        rows.append(
-            (f"query {i + 1}", [entry(i * (K + 1) + p, f"shift-P-{i}-{p}") for p in range(K + 1)])
-        )
-    panel(canvas, [f"d = {K - p}" for p in range(K + 1)], rows, w, h)
-    heading(
-        f"2. flattened: T(K+1) = {T * (K + 1)} entries, row after row; the first T = {T} skipped, "
-        f"the next T K = {T * K} kept"
-    )
+    flat = [list(range(i * (K + 1), (i + 1) * (K + 1))) for i in range(T)]
+    heading = "1. P = position_scores(q, r), [T, K+1]: query i's score at every distance d, from K"
+    headers = [f"d = {K - p}" for p in range(K + 1)]
+    panel(canvas, rows("P", flat, [[""] * (K + 1)] * T), w, h, headers, heading + " down to 0")
+    heading = f"2. flattened: T(K+1) = {T * (K + 1)} entries, row after row; the first T = {T} "
     flat = [entry(n, f"shift-flat-{n}", "skipped" * (n < T)) for n in range(T * (K + 1))]
-    panel(canvas, [], [("flat", flat)], flat_w, h)
+    heading += f"skipped, the next T K = {T * K} kept"
+    panel(canvas, [("flat", flat)], flat_w, h, heading=heading)
     for row in range(T):  # where each row of the result is cut
         x = left + (T + row * K) * flat_w
         canvas.line([x + 2, x + K * flat_w - 2], [canvas.y - 8] * 2, color=INK, lw=1, dashed=False)
@@ -478,17 +472,11 @@ def draw_shift(data: dict, path: str) -> None:
             x + K * flat_w / 2, canvas.y + 6, f"row {row + 1} of the result", 10, ha="center"
         )
     canvas.y += 12
-    heading(
-        f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for key "
-        "j at distance M + i \u2212 j"
-    )
-    rows = []
-    for i in range(T):
-        sources = zip(data["source"][i], data["masked"][i])
-        cells = [entry(n, f"shift-out-{i}-{j}", "masked" * m) for j, (n, m) in enumerate(sources)]
-        rows.append((f"query {i + 1}", cells))
+    heading = f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for "
     headers = [f"mem\n{j + 1}" if j < M else f"segment\n{j - M + 1}" for j in range(K)]
-    panel(canvas, headers, rows, w, h)
+    whys = [["masked" * m for m in row] for row in data["masked"]]
+    heading += "key j at distance M + i \u2212 j"
+    panel(canvas, rows("out", data["source"], whys), w, h, headers, heading)
     canvas.paragraph(SHIFT_NOTES)
     canvas.save(path, "shift")
 
@@ -553,7 +541,7 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
             fill, ink = ("#eeeeee", "#999999") if hidden else (REGION_FILLS[region], INK)
             cells.append((fill, "\u2212\u221e" if hidden else str(M + i - j), gid, 11, "none", ink))
         rows.append((f"query {i + 1}: {shown(text[p])!r} ({p})", cells))
-    panel(canvas, headers, rows, w, h, left, key_gid="mask-key")
+    panel(canvas, rows, w, h, headers, left=left, key_gid="mask-key")
     canvas.paragraph(MASK_NOTES)
     canvas.save(path, "mask")
 
@@ -814,13 +802,13 @@ def draw_recon(data: dict, path: str) -> None:
         rows.append((name, cells))
     names = {"lm": "LM loss", "attn": "L_attn"}
     headers = [f"{names[loss]}\nlayer {i + 1}" for _, loss, i in columns]
-    panel(canvas, headers, rows, w, h, left, notes=[why for _, why in LAYER_ROWS])
+    panel(canvas, rows, w, h, headers, left=left, notes=[why for _, why in LAYER_ROWS])
     canvas.y -= 6
     rows = []
     for r, (name, _) in enumerate(MODEL_ROWS):
         values = zip(data["model"][r], LOSSES)
         rows.append((name, [cell(value, f"recon-model-{r}-{loss}") for value, loss in values]))
-    panel(canvas, [], rows, 2 * w, h, left, notes=[why for _, why in MODEL_ROWS])
+    panel(canvas, rows, 2 * w, h, left=left, notes=[why for _, why in MODEL_ROWS])
     canvas.paragraph(RECON_NOTES)
     canvas.save(path, "recon")
 
