@@ -140,9 +140,8 @@ def pyplot_or_error():
 
 
 class Canvas:
-    """A white figure width pixels wide (96 to the inch, as a browser shows an SVG), its
-    coordinates and text sizes those pixels, y downwards: drawn from the cursor y down, as tall as
-    the cursor when saved. The title, bold, at its top."""
+    """A white figure width pixels wide (96 to the inch, as a browser shows it), coordinates and
+    text sizes in pixels, y downwards, drawn from the cursor y down and as tall as it, titled."""
 
     def __init__(self, width: int, title: str):
         self.plt = pyplot_or_error()
@@ -387,8 +386,7 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
 
 
 def shift_model(T: int = 3, M: int = 2):
-    """A one-layer Transformer-XL (n_m = M, random weights) and the two segments of T vectors it
-    reads, [1, 2T, d]."""
+    """A one-layer Transformer-XL, n_m = M, random weights; two segments of T vectors [1, 2T, d]."""
     torch.manual_seed(0)
     cfg = toy_config(seq_len=T, mem_len=M, c_mem_len=0, d_model=8, n_heads=1)
     return CompressiveTransformer(cfg).eval(), torch.randn(1, 2 * T, 8)
@@ -409,17 +407,10 @@ def shift_data(model, x) -> dict:
     q, _, _ = attn.queries_keys_values(h)
     P = attn.position_scores(q, r)[0, 0]  # head 1, row 1: [T, K+1]
     K = P.size(1) - 1
-    source = relative_shift(torch.arange(T * (K + 1)).view(T, K + 1))
-    return {
-        "T": T,
-        "M": K - T,
-        "K": K,
-        "P": P.tolist(),
-        "source": source.tolist(),
-        "out": relative_shift(P).tolist(),
-        "masked": torch.isinf(mask).tolist(),
-        "weights": seen["out"].weights[0, 0].tolist(),
-    }
+    source = relative_shift(torch.arange(T * (K + 1)).view(T, K + 1)).tolist()
+    out, masked = relative_shift(P).tolist(), torch.isinf(mask).tolist()
+    data = dict(T=T, M=K - T, K=K, P=P.tolist(), source=source, out=out, masked=masked)
+    return {**data, "weights": seen["out"].weights[0, 0].tolist()}
 
 
 QUERY_FILLS = [*REGION_FILLS.values(), "#eadcf0", "#f6e7b6"]  # query i's colours, in turn
