@@ -638,7 +638,7 @@ LAYER_ROWS = [
     ("c_mem handed on", "compressed.detach(): the next segment reads it without a graph"),
 ]
 MODEL_ROWS = [("embedding", "the model's input"), ("head", "the logits")]
-LOSSES = ("lm", "attn")  # the language-model loss, f_c's L_attn: as the ids name them
+LOSSES = {"lm": "LM loss", "attn": "L_attn"}  # each loss: its name in the ids, in the headers
 
 
 def gradient_norm(loss, tensors) -> object:
@@ -732,11 +732,6 @@ def draw_flow(canvas, layer) -> None:
     dashed one where none does. Ids: recon-flow-FROM-TO (text: "gradient" or why none)."""
     from matplotlib.patches import FancyArrowPatch
 
-    canvas.paragraph(
-        "L_attn in layer 1 (layer 2 alike): a green arrow carries its gradient back, as autograd "
-        "finds it; along a grey dashed one, none flows.",
-        11,
-    )
     w, h, top, boxes = 124, 24, canvas.y + 4, {}
     for key, (words, col, row) in FLOW_BOXES.items():
         at = (12 + col * 168 + w / 2, top + row * 40 + h / 2)  # the box's centre
@@ -775,9 +770,10 @@ def draw_recon(data: dict, path: str) -> None:
     canvas = Canvas(left + 4 * w + 486, title)
     canvas.paragraph(
         "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
-        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of the "
-        "gradient that the loss sends to that part of layer 1 or 2; none where it does not; on "
-        "the right, why."
+        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. First, L_attn in layer 1 "
+        "(layer 2 alike): a green arrow carries its gradient back, as autograd finds it; along a "
+        "grey dashed one, none flows. Then, in a cell, the norm of the gradient that the loss "
+        "sends to that part of layer 1 or 2; none where it does not; on the right, why."
     )
     draw_flow(canvas, layers[0])
 
@@ -791,8 +787,7 @@ def draw_recon(data: dict, path: str) -> None:
     for r, (name, _) in enumerate(LAYER_ROWS):
         cells = [cell(layers[i][r][k], f"recon-{i + 1}-{r}-{loss}") for k, loss, i in columns]
         rows.append((name, cells))
-    names = {"lm": "LM loss", "attn": "L_attn"}
-    headers = [f"{names[loss]}\nlayer {i + 1}" for _, loss, i in columns]
+    headers = [f"{LOSSES[loss]}\nlayer {i + 1}" for _, loss, i in columns]
     panel(canvas, rows, w, h, headers, left=left, notes=[why for _, why in LAYER_ROWS])
     canvas.y -= 6
     rows = []
