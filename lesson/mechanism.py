@@ -176,9 +176,8 @@ class Canvas:
 
     def cell(self, x, y, w, h, fill, words, gid, px=11, edge="none", color=INK):
         """A box with words centred in it, the box's id gid, the words' gid-text."""
-        self.text(
-            x + w / 2, y + h / 2, words, px, f"{gid}-text", ha="center", va="center", color=color
-        )
+        style = dict(ha="center", va="center", color=color)
+        self.text(x + w / 2, y + h / 2, words, px, f"{gid}-text", **style)
         return self.box(x, y, w, h, fill, edge, gid=gid)
 
     def line(self, xs, ys, gid=None, color=RED, lw=1.5, dashed=True):
@@ -309,10 +308,9 @@ def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> str:
     if not step.evicted:
         return f"after it, mem holds {held} \u2264 n_m = {n_m}:\nnothing leaves it"
     k, s, n = len(step.compressed), "s" * (len(step.compressed) > 1), len(step.dropped)
-    words = f"after it, mem would hold {held} > n_m = {n_m}, so\n{step.evicted[0]}\u2013"
-    words += (
-        f"{step.evicted[-1]} leave it: {k} block{s} of c = {c} \u2192 f_c \u2192 {k} c_mem slot{s}"
-    )
+    first, last = step.evicted[0], step.evicted[-1]
+    words = f"after it, mem would hold {held} > n_m = {n_m}, so\n{first}\u2013{last} leave it: "
+    words += f"{k} block{s} of c = {c} \u2192 f_c \u2192 {k} c_mem slot{s}"
     oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
     return words + f"\nc_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}" * bool(n)
 
@@ -459,9 +457,8 @@ def draw_shift(data: dict, path: str) -> None:
     for row in range(T):  # where each row of the result is cut
         x = left + (T + row * K) * flat_w
         canvas.line([x + 2, x + K * flat_w - 2], [canvas.y - 8] * 2, color=INK, lw=1, dashed=False)
-        canvas.text(
-            x + K * flat_w / 2, canvas.y + 6, f"row {row + 1} of the result", 10, ha="center"
-        )
+        words = f"row {row + 1} of the result"
+        canvas.text(x + K * flat_w / 2, canvas.y + 6, words, 10, ha="center")
     canvas.y += 12
     heading = f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for "
     headers = [f"mem\n{j + 1}" if j < M else f"segment\n{j - M + 1}" for j in range(K)]
@@ -579,10 +576,8 @@ def draw_reach(data: dict, path: str) -> None:
     n_s, n_m, n_cm, c = sizes.values()
     far = max(max(row) for row in changed) + 1
     w, h, left = 14, 26, 90
-    title = (
-        "The reach, layer by layer: how far back a segment's last token sees, through each layer"
-    )
-    canvas = Canvas(left + far * w + 110, title)
+    title = "The reach, layer by layer: how far back a segment's last token sees, through each"
+    canvas = Canvas(left + far * w + 110, title + " layer")
     canvas.paragraph(
         f"n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: one layer sees its segment, mem and "
         "c_mem. Each layer above reads the states of the one below, and those kept in its "
@@ -734,19 +729,9 @@ def draw_flow(canvas, layer) -> None:
 
     w, h, top, boxes = 124, 24, canvas.y + 4, {}
     for key, (words, col, row) in FLOW_BOXES.items():
-        at = (12 + col * 168 + w / 2, top + row * 40 + h / 2)  # the box's centre
-        box = canvas.cell(
-            at[0] - w / 2,
-            at[1] - h / 2,
-            w,
-            h,
-            "#f7f7f7",
-            words,
-            f"recon-box-{key}",
-            10.5,
-            "#999999",
-        )
-        boxes[key] = box, at
+        x, y = 12 + col * 168, top + row * 40
+        box = canvas.cell(x, y, w, h, "#f7f7f7", words, f"recon-box-{key}", 10.5, "#999999")
+        boxes[key] = box, (x + w / 2, y + h / 2)  # the box and its centre
     for start, end, (row, loss), why in FLOW_ARROWS:
         flows = not isinstance(layer[row][loss], str)
         (a, tail), (b, head) = boxes[start], boxes[end]
