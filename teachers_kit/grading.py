@@ -1174,14 +1174,7 @@ def load_assignment(folder: Path) -> Assignment:
         reference, tests = files[module], files[tests_path]
         support = {p: files[p] for p in paths[2:]}
         exercises = [
-            Check(
-                str(e["name"]),
-                float(e["points"]),
-                list(e["tests"]),
-                list(e["hidden"]),
-                list(e["unsandboxed"]),
-                list(e["measured"]),
-            )
+            Check(str(e["name"]), float(e["points"]), *(list(e[f]) for f in Check._fields[2:]))
             for e in record["exercises"]
         ]
         partial, visibility = bool(record["partial"]), str(record["hidden_visibility"])
