@@ -221,46 +221,109 @@ def over(blob: bytes, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- a call, the way in --------------
-# A call goes whole: every storage it reaches, once, by number, so that both sides lay every
-# tensor out alike (a view of one is a view at the same offsets of the other).
+# Within one test a worker keeps every storage, tensor and module it was sent, by number (HELD),
+# and the test process remembers what each held when it went (Mirror). A call sends only what is
+# new or changed since: a model's parameters once, then the bytes of a storage a step changed,
+# and a module again only when an attribute of its tree changed. reset, after each test, forgets
+# them on both sides.
 
-CALL: Dict[str, dict] = {"tensor": {}, "where": {}}  # in the sandbox: the call being loaded
+HELD: Dict[str, dict] = {
+    "storage": {},  # number -> the storage's bytes, a uint8 tensor
+    "tensor": {},  # number -> the tensor
+    "module": {},  # number -> the module
+    "where": {},  # a tensor's number -> (its storage's number, address, size), or None on meta
+}
 
 
-def handed(number: int) -> torch.Tensor:
-    """In the sandbox, as a call's pickle is loaded: its tensor number."""
-    return CALL["tensor"][number]
+def handed(kind: str, number: int):
+    """In the sandbox, as a call's pickle is loaded: the tensor or module held as number."""
+    return HELD[kind][number]
 
 
-def new_module(cls: type) -> nn.Module:
-    """In the sandbox: a module of the call (pickle then sets its state)."""
-    return cls.__new__(cls)
+def new_module(number: int, cls: type) -> nn.Module:
+    """In the sandbox: a module sent whole, held as number (pickle then sets its state)."""
+    HELD["module"][number] = cls.__new__(cls)
+    return HELD["module"][number]
+
+
+class Mirror:
+    """The test process's record of what its worker holds."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.storages: Dict[tuple, list] = {}  # (address, size) -> [number, bytes, a tensor on it]
+        self.tensors: Dict[int, tuple] = {}  # id -> (number, tensor, layout when sent)
+        self.modules: Dict[int, tuple] = {}  # id -> (number, module, signature of its tree)
+        self.by_number: Dict[int, list] = {}  # storage number -> its entry
+        self.count = 0
+
+    def number(self) -> int:
+        self.count += 1
+        return self.count
+
+
+def layout_of(t: torch.Tensor) -> tuple:
+    """What the worker's copy of a tensor must share with it, its storage's address and size
+    last (None on the meta device)."""
+    where = None
+    if not t.is_meta:
+        storage = t.untyped_storage()
+        where = storage.data_ptr(), storage.nbytes()
+    kind = t.dtype, t.requires_grad, type(t) is nn.Parameter
+    return (*kind, t.shape, t.stride(), t.storage_offset(), where)
+
+
+def shape_of(module: nn.Module) -> tuple:
+    """What a module's tree is made of, to tell whether the worker's copy still matches (each
+    module's attributes by name and identity, and those of its parameters, buffers and children:
+    training's flips, a parameter or a child replaced, an attribute set, all show; a value
+    changed inside a mutable attribute does not), and the tensors in it (its parameters, buffers
+    and public tensor attributes), whose bytes are compared on each call."""
+    shape, tensors = [], []
+    for part in module.modules():
+        attributes = vars(part)
+        shape.append(
+            (
+                tuple(attributes),
+                tuple(map(id, attributes.values())),
+                tuple(map(id, part._parameters.values())),
+                tuple(map(id, part._buffers.values())),
+                tuple(map(id, part._modules.values())),
+            )
+        )
+        tensors += [
+            value
+            for name, value in attributes.items()
+            if name[0] != "_" and isinstance(value, torch.Tensor)  # a tensor kept as is
+        ]
+        tensors += [t for t in part._parameters.values() if t is not None]
+        tensors += [t for t in part._buffers.values() if t is not None]
+    return tuple(shape), tensors
 
 
 class CallPickler(pickle.Pickler):
-    """A call's arguments: each tensor by its number, its layout and its storage's bytes beside;
-    each module without its hooks (the test process's, often a test's lambda); a function
-    pickle cannot name, found by name in its module."""
+    """A call's arguments: every tensor by its number, with what the worker lacks of it (its
+    layout, its storage's bytes); every module by its number where the worker's copy still
+    matches, else whole but without its hooks (they belong to the test process, and a hook is
+    often a test's lambda); a function pickle cannot name, found by name in its module."""
 
-    def __init__(self, file):
+    def __init__(self, file, mirror: Mirror):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.mirror = mirror
         self.blobs: List[bytes] = [b"", b""]  # the pickle and the generator's state, then bytes
-        self.header = {"storages": [], "tensors": []}
+        self.header = {"storages": [], "updates": [], "tensors": []}
         self.reached: Dict[int, torch.Tensor] = {}  # number -> the tensors of this call
         self.storage_of: Dict[int, int] = {}  # a tensor's number -> its storage's
-        self.storages: Dict[tuple, int] = {}  # (address, size) -> number
-        self.on: Dict[int, torch.Tensor] = {}  # a storage's number -> a tensor on it
+        self.checked = set()  # the storages compared in this call
         self.no_hooks = OrderedDict()  # pickled once, for every module's hooks
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor):
-            return handed, (self.tensor(obj),)
+            return handed, ("tensor", self.tensor(obj))
         if isinstance(obj, nn.Module):
-            state = {
-                key: self.no_hooks if key.endswith("hooks") and isinstance(value, dict) else value
-                for key, value in vars(obj).items()
-            }
-            return new_module, (type(obj),), state
+            return self.module(obj)
         if inspect.ismodule(obj):
             return importlib.import_module, (obj.__name__,)
         if inspect.isfunction(obj) and "<locals>" in obj.__qualname__:
@@ -271,42 +334,79 @@ class CallPickler(pickle.Pickler):
         return NotImplemented
 
     def tensor(self, t: torch.Tensor) -> int:
-        number = len(self.reached)
+        layout = layout_of(t)
+        storage = None if layout[-1] is None else self.storage(t, layout[-1])
+        known = self.mirror.tensors.get(id(t))
+        if known is not None and known[2] == layout:
+            number = known[0]
+        else:
+            number = self.mirror.number()
+            self.mirror.tensors[id(t)] = (number, t, layout)
+            self.header["tensors"].append(
+                {
+                    "number": number,
+                    "dtype": str(t.dtype).removeprefix("torch."),
+                    "shape": list(t.shape),
+                    "stride": list(t.stride()),
+                    "offset": t.storage_offset(),
+                    "storage": storage,  # None: on meta, no data
+                    "requires_grad": t.requires_grad,
+                    "parameter": type(t) is nn.Parameter,
+                }
+            )
         self.reached[number] = t
-        storage = None
-        if not t.is_meta:
-            where = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
-            if where not in self.storages:
-                storage = self.storages[where] = len(self.on)
-                self.on[storage] = t
-                self.header["storages"].append([storage, len(self.blobs)])
-                self.blobs.append(storage_bytes(t, 0, where[1]))
-            storage = self.storage_of[number] = self.storages[where]
-        self.header["tensors"].append(
-            {
-                "number": number,
-                "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape),
-                "stride": list(t.stride()),
-                "offset": t.storage_offset(),
-                "storage": storage,  # None: on meta, no data
-                "requires_grad": t.requires_grad,
-                "parameter": type(t) is nn.Parameter,
-            }
-        )
+        if storage is not None:
+            self.storage_of[number] = storage
         return number
 
+    def storage(self, t: torch.Tensor, where: tuple) -> int:
+        known = self.mirror.storages.get(where)
+        if where in self.checked:
+            return known[0]
+        self.checked.add(where)
+        now = storage_bytes(t, 0, where[1])
+        if known is None:
+            known = self.mirror.storages[where] = [self.mirror.number(), now, t]
+            self.mirror.by_number[known[0]] = known
+            self.header["storages"].append([known[0], len(self.blobs)])
+            self.blobs.append(now)
+        elif known[1] != now:  # changed since it went: by the test, or by a step
+            known[1] = now
+            self.header["updates"].append([known[0], len(self.blobs)])
+            self.blobs.append(now)
+        return known[0]
 
-def call_message(args: tuple, kwargs: dict):
-    """A call's header and blobs, and its pickler (the tensors it reaches, by number)."""
+    def module(self, m: nn.Module):
+        """A module by its number where the worker's copy still matches (every module of its
+        tree has the same attributes, and each tensor in it the same layout), else whole."""
+        tree, tensors = shape_of(m)
+        known = self.mirror.modules.get(id(m))
+        if known is not None and known[2] == tree:
+            numbers = [self.mirror.tensors.get(id(t), (None,))[0] for t in tensors]
+            if [self.tensor(t) for t in tensors] == numbers:  # its tensors' bytes, where changed
+                return handed, ("module", known[0])
+        number = self.mirror.number()
+        self.mirror.modules[id(m)] = (number, m, tree)
+        state = {
+            key: self.no_hooks if key.endswith("hooks") and isinstance(value, dict) else value
+            for key, value in vars(m).items()
+        }
+        return new_module, (number, type(m)), state
+
+
+def call_message(args: tuple, kwargs: dict, mirror: Mirror):
+    """A call's header and blobs, and the tensors it reaches, by number. Storages go whole, so
+    both sides lay every tensor out alike: a view of one is a view at the same offsets of the
+    other."""
     buffer = io.BytesIO()
-    pickler = CallPickler(buffer)
+    pickler = CallPickler(buffer, mirror)
     pickler.dump((args, kwargs))
     rng = torch.get_rng_state()
     pickler.blobs[:2] = [buffer.getvalue(), storage_bytes(rng, 0, rng.numel())]
     header = {
         "op": "call",
         **pickler.header,
+        "reached": list(pickler.reached),
         "grad_enabled": torch.is_grad_enabled(),
         "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
     }
@@ -314,7 +414,7 @@ def call_message(args: tuple, kwargs: dict):
 
 
 class CallUnpickler(pickle.Unpickler):
-    """In the sandbox: the call's pickle, its tensors from CALL."""
+    """In the sandbox: the call's pickle, whose tensors and modules held come from HELD."""
 
     def find_class(self, module, name):
         if name in ("handed", "new_module"):  # this file's own, as the caller imported it
@@ -323,25 +423,30 @@ class CallUnpickler(pickle.Unpickler):
 
 
 def call_arguments(header: dict, blobs: List[bytes]):
-    """In the sandbox: the call's storages (number -> bytes, a uint8 tensor), its arguments, and
-    its tensors by number."""
-    storages = {number: over(blobs[k], torch.uint8) for number, k in header["storages"]}
-    CALL["tensor"], CALL["where"] = tensors, where = {}, {}
+    """In the sandbox: what the call's message brings (new storages, changed bytes, new
+    tensors), then its arguments, and the tensors it reaches by number."""
+    storages, tensors = HELD["storage"], HELD["tensor"]
+    for number, k in header["storages"]:
+        storages[number] = over(blobs[k], torch.uint8)
+    for number, k in header["updates"]:
+        storages[number].copy_(over(blobs[k], torch.uint8))
     for entry in header["tensors"]:
         dtype, shape, stride = DTYPES[entry["dtype"]], entry["shape"], entry["stride"]
+        where = None
         if entry["storage"] is None:
             t = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         else:
             base = storages[entry["storage"]]
             t = base.view(dtype).as_strided(shape, stride, entry["offset"])
-            where[entry["number"]] = entry["storage"], base.data_ptr(), base.numel()
+            where = entry["storage"], base.data_ptr(), base.numel()
         if entry["parameter"]:
             t = nn.Parameter(t, requires_grad=entry["requires_grad"])
         elif entry["requires_grad"]:
             t.requires_grad_()
         tensors[entry["number"]] = t
+        HELD["where"][entry["number"]] = where
     args, kwargs = CallUnpickler(io.BytesIO(blobs[0])).load()
-    return args, kwargs, storages, tensors, where
+    return args, kwargs, {number: tensors[number] for number in header["reached"]}
 
 
 # ---------------------------------------------------------------- a value, the way out ------------
@@ -351,11 +456,12 @@ class Encoder:
     """In the sandbox: a value as JSON. A tensor is either a view into a storage the call was
     handed (its number and the place in it) or new (the bytes its layout spans, sent)."""
 
-    def __init__(self, handed: Dict[int, torch.Tensor], where: Dict[int, tuple]):
+    def __init__(self, handed: Dict[int, torch.Tensor]):
         self.handed = {}  # (address, dtype) -> storage number
         for number, t in handed.items():
-            if number in where and where[number][2]:
-                self.handed[(where[number][1], t.dtype)] = where[number][0]
+            where = HELD["where"].get(number)
+            if where is not None and where[2]:
+                self.handed[(where[1], t.dtype)] = where[0]
         self.new: List[torch.Tensor] = []
 
     def encode(self, value, depth=0):
@@ -445,11 +551,15 @@ class Server:
     def call(self, header, blobs):
         if self.failed:
             return dict(self.failed), {}
-        args, kwargs, storages, reached, where = call_arguments(header, blobs)
+        args, kwargs, reached = call_arguments(header, blobs)
         torch.set_rng_state(over(blobs[1], torch.uint8))
         torch.set_default_dtype(DTYPES[header["default_dtype"]])
-        before = {number: storage.clone() for number, storage in storages.items()}
-        encoder = Encoder(reached, where)
+        before = {}  # the bytes of each storage the call was handed
+        for number in reached:
+            where = HELD["where"][number]
+            if where is not None and where[0] not in before:
+                before[where[0]] = HELD["storage"][where[0]].clone()
+        encoder = Encoder(reached)
         try:
             with torch.set_grad_enabled(header["grad_enabled"]):
                 value = self.target(*args, **kwargs)
@@ -458,10 +568,10 @@ class Server:
         except BaseException as error:
             reply, table, out = error_header(error), [], {}
         changed = []  # the storages the call changed in place: their bytes now
-        for number, old in before.items():
-            if not torch.equal(storages[number], old):
-                changed.append(number)
-                out[f"changed.{number}"] = storages[number].clone()
+        for storage, old in before.items():
+            if not torch.equal(HELD["storage"][storage], old):
+                changed.append(storage)
+                out[f"changed.{storage}"] = HELD["storage"][storage].clone()
         out["rng"] = torch.get_rng_state()
         self.calls += 1
         reply.update(tensors=table, changed=changed, call=self.calls)
@@ -486,7 +596,7 @@ class Server:
             )
         except BaseException as error:
             return error_header(error), {}
-        encoder = Encoder({}, {})
+        encoder = Encoder({})
         grads = [None if g is None else encoder.tensor(g) for g in found]
         table, out = encoder.table()
         return {"grads": grads, "tensors": table}, out
@@ -531,6 +641,8 @@ def serve(fd: int) -> None:
             send_reply(fd, *server.backward(header, blobs))
         else:  # reset: the test is over, and no gradient will be asked of its calls
             server.graphs.clear()
+            for held in HELD.values():
+                held.clear()
 
 
 # ---------------------------------------------------------------- the workers ---------------------
@@ -743,6 +855,7 @@ class Sandbox:
         self.problem = ""  # why the run is worth nothing ("" while it is not)
         self.gone = ""  # why no call can be made any more
         self.imported = False
+        self.mirror = Mirror()
 
     def started(self) -> None:
         """The worker's module sent, and its first message: whether the submission imported."""
@@ -791,7 +904,7 @@ class Sandbox:
 
     def call(self, args, kwargs):
         self.started()
-        header, blobs, sent = call_message(args, kwargs)
+        header, blobs, sent = call_message(args, kwargs, self.mirror)
         reply, out = self.exchange((header, blobs))
         try:
             value = self.read_reply(reply, out, sent)
@@ -808,13 +921,15 @@ class Sandbox:
         if state is None or state.dtype != torch.uint8:
             raise Refused("a reply without the random state")
         torch.set_rng_state(state)  # it checks the state's size
+        handed = set(sent.storage_of.values())
         for number in reply["changed"]:  # what it changed in place, changed here too
-            data, on = out.get(f"changed.{number}"), sent.on.get(number)
-            if on is None or data is None or data.dtype != torch.uint8:
+            data, storage = out.get(f"changed.{number}"), self.mirror.by_number.get(number)
+            if number not in handed or data is None or data.dtype != torch.uint8:
                 raise Refused("a change in place of a storage it was not handed")
-            if data.shape != (on.untyped_storage().nbytes(),):
+            if data.shape != (len(storage[1]),):
                 raise Refused("a change in place of another size than its storage")
-            uint8_of(on).copy_(data)
+            uint8_of(storage[2]).copy_(data)
+            storage[1] = storage_bytes(storage[2], 0, len(storage[1]))
         if "error" in reply:
             kind = EXCEPTIONS.get(text(reply["error"]), RuntimeError)
             return kind(text(reply["message"]))
@@ -912,6 +1027,7 @@ class Sandbox:
         return found
 
     def reset(self) -> None:
+        self.mirror.reset()
         if self.imported and not self.gone:
             try:
                 send(self.fd, {"op": "reset"})
