@@ -209,13 +209,17 @@ def sandbox_environment(count_processes: bool) -> Dict[str, str]:
 
 
 def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccomp: int) -> list:
-    """Python with argv in bubblewrap on folder (a copy of sandbox.py and the project's other
-    modules): processes (each dies with it), network (none), IPC and host name of its own; the
-    system and Python read-only; a /tmp of its own; no environment but what it needs; the
-    seccomp filter (the fd of its BPF). root: bubblewrap as root without a user namespace, its
-    first process holding no capability but those to change uid and to kill (each worker takes
-    the kit's uid before anything of the submission runs); else as the grader's user in a
-    user namespace of its own (none nested). Without bubblewrap, Python alone."""
+    """The command that starts Python with argv in a sandbox on folder (a copy of sandbox.py and
+    the project's other modules, nothing of the teacher's tests), all of it bubblewrap's options:
+    namespaces of its own for processes (every one dies with it), network (none), IPC and host
+    name; the system and Python read-only; a /tmp of its own; no environment but what it needs;
+    the seccomp filter (the fd of its BPF). root (the grader is): bubblewrap runs as root,
+    without a user namespace, its first process holding no capability but those to change uid
+    and to give a folder to one, /tmp writable by root alone; each submission's workers take a
+    uid of the kit's own before anything of the submission runs, a real uid of the machine's,
+    whose processes the kernel counts and whose files it checks as no one's but its own. Else
+    bubblewrap runs as the grader's user, in a user namespace of its own too (no capability,
+    none nested). Without bubblewrap, Python alone (started in folder)."""
     python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
     if not bwrap:
         return [python, *argv]
@@ -224,13 +228,16 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccom
     else:
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--cap-drop", "ALL"]
-        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_KILL"):
+        for capability in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"):
             args += ["--cap-add", capability]
     args += ["--die-with-parent", "--new-session", "--clearenv", "--seccomp", str(seccomp)]
     for name, value in sandbox_environment(True).items():
         args += ["--setenv", name, value]
-    # its /tmp first: a Python under /tmp (a virtual environment) is bound in it after
-    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
+    # its own /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
+    # it, read-only, after
+    tmp_mode = "0711" if root else "1777"  # as root, each submission's folder in it, its own
+    tmp_bytes = TMP_BYTES * (workers() if root else 1)  # as root, the submissions side by side
+    args += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
     args += system_mounts()
     made = {"/", "/tmp"}
     for path in python_folders():
@@ -348,10 +355,10 @@ class Printed:
         return text
 
 
-def launch(layout: Layout, tmp_folder: str, uid: Optional[int], cgroup_fds: List[int]):
-    """A submission's sandbox (sandbox.py main) on a folder of its own, which holds a copy of
-    sandbox.py and the project files the module imports, nothing of the teacher's tests; uid:
-    the grader is root. Its process, its control socket, its log and its folder."""
+def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
+    """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
+    sandbox.py and the project files the module imports, nothing of the teacher's tests; uid: the
+    grader is root. Its process, its control socket, its log and its folder."""
     ways = confinement()
     folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
     for path, text in layout.support.items():
@@ -359,16 +366,17 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int], cgroup_fds: List
             (folder / path).parent.mkdir(parents=True, exist_ok=True)
             (folder / path).write_text(text, encoding="utf-8")
     shutil.copyfile(SANDBOX, folder / SANDBOX.name)
-    folder.chmod(0o755)  # the project's own, readable by the sandbox's uid
+    # what it holds is the project's own (no submission's code: that goes over a socket),
+    # readable by the sandbox's uid
+    folder.chmod(0o755)
     base = INSIDE if ways.bwrap else str(folder)
     ours, theirs = socket.socketpair()
     argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), tmp_folder, base]
-    argv += ["-" if uid is None else str(uid), ",".join(map(str, cgroup_fds))]
     argv.append(str(torch_folder()))
     log = tempfile.TemporaryFile()
     user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
     env = sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None)
-    if not ways.bwrap:  # a private folder of its own, not the machine's /tmp
+    if not ways.bwrap:  # a private folder of its own (tmp_folder), not the machine's /tmp
         env["TMPDIR"] = env["HOME"] = tmp_folder
     # the filter: bubblewrap installs it; without bubblewrap, libseccomp does in the new process
     # before it runs Python (no thread of the grader runs in it)
@@ -381,7 +389,7 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int], cgroup_fds: List
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            pass_fds=(theirs.fileno(), bpf.fileno(), *cgroup_fds),
+            pass_fds=(theirs.fileno(), *([bpf.fileno()] if ways.bwrap else [])),
             start_new_session=True,  # its own process group, killed whole when it ends
             preexec_fn=load,
             **user,
@@ -391,41 +399,111 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int], cgroup_fds: List
 
 
 def last_line(log) -> str:
-    """The last line a sandbox's log holds."""
+    """The last line a sandbox's log holds (read without moving it: threads share a log)."""
     size = os.fstat(log.fileno()).st_size
     tail = os.pread(log.fileno(), 4000, max(0, size - 4000))
     lines = tail.decode("utf-8", "replace").strip().splitlines()
     return lines[-1][:300] if lines else ""
 
 
+class SharedSandbox:
+    """Where the grader is root and bubblewrap runs: one sandbox for the submissions of a
+    grading (of an assignment's layout), whose first process imports torch once and forks each
+    submission's first process as the uid the submission holds (sandbox.start_submissions).
+    Each submission has namespaces of its own in it (processes, network, IPC, host name,
+    mounts), a temporary folder of its own and a uid of its own. Ended when the grader ends."""
+
+    lock = threading.Lock()
+    running: Dict[tuple, "SharedSandbox"] = {}
+
+    @classmethod
+    def of(cls, layout: Layout) -> "SharedSandbox":
+        key = (os.getpid(), tuple(sorted(layout.support.items())))
+        with cls.lock:
+            box = cls.running.get(key)
+            if box is None or box.process.poll() is not None:
+                box = cls.running[key] = cls(layout)
+            return box
+
+    def __init__(self, layout: Layout):
+        self.lock = threading.Lock()
+        self.process, self.control, self.log, self.folder = launch(layout, "shared", 0)
+        atexit.register(self.stop)
+
+    def request(self, op: str, uid: int, cgroup_fds: List[int] = ()) -> socket.socket:
+        """A socket to the process started for op ("start": a submission's first process;
+        "end": the one that ends every process of uid and empties its temporary folder)."""
+        ours, theirs = socket.socketpair()
+        with self.lock:
+            try:
+                message = json.dumps({"op": op, "uid": uid}).encode()
+                socket.send_fds(self.control, [message], [theirs.fileno(), *cgroup_fds])
+            except OSError:
+                pass  # it has ended: the socket says so, closed
+            finally:
+                theirs.close()
+        return ours
+
+    def end(self, uid: int) -> None:
+        """Every process of uid ended, its temporary folder emptied: its socket closes then."""
+        done = self.request("end", uid)
+        done.settimeout(60)
+        with contextlib.suppress(OSError):
+            done.recv(1)
+        done.close()
+
+    def stop(self) -> None:
+        self.control.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class StudentSandbox:
-    """Where one submission runs, started for its first exercise, ended by close(): a sandbox
-    of its own, as a uid of the kit's own where the grader is root. Its exercises run one at a
-    time, each in a worker whose socket goes to the exercise's test process (open), which sends
-    it its module: the original with only that exercise's function taken from the submission
-    (spliced: exercise -> text)."""
+    """Where one submission runs (the kit's own uid while it runs, where the grader is root):
+    started for its first exercise, ended by close(). A sandbox of its own, or, where the grader
+    is root and bubblewrap runs, a first process of its own in the grading's SharedSandbox. Its
+    exercises run one at a time, each in a worker of its own whose socket goes to the exercise's
+    test process (open); the test process sends the worker its module, the original with only
+    that exercise's function taken from the submission (spliced: exercise -> text)."""
 
     def __init__(self, spliced: Dict[str, str], layout: Layout, timeout_s: float):
         self.spliced, self.layout, self.timeout_s = spliced, layout, timeout_s
         self.lock = threading.Lock()
         self.started = False
+        self.shared: Optional[SharedSandbox] = None
+        self.process: Optional[subprocess.Popen] = None  # a sandbox of its own
+        self.control: Optional[socket.socket] = None
         self.word: Optional[bytes] = None  # what its first process said once it could serve
+        self.uid: Optional[int] = None
         self.private_tmp = ""  # without bubblewrap: its temporary folder
         self.cgroup: Optional[SubmissionCgroup] = None  # where the machine offers one
 
     def start(self) -> None:
+        ways = confinement()
         root = os.geteuid() == 0
         self.uid = free_uid() if root else SLOTS.get()
         self.started = True
         self.cgroup = SubmissionCgroup.make(self.uid) if root else None
-        tmp_folder = "/tmp"  # bubblewrap's, its own; without it, a private folder, the uid's
-        if not confinement().bwrap:
+        if ways.bwrap and root:
+            self.shared = SharedSandbox.of(self.layout)
+            fds = self.cgroup.procs_fds if self.cgroup else []
+            self.control = self.shared.request("start", self.uid, fds)
+            self.log = self.shared.log
+            return
+        # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own; without
+        # bubblewrap, a private folder of the machine's /tmp, the uid's alone
+        uid = self.uid if root else None
+        tmp_folder = "/tmp"
+        if not ways.bwrap:
             tmp_folder = self.private_tmp = tempfile.mkdtemp(prefix="kit-student-tmp-")
-            if root:
-                os.chown(tmp_folder, self.uid, self.uid)
-        fds = self.cgroup.procs_fds if self.cgroup else []
-        started = launch(self.layout, tmp_folder, self.uid if root else None, fds)
-        self.process, self.control, self.log, self.folder = started
+            if uid is not None:
+                os.chown(tmp_folder, uid, uid)
+        self.process, self.control, self.log, self.folder = launch(self.layout, tmp_folder, uid)
+        if self.cgroup:  # before it has read a line of the submission: it waits for its word
+            self.cgroup.take(self.process.pid)
 
     def watch(self, timeout_s: float) -> dict:
         """How a test process tells whether the submission's processes compute: those of its uid
@@ -439,8 +517,8 @@ class StudentSandbox:
         return bool(self.cgroup and self.cgroup.oom_kills())
 
     def open(self) -> "Worker":
-        """A new worker, for an exercise's test process; SandboxFailed when the sandbox did not
-        start."""
+        """A new worker, for an exercise's test process, which sends it its module on the
+        worker's socket; SandboxFailed when the sandbox did not start."""
         if not self.started:
             self.start()
         why = self.failure()
@@ -465,8 +543,8 @@ class StudentSandbox:
             return Worker(ours.detach(), output_r, status_r)
 
     def failure(self) -> str:
-        """Why the sandbox did not start ("" when it did), waiting for its first word: the
-        machine's failure, not the submission's."""
+        """Why the sandbox did not start ("" when it did): the machine's failure, which makes
+        a run worth nothing, not the submission's. Waits for its first process's word."""
         with self.lock:
             if self.word is None:
                 self.control.settimeout(STARTUP_S)
@@ -480,22 +558,26 @@ class StudentSandbox:
             return f"the sandbox did not start ({last_line(self.log) or self.word[:20]!r})"
 
     def close(self) -> None:
-        """Every process of the submission, its sandbox and folders; its uid, freed."""
+        """Every process of the submission; its sandbox and folder where they are its own; its
+        uid, freed for the next."""
         with self.lock:
             if not self.started:
                 return
             self.control.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):  # it ends its workers first
-                self.process.wait(timeout=30)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-            self.log.close()
-            if os.geteuid() == 0 and not confinement().bwrap:
-                end_every_process_of(self.uid)
-            shutil.rmtree(self.folder, ignore_errors=True)
-            if self.private_tmp:
-                shutil.rmtree(self.private_tmp, ignore_errors=True)
+            if self.shared:
+                self.shared.end(self.uid)
+            else:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # it ends its workers first
+                    self.process.wait(timeout=30)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+                self.log.close()
+                if os.geteuid() == 0 and not confinement().bwrap:
+                    end_every_process_of(self.uid)
+                shutil.rmtree(self.folder, ignore_errors=True)
+                if self.private_tmp:
+                    shutil.rmtree(self.private_tmp, ignore_errors=True)
             gone_by = time.monotonic() + 30  # its processes killed, then reaped
             while uid_in_use(self.uid) and time.monotonic() < gone_by:
                 time.sleep(0.05)
@@ -594,6 +676,11 @@ class SubmissionCgroup(NamedTuple):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
         return cls(folders, fds) if folders else None
+
+    def take(self, pid: int) -> None:
+        for fd in self.procs_fds:
+            with contextlib.suppress(OSError):
+                os.write(fd, str(pid).encode())
 
     def oom_kills(self) -> int:
         for folder in self.folders:
@@ -752,7 +839,7 @@ def run_tests(
     if wrong:  # (function, kind): the original's function made wrong (grading_child.WrongBody)
         control["wrong"] = {"module": module_name(layout.module), "function": wrong[0]}
         control["wrong"]["kind"] = wrong[1]
-    if graded:
+    if graded:  # started first: the watch names its uid or its process
         try:
             worker = graded.sandbox.open()
         except SandboxFailed as e:

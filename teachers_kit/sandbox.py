@@ -646,12 +646,18 @@ def serve(fd: int) -> None:
 
 
 # ---------------------------------------------------------------- the workers ---------------------
-# How each worker ended goes to the grader on a pipe the worker does not hold: "ended STATUS
-# SECONDS", its wait status and the processor time it used.
+# Every process of a sandbox runs under the grader's seccomp filter (grading.kernel_filter, built
+# by libseccomp and installed by bubblewrap's --seccomp, or without bubblewrap before the
+# sandbox's Python starts), which refuses the kernel's shared objects. Each worker's output
+# (what the student's code prints) goes to a pipe of that exercise's own, which the grader reads
+# and caps: a print never fails and never fills a file another shares. How each worker ended
+# goes to the grader on a pipe of its own, which the worker does not hold: its wait status and
+# the processor time it used, as "ended STATUS SECONDS".
 
 
 class Workers:
-    """The first process's worker: its process id and the pipe to say how it ended on."""
+    """The first process's record of its worker: its process id and the pipe to say how it
+    ended on; SIGCHLD reaps it and says so."""
 
     pid = 0
     status_fd = -1
@@ -666,44 +672,54 @@ class Workers:
             if pid == 0:
                 return
             if pid == cls.pid and cls.status_fd >= 0:
-                seconds = usage.ru_utime + usage.ru_stime
+                seconds = usage.ru_utime + usage.ru_stime  # its processor time
                 with contextlib.suppress(OSError):
                     os.write(cls.status_fd, f"ended {status} {seconds:.3f}".encode())
                     os.close(cls.status_fd)
                 cls.status_fd = -1
 
 
-def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int]) -> None:
-    """A submission's first process: it says "started" on its control socket (or "unsafe" if
-    a thread runs beside it: it forks), then starts a worker for each exercise the grader sends
-    (its processor time, a socket to its test process, a pipe for its output, a pipe to say how
-    it ended on), one at a time. Before each, every other process of the submission is killed
-    and the temporary folder emptied: nothing one exercise leaves reaches the next. uid (this
-    process is root, in bubblewrap): each worker takes it, and loses every capability, before
-    anything of the submission runs, so that no worker can signal, trace or read this one.
-
-    Two calls of the C library's prctl, which bubblewrap does not make: not dumpable, since its
-    workers share its uid and would otherwise open its /proc/PID/mem (the filter cannot refuse a
-    path) and start the next exercise's worker; and the subreaper of every process its workers
-    leave, so that end_others finds them without bubblewrap's namespace too."""
+def announce_started(control_fd: int) -> tuple:
+    """What a sandbox's forking process does first: not dumpable, so that no worker of its uid
+    traces it or reads its memory, and the reaper of every process its workers leave (an orphan
+    comes to it, not to bubblewrap's first, so end_others reaps it before the next exercise):
+    Python has no prctl, so two calls of the C library's. Then its objects frozen, and
+    "started" sent to the grader if it runs one thread alone (it forks its children then), else
+    "unsafe". Returns the control socket and whether it may go on."""
     control = socket.socket(fileno=control_fd)
     libc = ctypes.CDLL(None)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    gc.freeze()  # torch's objects are not walked, nor copied page by page, in each child
+    # frozen, torch's objects are neither walked by each child's collections of garbage nor
+    # copied into it page by page as those walks touch them
+    gc.freeze()
     alone = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
     control.sendall(b"started" if alone else b"unsafe")
+    return control, alone
+
+
+def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -> None:
+    """A submission's first process: torch imported, it says so on its control socket, then
+    starts a worker for each exercise the grader sends (its limit of processor time, a socket to
+    its test process, a pipe for its output, a pipe to say how it ended on), one at a time.
+    Before each, it kills every other process of the submission (the last worker, and whatever
+    that one started) and empties the temporary folder, so that nothing one exercise's code
+    leaves behind reaches the next. uid (a submission of the shared sandbox, this process root):
+    each worker takes uid before anything of the submission runs."""
+    control, alone = announce_started(control_fd)
     if not alone:
         return
     signal.signal(signal.SIGCHLD, Workers.reap)
     while True:
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
-        end_others(tmp_folder)
-        if not message:  # the grader has gone
+        if not message:  # the grader has gone: the last worker, and what it left, with it
+            end_others(tmp_folder, uid)
             return
+        end_others(tmp_folder, uid)
         Workers.reap()  # the last worker, if it ended just now
         if Workers.status_fd >= 0:
-            os.close(Workers.status_fd)
+            with contextlib.suppress(OSError):
+                os.close(Workers.status_fd)
         socket_fd, output_fd, status_fd = fds
         pid = os.fork()
         if pid == 0:
@@ -712,14 +728,13 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int]) -> None:
                 control.close()
                 os.close(status_fd)
                 if uid is not None:
-                    os.setgroups([])
-                    os.setgid(uid)
-                    os.setuid(uid)
+                    become(uid)
                 os.dup2(output_fd, 1)
                 os.dup2(output_fd, 2)
                 os.close(output_fd)
                 sys.stdout.reconfigure(line_buffering=True)
-                seconds = json.loads(message)["seconds"]  # then the kernel's SIGXCPU
+                seconds = json.loads(message)["seconds"]
+                # a worker that never ends is stopped by its limit of processor time (SIGXCPU)
                 resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
                 serve(socket_fd)
             finally:
@@ -732,31 +747,88 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int]) -> None:
         os.close(output_fd)
 
 
-def end_others(tmp_folder: str) -> None:
-    """Every process below this one killed and reaped (a process may fork as its parent is
-    killed: until none is left), the temporary folder emptied. Never kill(-1), which without
-    bubblewrap, as the grader's own user, would reach every process of that user."""
-    for _ in range(1000):
-        below = descendants(os.getpid())
-        if not below:
-            break
-        for pid in below:
+def start_submissions(control_fd: int) -> None:
+    """The first process of a sandbox shared by the submissions of a grading (bubblewrap started
+    as root): torch imported once, it forks for each submission the grader sends ("start": its
+    uid, a socket, the fds of its cgroups' cgroup.procs) a process that joins those cgroups,
+    makes /tmp/UID (the uid's alone: /tmp is root's) and starts the submission's workers, each
+    of which takes that uid, and with it loses every capability, before anything of the
+    submission runs; and, asked to "end" a uid, a process that kills every process of that uid
+    and empties its folder, its socket closing when that is done. It runs no student code, and
+    no student's process can signal, trace or read it (root)."""
+    control, alone = announce_started(control_fd)
+    if not alone:
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
+        if not message:  # the grader has gone
+            return
+        request = json.loads(message)
+        if os.fork() == 0:
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                uid = int(request["uid"])
+                tmp_folder = f"/tmp/{uid}"
+                if request["op"] == "end":
+                    end_others(tmp_folder, uid)
+                else:
+                    for cgroup_procs in fds[1:]:  # the submission's cgroups, where it has them
+                        os.write(cgroup_procs, b"0")
+                        os.close(cgroup_procs)
+                    os.makedirs(tmp_folder, mode=0o700, exist_ok=True)
+                    os.chown(tmp_folder, uid, uid)
+                    os.environ["TMPDIR"] = os.environ["HOME"] = tmp_folder
+                    start_workers(fds[0], tmp_folder, uid)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+def become(uid: int) -> None:
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)  # and with it, every capability
+
+
+def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
+    """Every other process of the submission killed, the dead reaped, the temporary folder
+    emptied. uid (this process is root): a child of it that takes uid kills all that uid runs
+    (kill(-1) as uid reaches those alone) and empties the folder. Else every process below this
+    one, which is their subreaper (none escapes by leaving its parent): never kill(-1), which
+    without bubblewrap, as the grader's own user, would reach every process of that user."""
+    if uid is None:
+        for _ in range(1000):  # a process may fork as its parent is killed: until none is left
+            below = descendants(os.getpid())
+            if not below:
+                break
+            for pid in below:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            reap_all()
+    elif os.fork():
+        reap_all()
+        return
+    try:
+        if uid is not None:
+            become(uid)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, 0)[0]:
-                pass
-    for folder, subfolders, _ in os.walk(tmp_folder):  # a mount (a Python under /tmp) kept
-        subfolders[:] = [n for n in subfolders if not os.path.ismount(f"{folder}/{n}")]
-        with contextlib.suppress(OSError):  # a worker may have taken its permissions away
-            os.chmod(folder, 0o1777 if folder == "/tmp" else 0o700)  # bubblewrap's /tmp: all's
-    for folder, subfolders, files in os.walk(tmp_folder, topdown=False):
-        for name in files + subfolders:
-            path = os.path.join(folder, name)
-            with contextlib.suppress(OSError):  # a folder that holds a mount stays
-                os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(
-                    path
-                )
+                os.kill(-1, signal.SIGKILL)
+        for folder, subfolders, _ in os.walk(tmp_folder):  # a mount (a Python under /tmp) kept
+            subfolders[:] = [n for n in subfolders if not os.path.ismount(f"{folder}/{n}")]
+            with contextlib.suppress(OSError):  # a worker may have taken its permissions away
+                os.chmod(folder, 0o700)
+        for folder, subfolders, files in os.walk(tmp_folder, topdown=False):
+            for name in files + subfolders:
+                path = os.path.join(folder, name)
+                folder_kept = os.path.isdir(path) and not os.path.islink(path)
+                with contextlib.suppress(OSError):  # a folder that holds a mount stays
+                    os.rmdir(path) if folder_kept else os.unlink(path)
+    finally:
+        if uid is not None:
+            os._exit(0)
 
 
 def processes() -> Dict[int, tuple]:
@@ -782,24 +854,34 @@ def descendants(pid: int, table: Optional[Dict[int, tuple]] = None) -> List[int]
     return found
 
 
+def reap_all() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, 0)[0]:
+            pass
+
+
 def main(argv: List[str]) -> int:
-    """In the sandbox, before anything of a submission runs: its cgroups joined, the limits
-    set (no process in it can raise them again), torch imported, then the workers."""
-    control_fd, tmp_folder, folder, uid, cgroups, *paths = argv
-    for fd in filter(None, cgroups.split(",")):  # cgroup.procs, opened by the grader
-        os.write(int(fd), b"0")
-        os.close(int(fd))
+    """In the sandbox, before anything of a submission runs: the limits, which no process in it
+    can raise again (none holds the capability to), torch imported, then the workers (or, in a
+    shared sandbox, each submission's first process)."""
+    control_fd, tmp_folder, folder, *paths = argv
     with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
         adj.write("1000")
-    limits = [(resource.RLIMIT_AS, ADDRESS_SPACE), (resource.RLIMIT_FSIZE, FILE_SIZE)]
-    limits.append((resource.RLIMIT_CORE, 0))
-    if os.environ.get("KIT_COUNT_PROCESSES"):  # a user namespace or a uid of its own
-        limits.append((resource.RLIMIT_NPROC, PROCESSES))
-    for limit, value in limits:
+    for limit, value in (
+        (resource.RLIMIT_AS, ADDRESS_SPACE),
+        (resource.RLIMIT_FSIZE, FILE_SIZE),
+        (resource.RLIMIT_CORE, 0),
+    ):
         resource.setrlimit(limit, (value, value))
+    # bubblewrap's user namespace counts this sandbox's processes alone; without one, only a uid
+    # of its own may have its processes counted (KIT_COUNT_PROCESSES is then set; root's own,
+    # the shared sandbox's first process, are not)
+    if os.environ.get("KIT_COUNT_PROCESSES"):
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
     sys.path[:0] = [folder]  # the project's other modules, as they are
     sys.path += paths
-    # what a gradient with grad_outputs or the meta device imports: once here, not per worker
+    # what the first gradient asked with grad_outputs, or the first operation on the meta device,
+    # imports (symbolic shapes, sympy, the compiler's modules): once here, not once per worker
     import torch._dynamo  # noqa: F401
 
     try:  # the filter holds: a memfd, one of the objects it refuses, cannot be made
@@ -808,7 +890,10 @@ def main(argv: List[str]) -> int:
         return 1
     except PermissionError:
         pass
-    start_workers(int(control_fd), tmp_folder, int(uid) if os.getuid() == 0 else None)
+    if tmp_folder == "shared":
+        start_submissions(int(control_fd))
+    else:
+        start_workers(int(control_fd), tmp_folder)
     return 0
 
 
