@@ -1,7 +1,12 @@
 """Where a student's function runs, and the only place it runs: a worker in a sandbox, which
 computes values and decides nothing.
 
-    python sandbox.py CONTROL_FD TMP FOLDER UID CGROUP_FDS [PATH ...]   its first process
+    python sandbox.py CONTROL_FD TMP FOLDER [PATH ...]     its first process
+
+A submission's first process forks a worker for each exercise in turn. Where the grader is not
+root, each submission has a sandbox of its own; where it is, one sandbox serves the grading
+(TMP is "shared"): its first process imports torch once and forks each submission's first
+process, whose workers take the submission's uid of the kit's own before anything of it runs.
 
 The test process (grading_child.py) runs the teacher's tests with the exercise's function
 replaced by a proxy (install); each call sends its arguments to the worker, which calls the
