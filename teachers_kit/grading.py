@@ -1,23 +1,12 @@
-"""Running the tests, the one way the kit does it, and grading a submission with them.
-
-Every run is a test process of its own (grading_child.py, forked by a zygote), in a
-fresh folder holding the teacher's original module and test file, nothing else; its outcomes
-come back as one record. A run that computes an exercise's check runs the teacher's code alone.
-A run that grades an exercise runs the same tests on the same original, with the exercise's
-function replaced by a proxy to a worker in the submission's sandbox (sandbox.py, started
-here: StudentSandbox), which holds the original with only the student's function put in
-(exercises.splice) and returns what that function computes. The grader and the test process
-never import a submission, and the verdict is the tests' own assertions on the values returned,
-so nothing a student's code prints, writes or reports can raise a score; and since the worker's
-module is the original but for that function, a mistake in one exercise costs that exercise and
-no other.
-
-An exercise's check is the tests that fail when its function alone is blanked, found by blanking
-it for real (compute_checks), less those that do not pass when the original's own function runs
-in the sandbox (sandbox_checks, when the assignment is made). A submission is graded one exercise
-after another, each after the static audit (audit.py) has accepted the file and that
-exercise: an exercise it refuses scores 0 alone, with the reason. A class is graded the same
-way, students side by side, one per core (grade_class).
+"""Grading one submission: the teacher's tests run, the one way the kit runs them, each in a
+test process of its own (grading_child.py) in a fresh folder holding the teacher's original and
+tests alone. To grade an exercise, that process replaces its function by a proxy to a worker in
+the submission's sandbox (sandbox.py, started here: StudentSandbox), which holds the original
+with only the student's function put in (exercises.splice): no grader imports a submission, a
+verdict is the tests' own assertions on the values returned, and a mistake in one exercise costs
+that exercise alone. An exercise's check is the tests that fail with its function blanked for
+real (compute_checks), less those that fail with the original's function in the sandbox
+(sandbox_checks). grade_class grades a class, students side by side, one per core.
 """
 
 import ast
@@ -139,13 +128,9 @@ def module_name(path: str) -> str:
 INSIDE = "/sandbox"  # where a submission's sandbox folder appears in bubblewrap, read-only
 TMP_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
 
-# What one process can leave in the kernel for another of the same uid, past the end of its own
-# processes and folders: a key in the uid's keyring (which lives as long as the machine), a System
-# V object or a POSIX message queue (as long as its IPC namespace), a memfd passed on, a socket
-# (abstract ones are named in the network namespace, which the submissions of a grading as root
-# share). Student code makes none of them: the filter refuses their system calls (EPERM), and a
-# new user namespace (unshare or clone with CLONE_NEWUSER; clone3, whose flags it cannot read,
-# answers ENOSYS, and the C library then calls clone), ptrace and another process's memory.
+# What one process could leave in the kernel for the next of its uid (a key lives as long as the
+# machine), or use to escape: the filter refuses them (EPERM), and new user namespaces (clone3,
+# whose flags it cannot read, answers ENOSYS, and the C library then calls clone).
 REFUSED_CALLS = """keyctl add_key request_key shmget msgget semget mq_open memfd_create socket
     ptrace process_vm_readv process_vm_writev""".split()
 CLONE_NEWUSER = 0x10000000
@@ -153,8 +138,8 @@ CLONE_NEWUSER = 0x10000000
 
 @functools.lru_cache(maxsize=None)
 def kernel_filter():
-    """The sandbox's seccomp filter, built by libseccomp (pyseccomp): every architecture but the
-    machine's own is killed (libseccomp's default, x32's calls too)."""
+    """The sandbox's seccomp filter, built by libseccomp (pyseccomp); another architecture's
+    calls kill the process (libseccomp's default)."""
     import pyseccomp as seccomp
 
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
@@ -209,8 +194,8 @@ def system_mounts() -> List[str]:
 
 
 def sandbox_environment(count_processes: bool) -> Dict[str, str]:
-    """All a sandbox's environment holds: KIT_COUNT_PROCESSES, where its processes can be
-    counted on their own (a user namespace, or a uid of the kit's own)."""
+    """All a sandbox's environment holds; KIT_COUNT_PROCESSES where its processes can be counted
+    on their own (a user namespace, or a uid of the kit's own)."""
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": "/tmp",
@@ -267,8 +252,7 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccom
 
 
 def probe(bwrap: str, uid: Optional[int]) -> str:
-    """Why a sandbox cannot start this way ("" when it can): Python, and torch's files, seen
-    from inside it as uid."""
+    """Why a sandbox cannot start this way ("" when it can): torch's files seen from it as uid."""
     torch_init = torch_folder() / "torch" / "__init__.py"
     with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder:
         os.chmod(folder, 0o755)
@@ -302,9 +286,8 @@ def probe(bwrap: str, uid: Optional[int]) -> str:
 
 @functools.lru_cache(maxsize=None)
 def confinement() -> Confinement:
-    """bubblewrap where it runs; without it, a uid of the kit's own (the grader is root, and
-    that uid can run this Python: else nothing is graded) or, for a grader that is not root, the
-    grader's own user, said in a line."""
+    """bubblewrap where it runs; else a uid of the kit's own (the grader is root, and that uid
+    can run this Python: else a KitError) or the grader's own user, said in a line."""
     root = os.geteuid() == 0
     uid = SANDBOX_UIDS[0] if root else None
     bwrap = shutil.which("bwrap") or ""
@@ -343,9 +326,7 @@ class SandboxFailed(Exception):
 
 
 class Worker(NamedTuple):
-    """An exercise's worker, as the grader holds it: the socket its test process talks to it on,
-    the pipe its output comes on (what the student's code prints), and the pipe its sandbox
-    says how it ended on ("ended STATUS", its wait status)."""
+    """An exercise's worker: its test process's socket, its output, how it ended."""
 
     socket_fd: int
     output_fd: int
@@ -356,8 +337,8 @@ PRINTED_BYTES = 4000  # of a submission's output, kept for each exercise: the re
 
 
 class Printed:
-    """What an exercise's code printed: its first PRINTED_BYTES kept, the rest counted, never
-    refused (the pipe is read to its end, so a print never waits for long and never fails)."""
+    """What an exercise's code printed: its first PRINTED_BYTES kept, the rest counted (the pipe
+    is read to its end: a print never fails)."""
 
     def __init__(self):
         self.kept, self.dropped = b"", 0
@@ -607,21 +588,21 @@ class StudentSandbox:
 
 
 # ---------------------------------------------------------------- a submission's cgroup -----------
-# Where the grader is root and the machine lets it, each submission's processes share one cgroup:
-# their memory together (shared memory and tmpfs pages included) at most SUBMISSION_MEMORY, the
-# kernel killing one of theirs past it; their processor time together at most one core's, so
-# that no number of busy processes slows a classmate more than one busy core does. cgroup v2's
-# memory and cpu controllers where the grader's cgroup hands them to its children (the root of
-# a cgroup namespace, or a delegated one, as systemd-run -p Delegate=yes makes); else cgroup
-# v1's memory and cpu hierarchies, where mounted and writable; else cgroup_note says what is
-# not bounded.
+# Where the grader is root and the machine lets it, each submission's processes share a cgroup:
+# SUBMISSION_MEMORY together (shared memory and tmpfs included), the kernel killing one of theirs
+# past it, and one core's processor time, so that no number of busy processes slows a classmate
+# more than one busy core does. cgroup v2's controllers where the grader's cgroup hands them to
+# its children (the root of a cgroup namespace, or a delegated one, as systemd-run -p
+# Delegate=yes makes); else cgroup v1's hierarchies where writable; else cgroup_note says what
+# is not bounded.
 SUBMISSION_MEMORY = 4 << 30
 CPU_PERIOD_US = 100_000
+CGROUPS = Path("/sys/fs/cgroup")
 
 
 def cgroup_folders() -> Dict[str, Tuple[str, Path]]:
     """{controller: (its cgroup version, the grader's own cgroup folder)} for memory and cpu
-    where a submission's cgroup can be made below it (empty where the grader is not root)."""
+    where a submission's cgroup can be made below it (none where the grader is not root)."""
     if os.geteuid() != 0:
         return {}
     own, found = {}, {}
@@ -629,24 +610,18 @@ def cgroup_folders() -> Dict[str, Tuple[str, Path]]:
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
             for controller in controllers.split(",") if controllers else ["v2"]:
-                own[controller] = path
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            fields, _, tail = line.partition(" - ")
-            kind, _, options = (tail.split() + ["", "", ""])[:3]
-            mount_point = Path(fields.split()[4])
-            if kind == "cgroup2" and "v2" in own:
-                folder = mount_point / own["v2"].lstrip("/")
-                with contextlib.suppress(OSError):  # the controllers handed to its children
-                    (folder / "cgroup.subtree_control").write_text("+memory +cpu")
-                with contextlib.suppress(OSError):
-                    handed = (folder / "cgroup.subtree_control").read_text().split()
-                    found.update({c: ("v2", folder) for c in ("memory", "cpu") if c in handed})
-            for controller in ("memory", "cpu") if kind == "cgroup" else ():
-                if controller in options.split(",") and controller in own:
-                    folder = mount_point / own[controller].lstrip("/")
-                    if os.access(folder, os.W_OK):
-                        found.setdefault(controller, ("v1", folder))
+                own[controller] = path.lstrip("/")
+    if "v2" in own and (CGROUPS / "cgroup.controllers").is_file():
+        control = CGROUPS / own["v2"] / "cgroup.subtree_control"
+        with contextlib.suppress(OSError):  # the controllers handed to its children
+            control.write_text("+memory +cpu")
+        with contextlib.suppress(OSError):
+            handed = control.read_text().split()
+            found = {c: ("v2", control.parent) for c in ("memory", "cpu") if c in handed}
+    for controller in ("memory", "cpu"):
+        folder = CGROUPS / controller / own.get(controller, "")
+        if controller in own and controller not in found and os.access(folder, os.W_OK):
+            found[controller] = ("v1", folder)
     return found
 
 
@@ -779,9 +754,8 @@ def end_every_process_of(uid: int) -> None:
 
 
 class Zygote:
-    """The process that starts test processes by forking (grading_child.serve), one per grading
-    process, started on first use. Where it cannot be had (not Linux, a thread in it after its
-    imports, a failed start) runs start as fresh processes, which report the same way."""
+    """The process that forks test processes (grading_child.serve), started on first use;
+    where there is none (not Linux, a thread in it, a failed start), runs start fresh."""
 
     lock = threading.Lock()
     connection: Optional[socket.socket] = None
@@ -849,11 +823,10 @@ def run_tests(
     wrong: Optional[Tuple[str, str]] = None,
     timeout_s=TIMEOUT_S,
 ) -> Run:
-    """Run tests (the text of a test file) on compressive (the text of the module they test,
-    compressive.py unless layout says another) in a fresh process and folder; selected: the node
-    ids to run, names: the test functions to run (None and None: every test), leave_out: test
-    functions not to run; graded: the function whose calls go to a worker of the sandbox, which
-    may use timeout_s of processor time, and waits wall_limit(timeout_s) at most."""
+    """Run tests (a test file's text) on compressive (the text of layout's module) in a fresh
+    process and folder: selected node ids, or names of test functions (neither: every test),
+    less leave_out; graded: the function whose calls go to the sandbox, for timeout_s of
+    processor time; wrong: (function, kind), the original's function made wrong."""
     began = time.monotonic()
     control = {
         "tests": selected,
@@ -866,17 +839,17 @@ def run_tests(
     if wrong:  # (function, kind): the original's function made wrong (grading_child.WrongBody)
         control["wrong"] = {"module": module_name(layout.module), "function": wrong[0]}
         control["wrong"]["kind"] = wrong[1]
-    if graded:
+    if graded:  # started first: the watch names its uid or its process
+        try:
+            worker = graded.sandbox.open()
+        except SandboxFailed as e:
+            return Run([], {}, {}, str(e), {}, time.monotonic() - began, regrade=True)
         control["graded"] = {
             "function": graded.function,
             "module": module_name(layout.module),
             "source": graded.sandbox.spliced[graded.function],
             "watch": graded.sandbox.watch(timeout_s),
         }
-        try:
-            worker = graded.sandbox.open()
-        except SandboxFailed as e:
-            return Run([], {}, {}, str(e), {}, time.monotonic() - began, regrade=True)
     printed = Printed()
     try:
         with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
@@ -913,18 +886,15 @@ COMPUTING_FACTOR = 3  # the most a run waits for a worker that computes, in its 
 
 
 def wall_limit(timeout_s: float) -> float:
-    """How long a graded run may wait for a worker that does not compute: its processor time is
-    its own limit (the kernel stops it there), and one that has neither finished nor used it by
-    then, with a grace for the tests' own time, waited or was kept from the processor: it holds
-    its slot no longer (regrade). One that computes then may go on to its limit (Sandbox.due),
-    at most COMPUTING_FACTOR times it and a minute on a busy machine."""
+    """How long a graded run waits for a worker that does not compute: one that has neither
+    finished nor used its processor time by then waited or was kept from the processor (regrade).
+    One that computes may go on (Sandbox.due), at most COMPUTING_FACTOR times it and a minute."""
     return timeout_s + GRACE_S
 
 
 def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, float]]:
-    """How the worker ended, where it ended before its test process did (the test process says
-    so, or never reported): its wait status and the processor time it used; None when it served
-    to the end (or its sandbox never said)."""
+    """(wait status, processor time) of a worker that ended before its test process did; None
+    when it served to the end, or its sandbox never said."""
     if record is not None and not record.get("worker_ended") and not record.get("problem"):
         return None
     ready = select.select([worker.status_fd], [], [], 5)[0]
@@ -938,10 +908,8 @@ def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, f
 
 
 def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bool) -> Run:
-    """A worker that ended early: at its own limit of processor time, or killed for its own
-    cgroup's memory (own_oom), a 0 (its code did that); killed by anything else (the kernel's
-    out-of-memory killer for the machine's memory, another process), not graded: regrade;
-    ended by its own code (an exit, a crash), its tests' failures stand."""
+    """A worker that ended early: at its processor time or its cgroup's memory (own_oom), a 0;
+    killed by anything else, regrade; by its own code (an exit, a crash), the failures stand."""
     status, cpu_s = ended
     signalled = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
     # the kernel's SIGXCPU at the limit, or its SIGKILL a second later where that was caught
@@ -958,9 +926,8 @@ def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bo
 
 
 def start_and_read(folder: Path, control: dict, sandbox_fd, limit_s: float, printed=None):
-    """The test process on folder, forked by the zygote or started fresh: its record, the tail of
-    its output, its exit status (None when forked), and whether it was killed at limit_s.
-    printed: (the worker's output pipe, the Printed it goes to)."""
+    """The test process on folder: its record, its output's tail, its exit status (None when
+    forked), whether it was killed at limit_s. printed: (the worker's output pipe, a Printed)."""
     (report_r, report_w), (output_r, output_w) = os.pipe(), os.pipe()
     extra = [] if sandbox_fd is None else [sandbox_fd]
     proc = None
@@ -1001,10 +968,8 @@ def start_and_read(folder: Path, control: dict, sandbox_fd, limit_s: float, prin
 
 
 def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=None):
-    """The report and the last 16 KB of output, read until both close or the deadline passes;
-    and all along, what the worker prints (printed: its pipe and the Printed it goes to), read
-    as it comes and after, as long as there is more, but not waited for (a process the student's
-    code left behind may hold it open)."""
+    """The report and the last 16 KB of output, until both close or the deadline; and what the
+    worker prints, as it comes and after, but not waited for (a process left may hold it)."""
     selector = selectors.DefaultSelector()
     for fd in (report_fd, output_fd):
         selector.register(fd, selectors.EVENT_READ)
@@ -1049,8 +1014,7 @@ def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=N
 def read_record(
     record: Optional[dict], selected: Optional[List[str]], code, output: bytes, timeout_s
 ) -> Run:
-    """The outcomes of a run from the test process's record, and why the run is worth nothing,
-    if it is."""
+    """A run's outcomes from its record, and why it is worth nothing, if it is."""
     if record is None:
         tail = output.decode("utf-8", "replace").strip().splitlines()
         last = f"; its last output: {tail[-1][:200]}" if tail else ""
@@ -1095,10 +1059,8 @@ def compute_checks(
     leave_out: Optional[List[str]] = None,
     layout: Layout = COMPRESSIVE,
 ) -> Tuple[List[str], Dict[str, List[str]], Dict[str, str]]:
-    """Every test of the file (only: those whose function is named there; leave_out: less those),
-    and for each exercise the tests that fail with its function alone blanked: its check. Also
-    the versions of torch and pytest that ran them. One run of the original, one per exercise,
-    side by side."""
+    """Every test of the file (only those named in only, less leave_out), each exercise's check
+    (the tests that fail with its function alone blanked) and the versions that ran them."""
     tree = parse(reference, "the original")[1]
     jobs = [(reference, tests, None, only, leave_out, layout)] + [
         (blank(reference, tree, [name]), tests, None, only, leave_out, layout) for name in names
@@ -1128,9 +1090,8 @@ def compute_checks(
 def sandbox_checks(
     reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
 ) -> Dict[str, List[str]]:
-    """Each check run once more as grading runs it, with the original's own function in the
-    sandbox: the tests that fail so are taken out of the check (in place) and returned. One run
-    per exercise, side by side."""
+    """Each check run as grading runs it, with the original's own function in the sandbox: the
+    tests that fail so are taken out of the check (in place) and returned."""
     names = list(checks)
     boxes = {n: StudentSandbox({n: reference}, layout, TIMEOUT_S) for n in names}
     try:
@@ -1157,10 +1118,8 @@ WRONG_BODIES = ("zeros", "perturbed", "inputs")  # grading_child.WrongBody's
 def measuring_tests(
     reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
 ) -> Dict[str, List[str]]:
-    """For each exercise, the tests of its check that every wrong body the kit makes of its
-    function fails (WRONG_BODIES), as the blanked one does: those its partial credit counts,
-    since a test that a wrong answer passes measures nothing of the answer. One run per
-    exercise and body, side by side."""
+    """Each exercise's tests that every wrong body of its function fails (WRONG_BODIES): those
+    its partial credit counts (a test a wrong answer passes measures nothing)."""
     jobs = [(name, kind) for name in checks for kind in WRONG_BODIES]
     runs = run_many(
         [(reference, tests, checks[n], None, None, layout, None, (n, kind)) for n, kind in jobs]
@@ -1222,10 +1181,9 @@ def make_assignment(
     leave_out: Optional[List[str]] = None,
     layout: Layout = COMPRESSIVE,
 ) -> Assignment:
-    """Compute each exercise's check and write the teacher's folder: the original (the solution),
-    every test, and assignment.json. The tests that run torch.compile are left out of every
-    check (a correct answer need not compile: an as_strided view fails them), and so are those
-    the teacher leaves out (leave_out: tests that fail on this machine)."""
+    """Compute each exercise's check and write the teacher's folder: the original, every test,
+    assignment.json. The torch.compile tests are left out of every check (an as_strided view, a
+    correct answer, fails them), and so are leave_out's (tests failing on this machine)."""
     tree = parse(reference, "the original")[1]
     names = file_order(names, tree)
     for name in names:
@@ -1303,14 +1261,7 @@ def load_assignment(folder: Path) -> Assignment:
         reference, tests = files[module], files[tests_path]
         support = {p: files[p] for p in paths[2:]}
         exercises = [
-            Check(
-                str(e["name"]),
-                float(e["points"]),
-                list(e["tests"]),
-                list(e["hidden"]),
-                list(e["unsandboxed"]),
-                list(e["measured"]),
-            )
+            Check(str(e["name"]), float(e["points"]), *(list(e[f]) for f in Check._fields[2:]))
             for e in record["exercises"]
         ]
         partial, visibility = bool(record["partial"]), str(record["hidden_visibility"])
@@ -1344,8 +1295,7 @@ def load_assignment(folder: Path) -> Assignment:
 
 
 def check_torch(assignment: Assignment) -> None:
-    """A KitError unless this Python's torch is the one the assignment's checks were computed
-    with (a local tag such as +cpu aside): another torch may pass or fail other tests."""
+    """A KitError unless this Python's torch is the assignment's (a tag such as +cpu aside)."""
     wanted = assignment.versions.get("torch", "").split("+")[0]
     try:
         here = version("torch").split("+")[0]
@@ -1392,11 +1342,9 @@ class Grading(NamedTuple):
 
 
 def read_submission(path: Path, name: str = "compressive.py") -> str:
-    """The text of the file to grade (name: compressive.py, or the module of the exercises):
-    path itself, or the one in the folder path (at its top, or the only one below it, as
-    Gradescope unpacks an upload). Read as a regular file only,
-    inside that folder: a symbolic link (to the teacher's solution, say), a device, a pipe or a
-    file with another name elsewhere (a hard link) is refused, never opened."""
+    """The text of the file to grade (name: the exercises' module): path, or the one in the
+    folder path (at its top, or the only one below, as Gradescope unpacks). A regular file of
+    that folder only: a symbolic or hard link, a device, a pipe is refused, never opened."""
     if path.is_symlink():
         raise audit.Refusal(f"{path} is a symbolic link: submit the file itself")
     if path.is_dir():
@@ -1542,11 +1490,8 @@ def finish(
 
 def score(check: Check, run: Run, partial: bool) -> Grade:
     """All of an exercise's points when its whole check passes; none when its run is worth
-    nothing. partial: none when a measuring test fails (Check.measured: the answer's values are
-    wrong), else the share of its check's tests that pass (it misses only what no wrong body
-    needs to, a gradient say); where no test measures, all or nothing. A share of the measuring
-    tests would pay wrong code: relative_shift off by one fails 3 of 69 tests, 3 of its 4
-    measuring ones; attend's softmax over the queries 9 of 67, 3 of its 11."""
+    nothing. partial: none when a measuring test fails (the values are wrong), else the share
+    of its tests that pass; where no test measures, all or nothing."""
     failures = [
         (t, run.messages.get(t, "")) for t in check.tests if run.outcomes.get(t) != "passed"
     ]
@@ -1724,9 +1669,8 @@ def grade_class(
     graded=lambda student, grading: None,
     audited: bool = True,
 ) -> Dict[str, Grading]:
-    """Grade each student's submission (student -> path), students side by side, one per core,
-    each one's exercises one after another in its sandbox; graded(student, grading) is called as
-    each student's last run ends. A run that does not end costs its own exercise's timeout."""
+    """Grade each student's submission (student -> path), side by side, one per core;
+    graded(student, grading) is called as each one ends."""
     prepared = {
         student: prepare(path, assignment, audited) for student, path in submissions.items()
     }
@@ -1745,8 +1689,8 @@ def grade_class(
 
 
 def failed_most(gradings: List[Grading]) -> List[Tuple[str, int]]:
-    """Each test that failed for some student, with how many, most first (refusals and runs
-    worth nothing left out: they say nothing of a test)."""
+    """Each test that failed for some student, with how many, most first (runs worth nothing
+    left out)."""
     counts: Dict[str, int] = {}  # a test counts once a student, whichever checks hold it
     for grading in gradings:
         failed = {test for g in grading.grades if not g.problem for test, _ in g.failures}

@@ -1,23 +1,13 @@
 """The test process of the teachers' kit: pytest on the teacher's files in a folder of its own,
-its outcomes sent to the grader as one JSON record when the run ends.
+its outcomes sent to the grader as one JSON record.
 
-    python grading_child.py FD SOCKET   the run to make comes as JSON on stdin; the record on FD
-    python grading_child.py --zygote FD a process that starts runs by forking (Linux)
+    python grading_child.py FD SOCKET   the run comes as JSON on stdin; the record goes on FD
+    python grading_child.py --zygote FD a process that forks runs (it imports torch and pytest,
+                                        about 2 s of CPU, once)
 
-A run is told the tests to run: node ids ("tests"), names of test functions ("names"), or every
-test (both null), less the test functions of "leave_out". The folder holds the teacher's
-original module and test file ("test_file"), nothing of a student's.
-
-To grade an exercise ("graded"), the run first puts a proxy in place of the exercise's function
-in the original module (sandbox.py), talking to a worker in the submission's sandbox over
-the socket it was handed: it sends the worker its module ("source", the original with the
-student's function put in), the student's function runs there, and only its values come back.
-So this process, which decides pass and fail, never imports or runs a line of a submission, and
-every assertion of the tests runs here, on what the student's function returned.
-
-Importing torch and pytest takes about 2 s of CPU, most of a small run. The zygote pays it once:
-it imports them, runs nothing, and forks a run for each job the grader sends. Standard library,
-pytest and torch only.
+To grade an exercise ("graded") the run puts a proxy in place of its function in the original
+module (sandbox.py), which sends the worker on SOCKET its module ("source") and each call: this
+process, which decides pass and fail, never imports or runs a line of a submission.
 """
 
 import gc
@@ -45,8 +35,7 @@ gc.freeze()
 
 
 def first_line(report) -> str:
-    """The first line of why a test failed (its assertion message or its exception), or of why it
-    was skipped."""
+    """The first line of why a test failed or was skipped."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
         text = crash.message
@@ -59,12 +48,9 @@ def first_line(report) -> str:
 
 
 class WrongBody:
-    """A wrong answer the kit can make of any function: the original's value with each of its
-    floating-point tensors replaced, its structure (tuples, named tuples, None) kept. "zeros":
-    the value times 0 (its gradients 0); "perturbed": the value plus noise as large as the value
-    (its gradients right); "inputs": the argument of the same shape and dtype where there is
-    one (an update that returns its inputs), else zeros. An exercise's partial credit comes from
-    the tests that all of them fail (grading.measuring_tests)."""
+    """A wrong answer made of any function: the original's value, each floating-point tensor in
+    it replaced. "zeros": times 0; "perturbed": plus noise as large as itself (its gradients
+    right); "inputs": the argument of its shape and dtype (an update returning its inputs)."""
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -91,8 +77,7 @@ class WrongBody:
 
 
 def run(control: dict, sandbox_fd: Optional[int]) -> dict:
-    """pytest on the test file of this folder; the record of what happened. sandbox_fd: the
-    socket of the worker that runs the graded function."""
+    """pytest on this folder's test file; the record. sandbox_fd: the graded function's worker."""
     selected, names = control.get("tests"), control.get("names")
     leave_out = set(control.get("leave_out") or [])
     record = {"collected": None, "outcomes": {}, "messages": {}, "collect_error": "", "problem": ""}
@@ -153,8 +138,7 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
 
 
 def report(report_fd: int, control: dict, sandbox_fd: Optional[int]) -> None:
-    """The run, on report_fd: this process's id first (the grader kills its group at its
-    limit), then the record."""
+    """This process's id (the grader kills its group at its limit), then the record."""
     with os.fdopen(report_fd, "w", encoding="utf-8") as channel:
         channel.write(f"{os.getpid()}\n")
         channel.flush()
@@ -173,9 +157,8 @@ def main() -> int:
 
 
 def serve(socket_fd: int) -> int:
-    """Import what every run needs once, say whether forking is safe here, then fork a run for
-    each job the grader sends: its folder and control, and its pipes (report, output) and the
-    socket of its sandbox's worker. Everything here is the teacher's and the kit's code."""
+    """Imports once, says whether forking is safe here, then forks a run for each job: its folder
+    and control, its pipes (report, output) and its worker's socket."""
     connection = socket.socket(fileno=socket_fd)
     import torch.testing  # noqa: F401
 

@@ -1,40 +1,25 @@
-"""Where a student's function runs, and the only place it runs: a process of its own, in a
-sandbox, that computes values and decides nothing.
+"""Where a student's function runs, and the only place it runs: a worker in a sandbox, which
+computes values and decides nothing.
 
-The test process (grading_child.py) runs the teacher's tests on the teacher's original
-module, with one function, the exercise, replaced by a proxy (install). Each call of the proxy
-sends its arguments here; this process calls the student's function on them (in the original
-module with only that function taken from the submission) and sends back what it returned, or
-the exception it raised, as plain data; the proxy hands that to the test, whose assertions run
-in the test process. A gradient asked of what it returned comes back the same way (backward), as
-do the changes the function made in place to the tensors it was handed and the state of the
-random number generator.
+    python sandbox.py CONTROL_FD TMP FOLDER [PATH ...]     its first process
 
-    python sandbox.py CONTROL_FD TMP FOLDER [PATH ...]     its first process, in the sandbox
+A submission's first process forks a worker for each exercise in turn. Where the grader is not
+root, each submission has a sandbox of its own; where it is, one sandbox serves the grading
+(TMP is "shared"): its first process imports torch once and forks each submission's first
+process, whose workers take the submission's uid of the kit's own before anything of it runs.
 
-A submission's first process forks a worker for each exercise in turn, which makes the original
-module with only that exercise's function taken from the submission (its source comes from the
-test process, and is never a file) and serves that exercise's test process on a socket. Where
-the grader is not root, each submission has a sandbox of its own, whose first process imports
-torch. Where it is root, one sandbox serves every submission of the grading (TMP is "shared"):
-its first process imports torch once, holding only the capabilities to change uid and to give a
-folder away, and forks for each submission a process that starts its workers, each of which
-takes the submission's uid of the kit's own before anything of the submission runs. Every
-process of a sandbox runs under the grader's seccomp filter (keys, System V IPC, POSIX message
-queues, memfds, sockets, ptrace and new user namespaces refused), and each worker prints to a
-pipe of its exercise's own.
+The test process (grading_child.py) runs the teacher's tests with the exercise's function
+replaced by a proxy (install); each call sends its arguments to the worker, which calls the
+student's function (in the original module with only that function taken from the submission,
+whose source comes over the socket, never as a file) and sends back what it returned or raised,
+the gradients asked of it later, the changes it made in place and the random state. The
+assertions run in the test process.
 
-The way out (the sandbox's replies) is one safetensors file a message: the reply's structure as
-JSON in its metadata, its tensors (new ones as their layout's span, the bytes of a storage
-changed in place, the random state) read by safetensors; the test process checks every field of
-the structure (shapes and strides of integers whose span is the tensor sent; at most
-MAX_ELEMENTS elements; a view only of a storage it handed; at most MAX_BYTES a message) before a
-value is made of it: nothing a sandbox sends is unpickled or run. The way in, the call's
-arguments (modules among them) are pickled beside the bytes of their storages: the sandbox
-trusts its caller.
-
-The grader starts a sandbox (grading.py: bubblewrap, the uid, the filter); `main` sets its
-limits before anything of a submission runs. Standard library, torch and safetensors.
+The way in is trusted: a JSON header, the call pickled, the bytes of its storages. The way out
+is one safetensors file a reply, its structure as JSON in the metadata; the test process checks
+every field (shapes and strides whose span is the tensor sent, at most MAX_ELEMENTS elements, a
+view only of a storage it handed, MAX_BYTES a message) before it makes a value of it: nothing a
+sandbox sends is unpickled or run.
 """
 
 import contextlib
@@ -87,8 +72,7 @@ MAX_ELEMENTS = 1 << 24  # a tensor the test process builds, an expanded view's i
 MAX_DIMS = 16
 MAX_DEPTH = 16  # of tuples, lists and dicts nested in a value returned
 MAX_TEXT = 2000  # characters of a string returned or of an exception's message
-# The exceptions that cross as themselves (another crosses as the first of these it derives
-# from): pytest.raises(ValueError, match=...) in a test sees the student's ValueError, its text.
+# The exceptions that cross as themselves (another as the first of these it derives from)
 EXCEPTIONS = {
     error.__name__: error
     for error in (
@@ -108,9 +92,8 @@ EXCEPTIONS = {
     )
 }
 
-# Each sandbox's limits, set by its first process before any submission's code runs: its address
-# space (importing torch takes about 1.5 GB of it), its processes and threads (torch starts a
-# few), and the size of a file it writes; each worker's processor time is its run's timeout.
+# Each sandbox's limits (importing torch takes about 1.5 GB of address space); each worker's
+# processor time is its run's timeout.
 ADDRESS_SPACE = 6 << 30
 PROCESSES = 32
 FILE_SIZE = 16 << 20
