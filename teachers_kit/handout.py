@@ -25,7 +25,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from teachers_kit import grading
 from teachers_kit.exercises import (
@@ -444,23 +444,24 @@ def table() -> str:
     return "\n".join(lines + [TABLE_END]) + "\n"
 
 
-def replace_table(old: str, block: str, readme: Path) -> str:
+def readme_with_table(readme: Path) -> Tuple[str, str]:
+    """readme's text, and that text with today's table between its markers (--table writes it,
+    --verify compares)."""
+    try:
+        old = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KitError(f"cannot read {readme}: {e}") from None
     begin, end = old.find(TABLE_BEGIN), old.find(TABLE_END)
     if old.count(TABLE_BEGIN) != 1 or old.count(TABLE_END) != 1 or begin > end:
         raise KitError(
             f"{readme} has no table to rewrite: it needs the lines {TABLE_BEGIN} and "
             f"{TABLE_END} once each"
         )
-    return old[:begin] + block + old[end + len(TABLE_END) + 1 :]
+    return old, old[:begin] + table() + old[end + len(TABLE_END) + 1 :]
 
 
 def write_table(readme: Path) -> None:
-    """Rewrite the table of exercises in readme, between its markers."""
-    try:
-        old = readme.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise KitError(f"cannot read {readme}: {e}") from None
-    new = replace_table(old, table(), readme)
+    old, new = readme_with_table(readme)
     if new != old:
         write_text(readme, new)
     state = "rewritten" if new != old else "unchanged"
@@ -479,7 +480,8 @@ def verify() -> int:
         checks.update(found)
     for name, check in checks.items():
         print(f"{name}: blanked, fails {len(check)} tests")
-    if table() not in README.read_text(encoding="utf-8"):
+    old, new = readme_with_table(README)
+    if new != old:
         print(f"error: the table of exercises in {README} is stale: {TABLE_COMMAND}")
         return 1
     unchecked = [name for name, check in checks.items() if not check]
@@ -518,8 +520,12 @@ def parse_arguments(argv):
         help="when Gradescope shows students which hidden tests failed (default: %(default)s)",
     )
     add("--leave-out", nargs="+", metavar="TEST", help="tests no check holds (failing here)")
-    add("--grade", type=Path, metavar="FILE", help="a student's compressive.py")
-    add("--grade-class", type=Path, metavar="FOLDER", help="a folder or .py file per student")
+    job = parser.add_mutually_exclusive_group().add_argument  # one job a command
+    job("--grade", type=Path, metavar="FILE", help="a student's compressive.py")
+    job("--grade-class", type=Path, metavar="FOLDER", help="a folder or .py file per student")
+    job("--gradescope", type=Path, metavar="FOLDER", help="write FOLDER/gradescope.zip again")
+    job("--table", type=Path, metavar="README", help="rewrite the table of exercises in README")
+    job("--verify", action="store_true", help="check the README's table by blanking for real")
     add("--csv", type=Path, help="where --grade-class writes its grades (default: grades.csv)")
     add("--assignment", type=Path, metavar="FOLDER", help="what --out wrote, or its teacher/")
     add("--results", type=Path, metavar="JSON", help="also write Gradescope's results.json")
@@ -533,14 +539,11 @@ def parse_arguments(argv):
         "other users can read, sees every process's command line, and reaches the network",
     )
     add(IN_CONTAINER_FLAG, action="store_true", dest="in_container", help="run_autograder's")
-    add("--gradescope", type=Path, metavar="FOLDER", help="write FOLDER/gradescope.zip again")
-    add("--table", type=Path, metavar="README", help="rewrite the table of exercises in README")
-    add("--verify", action="store_true", help="check the README's table by blanking for real")
     args = parser.parse_args(argv)
     making = bool(args.functions or args.out)
     grades = args.grade is not None or args.grade_class is not None
-    jobs = [args.grade_class, args.gradescope, args.table, args.grade]
-    if making + args.verify + sum(job is not None for job in jobs) != 1:
+    jobs = [args.grade_class, args.gradescope, args.table, args.grade, args.verify or None]
+    if making == any(job is not None for job in jobs):
         parser.error(
             "give functions and --out, or --grade FILE --assignment FOLDER, or --grade-class "
             "FOLDER --assignment FOLDER, or --gradescope FOLDER, or --table README, or --verify"

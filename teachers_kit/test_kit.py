@@ -201,7 +201,7 @@ def test_the_readme_table_counts_no_test_so_a_new_test_leaves_it_true(tmp_path):
     assert not re.search(r"\b\d+ of \d+\b|kept from students", block)
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{block}after\n")
-    assert handout.replace_table(readme.read_text(), block, readme) == readme.read_text()
+    assert handout.readme_with_table(readme) == (readme.read_text(),) * 2
 
 
 @pytest.mark.slow  # the assignment made for real: seconds
@@ -1302,7 +1302,7 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
         (("--grade", tmp_path / "x.py", "--assignment", tmp_path), "no assignment.json"),
         (("relative_shift", "--out", tmp_path / "a", "--points", "1", "2"), "2 numbers for 1"),
         (("relative_shift", "--out", tmp_path / "a", "--leave-out", "test_no"), "names no test"),
-        (("--grade-class", tmp_path / "full", "--grade", tmp_path / "x.py"), "give functions"),
+        (("--grade-class", tmp_path / "full", "--grade", tmp_path / "x.py"), "not allowed with"),
         (("--grade-class", tmp_path / "full"), "--assignment FOLDER"),
         (("--grade", tmp_path / "x.py", "--csv", tmp_path / "g.csv"), "--csv goes with"),
         (("--no-such-flag",), "unrecognized"),
