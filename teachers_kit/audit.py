@@ -1,16 +1,10 @@
 """The static audit of a student's file, before any of it runs (the kit's README says why each
-rule).
-
-The file is refused whole, in one line, unless it parses, is at most MAX_BYTES, defines every
-exercise, and is the original outside the exercises' functions (comments and layout aside). An
-exercise is refused alone, with its line and the name to avoid, unless its signature and
-decorators are the original's and its body uses only its own names, the module's names and
-IMPORTED_NAMES, SAFE_BUILTINS and the attributes an answer needs: no import, global, class
-definition, attribute assigned or name that starts with `__`. A class (the module's own, or a
-name spelled with a capital) may be called, tested with isinstance, named as a type in an
-annotation, or (a builtin exception) caught and raised, and handed to nothing: a decorator or
-class factory (`dataclass(eq=True)(torch.Tensor)`) would rewrite it. An allowlist, so a name
-built from a string at run time needs getattr, vars or a dunder, none of which is on it.
+rule). The file is refused whole, in one line, unless it parses, is at most MAX_BYTES, defines
+every exercise, and is the original outside the exercises' functions. An exercise is refused
+alone, with its line and the name to avoid, unless its signature and decorators are the
+original's and its body holds none of FORBIDDEN_NODES, uses only its own names, the module's,
+IMPORTED_NAMES, SAFE_BUILTINS and the attributes an answer needs, and hands a class to nothing
+(check_body). An allowlist: a name built from a string needs getattr, vars or a dunder.
 """
 
 import ast

@@ -1,12 +1,6 @@
-"""The teachers' kit: the handout of chosen functions of a module, and the command line of every
-job of the kit (its README says what each does).
-
-    python -m teachers_kit.handout CompressiveLayer.update_memory relative_shift --out hw/
-    python -m teachers_kit.handout --grade alice/compressive.py --assignment hw/ [--results r.json]
-    python -m teachers_kit.handout --grade-class submissions/ --assignment hw/ [--csv grades.csv]
-    python -m teachers_kit.handout --gradescope hw/         # write hw/gradescope.zip again
-    python -m teachers_kit.handout --table teachers_kit/README.md   # rewrite its table of exercises
-    python -m teachers_kit.handout --verify       # each exercise has a check; the table is today's
+"""The teachers' kit's command line: make the handout of chosen functions of a module, grade
+one submission or a class, write the Gradescope bundle again, rewrite (--table) or check (--verify)
+the table of exercises of the kit's README, which gives each command.
 
 Exit status: 0 when done (a grade: every exercise in full), 1 when a grade is not (or --verify
 finds the table stale), 2 on bad input, with one error line.
@@ -183,29 +177,28 @@ def student_readme(
         "and plain builtins (len, range, ...), or hands a class to anything; it says which line "
         "and which name."
     ]
+    left_out = []  # the tests in no check, and why
     compiled = assignment.left_out.get("torch.compile", [])
     if compiled:
-        paragraphs.append(
-            f"**What the grade leaves out.** The {len(compiled)} tests that run `torch.compile` "
-            f"({', '.join(f'`{t}`' for t in compiled)}) are in no check and count for no grade: "
-            "an answer need only be right when run as written (an `as_strided` view, say, "
-            "counts even where the compiler refuses it). `pytest -q` still runs them."
+        left_out.append(
+            f"the {len(compiled)} tests that run `torch.compile` "
+            f"({', '.join(f'`{t}`' for t in compiled)}): an answer need only be right when run as "
+            "written (an `as_strided` view, say, counts even where the compiler refuses it), and "
+            "`pytest -q` still runs them"
         )
     if assignment.left_out.get("by the teacher"):
         named = ", ".join(f"`{t}`" for t in assignment.left_out["by the teacher"])
-        paragraphs.append(f"Your teacher left out {named} too.")
-    unsandboxed = [
-        f"`{c.name}`: {', '.join(f'`{grading.short(t)}`' for t in c.unsandboxed)}"
+        left_out.append(f"{named}, which your teacher left out")
+    left_out += [
+        f"from `{c.name}`'s grade, {', '.join(f'`{grading.short(t)}`' for t in c.unsandboxed)}, "
+        "which fail even with your teacher's own function in the grader's sandbox (it runs the "
+        "function on a copy of what the test hands it, which a hook the test put on a module, or "
+        "a model the test compiled, never reaches)"
         for c in assignment.exercises
         if c.unsandboxed
     ]
-    if unsandboxed:
-        paragraphs.append(
-            "Left out of one exercise's grade, since they fail even with your teacher's own "
-            "function in the grader's sandbox, which runs it on a copy of what the test hands it "
-            "(a hook the test put on a module, a model the test compiled, never reach that "
-            f"copy): {'; '.join(unsandboxed)}."
-        )
+    if left_out:
+        paragraphs.append(f"**What the grade leaves out**: {'; '.join(left_out)}.")
     graded = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in paragraphs)
     newline = "\n"
     return f"""# Compressive Transformer: the exercise
