@@ -380,14 +380,14 @@ def grade_class(
     results = grading.grade_class(submissions, assignment, partial, timeout_s, graded, audited)
     rows = [["student", *names, "total", "refusals", "not graded"]]
     for student, result in results.items():
-        scores = {g.name: "regrade" if g.regrade else f"{g.score:g}" for g in result.grades}
         why = [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
         ungraded = [
             f"{g.name}: {'regrade: ' if g.regrade else ''}{g.problem}"
             for g in result.grades
             if g.problem
         ]
-        row = [student, *(scores[n] for n in names), f"{result.score:g}"]
+        scores = ["regrade" if g.regrade else f"{g.score:g}" for g in result.grades]
+        row = [student, *scores, f"{result.score:g}"]
         row += ["; ".join([result.refused] if result.refused else why), "; ".join(ungraded)]
         rows.append([spreadsheet_cell(grading.shown(cell)) for cell in row])
     table = io.StringIO()
