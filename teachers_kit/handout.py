@@ -268,10 +268,10 @@ def load(folder: Optional[Path]) -> grading.Assignment:
     return assignment
 
 
-def say_how_code_runs(audited: bool, without_sandbox: str = "") -> None:
+def say_how_code_runs(audited: bool, without_sandbox: bool = False) -> None:
     """One line on stderr where student code runs with less than the kit's sandbox gives, or
     without the audit. Without the sandbox, grading is refused (KitError) unless the teacher
-    asked for it by name (without_sandbox "asked"), or it runs in Gradescope's container."""
+    asked for it by name, or it runs in Gradescope's container (without_sandbox)."""
     note = grading.confinement().note
     if note and not without_sandbox:
         raise KitError(
@@ -291,7 +291,7 @@ def grade(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
-    without_sandbox: str = "",
+    without_sandbox: bool = False,
 ) -> int:
     """One submission graded and printed, and Gradescope's results.json where asked (on
     Gradescope, one that says why when nothing could be graded)."""
@@ -359,7 +359,7 @@ def grade_class(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
-    without_sandbox: str = "",
+    without_sandbox: bool = False,
 ) -> int:
     """Every submission of folder graded: one CSV row each, each one's feedback beside it
     (grades.csv: grades-feedback/STUDENT.txt), and the tests that failed most."""
@@ -563,8 +563,7 @@ def parse_arguments(argv):
 
 def main(argv=None) -> int:
     args = parse_arguments(argv)
-    # without bubblewrap: asked for by the teacher, by name, or in Gradescope's container
-    without_sandbox = "container" if args.in_container else "asked" if args.unsandboxed else ""
+    without_sandbox = args.unsandboxed or args.in_container  # by name, or on Gradescope
     how = (args.partial or None, args.timeout, not args.no_audit, without_sandbox)
     try:
         if args.grade is not None:
