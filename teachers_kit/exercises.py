@@ -28,16 +28,9 @@ class Exercise(NamedTuple):
     module: str = "compressive.py"  # its file, from the repository's top
 
 
-def read_table(path: Path) -> Dict[str, Exercise]:
-    """{function: Exercise} from a table of exercises (KitError where it is not one)."""
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-        return {name: Exercise(**entry) for name, entry in entries.items()}
-    except (OSError, ValueError, TypeError, AttributeError) as e:
-        raise KitError(f"{path} is no table of exercises: {e}") from None
-
-
-EXERCISES = read_table(Path(__file__).resolve().with_name("exercises.json"))
+# {function: Exercise}: the project's table of exercises, data beside the kit
+TABLE = json.loads(Path(__file__).resolve().with_name("exercises.json").read_text(encoding="utf-8"))
+EXERCISES = {name: Exercise(**entry) for name, entry in TABLE.items()}
 
 
 def tests_of(module: str) -> str:
