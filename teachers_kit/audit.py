@@ -13,7 +13,7 @@ import functools
 import symtable
 from typing import Dict, List, NamedTuple
 
-from teachers_kit.exercises import functions, without_functions
+from teachers_kit.exercises import bound_at_top, functions, without_functions
 
 MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
 SAFE_BUILTINS = frozenset(
@@ -131,16 +131,12 @@ def module_names(reference: ast.Module) -> frozenset:
     constants, IMPORTED_NAMES, and what it imports from the project's own modules."""
     names = set()
     for node in reference.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        names |= bound_at_top(node)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
             imported = {(a.asname or a.name).split(".")[0] for a in node.names}
             source = getattr(node, "module", None) or ""
             names |= imported if source.split(".")[0] in PROJECT_MODULES else set()
             names |= imported & IMPORTED_NAMES
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return frozenset(n for n in names if not n.startswith("__"))
 
 

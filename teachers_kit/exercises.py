@@ -245,12 +245,13 @@ def names_in(nodes) -> set:
 
 
 def bound_at_top(node: ast.stmt) -> set:
-    """The names a top-level def, class or assignment binds."""
+    """The names a top-level def, class or assignment binds (an assignment: every name of its
+    targets)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return {t.id for t in targets if isinstance(t, ast.Name)}
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return set()
 
 
