@@ -213,10 +213,8 @@ is the finished model, to read and to call. Write each body:
 An exercise's check is the tests of `{tests}` that fail while the function is not
 written. Then run the whole file, `OMP_NUM_THREADS=1 pytest -q`. (`@file` needs pytest 8.2 or
 later; with an older one, pass the file's lines themselves: `pytest -q $(cat checks/NAME.txt)`.)
-
-**Run the tests on one thread** (`OMP_NUM_THREADS=1`, as above; the grader does the same). The
-tests' models are tiny: more threads do not make them faster, and on a busy machine they make
-them many times slower.
+**Run the tests on one thread**, as the grader does: their models are tiny, and on a busy
+machine more threads make them many times slower, not faster.
 
 {graded}
 
