@@ -166,7 +166,7 @@ def student_readme(
             " (if it passes every test that wrong answers fail but misses another, a gradient "
             "say, the share of the check it passes)"
         )
-    paragraphs = [
+    graded = textwrap.fill(
         f"**How it is graded.** Each exercise alone: your function is put into the original "
         f"`{module}` and runs in a sandbox of its own, so a mistake costs its own exercise only; "
         f"it scores its points {credit}, along with a few tests your teacher keeps. What it "
@@ -175,8 +175,9 @@ def student_readme(
         "exercise alone (it scores 0, the others are graded) whose body uses more than its "
         f"arguments, its own names, `{module}`'s names, torch, F, nn and math, tensor operations "
         "and plain builtins (len, range, ...), or hands a class to anything; it says which line "
-        "and which name."
-    ]
+        "and which name.",
+        96,
+    )
     left_out = []  # the tests in no check, and why
     compiled = assignment.left_out.get("torch.compile", [])
     if compiled:
@@ -189,17 +190,21 @@ def student_readme(
     if assignment.left_out.get("by the teacher"):
         named = ", ".join(f"`{t}`" for t in assignment.left_out["by the teacher"])
         left_out.append(f"{named}, which your teacher left out")
-    left_out += [
-        f"from `{c.name}`'s grade, {', '.join(f'`{grading.short(t)}`' for t in c.unsandboxed)}, "
-        "which fail even with your teacher's own function in the grader's sandbox (it runs the "
-        "function on a copy of what the test hands it, which a hook the test put on a module, or "
-        "a model the test compiled, never reaches)"
+    unsandboxed = [
+        f"`{c.name}`: {', '.join(f'`{grading.short(t)}`' for t in c.unsandboxed)}"
         for c in assignment.exercises
         if c.unsandboxed
     ]
+    if unsandboxed:
+        left_out.append(
+            "from one exercise's grade, those that fail even with your teacher's own function in "
+            "the grader's sandbox, which runs it on a copy of what the test hands it (a hook the "
+            "test put on a module, a model the test compiled, never reach that copy): "
+            f"{'; '.join(unsandboxed)}"
+        )
     if left_out:
-        paragraphs.append(f"**What the grade leaves out**: {'; '.join(left_out)}.")
-    graded = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in paragraphs)
+        items = [textwrap.fill(f"- {item}.", 96, subsequent_indent="  ") for item in left_out]
+        graded += "\n\n**What the grade leaves out:**\n\n" + "\n".join(items)
     newline = "\n"
     return f"""# Compressive Transformer: the exercise
 
