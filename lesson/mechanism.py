@@ -7,10 +7,9 @@ the reconstruction loss's gradients, each an SVG of the page (docs/), each made 
     python -m lesson.memory_picture --reach-svg docs/reach.svg   # the reach, layer by layer
     python -m lesson.memory_picture --recon-svg docs/recon.svg   # which loss reaches what
 
-Each figure has a function that reads its data from a tiny CompressiveTransformer (the *_data
-functions and model_fifo_steps) and one that draws it with matplotlib. A shape that carries data
-has an id that says what it shows, so that a test can read the drawing back. Layers and segments
-count from 1 in every label.
+Each figure's data is read from a tiny CompressiveTransformer (the *_data functions and
+model_fifo_steps) and drawn with matplotlib, each shape that carries data with an id that says what
+it shows, so that a test can read it back. Layers and segments count from 1 in every label.
 """
 
 import io
@@ -141,15 +140,15 @@ def pyplot_or_error():
 
 
 class Canvas:
-    """A white figure of width x height pixels (96 to the inch, as a browser shows an SVG), its
-    coordinates those pixels, y downwards; text sizes in pixels too."""
+    """A white figure width pixels wide (96 to the inch, as a browser shows it), coordinates and
+    text sizes in pixels, y downwards, drawn from the cursor y down and as tall as it, titled."""
 
-    def __init__(self, width: int, height: int):
+    def __init__(self, width: int, title: str):
         self.plt = pyplot_or_error()
-        self.fig = self.plt.figure(figsize=(width / 96, height / 96))
+        self.fig, self.width, self.y = self.plt.figure(), width, 6
         self.ax = self.fig.add_axes([0, 0, 1, 1])
-        self.ax.set(xlim=(0, width), ylim=(height, 0))
         self.ax.axis("off")
+        self.paragraph(title, 15, weight="bold")
 
     def text(self, x, y, words, px=12, gid=None, **style):
         """Words at (x, y), each of their lines a text of its own (so that an SVG of any
@@ -161,12 +160,11 @@ class Canvas:
             at = y + (k - first) * 1.2 * px
             self.ax.text(x, at, line, fontsize=0.75 * px, gid=name, **style)
 
-    def lines(self, y, lines, px=11, title=None):
-        """A title at the top, if given, and lines of text from y down, at the left."""
-        if title:
-            self.text(12, 24, title, 15, weight="bold")
-        for k, words in enumerate(lines):
-            self.text(12, y + 1.36 * px * k, words, px)
+    def paragraph(self, words, px=12, gap=6, **style):
+        """Words wrapped to the figure's width at the left, from the cursor, which moves under."""
+        lines = textwrap.fill(words, int((self.width - 24) / (0.55 * px)))
+        self.text(12, self.y + px, lines, px, **style)
+        self.y += 1.2 * px * (lines.count("\n") + 1) + gap
 
     def box(self, x, y, w, h, fill, edge="none", lw=0.75, gid=None, **style):
         """A box with its top left corner at (x, y)."""
@@ -178,9 +176,9 @@ class Canvas:
 
     def cell(self, x, y, w, h, fill, words, gid, px=11, edge="none", color=INK):
         """A box with words centred in it, the box's id gid, the words' gid-text."""
-        self.box(x, y, w, h, fill, edge, gid=gid)
         style = dict(ha="center", va="center", color=color)
-        self.text(x + w / 2, y + h / 2, words, px, gid=f"{gid}-text", **style)
+        self.text(x + w / 2, y + h / 2, words, px, f"{gid}-text", **style)
+        return self.box(x, y, w, h, fill, edge, gid=gid)
 
     def line(self, xs, ys, gid=None, color=RED, lw=1.5, dashed=True):
         style = (0, (3, 1.5)) if dashed else "-"
@@ -192,6 +190,9 @@ class Canvas:
         prefixed with name, nothing clipped (a clip path is a url(...), which the page forbids)."""
         import matplotlib
 
+        height = self.y + 6
+        self.fig.set_size_inches(self.width / 96, height / 96)
+        self.ax.set(xlim=(0, self.width), ylim=(height, 0))
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
         buffer = io.StringIO()
         with matplotlib.rc_context(rc):
@@ -203,6 +204,26 @@ class Canvas:
         if "url(" in svg:  # an artist drawn clipped: a bug
             raise RuntimeError(f"the figure {name} clips an artist")
         files.write_atomically(path, lambda f: f.write(svg.encode("utf-8")))
+
+
+def panel(canvas, rows, w, h, headers=(), heading="", left=150, key_gid=None, notes=()) -> None:
+    """A heading, column headers (ids key_gid-J) and rows (name, cells) from the cursor down, each
+    cell the arguments of Canvas.cell after its place and size; notes: words right of each row."""
+    if heading:
+        canvas.y += 10
+        canvas.paragraph(heading, 13, weight="bold")
+    y = canvas.y + 26 * bool(headers)
+    for j, header in enumerate(headers):
+        gid = key_gid and f"{key_gid}-{j}"
+        canvas.text(left + j * w + w / 2, y - 4, header, 9, gid, ha="center", va="bottom")
+    for i, (name, cells) in enumerate(rows):
+        top = y + i * h
+        canvas.text(left - 10, top + h / 2 + 4, name, 11, ha="right")
+        for j, cell in enumerate(cells):
+            canvas.cell(left + j * w + 1, top + 1, w - 2, h - 2, *cell)
+    for i, words in enumerate(notes):
+        canvas.text(left + len(rows[0][1]) * w + 16, y + i * h + h / 2 + 4, words, 10.5)
+    canvas.y = y + len(rows) * h + 14
 
 
 def line_width(cfg) -> int:
@@ -282,43 +303,31 @@ def shown(text: str) -> str:
 # The two FIFOs (docs/fifo.svg)
 
 
-def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> List[str]:
+def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> str:
     """What the FIFOs do after a segment (the next row shows it done); held: mem with it."""
     if not step.evicted:
-        return [f"after it, mem holds {held} \u2264 n_m = {n_m}:", "nothing leaves it"]
-    k, s = len(step.compressed), "s" * (len(step.compressed) > 1)
-    lines = [
-        f"after it, mem would hold {held} > n_m = {n_m}, so",
-        f"{step.evicted[0]}\u2013{step.evicted[-1]} leave it: {k} block{s} of c = {c} "
-        f"\u2192 f_c \u2192 {k} c_mem slot{s}",
-    ]
-    if step.dropped:
-        n = len(step.dropped)
-        oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
-        lines.append(f"c_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}")
-    return lines
+        return f"after it, mem holds {held} \u2264 n_m = {n_m}:\nnothing leaves it"
+    k, s, n = len(step.compressed), "s" * (len(step.compressed) > 1), len(step.dropped)
+    first, last = step.evicted[0], step.evicted[-1]
+    words = f"after it, mem would hold {held} > n_m = {n_m}, so\n{first}\u2013{last} leave it: "
+    words += f"{k} block{s} of c = {c} \u2192 f_c \u2192 {k} c_mem slot{s}"
+    oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
+    return words + f"\nc_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}" * bool(n)
 
 
-FIFO_INTRO = [
+FIFO_INTRO = (
     "n_s = {n_s}: the tokens of a segment (one forward); n_m, n_cm: the slots of mem and c_mem; "
-    "c: the inputs that one c_mem slot compresses.",
-    "Left, one row a segment: what its queries attend over, [c_mem; mem; segment], oldest first, "
-    "as the FIFOs hold them before the update,",
+    "c: the inputs that one c_mem slot compresses. Left, one row a segment: what its queries "
+    "attend over, [c_mem; mem; segment], oldest first, as the FIFOs hold them before the update, "
     "under the text positions each slot stands for. Right: the update after the segment, which "
-    "the next row shows done.",
-]
-FIFO_LEGEND = [
-    [
-        ("c_mem", "c_mem: one vector, f_c of a block of c inputs (their positions inside)"),
-        ("mem", "mem: a slot is one input"),
-        ("segment", "the segment read"),
-    ],
-    [
-        ("evicted", "leaves mem after the segment"),
-        ("new", "bold: made by the update before"),
-        ("t", "grey: read before, no longer held"),
-        ("\u00b7", "a space"),
-    ],
+    "the next row shows done. Red dashes: leaves mem after the segment; a grey character: read "
+    "before, no longer held; \u00b7: a space."
+)
+FIFO_LEGEND = [  # (the region of the swatch, its edge's width, its words)
+    ("c_mem", 0.75, "c_mem: one vector, f_c of a block of c inputs (their positions inside)"),
+    ("c_mem", 2, "bold: made by the update before"),
+    ("mem", 0.75, "mem: a slot is one input"),
+    ("segment", 0.75, "the segment read"),
 ]
 
 
@@ -327,30 +336,21 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
     each under the positions it stands for, and at the right what the FIFOs do after it. Ids:
     fifo-slot-ROW-REGION-POSITIONS, fifo-evicted-ROW-P for a position leaving mem."""
     n_s, n_m, n_cm, c, _ = TOY_SIZES
-    cell, row_h, left, top = 22, 50, 128, 148
-    n = len(steps) * n_s
-    notes_x = left + n * cell + 16
-    canvas = Canvas(notes_x + 330, top + len(steps) * row_h + 4)
+    cell, row_h, left = 22, 50, 128
+    notes_x = left + len(steps) * n_s * cell + 16
     title = f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
-    canvas.text(12, 22, title + f"n_cm = {n_cm}, c = {c}", 15, weight="bold")
-    for y, words in zip((42, 60, 76), FIFO_INTRO):
-        canvas.text(12, y, words.format(n_s=n_s))
-    for line, items in enumerate(FIFO_LEGEND):
-        x, y = 12, 90 + 18 * line
-        for kind, words in items:
-            if kind in REGION_FILLS or kind == "new":
-                region = "c_mem" if kind == "new" else kind
-                bold = 2 if kind == "new" else 0.75
-                canvas.box(x, y, 22, 13, REGION_FILLS[region], REGION_COLORS[region], bold)
-            elif kind == "evicted":
-                canvas.line([x, x + 22], [y + 12] * 2)
-            else:  # a sample as the rows draw it
-                colour = GREY if kind == "t" else INK
-                canvas.text(x + 11, y + 11, kind, ha="center", color=colour, family=FONT)
-            canvas.text(x + 28, y + 11, words)
-            x += 52 + 6.6 * len(words)
-    for p in range(0, n, n_s):  # the text positions, at the start of every segment
-        canvas.text(left + p * cell + 2, top - 8, str(p), 10, color="#555555")
+    canvas = Canvas(notes_x + 330, title + f"n_cm = {n_cm}, c = {c}")
+    canvas.paragraph(FIFO_INTRO.format(n_s=n_s))
+    x = 12
+    for region, lw, words in FIFO_LEGEND:  # on a line of its own where it would stick out
+        if x + 28 + 6.6 * len(words) > canvas.width:
+            x, canvas.y = 12, canvas.y + 18
+        canvas.box(x, canvas.y, 22, 13, REGION_FILLS[region], REGION_COLORS[region], lw)
+        canvas.text(x + 28, canvas.y + 11, words)
+        x += 46 + 6.6 * len(words)
+    top = canvas.y + 44
+    for p in range(0, len(steps) * n_s, n_s):  # the text positions, at the start of every segment
+        canvas.text(left + p * cell + 2, top - 8, str(p), 10, color=FAINT)
     before = NOTHING
     for k, step in enumerate(steps):
         y = top + k * row_h
@@ -366,17 +366,16 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
             bold = 2 if positions in before.compressed else 0.75
             canvas.box(x + 1, y, w - 2, 24, REGION_FILLS[region], REGION_COLORS[region], bold, gid)
             if region == "c_mem":  # one vector, not its characters: where it came from
-                canvas.text(x + w / 2, y + 10, "f_c", 9, ha="center")
-                span = f"{positions[0]}\u2013{positions[-1]}"
-                canvas.text(x + w / 2, y + 20, span, 9, ha="center")
+                span = f"f_c\n{positions[0]}\u2013{positions[-1]}"
+                canvas.text(x + w / 2, y + 10, span, 9, ha="center")
             else:
                 canvas.text(x + 11, y + 16, shown(text[positions[0]]), ha="center", family=FONT)
         for p in step.evicted:
             x = left + p * cell
             canvas.line([x + 2, x + cell - 2], [y + 29] * 2, gid=f"fifo-evicted-{k}-{p}")
-        for line, words in enumerate(fifo_notes(step, len(before.mem) + n_s, n_m, n_cm, c)):
-            canvas.text(notes_x, y + 7 + 13 * line, words, 11)
+        canvas.text(notes_x, y + 7, fifo_notes(step, len(before.mem) + n_s, n_m, n_cm, c), 11)
         before = step
+    canvas.y = top + len(steps) * row_h
     canvas.save(path, "fifo")
 
 
@@ -385,8 +384,7 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
 
 
 def shift_model(T: int = 3, M: int = 2):
-    """A one-layer Transformer-XL (n_m = M, random weights) and the two segments of T vectors it
-    reads, [1, 2T, d]."""
+    """A one-layer Transformer-XL, n_m = M, random weights; two segments of T vectors [1, 2T, d]."""
     torch.manual_seed(0)
     cfg = toy_config(seq_len=T, mem_len=M, c_mem_len=0, d_model=8, n_heads=1)
     return CompressiveTransformer(cfg).eval(), torch.randn(1, 2 * T, 8)
@@ -407,48 +405,22 @@ def shift_data(model, x) -> dict:
     q, _, _ = attn.queries_keys_values(h)
     P = attn.position_scores(q, r)[0, 0]  # head 1, row 1: [T, K+1]
     K = P.size(1) - 1
-    source = relative_shift(torch.arange(T * (K + 1)).view(T, K + 1))
-    return {
-        "T": T,
-        "M": K - T,
-        "K": K,
-        "P": P.tolist(),
-        "source": source.tolist(),
-        "out": relative_shift(P).tolist(),
-        "masked": torch.isinf(mask).tolist(),
-        "weights": seen["out"].weights[0, 0].tolist(),
-    }
+    source = relative_shift(torch.arange(T * (K + 1)).view(T, K + 1)).tolist()
+    out, masked = relative_shift(P).tolist(), torch.isinf(mask).tolist()
+    data = dict(T=T, M=K - T, K=K, P=P.tolist(), source=source, out=out, masked=masked)
+    return {**data, "weights": seen["out"].weights[0, 0].tolist()}
 
 
-QUERY_FILLS = ["#dbe6f1", "#fde4cc", "#dcefd8", "#eadcf0", "#f6e7b6"]
-QUERY_EDGES = ["#4c78a8", "#c2410c", "#2f7a2b", "#7b3f9e", "#a07a00"]
-
-
-def panel(canvas, y, heading, headers, rows, w, h, left=150, key_gid=None) -> float:
-    """A heading at y, column headers (ids key_gid-J) and rows (name, cells), each cell the
-    arguments of Canvas.cell after its place and size. Returns the y under the panel."""
-    if heading:
-        canvas.text(12, y, heading, 13, weight="bold")
-    for j, header in enumerate(headers):
-        gid = key_gid and f"{key_gid}-{j}"
-        canvas.text(left + j * w + w / 2, y + 29, header, 9, gid, ha="center", va="bottom")
-    for i, (name, cells) in enumerate(rows):
-        top = y + 33 + i * h
-        canvas.text(left - 10, top + h / 2 + 4, name, 11, ha="right")
-        for j, cell in enumerate(cells):
-            canvas.cell(left + j * w + 1, top + 1, w - 2, h - 2, *cell)
-    return y + 33 + len(rows) * h
-
-
-SHIFT_NOTES = [
+QUERY_FILLS = [*REGION_FILLS.values(), "#eadcf0", "#f6e7b6"]  # query i's colours, in turn
+QUERY_EDGES = [*REGION_COLORS.values(), "#7b3f9e", "#a07a00"]
+SHIFT_NOTES = (
     "Each colour is one query's row of P. Query 1's row of the result starts T entries into its "
-    "row of P, each next row one entry earlier, so row i runs",
-    "through the distances M + i \u2212 j: every key at its own distance. The grey entries "
-    "wrapped in from the next row; they fall on keys in the query's",
-    "future, which the causal mask hides (\u2212\u221e). Transformer-XL pads a column of zeros and "
-    "re-views; here P's spare distance-K column plays the pad's",
-    "role, and the view copies nothing.",
-]
+    "row of P, each next row one entry earlier, so row i runs through the distances M + i \u2212 "
+    "j: every key at its own distance. The grey entries wrapped in from the next row; they fall "
+    "on keys in the query's future, which the causal mask hides (\u2212\u221e). Transformer-XL "
+    "pads a column of zeros and re-views; here P's spare distance-K column plays the pad's role, "
+    "and the view copies nothing."
+)
 
 
 def draw_shift(data: dict, path: str) -> None:
@@ -456,9 +428,8 @@ def draw_shift(data: dict, path: str) -> None:
     shift-P-I-P, shift-flat-N, shift-out-I-J (their text: the distance, the value or why not)."""
     T, M, K, P = data["T"], data["M"], data["K"], data["P"]
     w, h, flat_w, left = 52, 34, 44, 150
-    canvas = Canvas(left + T * (K + 1) * flat_w + 20, 344 + 2 * T * h + h)
     title = f"relative_shift on a real layer's position scores: T = {T} queries, M = {M} memories, "
-    canvas.lines(0, [], title=title + f"K = M + T = {K} keys")
+    canvas = Canvas(left + T * (K + 1) * flat_w + 20, title + f"K = M + T = {K} keys")
 
     def entry(n: int, gid: str, why: str = ""):
         """Entry n of P flattened; why: where it is not used, the word said instead of its value."""
@@ -467,30 +438,34 @@ def draw_shift(data: dict, path: str) -> None:
         fill = "#f3f3f3" if why else QUERY_FILLS[i % len(QUERY_FILLS)]
         return fill, words, gid, 9, QUERY_EDGES[i % len(QUERY_EDGES)], "#888888" if why else INK
 
+    def rows(name: str, sources, whys):
+        """Per query i, entry sources[i][j] of P flattened as cell j, its id shift-name-i-j."""
+        cells = lambda i: zip(sources[i], whys[i])
+        entries = lambda i: [
+            entry(n, f"shift-{name}-{i}-{j}", why) for j, (n, why) in enumerate(cells(i))
+        ]
+        return [(f"query {i + 1}", entries(i)) for i in range(T)]
+
+    flat = [list(range(i * (K + 1), (i + 1) * (K + 1))) for i in range(T)]
     heading = "1. P = position_scores(q, r), [T, K+1]: query i's score at every distance d, from K"
     headers = [f"d = {K - p}" for p in range(K + 1)]
-    rows = []
-    for i in range(T):
-        cells = [entry(i * (K + 1) + p, f"shift-P-{i}-{p}") for p in range(K + 1)]
-        rows.append((f"query {i + 1}", cells))
-    y = panel(canvas, 60, heading + " down to 0", headers, rows, w, h)
+    panel(canvas, rows("P", flat, [[""] * (K + 1)] * T), w, h, headers, heading + " down to 0")
     heading = f"2. flattened: T(K+1) = {T * (K + 1)} entries, row after row; the first T = {T} "
     flat = [entry(n, f"shift-flat-{n}", "skipped" * (n < T)) for n in range(T * (K + 1))]
     heading += f"skipped, the next T K = {T * K} kept"
-    y = panel(canvas, y + 36, heading, [], [("flat", flat)], flat_w, h)
+    panel(canvas, [("flat", flat)], flat_w, h, heading=heading)
     for row in range(T):  # where each row of the result is cut
         x = left + (T + row * K) * flat_w
-        canvas.line([x + 2, x + K * flat_w - 2], [y + 6] * 2, color=INK, lw=1, dashed=False)
-        canvas.text(x + K * flat_w / 2, y + 20, f"row {row + 1} of the result", 10, ha="center")
+        canvas.line([x + 2, x + K * flat_w - 2], [canvas.y - 8] * 2, color=INK, lw=1, dashed=False)
+        words = f"row {row + 1} of the result"
+        canvas.text(x + K * flat_w / 2, canvas.y + 6, words, 10, ha="center")
+    canvas.y += 12
     heading = f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for "
     headers = [f"mem\n{j + 1}" if j < M else f"segment\n{j - M + 1}" for j in range(K)]
-    rows = []
-    for i in range(T):
-        sources = zip(data["source"][i], data["masked"][i])
-        cells = [entry(n, f"shift-out-{i}-{j}", "masked" * m) for j, (n, m) in enumerate(sources)]
-        rows.append((f"query {i + 1}", cells))
-    y = panel(canvas, y + 56, heading + "key j at distance M + i \u2212 j", headers, rows, w, h)
-    canvas.lines(y + 28, SHIFT_NOTES)
+    whys = [["masked" * m for m in row] for row in data["masked"]]
+    heading += "key j at distance M + i \u2212 j"
+    panel(canvas, rows("out", data["source"], whys), w, h, headers, heading)
+    canvas.paragraph(SHIFT_NOTES)
     canvas.save(path, "shift")
 
 
@@ -512,15 +487,14 @@ def mask_data() -> dict:
     return {"keys": keys, "queries": last.segment, "M": M, "masked": masked.tolist()}
 
 
-MASK_NOTES = [
+MASK_NOTES = (
     "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position term "
-    "R; \u2212\u221e where key j lies in the query's future,",
-    "j > M + i (the mask is added to the scores: its weight is 0). A distance counts slots: a "
-    "c_mem slot stands for c tokens and still sits one",
-    "position further than the slot after it (a departure, in hidden_states). Read from a real "
-    "model: the keys from its memory tensors, the mask",
-    "from its attention weights (0 in every head).",
-]
+    "R; \u2212\u221e where key j lies in the query's future, j > M + i (the mask is added to the "
+    "scores: its weight is 0). A distance counts slots: a c_mem slot stands for c tokens and "
+    "still sits one position further than the slot after it (a departure, in hidden_states). "
+    "Read from a real model: the keys from its memory tensors, the mask from its attention "
+    "weights (0 in every head)."
+)
 
 
 def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
@@ -528,25 +502,25 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
     mask hides it. Ids: mask-cell-I-J (text: the distance or -inf), mask-key-J (text: the key)."""
     keys, queries, M, masked = data["keys"], data["queries"], data["M"], data["masked"]
     w, h, left = 40, 30, 170
-    canvas = Canvas(left + len(keys) * w + 40, len(queries) * h + 222)
-    n_s, n_m, n_cm, c, n_segments = TOY_SIZES
-    intro = [
-        f"The toy's segment {n_segments}, n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: its "
-        f"queries attend over the M = {M} memories and the segment,",
-        "oldest first, and see each key at a distance.",
-    ]
     title = "The causal mask over [c_mem; mem; segment], and the distance of every key it leaves"
-    canvas.lines(46, intro, 12, title)
+    canvas = Canvas(left + len(keys) * w + 40, title)
+    n_s, n_m, n_cm, c, n_segments = TOY_SIZES
+    canvas.paragraph(
+        f"The toy's segment {n_segments}, n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: its "
+        f"queries attend over the M = {M} memories and the segment, oldest first, and see each "
+        "key at a distance."
+    )
     for region in REGION_FILLS:  # a band over each region's keys
         inside = [j for j, (r, _) in enumerate(keys) if r == region]
         x, band = left + inside[0] * w, len(inside) * w
-        canvas.box(x + 1, 72, band - 2, 18, REGION_FILLS[region], REGION_COLORS[region])
-        canvas.text(x + band / 2, 85, f"{region}: {len(inside)} keys", 10, ha="center")
-    headers = [f"{shown(text[p[0]])}\n{p[0]}" for _, p in keys]
+        canvas.box(x + 1, canvas.y, band - 2, 18, REGION_FILLS[region], REGION_COLORS[region])
+        canvas.text(x + band / 2, canvas.y + 13, f"{region}: {len(inside)} keys", 10, ha="center")
+    canvas.y += 22
+    canvas.text(left - 10, canvas.y + 22, "key (position)", 9, ha="right", color=FAINT)
     headers = [
-        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else hd for (r, p), hd in zip(keys, headers)
+        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else f"{shown(text[p[0]])}\n{p[0]}"
+        for r, p in keys
     ]
-    canvas.text(left - 10, 130, "key (position)", 9, ha="right", color="#555555")
     rows = []
     for i, p in enumerate(queries):
         cells = []
@@ -555,8 +529,8 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
             fill, ink = ("#eeeeee", "#999999") if hidden else (REGION_FILLS[region], INK)
             cells.append((fill, "\u2212\u221e" if hidden else str(M + i - j), gid, 11, "none", ink))
         rows.append((f"query {i + 1}: {shown(text[p])!r} ({p})", cells))
-    bottom = panel(canvas, 104, "", headers, rows, w, h, left, key_gid="mask-key")
-    canvas.lines(bottom + 28, MASK_NOTES)
+    panel(canvas, rows, w, h, headers, left=left, key_gid="mask-key")
+    canvas.paragraph(MASK_NOTES)
     canvas.save(path, "mask")
 
 
@@ -592,7 +566,6 @@ def reach_data(n_layers: int = 3, **changes) -> dict:
 
 
 STACK_FILLS = ["#eadcf0", "#d3bde6", "#bb9edb", "#a37fd0"]  # layer 2, 3, ...: a deeper purple
-STACK_EDGE = "#7b3f9e"
 
 
 def draw_reach(data: dict, path: str) -> None:
@@ -602,50 +575,45 @@ def draw_reach(data: dict, path: str) -> None:
     edges, changed, sizes = data["edges"], data["changed"], data["cfg"]
     n_s, n_m, n_cm, c = sizes.values()
     far = max(max(row) for row in changed) + 1
-    w, h, left, top = 14, 26, 90, 150
-    bottom = top + len(changed) * h
-    canvas = Canvas(left + far * w + 110, bottom + 86)
-    title = (
-        "The reach, layer by layer: how far back a segment's last token sees, through each layer"
-    )
-    intro = [
+    w, h, left = 14, 26, 90
+    title = "The reach, layer by layer: how far back a segment's last token sees, through each"
+    canvas = Canvas(left + far * w + 110, title + " layer")
+    canvas.paragraph(
         f"n_s = {n_s}, n_m = {n_m}, n_cm = {n_cm}, c = {c}: one layer sees its segment, mem and "
-        "c_mem. Each layer above reads the states of the one below, and",
-        "those kept in its memories were made when their own tokens were read, seeing as far back "
-        "again from their own segment's start.",
-    ]
-    canvas.lines(46, intro, 12, title)
+        "c_mem. Each layer above reads the states of the one below, and those kept in its "
+        "memories were made when their own tokens were read, seeing as far back again from their "
+        "own segment's start."
+    )
+    top = canvas.y + 70
+    bottom = top + len(changed) * h
     x_of = lambda back: left + (far - 1 - back) * w
-
-    def colours(back: int):
-        band = next(name for name, tokens in edges if back < tokens)
-        if band in REGION_FILLS:
-            return REGION_FILLS[band], REGION_COLORS[band]
-        return STACK_FILLS[min(int(band.split()[1]) - 2, len(STACK_FILLS) - 1)], STACK_EDGE
-
+    fills = {name: (REGION_FILLS[name], REGION_COLORS[name]) for name in REGION_FILLS}
+    stacked = [name for name, _ in edges if name not in fills]  # layer 2, 3, ...
+    fills.update((name, (STACK_FILLS[min(k, 3)], "#7b3f9e")) for k, name in enumerate(stacked))
     for name, tokens in edges:  # reach(): the edges, over the rows
         x, gid = x_of(tokens - 1), f"reach-edge-{name.replace(' ', '_')}"
-        canvas.line([x, x], [top - 34, bottom], color="#555555", lw=0.8, dashed=False)
+        canvas.line([x, x], [top - 34, bottom], color=FAINT, lw=0.8, dashed=False)
         canvas.text(x + 2, top - 24, f"{name}: {tokens}", 9, gid, rotation=30, va="bottom")
     for layer, row in enumerate(changed):
         y = top + layer * h
         canvas.text(left - 10, y + h / 2 + 4, f"layer {layer + 1}", 11, ha="right")
         for back in row:
+            band = next(name for name, tokens in edges if back < tokens)
             gid = f"reach-cell-{layer + 1}-{back}"
-            canvas.box(x_of(back) + 1, y + 3, w - 2, h - 6, *colours(back), gid=gid)
+            canvas.box(x_of(back) + 1, y + 3, w - 2, h - 6, *fills[band], gid=gid)
         canvas.text(x_of(0) + w + 8, y + h / 2 + 4, f"{max(row) + 1} tokens", 11)
     for back in range(0, far, 4):
-        canvas.text(x_of(back) + w / 2, bottom + 14, str(back), 9, ha="center", color="#555555")
-    canvas.text(x_of(0) + w + 8, bottom + 14, "positions back", 9, color="#555555")
+        canvas.text(x_of(back) + w / 2, bottom + 14, str(back), 9, ha="center", color=FAINT)
+    canvas.text(x_of(0) + w + 8, bottom + 14, "positions back", 9, color=FAINT)
+    canvas.y = bottom + 30
     step = edges[-1][1] - edges[-2][1] if len(changed) > 1 else 0
-    notes = [
+    canvas.paragraph(
         "A cell is filled where changing that one token changes the layer's output at the last "
-        "token (measured on a real model, one row of the batch per token",
-        f"changed). The marks are compressive.reach(cfg, depth={len(changed)}): each layer above "
-        f"the first adds n_s \u2308S / n_s\u2309 = {step} tokens (S = n_m + c n_cm),",
-        "in a deeper purple layer by layer.",
-    ]
-    canvas.lines(bottom + 44, notes)
+        "token (measured on a real model, one row of the batch per token changed). The marks are "
+        f"compressive.reach(cfg, depth={len(changed)}): each layer above the first adds "
+        f"n_s \u2308S / n_s\u2309 = {step} tokens (S = n_m + c n_cm), in a deeper purple layer by "
+        "layer."
+    )
     canvas.save(path, "reach")
 
 
@@ -665,7 +633,7 @@ LAYER_ROWS = [
     ("c_mem handed on", "compressed.detach(): the next segment reads it without a graph"),
 ]
 MODEL_ROWS = [("embedding", "the model's input"), ("head", "the logits")]
-LOSSES = ("lm", "attn")  # the language-model loss, f_c's L_attn: as the ids name them
+LOSSES = {"lm": "LM loss", "attn": "L_attn"}  # each loss: its name in the ids, in the headers
 
 
 def gradient_norm(loss, tensors) -> object:
@@ -726,14 +694,11 @@ def recon_data(model, tokens) -> dict:
     return {"layers": layers, "model": rows, "lm": lm.item(), "recon": recon.item()}
 
 
-RECON_NOTES = [
+RECON_NOTES = (
     "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network learns "
-    "from the language-model loss alone, and neither loss",
-    "reaches back into the memories, which are stored detached (so a segment's backward pass never "
-    "runs through earlier segments).",
-]
-
-
+    "from the language-model loss alone, and neither loss reaches back into the memories, which "
+    "are stored detached (so a segment's backward pass never runs through earlier segments)."
+)
 # The flow of L_attn in one layer: boxes (words, column, row) and the arrows between them, each
 # with the cell of a layer's LAYER_ROWS (row, loss) whose gradient says whether one flows back
 FLOW_BOXES = {
@@ -757,80 +722,65 @@ FLOW_ARROWS = [  # (from, to, the cell that says a gradient flows back, its labe
 ]
 
 
-def draw_flow(canvas, top: int, layer) -> None:
+def draw_flow(canvas, layer) -> None:
     """L_attn's flow in one layer: a green arrow where its measured gradient flows back, a grey
     dashed one where none does. Ids: recon-flow-FROM-TO (text: "gradient" or why none)."""
     from matplotlib.patches import FancyArrowPatch
 
-    w, h, dx, dy = 124, 24, 168, 40
-    words = (
-        "L_attn in layer 1 (layer 2 alike): a green arrow carries its gradient back, as autograd "
-    )
-    canvas.text(12, top - 8, words + "finds it; along a grey dashed one, none flows.", 11)
-    at = {k: (12 + col * dx, top + row * dy) for k, (_, col, row) in FLOW_BOXES.items()}
-    for key, (words, _, _) in FLOW_BOXES.items():
-        canvas.cell(*at[key], w, h, "#f7f7f7", words, f"recon-box-{key}", 10.5, "#999999")
+    w, h, top, boxes = 124, 24, canvas.y + 4, {}
+    for key, (words, col, row) in FLOW_BOXES.items():
+        x, y = 12 + col * 168, top + row * 40
+        box = canvas.cell(x, y, w, h, "#f7f7f7", words, f"recon-box-{key}", 10.5, "#999999")
+        boxes[key] = box, (x + w / 2, y + h / 2)  # the box and its centre
     for start, end, (row, loss), why in FLOW_ARROWS:
         flows = not isinstance(layer[row][loss], str)
-        (x0, y0), (x1, y1) = at[start], at[end]
-        same_row = y0 == y1
-        tail = (x0 + w, y0 + h / 2) if same_row and x1 > x0 else (x0 + w / 2, y0 + h)
-        head = (x1, y1 + h / 2) if same_row and x1 > x0 else (x1 + w / 2, y1)
-        if same_row and x1 < x0:  # right to left
-            tail, head = (x0, y0 + h / 2), (x1 + w, y1 + h / 2)
-        style = dict(color=REGION_COLORS["segment"] if flows else "#999999", lw=1.6 if flows else 1)
-        style.update(linestyle="-" if flows else (0, (4, 2)), gid=f"recon-flow-{start}-{end}")
-        arrow = FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, **style)
-        arrow.set_clip_on(False)
+        (a, tail), (b, head) = boxes[start], boxes[end]
+        colour, gid = REGION_COLORS["segment"] if flows else "#999999", f"recon-flow-{start}-{end}"
+        style = dict(color=colour, lw=1.6 if flows else 1, ls="-" if flows else (0, (4, 2)))
+        arrow = FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, patchA=a, patchB=b)
+        arrow.set(clip_on=False, gid=gid, **style)
         canvas.ax.add_patch(arrow)
-        mid = ((tail[0] + head[0]) / 2, (tail[1] + head[1]) / 2)
-        at_label = (mid[0], mid[1] - 5) if same_row else (mid[0] + 6, mid[1] + 3)
-        label, gid = "gradient" if flows else why, f"recon-flow-{start}-{end}-text"
-        align = "center" if same_row else "left"
-        canvas.text(*at_label, label, 9, gid, ha=align, color=style["color"])
+        x, y, across = (tail[0] + head[0]) / 2, (tail[1] + head[1]) / 2, tail[1] == head[1]
+        label, at = "gradient" if flows else why, (x, y - 5) if across else (x + 6, y + 3)
+        canvas.text(*at, label, 9, f"{gid}-text", ha="center" if across else "left", color=colour)
+    canvas.y = top + 3 * 40 + 10
 
 
 def draw_recon(data: dict, path: str) -> None:
     """Per layer, each part (LAYER_ROWS) against the two losses: the norm of the gradient that
     reaches it, or why none does. Ids: recon-I-ROW-LOSS (I from 1; LOSS lm or attn),
     recon-model-ROW-LOSS (text: the norm, "none" or "detached")."""
-    layers, h, w, left, top = data["layers"], 21, 84, 200, 226
-    why_x = left + 4 * w + 16
-    canvas = Canvas(why_x + 470, top + (len(LAYER_ROWS) + len(MODEL_ROWS)) * h + 112)
-    intro = [
-        "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
-        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of the "
-        "gradient",
-        "that the loss sends to that part of layer 1 or 2; none where it does not.",
-    ]
+    layers, h, w, left = data["layers"], 21, 84, 200
     title = "Where the gradients go: the language-model loss and f_c's L_attn, measured by autograd"
-    canvas.lines(46, intro, 12, title)
-    draw_flow(canvas, 100, layers[0])
-    for k, name in enumerate(("language-model loss", "L_attn")):
-        canvas.box(left + 2 * k * w + 1, top, 2 * w - 2, 16, "#f3f3f3", "#999999")
-        canvas.text(left + (2 * k + 1) * w, top + 12, name, 10, ha="center", weight="bold")
+    canvas = Canvas(left + 4 * w + 486, title)
+    canvas.paragraph(
+        "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
+        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. First, L_attn in layer 1 "
+        "(layer 2 alike): a green arrow carries its gradient back, as autograd finds it; along a "
+        "grey dashed one, none flows. Then, in a cell, the norm of the gradient that the loss "
+        "sends to that part of layer 1 or 2; none where it does not; on the right, why."
+    )
+    draw_flow(canvas, layers[0])
 
-    def cell(value, gid, loss):
+    def cell(value, gid):
         if isinstance(value, str):  # "none" or "detached"
-            return "#eeeeee", value, f"{gid}-{loss}", 10, "none", "#888888"
-        return REGION_FILLS["segment"], f"{value:.3g}", f"{gid}-{loss}", 10
+            return "#eeeeee", value, gid, 10, "none", "#888888"
+        return REGION_FILLS["segment"], f"{value:.3g}", gid, 10
 
-    rows, columns = [], [(k, loss, i) for k, loss in enumerate(LOSSES) for i in range(len(layers))]
+    columns = [(k, loss, i) for k, loss in enumerate(LOSSES) for i in range(len(layers))]
+    rows = []
     for r, (name, _) in enumerate(LAYER_ROWS):
-        cells = [cell(layers[i][r][k], f"recon-{i + 1}-{r}", loss) for k, loss, i in columns]
+        cells = [cell(layers[i][r][k], f"recon-{i + 1}-{r}-{loss}") for k, loss, i in columns]
         rows.append((name, cells))
-    headers = [f"layer {i + 1}" for _, _, i in columns]
-    y = panel(canvas, top + 2, "", headers, rows, w, h, left)
+    headers = [f"{LOSSES[loss]}\nlayer {i + 1}" for _, loss, i in columns]
+    panel(canvas, rows, w, h, headers, left=left, notes=[why for _, why in LAYER_ROWS])
+    canvas.y -= 6
     rows = []
     for r, (name, _) in enumerate(MODEL_ROWS):
         values = zip(data["model"][r], LOSSES)
-        rows.append((name, [cell(value, f"recon-model-{r}", loss) for value, loss in values]))
-    bottom = panel(canvas, y - 25, "", [], rows, 2 * w, h, left)
-    for r, (_, why) in enumerate(LAYER_ROWS + MODEL_ROWS):
-        y = top + 35 + r * h + 15 + 8 * (r >= len(LAYER_ROWS))
-        canvas.text(why_x, y, why, 10.5, color="#333333")
-    canvas.text(why_x, top + 31, "why", 10, weight="bold")
-    canvas.lines(bottom + 36, RECON_NOTES)
+        rows.append((name, [cell(value, f"recon-model-{r}-{loss}") for value, loss in values]))
+    panel(canvas, rows, 2 * w, h, left=left, notes=[why for _, why in MODEL_ROWS])
+    canvas.paragraph(RECON_NOTES)
     canvas.save(path, "recon")
 
 

@@ -16,8 +16,7 @@ one query (by default the last character of the last segment) this writes
 
 A slot's positions follow the FIFO rule (fifo_steps), checked against the model's memory tensors
 on every run. On a recall task's text (--validation) the query is a '?' whose fact is in c_mem.
---fifo-svg, --shift-svg, --mask-svg, --reach-svg and --recon-svg draw the figures of
-lesson/mechanism.py instead. Layers, heads and segments count from 1.
+--NAME-svg draws a figure of lesson/mechanism.py instead. Layers, heads and segments count from 1.
 """
 
 import argparse
@@ -155,8 +154,7 @@ def regions(picture: Picture):
 
 
 def describe(picture: Picture) -> List[str]:
-    """What the command prints: the regions the query sees, each layer's strongest slot, and
-    where a recall fact (the marks) is held."""
+    """What the command prints: the regions the query sees, its strongest slots, a recall fact's."""
     query, start, slots = picture.data["query"], picture.data["start"], picture.data["slots"]
     lines = [
         f"query: position {query} {shown(picture.text[query - start])!r}, after "
