@@ -1,16 +1,10 @@
 """The static audit of a student's file, before any of it runs (the kit's README says why each
-rule).
-
-The file is refused whole, in one line, unless it parses, is at most MAX_BYTES, defines every
-exercise, and is the original outside the exercises' functions (comments and layout aside). An
-exercise is refused alone, with its line and the name to avoid, unless its signature and
-decorators are the original's and its body uses only its own names, the module's names and
-IMPORTED_NAMES, SAFE_BUILTINS and the attributes an answer needs: no import, global, class
-definition, attribute assigned or name that starts with `__`. A class (the module's own, or a
-name spelled with a capital) may be called, tested with isinstance, named as a type in an
-annotation, or (a builtin exception) caught and raised, and handed to nothing: a decorator or
-class factory (`dataclass(eq=True)(torch.Tensor)`) would rewrite it. An allowlist, so a name
-built from a string at run time needs getattr, vars or a dunder, none of which is on it.
+rule). The file is refused whole, in one line, unless it parses, is at most MAX_BYTES, defines
+every exercise, and is the original outside the exercises' functions. An exercise is refused
+alone, with its line and the name to avoid, unless its signature and decorators are the
+original's and its body holds none of FORBIDDEN_NODES, uses only its own names, the module's,
+IMPORTED_NAMES, SAFE_BUILTINS and the attributes an answer needs, and hands a class to nothing
+(check_body). An allowlist: a name built from a string needs getattr, vars or a dunder.
 """
 
 import ast
@@ -19,7 +13,7 @@ import functools
 import symtable
 from typing import Dict, List, NamedTuple
 
-from teachers_kit.exercises import functions, without_functions
+from teachers_kit.exercises import bound_at_top, functions, without_functions
 
 MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
 SAFE_BUILTINS = frozenset(
@@ -137,16 +131,12 @@ def module_names(reference: ast.Module) -> frozenset:
     constants, IMPORTED_NAMES, and what it imports from the project's own modules."""
     names = set()
     for node in reference.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        names |= bound_at_top(node)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
             imported = {(a.asname or a.name).split(".")[0] for a in node.names}
             source = getattr(node, "module", None) or ""
             names |= imported if source.split(".")[0] in PROJECT_MODULES else set()
             names |= imported & IMPORTED_NAMES
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return frozenset(n for n in names if not n.startswith("__"))
 
 

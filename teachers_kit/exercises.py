@@ -28,16 +28,9 @@ class Exercise(NamedTuple):
     module: str = "compressive.py"  # its file, from the repository's top
 
 
-def read_table(path: Path) -> Dict[str, Exercise]:
-    """{function: Exercise} from a table of exercises (KitError where it is not one)."""
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8"))
-        return {name: Exercise(**entry) for name, entry in entries.items()}
-    except (OSError, ValueError, TypeError, AttributeError) as e:
-        raise KitError(f"{path} is no table of exercises: {e}") from None
-
-
-EXERCISES = read_table(Path(__file__).resolve().with_name("exercises.json"))
+# {function: Exercise}: the project's table of exercises, data beside the kit
+TABLE = json.loads(Path(__file__).resolve().with_name("exercises.json").read_text(encoding="utf-8"))
+EXERCISES = {name: Exercise(**entry) for name, entry in TABLE.items()}
 
 
 def tests_of(module: str) -> str:
@@ -252,12 +245,13 @@ def names_in(nodes) -> set:
 
 
 def bound_at_top(node: ast.stmt) -> set:
-    """The names a top-level def, class or assignment binds."""
+    """The names a top-level def, class or assignment binds (an assignment: every name of its
+    targets)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return {t.id for t in targets if isinstance(t, ast.Name)}
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return set()
 
 

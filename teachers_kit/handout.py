@@ -1,12 +1,6 @@
-"""The teachers' kit: the handout of chosen functions of a module, and the command line of every
-job of the kit (its README says what each does).
-
-    python -m teachers_kit.handout CompressiveLayer.update_memory relative_shift --out hw/
-    python -m teachers_kit.handout --grade alice/compressive.py --assignment hw/ [--results r.json]
-    python -m teachers_kit.handout --grade-class submissions/ --assignment hw/ [--csv grades.csv]
-    python -m teachers_kit.handout --gradescope hw/         # write hw/gradescope.zip again
-    python -m teachers_kit.handout --table teachers_kit/README.md   # rewrite its table of exercises
-    python -m teachers_kit.handout --verify       # each exercise has a check; the table is today's
+"""The teachers' kit's command line: make the handout of chosen functions of a module, grade
+one submission or a class, write the Gradescope bundle again, rewrite (--table) or check (--verify)
+the table of exercises of the kit's README, which gives each command.
 
 Exit status: 0 when done (a grade: every exercise in full), 1 when a grade is not (or --verify
 finds the table stale), 2 on bad input, with one error line.
@@ -25,7 +19,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from teachers_kit import grading
 from teachers_kit.exercises import (
@@ -172,7 +166,7 @@ def student_readme(
             " (if it passes every test that wrong answers fail but misses another, a gradient "
             "say, the share of the check it passes)"
         )
-    paragraphs = [
+    graded = textwrap.fill(
         f"**How it is graded.** Each exercise alone: your function is put into the original "
         f"`{module}` and runs in a sandbox of its own, so a mistake costs its own exercise only; "
         f"it scores its points {credit}, along with a few tests your teacher keeps. What it "
@@ -181,32 +175,36 @@ def student_readme(
         "exercise alone (it scores 0, the others are graded) whose body uses more than its "
         f"arguments, its own names, `{module}`'s names, torch, F, nn and math, tensor operations "
         "and plain builtins (len, range, ...), or hands a class to anything; it says which line "
-        "and which name."
-    ]
+        "and which name.",
+        96,
+    )
+    left_out = []  # the tests in no check, and why
     compiled = assignment.left_out.get("torch.compile", [])
     if compiled:
-        paragraphs.append(
-            f"**What the grade leaves out.** The {len(compiled)} tests that run `torch.compile` "
-            f"({', '.join(f'`{t}`' for t in compiled)}) are in no check and count for no grade: "
-            "an answer need only be right when run as written (an `as_strided` view, say, "
-            "counts even where the compiler refuses it). `pytest -q` still runs them."
+        left_out.append(
+            f"the {len(compiled)} tests that run `torch.compile` "
+            f"({', '.join(f'`{t}`' for t in compiled)}): an answer need only be right when run as "
+            "written (an `as_strided` view, say, counts even where the compiler refuses it), and "
+            "`pytest -q` still runs them"
         )
     if assignment.left_out.get("by the teacher"):
         named = ", ".join(f"`{t}`" for t in assignment.left_out["by the teacher"])
-        paragraphs.append(f"Your teacher left out {named} too.")
+        left_out.append(f"{named}, which your teacher left out")
     unsandboxed = [
         f"`{c.name}`: {', '.join(f'`{grading.short(t)}`' for t in c.unsandboxed)}"
         for c in assignment.exercises
         if c.unsandboxed
     ]
     if unsandboxed:
-        paragraphs.append(
-            "Left out of one exercise's grade, since they fail even with your teacher's own "
-            "function in the grader's sandbox, which runs it on a copy of what the test hands it "
-            "(a hook the test put on a module, a model the test compiled, never reach that "
-            f"copy): {'; '.join(unsandboxed)}."
+        left_out.append(
+            "from one exercise's grade, those that fail even with your teacher's own function in "
+            "the grader's sandbox, which runs it on a copy of what the test hands it (a hook the "
+            "test put on a module, a model the test compiled, never reach that copy): "
+            f"{'; '.join(unsandboxed)}"
         )
-    graded = "\n\n".join(textwrap.fill(paragraph, 96) for paragraph in paragraphs)
+    if left_out:
+        items = [textwrap.fill(f"- {item}.", 96, subsequent_indent="  ") for item in left_out]
+        graded += "\n\n**What the grade leaves out:**\n\n" + "\n".join(items)
     newline = "\n"
     return f"""# Compressive Transformer: the exercise
 
@@ -220,10 +218,8 @@ is the finished model, to read and to call. Write each body:
 An exercise's check is the tests of `{tests}` that fail while the function is not
 written. Then run the whole file, `OMP_NUM_THREADS=1 pytest -q`. (`@file` needs pytest 8.2 or
 later; with an older one, pass the file's lines themselves: `pytest -q $(cat checks/NAME.txt)`.)
-
-**Run the tests on one thread** (`OMP_NUM_THREADS=1`, as above; the grader does the same). The
-tests' models are tiny: more threads do not make them faster, and on a busy machine they make
-them many times slower.
+**Run the tests on one thread**, as the grader does: their models are tiny, and on a busy
+machine more threads make them many times slower, not faster.
 
 {graded}
 
@@ -275,10 +271,10 @@ def load(folder: Optional[Path]) -> grading.Assignment:
     return assignment
 
 
-def say_how_code_runs(audited: bool, without_sandbox: str = "") -> None:
+def say_how_code_runs(audited: bool, without_sandbox: bool = False) -> None:
     """One line on stderr where student code runs with less than the kit's sandbox gives, or
     without the audit. Without the sandbox, grading is refused (KitError) unless the teacher
-    asked for it by name (without_sandbox "asked"), or it runs in Gradescope's container."""
+    asked for it by name, or it runs in Gradescope's container (without_sandbox)."""
     note = grading.confinement().note
     if note and not without_sandbox:
         raise KitError(
@@ -298,7 +294,7 @@ def grade(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
-    without_sandbox: str = "",
+    without_sandbox: bool = False,
 ) -> int:
     """One submission graded and printed, and Gradescope's results.json where asked (on
     Gradescope, one that says why when nothing could be graded)."""
@@ -366,7 +362,7 @@ def grade_class(
     partial: Optional[bool],
     timeout_s: Optional[float],
     audited: bool = True,
-    without_sandbox: str = "",
+    without_sandbox: bool = False,
 ) -> int:
     """Every submission of folder graded: one CSV row each, each one's feedback beside it
     (grades.csv: grades-feedback/STUDENT.txt), and the tests that failed most."""
@@ -387,14 +383,14 @@ def grade_class(
     results = grading.grade_class(submissions, assignment, partial, timeout_s, graded, audited)
     rows = [["student", *names, "total", "refusals", "not graded"]]
     for student, result in results.items():
-        scores = {g.name: "regrade" if g.regrade else f"{g.score:g}" for g in result.grades}
         why = [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
         ungraded = [
             f"{g.name}: {'regrade: ' if g.regrade else ''}{g.problem}"
             for g in result.grades
             if g.problem
         ]
-        row = [student, *(scores[n] for n in names), f"{result.score:g}"]
+        scores = ["regrade" if g.regrade else f"{g.score:g}" for g in result.grades]
+        row = [student, *scores, f"{result.score:g}"]
         row += ["; ".join([result.refused] if result.refused else why), "; ".join(ungraded)]
         rows.append([spreadsheet_cell(grading.shown(cell)) for cell in row])
     table = io.StringIO()
@@ -444,23 +440,24 @@ def table() -> str:
     return "\n".join(lines + [TABLE_END]) + "\n"
 
 
-def replace_table(old: str, block: str, readme: Path) -> str:
+def readme_with_table(readme: Path) -> Tuple[str, str]:
+    """readme's text, and that text with today's table between its markers (--table writes it,
+    --verify compares)."""
+    try:
+        old = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KitError(f"cannot read {readme}: {e}") from None
     begin, end = old.find(TABLE_BEGIN), old.find(TABLE_END)
     if old.count(TABLE_BEGIN) != 1 or old.count(TABLE_END) != 1 or begin > end:
         raise KitError(
             f"{readme} has no table to rewrite: it needs the lines {TABLE_BEGIN} and "
             f"{TABLE_END} once each"
         )
-    return old[:begin] + block + old[end + len(TABLE_END) + 1 :]
+    return old, old[:begin] + table() + old[end + len(TABLE_END) + 1 :]
 
 
 def write_table(readme: Path) -> None:
-    """Rewrite the table of exercises in readme, between its markers."""
-    try:
-        old = readme.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise KitError(f"cannot read {readme}: {e}") from None
-    new = replace_table(old, table(), readme)
+    old, new = readme_with_table(readme)
     if new != old:
         write_text(readme, new)
     state = "rewritten" if new != old else "unchanged"
@@ -479,7 +476,8 @@ def verify() -> int:
         checks.update(found)
     for name, check in checks.items():
         print(f"{name}: blanked, fails {len(check)} tests")
-    if table() not in README.read_text(encoding="utf-8"):
+    old, new = readme_with_table(README)
+    if new != old:
         print(f"error: the table of exercises in {README} is stale: {TABLE_COMMAND}")
         return 1
     unchecked = [name for name, check in checks.items() if not check]
@@ -518,8 +516,12 @@ def parse_arguments(argv):
         help="when Gradescope shows students which hidden tests failed (default: %(default)s)",
     )
     add("--leave-out", nargs="+", metavar="TEST", help="tests no check holds (failing here)")
-    add("--grade", type=Path, metavar="FILE", help="a student's compressive.py")
-    add("--grade-class", type=Path, metavar="FOLDER", help="a folder or .py file per student")
+    job = parser.add_mutually_exclusive_group().add_argument  # one job a command
+    job("--grade", type=Path, metavar="FILE", help="a student's compressive.py")
+    job("--grade-class", type=Path, metavar="FOLDER", help="a folder or .py file per student")
+    job("--gradescope", type=Path, metavar="FOLDER", help="write FOLDER/gradescope.zip again")
+    job("--table", type=Path, metavar="README", help="rewrite the table of exercises in README")
+    job("--verify", action="store_true", help="check the README's table by blanking for real")
     add("--csv", type=Path, help="where --grade-class writes its grades (default: grades.csv)")
     add("--assignment", type=Path, metavar="FOLDER", help="what --out wrote, or its teacher/")
     add("--results", type=Path, metavar="JSON", help="also write Gradescope's results.json")
@@ -533,14 +535,11 @@ def parse_arguments(argv):
         "other users can read, sees every process's command line, and reaches the network",
     )
     add(IN_CONTAINER_FLAG, action="store_true", dest="in_container", help="run_autograder's")
-    add("--gradescope", type=Path, metavar="FOLDER", help="write FOLDER/gradescope.zip again")
-    add("--table", type=Path, metavar="README", help="rewrite the table of exercises in README")
-    add("--verify", action="store_true", help="check the README's table by blanking for real")
     args = parser.parse_args(argv)
     making = bool(args.functions or args.out)
     grades = args.grade is not None or args.grade_class is not None
-    jobs = [args.grade_class, args.gradescope, args.table, args.grade]
-    if making + args.verify + sum(job is not None for job in jobs) != 1:
+    jobs = [args.grade_class, args.gradescope, args.table, args.grade, args.verify or None]
+    if making == any(job is not None for job in jobs):
         parser.error(
             "give functions and --out, or --grade FILE --assignment FOLDER, or --grade-class "
             "FOLDER --assignment FOLDER, or --gradescope FOLDER, or --table README, or --verify"
@@ -567,8 +566,7 @@ def parse_arguments(argv):
 
 def main(argv=None) -> int:
     args = parse_arguments(argv)
-    # without bubblewrap: asked for by the teacher, by name, or in Gradescope's container
-    without_sandbox = "container" if args.in_container else "asked" if args.unsandboxed else ""
+    without_sandbox = args.unsandboxed or args.in_container  # by name, or on Gradescope
     how = (args.partial or None, args.timeout, not args.no_audit, without_sandbox)
     try:
         if args.grade is not None:
