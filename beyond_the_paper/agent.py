@@ -1,21 +1,12 @@
 """An agent's memory, beyond the paper: train on a rollout exactly as the agent acted on it.
 
-An agent runs B environments side by side, acts one step per call, and each row's episode ends
-at its own moment; it then learns from the rollout it played, in one call. Here the two compute
-the same: each row's FIFOs move once per segment of n_s steps, wherever calls begin and end (a
-call of n_s steps from a segment's start is compressive.py's call). The memory has one shape from
-empty to full, so memories of any time stack and rows come out and join; starts [B, T] begin an
-episode anywhere in a call; acting keeps the keys and values of the memory's slots, marked with
-a fingerprint of the weights that made them. docs/AGENT.md says what each guarantees and costs.
-
-It builds on compressive.py in this order:
-
-    1. the memory: AgentMemory and the keys it keeps (Kept)
-    2. where each step of a call stands in its row's stream: Layout
-    3. one layer over a call
-    4. the fingerprint that tells kept keys from stale ones
-    5. the models: AgentTransformer (tokens) and AgentCore (vectors)
-    6. the checks, and the episodes' bookkeeping, which feedback.py shares
+An agent acts one step per call on B environments, each row's episode ending at its own moment,
+then learns from the rollout in one call. Here the two compute the same: each row's FIFOs move
+once per segment of n_s steps, wherever calls begin and end. docs/AGENT.md says what it
+guarantees and costs. In this order: 1. the memory (AgentMemory, and the keys it keeps: Kept);
+2. where each step of a call stands (Layout); 3. one layer over a call; 4. the fingerprint that
+tells kept keys from stale ones; 5. the models (AgentTransformer, AgentCore); 6. the checks and
+the episodes' bookkeeping, which feedback.py shares.
 
     core = AgentCore(CompressiveConfig(d_model=128, ...))
     memory = core.empty_memory(batch)
@@ -106,7 +97,7 @@ class AgentMemory(NamedTuple):
     def reset(self, done: torch.Tensor) -> "AgentMemory":
         """The rows where done ([B] bool) is true become a fresh memory's; the others stay as
         they are. The same as a start at the next call's first step."""
-        check_done(done, self.filled.size(0), self.filled.device)
+        check_mask("done", done, (self.filled.size(0),), self.filled.device)
         fresh_rows = map_tensors(self, lambda t: forget(done, t))  # zeros, made_by aside
         if self.kept is None:
             return fresh_rows
@@ -642,23 +633,12 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
 
 
 # 4. Kept keys that cannot go stale ----------------------------------------------------------------
-# The weights change by many routes (an optimizer step, fused or not, a loaded state dict, a write
-# through .data, a dtype round trip, another process writing shared weights), or another model
-# reads the memory; version counters miss half of them. So kept keys record what the weights
-# hold: per layer, each element of W_k and W_v (and pre-LN's norm) read as its bits, times an odd
-# constant of its own modulo 2^32 (a bijection), summed exactly, on the weights' device. A call
+# The weights change by many routes (an optimizer step, a loaded state dict, a write through .data,
+# a dtype round trip, another process), or another model reads the memory; version counters miss
+# half of them. So kept keys record what the weights hold: per layer, each element of W_k and W_v
+# (and pre-LN's norm) read as its bits, times an odd constant of its own, summed exactly. A call
 # whose fingerprint differs projects every slot anew: eagerly one bool read back; under
-# torch.compile the comparison stays on the device and one torch.cond chooses, for every layer,
-# between the kept keys and a projection, so that `fullgraph=True` holds.
-
-
-def key_probe(d_model: int, device) -> torch.Tensor:
-    """The odd constants 1, 3, 5, ..., [2 d + 2, d] int32: one per element of W_k and W_v, and a
-    row each for a norm's weight and bias. Made on each call, never a buffer: one would hold
-    garbage after `to_empty()`."""
-    n = 2 * d_model * (d_model + 1)
-    return torch.arange(1, 2 * n, 2, dtype=torch.int32, device=device).view(-1, d_model)
-
+# torch.compile one torch.cond chooses on the device, so that `fullgraph=True` holds.
 
 # the signed integer of each floating element size: the bits of an element, read as a number
 BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -666,19 +646,17 @@ BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def fingerprint(model) -> torch.Tensor:
     """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device, the
-    config's checksum first."""
+    config's checksum first. The odd constants are made on each call, never a buffer: one would
+    hold garbage after `to_empty()`."""
     d, device = model.cfg.d_model, model.layers[0].attn.qkv.weight.device
-    probe = key_probe(d, device)
     prints = [torch.full((), model.config_stamp, dtype=torch.long, device=device)]
     for layer in model.layers:
         weights = [layer.attn.qkv.weight[d:]]  # W_k, W_v: [2 d, d]
         if layer.pre_norm:
             weights += [layer.attn_norm.weight, layer.attn_norm.bias]  # [d] each
-        bits = [w.detach().view(BITS[w.element_size()]) for w in weights]
-        total = (bits[0] * probe[: 2 * d]).sum()  # int64, exact
-        for row, norm_bits in enumerate(bits[1:], start=2 * d):
-            total = total + (norm_bits * probe[row]).sum()
-        prints.append(total)
+        bits = torch.cat([w.detach().view(BITS[w.element_size()]).flatten() for w in weights])
+        odd = torch.arange(1, 2 * len(bits), 2, device=device)  # int64: the sum is exact
+        prints.append((bits.long() * odd).sum())
     return torch.stack(prints)
 
 
@@ -1013,27 +991,18 @@ def since_start_after(steps: torch.Tensor, span: int) -> torch.Tensor:
 def check_starts(starts, batch_size: int, T: int, device) -> None:
     """starts is batch first, as the inputs are: [B, T] bool. (A time-major [T, B] tensor is
     refused unless B equals T, when no shape can tell the two apart.)"""
-    if starts is None:
-        return
-    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
-        raise TypeError(
-            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
-        )
-    if starts.shape != (batch_size, T) or starts.device != device:
-        raise ValueError(
-            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
-            f"inputs; got {list(starts.shape)} on {starts.device}"
-        )
+    if starts is not None:
+        check_mask("starts", starts, (batch_size, T), device)
 
 
-def check_done(done, batch_size: int, device) -> None:
-    """A memory's reset(done): done [B] bool, on the memory's device."""
-    if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
-        raise TypeError(f"done must be a bool tensor, got {described(done)}")
-    if done.shape != (batch_size,) or done.device != device:
+def check_mask(name: str, mask, shape, device) -> None:
+    """starts [B, T], or a reset's done [B]: a bool tensor of this shape, batch first."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor {list(shape)}, got {described(mask)}")
+    if mask.shape != shape or mask.device != device:
         raise ValueError(
-            f"done must have shape [{batch_size}] on {device}, like the memory; got "
-            f"{list(done.shape)} on {done.device}"
+            f"{name} must have shape {list(shape)} on {device}, batch first like the inputs; "
+            f"got {list(mask.shape)} on {mask.device}"
         )
 
 

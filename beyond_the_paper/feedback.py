@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from beyond_the_paper.agent import (
-    check_done,
+    check_mask,
     check_starts,
     forget,
     latest_start,
@@ -88,7 +88,7 @@ class FeedbackMemory(NamedTuple):
     def reset(self, done: torch.Tensor) -> "FeedbackMemory":
         """Forget everything the rows where done ([batch] bool) is true hold: the same as a start
         at the next call's first step."""
-        check_done(done, self.mem[0].size(0), self.mem[0].device)
+        check_mask("done", done, (self.mem[0].size(0),), self.mem[0].device)
         since_start = self.since_start
         if since_start is None:  # a row that never saw a start: its episode began before mem
             since_start = torch.full_like(done, self.mem[0].size(1), dtype=torch.long)
