@@ -422,7 +422,7 @@ class Layout:
         self.c_mem_first = f.ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
         c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=self.device)
         self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
-        self.since_start = since_start_after(f.s - f.begun, self.span)  # [B]
+        self.since_start = (f.s[-1] + 1 - f.begun[:, -1]).clamp(max=self.span)  # [B]
 
 
 def window(values, first, seen, blank=0, rows=None):
@@ -451,11 +451,6 @@ def scattered(rows, values, batch_size: int):
     if rows is None:
         return values
     return values.new_zeros(batch_size, *values.shape[1:]).index_copy(0, rows, values)
-
-
-def newest(values, seen):
-    """The newest m = seen.size(1) slots of values [B, n, d], zeros where not seen ([B, m])."""
-    return torch.where(seen[..., None], values[:, -seen.size(1) :], 0)
 
 
 # 3. One layer over a call -------------------------------------------------------------------------
@@ -614,8 +609,9 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
         return window(union, layout.c_mem_first, layout.c_mem_seen, blank)
 
     n_slots = layout.mem_seen.size(1)
+    newest = stream[:, -n_slots:]  # mem's slots, the open segment's steps last
     fields = [
-        stream[:, -n_slots:] if layout.unmoved else newest(stream, layout.mem_seen),
+        newest if layout.unmoved else torch.where(layout.mem_seen[..., None], newest, 0),
         c_mem_of(c_mem, ends.made, 0),
         usage,
     ]
@@ -663,11 +659,6 @@ def fingerprint(model) -> torch.Tensor:
 def config_checksum(cfg: CompressiveConfig) -> int:
     layout = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.seq_len, cfg.mem_len, cfg.c_mem_len)
     return zlib.crc32(repr((*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)).encode())
-
-
-def stale(made_by: torch.Tensor) -> torch.Tensor:
-    """made_by with its fingerprints no weights': the config's checksum stays."""
-    return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
 
 
 def kept_usable(model, memory: AgentMemory, keeps: bool, x):
@@ -777,31 +768,33 @@ def hidden_states(model, x, memory=None, starts=None):
     mem, c_mem, usage, *keys = (list(field) for field in zip(*per_layer))
     if keeps:
         kept = Kept(*keys, now.expand(B, -1).contiguous())
-    else:  # the old keys, marked stale (where the memory had any)
-        kept = memory.kept and memory.kept._replace(made_by=stale(memory.kept.made_by))
+    elif memory.kept is not None:  # the old keys, marked stale: fingerprints of no weights
+        made_by = memory.kept.made_by.clone()
+        made_by[:, 1:] = -1
+        kept = memory.kept._replace(made_by=made_by)
+    else:
+        kept = None
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
 
 
+SPLITS = "the update scores another policy than the one that acted (PPO's ratio starts away from 1)"
 DROPOUT_SPLITS = (
-    "acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
-    "update will draw, so the update scores another policy than the one that acted (PPO's "
-    "ratio starts away from 1). Give an agent dropout=0, or act and update alike under "
-    "model.eval()"
+    f"acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
+    f"update will draw, so {SPLITS}. Give an agent dropout=0, or act and update alike under "
+    f"model.eval()"
 )
 MODES_SPLIT = (
-    "updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
-    "dropout masks and the update draws them, so the update scores another policy than the one "
-    "that acted (PPO's ratio starts away from 1). Give an agent dropout=0, or update under "
-    "model.eval() as it acted"
+    f"updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
+    f"dropout masks, so {SPLITS}. Give an agent dropout=0, or update under model.eval() as it "
+    f"acted"
 )
 
 
 def check_modes(model, keeps: bool) -> None:
-    """Acting in train mode with dropout warns (refused under torch.compile, where a graph
-    cannot warn); an eager acting call records its mode, and an update in train mode with
-    dropout after acting in eval mode warns."""
+    """Warns where acting and the update draw different dropout masks (docs/AGENT.md); an eager
+    acting call records its mode. A graph cannot warn: refused under torch.compile."""
     dropout = model.training and model.cfg.dropout > 0
     if keeps and dropout:
         if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
@@ -816,9 +809,8 @@ def check_modes(model, keeps: bool) -> None:
 
 
 def check_ranking_dtype(model, x) -> None:
-    """most_used ranks memories by the attention they received, which a 16-bit autocast rounds:
-    near ties rank one way in the actor's one-step calls, the other in the update's call over
-    the rollout (docs/AGENT.md measured it). Refused."""
+    """most_used under a 16-bit autocast ranks near ties one way for one step, the other for a
+    rollout (docs/AGENT.md measured it): refused."""
     if model.cfg.compression != "most_used" or not autocasting(x.device):
         return
     dtype = torch.get_autocast_dtype(x.device.type)
@@ -838,12 +830,8 @@ def projection_dtype(x):
 class AgentTransformer(CompressiveTransformer):
     """compressive.CompressiveTransformer over each row's stream, with episodes and acting:
 
-        logits, memory, recon_loss = model(tokens, memory, starts=None)
-        h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
-
-    memory: an AgentMemory (None: model.empty_memory(B)); starts: None or [B, T] bool, true at
-    the first step of a new episode. Fed calls of n_s tokens without starts, it computes what
-    CompressiveTransformer computes; fed calls of any other length, what calls of n_s compute.
+    logits, memory, recon_loss = model(tokens, memory, starts=None)
+    h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
     """
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
@@ -862,9 +850,8 @@ class AgentTransformer(CompressiveTransformer):
 
 
 class AgentCore(nn.Module):
-    """AgentTransformer's layers without the embedding and the head: inputs and outputs are
-    vectors [B, T, d_model] (an encoder's output in; a policy and a value head of one's own on
-    the outputs).
+    """AgentTransformer's layers without the embedding and the head, vectors in and out (an
+    encoder's output in, one's own policy and value heads on the outputs):
 
         h, memory, recon_loss = core(x, memory, starts=None)
     """
@@ -983,11 +970,6 @@ def steps_since_start(since_start: torch.Tensor, latest: torch.Tensor) -> torch.
     return torch.where(latest >= 0, t - latest, since_start[:, None] + t)
 
 
-def since_start_after(steps: torch.Tensor, span: int) -> torch.Tensor:
-    """The memory's since_start [B] after the call's last step, from steps_since_start's."""
-    return (steps[:, -1] + 1).clamp(max=span)
-
-
 def check_starts(starts, batch_size: int, T: int, device) -> None:
     """starts is batch first, as the inputs are: [B, T] bool. (A time-major [T, B] tensor is
     refused unless B equals T, when no shape can tell the two apart.)"""
@@ -998,16 +980,10 @@ def check_starts(starts, batch_size: int, T: int, device) -> None:
 def check_mask(name: str, mask, shape, device) -> None:
     """starts [B, T], or a reset's done [B]: a bool tensor of this shape, batch first."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"{name} must be a bool tensor {list(shape)}, got {described(mask)}")
+        got = f"a tensor of {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"{name} must be a bool tensor {list(shape)}, got {got}")
     if mask.shape != shape or mask.device != device:
         raise ValueError(
             f"{name} must have shape {list(shape)} on {device}, batch first like the inputs; "
             f"got {list(mask.shape)} on {mask.device}"
         )
-
-
-def described(value) -> str:
-    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of {value.dtype}"
-    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")

@@ -31,7 +31,6 @@ from beyond_the_paper.agent import (
     latest_start,
     own_config,
     projection_dtype,
-    since_start_after,
     steps_since_start,
 )
 from compressive import (
@@ -275,7 +274,7 @@ class FeedbackTransformer(nn.Module):
         h = self.out_norm(torch.cat(outputs, dim=1))
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
         if since is not None:
-            since = since_start_after(since, n_m)
+            since = (since[:, -1] + 1).clamp(max=n_m)  # the steps after the call's last
         if starts is not None:  # keep only each row's latest episode (hidden: never read)
             back = torch.arange(new_memory.size(1), 0, -1, device=x.device)  # steps back
             keep = back <= since[:, None]  # [B, n]
