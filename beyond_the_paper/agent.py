@@ -661,21 +661,49 @@ def config_checksum(cfg: CompressiveConfig) -> int:
     return zlib.crc32(repr((*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)).encode())
 
 
-def kept_usable(model, memory: AgentMemory, keeps: bool, x):
-    """Whether the call reads the memory's kept keys (it keeps keys, the memory has them, in the
-    dtype of the call's projections, made by the weights of now), and the fingerprint of now.
-    A bool, or under torch.compile a 0-dim bool tensor on the device."""
-    now = fingerprint(model)
-    kept = memory.kept
-    if kept is None or now.device.type == "meta":  # meta: no values to compare
-        return False, now
-    if torch.compiler.is_compiling():  # a memory of another config: projected anew, not refused
-        usable = kept.made_by.eq(now).all()
+def memory_keys(model, memory: AgentMemory, keeps: bool, x):
+    """Per layer, the memory's keys and values (MemoryKeys): the kept ones where the call keeps
+    keys and the memory's were made by the weights of now, in the dtype of the call's
+    projections; else one projection of [c_mem; mem]. And the fingerprint of now."""
+    now, kept, n = fingerprint(model), memory.kept, len(model.layers)
+    usable = False
+    if kept is not None and now.device.type != "meta":  # meta: no values to compare
+        if torch.compiler.is_compiling():  # of another config: projected anew, not refused
+            usable = kept.made_by.eq(now).all()  # a 0-dim tensor, read by torch.cond
+        else:
+            usable = same_weights(kept.made_by, now)
+    if not keeps or kept is None or kept.keys[0].dtype != projection_dtype(x):
+        usable = False
+    # the kept keys per layer in MemoryKeys' order, after every layer's mem and c_mem
+    kept_keys = zip(*kept[:4]) if usable is not False else ()
+    kept_keys = (
+        t for keys, values, c_keys, c_values in kept_keys for t in (c_keys, c_values, keys, values)
+    )
+    operands = (*memory.mem, *memory.c_mem, *kept_keys)
+
+    def read_kept(*operands):
+        return operands[2 * n :]
+
+    def project(*operands):  # one projection of [c_mem; mem]
+        made = []
+        for layer, mem, c_mem in zip(model.layers, operands[:n], operands[n : 2 * n]):
+            kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
+            (c_keys, keys), (c_values, values) = (
+                t.split([c_mem.size(1), mem.size(1)], 2) for t in kv
+            )
+            made += [c_keys, c_values, keys, values]
+        return tuple(made)
+
+    if isinstance(usable, torch.Tensor):  # the branches return no input, laid out alike
+        flat = torch.cond(
+            usable,
+            lambda *o: tuple(map(fresh, read_kept(*o))),
+            lambda *o: tuple(map(fresh, project(*o))),
+            operands,
+        )
     else:
-        usable = same_weights(kept.made_by, now)
-    if not keeps or kept.keys[0].dtype != projection_dtype(x):
-        return False, now
-    return usable, now
+        flat = (read_kept if usable else project)(*operands)
+    return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i in range(n)], now
 
 
 @torch.compiler.disable
@@ -692,46 +720,9 @@ def same_weights(made_by, now) -> bool:
     return False
 
 
-def memory_keys(model, memory: AgentMemory, usable) -> List[MemoryKeys]:
-    """Per layer, the memory's keys and values: the kept ones, or one projection of
-    [c_mem; mem]. usable: kept_usable's; a tensor is read by one torch.cond for all layers."""
-    layers = list(enumerate(model.layers))
-    if isinstance(usable, torch.Tensor):
-        n = len(layers)
-        kept = [t for i, _ in layers for t in kept_of_layer(memory.kept, i)]
-        operands = (*memory.mem, *memory.c_mem, *kept)
-
-        # the branches return no input, and outputs laid out alike: fresh copies
-        def read_kept(*operands):
-            return tuple(fresh(t) for t in operands[2 * n :])
-
-        def project(*operands):
-            mem, c_mem = operands[:n], operands[n : 2 * n]
-            made = [projection(layer, mem[i], c_mem[i]) for i, layer in layers]
-            return tuple(fresh(t) for keys in made for t in keys)
-
-        flat = torch.cond(usable, read_kept, project, operands)
-        return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i, _ in layers]
-    if usable:
-        return [MemoryKeys(*kept_of_layer(memory.kept, i)) for i, _ in layers]
-    return [MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i])) for i, layer in layers]
-
-
 def fresh(t):
     """A copy of t with the strides of a new tensor of its shape."""
     return t.clone(memory_format=torch.contiguous_format)
-
-
-def kept_of_layer(kept: Kept, i: int):
-    """Layer i's kept keys, in the order of MemoryKeys' fields."""
-    return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i]
-
-
-def projection(layer, mem, c_mem):
-    """One projection of [c_mem; mem], in the order of MemoryKeys' fields."""
-    kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
-    (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
-    return c_keys, c_values, keys, values
 
 
 # 5. The models ----------------------------------------------------------------------------------
@@ -753,14 +744,13 @@ def hidden_states(model, x, memory=None, starts=None):
     # slot, and its keys would go stale at the next optimizer step: it hands on none
     keeps = not torch.is_grad_enabled()
     check_modes(model, keeps)
-    usable, now = kept_usable(model, memory, keeps, x)
     # acting outside torch.compile reads back which rows end a segment, so that f_c runs for
     # those rows alone (an actor reads its action back anyway); other calls read nothing back
     read_back = keeps and not torch.compiler.is_compiling() and x.device.type != "meta"
     layout = Layout(model.cfg, memory.filled, memory.since_start, starts, T, read_back)
     R = sinusoid_positions(layout.max_distance + 1, model.cfg.d_model, x.device).to(x.dtype)
     h, recon_loss, per_layer = x, x.new_zeros(()), []
-    slots = memory_keys(model, memory, usable)
+    slots, now = memory_keys(model, memory, keeps, x)
     for i, layer in enumerate(model.layers):
         h, fields, layer_loss = layer_over_call(layer, h, memory, i, slots[i], keeps, layout, R)
         per_layer.append(fields)
