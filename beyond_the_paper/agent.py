@@ -229,34 +229,36 @@ def tracks_usage(cfg: CompressiveConfig) -> bool:
     return cfg.compression == "most_used" and memory_sizes(cfg)[0] > 0
 
 
+def memory_shapes(model, batch_size: int) -> AgentMemory:
+    """The shape of every tensor of the model's memory, kept keys included, as an AgentMemory."""
+    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
+    B, L, H, d, n_slots = (
+        batch_size,
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.d_model,
+        n_mem + cfg.seq_len - 1,
+    )
+    keys, c_mem_keys = ([(B, H, n, d // H)] * L for n in (n_slots, n_cm))
+    usage = [(B, n_slots)] * L if tracks_usage(cfg) else []
+    kept = Kept(keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
+    return AgentMemory([(B, n_slots, d)] * L, [(B, n_cm, d)] * L, usage, (B,), (B,), kept)
+
+
 def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
     """A memory of batch_size rows whose slots (and their keys) hold zeros no step sees."""
     check_batch_size(batch_size)
-    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
-    dtype = weight.dtype if dtype is None else dtype
-    n_slots, H = n_mem + cfg.seq_len - 1, cfg.n_heads
-
-    def zeros(*shape, of=dtype):
-        return torch.zeros(batch_size, *shape, device=device, dtype=of)
-
-    def keys(n):
-        return [zeros(H, n, cfg.d_model // H) for _ in model.layers]
-
-    return AgentMemory(
-        [zeros(n_slots, cfg.d_model) for _ in model.layers],
-        [zeros(n_cm, cfg.d_model) for _ in model.layers],
-        [zeros(n_slots, of=torch.float32) for _ in model.layers] if tracks_usage(cfg) else [],
-        zeros(of=torch.long),
-        zeros(of=torch.long),
-        Kept(
-            keys(n_slots),
-            keys(n_slots),
-            keys(n_cm),
-            keys(n_cm),
-            fingerprint(model).to(device).expand(batch_size, -1).contiguous(),
-        ),
+    shapes = memory_shapes(model, batch_size)
+    zeros = [torch.zeros(s, device=device, dtype=dtype or weight.dtype) for s in tensors_of(shapes)]
+    empty, counts = rebuild(shapes, zeros), torch.zeros(batch_size, dtype=torch.long, device=device)
+    made_by = fingerprint(model).to(device).expand(batch_size, -1).contiguous()
+    return empty._replace(
+        usage=[u.float() for u in empty.usage],  # a running sum: float32 always
+        filled=counts,
+        since_start=counts.clone(),
+        kept=empty.kept._replace(made_by=made_by),
     )
 
 
@@ -896,22 +898,10 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
             f"memory must be an AgentMemory made by the model (model.empty_memory(batch) or a "
             f"call's), or None; got {type(memory).__name__}"
         )
-    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
-    B, L, H, n_slots = batch_size, cfg.n_layers, cfg.n_heads, n_mem + cfg.seq_len - 1
-    keys, c_mem_keys = ([(B, H, n, cfg.d_model // H)] * L for n in (n_slots, n_cm))
-    # each field's shapes, a list where it holds one tensor per layer; the others are int64
-    expected = {
-        "mem": [(B, n_slots, cfg.d_model)] * L,
-        "c_mem": [(B, n_cm, cfg.d_model)] * L,
-        "usage": [(B, n_slots)] * L if tracks_usage(cfg) else [],
-        "filled": (B,),
-        "since_start": (B,),
-    }
-    if memory.kept is not None:
-        kept = (keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
-        expected.update({f"kept.{name}": s for name, s in zip(Kept._fields, kept)})
-    for name, shapes in expected.items():
-        value = getattr(memory.kept if name.startswith("kept.") else memory, name.split(".")[-1])
+    expected = memory_shapes(model, batch_size)
+    names = [*AgentMemory._fields[:-1], *(f"kept.{name}" for name in Kept._fields)]
+    fields = zip(names, [*memory[:-1], *(memory.kept or ())], [*expected[:-1], *expected.kept])
+    for name, value, shapes in fields:  # a list where a field holds one tensor per layer
         tensors = value if isinstance(value, list) else [value]
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"memory.{name} must hold tensors, got {value!r:.60}")
@@ -925,7 +915,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         if got != shapes or any(t.device != x.device for t in tensors):
             raise ValueError(
                 f"memory.{name} must be {shapes[0] if shapes else 'empty'} on {x.device} (this "
-                f"model's memory for a batch size of {B}); got {got[:1]} on "
+                f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
         if not isinstance(value, list) and value.dtype != torch.long:
