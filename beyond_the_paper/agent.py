@@ -54,15 +54,9 @@ from compressive import (
 
 
 class Kept(NamedTuple):
-    """The keys and values of a memory's slots, per layer, and what made them. A training call
-    hands on the ones it was given, marked stale. A slot no step sees (unused, or before its
-    row's episode) is never read: its key is whatever it was, zeros in an empty or reset row.
-
-    keys, values:             [B, H, n_mem + n_s - 1, d_head] per layer, mem's slots'
-    c_mem_keys, c_mem_values: [B, H, n_cm, d_head] per layer
-    made_by: [B, 1 + n_layers] int64: the config's checksum, then per layer the fingerprint of
-             the weights its keys were made by (section 4)
-    """
+    """The keys and values of a memory's slots, per layer ([B, H, slots, d_head]), and made_by
+    [B, 1 + n_layers] int64: the config's checksum, then per layer the fingerprint of the weights
+    that made them (section 4). A training call hands on the ones it was given, marked stale."""
 
     keys: List[torch.Tensor]
     values: List[torch.Tensor]
@@ -72,20 +66,11 @@ class Kept(NamedTuple):
 
 
 class AgentMemory(NamedTuple):
-    """What one call hands to the next, batch first:
-
-    mem:         [B, n_mem + n_s - 1, d_model] per layer (the layout above)
-    c_mem:       [B, n_cm, d_model] per layer
-    usage:       [B, n_mem + n_s - 1] per layer, the attention each mem slot received (the
-                 most_used f_c only; else [])
-    filled:      [B] int64, the steps of the open segment
-    since_start: [B] int64, the steps of each row's episode so far (saturating at the span the
-                 memory holds); slots older than its first step are hidden
-    kept:        the keys and values of the slots (Kept), or None: the next call projects them
-
-    torch.load(f, weights_only=True) reads a saved one back inside
-    torch.serialization.safe_globals([AgentMemory, Kept]).
-    """
+    """What one call hands to the next, batch first, per layer where a list: mem [B, n_mem + n_s
+    - 1, d_model] (the layout above), c_mem [B, n_cm, d_model], usage [B, n_mem + n_s - 1] (the
+    attention each mem slot received; most_used only, else []), filled [B] (the open segment's
+    steps), since_start [B] (the steps of each row's episode, saturating at the span the memory
+    holds), kept (Kept, or None: the next call projects every slot)."""
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
@@ -127,20 +112,14 @@ class AgentMemory(NamedTuple):
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "AgentMemory":
-        """As Tensor.to: the states and keys in another floating dtype (usage, filled,
-        since_start and made_by keep theirs). Keys in another dtype are not what a projection in
-        it gives: they are dropped (without_kept)."""
+        """As Tensor.to: mem and c_mem in another floating dtype, the rest in theirs. Keys in
+        another dtype are not what a projection in it gives: they are dropped (without_kept)."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
-
-        def move(t, dtype=dtype):
-            dtype = dtype if t.is_floating_point() else None
-            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
-
-        moved = map_tensors(self, move)
-        moved = moved._replace(usage=[move(u, None) for u in self.usage])  # float32 always
-        converted = dtype is not None and dtype != self.mem[0].dtype
-        return moved.without_kept() if converted else moved
+        memory = self if dtype in (None, self.mem[0].dtype) else self.without_kept()
+        moved = map_tensors(memory, lambda t: t.to(device=device, non_blocking=non_blocking))
+        mem, c_mem = ([t.to(dtype=dtype) for t in part] for part in (moved.mem, moved.c_mem))
+        return moved._replace(mem=mem, c_mem=c_mem)
 
     def cpu(self) -> "AgentMemory":
         return self.to("cpu")
@@ -306,10 +285,9 @@ class Frames(NamedTuple):
 
 
 class Layout:
-    """The index tensors of one call: filled and since_start [B] from the memory, starts [B, T]
-    or None, T steps. read_back: find on the host which rows end a segment, and compute each
-    end for those rows alone (else for every row: no value is read back). Built in four steps:
-    each step's frame, the segment ends, what each step sees, the memory handed on."""
+    """The index tensors of one call, in four steps: each step's frame, the segment ends, what
+    each step sees, the memory handed on. read_back: find on the host which rows end a segment,
+    and compute each end for those rows alone (else for every row, reading nothing back)."""
 
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
         self.cfg, self.device = cfg, filled.device
