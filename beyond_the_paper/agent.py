@@ -334,11 +334,8 @@ class Layout:
                 self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
                 break
             step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
-            frame_origin, at, seen_from = (
-                f.origin.gather(1, step),
-                f.s[step],
-                f.first.gather(1, step),
-            )
+            frame_origin, seen_from = f.origin.gather(1, step), f.first.gather(1, step)
+            at = f.s[step]
             oldest = frame_origin + f.k.gather(1, step) * n_s  # mem's oldest at that end
             evicted = oldest + torch.arange(n_s, device=self.device)
             following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
@@ -441,14 +438,14 @@ def scattered(rows, values, batch_size: int):
 # feed-forward; f_c's loss; the memory handed on.
 
 
-def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
+def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen, rows=None):
     """The attention the stream's places first [B] to first + m received while in mem, up to a
     segment end (the most_used f_c's ranking): what the memory had counted, plus what the call's
     steps ([B, T] bool: those of the same frame up to it) gave them. weights: [B, H, T, K]."""
     stream = weights[..., -layout.n_stream :].detach().sum(dim=1)  # [B, T, n_stream]
     received = (stream * (layout.in_mem & steps[..., None])).sum(dim=1)  # [B, n_stream]
     counted = F.pad(stored, (0, received.size(1) - stored.size(1)))
-    return window(counted + received, first, seen)
+    return window(counted + received, first, seen, rows=rows)
 
 
 class MemoryKeys(NamedTuple):
@@ -472,7 +469,7 @@ def layer_over_call(
     stream = torch.cat([memory.mem[i], h.detach()], dim=1)  # [B, n_stream, d], no gradient
     position = position_terms(attn, q, layout, R)
     ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
-    attended = attention(attn, layout, q, k, v, slots, ends.keys, ends.values, position)
+    attended = attention(attn, layout, q, k, v, slots, ends, position)
     out = layer.residual_and_feed_forward(h, attended.out)
     recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
@@ -491,13 +488,13 @@ def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
     return torch.cat([union_position, stream_position], dim=-1)
 
 
-def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, made_keys, made_values, position):
-    """compressive.py's attend over [c_mem; the c_mem slots made so far; stream], each step seeing
-    what the layout's mask leaves it (of the ends a step can follow)."""
+def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
+    """compressive.py's attend over [c_mem; the c_mem slots the ends made so far; stream], each
+    step seeing what the layout's mask leaves it (of the ends a step can follow)."""
     n_cm = slots.c_keys.size(2)
-    n_seen = min(len(made_keys), layout.n_seen_closes)
-    keys = torch.cat([slots.c_keys, *made_keys[:n_seen], slots.keys, k], dim=2)
-    values = torch.cat([slots.c_values, *made_values[:n_seen], slots.values, v], dim=2)
+    n_seen = min(len(ends.keys), layout.n_seen_closes)
+    keys = torch.cat([slots.c_keys, *ends.keys[:n_seen], slots.keys, k], dim=2)
+    values = torch.cat([slots.c_values, *ends.values[:n_seen], slots.values, v], dim=2)
     n_union, mask = n_cm + n_seen * layout.sizes[2], layout.mask
     if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
         position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
@@ -528,14 +525,9 @@ def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, 
         following = window(stream, close.oldest + n_s, close.following_seen, rows=rows)
         usage = None
         if memory.usage:
-            weights = attention(
-                layer.attn, layout, q, k, v, slots, ends.keys, ends.values, position
-            )
-            seen = close.evicted_seen
-            usage = usage_at(
-                layout, memory.usage[i], weights.weights, close.frame, close.oldest, seen
-            )
-            usage = usage if rows is None else usage[rows]
+            weights = attention(layer.attn, layout, q, k, v, slots, ends, position).weights
+            stored, seen = memory.usage[i], close.evicted_seen
+            usage = usage_at(layout, stored, weights, close.frame, close.oldest, seen, rows)
         compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
         made = compressed.detach()
@@ -738,12 +730,9 @@ def hidden_states(model, x, memory=None, starts=None):
     mem, c_mem, usage, *keys = (list(field) for field in zip(*per_layer))
     if keeps:
         kept = Kept(*keys, now.expand(B, -1).contiguous())
-    elif memory.kept is not None:  # the old keys, marked stale: fingerprints of no weights
-        made_by = memory.kept.made_by.clone()
-        made_by[:, 1:] = -1
-        kept = memory.kept._replace(made_by=made_by)
-    else:
-        kept = None
+    else:  # the old keys, marked stale: the config's checksum, then fingerprints of no weights
+        stale = memory.kept and F.pad(memory.kept.made_by[:, :1], (0, len(slots)), value=-1)
+        kept = memory.kept and memory.kept._replace(made_by=stale)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
