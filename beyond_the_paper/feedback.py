@@ -95,10 +95,9 @@ class FeedbackMemory(NamedTuple):
         if isinstance(device, torch.dtype):
             device, dtype = None, device
         moved = Memory(*self[:3]).to(device, dtype, non_blocking)
-        since_start = self.since_start
-        if since_start is not None:
-            since_start = since_start.to(device=device, non_blocking=non_blocking)
-        return FeedbackMemory(*moved, since_start)
+        since = self.since_start
+        since = since if since is None else since.to(device=device, non_blocking=non_blocking)
+        return FeedbackMemory(*moved, since)
 
     def cpu(self) -> "FeedbackMemory":
         return self.to("cpu")
@@ -113,20 +112,6 @@ def episode(memory: FeedbackMemory) -> torch.Tensor:
         return memory.since_start
     mem = memory.mem[0]
     return torch.full((mem.size(0),), mem.size(1), dtype=torch.long, device=mem.device)
-
-
-def usable_kept(memory: FeedbackMemory, x: torch.Tensor) -> Optional[Kept]:
-    """The memory's kept projections, where they fit its slots and the dtype a projection would
-    give now; else None, and the call projects anew."""
-    kept = memory.kept
-    if kept is None or any(
-        keys.dtype != projection_dtype(x)
-        or keys.device != x.device
-        or keys.shape[0::2] != (x.size(0), memory.mem[0].size(1))
-        for keys in kept.keys
-    ):
-        return None
-    return kept
 
 
 class FeedbackAttention(RelativeMultiHeadAttention):
@@ -243,13 +228,16 @@ class FeedbackTransformer(nn.Module):
         n_m = self.cfg.mem_len
         # acting (eval mode, no gradient, outside torch.compile) keeps the keys and values
         is_acting = not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
-        kept = usable_kept(memory, x) if is_acting else None
-        if kept is None:
+        # acting reads the keys, values and W_r R it kept, of its slots and in the dtype a
+        # projection would give now; else every vector is projected anew
+        kept = memory.kept if is_acting else None
+        fits = kept is not None and kept.keys[0].shape[0::2] == (B, memory.mem[0].size(1))
+        if fits and kept.keys[0].dtype == projection_dtype(x):
+            keys, values, r = kept.keys[0], kept.values[0], kept.position_keys
+        else:
             keys, values = self.shared_kv(memory.mem[0])
             R = sinusoid_positions(n_m + 2, self.cfg.d_model, x.device).to(x.dtype)
             r = [layer.attn.project_positions(R) for layer in self.layers]  # W_r R, once a call
-        else:
-            keys, values, r = kept.keys[0], kept.values[0], kept.position_keys
         mix = self.mix.softmax(dim=0)
         since = memory.since_start  # [B, T] below: the steps of each row's episode before step t
         if starts is not None or since is not None:
