@@ -374,8 +374,8 @@ class Layout:
             (place >= mem_oldest) & (place <= f.s[:, None]) & (place >= f.first[..., None])
         )
         seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
-        self.mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
-        self.mask = self.mask[:, None]  # [B, 1, T, K]
+        mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
+        self.mask = mask[:, None]  # [B, 1, T, K]
         self.max_distance = n_mem + n_s - 1 + max(T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
         union_distance = f.s[:, None] - mem_oldest + rank
@@ -403,10 +403,9 @@ class Layout:
 
 
 def window(values, first, seen, blank=0, rows=None):
-    """The m = seen.size(1) slots of values [B, n] (usage), [B, n, d] (states) or [B, H, n,
-    d_head] (keys) from slot first [B] on, each row its own; blank where not seen ([B, m] bool;
-    blank None: every slot as it is). rows: only these rows (first and seen are all rows').
-    A row's window is a contiguous copy: unfold, then one index per row."""
+    """The m = seen.size(1) slots of values [B, n], [B, n, d] or [B, H, n, d_head] from slot
+    first [B] on, each row its own, blank where not seen ([B, m] bool; blank None: as they are).
+    rows: only these rows (first and seen are all rows')."""
     m, dim = seen.size(1), 2 if values.dim() == 4 else 1
     if rows is None:
         rows = torch.arange(len(values), device=values.device)
@@ -431,11 +430,10 @@ def scattered(rows, values, batch_size: int):
 
 
 # 3. One layer over a call -------------------------------------------------------------------------
-# compressive.py's layer over each row's stream, in the order layer_over_call takes the steps: the
-# position terms per key (the stream's by compressive.py's relative shift, a c_mem slot's read at
-# its own distance); each segment end's FIFOs as CompressiveLayer.update_memory moves them after
-# an n_s-step call; compressive.py's attend over what each step sees, then the layer's
-# feed-forward; f_c's loss; the memory handed on.
+# compressive.py's layer over each row's stream, in layer_over_call's order: the position terms per
+# key; each segment end's FIFOs, as CompressiveLayer.update_memory moves them after an n_s-step
+# call; compressive.py's attend over what each step sees, the feed-forward; f_c's loss; the memory
+# handed on.
 
 
 def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen, rows=None):
@@ -460,9 +458,8 @@ class MemoryKeys(NamedTuple):
 def layer_over_call(
     layer: CompressiveLayer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R
 ):
-    """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], this layer's fields of
-    the memory handed on (mem, c_mem, usage; where keeps, the keys of Kept too) and f_c's loss.
-    slots: the memory's keys and values (section 4)."""
+    """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], its fields of the memory
+    handed on, and f_c's loss. slots: the memory's keys and values (section 4)."""
     attn = layer.attn
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
     q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
@@ -514,9 +511,8 @@ class Ends(NamedTuple):
 
 
 def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
-    """Each segment end: evict n_s steps and compress them, for the rows that make it where only
-    those are computed. The most_used f_c ranks the evicted steps by the attention they received,
-    so it needs the attention of the steps before the end."""
+    """Each segment end: evict n_s steps and compress them (for the rows that make it, where only
+    those are computed). most_used ranks them by the attention of the steps before the end."""
     n_s, B = layer.cfg.seq_len, stream.size(0)
     ends = Ends([], [], [], [], [], [])
     for close in layout.closes:
@@ -539,13 +535,11 @@ def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, 
 
 
 def reconstruction_losses(layer, ends: Ends, content_q, h):
-    """f_c's loss for each segment end, weighted by the share of rows it is in: compressive.py's
-    loss with the call's steps as queries, over the evicted steps' keys (a zeroed step's: a zero
-    vector's) and over their compression's."""
+    """compressive.py's f_c loss of each segment end, the call's steps as queries, weighted by
+    the share of rows the end is in."""
     recon_loss = h.new_zeros(())
     if not layer.reconstructs:
         return recon_loss
-    B = h.size(0)
     for close, evicted, compressed in zip(ends.closes, ends.evicted, ends.compressed):
         rows = close.rows
         queries = (content_q if rows is None else content_q[rows]).detach()
@@ -556,14 +550,12 @@ def reconstruction_losses(layer, ends: Ends, content_q, h):
             with torch.no_grad():
                 old_k, old_v = layer.memory_keys_values(evicted)
             loss = attention_reconstruction_loss(layer, queries, old_k, old_v, compressed)
-        share = close.made.float().mean() if rows is None else len(rows) / B
-        recon_loss = recon_loss + share * loss
+        recon_loss = recon_loss + close.made.float().mean() * loss  # the share of rows in it
     return recon_loss
 
 
 def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: Ends, keeps):
-    """This layer's fields of the memory handed on: the stream's newest slots, c_mem as the
-    last segment end left it, usage, and where keeps, their keys and values."""
+    """This layer's fields of the memory handed on: mem, c_mem, usage; where keeps, the keys."""
     c_mem = memory.c_mem[i]
     B, T = stream.size(0), attended.out.size(1)
     usage = None
