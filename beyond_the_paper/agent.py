@@ -138,13 +138,12 @@ def one_row_kept(rows):
     tuple, the last index (the rows of a stacked memory's)."""
     if isinstance(rows, tuple):
         return (*rows[:-1], one_row_kept(rows[-1]))
-    if isinstance(rows, torch.Tensor):
-        one_row = rows.dim() == 0 and not (rows.is_floating_point() or rows.dtype == torch.bool)
-    else:
-        one_row = hasattr(rows, "__index__") and not isinstance(rows, bool)
-    if not one_row:
+    if isinstance(rows, bool) or (isinstance(rows, torch.Tensor) and rows.dtype == torch.bool):
+        return rows  # a mask
+    try:
+        row = operator.index(rows)
+    except TypeError:  # a slice, a list, a tensor of rows
         return rows
-    row = operator.index(rows)
     return slice(row, row + 1 or None)
 
 
@@ -787,7 +786,6 @@ class AgentTransformer(CompressiveTransformer):
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__(own_config(cfg, "agent"), f_c)
-        check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
 
     empty_memory = empty_memory
@@ -810,7 +808,6 @@ class AgentCore(nn.Module):
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__()
         self.cfg = own_config(cfg, "agent_core")  # vocab_size is unused
-        check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
         self.layers = nn.ModuleList(CompressiveLayer(cfg, f_c) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
@@ -830,7 +827,8 @@ class AgentCore(nn.Module):
 
 def own_config(cfg, model: str) -> CompressiveConfig:
     """cfg naming this project's model `model`, so that a checkpoint's config says which model it
-    holds; a config of compressive.py's model gives the sizes, one of another model is refused."""
+    holds; a config of compressive.py's model gives the sizes, one of another model is refused.
+    An agent's memory evicts a whole segment at its end: n_s a multiple of c."""
     if not isinstance(cfg, CompressiveConfig):
         raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
     if cfg.model not in ("compressive", model):
@@ -838,16 +836,13 @@ def own_config(cfg, model: str) -> CompressiveConfig:
             f"this config is of the model {cfg.model!r}, not {model!r}: rebuild it with "
             f"beyond_the_paper.model_from_config(config)"
         )
-    return dataclasses.replace(cfg, model=model)
-
-
-def check_agent_config(cfg: CompressiveConfig) -> None:
     compresses = cfg.mem_len > 0 and cfg.c_mem_len > 0
-    if compresses and cfg.seq_len % cfg.compression_rate:
+    if model.startswith("agent") and compresses and cfg.seq_len % cfg.compression_rate:
         raise ValueError(
             f"an agent's memory evicts a whole segment at its end: seq_len ({cfg.seq_len}) must "
             f"be a multiple of compression_rate ({cfg.compression_rate})"
         )
+    return dataclasses.replace(cfg, model=model)
 
 
 def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
