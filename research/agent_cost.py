@@ -29,42 +29,30 @@ import torch
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig, CompressiveTransformer
+from research.study import alternate, one_thread, positive
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="python -m research.agent_cost", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--n-layers", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=32, help="n_s")
-    p.add_argument("--mem-len", type=int, default=64, help="n_m")
-    p.add_argument("--c-mem-len", type=int, default=32, help="n_cm")
-    p.add_argument("--batch", type=int, default=16, help="environments")
-    p.add_argument("--rounds", type=int, default=9)
-    args = p.parse_args(argv)
-    for name in ("d_model", "n_heads", "n_layers", "seq_len", "mem_len", "c_mem_len", "batch"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.rounds < 1:
-        p.error("--rounds must be >= 1")
-    return args
-
-
-def cpu_ms(run) -> float:
-    began = time.thread_time()
-    run()
-    return 1000 * (time.thread_time() - began)
+    p.add_argument("--d-model", type=positive, default=128)
+    p.add_argument("--n-heads", type=positive, default=4)
+    p.add_argument("--seq-len", type=positive, default=32, help="n_s")
+    p.add_argument("--mem-len", type=positive, default=64, help="n_m")
+    p.add_argument("--c-mem-len", type=positive, default=32, help="n_cm")
+    p.add_argument("--batch", type=positive, default=16, help="environments")
+    p.add_argument("--rounds", type=positive, default=9)
+    return p.parse_args(argv)
 
 
 def measure(args) -> dict:
-    """{name: [ms per round]} of the five calls above."""
+    """{name: [ms of each round]} of the five calls above."""
     torch.manual_seed(0)
     cfg = CompressiveConfig(
         d_model=args.d_model,
         n_heads=args.n_heads,
-        n_layers=args.n_layers,
+        n_layers=2,
         d_ff=4 * args.d_model,
         seq_len=args.seq_len,
         mem_len=args.mem_len,
@@ -106,21 +94,17 @@ def measure(args) -> dict:
     }
     for run in calls.values():  # warm up
         run()
-    times = {name: [] for name in calls}
-    for _ in range(args.rounds):
-        for name, run in calls.items():
-            times[name].append(cpu_ms(run) / (n_s if name.startswith("acting") else 1))
-    return times
+    times = alternate(calls, args.rounds, clock=time.thread_time)
+    return {
+        name: [1000 * t / (n_s if name.startswith("acting") else 1) for t in seconds]
+        for name, seconds in times.items()
+    }
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         times = measure(args)
-    finally:
-        torch.set_num_threads(threads)
     for name, ms in times.items():
         print(f"{name:30s} {statistics.median(ms):8.2f} ms")
 

@@ -14,7 +14,8 @@ import torch
 import train_shakespeare
 from compressive import CompressiveTransformer
 from research import recall, tasks
-from training import checkpoint, files, plots
+from research.study import made_with, positive, print_table
+from training import checkpoint, plots
 from training.checks import UserError, exit_status, keep_freed_memory, pick_device
 from training.recorded_attention import recorded_attention
 
@@ -68,30 +69,33 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
         raise UserError(
             "the validation split is too short to fill the memories; lower --batch-size"
         )
-    per_layer = totals / counted
-    overall = per_layer.mean(dim=0)
+    per_layer, recon = (totals / counted).tolist(), recon_total / max(recon_count, 1)
+    overall = [sum(column) / cfg.n_layers for column in zip(*per_layer)]
     print(
         f"attention by key bucket, {counted} segments x {streams.size(0)} streams, "
         f"n_cm={cfg.c_mem_len} n_m={cfg.mem_len} n_s={cfg.seq_len} (step {step})"
     )
-    print(
-        f"{'bucket':<14}{'all':>8}" + "".join(f"{f'layer {i + 1}':>9}" for i in range(cfg.n_layers))
+    print_table(
+        ["bucket", "all", *(f"layer {i + 1}" for i in range(cfg.n_layers))],
+        (
+            [name, *(f"{w:.4f}" for w in [overall[b], *(row[b] for row in per_layer)])]
+            for b, name in enumerate(BUCKET_NAMES)
+        ),
     )
-    for b, name in enumerate(BUCKET_NAMES):
-        print(f"{name:<14}{overall[b]:>8.4f}" + "".join(f"{w:>9.4f}" for w in per_layer[:, b]))
-    if recon_count:
-        print(f"mean reconstruction loss, summed over the layers: {recon_total / recon_count:.5f}")
-    else:
-        print("no reconstruction loss: f_c has no parameters or nothing was compressed")
+    print(
+        f"mean reconstruction loss, summed over the layers: {recon:.5f}"
+        if recon_count
+        else "no reconstruction loss: f_c has no parameters or nothing was compressed"
+    )
     plt = plots.pyplot()
     if plt is None:
         return
-    names, overall, per_layer = BUCKET_NAMES, overall.tolist(), per_layer.tolist()
     plt.figure(figsize=(9, 4.6 if caption else 4))
-    plt.bar(range(len(names)), overall, color="lightgray", label="all layers")
+    x = range(len(BUCKET_NAMES))
+    plt.bar(x, overall, color="lightgray", label="all layers")
     for i, row in enumerate(per_layer):
-        plt.plot(range(len(names)), row, marker="o", label=f"layer {i + 1}")
-    plt.xticks(range(len(names)), names, rotation=45, ha="right")
+        plt.plot(x, row, marker="o", label=f"layer {i + 1}")
+    plt.xticks(x, BUCKET_NAMES, rotation=45, ha="right")
     plt.ylabel("mean attention weight")
     plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
     plt.legend()
@@ -152,19 +156,18 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> None:
         return
     print(
         "where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
-        "slot of the\nfact's digit, on the slot of its '=' when the block boundary parts them "
-        "(phase 0), and on all of c_mem;\nphase mem: the queries whose fact is held in mem, on "
+        "slot of the fact's digit, on the slot of its '=' when the block boundary parts them "
+        "(phase 0), and on all of c_mem; phase mem: the queries whose fact is held in mem, on "
         "the digit's slot and on the '='s"
     )
-    print(f"{'phase':>5}{'queries':>9}{'layer':>7}{'digit slot':>12}{'= slot':>8}{'c_mem':>8}")
+    rows = []
     for p in (p for p in range(c + 1) if counts[p]):
         for layer in range(cfg.n_layers):
             digit, marker, on_c_mem = (sums[p, layer] / counts[p]).tolist()
             marker = f"{marker:.3f}" if p in (0, c) else "-"
-            print(
-                f"{p if p < c else 'mem':>5}{int(counts[p]):>9}{layer + 1:>7}{digit:>12.3f}"
-                f"{marker:>8}{on_c_mem:>8.3f}"
-            )
+            rows.append([p if p < c else "mem", int(counts[p]), layer + 1, f"{digit:.3f}"])
+            rows[-1] += [marker, f"{on_c_mem:.3f}"]
+    print_table(["phase", "queries", "layer", "digit slot", "= slot", "c_mem"], rows)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -176,17 +179,15 @@ def main(argv=None) -> int:
         prog="python -m research.attention", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
-    p.add_argument("--data", help="a text to read instead of the checkpoint's own")
-    p.add_argument("--batch-size", type=int, default=12, help="parallel streams of the text")
+    p.add_argument("--batch-size", type=positive, default=12, help="parallel streams of the text")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
+    p.set_defaults(data=None)  # the checkpoint's own text
     args = p.parse_args(argv)
     keep_freed_memory()
     return exit_status(lambda: analyze_checkpoint(args))
 
 
 def analyze_checkpoint(args) -> None:
-    if args.batch_size <= 0:
-        raise UserError(f"--batch-size must be positive, got {args.batch_size}")
     device = pick_device(args.device)
     model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):
@@ -197,11 +198,8 @@ def analyze_checkpoint(args) -> None:
     data, answers = tasks.validation_data(args, ckpt)
     print(f"validation text: {data.name}")
     streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
-    caption = (
-        f"Checkpoint: {checkpoint.training_command(ckpt, tasks.defaults(ckpt))}. Drawn by: python "
-        f"-m research.attention, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-        f"commit {files.repository_commit()}."
-    )
+    command = checkpoint.training_command(ckpt, tasks.defaults(ckpt))
+    caption = f"Checkpoint: {command}. Drawn by: python -m research.attention, {made_with()}."
     analyze(model, streams, ckpt["step"], args.out, caption)
     if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
         where_queries_look(model, streams, answers)

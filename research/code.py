@@ -1,26 +1,136 @@
-"""Real text in which reach matters: Python's own library (corpus.py), trained on with the loss by
-copy distance (copies.py) at every evaluation; and that loss for any checkpoint of a text, its
-memory cut to show what the memory is worth.
+"""Real text in which reach matters: Python's own library, trained on with the loss by copy
+distance (copies.py) at every evaluation; and that loss for any checkpoint of a text, its memory
+cut to show what the memory is worth.
 
     python -m research.code                      # train, with train_shakespeare.py's flags
     python -m research.code --eval-only --out OUT                       # the loss by copy distance
     python -m research.code --eval-only --out OUT --eval-c-mem-len 0    # without c_mem: its worth
 
+The corpus is the running interpreter's own standard-library sources (no network, no new
+dependency), where a name defined at the top of a module is used again hundreds of characters
+later. It is built in memory once per process, deterministically: the .py files under sysconfig's
+stdlib folder in sorted order of their '/'-separated relative paths, each after a line "# file:
+<relative path>"; left out are tests (folders test, tests, idle_test), third-party code
+(site-packages, dist-packages), __pycache__, the build's config-* and the generated
+_sysconfigdata_* module (it differs between machines). The text is normalised to VOCAB (97
+characters, normalise); a file is validation when the first byte of the SHA-256 of its path is
+below 26 (about 10% of the files, stable when files come and go). The description (the run's log,
+the checkpoint) names the interpreter, the files and the validation text's SHA-256, so that two
+runs can tell whether they read one text.
+
 --eval-only reads checkpoints of this command and of train_shakespeare.py alike (each on its own
 validation text), and records into OUT/metrics.json. Training is train_shakespeare.py's; at each
 evaluation the loss of every character is read again (training.evaluate.per_character)."""
 
+import functools
+import hashlib
 import os
+import platform
+import string
+import sysconfig
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research import copies, corpus
-from training import evaluate, files
-from training.checks import UserError, exit_status, keep_freed_memory, processes
+from research import copies
+from training import checkpoint, evaluate, files
+from training.checks import UserError, exit_status, keep_freed_memory, one_line, processes
 from training.data import Data, encode
 from training.data import load_data as load_text
 
 VAL_CHARS = 300_000
+
+# --------------------------------------------------------------------------------------------------
+# The corpus
+
+PLACEHOLDER = "\x1a"  # ASCII SUB, "substitute": stands for any character outside the alphabet
+VOCAB = sorted(
+    "\n" + PLACEHOLDER + "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c")
+)
+EXCLUDED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+_KEEP = frozenset(VOCAB)
+
+
+def normalise(text: str) -> str:
+    """The fixed alphabet: "\\n" line ends, tabs to 8-column stops, anything else outside
+    printable ASCII to PLACEHOLDER."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").expandtabs(8)
+    return "".join(ch if ch in _KEEP else PLACEHOLDER for ch in text)
+
+
+def is_validation(relative_path: str) -> bool:
+    return hashlib.sha256(relative_path.encode()).digest()[0] < 26  # 26/256: about 10%
+
+
+def source_files(root: str):
+    """The relative paths of the library's .py files, sorted, exclusions left out."""
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [
+            s for s in subfolders if s not in EXCLUDED_FOLDERS and not s.startswith("config-")
+        ]
+        for name in names:
+            if name.endswith(".py") and not name.startswith("_sysconfigdata_"):
+                found.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/"))
+    return sorted(found)
+
+
+def load(root: str = None):
+    """(train text, val text, manifest) of the library under root (the interpreter's own by
+    default), built once per process."""
+    return build(root or stdlib_root())
+
+
+@functools.lru_cache(maxsize=2)
+def build(root: str):
+    paths = source_files(root)
+    if not paths:
+        raise UserError(
+            f"no Python sources under {root}: this interpreter was installed without "
+            f"its standard library's .py files, so the code corpus has nothing to read"
+        )
+    parts = {"train": [], "val": []}
+    for path in paths:
+        try:
+            with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            raise UserError(f"cannot read {path} in {root} ({one_line(e)})") from None
+        split = "val" if is_validation(path) else "train"
+        parts[split].append(normalise(f"# file: {path}\n{text.rstrip()}\n\n"))
+    texts = {split: "".join(chunks) for split, chunks in parts.items()}
+    if not texts["train"] or not texts["val"]:
+        raise UserError(
+            f"too few Python sources under {root} ({len(paths)} files) for a "
+            f"training and a validation split"
+        )
+    manifest = {
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "files": {split: len(chunks) for split, chunks in parts.items()},
+        "val_sha256": hashlib.sha256(texts["val"].encode()).hexdigest(),
+    }
+    return texts["train"], texts["val"], manifest
+
+
+def stdlib_root() -> str:
+    return sysconfig.get_paths()["stdlib"]
+
+
+def first_files(val: str, n_chars: int) -> str:
+    """The validation text up to the first file that begins at or after n_chars: whole files, so
+    that a model is evaluated as it would read them (the whole split is long to evaluate often)."""
+    cut = val.find("\n# file: ", max(0, n_chars - 1))
+    return val if cut < 0 else val[: cut + 1]
+
+
+def describe(manifest) -> str:
+    return (
+        f"code: the {manifest['python']} standard library, {sum(manifest['files'].values())} "
+        f"files ({manifest['files']['val']} for validation, sha256 {manifest['val_sha256'][:12]})"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
 
 
 def parse_args(argv=None):
@@ -45,14 +155,11 @@ def parse_args(argv=None):
 def load_data(args, saved_args=None, need_train: bool = True) -> Data:
     """The corpus; the validation text is whole files, the first --val-chars or a little more
     (the whole split is long to evaluate often)."""
-    train, val, manifest = corpus.load()
+    train, val, manifest = load()
     given = [getattr(args, "val_chars", None), (saved_args or {}).get("val_chars"), VAL_CHARS]
-    val = corpus.first_files(val, next(n for n in given if n is not None))
+    val = first_files(val, next(n for n in given if n is not None))
     return Data(
-        corpus.VOCAB,
-        encode(train, corpus.VOCAB) if need_train else None,
-        encode(val, corpus.VOCAB),
-        corpus.describe(manifest),
+        VOCAB, encode(train, VOCAB) if need_train else None, encode(val, VOCAB), describe(manifest)
     )
 
 
@@ -86,15 +193,23 @@ def train(args) -> dict:
     return metrics
 
 
+def validation_text(args, ckpt: dict, load_own=load_data):
+    """The validation text of a checkpoint: the script's (--data where given), or for a task that
+    makes its own text what load_own returns of it (this corpus by default)."""
+    if ckpt["args"].get("task", "shakespeare") == "shakespeare":
+        return load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
+    if getattr(args, "data", None) is not None:
+        trained_by = checkpoint.trained_by(ckpt["args"])
+        raise UserError(
+            f"--data: this checkpoint was trained by {trained_by}, which makes its own text"
+        )
+    return load_own(args, saved_args=ckpt["args"], need_train=False)
+
+
 def evaluate_checkpoint(args) -> dict:
     """--eval-only: the loss of OUT/ckpt.pt by copy distance, its memory cut where asked."""
     model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("code", "shakespeare"))
-    if ckpt["args"].get("task", "shakespeare") == "shakespeare":
-        data = load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
-    elif args.data is not None:
-        raise UserError("--data: this checkpoint learned the code corpus, which is its own text")
-    else:
-        data = load_data(args, saved_args=ckpt["args"], need_train=False)
+    data = validation_text(args, ckpt)
     evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     rows = copies.by_bucket(evaluation.char_losses.cpu(), *geometry(data, args.batch_size, n_s))

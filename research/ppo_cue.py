@@ -1,20 +1,16 @@
 """PPO that remembers a cue: the agent acts one step per call, and each update re-runs the rollout
-in one call from the memory stored at its start, exactly as the agent acted.
-
-Each of --envs environments plays one episode after another: a cue (one of four) at its first
-step, then --min-delay to --max-delay blank steps, then a query, where the action is rewarded 1 if
-it names the cue and the episode ends. The agent: an embedding, AgentCore as its memory, a policy
-and a value head; PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), with
-rollouts of --rollout steps (32: not a multiple of n_s = 24, so rollouts begin and end inside
-segments).
+in one call from the memory stored at its start, exactly as the agent acted (docs/AGENT.md).
 
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
 
-What it prints per seed, every --report iterations: the episodes' mean return (their accuracy:
-chance is 0.25) and, over every update before its first optimizer step, the largest |log ratio|
-between the update's policy and the actor's and the largest fraction of samples outside the clip
-range: 0 when the update computes what the actor computed.
+Each of --envs environments plays one episode after another: a cue (one of four), --min-delay to
+--max-delay blank steps, then a query, where naming the cue is rewarded 1 and the episode ends.
+PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), rollouts of --rollout
+steps (32: not a multiple of n_s = 24, so rollouts begin and end inside segments). Printed per
+seed, every --report iterations, the mean return (chance 0.25); and, over every update before its
+first optimizer step, the largest |log ratio| between the update's policy and the actor's and the
+largest fraction of samples outside the clip range: 0 when the update computes what the actor did.
 """
 
 import argparse
@@ -23,11 +19,14 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
+from research.study import made_with, plot_curves, positive
 
 N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
+MINIBATCHES = 2  # of environments, in each pass over a rollout
 
 
 class CueEnvs:
@@ -80,6 +79,29 @@ class Agent(nn.Module):
         return self.policy(h), self.value(h)[..., 0], memory, recon_loss
 
 
+def supervised_step(agent, optimizer, observations, targets, memory=None, starts=None):
+    """One optimizer step on the cross-entropy at the asked steps (targets -100 elsewhere; none
+    asked: 0) plus f_c's reconstruction loss, as research/cue.py and research/tmaze.py train;
+    returns (that cross-entropy, the memory after)."""
+    logits, memory, recon_loss = agent(observations, memory, starts)
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    loss = loss / targets.ne(-100).sum().clamp(min=1)
+    optimizer.zero_grad()
+    (loss + recon_loss).backward()
+    optimizer.step()
+    return loss, memory
+
+
+@torch.no_grad()
+def act(agent, observations, starts):
+    """The agent acting one step per call, its memory carried: logits [B, T, N_CUES]."""
+    memory, logits = None, []
+    for t in range(observations.size(1)):
+        step_logits, memory, _ = agent(observations[:, t : t + 1], memory, starts[:, t : t + 1])
+        logits.append(step_logits)
+    return torch.cat(logits, dim=1)
+
+
 def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.95):
     """Generalised advantage estimates [B, T] of a rollout: rewards, values, dones [B, T] (dones
     1.0 where the step ended its episode, which cuts the return there), next_value [B] the value
@@ -97,23 +119,18 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="python -m research.ppo_cue", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--iterations", type=int, default=300, help="rollouts and updates per seed")
+    p.add_argument("--iterations", type=positive, default=300, help="rollouts and updates a seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--envs", type=int, default=16)
-    p.add_argument("--rollout", type=int, default=32, help="steps acted per rollout")
+    p.add_argument("--envs", type=positive, default=16, help="environments (an even number)")
+    p.add_argument("--rollout", type=positive, default=32, help="steps acted per rollout")
     p.add_argument("--min-delay", type=int, default=40, help="fewest blank steps after the cue")
     p.add_argument("--max-delay", type=int, default=100, help="most blank steps after the cue")
-    p.add_argument("--epochs", type=int, default=4, help="passes over each rollout")
-    p.add_argument("--minibatches", type=int, default=2, help="of environments, per pass")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--report", type=int, default=25, help="print every this many iterations")
+    p.add_argument("--epochs", type=positive, default=4, help="passes over each rollout")
+    p.add_argument("--report", type=positive, default=25, help="print every this many iterations")
     p.add_argument("--plot", default=None, help="a PNG of the return curves")
     args = p.parse_args(argv)
-    for name in ("iterations", "envs", "rollout", "epochs", "minibatches", "report"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.envs % args.minibatches:
-        p.error("--envs must be a multiple of --minibatches")
+    if args.envs % MINIBATCHES:
+        p.error(f"--envs must be a multiple of {MINIBATCHES} (the minibatches of each pass)")
     if not 0 <= args.min_delay <= args.max_delay:
         p.error("--min-delay and --max-delay must satisfy 0 <= min <= max")
     return args
@@ -124,20 +141,13 @@ def train(args, seed: int):
     last --report iterations, their number)] and, for every update before its first optimizer
     step, (max |log ratio| over the rollout's samples, the fraction outside the clip range)."""
     torch.manual_seed(seed)
-    # n_m = 48 memories and n_cm = 24 compressed ones of c = 4: the query reaches 144 steps and
-    # more before its segment, the cue 41 to 101 steps back
+    # n_m = 48 memories and n_cm = 24 compressed ones of c = 4 (the default): the query reaches
+    # 144 steps and more before its segment, the cue 41 to 101 steps back
     cfg = CompressiveConfig(
-        d_model=32,
-        n_heads=2,
-        n_layers=2,
-        d_ff=64,
-        seq_len=24,
-        mem_len=48,
-        c_mem_len=24,
-        compression_rate=4,
+        d_model=32, n_heads=2, n_layers=2, d_ff=64, seq_len=24, mem_len=48, c_mem_len=24
     )
     agent = Agent(cfg)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
     envs = CueEnvs(args.envs, args.min_delay, args.max_delay, torch.Generator().manual_seed(seed))
     gamma, lam, clip, B, T = 0.99, 0.95, 0.2, args.envs, args.rollout
     memory, start = agent.core.empty_memory(B), torch.ones(B, dtype=torch.bool)
@@ -175,7 +185,7 @@ def train(args, seed: int):
             outside = ((log_ratio.exp() - 1).abs() > clip).float().mean()
             exactness.append((log_ratio.abs().max().item(), outside.item()))
         for _ in range(args.epochs):
-            for rows in torch.randperm(B).chunk(args.minibatches):
+            for rows in torch.randperm(B).chunk(MINIBATCHES):
                 logits, value, _, recon_loss = agent(
                     observations[rows], at_start.take(rows), starts[rows]
                 )
@@ -219,25 +229,15 @@ def main(argv=None) -> int:
 
 
 def plot(results, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for seed, curve in results.items():
-        ax.plot([i for i, _, _ in curve], [r for _, r, _ in curve], label=f"seed {seed}")
-    ax.axhline(1 / N_CUES, color="grey", linestyle=":", label="chance")
-    ax.set(xlabel="iteration (16 envs x 32 steps)", ylabel="return per episode", ylim=(0, 1.05))
-    ax.legend()
+    """The return curves {seed: curve}, one line a seed."""
+    curves = [
+        (f"seed {seed}", [i for i, _, _ in curve], [r for _, r, _ in curve], {})
+        for seed, curve in results.items()
+    ]
     seeds = " ".join(str(seed) for seed in results)
-    foot = (
-        f"python -m research.ppo_cue --seeds {seeds}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s), CPU"
-    )
-    fig.text(0.01, 0.01, foot, fontsize=7, color="grey")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=120)
+    caption = f"python -m research.ppo_cue --seeds {seeds}; {made_with()}, CPU"
+    xlabel = "iteration (16 envs x 32 steps)"
+    plot_curves(curves, path, xlabel, "return per episode", 1 / N_CUES, caption)
 
 
 if __name__ == "__main__":

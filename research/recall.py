@@ -4,14 +4,10 @@
     python -m research.recall --eval-only --out OUT    # a checkpoint's accuracy by distance
 
 A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
-and asked for D characters later, " KK?d". Nothing but the fact predicts the digit after '?', so
-the accuracy there, by D, measures how far back a model can reach (chance 0.10). The report cuts
-the distances at the model's reach (model.reach()) and splits the facts held in c_mem by their
-phase, the place of the digit in its block of c: the FIFO evicts blocks of c aligned to the start
-of each stream, so an f_c that keeps one place of a block worse shows up as one phase at chance.
-Training is train_shakespeare.py's, with its flags, on this text (with --loss-on answers every
-other target is IGNORE); the accuracy is read from what the model predicts on the validation text
-at each evaluation of the training and on a checkpoint."""
+and asked for D characters later, " KK?d": only the fact predicts the digit after '?', so the
+accuracy there, by D, measures how far back a model reaches (chance 0.10). The report cuts the
+distances at the model's reach (model.reach()) and splits the facts held in c_mem by their phase,
+the place of the digit in its block of c. Training is train_shakespeare.py's, on this text."""
 
 import heapq
 import math
@@ -24,6 +20,7 @@ import torch
 
 import evaluate as evaluate_command
 import train_shakespeare
+from research.study import at_least, fraction, made_with, positive, print_table
 from training import checkpoint, evaluate, files, plots
 from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode
@@ -33,101 +30,49 @@ KEYS = [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]
 VALIDATION_KEYS = KEYS[::8]  # held out of training, so no validation fact is ever trained on
 TRAINING_KEYS = [key for key in KEYS if key not in VALIDATION_KEYS]
 MAX_TRAIN_CHARS = 32_000_000
-# the task's flags: name -> (type, default, help); None where a store_true flag is not given
-TASK_FLAGS = {
-    "min_distance": (int, 8, "shortest fact-to-query distance D"),
-    "max_distance": (int, 400, "longest D, drawn log-uniform in between"),
-    "fact_gap": (int, 5, "mean filler characters between facts"),
-    "live_facts": (
-        int,
-        1,
-        "most facts waiting for their query at once; with more than one, a query must be "
-        "matched to its key",
-    ),
-    "distractors": (
-        None,
-        False,
-        "go on stating facts while --live-facts wait, never to be asked: the latest fact is "
-        "then seldom the one asked for, and only its key finds it",
-    ),
-    "curriculum": (
-        float,
-        0.5,
-        "the longest D grows from --min-distance to --max-distance over this fraction of training",
-    ),
-    "curriculum_hold": (
-        float,
-        0.0,
-        "first hold every fact inside the segment (D < n_s) for this fraction of training, then "
-        "widen from there over --curriculum",
-    ),
-    "val_chars": (int, 300_000, "length of the validation text"),
-    "loss_on": (
-        ["all", "answers"],
-        "all",
-        "the characters the loss (and the validation loss) is taken on: all, or only the answer "
-        "digit after each '?', as associative-recall benchmarks train",
-    ),
+MIN_DISTANCE, FACT_GAP = 8, 5  # the shortest D; the mean filler characters between facts
+DEFAULTS = {  # the task's flags; given as None, a checkpoint's own settings fill them first
+    "max_distance": 400,
+    "live_facts": 1,
+    "distractors": False,
+    "curriculum": 0.5,
+    "curriculum_hold": 0.0,
+    "val_chars": 300_000,
+    "loss_on": "all",
 }
-DEFAULTS = {name: default for name, (_, default, _) in TASK_FLAGS.items()}
 
 
 def add_arguments(parser) -> None:
-    """The task's flags. They default to None so that a checkpoint's own settings can fill them
-    (the evaluation modes default to the checkpoint's)."""
     group = parser.add_argument_group("the recall task")
-    for name, (kind, default, text) in TASK_FLAGS.items():
-        flag, text = "--" + name.replace("_", "-"), f"{text} (default {default})"
-        if kind is None:
-            group.add_argument(flag, action="store_true", default=None, help=text)
-        elif isinstance(kind, list):
-            group.add_argument(flag, choices=kind, help=text)
-        else:
-            group.add_argument(flag, type=kind, help=text)
+
+    def add(name, text, **kind):
+        text = f"{text} (default {DEFAULTS[name]})"
+        group.add_argument("--" + name.replace("_", "-"), help=text, **kind)
+
+    add("max_distance", f"longest D, log-uniform from {MIN_DISTANCE}", type=at_least(MIN_DISTANCE))
+    add("live_facts", "most facts waiting at once (more: a query needs its key)", type=positive)
+    distractors = "more facts, never asked, while --live-facts wait: only its key finds a fact"
+    add("distractors", distractors, action="store_true", default=None)
+    add("curriculum", "the longest D grows to --max-distance over this part", type=fraction)
+    add("curriculum_hold", "first hold every fact in the segment for this part", type=fraction)
+    add("val_chars", "length of the validation text", type=at_least(1000))
+    add("loss_on", "all characters, or the answer digit after each '?'", choices=["all", "answers"])
 
 
 def settings(args, saved_args=None) -> dict:
     """The task's flags as given, else as the checkpoint was trained (saved_args), else defaults."""
     saved_args = saved_args or {}
-    out = {}
-    for name, default in DEFAULTS.items():
-        given = [v for v in (getattr(args, name, None), saved_args.get(name)) if v is not None]
-        out[name] = given[0] if given else default
-    return out
+    given = lambda name: [getattr(args, name, None), saved_args.get(name), DEFAULTS[name]]
+    return {name: next(v for v in given(name) if v is not None) for name in DEFAULTS}
 
 
 def check_args(args) -> None:
     if args.data is not None:
         raise UserError("--data: the recall task makes its own text")
-    if args.live_facts is not None and args.live_facts <= 0:
-        raise UserError(f"--live-facts must be positive, got {args.live_facts}")
-    if args.fact_gap is not None and args.fact_gap < 0:
-        raise UserError(f"--fact-gap must be >= 0, got {args.fact_gap}")
-    for name in ("curriculum", "curriculum_hold"):
-        value = getattr(args, name)
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise UserError(f"--{name.replace('_', '-')} must be a fraction in [0, 1], got {value}")
-    if args.val_chars is not None and args.val_chars < 1000:
-        raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
-    if args.min_distance is not None and args.min_distance < 5:
-        raise UserError(
-            f"--min-distance must be >= 5 (a fact is 5 characters), got {args.min_distance}"
-        )
-    s = settings(args)
-    if (
-        args.min_distance is not None
-        and s["max_distance"] < args.min_distance
-        or args.max_distance is not None
-        and args.max_distance < s["min_distance"]
-    ):
-        raise UserError(
-            f"--max-distance must be >= --min-distance, got {s['min_distance']} "
-            f"and {s['max_distance']}"
-        )
-    if args.curriculum_hold and args.seq_len - 1 < s["min_distance"]:
+    if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
         raise UserError(
             f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
-            f"characters (D >= --min-distance {s['min_distance']})"
+            f"characters (D >= {MIN_DISTANCE})"
         )
 
 
@@ -153,15 +98,13 @@ def make_recall_text(
     hold_over: int = 0,
     hold_distance: int = 0,
 ) -> RecallText:
-    """Facts at random places, about gap filler characters apart on average, each asked for once
-    D characters later (D log-uniform in [min_distance, max_distance], from the fact's digit to the
-    answer's), with at most live_facts facts waiting for their query at any time. A key is not
-    stated again until its query has passed, so every answer is the digit of the latest fact with
-    that key. With widen_over > 0, the longest D grows linearly from
-    min_distance to max_distance over the first widen_over characters (a curriculum); with
-    hold_over > 0 it first stays at hold_distance for hold_over characters, then grows from there.
-    With distractors, facts go on being stated while live_facts wait, but are never asked: the
-    fact stated last is then seldom the one asked for, so only the key finds it."""
+    """Facts at random places, about gap filler characters apart, each asked for once D
+    characters later (D log-uniform in [min_distance, max_distance], digit to digit), at most
+    live_facts waiting for their query at once; a key is not stated again before its query, so
+    every answer is the digit of the latest fact with that key. widen_over > 0: the longest D grows
+    from min_distance (or, after hold_over characters at hold_distance, from there) to
+    max_distance over widen_over characters. distractors: facts go on being stated while
+    live_facts wait, never asked, so that only the key finds the asked one."""
     rng = random.Random(seed)
     chars, taken = ["."] * n_chars, bytearray(n_chars)
     free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)
@@ -223,7 +166,7 @@ def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool 
     as on Shakespeare); and a validation text of held-out keys that depends only on the task's
     flags, with its queries (answers, as RecallText's)."""
     s = settings(args, saved_args)
-    task = (s["min_distance"], s["max_distance"], s["fact_gap"], s["live_facts"])
+    task = (MIN_DISTANCE, s["max_distance"], FACT_GAP, s["live_facts"])
     train = None
     if need_train:
         length = min(args.steps * args.seq_len, MAX_TRAIN_CHARS // n_train_streams)
@@ -302,12 +245,12 @@ def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
     return Scored(*(t[whole] for t in found))
 
 
-def counted(scored: Scored, chosen: torch.Tensor) -> dict:
-    return {"queries": int(chosen.sum()), "accuracy": accuracy(scored.correct[chosen])}
-
-
 def accuracy(correct: torch.Tensor):
     return correct.float().mean().item() if len(correct) else None
+
+
+def counted(scored: Scored, chosen: torch.Tensor) -> dict:
+    return {"queries": int(chosen.sum()), "accuracy": accuracy(scored.correct[chosen])}
 
 
 def by_distance(scored: Scored, edges, width: int):
@@ -341,10 +284,8 @@ def by_region(scored: Scored, edges) -> dict:
 
 def held_in_c_mem(fact_back: torch.Tensor, edges):
     """Which queries find their fact in the compressed memory when they are read, or None without
-    one. A distance D does not say this alone: a query early in its segment holds a fact of the
-    same D farther back than a query late in it (the c_mem region by D, with the n_s - 1 more
-    that its last query reaches, mixes a few of each, and some facts already beyond reach). Exact
-    when n_s and n_m are multiples of c, as in the recipes, so that mem always holds n_m."""
+    one; D alone does not say it, a query early in its segment holding a fact of the same D farther
+    back than one late in it. Exact when n_s and n_m are multiples of c, as in the recipes."""
     limits = dict(edges)
     if "c_mem" not in limits:
         return None
@@ -387,8 +328,7 @@ def key_use(scored: Scored, edges) -> list:
     return [
         {
             "region": name,
-            "queries": int(inside.sum()),
-            "accuracy": accuracy(scored.correct[inside]),
+            **counted(scored, inside),
             "latest_fact_right": accuracy(scored.latest_right[inside]),
             "said_latest": accuracy(scored.said_latest[inside]),
             "by_facts_after": [accuracy(scored.correct[inside & (after == n)]) for n in AFTER],
@@ -424,13 +364,9 @@ def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
 
 def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     """Print the accuracy-by-distance table, the phase split and the key use, plot them to
-    OUT/recall.png (with caption at its foot: how to make it again), and return them for
-    metrics.json."""
+    OUT/recall.png (caption at its foot: how to make it again); return them for metrics.json."""
     if len(scored.distance) == 0:
-        print(
-            "recall accuracy by distance: no query in the validation text could be scored "
-            "(raise --val-chars or lower --max-distance)"
-        )
+        print("recall: no query could be scored (raise --val-chars or lower --max-distance)")
         return {"by_distance": [], "by_phase": [], "key_use": []}
     cfg, edges = model.cfg, model.reach()
     rows = by_distance(scored, edges, cfg.seq_len)
@@ -438,10 +374,13 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
     reach = ", ".join(f"{name} < {edge}" for name, edge in edges)
     print(f"recall accuracy by distance (chance 0.10; {title}: {reach})")
-    print(f"{'distance':>10}  {'region':<8}{'queries':>8}{'accuracy':>10}")
-    for row in rows:
-        span = f"{row['from']}-{row['to']}"
-        print(f"{span:>10}  {row['region']:<8}{row['queries']:>8}{row['accuracy']:>10.3f}")
+    print_table(
+        ["distance", "region", "queries", "accuracy"],
+        (
+            [f"{r['from']}-{r['to']}", r["region"], r["queries"], f"{r['accuracy']:.3f}"]
+            for r in rows
+        ),
+    )
     if phases:
         held, *split = phases
         print(
@@ -452,70 +391,48 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     keys = key_use(scored, edges)
     if keys:
         print(
-            "finding the fact by its key, with several waiting: accuracy, what answering with the "
-            "latest fact\nstated would score, how often the model answered with its digit, and "
-            "its accuracy when 0, 1, 2, 3+\nfacts were stated after the one asked for"
+            "finding the fact by its key: accuracy, that of the latest fact stated, how often the "
+            "model said its digit, and accuracy with 0, 1, 2, 3+ facts stated after the asked one"
         )
-        columns = "".join(f"{column:>7}" for column in [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"])
-        print(
-            f"{'region':<15}{'queries':>8}{'accuracy':>10}{'latest fact':>13}{'said latest':>13}"
-            + columns
+        print_table(
+            ["region", "queries", "accuracy", "latest fact", "said latest", "0", "1", "2", "3+"],
+            (
+                [k["region"], k["queries"]]
+                + [f"{k[name]:.3f}" for name in ("accuracy", "latest_fact_right", "said_latest")]
+                + ["-" if a is None else f"{a:.3f}" for a in k["by_facts_after"]]
+                for k in keys
+            ),
         )
-        for row in keys:
-            after = "".join(
-                f"{'-':>7}" if a is None else f"{a:>7.3f}" for a in row["by_facts_after"]
-            )
-            print(
-                f"{row['region']:<15}{row['queries']:>8}{row['accuracy']:>10.3f}"
-                f"{row['latest_fact_right']:>13.3f}{row['said_latest']:>13.3f}{after}"
-            )
     if cfg.mem_len and cfg.c_mem_len:
         title += f" f_c={cfg.compression}"
     plot_recall(rows, edges, phases, title, os.path.join(out, "recall.png"), caption)
-    return {
-        "by_distance": rows,
-        "by_phase": phases,
-        "key_use": keys,
-        "reach": edges,
-        "title": title,
-    }
+    return dict(by_distance=rows, by_phase=phases, key_use=keys, reach=edges, title=title)
 
 
 def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -> None:
     """Accuracy by distance with the model's reach edges; across the compressed region, a level
-    per phase: the accuracy of the queries whose fact is held in c_mem when asked, by the place of
-    the fact's digit in its block of c. Levels that coincide stay apart by their line styles, and
-    each one's accuracy is in its label."""
+    per phase (the facts held in c_mem when asked, by the place of the digit in its block of c),
+    each with its accuracy in its label and a style of its own, so that levels that coincide
+    stay apart."""
     plt = plots.pyplot()
     if plt is None:
         return
     plt.figure(figsize=(7, 4.6 if caption else 4))
     middle = [(row["from"] + row["to"]) / 2 for row in rows]
     plt.plot(middle, [row["accuracy"] for row in rows], marker="o", label="all queries, by D")
-    lows = [0] + [edge for _, edge in edges]
     styles = [(3.5, "-"), (2.5, "--"), (2, ":"), (1.5, "-.")]
-    for (name, edge), lo in zip(edges, lows):
+    for (name, edge), lo in zip(edges, [0] + [edge for _, edge in edges]):
         plt.axvline(edge, color="gray", linestyle=":")
         plt.text(edge, 0.5, f"{name} reach", rotation=90, va="center", ha="right", fontsize=8)
-        if name == "c_mem":
-            for p in phases[1:]:  # phases[0] is all of them together
-                width, style = styles[p["phase"] % len(styles)]
-                plt.hlines(
-                    p["accuracy"],
-                    lo,
-                    edge,
-                    colors=f"C{p['phase'] + 1}",
-                    linewidth=width,
-                    linestyle=style,
-                    label=f"held in c_mem, phase {p['phase']}: {p['accuracy']:.2f} "
-                    f"({p['queries']} queries)",
-                )
+        for p in phases[1:] if name == "c_mem" else []:  # phases[0] is all of them together
+            width, style = styles[p["phase"] % len(styles)]
+            label = f"held in c_mem, phase {p['phase']}: {p['accuracy']:.2f} ({p['queries']})"
+            plt.hlines(p["accuracy"], lo, edge, f"C{p['phase'] + 1}", style, label=label, lw=width)
     plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
     plt.ylim(0, 1.05)
     plt.title(title, fontsize=9, loc="left")
     plt.xlabel("D: distance from fact to query (characters)")
     plt.ylabel("recall accuracy")
-    # a phase: the place p of the fact's digit in its block of c, the blocks f_c compresses
     legend_title = "phase p: the fact's digit at place p\nof its block of c" if phases else None
     plt.legend(fontsize=7, title=legend_title, title_fontsize=7)
     plots.save(plt, path, caption)
@@ -539,11 +456,8 @@ def parse_args(argv=None):
 
 def caption_for(ckpt: dict, drawn_by: str) -> str:
     defaults = vars(parse_args([]))
-    return (
-        f"Checkpoint: {checkpoint.training_command(ckpt, defaults)}. Drawn by: {drawn_by}, torch "
-        f"{torch.__version__}, {torch.get_num_threads()} thread(s), commit "
-        f"{files.repository_commit()}."
-    )
+    command = checkpoint.training_command(ckpt, defaults)
+    return f"Checkpoint: {command}. Drawn by: {drawn_by}, {made_with()}."
 
 
 def train(args) -> None:

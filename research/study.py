@@ -1,57 +1,136 @@
-"""The code study: what the memory, and the compressed memory, buy on real text.
+"""The code study, and what the studies' commands share (the helpers first).
 
     python -m research.study run --budget default --seeds 1 2 3   # train and evaluate each run
     python -m research.study table                                # the tables and the figure
 
-`run` trains each model on each seed on the code corpus (python -m research.code), one run after
-another in this process, evaluates the checkpoint again with less memory (the ablations: the
-same checkpoint without its far memory), and writes the run's record to OUT/NAME/study.json. A run
-with a record is skipped, one whose training finished is only evaluated, so a stopped study goes
-on where it stopped; two commands on other seeds or models may run side by side (one thread
-each: OMP_NUM_THREADS=1). `table` prints the tables of every record under OUT and draws
-OUT/code_study.png. The models, at equal slots per layer (96) and at equal reach (192 characters
-beyond the segment):
+`run` trains each model on each seed on the code corpus (python -m research.code), evaluates the
+checkpoint again without its far memory (the ablations), and writes the run's record to
+OUT/NAME/study.json. A run with a record is skipped, one whose training finished is only
+evaluated, so a stopped study goes on where it stopped. `table` prints the tables of every record
+under OUT and draws OUT/code_study.png. The models, at equal slots per layer (96) and at equal
+reach (192 characters beyond the segment):
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
+import statistics
 import sys
+import time
+
+import torch
 
 from research import code
 from training import files, plots
 from training.checks import UserError, exit_status
 
-MODELS = {  # name: (training flags, ablations: label -> the (n_m, n_cm) it is evaluated with;
-    #          None: as trained)
-    "vanilla": (["--model", "vanilla"], {}),
-    "xl96": (["--model", "xl", "--mem-len", "96"], {"no mem": (0, 0)}),
-    "conv": (
-        ["--model", "compressive", "--compression", "conv"],
-        {"no c_mem": (None, 0), "no mem": (0, 0)},
-    ),
-    "omax": (
-        ["--model", "compressive", "--compression", "overlap_max_pool"],
-        {"no c_mem": (None, 0), "no mem": (0, 0)},
-    ),
-    "xl192": (
-        ["--model", "xl", "--mem-len", "192"],
-        {"mem 96": (96, 0), "mem 64": (64, 0), "no mem": (0, 0)},
-    ),
+# --------------------------------------------------------------------------------------------------
+# What the studies' commands share
+
+
+def at_least(low: int):
+    """An argparse type: an integer >= low."""
+
+    def integer(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return integer
+
+
+positive = at_least(1)
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {value}")
+    return value
+
+
+def made_with() -> str:
+    """How a figure was made, for its foot: torch, the threads, the commit."""
+    return (
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), commit "
+        f"{files.repository_commit()}"
+    )
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run on one thread, and give the process's threads back after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def alternate(calls: dict, rounds: int, clock=time.perf_counter) -> dict:
+    """{name: [seconds of each round]}: the calls timed in alternation, one call each a round,
+    the order reversed every other round, so that the machine's noise hits them alike."""
+    times = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in calls if r % 2 == 0 else reversed(calls):
+            began = clock()
+            calls[name]()
+            times[name].append(clock() - began)
+    return times
+
+
+def print_table(header: list, rows) -> None:
+    """A markdown table, as docs/ shows them."""
+    print("| " + " | ".join(header) + " |")
+    print("| --- " * len(header) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+
+
+def plot_curves(curves, path: str, xlabel: str, ylabel: str, chance: float, caption: str):
+    """Learning curves [(label, xs, ys, style)] against chance, to path, caption at its foot."""
+    plt = plots.pyplot()
+    if plt is None:
+        return
+    plt.figure(figsize=(6, 3.8))
+    for label, xs, ys, style in curves:
+        plt.plot(xs, ys, label=label, **style)
+    plt.axhline(chance, color="grey", linewidth=0.8, label="chance")
+    plt.xlabel(xlabel)
+    plt.ylabel(ylabel)
+    plt.ylim(0, 1.05)
+    plt.legend(fontsize=5 if len(curves) > 6 else 8, ncol=2 if len(curves) > 6 else 1)
+    plots.save(plt, path, caption)
+
+
+# --------------------------------------------------------------------------------------------------
+# The code study
+
+MODELS = {  # name: its training flags
+    "vanilla": ["--model", "vanilla"],
+    "xl96": ["--model", "xl", "--mem-len", "96"],
+    "conv": ["--model", "compressive", "--compression", "conv"],
+    "omax": ["--model", "compressive", "--compression", "overlap_max_pool"],
+    "xl192": ["--model", "xl", "--mem-len", "192"],
 }
 BUDGETS = {
     "default": ["--steps", "2000", "--eval-every", "1000"],
     "long": ["--steps", "8000", "--eval-every", "2000"],
 }
-__doc__ += "".join(f"    {name:<8} {' '.join(flags)}\n" for name, (flags, _) in MODELS.items())
+__doc__ += "".join(f"    {name:<8} {' '.join(flags)}\n" for name, flags in MODELS.items())
 ZONE = "97-192"  # beyond an equal-slots Transformer-XL's reach (96), within the compressive model's
 BEYOND = "193-1000"  # beyond the reach of every model of the study
-# the far memory's ablation, and the buckets it alone reaches (beyond the segment)
+# the far memory: its ablation, the (n_m, n_cm) the checkpoint is evaluated with (None: as
+# trained), and the buckets beyond the segment that it alone reaches
 WORTH = {
-    "conv": ("no c_mem", ("65-96", ZONE)),
-    "omax": ("no c_mem", ("65-96", ZONE)),
-    "xl192": ("mem 96", (ZONE,)),
+    "conv": ("no c_mem", (None, 0), ("65-96", ZONE)),
+    "omax": ("no c_mem", (None, 0), ("65-96", ZONE)),
+    "xl192": ("mem 96", (96, 0), (ZONE,)),
 }
 
 
@@ -69,33 +148,22 @@ def finished_training(out: str, steps: int):
 
 def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
     """Train (unless that finished before) and evaluate one model on one seed; its record."""
-    flags, ablations = MODELS[model]
-    train_flags = [*flags, *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
+    train_flags = [*MODELS[model], *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     args = code.parse_args(train_flags)
     metrics = finished_training(out, args.steps) or code.run(args)
     cut = {}
-    for label, (n_m, n_cm) in ablations.items():
+    if model in WORTH:
+        ablation, (n_m, n_cm), _ = WORTH[model]
         n_m = args.mem_len if n_m is None else n_m
         evaluation = ["--eval-only", "--out", out, "--eval-mem-len", str(n_m)]
-        cut[label] = code.run(code.parse_args([*evaluation, "--eval-c-mem-len", str(n_cm)]))
-    return {
-        "model": model,
-        "budget": budget,
-        "seed": seed,
-        "extra": extra,
-        "commit": files.repository_commit(),
-        "seconds": metrics["seconds"],
-        "val_loss": metrics["val_loss"],
-        "loss_by_copy_distance": metrics["loss_by_copy_distance"],
-        "history": [
-            {"step": h["step"], "loss_by_copy_distance": h["loss_by_copy_distance"]}
-            for h in metrics["history"]
-        ],
-        "ablations": {
-            label: {"val_loss": r["val_loss"], "loss_by_copy_distance": r["loss_by_copy_distance"]}
-            for label, r in cut.items()
-        },
-    }
+        cut[ablation] = code.run(code.parse_args([*evaluation, "--eval-c-mem-len", str(n_cm)]))
+    kept = lambda result, *names: {name: result[name] for name in names}
+    record = {"model": model, "budget": budget, "seed": seed, "extra": extra}
+    record["commit"] = files.repository_commit()
+    record.update(kept(metrics, "seconds", "val_loss", "loss_by_copy_distance"))
+    record["history"] = [kept(h, "step", "loss_by_copy_distance") for h in metrics["history"]]
+    record["ablations"] = {a: kept(r, "val_loss", "loss_by_copy_distance") for a, r in cut.items()}
+    return record
 
 
 def run_study(args) -> None:
@@ -136,9 +204,11 @@ def loss(rows: dict, bucket: str) -> float:
     return float("nan") if value is None else value
 
 
-def worth(run: dict, ablation: str) -> dict:
-    """What the checkpoint loses, bucket by bucket, evaluated with less memory: its worth there."""
-    cut, full = run["ablations"][ablation]["loss_by_copy_distance"], run["loss_by_copy_distance"]
+def worth(run: dict) -> dict:
+    """What the checkpoint loses, bucket by bucket, evaluated without its far memory (WORTH): that
+    memory's worth there."""
+    cut = run["ablations"][WORTH[run["model"]][0]]["loss_by_copy_distance"]
+    full = run["loss_by_copy_distance"]
     return {bucket: loss(cut, bucket) - loss(full, bucket) for bucket in full}
 
 
@@ -152,10 +222,10 @@ def label(run: dict) -> str:
 
 
 def mean(runs, bucket: str) -> float:
-    values = [
+    """The mean over runs of the validation loss (bucket "val") or of the loss in the bucket."""
+    return statistics.fmean(
         r["val_loss"] if bucket == "val" else loss(r["loss_by_copy_distance"], bucket) for r in runs
-    ]
-    return sum(values) / len(values)
+    )
 
 
 def groups(runs) -> dict:
@@ -170,60 +240,51 @@ def tables(runs: list) -> None:
     """Per run: the loss, what its far memory is worth, the zone over training; per model and
     budget over the seeds: the loss and its differences from XL-96 trained alike."""
     print(
-        f"Per run: the validation loss (nats/char), the loss in {ZONE}, what the far memory is "
-        f"worth there and at most\nwhere it cannot reach (the same checkpoint without it minus "
-        f"with it: conv, omax with c_mem emptied, xl192\nwith mem cut to 96), and over training "
-        f"the loss in {ZONE} minus in {BEYOND} (beyond every reach)\n"
+        f"Per run: the validation loss (nats/char), the loss in {ZONE}, the far memory's worth "
+        f"(the checkpoint without it minus with it) there and at most where it cannot reach, and "
+        f"over training the loss in {ZONE} minus in {BEYOND} (beyond every reach)\n"
     )
-    print(
-        f"| model | budget | seed | commit | val | {ZONE} | worth in {ZONE} | largest elsewhere "
-        f"| {ZONE} minus {BEYOND} by step |"
-    )
-    print("| --- " * 9 + "|")
+    rows = []
     for r in runs:
-        worth_cells = " | "
+        worth_cells = ["", ""]
         if r["model"] in WORTH:
-            ablation, reaches = WORTH[r["model"]]
-            w = worth(r, ablation)
+            reaches, w = WORTH[r["model"]][2], worth(r)
             elsewhere = max(value for bucket, value in w.items() if bucket not in reaches)
-            worth_cells = f"{w[ZONE]:+.4f} | {elsewhere:+.4f}"
-        gains = ", ".join(
-            f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]
-        )
-        print(
-            f"| {label(r)} | {r['budget']} | {r['seed']} | {r['commit']} | {r['val_loss']:.4f} | "
-            f"{loss(r['loss_by_copy_distance'], ZONE):.3f} | {worth_cells} | {gains} |"
-        )
+            worth_cells = [f"{w[ZONE]:+.4f}", f"{elsewhere:+.4f}"]
+        gains = [f"{h['step']}: {zone_gain(h['loss_by_copy_distance']):+.3f}" for h in r["history"]]
+        zone = loss(r["loss_by_copy_distance"], ZONE)
+        rows.append([label(r), r["budget"], r["seed"], r["commit"], f"{r['val_loss']:.4f}"])
+        rows[-1] += [f"{zone:.3f}", *worth_cells, ", ".join(gains)]
+    print_table(
+        ["model", "budget", "seed", "commit", "val", ZONE, f"worth in {ZONE}"]
+        + ["largest elsewhere", f"{ZONE} minus {BEYOND} by step"],
+        rows,
+    )
     print(
         f"\nMeans over seeds (min-max); minus XL-96: the difference of the means at the same "
         f"budget; worth: of the far memory in {ZONE}\n"
     )
-    print(
-        f"| model | budget | seeds | val | {ZONE} | val minus XL-96 | {ZONE} minus XL-96 "
-        f"| worth in {ZONE} |"
-    )
-    print("| --- " * 8 + "|")
     found = groups(runs)
 
     def spread(values):
-        return f"{sum(values) / len(values):.4f} ({min(values):.3f}-{max(values):.3f})"
+        return f"{statistics.fmean(values):.4f} ({min(values):.3f}-{max(values):.3f})"
 
+    rows = []
     for (name, budget), members in found.items():
         model, extra = members[0]["model"], members[0]["extra"]
         base = found.get((" ".join(["xl96", *extra]), budget)) or found.get(("xl96", budget))
-        cells = [
-            spread([r["val_loss"] for r in members]),
-            spread([loss(r["loss_by_copy_distance"], ZONE) for r in members]),
-            *(
-                ""
-                if base is None or base is members
-                else f"{mean(members, b) - mean(base, b):+.4f}"
-                for b in ("val", ZONE)
-            ),
-            spread([worth(r, WORTH[model][0])[ZONE] for r in members]) if model in WORTH else "",
-        ]
-        seeds = " ".join(str(r["seed"]) for r in members)
-        print(f"| {name} | {budget} | {seeds} | " + " | ".join(cells) + " |")
+        rows.append([name, budget, " ".join(str(r["seed"]) for r in members)])
+        rows[-1] += [spread([r["val_loss"] for r in members])]
+        rows[-1] += [spread([loss(r["loss_by_copy_distance"], ZONE) for r in members])]
+        for b in ("val", ZONE):
+            differs = base is not None and base is not members
+            rows[-1] += [f"{mean(members, b) - mean(base, b):+.4f}" if differs else ""]
+        rows[-1] += [spread([worth(r)[ZONE] for r in members]) if model in WORTH else ""]
+    print_table(
+        ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
+        + [f"worth in {ZONE}"],
+        rows,
+    )
 
 
 def plot(runs, path: str) -> None:
@@ -236,33 +297,27 @@ def plot(runs, path: str) -> None:
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5))
     buckets = list(runs[0]["loss_by_copy_distance"])
     x = range(len(buckets))
-    plain = [r for r in runs if not r["extra"]] or runs  # the levers are left to the tables
-    for (_, budget), members in groups(plain).items():
-        seeds = f"{len(members)} seed{'s' * (len(members) > 1)}"
+    for (_, budget), members in groups([r for r in runs if not r["extra"]] or runs).items():
         model = members[0]["model"]
-        style = dict(
-            linestyle="-" if budget == "long" else "--", color=f"C{list(MODELS).index(model)}"
-        )
+        style = dict(linestyle="-" if budget == "long" else "--")
+        style.update(color=f"C{list(MODELS).index(model)}")
+        seeds = f"{len(members)} seed{'s' * (len(members) > 1)}"
         means = [mean(members, b) for b in buckets]
         left.plot(x, means, marker="o", label=f"{model} ({budget}, {seeds})", **style)
         for r in members:
-            steps = [h["step"] for h in r["history"]]
             gains = [zone_gain(h["loss_by_copy_distance"]) for h in r["history"]]
-            right.plot(steps, gains, marker=".", **style)
+            right.plot([h["step"] for h in r["history"]], gains, marker=".", **style)
             if model in WORTH:
-                w = worth(r, WORTH[model][0])
+                w = worth(r)
                 middle.plot(x, [w[b] for b in buckets], marker=".", alpha=0.8, **style)
-    for ax, title in (
-        (left, "validation loss by copy distance beyond the segment"),
-        (
-            middle,
-            "worth of the far memory: loss without it minus with it\n"
-            "(conv, omax: c_mem emptied; xl192: mem cut to 96)",
-        ),
-    ):
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(buckets, rotation=30)
-        ax.set_title(title, fontsize=9)
+    left.set_title("validation loss by copy distance beyond the segment", fontsize=9)
+    middle.set_title(
+        "worth of the far memory: loss without it minus with it\n"
+        "(conv, omax: c_mem emptied; xl192: mem cut to 96)",
+        fontsize=9,
+    )
+    for ax in (left, middle):
+        ax.set_xticks(list(x), buckets, rotation=30)
         ax.set_xlabel("characters between the copy and the query's segment (13-gram)")
     middle.axvspan(buckets.index(ZONE) - 0.5, buckets.index(ZONE) + 0.5, color="gray", alpha=0.15)
     right.set_title(

@@ -17,23 +17,15 @@ import torch
 import train_shakespeare
 from research import code, recall
 from training import checkpoint, data
-from training.checks import UserError, exit_status
+from training.checks import exit_status
 
 
 def validation_data(args, ckpt: dict):
     """(Data, answers) of the checkpoint's validation text, answers the recall task's queries
     (else None). The script's own checkpoints read --data where it is given."""
-    task = ckpt["args"].get("task", "shakespeare")
-    if task != "shakespeare" and getattr(args, "data", None) is not None:
-        trained_by = checkpoint.trained_by(ckpt["args"])
-        raise UserError(
-            f"--data: this checkpoint was trained by {trained_by}, which makes its own text"
-        )
-    if task == "recall":
-        return recall.load_data(args, saved_args=ckpt["args"], need_train=False)
-    if task == "code":
-        return code.load_data(args, saved_args=ckpt["args"], need_train=False), None
-    return data.load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"]), None
+    if ckpt["args"].get("task") == "recall":
+        return code.validation_text(args, ckpt, recall.load_data)
+    return code.validation_text(args, ckpt), None
 
 
 def defaults(ckpt: dict) -> dict:

@@ -26,4 +26,4 @@ def test_a_bad_size_is_one_error_line(capsys):
     with pytest.raises(SystemExit) as exit:
         agent_cost.main(["--batch", "0"])
     assert exit.value.code == 2
-    assert "--batch must be >= 1" in capsys.readouterr().err
+    assert "argument --batch: must be >= 1" in capsys.readouterr().err

@@ -3,7 +3,6 @@ the command on a checkpoint of text and of the recall task, its figure, and bad 
 
 import math
 import os
-import re
 import sys
 
 import pytest
@@ -101,14 +100,10 @@ def test_where_the_queries_of_the_recall_task_look(recall_trained, capsys):
     # per phase and layer, where the '?' of queries held in c_mem looks
     assert attention.main(["--out", out, "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
-    looks = printed[printed.index("where the '?' of a query held in c_mem looks") :].splitlines()[
-        3:
-    ]
-    rows = [
-        line.split()
-        for line in looks
-        if re.fullmatch(r"\s*\d+\s+\d+\s+\d+\s+[\d.]+\s+\S+\s+[\d.]+", line)
-    ]
+    looks = printed[printed.index("where the '?' of a query held in c_mem looks") :].splitlines()
+    # the table's rows: phase, queries, layer, on the digit's slot, on the '='s, on all of c_mem
+    cells = [line.strip("| ").split(" | ") for line in looks[3:] if line.startswith("| ")]
+    rows = [r for r in cells if r[0].isdigit()]
     assert {(int(r[0]), int(r[2])) for r in rows} == {
         (p, layer)
         for p in range(2)
@@ -118,7 +113,7 @@ def test_where_the_queries_of_the_recall_task_look(recall_trained, capsys):
         assert 0.0 <= float(digit) + (float(marker) if phase == "0" else 0.0) <= float(c_mem) + 1e-3
         assert (marker == "-") == (phase != "0")
     # and, for the queries whose fact is held in mem, on the digit's and the '='s own slots
-    in_mem = [line.split() for line in looks if line.split()[:1] == ["mem"]]
+    in_mem = [r for r in cells if r[0] == "mem"]
     assert [int(r[2]) for r in in_mem] == [1, 2] and len({r[1] for r in in_mem}) == 1
     for _, queries, _, digit, marker, c_mem in in_mem:
         assert int(queries) > 0 and float(digit) + float(marker) + float(c_mem) <= 1 + 1e-3

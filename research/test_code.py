@@ -1,4 +1,4 @@
-"""Real text in which reach matters, as tests: the code corpus (research/corpus.py), the loss by
+"""Real text in which reach matters, as tests: the code corpus (research/code.py), the loss by
 copy distance (research/copies.py), the command that trains and evaluates with it
 (research/code.py) and the code study (research/study.py)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import TINY_FLAGS, error_line
-from research import attention, code, copies, corpus, study
+from research import attention, code, copies, study
 from test_compressive import make
 from training.evaluate import per_character
 
@@ -53,7 +53,7 @@ def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_
     tmp_path, monkeypatch, capsys
 ):
     make_source_tree(tmp_path / "lib", repeat=40)
-    monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
+    monkeypatch.setattr(code, "stdlib_root", lambda: str(tmp_path / "lib"))
     out = str(tmp_path / "run")
     flags = ["--out", out, "--steps", "4", "--eval-every", "2", "--val-chars", "1000"]
     assert code.main([*flags, *TINY_FLAGS]) == 0
@@ -112,7 +112,7 @@ def test_code_study_reads_what_the_far_memory_is_worth_from_the_same_checkpoint(
     """The study's tables on hand-made records: the compressed memory's worth in the zone beyond
     XL-96 and within the compressive model's reach, and the means against XL-96."""
     results = hand_made_records()
-    worth = study.worth(results["xl192"], "mem 96")
+    worth = study.worth(results["xl192"])  # mem cut to 96
     assert worth[study.ZONE] == pytest.approx(0.06) and worth["1-64"] == pytest.approx(0.01)
     runs = sorted(
         results.values(), key=lambda r: (r["extra"], list(study.MODELS).index(r["model"]))
@@ -198,29 +198,29 @@ def make_source_tree(root, repeat: int = 1):
 def test_code_corpus_is_built_deterministically_from_the_library_sources_alone(tmp_path):
     root = tmp_path / "lib"
     make_source_tree(root)
-    train, val, manifest = corpus.load(str(root))
+    train, val, manifest = code.load(str(root))
     headers = re.findall(r"^# file: (.*)$", train + val, flags=re.M)
     kept = ["a/mod.py", "b.py", *(f"m{k:02d}.py" for k in range(30))]
     assert sorted(headers) == kept  # no tests, site-packages, caches, build files or non-.py
     assert [h for h in headers if h in re.findall(r"^# file: (.*)$", train, flags=re.M)] == [
-        h for h in kept if not corpus.is_validation(h)
+        h for h in kept if not code.is_validation(h)
     ]  # sorted order, whole files per split
     assert 0 < manifest["files"]["val"] < manifest["files"]["train"]
     assert "\t" not in train + val and "\r" not in train + val  # tabs and CRLF normalised
     assert "return 'caf\x1a'" in train + val  # outside the alphabet: the placeholder
-    assert set(train + val) <= set(corpus.VOCAB) and len(corpus.VOCAB) == 97
+    assert set(train + val) <= set(code.VOCAB) and len(code.VOCAB) == 97
     digest = hashlib.sha256(val.encode()).hexdigest()
-    assert f"for validation, sha256 {digest[:12]})" in corpus.describe(manifest)
+    assert f"for validation, sha256 {digest[:12]})" in code.describe(manifest)
     # built again from a copy of the same files: the same texts, whichever folder holds them
     copy = tmp_path / "copy"
     make_source_tree(copy)
-    assert corpus.load(str(copy)) == (train, val, manifest)
+    assert code.load(str(copy)) == (train, val, manifest)
 
 
 def test_code_corpus_without_sources_is_one_error_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "lib" / "test").mkdir(parents=True)
     (tmp_path / "lib" / "test" / "t.py").write_text("pass\n")
-    monkeypatch.setattr(corpus, "stdlib_root", lambda: str(tmp_path / "lib"))
+    monkeypatch.setattr(code, "stdlib_root", lambda: str(tmp_path / "lib"))
     assert code.main(["--out", str(tmp_path / "run"), *TINY_FLAGS]) == 2
     assert "no Python sources" in error_line(capsys)
     assert not (tmp_path / "run" / "ckpt.pt").exists()

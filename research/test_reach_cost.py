@@ -43,5 +43,6 @@ def test_bench_reach_times_both_models_at_each_reach_and_counts_their_state(
     assert equal_rows["compressive"]["keys"] == equal_rows["xl"]["keys"] == 24 + 16
     assert reach_cost.main([*TINY_FLAGS, "--reaches", "10", "--out", str(tmp_path)]) == 2
     assert "multiple of 4" in error_line(capsys)
-    assert reach_cost.main([*TINY_FLAGS, "--rounds", "0"]) == 2
-    assert "must be positive" in error_line(capsys)
+    with pytest.raises(SystemExit) as exit_:
+        reach_cost.main([*TINY_FLAGS, "--rounds", "0"])
+    assert exit_.value.code == 2 and "argument --rounds: must be >= 1" in capsys.readouterr().err

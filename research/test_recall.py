@@ -286,8 +286,8 @@ def recall_table_rows(printed: str):
     lines = printed.splitlines()
     start = max(i for i, line in enumerate(lines) if line.startswith("recall accuracy by distance"))
     rows = []
-    for line in lines[start + 2 :]:  # after the title and the column names
-        match = re.fullmatch(r"\s*(\d+)-(\d+)\s+(\w+)\s+(\d+)\s+([\d.]+)", line)
+    for line in lines[start + 3 :]:  # after the title, the column names and the rule
+        match = re.fullmatch(r"\| (\d+)-(\d+) \| (\w+) \| (\d+) \| ([\d.]+) \|", line)
         if not match:
             break
         rows.append(
@@ -350,10 +350,15 @@ def test_recall_flags_are_checked_and_the_task_makes_its_own_text(
     trained, small_text, tmp_path, capsys
 ):
     for flags, message in [
-        (["--curriculum-hold", "1.5"], "--curriculum-hold must be a fraction in [0, 1]"),
+        (["--curriculum-hold", "1.5"], "argument --curriculum-hold: must be a fraction in [0, 1]"),
+        (["--live-facts", "0"], "argument --live-facts: must be >= 1"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            recall.main([*flags, "--out", str(tmp_path / "run")])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    for flags, message in [
         (["--curriculum-hold", "0.5", "--seq-len", "6"], "no fact fits inside a segment"),
         (["--data", small_text], "--data: the recall task makes its own text"),
-        (["--live-facts", "0"], "--live-facts must be positive"),
     ]:
         assert recall.main([*flags, "--out", str(tmp_path / "run")]) == 2
         assert message in error_line(capsys)

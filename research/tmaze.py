@@ -1,24 +1,16 @@
-"""What compression buys an agent: a T-maze whose cue lies beyond an equal-slot Transformer-XL.
-
-An episode shows a cue (one of four) at its first step, then a corridor of distractors (each step
-one of four other observations, drawn at random), then a query at step L, where the agent must name
-the cue; L is drawn from --min-gap to --max-gap. Three memories, each one layer of AgentCore:
-
-    compressive   n_m = 16, n_cm = 16 compressed memories of c = 4: 32 slots, reach 16 + 4*16 = 80
-    xl-slots      Transformer-XL with as many slots: n_m = 32, n_cm = 0: reach 32
-    xl-reach      Transformer-XL with as long a reach: n_m = 80, n_cm = 0: 80 slots
-
-Segments of n_s = 16 steps count from the episode's first step, so the query at step L sees the
-cue when 16 * floor(L / 16) <= reach: gaps of 48 to 95 put every cue beyond xl-slots and within
-the other two. One layer, so that no layer above stretches the reach. Supervised (to fit the
-time): each batch is --batch new episodes, each read in one call from an empty memory, the loss
-the cross-entropy at the query plus f_c's reconstruction loss; every --eval-every batches the
-held-out accuracy, and at the end the accuracy acting one step per call on the held-out episodes,
-two back to back in each row, the second begun by `starts` (chance 0.25).
+"""What compression buys an agent: a T-maze whose cue lies beyond an equal-slot Transformer-XL
+(docs/AGENT.md).
 
     python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
 
-Each run uses one thread; --jobs runs that many at a time, in processes of their own.
+An episode shows a cue (one of four) at its first step, a corridor of random distractors, then a
+query at step L (--min-gap to --max-gap), where the agent must name the cue. Three one-layer
+memories (MEMORIES): compressive, 16 + 16 slots at c = 4 (reach 16 + 4*16 = 80); xl-slots, as
+many slots (reach 32); xl-reach, as long a reach (80 slots). Segments of n_s = 16 count from the
+episode's first step, so the query sees the cue when 16 * floor(L / 16) <= reach. Supervised: each
+batch is new episodes, each read in one call; at the end, the accuracy acting one step per call on
+held-out episodes, two back to back in each row, the second begun by `starts` (chance 0.25). Each
+run uses one thread; --jobs runs that many at a time, in processes of their own.
 """
 
 import argparse
@@ -28,10 +20,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from compressive import CompressiveConfig
 from research import ppo_cue
+from research.study import made_with, one_thread, plot_curves, positive, print_table
 
 N_CUES, N_DISTRACTORS = 4, 4
 QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
@@ -98,52 +90,34 @@ def act_one_step_at_a_time(agent, observations, targets) -> float:
     asked = torch.cat([targets[:half], targets[half : 2 * half]], dim=1)
     starts = torch.zeros_like(stream, dtype=torch.bool)
     starts[:, 0] = starts[:, observations.shape[1]] = True
-    memory, logits = None, []
-    with torch.no_grad():
-        for t in range(stream.shape[1]):
-            step_logits, memory, _ = agent(stream[:, t : t + 1], memory, starts[:, t : t + 1])
-            logits.append(step_logits)
-    return accuracy(torch.cat(logits, dim=1), asked)
+    return accuracy(ppo_cue.act(agent, stream, starts), asked)
 
 
 def run(args, memory_kind: str, seed: int):
     """One memory, one seed, on one thread: the curve [(batches, held-out accuracy)], the final
-    one-step acting accuracy, the training seconds (CPU time of this process's thread), slots and
-    reach."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return train_and_act(args, memory_kind, seed)
-    finally:
-        torch.set_num_threads(threads)  # given back after the run
-
-
-def train_and_act(args, memory_kind: str, seed: int):
+    one-step acting accuracy, the training seconds (CPU time of this process), slots and reach."""
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
     agent = make_agent(cfg)
-    optimizer = torch.optim.AdamW(agent.parameters(), lr=args.lr)
+    optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     train_data = torch.Generator().manual_seed(seed)
     held_out = episodes(
         args.eval_episodes, args.min_gap, args.max_gap, torch.Generator().manual_seed(10_000 + seed)
     )
     curve, seconds = [], 0.0
-    for batch in range(1, args.batches + 1):
-        observations, targets = episodes(args.batch, args.min_gap, args.max_gap, train_data)
-        began = time.process_time()
-        agent.train()
-        logits, _, recon_loss = agent(observations)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-        optimizer.zero_grad()
-        (loss + recon_loss).backward()
-        optimizer.step()
-        seconds += time.process_time() - began
-        if batch % args.eval_every == 0 or batch == args.batches:
-            agent.eval()
-            with torch.no_grad():
-                curve.append((batch, accuracy(agent(held_out[0])[0], held_out[1])))
-    agent.eval()
-    final = act_one_step_at_a_time(agent, *held_out)
+    with one_thread():
+        for batch in range(1, args.batches + 1):
+            observations, targets = episodes(args.batch, args.min_gap, args.max_gap, train_data)
+            began = time.process_time()
+            agent.train()
+            ppo_cue.supervised_step(agent, optimizer, observations, targets)
+            seconds += time.process_time() - began
+            if batch % args.eval_every == 0 or batch == args.batches:
+                agent.eval()
+                with torch.no_grad():
+                    curve.append((batch, accuracy(agent(held_out[0])[0], held_out[1])))
+        agent.eval()
+        final = act_one_step_at_a_time(agent, *held_out)
     slots, reach = slots_and_reach(cfg)
     solved = [b for b, a in curve if a >= SOLVED]
     return {
@@ -163,23 +137,18 @@ def parse_args(argv):
         prog="python -m research.tmaze", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--memories", nargs="+", default=list(MEMORIES), choices=list(MEMORIES))
-    p.add_argument("--batches", type=int, default=2000, help="training batches per run")
-    p.add_argument("--batch", type=int, default=64, help="episodes per training batch")
+    p.add_argument("--batches", type=positive, default=2000, help="training batches per run")
+    p.add_argument("--batch", type=positive, default=64, help="episodes per training batch")
     p.add_argument("--min-gap", type=int, default=48, help="fewest steps from the cue to the query")
     p.add_argument("--max-gap", type=int, default=95, help="most steps from the cue to the query")
-    p.add_argument("--d-model", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--eval-every", type=int, default=25, help="batches between held-out checks")
-    p.add_argument("--eval-episodes", type=int, default=512, help="held-out episodes (even)")
-    p.add_argument("--jobs", type=int, default=1, help="runs at a time, one thread each")
+    p.add_argument("--d-model", type=positive, default=32)
+    p.add_argument("--eval-every", type=positive, default=25, help="batches between checks")
+    p.add_argument("--eval-episodes", type=positive, default=512, help="held-out episodes (even)")
+    p.add_argument("--jobs", type=positive, default=1, help="runs at a time, one thread each")
     p.add_argument("--plot", default=None, help="a PNG of the held-out accuracy curves")
     args = p.parse_args(argv)
-    for name in ("batches", "batch", "d_model", "eval_every", "eval_episodes", "jobs"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.eval_episodes < 2 or args.eval_episodes % 2:
-        p.error("--eval-episodes must be even and >= 2 (rows play two episodes each)")
+    if args.eval_episodes % 2:
+        p.error("--eval-episodes must be even (rows play two episodes each)")
     if args.d_model % 2:
         p.error("--d-model must be even (two heads)")
     if not 1 <= args.min_gap <= args.max_gap:
@@ -189,57 +158,43 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    plan = [(memory, seed) for seed in args.seeds for memory in args.memories]
+    plan = [(memory, seed) for seed in args.seeds for memory in MEMORIES]
     if args.jobs == 1:
         results = [run(args, memory, seed) for memory, seed in plan]
     else:  # processes of their own, started afresh (no forked torch state)
         spawn = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
             results = list(pool.map(run, [args] * len(plan), *zip(*plan)))
-    print(
-        f"| memory | seed | slots | reach | accuracy (one-step acting) | first check >= {SOLVED} "
-        "| training CPU s |"
+    print_table(
+        ["memory", "seed", "slots", "reach", "accuracy (one-step acting)"]
+        + [f"first check >= {SOLVED}", "training CPU s"],
+        (
+            [r["memory"], r["seed"], r["slots"], r["reach"], f"{r['accuracy']:.3f}"]
+            + [r["solved_at"] or "never", f"{r['seconds']:.0f}"]
+            for r in results
+        ),
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in results:
-        print(
-            f"| {r['memory']} | {r['seed']} | {r['slots']} | {r['reach']} | "
-            f"{r['accuracy']:.3f} | {r['solved_at'] or 'never'} | {r['seconds']:.0f} |"
-        )
     if args.plot:
-        plot(results, args, args.plot)
-    return 0
-
-
-def plot(results, args, path: str) -> None:
-    from training import plots
-
-    plt = plots.pyplot()
-    if plt is None:
-        return
-    colors = {"compressive": "C0", "xl-slots": "C1", "xl-reach": "C2"}
-    styles = ["-", "--", ":", "-."]
-    plt.figure(figsize=(6, 3.8))
-    for r in results:
-        plt.plot(
-            [b for b, _ in r["curve"]],
-            [a for _, a in r["curve"]],
-            color=colors[r["memory"]],
-            linestyle=styles[args.seeds.index(r["seed"]) % len(styles)],
-            label=f"{r['memory']} ({r['slots']} slots), seed {r['seed']}",
+        colors = {"compressive": "C0", "xl-slots": "C1", "xl-reach": "C2"}
+        styles = ["-", "--", ":", "-."]
+        curves = [
+            (
+                f"{r['memory']} ({r['slots']} slots), seed {r['seed']}",
+                [b for b, _ in r["curve"]],
+                [a for _, a in r["curve"]],
+                dict(color=colors[r["memory"]], linestyle=styles[r["seed"] % len(styles)]),
+            )
+            for r in results
+        ]
+        seeds = " ".join(str(s) for s in args.seeds)
+        caption = (
+            f"python -m research.tmaze --seeds {seeds} --batches {args.batches} --jobs "
+            f"{args.jobs}; {made_with()}, each run on one thread, CPU. Cue {args.min_gap}-"
+            f"{args.max_gap} steps back; one layer, d_model {args.d_model}."
         )
-    plt.axhline(1 / N_CUES, color="grey", linewidth=0.8, label="chance")
-    plt.xlabel(f"training batch ({args.batch} episodes)")
-    plt.ylabel("held-out accuracy")
-    plt.ylim(0, 1.05)
-    plt.legend(fontsize=5, ncol=2)
-    seeds = " ".join(str(s) for s in args.seeds)
-    caption = (
-        f"python -m research.tmaze --seeds {seeds} --batches {args.batches} --jobs {args.jobs}; "
-        f"torch {torch.__version__}, 1 thread per run, seeds {seeds}, CPU. Cue {args.min_gap}-"
-        f"{args.max_gap} steps back; one layer, d_model {args.d_model}."
-    )
-    plots.save(plt, path, caption)
+        xlabel = f"training batch ({args.batch} episodes)"
+        plot_curves(curves, args.plot, xlabel, "held-out accuracy", 1 / N_CUES, caption)
+    return 0
 
 
 if __name__ == "__main__":
