@@ -203,10 +203,6 @@ def memory_sizes(cfg: CompressiveConfig):
     return cfg.c_mem_len, cfg.mem_len - cfg.mem_len % c, cfg.seq_len // c
 
 
-def tracks_usage(cfg: CompressiveConfig) -> bool:
-    return cfg.compression == "most_used" and memory_sizes(cfg)[0] > 0
-
-
 def memory_shapes(model, batch_size: int) -> AgentMemory:
     """The shape of every tensor of the model's memory, kept keys included, as an AgentMemory."""
     cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
@@ -218,7 +214,7 @@ def memory_shapes(model, batch_size: int) -> AgentMemory:
         n_mem + cfg.seq_len - 1,
     )
     keys, c_mem_keys = ([(B, H, n, d // H)] * L for n in (n_slots, n_cm))
-    usage = [(B, n_slots)] * L if tracks_usage(cfg) else []
+    usage = [(B, n_slots)] * L if cfg.compression == "most_used" and n_cm else []
     kept = Kept(keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
     return AgentMemory([(B, n_slots, d)] * L, [(B, n_cm, d)] * L, usage, (B,), (B,), kept)
 
@@ -421,13 +417,6 @@ def window(values, first, seen, blank=0, rows=None):
     return torch.where(seen, taken, blank) if blank is not None else taken
 
 
-def scattered(rows, values, batch_size: int):
-    """values of the rows given, as a batch of batch_size rows (zeros elsewhere)."""
-    if rows is None:
-        return values
-    return values.new_zeros(batch_size, *values.shape[1:]).index_copy(0, rows, values)
-
-
 # 3. One layer over a call -------------------------------------------------------------------------
 # compressive.py's layer over each row's stream, in layer_over_call's order: the position terms per
 # key; each segment end's FIFOs, as CompressiveLayer.update_memory moves them after an n_s-step
@@ -527,8 +516,11 @@ def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, 
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
         made = compressed.detach()
         new_kv = layer.memory_keys_values(made)  # [B, H, n_new, d_head] each
-        made = [scattered(rows, t, B) for t in (made, *new_kv)]
-        for field, value in zip(ends, (close, evicted, compressed, *made)):
+        if rows is not None:  # a batch of every row again, zeros in those that make no end
+            made, *new_kv = (
+                t.new_zeros(B, *t.shape[1:]).index_copy(0, rows, t) for t in (made, *new_kv)
+            )
+        for field, value in zip(ends, (close, evicted, compressed, made, *new_kv)):
             field.append(value)
     return ends
 
