@@ -1,21 +1,12 @@
 """An agent's memory, beyond the paper: train on a rollout exactly as the agent acted on it.
 
-An agent runs B environments side by side, acts one step per call, and each row's episode ends
-at its own moment; it then learns from the rollout it played, in one call. Here the two compute
-the same: each row's FIFOs move once per segment of n_s steps, wherever calls begin and end (a
-call of n_s steps from a segment's start is compressive.py's call). The memory has one shape from
-empty to full, so memories of any time stack and rows come out and join; starts [B, T] begin an
-episode anywhere in a call; acting keeps the keys and values of the memory's slots, marked with
-a fingerprint of the weights that made them. docs/AGENT.md says what each guarantees and costs.
-
-It builds on compressive.py in this order:
-
-    1. the memory: AgentMemory and the keys it keeps (Kept)
-    2. where each step of a call stands in its row's stream: Layout
-    3. one layer over a call
-    4. the fingerprint that tells kept keys from stale ones
-    5. the models: AgentTransformer (tokens) and AgentCore (vectors)
-    6. the checks, and the episodes' bookkeeping, which feedback.py shares
+An agent acts one step per call on B environments, each row's episode ending at its own moment,
+then learns from the rollout in one call. Here the two compute the same: each row's FIFOs move
+once per segment of n_s steps, wherever calls begin and end. docs/AGENT.md says what it
+guarantees and costs. In this order: 1. the memory (AgentMemory, and the keys it keeps: Kept);
+2. where each step of a call stands (Layout); 3. one layer over a call; 4. the fingerprint that
+tells kept keys from stale ones; 5. the models (AgentTransformer, AgentCore); 6. the checks and
+the episodes' bookkeeping, which feedback.py shares.
 
     core = AgentCore(CompressiveConfig(d_model=128, ...))
     memory = core.empty_memory(batch)
@@ -63,15 +54,9 @@ from compressive import (
 
 
 class Kept(NamedTuple):
-    """The keys and values of a memory's slots, per layer, and what made them. A training call
-    hands on the ones it was given, marked stale. A slot no step sees (unused, or before its
-    row's episode) is never read: its key is whatever it was, zeros in an empty or reset row.
-
-    keys, values:             [B, H, n_mem + n_s - 1, d_head] per layer, mem's slots'
-    c_mem_keys, c_mem_values: [B, H, n_cm, d_head] per layer
-    made_by: [B, 1 + n_layers] int64: the config's checksum, then per layer the fingerprint of
-             the weights its keys were made by (section 4)
-    """
+    """The keys and values of a memory's slots, per layer ([B, H, slots, d_head]), and made_by
+    [B, 1 + n_layers] int64: the config's checksum, then per layer the fingerprint of the weights
+    that made them (section 4). A training call hands on the ones it was given, marked stale."""
 
     keys: List[torch.Tensor]
     values: List[torch.Tensor]
@@ -81,20 +66,11 @@ class Kept(NamedTuple):
 
 
 class AgentMemory(NamedTuple):
-    """What one call hands to the next, batch first:
-
-    mem:         [B, n_mem + n_s - 1, d_model] per layer (the layout above)
-    c_mem:       [B, n_cm, d_model] per layer
-    usage:       [B, n_mem + n_s - 1] per layer, the attention each mem slot received (the
-                 most_used f_c only; else [])
-    filled:      [B] int64, the steps of the open segment
-    since_start: [B] int64, the steps of each row's episode so far (saturating at the span the
-                 memory holds); slots older than its first step are hidden
-    kept:        the keys and values of the slots (Kept), or None: the next call projects them
-
-    torch.load(f, weights_only=True) reads a saved one back inside
-    torch.serialization.safe_globals([AgentMemory, Kept]).
-    """
+    """What one call hands to the next, batch first, per layer where a list: mem [B, n_mem + n_s
+    - 1, d_model] (the layout above), c_mem [B, n_cm, d_model], usage [B, n_mem + n_s - 1] (the
+    attention each mem slot received; most_used only, else []), filled [B] (the open segment's
+    steps), since_start [B] (the steps of each row's episode, saturating at the span the memory
+    holds), kept (Kept, or None: the next call projects every slot)."""
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
@@ -106,7 +82,7 @@ class AgentMemory(NamedTuple):
     def reset(self, done: torch.Tensor) -> "AgentMemory":
         """The rows where done ([B] bool) is true become a fresh memory's; the others stay as
         they are. The same as a start at the next call's first step."""
-        check_done(done, self.filled.size(0), self.filled.device)
+        check_mask("done", done, (self.filled.size(0),), self.filled.device)
         fresh_rows = map_tensors(self, lambda t: forget(done, t))  # zeros, made_by aside
         if self.kept is None:
             return fresh_rows
@@ -136,20 +112,14 @@ class AgentMemory(NamedTuple):
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "AgentMemory":
-        """As Tensor.to: the states and keys in another floating dtype (usage, filled,
-        since_start and made_by keep theirs). Keys in another dtype are not what a projection in
-        it gives: they are dropped (without_kept)."""
+        """As Tensor.to: mem and c_mem in another floating dtype, the rest in theirs. Keys in
+        another dtype are not what a projection in it gives: they are dropped (without_kept)."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
-
-        def move(t, dtype=dtype):
-            dtype = dtype if t.is_floating_point() else None
-            return t.to(device=device, dtype=dtype, non_blocking=non_blocking)
-
-        moved = map_tensors(self, move)
-        moved = moved._replace(usage=[move(u, None) for u in self.usage])  # float32 always
-        converted = dtype is not None and dtype != self.mem[0].dtype
-        return moved.without_kept() if converted else moved
+        memory = self if dtype in (None, self.mem[0].dtype) else self.without_kept()
+        moved = map_tensors(memory, lambda t: t.to(device=device, non_blocking=non_blocking))
+        mem, c_mem = ([t.to(dtype=dtype) for t in part] for part in (moved.mem, moved.c_mem))
+        return moved._replace(mem=mem, c_mem=c_mem)
 
     def cpu(self) -> "AgentMemory":
         return self.to("cpu")
@@ -168,13 +138,12 @@ def one_row_kept(rows):
     tuple, the last index (the rows of a stacked memory's)."""
     if isinstance(rows, tuple):
         return (*rows[:-1], one_row_kept(rows[-1]))
-    if isinstance(rows, torch.Tensor):
-        one_row = rows.dim() == 0 and not (rows.is_floating_point() or rows.dtype == torch.bool)
-    else:
-        one_row = hasattr(rows, "__index__") and not isinstance(rows, bool)
-    if not one_row:
+    if isinstance(rows, bool) or (isinstance(rows, torch.Tensor) and rows.dtype == torch.bool):
+        return rows  # a mask
+    try:
+        row = operator.index(rows)
+    except TypeError:  # a slice, a list, a tensor of rows
         return rows
-    row = operator.index(rows)
     return slice(row, row + 1 or None)
 
 
@@ -234,38 +203,36 @@ def memory_sizes(cfg: CompressiveConfig):
     return cfg.c_mem_len, cfg.mem_len - cfg.mem_len % c, cfg.seq_len // c
 
 
-def tracks_usage(cfg: CompressiveConfig) -> bool:
-    return cfg.compression == "most_used" and memory_sizes(cfg)[0] > 0
+def memory_shapes(model, batch_size: int) -> AgentMemory:
+    """The shape of every tensor of the model's memory, kept keys included, as an AgentMemory."""
+    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
+    B, L, H, d, n_slots = (
+        batch_size,
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.d_model,
+        n_mem + cfg.seq_len - 1,
+    )
+    keys, c_mem_keys = ([(B, H, n, d // H)] * L for n in (n_slots, n_cm))
+    usage = [(B, n_slots)] * L if cfg.compression == "most_used" and n_cm else []
+    kept = Kept(keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
+    return AgentMemory([(B, n_slots, d)] * L, [(B, n_cm, d)] * L, usage, (B,), (B,), kept)
 
 
 def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory:
     """A memory of batch_size rows whose slots (and their keys) hold zeros no step sees."""
     check_batch_size(batch_size)
-    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
-    dtype = weight.dtype if dtype is None else dtype
-    n_slots, H = n_mem + cfg.seq_len - 1, cfg.n_heads
-
-    def zeros(*shape, of=dtype):
-        return torch.zeros(batch_size, *shape, device=device, dtype=of)
-
-    def keys(n):
-        return [zeros(H, n, cfg.d_model // H) for _ in model.layers]
-
-    return AgentMemory(
-        [zeros(n_slots, cfg.d_model) for _ in model.layers],
-        [zeros(n_cm, cfg.d_model) for _ in model.layers],
-        [zeros(n_slots, of=torch.float32) for _ in model.layers] if tracks_usage(cfg) else [],
-        zeros(of=torch.long),
-        zeros(of=torch.long),
-        Kept(
-            keys(n_slots),
-            keys(n_slots),
-            keys(n_cm),
-            keys(n_cm),
-            fingerprint(model).to(device).expand(batch_size, -1).contiguous(),
-        ),
+    shapes = memory_shapes(model, batch_size)
+    zeros = [torch.zeros(s, device=device, dtype=dtype or weight.dtype) for s in tensors_of(shapes)]
+    empty, counts = rebuild(shapes, zeros), torch.zeros(batch_size, dtype=torch.long, device=device)
+    made_by = fingerprint(model).to(device).expand(batch_size, -1).contiguous()
+    return empty._replace(
+        usage=[u.float() for u in empty.usage],  # a running sum: float32 always
+        filled=counts,
+        since_start=counts.clone(),
+        kept=empty.kept._replace(made_by=made_by),
     )
 
 
@@ -313,10 +280,9 @@ class Frames(NamedTuple):
 
 
 class Layout:
-    """The index tensors of one call: filled and since_start [B] from the memory, starts [B, T]
-    or None, T steps. read_back: find on the host which rows end a segment, and compute each
-    end for those rows alone (else for every row: no value is read back). Built in four steps:
-    each step's frame, the segment ends, what each step sees, the memory handed on."""
+    """The index tensors of one call, in four steps: each step's frame, the segment ends, what
+    each step sees, the memory handed on. read_back: find on the host which rows end a segment,
+    and compute each end for those rows alone (else for every row, reading nothing back)."""
 
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
         self.cfg, self.device = cfg, filled.device
@@ -363,11 +329,8 @@ class Layout:
                 self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
                 break
             step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
-            frame_origin, at, seen_from = (
-                f.origin.gather(1, step),
-                f.s[step],
-                f.first.gather(1, step),
-            )
+            frame_origin, seen_from = f.origin.gather(1, step), f.first.gather(1, step)
+            at = f.s[step]
             oldest = frame_origin + f.k.gather(1, step) * n_s  # mem's oldest at that end
             evicted = oldest + torch.arange(n_s, device=self.device)
             following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
@@ -406,8 +369,8 @@ class Layout:
             (place >= mem_oldest) & (place <= f.s[:, None]) & (place >= f.first[..., None])
         )
         seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
-        self.mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
-        self.mask = self.mask[:, None]  # [B, 1, T, K]
+        mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
+        self.mask = mask[:, None]  # [B, 1, T, K]
         self.max_distance = n_mem + n_s - 1 + max(T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
         union_distance = f.s[:, None] - mem_oldest + rank
@@ -431,14 +394,13 @@ class Layout:
         self.c_mem_first = f.ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
         c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=self.device)
         self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
-        self.since_start = since_start_after(f.s - f.begun, self.span)  # [B]
+        self.since_start = (f.s[-1] + 1 - f.begun[:, -1]).clamp(max=self.span)  # [B]
 
 
 def window(values, first, seen, blank=0, rows=None):
-    """The m = seen.size(1) slots of values [B, n] (usage), [B, n, d] (states) or [B, H, n,
-    d_head] (keys) from slot first [B] on, each row its own; blank where not seen ([B, m] bool;
-    blank None: every slot as it is). rows: only these rows (first and seen are all rows').
-    A row's window is a contiguous copy: unfold, then one index per row."""
+    """The m = seen.size(1) slots of values [B, n], [B, n, d] or [B, H, n, d_head] from slot
+    first [B] on, each row its own, blank where not seen ([B, m] bool; blank None: as they are).
+    rows: only these rows (first and seen are all rows')."""
     m, dim = seen.size(1), 2 if values.dim() == 4 else 1
     if rows is None:
         rows = torch.arange(len(values), device=values.device)
@@ -455,34 +417,21 @@ def window(values, first, seen, blank=0, rows=None):
     return torch.where(seen, taken, blank) if blank is not None else taken
 
 
-def scattered(rows, values, batch_size: int):
-    """values of the rows given, as a batch of batch_size rows (zeros elsewhere)."""
-    if rows is None:
-        return values
-    return values.new_zeros(batch_size, *values.shape[1:]).index_copy(0, rows, values)
-
-
-def newest(values, seen):
-    """The newest m = seen.size(1) slots of values [B, n, d], zeros where not seen ([B, m])."""
-    return torch.where(seen[..., None], values[:, -seen.size(1) :], 0)
-
-
 # 3. One layer over a call -------------------------------------------------------------------------
-# compressive.py's layer over each row's stream, in the order layer_over_call takes the steps: the
-# position terms per key (the stream's by compressive.py's relative shift, a c_mem slot's read at
-# its own distance); each segment end's FIFOs as CompressiveLayer.update_memory moves them after
-# an n_s-step call; compressive.py's attend over what each step sees, then the layer's
-# feed-forward; f_c's loss; the memory handed on.
+# compressive.py's layer over each row's stream, in layer_over_call's order: the position terms per
+# key; each segment end's FIFOs, as CompressiveLayer.update_memory moves them after an n_s-step
+# call; compressive.py's attend over what each step sees, the feed-forward; f_c's loss; the memory
+# handed on.
 
 
-def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen):
+def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen, rows=None):
     """The attention the stream's places first [B] to first + m received while in mem, up to a
     segment end (the most_used f_c's ranking): what the memory had counted, plus what the call's
     steps ([B, T] bool: those of the same frame up to it) gave them. weights: [B, H, T, K]."""
     stream = weights[..., -layout.n_stream :].detach().sum(dim=1)  # [B, T, n_stream]
     received = (stream * (layout.in_mem & steps[..., None])).sum(dim=1)  # [B, n_stream]
     counted = F.pad(stored, (0, received.size(1) - stored.size(1)))
-    return window(counted + received, first, seen)
+    return window(counted + received, first, seen, rows=rows)
 
 
 class MemoryKeys(NamedTuple):
@@ -497,16 +446,15 @@ class MemoryKeys(NamedTuple):
 def layer_over_call(
     layer: CompressiveLayer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R
 ):
-    """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], this layer's fields of
-    the memory handed on (mem, c_mem, usage; where keeps, the keys of Kept too) and f_c's loss.
-    slots: the memory's keys and values (section 4)."""
+    """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], its fields of the memory
+    handed on, and f_c's loss. slots: the memory's keys and values (section 4)."""
     attn = layer.attn
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
     q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
     stream = torch.cat([memory.mem[i], h.detach()], dim=1)  # [B, n_stream, d], no gradient
     position = position_terms(attn, q, layout, R)
     ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
-    attended = attention(attn, layout, q, k, v, slots, ends.keys, ends.values, position)
+    attended = attention(attn, layout, q, k, v, slots, ends, position)
     out = layer.residual_and_feed_forward(h, attended.out)
     recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
@@ -525,13 +473,13 @@ def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
     return torch.cat([union_position, stream_position], dim=-1)
 
 
-def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, made_keys, made_values, position):
-    """compressive.py's attend over [c_mem; the c_mem slots made so far; stream], each step seeing
-    what the layout's mask leaves it (of the ends a step can follow)."""
+def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
+    """compressive.py's attend over [c_mem; the c_mem slots the ends made so far; stream], each
+    step seeing what the layout's mask leaves it (of the ends a step can follow)."""
     n_cm = slots.c_keys.size(2)
-    n_seen = min(len(made_keys), layout.n_seen_closes)
-    keys = torch.cat([slots.c_keys, *made_keys[:n_seen], slots.keys, k], dim=2)
-    values = torch.cat([slots.c_values, *made_values[:n_seen], slots.values, v], dim=2)
+    n_seen = min(len(ends.keys), layout.n_seen_closes)
+    keys = torch.cat([slots.c_keys, *ends.keys[:n_seen], slots.keys, k], dim=2)
+    values = torch.cat([slots.c_values, *ends.values[:n_seen], slots.values, v], dim=2)
     n_union, mask = n_cm + n_seen * layout.sizes[2], layout.mask
     if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
         position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
@@ -551,9 +499,8 @@ class Ends(NamedTuple):
 
 
 def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
-    """Each segment end: evict n_s steps and compress them, for the rows that make it where only
-    those are computed. The most_used f_c ranks the evicted steps by the attention they received,
-    so it needs the attention of the steps before the end."""
+    """Each segment end: evict n_s steps and compress them (for the rows that make it, where only
+    those are computed). most_used ranks them by the attention of the steps before the end."""
     n_s, B = layer.cfg.seq_len, stream.size(0)
     ends = Ends([], [], [], [], [], [])
     for close in layout.closes:
@@ -562,32 +509,28 @@ def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, 
         following = window(stream, close.oldest + n_s, close.following_seen, rows=rows)
         usage = None
         if memory.usage:
-            weights = attention(
-                layer.attn, layout, q, k, v, slots, ends.keys, ends.values, position
-            )
-            seen = close.evicted_seen
-            usage = usage_at(
-                layout, memory.usage[i], weights.weights, close.frame, close.oldest, seen
-            )
-            usage = usage if rows is None else usage[rows]
+            weights = attention(layer.attn, layout, q, k, v, slots, ends, position).weights
+            stored, seen = memory.usage[i], close.evicted_seen
+            usage = usage_at(layout, stored, weights, close.frame, close.oldest, seen, rows)
         compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
         made = compressed.detach()
         new_kv = layer.memory_keys_values(made)  # [B, H, n_new, d_head] each
-        made = [scattered(rows, t, B) for t in (made, *new_kv)]
-        for field, value in zip(ends, (close, evicted, compressed, *made)):
+        if rows is not None:  # a batch of every row again, zeros in those that make no end
+            made, *new_kv = (
+                t.new_zeros(B, *t.shape[1:]).index_copy(0, rows, t) for t in (made, *new_kv)
+            )
+        for field, value in zip(ends, (close, evicted, compressed, made, *new_kv)):
             field.append(value)
     return ends
 
 
 def reconstruction_losses(layer, ends: Ends, content_q, h):
-    """f_c's loss for each segment end, weighted by the share of rows it is in: compressive.py's
-    loss with the call's steps as queries, over the evicted steps' keys (a zeroed step's: a zero
-    vector's) and over their compression's."""
+    """compressive.py's f_c loss of each segment end, the call's steps as queries, weighted by
+    the share of rows the end is in."""
     recon_loss = h.new_zeros(())
     if not layer.reconstructs:
         return recon_loss
-    B = h.size(0)
     for close, evicted, compressed in zip(ends.closes, ends.evicted, ends.compressed):
         rows = close.rows
         queries = (content_q if rows is None else content_q[rows]).detach()
@@ -598,14 +541,12 @@ def reconstruction_losses(layer, ends: Ends, content_q, h):
             with torch.no_grad():
                 old_k, old_v = layer.memory_keys_values(evicted)
             loss = attention_reconstruction_loss(layer, queries, old_k, old_v, compressed)
-        share = close.made.float().mean() if rows is None else len(rows) / B
-        recon_loss = recon_loss + share * loss
+        recon_loss = recon_loss + close.made.float().mean() * loss  # the share of rows in it
     return recon_loss
 
 
 def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: Ends, keeps):
-    """This layer's fields of the memory handed on: the stream's newest slots, c_mem as the
-    last segment end left it, usage, and where keeps, their keys and values."""
+    """This layer's fields of the memory handed on: mem, c_mem, usage; where keeps, the keys."""
     c_mem = memory.c_mem[i]
     B, T = stream.size(0), attended.out.size(1)
     usage = None
@@ -623,8 +564,9 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
         return window(union, layout.c_mem_first, layout.c_mem_seen, blank)
 
     n_slots = layout.mem_seen.size(1)
+    newest = stream[:, -n_slots:]  # mem's slots, the open segment's steps last
     fields = [
-        stream[:, -n_slots:] if layout.unmoved else newest(stream, layout.mem_seen),
+        newest if layout.unmoved else torch.where(layout.mem_seen[..., None], newest, 0),
         c_mem_of(c_mem, ends.made, 0),
         usage,
     ]
@@ -642,23 +584,12 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
 
 
 # 4. Kept keys that cannot go stale ----------------------------------------------------------------
-# The weights change by many routes (an optimizer step, fused or not, a loaded state dict, a write
-# through .data, a dtype round trip, another process writing shared weights), or another model
-# reads the memory; version counters miss half of them. So kept keys record what the weights
-# hold: per layer, each element of W_k and W_v (and pre-LN's norm) read as its bits, times an odd
-# constant of its own modulo 2^32 (a bijection), summed exactly, on the weights' device. A call
+# The weights change by many routes (an optimizer step, a loaded state dict, a write through .data,
+# a dtype round trip, another process), or another model reads the memory; version counters miss
+# half of them. So kept keys record what the weights hold: per layer, each element of W_k and W_v
+# (and pre-LN's norm) read as its bits, times an odd constant of its own, summed exactly. A call
 # whose fingerprint differs projects every slot anew: eagerly one bool read back; under
-# torch.compile the comparison stays on the device and one torch.cond chooses, for every layer,
-# between the kept keys and a projection, so that `fullgraph=True` holds.
-
-
-def key_probe(d_model: int, device) -> torch.Tensor:
-    """The odd constants 1, 3, 5, ..., [2 d + 2, d] int32: one per element of W_k and W_v, and a
-    row each for a norm's weight and bias. Made on each call, never a buffer: one would hold
-    garbage after `to_empty()`."""
-    n = 2 * d_model * (d_model + 1)
-    return torch.arange(1, 2 * n, 2, dtype=torch.int32, device=device).view(-1, d_model)
-
+# torch.compile one torch.cond chooses on the device, so that `fullgraph=True` holds.
 
 # the signed integer of each floating element size: the bits of an element, read as a number
 BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -666,19 +597,17 @@ BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def fingerprint(model) -> torch.Tensor:
     """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device, the
-    config's checksum first."""
+    config's checksum first. The odd constants are made on each call, never a buffer: one would
+    hold garbage after `to_empty()`."""
     d, device = model.cfg.d_model, model.layers[0].attn.qkv.weight.device
-    probe = key_probe(d, device)
     prints = [torch.full((), model.config_stamp, dtype=torch.long, device=device)]
     for layer in model.layers:
         weights = [layer.attn.qkv.weight[d:]]  # W_k, W_v: [2 d, d]
         if layer.pre_norm:
             weights += [layer.attn_norm.weight, layer.attn_norm.bias]  # [d] each
-        bits = [w.detach().view(BITS[w.element_size()]) for w in weights]
-        total = (bits[0] * probe[: 2 * d]).sum()  # int64, exact
-        for row, norm_bits in enumerate(bits[1:], start=2 * d):
-            total = total + (norm_bits * probe[row]).sum()
-        prints.append(total)
+        bits = torch.cat([w.detach().view(BITS[w.element_size()]).flatten() for w in weights])
+        odd = torch.arange(1, 2 * len(bits), 2, device=device)  # int64: the sum is exact
+        prints.append((bits.long() * odd).sum())
     return torch.stack(prints)
 
 
@@ -687,26 +616,49 @@ def config_checksum(cfg: CompressiveConfig) -> int:
     return zlib.crc32(repr((*layout, cfg.compression_rate, cfg.compression, cfg.pre_norm)).encode())
 
 
-def stale(made_by: torch.Tensor) -> torch.Tensor:
-    """made_by with its fingerprints no weights': the config's checksum stays."""
-    return torch.cat([made_by[:, :1], torch.full_like(made_by[:, 1:], -1)], dim=1)
+def memory_keys(model, memory: AgentMemory, keeps: bool, x):
+    """Per layer, the memory's keys and values (MemoryKeys): the kept ones where the call keeps
+    keys and the memory's were made by the weights of now, in the dtype of the call's
+    projections; else one projection of [c_mem; mem]. And the fingerprint of now."""
+    now, kept, n = fingerprint(model), memory.kept, len(model.layers)
+    usable = False
+    if kept is not None and now.device.type != "meta":  # meta: no values to compare
+        if torch.compiler.is_compiling():  # of another config: projected anew, not refused
+            usable = kept.made_by.eq(now).all()  # a 0-dim tensor, read by torch.cond
+        else:
+            usable = same_weights(kept.made_by, now)
+    if not keeps or kept is None or kept.keys[0].dtype != projection_dtype(x):
+        usable = False
+    # the kept keys per layer in MemoryKeys' order, after every layer's mem and c_mem
+    kept_keys = zip(*kept[:4]) if usable is not False else ()
+    kept_keys = (
+        t for keys, values, c_keys, c_values in kept_keys for t in (c_keys, c_values, keys, values)
+    )
+    operands = (*memory.mem, *memory.c_mem, *kept_keys)
 
+    def read_kept(*operands):
+        return operands[2 * n :]
 
-def kept_usable(model, memory: AgentMemory, keeps: bool, x):
-    """Whether the call reads the memory's kept keys (it keeps keys, the memory has them, in the
-    dtype of the call's projections, made by the weights of now), and the fingerprint of now.
-    A bool, or under torch.compile a 0-dim bool tensor on the device."""
-    now = fingerprint(model)
-    kept = memory.kept
-    if kept is None or now.device.type == "meta":  # meta: no values to compare
-        return False, now
-    if torch.compiler.is_compiling():  # a memory of another config: projected anew, not refused
-        usable = kept.made_by.eq(now).all()
+    def project(*operands):  # one projection of [c_mem; mem]
+        made = []
+        for layer, mem, c_mem in zip(model.layers, operands[:n], operands[n : 2 * n]):
+            kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
+            (c_keys, keys), (c_values, values) = (
+                t.split([c_mem.size(1), mem.size(1)], 2) for t in kv
+            )
+            made += [c_keys, c_values, keys, values]
+        return tuple(made)
+
+    if isinstance(usable, torch.Tensor):  # the branches return no input, laid out alike
+        flat = torch.cond(
+            usable,
+            lambda *o: tuple(map(fresh, read_kept(*o))),
+            lambda *o: tuple(map(fresh, project(*o))),
+            operands,
+        )
     else:
-        usable = same_weights(kept.made_by, now)
-    if not keeps or kept.keys[0].dtype != projection_dtype(x):
-        return False, now
-    return usable, now
+        flat = (read_kept if usable else project)(*operands)
+    return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i in range(n)], now
 
 
 @torch.compiler.disable
@@ -723,46 +675,9 @@ def same_weights(made_by, now) -> bool:
     return False
 
 
-def memory_keys(model, memory: AgentMemory, usable) -> List[MemoryKeys]:
-    """Per layer, the memory's keys and values: the kept ones, or one projection of
-    [c_mem; mem]. usable: kept_usable's; a tensor is read by one torch.cond for all layers."""
-    layers = list(enumerate(model.layers))
-    if isinstance(usable, torch.Tensor):
-        n = len(layers)
-        kept = [t for i, _ in layers for t in kept_of_layer(memory.kept, i)]
-        operands = (*memory.mem, *memory.c_mem, *kept)
-
-        # the branches return no input, and outputs laid out alike: fresh copies
-        def read_kept(*operands):
-            return tuple(fresh(t) for t in operands[2 * n :])
-
-        def project(*operands):
-            mem, c_mem = operands[:n], operands[n : 2 * n]
-            made = [projection(layer, mem[i], c_mem[i]) for i, layer in layers]
-            return tuple(fresh(t) for keys in made for t in keys)
-
-        flat = torch.cond(usable, read_kept, project, operands)
-        return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i, _ in layers]
-    if usable:
-        return [MemoryKeys(*kept_of_layer(memory.kept, i)) for i, _ in layers]
-    return [MemoryKeys(*projection(layer, memory.mem[i], memory.c_mem[i])) for i, layer in layers]
-
-
 def fresh(t):
     """A copy of t with the strides of a new tensor of its shape."""
     return t.clone(memory_format=torch.contiguous_format)
-
-
-def kept_of_layer(kept: Kept, i: int):
-    """Layer i's kept keys, in the order of MemoryKeys' fields."""
-    return kept.c_mem_keys[i], kept.c_mem_values[i], kept.keys[i], kept.values[i]
-
-
-def projection(layer, mem, c_mem):
-    """One projection of [c_mem; mem], in the order of MemoryKeys' fields."""
-    kv = layer.memory_keys_values(torch.cat([c_mem, mem], dim=1))
-    (c_keys, keys), (c_values, values) = (t.split([c_mem.size(1), mem.size(1)], 2) for t in kv)
-    return c_keys, c_values, keys, values
 
 
 # 5. The models ----------------------------------------------------------------------------------
@@ -784,14 +699,13 @@ def hidden_states(model, x, memory=None, starts=None):
     # slot, and its keys would go stale at the next optimizer step: it hands on none
     keeps = not torch.is_grad_enabled()
     check_modes(model, keeps)
-    usable, now = kept_usable(model, memory, keeps, x)
     # acting outside torch.compile reads back which rows end a segment, so that f_c runs for
     # those rows alone (an actor reads its action back anyway); other calls read nothing back
     read_back = keeps and not torch.compiler.is_compiling() and x.device.type != "meta"
     layout = Layout(model.cfg, memory.filled, memory.since_start, starts, T, read_back)
     R = sinusoid_positions(layout.max_distance + 1, model.cfg.d_model, x.device).to(x.dtype)
     h, recon_loss, per_layer = x, x.new_zeros(()), []
-    slots = memory_keys(model, memory, usable)
+    slots, now = memory_keys(model, memory, keeps, x)
     for i, layer in enumerate(model.layers):
         h, fields, layer_loss = layer_over_call(layer, h, memory, i, slots[i], keeps, layout, R)
         per_layer.append(fields)
@@ -799,31 +713,30 @@ def hidden_states(model, x, memory=None, starts=None):
     mem, c_mem, usage, *keys = (list(field) for field in zip(*per_layer))
     if keeps:
         kept = Kept(*keys, now.expand(B, -1).contiguous())
-    else:  # the old keys, marked stale (where the memory had any)
-        kept = memory.kept and memory.kept._replace(made_by=stale(memory.kept.made_by))
+    else:  # the old keys, marked stale: the config's checksum, then fingerprints of no weights
+        stale = memory.kept and F.pad(memory.kept.made_by[:, :1], (0, len(slots)), value=-1)
+        kept = memory.kept and memory.kept._replace(made_by=stale)
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
 
 
+SPLITS = "the update scores another policy than the one that acted (PPO's ratio starts away from 1)"
 DROPOUT_SPLITS = (
-    "acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
-    "update will draw, so the update scores another policy than the one that acted (PPO's "
-    "ratio starts away from 1). Give an agent dropout=0, or act and update alike under "
-    "model.eval()"
+    f"acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
+    f"update will draw, so {SPLITS}. Give an agent dropout=0, or act and update alike under "
+    f"model.eval()"
 )
 MODES_SPLIT = (
-    "updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
-    "dropout masks and the update draws them, so the update scores another policy than the one "
-    "that acted (PPO's ratio starts away from 1). Give an agent dropout=0, or update under "
-    "model.eval() as it acted"
+    f"updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
+    f"dropout masks, so {SPLITS}. Give an agent dropout=0, or update under model.eval() as it "
+    f"acted"
 )
 
 
 def check_modes(model, keeps: bool) -> None:
-    """Acting in train mode with dropout warns (refused under torch.compile, where a graph
-    cannot warn); an eager acting call records its mode, and an update in train mode with
-    dropout after acting in eval mode warns."""
+    """Warns where acting and the update draw different dropout masks (docs/AGENT.md); an eager
+    acting call records its mode. A graph cannot warn: refused under torch.compile."""
     dropout = model.training and model.cfg.dropout > 0
     if keeps and dropout:
         if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
@@ -838,9 +751,8 @@ def check_modes(model, keeps: bool) -> None:
 
 
 def check_ranking_dtype(model, x) -> None:
-    """most_used ranks memories by the attention they received, which a 16-bit autocast rounds:
-    near ties rank one way in the actor's one-step calls, the other in the update's call over
-    the rollout (docs/AGENT.md measured it). Refused."""
+    """most_used under a 16-bit autocast ranks near ties one way for one step, the other for a
+    rollout (docs/AGENT.md measured it): refused."""
     if model.cfg.compression != "most_used" or not autocasting(x.device):
         return
     dtype = torch.get_autocast_dtype(x.device.type)
@@ -860,17 +772,12 @@ def projection_dtype(x):
 class AgentTransformer(CompressiveTransformer):
     """compressive.CompressiveTransformer over each row's stream, with episodes and acting:
 
-        logits, memory, recon_loss = model(tokens, memory, starts=None)
-        h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
-
-    memory: an AgentMemory (None: model.empty_memory(B)); starts: None or [B, T] bool, true at
-    the first step of a new episode. Fed calls of n_s tokens without starts, it computes what
-    CompressiveTransformer computes; fed calls of any other length, what calls of n_s compute.
+    logits, memory, recon_loss = model(tokens, memory, starts=None)
+    h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
     """
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__(own_config(cfg, "agent"), f_c)
-        check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
 
     empty_memory = empty_memory
@@ -884,9 +791,8 @@ class AgentTransformer(CompressiveTransformer):
 
 
 class AgentCore(nn.Module):
-    """AgentTransformer's layers without the embedding and the head: inputs and outputs are
-    vectors [B, T, d_model] (an encoder's output in; a policy and a value head of one's own on
-    the outputs).
+    """AgentTransformer's layers without the embedding and the head, vectors in and out (an
+    encoder's output in, one's own policy and value heads on the outputs):
 
         h, memory, recon_loss = core(x, memory, starts=None)
     """
@@ -894,7 +800,6 @@ class AgentCore(nn.Module):
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__()
         self.cfg = own_config(cfg, "agent_core")  # vocab_size is unused
-        check_agent_config(cfg)
         self.config_stamp = config_checksum(cfg)  # what kept keys carry first (section 4)
         self.layers = nn.ModuleList(CompressiveLayer(cfg, f_c) for _ in range(cfg.n_layers))
         self.out_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
@@ -914,7 +819,8 @@ class AgentCore(nn.Module):
 
 def own_config(cfg, model: str) -> CompressiveConfig:
     """cfg naming this project's model `model`, so that a checkpoint's config says which model it
-    holds; a config of compressive.py's model gives the sizes, one of another model is refused."""
+    holds; a config of compressive.py's model gives the sizes, one of another model is refused.
+    An agent's memory evicts a whole segment at its end: n_s a multiple of c."""
     if not isinstance(cfg, CompressiveConfig):
         raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
     if cfg.model not in ("compressive", model):
@@ -922,16 +828,13 @@ def own_config(cfg, model: str) -> CompressiveConfig:
             f"this config is of the model {cfg.model!r}, not {model!r}: rebuild it with "
             f"beyond_the_paper.model_from_config(config)"
         )
-    return dataclasses.replace(cfg, model=model)
-
-
-def check_agent_config(cfg: CompressiveConfig) -> None:
     compresses = cfg.mem_len > 0 and cfg.c_mem_len > 0
-    if compresses and cfg.seq_len % cfg.compression_rate:
+    if model.startswith("agent") and compresses and cfg.seq_len % cfg.compression_rate:
         raise ValueError(
             f"an agent's memory evicts a whole segment at its end: seq_len ({cfg.seq_len}) must "
             f"be a multiple of compression_rate ({cfg.compression_rate})"
         )
+    return dataclasses.replace(cfg, model=model)
 
 
 def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
@@ -941,22 +844,10 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
             f"memory must be an AgentMemory made by the model (model.empty_memory(batch) or a "
             f"call's), or None; got {type(memory).__name__}"
         )
-    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
-    B, L, H, n_slots = batch_size, cfg.n_layers, cfg.n_heads, n_mem + cfg.seq_len - 1
-    keys, c_mem_keys = ([(B, H, n, cfg.d_model // H)] * L for n in (n_slots, n_cm))
-    # each field's shapes, a list where it holds one tensor per layer; the others are int64
-    expected = {
-        "mem": [(B, n_slots, cfg.d_model)] * L,
-        "c_mem": [(B, n_cm, cfg.d_model)] * L,
-        "usage": [(B, n_slots)] * L if tracks_usage(cfg) else [],
-        "filled": (B,),
-        "since_start": (B,),
-    }
-    if memory.kept is not None:
-        kept = (keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
-        expected.update({f"kept.{name}": s for name, s in zip(Kept._fields, kept)})
-    for name, shapes in expected.items():
-        value = getattr(memory.kept if name.startswith("kept.") else memory, name.split(".")[-1])
+    expected = memory_shapes(model, batch_size)
+    names = [*AgentMemory._fields[:-1], *(f"kept.{name}" for name in Kept._fields)]
+    fields = zip(names, [*memory[:-1], *(memory.kept or ())], [*expected[:-1], *expected.kept])
+    for name, value, shapes in fields:  # a list where a field holds one tensor per layer
         tensors = value if isinstance(value, list) else [value]
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"memory.{name} must hold tensors, got {value!r:.60}")
@@ -970,7 +861,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         if got != shapes or any(t.device != x.device for t in tensors):
             raise ValueError(
                 f"memory.{name} must be {shapes[0] if shapes else 'empty'} on {x.device} (this "
-                f"model's memory for a batch size of {B}); got {got[:1]} on "
+                f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
         if not isinstance(value, list) and value.dtype != torch.long:
@@ -1005,40 +896,20 @@ def steps_since_start(since_start: torch.Tensor, latest: torch.Tensor) -> torch.
     return torch.where(latest >= 0, t - latest, since_start[:, None] + t)
 
 
-def since_start_after(steps: torch.Tensor, span: int) -> torch.Tensor:
-    """The memory's since_start [B] after the call's last step, from steps_since_start's."""
-    return (steps[:, -1] + 1).clamp(max=span)
-
-
 def check_starts(starts, batch_size: int, T: int, device) -> None:
     """starts is batch first, as the inputs are: [B, T] bool. (A time-major [T, B] tensor is
     refused unless B equals T, when no shape can tell the two apart.)"""
-    if starts is None:
-        return
-    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
-        raise TypeError(
-            f"starts must be None or a bool tensor [batch, time], got {described(starts)}"
-        )
-    if starts.shape != (batch_size, T) or starts.device != device:
+    if starts is not None:
+        check_mask("starts", starts, (batch_size, T), device)
+
+
+def check_mask(name: str, mask, shape, device) -> None:
+    """starts [B, T], or a reset's done [B]: a bool tensor of this shape, batch first."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = f"a tensor of {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"{name} must be a bool tensor {list(shape)}, got {got}")
+    if mask.shape != shape or mask.device != device:
         raise ValueError(
-            f"starts must have shape [{batch_size}, {T}] on {device}, batch first like the "
-            f"inputs; got {list(starts.shape)} on {starts.device}"
+            f"{name} must have shape {list(shape)} on {device}, batch first like the inputs; "
+            f"got {list(mask.shape)} on {mask.device}"
         )
-
-
-def check_done(done, batch_size: int, device) -> None:
-    """A memory's reset(done): done [B] bool, on the memory's device."""
-    if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
-        raise TypeError(f"done must be a bool tensor, got {described(done)}")
-    if done.shape != (batch_size,) or done.device != device:
-        raise ValueError(
-            f"done must have shape [{batch_size}] on {device}, like the memory; got "
-            f"{list(done.shape)} on {done.device}"
-        )
-
-
-def described(value) -> str:
-    """A tensor by its dtype, anything else (a numpy array, a list) by its type."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of {value.dtype}"
-    return f"{type(value).__module__}.{type(value).__name__}".removeprefix("builtins.")

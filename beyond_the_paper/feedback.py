@@ -11,15 +11,12 @@ and at step t every layer attends over [m_(t-n_m), ..., m_(t-1); its own input x
 compressive.py's relative attention. The price is recurrence: m_(t-1) needs every layer at step
 t-1, so a segment's tokens go through one at a time (the loop over time below). W_k and W_v are
 shared by all layers (the paper's faster variant), so each memory vector is projected once, when
-it is made. The memory is a FeedbackMemory of one tensor, mem = [the last n_m memory vectors,
-[B, <= n_m, d]], and no c_mem: n_cm, c and f_c are unused. Episodes (starts, reset) are marked as
-in agent.py; acting keeps the memory vectors' keys and values.
+it is made. The memory holds the last n_m memory vectors and no c_mem (n_cm, c and f_c are
+unused); episodes (starts, reset) are marked as in agent.py. Its config names this model
+(cfg.model == "feedback"): beyond_the_paper.model_from_config(config) rebuilds a checkpoint's.
 
     model = FeedbackTransformer(CompressiveConfig(mem_len=64, ...))
     logits, memory, zero = model(tokens, memory, starts=None)
-
-Its config is compressive.py's, naming this model (model.cfg.model == "feedback"), so that a
-checkpoint's config rebuilds it: beyond_the_paper.model_from_config(config).
 """
 
 from typing import List, NamedTuple, Optional
@@ -28,13 +25,12 @@ import torch
 import torch.nn as nn
 
 from beyond_the_paper.agent import (
-    check_done,
+    check_mask,
     check_starts,
     forget,
     latest_start,
     own_config,
     projection_dtype,
-    since_start_after,
     steps_since_start,
 )
 from compressive import (
@@ -58,26 +54,19 @@ from compressive import (
 
 
 class Kept(NamedTuple):
-    """What acting keeps beside the memory vectors, made by the weights of the call that made
-    them. None of it is recomputed when the weights change: FeedbackMemory.without_kept() drops
-    it all, and the next call projects every vector anew."""
+    """What acting keeps, made by the weights of the call that made it and never recomputed:
+    FeedbackMemory.without_kept() drops it, and the next call projects every vector anew."""
 
     keys: List[torch.Tensor]  # [B, H, M, d_head], of mem (zeros where a row forgot it)
     values: List[torch.Tensor]  # [B, H, M, d_head]
-    position_keys: List[torch.Tensor]  # W_r R [H, n, d_head], the distances n - 1, ..., 0
+    position_keys: List[torch.Tensor]  # W_r R [H, n_m + 2, d_head], the distances n_m + 1, ..., 0
 
 
 class FeedbackMemory(NamedTuple):
-    """compressive.Memory's fields (one mem tensor for all layers, no c_mem), then what episodes
-    and acting add:
-
-    since_start: [batch] int64, the steps of each row's episode so far, saturating at n_m
-                 (agent.py's episodes, one convention); None until a start or a reset: one episode
-    kept:        the keys, values and W_r R kept while acting (Kept), else None
-
-    Saved with torch.save and read back with torch.load(f, weights_only=True) inside
-    torch.serialization.safe_globals([FeedbackMemory, Kept]).
-    """
+    """compressive.Memory's fields (one mem tensor for all layers, no c_mem), then since_start
+    ([B] int64, agent.py's episodes; None: one episode, all of mem) and what acting keeps (Kept).
+    torch.load(f, weights_only=True) reads a saved one inside
+    torch.serialization.safe_globals([FeedbackMemory, Kept])."""
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
@@ -86,75 +75,48 @@ class FeedbackMemory(NamedTuple):
     kept: Optional[Kept] = None
 
     def reset(self, done: torch.Tensor) -> "FeedbackMemory":
-        """Forget everything the rows where done ([batch] bool) is true hold: the same as a start
-        at the next call's first step."""
-        check_done(done, self.mem[0].size(0), self.mem[0].device)
-        since_start = self.since_start
-        if since_start is None:  # a row that never saw a start: its episode began before mem
-            since_start = torch.full_like(done, self.mem[0].size(1), dtype=torch.long)
-        usage = None if self.usage is None else [forget(done, u) for u in self.usage]
-        kept = self.kept
-        if kept is not None:
-            keys, values = ([forget(done, t) for t in part] for part in (kept.keys, kept.values))
-            kept = kept._replace(keys=keys, values=values)
-        mem, c_mem = ([forget(done, t) for t in part] for part in (self.mem, self.c_mem))
-        return FeedbackMemory(mem, c_mem, usage, forget(done, since_start), kept)
+        """Forget everything the rows where done ([B] bool) is true hold: the same as a start at
+        the next call's first step."""
+        mem = self.mem[0]
+        check_mask("done", done, (mem.size(0),), mem.device)
+        kept = self.kept and self.kept._replace(
+            keys=[forget(done, self.kept.keys[0])], values=[forget(done, self.kept.values[0])]
+        )
+        return self._replace(
+            mem=[forget(done, mem)], since_start=forget(done, episode(self)), kept=kept
+        )
 
     def without_kept(self) -> "FeedbackMemory":
-        """This memory without its kept keys, values and W_r R: the next call projects every
-        vector with the weights it has then. Call it after every change of the weights (an
-        optimizer step, a loaded checkpoint) and before another model reads this memory."""
+        """This memory without what acting kept: the next call projects every vector anew."""
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "FeedbackMemory":
-        """As Memory.to; since_start keeps its dtype, and the kept projections are dropped (as
-        by without_kept(): the next call projects every slot anew)."""
+        """As Memory.to; since_start keeps its dtype, and what acting kept is dropped."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
-        moved = Memory(self.mem, self.c_mem, self.usage).to(device, dtype, non_blocking)
-        since_start = self.since_start
-        if since_start is not None:
-            since_start = since_start.to(device=device, non_blocking=non_blocking)
-        return FeedbackMemory(*moved, since_start)
+        moved = Memory(*self[:3]).to(device, dtype, non_blocking)
+        since = self.since_start
+        since = since if since is None else since.to(device=device, non_blocking=non_blocking)
+        return FeedbackMemory(*moved, since)
 
     def cpu(self) -> "FeedbackMemory":
         return self.to("cpu")
 
     def detach(self) -> "FeedbackMemory":
-        since_start = None if self.since_start is None else self.since_start.detach()
-        kept = self.kept and Kept(*([t.detach() for t in part] for part in self.kept))
-        return FeedbackMemory(*Memory(self.mem, self.c_mem, self.usage).detach(), since_start, kept)
+        return self._replace(mem=[self.mem[0].detach()])  # the rest holds no gradient
 
 
-def usable_kept(memory: FeedbackMemory, x: torch.Tensor) -> Optional[Kept]:
-    """The memory's kept projections, where they fit its slots and the dtype a projection would
-    give now; else None, and the call projects anew."""
-    kept = memory.kept
-    if kept is None or any(
-        keys.dtype != projection_dtype(x)
-        or keys.device != x.device
-        or keys.shape[0::2] != (x.size(0), memory.mem[0].size(1))
-        for keys in kept.keys
-    ):
-        return None
-    return kept
-
-
-def position_projections(model, x: torch.Tensor, kept: Optional[Kept]):
-    """W_r R of every layer for the distances n_m + 1, ..., 1, 0: [H, n_m + 2, d_head] each, from
-    which each step slices the distances it needs. Kept while acting."""
-    n = model.cfg.mem_len + 2
-    if kept is not None and kept.position_keys[0].size(1) >= n:
-        return kept.position_keys
-    R = sinusoid_positions(n, model.cfg.d_model, x.device).to(x.dtype)
-    return [layer.attn.project_positions(R) for layer in model.layers]
+def episode(memory: FeedbackMemory) -> torch.Tensor:
+    """since_start [B]: a memory that never saw a start holds one episode, all of mem."""
+    if memory.since_start is not None:
+        return memory.since_start
+    mem = memory.mem[0]
+    return torch.full((mem.size(0),), mem.size(1), dtype=torch.long, device=mem.device)
 
 
 class FeedbackAttention(RelativeMultiHeadAttention):
     """compressive.py's relative attention without its qkv (the layer makes the queries, the
-    model the keys and values): W_r, u, v and W_o, made in compressive.py's order, and the
-    parent's methods that read them alone (split_heads, project_positions, position_scores,
-    attend)."""
+    model the keys and values): W_r, u, v and W_o, and the parent's methods that use them."""
 
     def __init__(self, cfg: CompressiveConfig):
         nn.Module.__init__(self)  # not the parent's: it would make a qkv
@@ -167,9 +129,8 @@ class FeedbackAttention(RelativeMultiHeadAttention):
 
 
 class FeedbackLayer(CompressiveLayer):
-    """One layer of the Feedback Transformer, run one time step at a time: compressive.py's
-    layer with a W_q of its own (W_k and W_v are the model's) and no FIFOs (one memory serves all
-    layers); its residual_and_feed_forward is the parent's."""
+    """compressive.py's layer run one step at a time, with a W_q of its own (W_k and W_v are the
+    model's) and no FIFOs (one memory serves all layers)."""
 
     def __init__(self, cfg: CompressiveConfig):
         nn.Module.__init__(self)  # not the parent's: it would make f_c and a qkv
@@ -228,14 +189,7 @@ class FeedbackTransformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(CompressiveTransformer.init_weights)
 
-    # sampling one token at a time through the memory: compressive.py's generate, a function of
-    # any model called as this one is
-    @torch.no_grad()
-    def generate(
-        self, prompt, max_new_tokens, temperature=1.0, top_k=None, memory=None, return_memory=False
-    ):
-        """compressive.generate(self, ...): the prompt and the tokens sampled after it."""
-        return generate(self, prompt, max_new_tokens, temperature, top_k, memory, return_memory)
+    generate = generate  # compressive.py's: sampling through any model called as this one is
 
     def forward(self, tokens, memory=None, starts=None):
         check_tokens(self, tokens)
@@ -266,8 +220,7 @@ class FeedbackTransformer(nn.Module):
         """
         check_inputs(self, x)
         B, T, _ = x.shape
-        if memory is None:
-            memory = self.empty_memory(B, device=x.device, dtype=x.dtype)
+        memory = self.empty_memory(B, x.device, x.dtype) if memory is None else memory
         memory = check_feedback_memory(self, memory, B, x)
         check_starts(starts, B, T, x.device)
         if T == 0:  # no new step: the memory as it was
@@ -275,19 +228,20 @@ class FeedbackTransformer(nn.Module):
         n_m = self.cfg.mem_len
         # acting (eval mode, no gradient, outside torch.compile) keeps the keys and values
         is_acting = not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
-        kept = usable_kept(memory, x) if is_acting else None
-        if kept is None:
-            keys, values = self.shared_kv(memory.mem[0])
+        # acting reads the keys, values and W_r R it kept, of its slots and in the dtype a
+        # projection would give now; else every vector is projected anew
+        kept = memory.kept if is_acting else None
+        fits = kept is not None and kept.keys[0].shape[0::2] == (B, memory.mem[0].size(1))
+        if fits and kept.keys[0].dtype == projection_dtype(x):
+            keys, values, r = kept.keys[0], kept.values[0], kept.position_keys
         else:
-            keys, values = kept.keys[0], kept.values[0]
-        r = position_projections(self, x, kept)  # every layer's W_r R, once per call
+            keys, values = self.shared_kv(memory.mem[0])
+            R = sinusoid_positions(n_m + 2, self.cfg.d_model, x.device).to(x.dtype)
+            r = [layer.attn.project_positions(R) for layer in self.layers]  # W_r R, once a call
         mix = self.mix.softmax(dim=0)
-        # since [B, T]: the steps of each row's episode before step t; None: all one episode
-        since = memory.since_start
-        if starts is not None and since is None:  # the episode began before the oldest vector
-            since = torch.full((B,), memory.mem[0].size(1), device=x.device)
-        if since is not None:
-            since = steps_since_start(since, latest_start(starts, B, T, x.device))
+        since = memory.since_start  # [B, T] below: the steps of each row's episode before step t
+        if starts is not None or since is not None:
+            since = steps_since_start(episode(memory), latest_start(starts, B, T, x.device))
         outputs, vectors, attn_mask = [], [], None
         for t in range(T):
             x_t = x[:, t : t + 1]  # x_t^0, then each layer's output
@@ -308,7 +262,7 @@ class FeedbackTransformer(nn.Module):
         h = self.out_norm(torch.cat(outputs, dim=1))
         new_memory = torch.cat([memory.mem[0], *vectors], dim=1)[:, -n_m:].detach()
         if since is not None:
-            since = since_start_after(since, n_m)
+            since = (since[:, -1] + 1).clamp(max=n_m)  # the steps after the call's last
         if starts is not None:  # keep only each row's latest episode (hidden: never read)
             back = torch.arange(new_memory.size(1), 0, -1, device=x.device)  # steps back
             keep = back <= since[:, None]  # [B, n]
@@ -328,7 +282,7 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
     and kept as the model makes them. Returns it as a FeedbackMemory (a Memory is one)."""
     if isinstance(memory, Memory):
         memory = FeedbackMemory(*memory)
-    if not isinstance(memory, FeedbackMemory):
+    if not isinstance(memory, FeedbackMemory) or not isinstance(memory.kept, (Kept, type(None))):
         raise TypeError(
             f"memory must be a FeedbackMemory returned by the model (or model.empty_memory(batch)) "
             f"or None, got a {type(memory).__name__}"
@@ -338,22 +292,24 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
             f"memory has {len(memory.mem)} mem / {len(memory.c_mem)} c_mem tensors; the Feedback "
             f"Transformer keeps 1 / 0 (one mem tensor for all layers)"
         )
-    t, cfg = memory.mem[0], model.cfg
+    t, cfg, since = memory.mem[0], model.cfg, memory.since_start
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"memory.mem[0] must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 3 or t.shape[0::2] != (batch_size, cfg.d_model) or t.size(1) > cfg.mem_len:
+    if (
+        t.dim() != 3
+        or t.shape[0::2] != (batch_size, cfg.d_model)
+        or t.size(1) > cfg.mem_len
+        or t.device != x.device
+    ):
         raise ValueError(
-            f"memory.mem[0] has shape {tuple(t.shape)}, expected [{batch_size}, <= {cfg.mem_len}, "
-            f"{cfg.d_model}] (batch size and d_model must match the inputs and model)"
+            f"memory.mem[0] has shape {tuple(t.shape)} on {t.device}, expected [{batch_size}, <= "
+            f"{cfg.mem_len}, {cfg.d_model}] on {x.device}, as the inputs and the model"
         )
-    if t.device != x.device:
-        raise ValueError(f"memory.mem[0] is on {t.device}, the inputs on {x.device}")
     if t.dtype != x.dtype and not autocasting(x.device):
         raise TypeError(
             f"memory.mem[0] has dtype {t.dtype}, the inputs {x.dtype}: convert the memory with "
             f"memory.to(dtype={x.dtype})"
         )
-    since = memory.since_start
     if since is not None and not (
         isinstance(since, torch.Tensor)
         and (since.shape, since.dtype, since.device) == ((batch_size,), torch.long, x.device)
@@ -362,6 +318,4 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
             f"memory.since_start must be None or an int64 tensor [{batch_size}] on {x.device}, "
             f"as FeedbackMemory.reset and starts make it"
         )
-    if memory.kept is not None and not isinstance(memory.kept, Kept):
-        raise TypeError(f"memory.kept must be None or a Kept, got {type(memory.kept).__name__}")
     return memory
