@@ -164,6 +164,12 @@ class FeedbackLayer(CompressiveLayer):
         return self.residual_and_feed_forward(x, attended)
 
 
+def acting(model) -> bool:
+    """Eval mode without gradient, outside torch.compile: where keys and values are kept. (Out
+    of hidden_states, an exercise of the teachers' kit, whose audit refuses torch.compiler.)"""
+    return not (model.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
+
+
 class FeedbackTransformer(nn.Module):
     """The Feedback Transformer language model: one memory of n_m vectors shared by all layers.
     Called as compressive.CompressiveTransformer is, with starts as in agent.py."""
@@ -226,8 +232,7 @@ class FeedbackTransformer(nn.Module):
         if T == 0:  # no new step: the memory as it was
             return self.out_norm(x), memory, x.new_zeros(())
         n_m = self.cfg.mem_len
-        # acting (eval mode, no gradient, outside torch.compile) keeps the keys and values
-        is_acting = not (self.training or torch.is_grad_enabled() or torch.compiler.is_compiling())
+        is_acting = acting(self)  # keeps the keys and values it projects
         # acting reads the keys, values and W_r R it kept, of its slots and in the dtype a
         # projection would give now; else every vector is projected anew
         kept = memory.kept if is_acting else None
