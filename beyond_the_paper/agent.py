@@ -661,7 +661,6 @@ def memory_keys(model, memory: AgentMemory, keeps: bool, x):
     return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i in range(n)], now
 
 
-@torch.compiler.disable
 def same_weights(made_by, now) -> bool:
     """Whether kept keys made_by [B, 1 + n_layers] are those of the fingerprint now; keys of
     another config are refused."""
