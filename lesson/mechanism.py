@@ -151,8 +151,8 @@ class Canvas:
         self.paragraph(title, 15, weight="bold")
 
     def text(self, x, y, words, px=12, gid=None, **style):
-        """Words at (x, y), each of their lines a text of its own (so that an SVG of any
-        matplotlib holds one text element per line), with the id gid, or gid-K for line K."""
+        """Each line of words a text of its own (one SVG text element per line, whatever the
+        matplotlib), with the id gid, or gid-K for line K."""
         lines, va = words.split("\n"), style.setdefault("va", "baseline")
         first = {"center": (len(lines) - 1) / 2, "bottom": len(lines) - 1}.get(va, 0)
         for k, line in enumerate(lines):
@@ -166,24 +166,23 @@ class Canvas:
         self.text(12, self.y + px, lines, px, **style)
         self.y += 1.2 * px * (lines.count("\n") + 1) + gap
 
-    def box(self, x, y, w, h, fill, edge="none", lw=0.75, gid=None, **style):
+    def box(self, x, y, w, h, fill, edge="none", lw=0.75, gid=None):
         """A box with its top left corner at (x, y)."""
         from matplotlib.patches import FancyBboxPatch
 
-        shape = FancyBboxPatch((x, y), w, h, "round,pad=0,rounding_size=2", lw=lw, **style)
+        shape = FancyBboxPatch((x, y), w, h, "round,pad=0,rounding_size=2", lw=lw)
         shape.set(facecolor=fill, edgecolor=edge, gid=gid, clip_on=False)
-        return self.ax.add_patch(shape)
+        self.ax.add_patch(shape)
 
     def cell(self, x, y, w, h, fill, words, gid, px=11, edge="none", color=INK):
         """A box with words centred in it, the box's id gid, the words' gid-text."""
         style = dict(ha="center", va="center", color=color)
         self.text(x + w / 2, y + h / 2, words, px, f"{gid}-text", **style)
-        return self.box(x, y, w, h, fill, edge, gid=gid)
+        self.box(x, y, w, h, fill, edge, gid=gid)
 
     def line(self, xs, ys, gid=None, color=RED, lw=1.5, dashed=True):
         style = (0, (3, 1.5)) if dashed else "-"
-        style = dict(color=color, lw=lw, ls=style, gid=gid, solid_capstyle="butt", clip_on=False)
-        self.ax.plot(xs, ys, **style)
+        self.ax.plot(xs, ys, color=color, lw=lw, ls=style, gid=gid, solid_capstyle="butt")
 
     def save(self, path: str, name: str) -> None:
         """The SVG, fit to be inlined in a page: text as text, no date, no XML prolog, every id
@@ -193,6 +192,8 @@ class Canvas:
         height = self.y + 6
         self.fig.set_size_inches(self.width / 96, height / 96)
         self.ax.set(xlim=(0, self.width), ylim=(height, 0))
+        for artist in self.ax.get_children():
+            artist.set_clip_on(False)
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
         buffer = io.StringIO()
         with matplotlib.rc_context(rc):
@@ -308,8 +309,8 @@ def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> str:
     if not step.evicted:
         return f"after it, mem holds {held} \u2264 n_m = {n_m}:\nnothing leaves it"
     k, s, n = len(step.compressed), "s" * (len(step.compressed) > 1), len(step.dropped)
-    first, last = step.evicted[0], step.evicted[-1]
-    words = f"after it, mem would hold {held} > n_m = {n_m}, so\n{first}\u2013{last} leave it: "
+    words = f"after it, mem would hold {held} > n_m = {n_m}, so\n"
+    words += f"{step.evicted[0]}\u2013{step.evicted[-1]} leave it: "
     words += f"{k} block{s} of c = {c} \u2192 f_c \u2192 {k} c_mem slot{s}"
     oldest = "its oldest falls off" if n == 1 else f"its oldest {n} fall off"
     return words + f"\nc_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}" * bool(n)
@@ -323,11 +324,10 @@ FIFO_INTRO = (
     "the next row shows done. Red dashes: leaves mem after the segment; a grey character: read "
     "before, no longer held; \u00b7: a space."
 )
-FIFO_LEGEND = [  # (the region of the swatch, its edge's width, its words)
-    ("c_mem", 0.75, "c_mem: one vector, f_c of a block of c inputs (their positions inside)"),
-    ("c_mem", 2, "bold: made by the update before"),
-    ("mem", 0.75, "mem: a slot is one input"),
-    ("segment", 0.75, "the segment read"),
+FIFO_LEGEND = [  # two lines of (the region of the swatch, its edge's width, its words)
+    [("c_mem", 0.75, "c_mem: one vector, f_c of a block of c inputs (their positions inside)")],
+    [("c_mem", 2, "bold: made by the update before"), ("mem", 0.75, "mem: a slot is one input")],
+    [("segment", 0.75, "the segment read")],
 ]
 
 
@@ -341,14 +341,14 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
     title = f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
     canvas = Canvas(notes_x + 330, title + f"n_cm = {n_cm}, c = {c}")
     canvas.paragraph(FIFO_INTRO.format(n_s=n_s))
-    x = 12
-    for region, lw, words in FIFO_LEGEND:  # on a line of its own where it would stick out
-        if x + 28 + 6.6 * len(words) > canvas.width:
-            x, canvas.y = 12, canvas.y + 18
-        canvas.box(x, canvas.y, 22, 13, REGION_FILLS[region], REGION_COLORS[region], lw)
-        canvas.text(x + 28, canvas.y + 11, words)
-        x += 46 + 6.6 * len(words)
-    top = canvas.y + 44
+    for items in FIFO_LEGEND:
+        x = 12
+        for region, lw, words in items:
+            canvas.box(x, canvas.y, 22, 13, REGION_FILLS[region], REGION_COLORS[region], lw)
+            canvas.text(x + 28, canvas.y + 11, words)
+            x += 46 + 6.6 * len(words)
+        canvas.y += 18
+    top = canvas.y + 26
     for p in range(0, len(steps) * n_s, n_s):  # the text positions, at the start of every segment
         canvas.text(left + p * cell + 2, top - 8, str(p), 10, color=FAINT)
     before = NOTHING
@@ -356,10 +356,8 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
         y = top + k * row_h
         canvas.text(12, y + 16, f"segment {k + 1} sees")
         held = [p for block in before.c_mem for p in block] + before.mem + step.segment
-        for p in range(step.segment[0]):  # read before and no longer held: grey
-            if p not in held:
-                x = left + p * cell + 11
-                canvas.text(x, y + 16, shown(text[p]), ha="center", color=GREY, family=FONT)
+        for p in set(range(step.segment[0])) - set(held):  # read before, no longer held: grey
+            canvas.text(left + p * cell + 11, y + 16, shown(text[p]), ha="center", color=GREY)
         for region, positions in keys_seen(before, step.segment):
             x, w = left + positions[0] * cell, len(positions) * cell
             gid = f"fifo-slot-{k}-{region}-{'_'.join(map(str, positions))}"
@@ -440,11 +438,13 @@ def draw_shift(data: dict, path: str) -> None:
 
     def rows(name: str, sources, whys):
         """Per query i, entry sources[i][j] of P flattened as cell j, its id shift-name-i-j."""
-        cells = lambda i: zip(sources[i], whys[i])
-        entries = lambda i: [
-            entry(n, f"shift-{name}-{i}-{j}", why) for j, (n, why) in enumerate(cells(i))
+        return [
+            (
+                f"query {i + 1}",
+                [entry(n, f"shift-{name}-{i}-{j}", whys[i][j]) for j, n in enumerate(row)],
+            )
+            for i, row in enumerate(sources)
         ]
-        return [(f"query {i + 1}", entries(i)) for i in range(T)]
 
     flat = [list(range(i * (K + 1), (i + 1) * (K + 1))) for i in range(T)]
     heading = "1. P = position_scores(q, r), [T, K+1]: query i's score at every distance d, from K"
@@ -452,13 +452,19 @@ def draw_shift(data: dict, path: str) -> None:
     panel(canvas, rows("P", flat, [[""] * (K + 1)] * T), w, h, headers, heading + " down to 0")
     heading = f"2. flattened: T(K+1) = {T * (K + 1)} entries, row after row; the first T = {T} "
     flat = [entry(n, f"shift-flat-{n}", "skipped" * (n < T)) for n in range(T * (K + 1))]
-    heading += f"skipped, the next T K = {T * K} kept"
-    panel(canvas, [("flat", flat)], flat_w, h, heading=heading)
+    panel(
+        canvas,
+        [("flat", flat)],
+        flat_w,
+        h,
+        heading=heading + f"skipped, the next T K = {T * K} kept",
+    )
     for row in range(T):  # where each row of the result is cut
         x = left + (T + row * K) * flat_w
         canvas.line([x + 2, x + K * flat_w - 2], [canvas.y - 8] * 2, color=INK, lw=1, dashed=False)
-        words = f"row {row + 1} of the result"
-        canvas.text(x + K * flat_w / 2, canvas.y + 6, words, 10, ha="center")
+        canvas.text(
+            x + K * flat_w / 2, canvas.y + 6, f"row {row + 1} of the result", 10, ha="center"
+        )
     canvas.y += 12
     heading = f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for "
     headers = [f"mem\n{j + 1}" if j < M else f"segment\n{j - M + 1}" for j in range(K)]
@@ -673,7 +679,7 @@ def recon_data(model, tokens) -> dict:
     for hook in hooks:
         hook.remove()
     lm = F.cross_entropy(logits.flatten(0, 1), tokens[0, 2 * n_s + 1 : 3 * n_s + 1])
-    losses = (lm, recon)
+    norms = lambda groups: [[gradient_norm(loss, g) for loss in (lm, recon)] for g in groups]
     layers = []
     for i, layer in enumerate(model.layers):
         attn = layer.attn
@@ -688,10 +694,9 @@ def recon_data(model, tokens) -> dict:
             [seen[i]["fc"]],
             [new_memory.c_mem[i]],
         ]
-        layers.append([[gradient_norm(loss, group) for loss in losses] for group in groups])
-    groups = [[model.embed.weight], [model.head.weight]]
-    rows = [[gradient_norm(loss, group) for loss in losses] for group in groups]
-    return {"layers": layers, "model": rows, "lm": lm.item(), "recon": recon.item()}
+        layers.append(norms(groups))
+    model_rows = norms([[model.embed.weight], [model.head.weight]])
+    return {"layers": layers, "model": model_rows, "lm": lm.item(), "recon": recon.item()}
 
 
 RECON_NOTES = (
@@ -699,51 +704,6 @@ RECON_NOTES = (
     "from the language-model loss alone, and neither loss reaches back into the memories, which "
     "are stored detached (so a segment's backward pass never runs through earlier segments)."
 )
-# The flow of L_attn in one layer: boxes (words, column, row) and the arrows between them, each
-# with the cell of a layer's LAYER_ROWS (row, loss) whose gradient says whether one flows back
-FLOW_BOXES = {
-    "m": ("m: old_mem, evicted", 0, 1),
-    "fc": ("f_c", 1, 1),
-    "fcm": ("f_c(m)", 2, 1),
-    "pred": ("attn(h, f_c(m))", 3, 1),
-    "loss": ("L_attn", 4, 1),
-    "target": ("attn(h, m): the target", 5, 1),
-    "kv": ("W_k, W_v; h's queries", 3, 0),
-    "c_mem": ("c_mem, for later", 2, 2),
-}
-FLOW_ARROWS = [  # (from, to, the cell that says a gradient flows back, its label where none does)
-    ("m", "fc", (6, 1), "detached"),
-    ("fc", "fcm", (0, 1), ""),
-    ("fcm", "pred", (7, 1), ""),
-    ("pred", "loss", (7, 1), ""),
-    ("target", "loss", (4, 1), "no_grad"),
-    ("kv", "pred", (1, 1), "detached"),
-    ("fcm", "c_mem", (8, 1), ".detach()"),
-]
-
-
-def draw_flow(canvas, layer) -> None:
-    """L_attn's flow in one layer: a green arrow where its measured gradient flows back, a grey
-    dashed one where none does. Ids: recon-flow-FROM-TO (text: "gradient" or why none)."""
-    from matplotlib.patches import FancyArrowPatch
-
-    w, h, top, boxes = 124, 24, canvas.y + 4, {}
-    for key, (words, col, row) in FLOW_BOXES.items():
-        x, y = 12 + col * 168, top + row * 40
-        box = canvas.cell(x, y, w, h, "#f7f7f7", words, f"recon-box-{key}", 10.5, "#999999")
-        boxes[key] = box, (x + w / 2, y + h / 2)  # the box and its centre
-    for start, end, (row, loss), why in FLOW_ARROWS:
-        flows = not isinstance(layer[row][loss], str)
-        (a, tail), (b, head) = boxes[start], boxes[end]
-        colour, gid = REGION_COLORS["segment"] if flows else "#999999", f"recon-flow-{start}-{end}"
-        style = dict(color=colour, lw=1.6 if flows else 1, ls="-" if flows else (0, (4, 2)))
-        arrow = FancyArrowPatch(tail, head, arrowstyle="-|>", mutation_scale=12, patchA=a, patchB=b)
-        arrow.set(clip_on=False, gid=gid, **style)
-        canvas.ax.add_patch(arrow)
-        x, y, across = (tail[0] + head[0]) / 2, (tail[1] + head[1]) / 2, tail[1] == head[1]
-        label, at = "gradient" if flows else why, (x, y - 5) if across else (x + 6, y + 3)
-        canvas.text(*at, label, 9, f"{gid}-text", ha="center" if across else "left", color=colour)
-    canvas.y = top + 3 * 40 + 10
 
 
 def draw_recon(data: dict, path: str) -> None:
@@ -755,12 +715,12 @@ def draw_recon(data: dict, path: str) -> None:
     canvas = Canvas(left + 4 * w + 486, title)
     canvas.paragraph(
         "A real model's third segment (two layers, the toy sizes, the conv f_c), the first that "
-        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. First, L_attn in layer 1 "
-        "(layer 2 alike): a green arrow carries its gradient back, as autograd finds it; along a "
-        "grey dashed one, none flows. Then, in a cell, the norm of the gradient that the loss "
-        "sends to that part of layer 1 or 2; none where it does not; on the right, why."
+        f"evicts: LM loss {data['lm']:.3f}, L_attn {data['recon']:.4f}. In a cell, the norm of the "
+        "gradient that the loss sends to that part of layer 1 or 2, as autograd finds it; none "
+        "where it does not reach it, detached where the part is in no graph; on the right, why. "
+        "L_attn's path in a layer: m (detached) \u2192 f_c \u2192 f_c(m) \u2192 attn(h, f_c(m)) "
+        "\u2192 L_attn \u2190 attn(h, m), the target (no_grad)."
     )
-    draw_flow(canvas, layers[0])
 
     def cell(value, gid):
         if isinstance(value, str):  # "none" or "detached"
@@ -768,17 +728,17 @@ def draw_recon(data: dict, path: str) -> None:
         return REGION_FILLS["segment"], f"{value:.3g}", gid, 10
 
     columns = [(k, loss, i) for k, loss in enumerate(LOSSES) for i in range(len(layers))]
-    rows = []
-    for r, (name, _) in enumerate(LAYER_ROWS):
-        cells = [cell(layers[i][r][k], f"recon-{i + 1}-{r}-{loss}") for k, loss, i in columns]
-        rows.append((name, cells))
+    rows = [
+        (name, [cell(layers[i][r][k], f"recon-{i + 1}-{r}-{loss}") for k, loss, i in columns])
+        for r, (name, _) in enumerate(LAYER_ROWS)
+    ]
     headers = [f"{LOSSES[loss]}\nlayer {i + 1}" for _, loss, i in columns]
     panel(canvas, rows, w, h, headers, left=left, notes=[why for _, why in LAYER_ROWS])
     canvas.y -= 6
-    rows = []
-    for r, (name, _) in enumerate(MODEL_ROWS):
-        values = zip(data["model"][r], LOSSES)
-        rows.append((name, [cell(value, f"recon-model-{r}-{loss}") for value, loss in values]))
+    rows = [
+        (name, [cell(v, f"recon-model-{r}-{loss}") for v, loss in zip(data["model"][r], LOSSES)])
+        for r, (name, _) in enumerate(MODEL_ROWS)
+    ]
     panel(canvas, rows, 2 * w, h, left=left, notes=[why for _, why in MODEL_ROWS])
     canvas.paragraph(RECON_NOTES)
     canvas.save(path, "recon")

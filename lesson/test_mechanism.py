@@ -237,18 +237,17 @@ def test_the_gradients_drawn_are_those_each_loss_sends_through_backward(fresh):
             assert [not isinstance(v[k], str) for v in data["layers"][i][:4]] == [
                 word != "none" for word in drawn_cells
             ]
-    drawn_ids = fresh["recon"]["ids"].items()
-    arrows = [(name.split("-")[2:4], words) for name, words in drawn_ids if "-flow-" in name]
-    flow = {"-".join(name): words for name, words in arrows if words}  # the arrows' labels
-    assert flow == {  # in layer 1: L_attn's gradient reaches f_c through f_c(m), and no further
-        "m-fc": "detached",
-        "fc-fcm": "gradient",
-        "fcm-pred": "gradient",
-        "pred-loss": "gradient",
-        "target-loss": "no_grad",
-        "kv-pred": "detached",
-        "fcm-c_mem": ".detach()",
+    # L_attn in layer 1: from m (detached) through f_c and f_c(m) to the loss; h's queries, W_k,
+    # W_v and the c_mem handed on carry none of it (the path the figure's words describe)
+    attn = {r: fresh["recon"]["ids"][f"recon-1-{r}-attn-text"] for r in (0, 1, 4, 6, 7, 8)}
+    assert {r: w if w in ("none", "detached") else "gradient" for r, w in attn.items()} == {
+        0: "gradient",
+        1: "none",
+        4: "none",
+        6: "detached",
+        7: "gradient",
+        8: "detached",
     }
     rows = [words for name, words in fresh["recon"]["ids"].items() if name.endswith("-text")]
-    assert rows.count("detached") == 3 * 2 * 2 + 2  # mem and c_mem read, old_mem, c_mem handed on
+    assert rows.count("detached") == 3 * 2 * 2  # mem and c_mem read, old_mem, c_mem handed on
     assert data["recon"] > 0 and data["lm"] > 0
