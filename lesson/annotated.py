@@ -2,25 +2,15 @@
 
     python -m lesson.annotated [FILE] --out DIR    # DIR/compressive.html; FILE: compressive.py
 
-The notes are the file's own comments: a block of full-line comments (blank lines between them
-allowed), or the module's docstring, goes beside the code after it, up to the next note. Notes are
-Markdown with $...$ and $$...$$ math, typeset as MathML; `# 3. Name -----` is a heading, and a
-`name` of one of the file's defs or classes links to its code. Other docstrings and trailing
-comments are code.
-
-On the page, a paragraph from **Speed:** or **Departure:** on is set apart (a box at the top hides
-the Speed notes); the numbered list before the first heading links to the numbered headings;
-links relative to the file's folder are made relative to docs/; a paragraph `Figure: PATH.svg`
-(or `Figure: PATH.svg, a caption`) puts that SVG inline across the page after the end of the def
-or class that holds the note's code, so that no figure cuts a function in two (a figure whose file
-is missing is left out, and stderr says so). Inline math keeps its punctuation on its line; a long
-line of code wraps indented past its own indentation. The page is one file (lesson/annotated.html
-around the sections), its style inline, asking for nothing over the network. Each section is an
-element with data-lines="START-END" (FILE's lines it shows, 1-based, covering the file once, in
-order) holding a data-note and a data-code element.
-
-It needs an optional extra (markdown-it-py, mdit-py-plugins, latex2mathml, pygments; pinned, as CI
-checks docs/ is up to date), which compressive.py never does:
+A note is a block of full-line comments (blank lines between them allowed), or the module's
+docstring: Markdown with $...$ and $$...$$ math typeset as MathML, beside the code after it up to
+the next note. `# 3. Name -----` is a heading, linked from the numbered list before the first one;
+a `name` of one of the file's defs or classes links to its code; a paragraph from **Speed:** or
+**Departure:** on is set apart; `Figure: PATH.svg` (a caption after a comma) puts that SVG inline
+below the def or class that holds the note's code. The page is one file (lesson/annotated.html
+around the sections) asking for nothing over the network; each section an element with
+data-lines="START-END" (FILE's lines it shows, 1-based, covering the file once, in order) holding
+a data-note and a data-code element. It needs an optional extra, pinned (CI checks docs/):
 
     pip install -r requirements-annotated.txt
 """
@@ -113,27 +103,23 @@ def sections(text: str, tree: ast.Module) -> List[Section]:
     found, row = [], 1
     while row <= len(lines):
         start, note = row, []
-        while row <= len(lines):  # the note: comment lines, and blank lines before more of them
-            if row in notes:
-                note.append(notes[row])
-                row += 1
-                continue
+        while True:  # the note: comment lines, and blank lines before more of them
             after = row
             while after <= len(lines) and not lines[after - 1].strip():
                 after += 1
-            if after > row and after in notes and note:
+            if row in notes:
+                note.append(notes[row])
+                row += 1
+            elif note and after > row and after in notes:
                 note.extend([""] * (after - row))
                 row = after
-                continue
-            break
-        code = []
+            else:
+                break
+        code_from = row
         while row <= len(lines) and row not in notes:
-            code.append(row)
             row += 1
-        while code and not lines[code[-1] - 1].strip():
-            code.pop()
-        while code and not lines[code[0] - 1].strip():
-            code.pop(0)
+        filled = [n for n in range(code_from, row) if lines[n - 1].strip()]
+        code = list(range(filled[0], filled[-1] + 1)) if filled else []
         found.append(Section(start, row - 1, "\n".join(note).strip("\n"), code))
     return found
 
