@@ -12,7 +12,7 @@ import re
 import signal
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -119,9 +119,7 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: bf16 where the hard
 def cpu_threads() -> str:
     """Sets torch's CPU threads to the cores the machine's other jobs leave free (by the last
     minute's load average), at least one, unless OMP_NUM_THREADS is set; says so. OpenMP's threads
-    spin-wait for each other, so one whose core another job holds stalls every step: beside two
-    busy processes on 2 cores, two threads ran the default step at 336-399 tokens/s, one at
-    2,200-5,400."""
+    spin-wait for each other, so one whose core another job holds stalls every step (RESULTS.md)."""
     if "OMP_NUM_THREADS" in os.environ:
         return f"{torch.get_num_threads()}, as OMP_NUM_THREADS says"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -139,10 +137,11 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def runtime(args) -> tuple:
-    """(rank, world size, device, say: print on rank 0 alone) of a run, under torchrun or not, its
-    device set and --dtype settled (auto chosen once, so the checkpoint says which), both said."""
+    """(rank, world size, device, say: print, flushed, on rank 0 alone) of a run, under torchrun or
+    not, its device set (the CPU's threads, its allocator) and --dtype settled (auto chosen once, so
+    the checkpoint says which)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    say = print if rank == 0 else lambda *args, **kwargs: None
+    say = functools.partial(print, flush=True) if rank == 0 else lambda *args, **kwargs: None
     device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -150,6 +149,7 @@ def runtime(args) -> tuple:
     say(f"dtype: {args.dtype} ({why})")
     if device.type == "cpu":
         say(f"threads: {cpu_threads()}")
+        keep_freed_memory()  # a CPU speed-up
     return rank, world, device, say
 
 
@@ -215,14 +215,6 @@ def pick_dtype(name: str, device) -> tuple:
     if speed_up >= PROBE_SPEED_UP:
         return "bfloat16", f"auto: a bf16 matmul ran {speed_up:.1f}x as fast as a float32 one"
     return "float32", f"auto: a bf16 matmul ran only {speed_up:.2f}x as fast as a float32 one"
-
-
-def autocast_for(device, dtype_name: str):
-    """The forward's autocast for a --dtype value (auto as pick_dtype chooses), as in the step."""
-    dtype_name = pick_dtype(dtype_name, device)[0]
-    if dtype_name == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
 
 
 def keep_freed_memory() -> None:
