@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from beyond_the_paper import model_from_config
-from compressive import CompressiveTransformer, Memory, check_memory
+from compressive import Memory
 
 from . import files, plots
 from .checks import UserError, flag, one_line
@@ -165,8 +165,10 @@ def start(path: str, args, model, optimizer):
     ckpt = read(path, device)
     if ckpt["args"].get("task", "shakespeare") != args.task:
         raise UserError(f"--resume: the checkpoint was trained by {trained_by(ckpt['args'])}")
-    ours = {**dataclasses.asdict(cfg), "model": args.model, "compression": args.compression}
-    theirs = {**ckpt["config"], **{k: ckpt["args"].get(k) for k in ("model", "compression")}}
+    # the model and the streams it was trained on: the memory resumes only in streams alike
+    named = {"model": args.model, "compression": args.compression, "batch_size": args.batch_size}
+    ours = {**dataclasses.asdict(cfg), **named}
+    theirs = {**ckpt["config"], **{name: ckpt["args"].get(name) for name in named}}
     said = {"vocab_size": "--data (characters)", "pre_norm": "--post-norm (pre_norm)"}
     differ = [
         f"{said.get(name, flag(name))} ({value} here, {theirs.get(name)} in the checkpoint)"
@@ -175,8 +177,8 @@ def start(path: str, args, model, optimizer):
     ]
     if differ:
         raise UserError(
-            f"--resume: the model flags differ from the checkpoint's: {'; '.join(differ)}; pass "
-            f"the checkpoint's, or train a new model into another --out"
+            f"--resume: the model and stream flags differ from the checkpoint's: "
+            f"{'; '.join(differ)}; pass the checkpoint's, or train a new model into another --out"
         )
     if ckpt["step"] >= args.steps:
         raise UserError(
@@ -188,8 +190,7 @@ def start(path: str, args, model, optimizer):
         optimizer.load_state_dict(ckpt["optimizer"])
         memory = None
         if len(ckpt["memory"]) == world and ckpt["memory"][rank] is not None:
-            memory = Memory(*ckpt["memory"][rank])
-            check_memory_of(model, memory, args.batch_size)
+            memory = Memory(*ckpt["memory"][rank])  # as save() wrote it, for this model
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank]["cpu"].cpu())
             if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
@@ -204,17 +205,6 @@ def start(path: str, args, model, optimizer):
             f"random state do not (the memory starts empty, the random state from --seed)"
         )
     return memory, {name: ckpt[name] for name in ("step", "history", "train_log", "seconds")}
-
-
-def check_memory_of(model, memory, batch_size: int) -> None:
-    """The checks the model's forward would make of memory, for inputs of this batch size."""
-    inputs = next(model.parameters()).new_zeros(batch_size, 1, model.cfg.d_model)
-    if isinstance(model, CompressiveTransformer):
-        check_memory(model, memory, batch_size, inputs)
-    else:  # the Feedback Transformer: one memory for all layers, not per-layer FIFOs
-        from beyond_the_paper.feedback import check_feedback_memory
-
-        check_feedback_memory(model, memory, batch_size, inputs)
 
 
 def load_model(out: str, device):

@@ -29,9 +29,8 @@ def one_line(error: Exception, limit: int = 300) -> str:
 def out_of_memory(error: BaseException):
     """The one line for a model or batch larger than the machine's (or the GPU's) memory, or None
     where error is not that (CUDA raises torch.OutOfMemoryError; the CPU a RuntimeError)."""
-    if not isinstance(error, (torch.OutOfMemoryError, MemoryError)) and not (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-    ):
+    on_the_cpu = isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    if not (on_the_cpu or isinstance(error, (torch.OutOfMemoryError, MemoryError))):
         return None
     size = re.search(r"allocate (\d+) bytes", str(error))
     asked = f"could not allocate {int(size[1]) / 2**30:.1f} GiB" if size else one_line(error, 120)
@@ -64,11 +63,8 @@ def exit_status(command) -> int:
 
 def command_flags(prog: str, doc: str):
     """The parser of a command on a checkpoint: --out, where it is, and --device."""
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=doc.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    about, formatter = doc.split("\n\n")[0], argparse.ArgumentDefaultsHelpFormatter
+    p = argparse.ArgumentParser(prog=prog, description=about, formatter_class=formatter)
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="CUDA, else mps, else CPU")
     return p
@@ -167,13 +163,10 @@ def cpu_flags() -> set:
     where there is no such file (macOS, Windows)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
+            found = re.search(r"^(?:flags|Features)\s*:(.*)$", f.read(), re.MULTILINE)
     except OSError:
-        pass
-    return set()
+        return set()
+    return set(found[1].split()) if found else set()
 
 
 @functools.cache  # once a process: every call of pick_dtype then chooses alike

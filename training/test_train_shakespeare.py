@@ -910,7 +910,11 @@ def test_the_projects_own_f_c_trains_resumes_and_evaluates(small_text, tmp_path,
     capsys.readouterr()
     assert ts.main([*common[:-2], "--steps", "4", "--resume"]) == 2
     line = error_line(capsys)
-    assert "the model flags differ" in line and "--compression (conv here, overlap_max" in line
+    assert "flags differ from the checkpoint's" in line
+    assert "--compression (conv here, overlap_max" in line
+    # the memory continues streams cut alike: another --batch-size would cut them otherwise
+    assert ts.main([*common, "--steps", "4", "--resume", "--batch-size", "2"]) == 2
+    assert "--batch-size (2 here, 4 in the checkpoint)" in error_line(capsys)
 
 
 @pytest.mark.parametrize(
