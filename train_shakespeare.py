@@ -108,11 +108,11 @@ def make_streams(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
     return ids[: n_streams * length + 1].unfold(0, length + 1, length)  # [n_streams, L + 1]
 
 
-def streams_of_rank(data: Data, args, rank: int, world: int):
-    """This process's --batch-size strands of the training text, and of its targets: rank r takes
-    strands [r*B, (r+1)*B) of the world's B*world, so every process reads its own text."""
-    first = rank * args.batch_size
-    mine = lambda ids: make_streams(ids, args.batch_size * world)[first : first + args.batch_size]
+def streams_of_rank(data: Data, args, rank: int, world: int, device):
+    """This process's --batch-size strands of the training text, and of its targets, on device:
+    rank r takes strands [r*B, (r+1)*B) of the world's B*world, so every process reads its own."""
+    first, n = rank * args.batch_size, args.batch_size
+    mine = lambda ids: make_streams(ids, n * world)[first : first + n].to(device)
     streams = mine(data.train)
     if streams.size(1) - 1 < args.seq_len:
         raise checks.UserError(
@@ -246,7 +246,7 @@ def train(args, data: Data, validate=None):
     optimizer = make_optimizer(model, args)
     ckpt_path = os.path.join(args.out, "ckpt.pt")  # never replaced without --resume or --overwrite
     memory, progress = checkpoint.start(ckpt_path, args, model, optimizer)  # and says the model
-    streams, targets = streams_of_rank(data.to(device), args, rank, world)
+    streams, targets = streams_of_rank(data, args, rank, world, device)
     train_step = make_train_step(model, optimizer, args, device)
     if validate is None:  # the loss on the whole validation text, walked as in training
         validate = lambda m: {"val_loss": on_validation(m, data, args.batch_size, args.dtype).loss}

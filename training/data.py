@@ -34,12 +34,6 @@ class Data(NamedTuple):
     train_targets: Optional[torch.Tensor] = None
     val_targets: Optional[torch.Tensor] = None
 
-    def to(self, device) -> "Data":
-        """The same text with its ids on device."""
-        on = lambda ids: None if ids is None else ids.to(device)
-        texts = ("train", "val", "train_targets", "val_targets")
-        return self._replace(**{name: on(getattr(self, name)) for name in texts})
-
 
 def read_text(path: str) -> str:
     """The text of a --data file, or one line that says what it is instead."""

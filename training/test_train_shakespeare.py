@@ -46,14 +46,16 @@ def test_streams_stay_contiguous_across_steps():
     assert x.equal(x1) and y.equal(y1.masked_fill(y1 % 2 == 0, -100))
 
 
-def test_a_text_moves_to_a_device_whole():
-    ids = torch.tensor([0, 1, 1, 0])
-    text = data.Data(
-        ["a", "b"], ids, ids.flip(0), "ab", val_targets=ids.masked_fill(ids == 0, -100)
-    )
-    moved = text.to("meta")
-    assert moved.train.is_meta and moved.val.is_meta and moved.val_targets.is_meta
-    assert moved.train_targets is None and (moved.vocab, moved.name) == (["a", "b"], "ab")
+def test_each_process_reads_its_own_strands_on_its_device():
+    ids = torch.arange(1001)
+    text = data.Data([str(i) for i in range(1001)], ids, ids[:100], "ids", train_targets=ids + 1)
+    args = ts.parse_args(["--batch-size", "2", "--seq-len", "16"])
+    strands = ts.make_streams(ids, 4)  # 2 processes x 2 streams
+    first, _ = ts.streams_of_rank(text, args, 0, 2, "cpu")
+    second, targets = ts.streams_of_rank(text, args, 1, 2, "cpu")
+    assert first.equal(strands[:2]) and second.equal(strands[2:]) and targets.equal(second + 1)
+    on_meta = ts.streams_of_rank(text, args, 1, 2, "meta")
+    assert all(t.is_meta and t.shape == second.shape for t in on_meta)
 
 
 def test_a_validation_text_written_to_a_file_reads_back_with_its_facts(tmp_path):
