@@ -23,34 +23,11 @@ gc.freeze()
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SHAKESPEARE = data.DEFAULT_DATA  # the text the repository ships
 
-TINY_FLAGS = [
-    "--d-model",
-    "32",
-    "--n-layers",
-    "2",
-    "--n-heads",
-    "2",
-    "--d-ff",
-    "64",
-    "--seq-len",
-    "16",
-    "--mem-len",
-    "16",
-    "--c-mem-len",
-    "8",
-    "--compression-rate",
-    "2",
-    "--batch-size",
-    "4",
-    "--lr",
-    "3e-3",
-    "--warmup",
-    "5",
-    "--device",
-    "cpu",
-    "--dtype",  # the tests run in float32 whatever the CPU (auto picks bf16 on some)
-    "float32",
-]
+# A model small enough to train in a second, in float32 whatever the CPU (auto picks bf16 on some)
+TINY_FLAGS = (
+    "--d-model 32 --n-layers 2 --n-heads 2 --d-ff 64 --seq-len 16 --mem-len 16 --c-mem-len 8 "
+    "--compression-rate 2 --batch-size 4 --lr 3e-3 --warmup 5 --device cpu --dtype float32"
+).split()
 
 
 def error_line(capsys) -> str:

@@ -148,8 +148,7 @@ def main(argv=None) -> int:
         checks.check_flags(args)
         model, ckpt, cut = load_checkpoint(args)
         if args.batch_size is None:  # the training's streams cut the text as its evaluation did
-            saved = ckpt["args"].get("batch_size")
-            args.batch_size = saved if isinstance(saved, int) and saved > 0 else 12
+            args.batch_size = ckpt["args"]["batch_size"]
         data = load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
         loss = evaluate_checkpoint(args, model, ckpt, data, cut).loss
         record_evaluation(args.out, cut, {"val_loss": loss, "step": ckpt["step"]})

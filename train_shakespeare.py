@@ -32,11 +32,9 @@ F_C = [*COMPRESSIONS, "overlap_max_pool"]  # the paper's, and ours (beyond_the_p
 
 
 def training_flags(description=None, prog=None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=description or __doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    about = description or __doc__.split("\n\n")[0]
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    p = argparse.ArgumentParser(prog=prog, description=about, formatter_class=formatter)
     p.set_defaults(task="shakespeare")  # the text a checkpoint learned (research sets its own)
     m = p.add_argument_group("model").add_argument
     m("--model", choices=MODELS, default="compressive", help="the memory it has")
@@ -110,11 +108,11 @@ def make_streams(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
     return ids[: n_streams * length + 1].unfold(0, length + 1, length)  # [n_streams, L + 1]
 
 
-def streams_of_rank(data: Data, args, rank: int, world: int):
-    """This process's --batch-size strands of the training text, and of its targets: rank r takes
-    strands [r*B, (r+1)*B) of the world's B*world, so every process reads its own text."""
-    first = rank * args.batch_size
-    mine = lambda ids: make_streams(ids, args.batch_size * world)[first : first + args.batch_size]
+def streams_of_rank(data: Data, args, rank: int, world: int, device):
+    """This process's --batch-size strands of the training text, and of its targets, on device:
+    rank r takes strands [r*B, (r+1)*B) of the world's B*world, so every process reads its own."""
+    first, n = rank * args.batch_size, args.batch_size
+    mine = lambda ids: make_streams(ids, n * world)[first : first + n].to(device)
     streams = mine(data.train)
     if streams.size(1) - 1 < args.seq_len:
         raise checks.UserError(
@@ -125,8 +123,8 @@ def streams_of_rank(data: Data, args, rank: int, world: int):
 
 
 def segment_at(streams: torch.Tensor, targets: torch.Tensor, step: int, seq_len: int):
-    """The batch of a step: segment step % n_segments of every stream [B, n_s], its targets [B, n_s]
-    (the next characters), and whether the streams are back at their start."""
+    """The batch of a step, [B, n_s]: its segment of every stream, the targets (the characters
+    after), and whether the streams are back at their start."""
     n_segments = (streams.size(1) - 1) // seq_len
     start = (step % n_segments) * seq_len
     x = streams[:, start : start + seq_len]
@@ -183,10 +181,8 @@ def make_train_step(model, optimizer, args, device):
     # f_c's parameters (layers.i.compress, .decoder), which only the reconstruction loss trains,
     # are clipped apart from the others, so that their gradients cannot shrink the others'
     of_f_c = lambda name: name.split(".")[2:3] in (["compress"], ["decoder"])
-    named = list(model.named_parameters())
-    groups = [[p for n, p in named if of_f_c(n) == f_c] for f_c in (False, True)]
+    groups = [[p for n, p in model.named_parameters() if of_f_c(n) == f_c] for f_c in (False, True)]
     groups = [group for group in groups if group and args.grad_clip > 0]
-    world = dist.get_world_size() if dist.is_initialized() else 1
 
     def step(x, y, memory, forward=model):
         with autocast:
@@ -197,11 +193,11 @@ def make_train_step(model, optimizer, args, device):
         scaler.scale(loss + recon_loss.float()).backward()
         # The gradients' mean over the processes in one all_reduce, where DistributedDataParallel
         # would search the graph every step (find_unused_parameters: f_c's wait for an overflow).
-        if world > 1:
+        if dist.is_initialized():  # under torchrun
             grads = [p.grad for p in model.parameters() if p.grad is not None]
-            flat = torch.cat([g.flatten() for g in grads])
-            dist.all_reduce(flat)
-            for g, mean in zip(grads, (flat / world).split([g.numel() for g in grads])):
+            flat = torch.cat([g.flatten() for g in grads]) / dist.get_world_size()
+            dist.all_reduce(flat)  # the sum of the processes' shares: their mean
+            for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(mean.view_as(g))
         scaler.unscale_(optimizer)  # clip the true gradients
         for group in groups:
@@ -210,27 +206,24 @@ def make_train_step(model, optimizer, args, device):
         scaler.update()
         return loss.detach(), recon_loss.detach(), memory
 
-    if not args.compile:
-        return step
-    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False) if args.compile else None
 
     def step_compiled_when_full(x, y, memory):
-        # Compiled once both memories are full, when their shapes stay put (mem within c - 1 of
-        # n_m): one graph. Where compiling fails, one line says so and training goes on eagerly.
+        # --compile: compiled once both memories are full, when their shapes stay put (mem within
+        # c - 1 of n_m): one graph. Where compiling fails, one line says so and it goes on eagerly.
         nonlocal compiled
         cfg = model.cfg
         full = memory is not None and all(c.size(1) == cfg.c_mem_len for c in memory.c_mem)
         full = full and all(m.size(1) > cfg.mem_len - cfg.compression_rate for m in memory.mem)
-        if compiled is None or not full:
-            return step(x, y, memory)
-        try:
-            return step(x, y, memory, compiled)
-        except Exception as e:  # Dynamo's and Inductor's errors, whatever their class
-            if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        if compiled is not None and full:
+            try:
+                return step(x, y, memory, compiled)
+            except (torch.OutOfMemoryError, MemoryError):
                 raise
-            print(f"note: --compile failed, so training goes on eagerly ({checks.one_line(e)})")
-            compiled = None
-            return step(x, y, memory)
+            except Exception as e:  # Dynamo's and Inductor's errors, whatever their class
+                print(f"note: --compile failed, so training goes on eagerly ({checks.one_line(e)})")
+                compiled = None
+        return step(x, y, memory)
 
     return step_compiled_when_full
 
@@ -253,14 +246,13 @@ def train(args, data: Data, validate=None):
     optimizer = make_optimizer(model, args)
     ckpt_path = os.path.join(args.out, "ckpt.pt")  # never replaced without --resume or --overwrite
     memory, progress = checkpoint.start(ckpt_path, args, model, optimizer)  # and says the model
-    data = data.to(device)
-    streams, targets = streams_of_rank(data, args, rank, world)
+    streams, targets = streams_of_rank(data, args, rank, world, device)
     train_step = make_train_step(model, optimizer, args, device)
     if validate is None:  # the loss on the whole validation text, walked as in training
         validate = lambda m: {"val_loss": on_validation(m, data, args.batch_size, args.dtype).loss}
     step, t0 = progress["step"], time.time() - progress["seconds"]  # t0: as if never stopped
     last_step = args.steps if args.stop_after is None else min(args.steps, step + args.stop_after)
-    checked, logged_step, logged_at = step + 1, step, time.time()
+    logged_step, logged_at = step, time.time()
     tokens_per_step = args.batch_size * args.seq_len * world
 
     def save(record=None) -> None:  # progress["step"]: the step of the checkpoint on disk
@@ -275,7 +267,6 @@ def train(args, data: Data, validate=None):
         return checks.UserError(f"step {step}: {what} is not finite ({value}); stopping, {kept}")
 
     all_finite, stopping = torch.ones((), dtype=torch.bool, device=device), False  # every loss
-    model.train()
     with checks.stop_signals() as signals:  # Ctrl-C, SIGTERM: stop between two steps, and save
         while step < last_step and not stopping:
             # the batch: the next segment of every stream, and the memory that precedes it
@@ -291,15 +282,16 @@ def train(args, data: Data, validate=None):
             # log: the only place the losses come back from the device (a non-finite one stops)
             if step % args.log_every == 0 or evaluating or step == last_step or stopping:
                 if checks.any_process(not bool(all_finite), device):
-                    raise diverged("the training loss", f"seen within steps {checked}-{step}")
-                stopping, checked = checks.any_process(bool(signals), device), step + 1
+                    raise diverged(
+                        "the training loss", f"seen within steps {logged_step + 1}-{step}"
+                    )
+                stopping = checks.any_process(bool(signals), device)
                 train_loss, recon_loss = train_loss.item(), recon_loss.item()
                 lr = lr_at(step - 1, args)
                 rate = (step - logged_step) * tokens_per_step / max(time.time() - logged_at, 1e-6)
                 say(
                     f"step {step}/{args.steps} | loss {train_loss:.4f} | recon_loss "
-                    f"{recon_loss:.5f} | lr {lr:.2e} | {rate:,.0f} tok/s",
-                    flush=True,
+                    f"{recon_loss:.5f} | lr {lr:.2e} | {rate:,.0f} tok/s"
                 )
                 logged_step, logged_at = step, time.time()
                 log = dict(step=step, train_loss=train_loss, recon_loss=recon_loss, lr=lr)
@@ -325,7 +317,6 @@ def train(args, data: Data, validate=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    checks.keep_freed_memory()  # a CPU speed-up (training/checks.py says why)
 
     def run():
         check_args(args)

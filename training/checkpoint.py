@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from beyond_the_paper import model_from_config
-from compressive import CompressiveTransformer, Memory, check_memory
+from compressive import Memory
 
 from . import files, plots
 from .checks import UserError, flag, one_line
@@ -88,11 +88,6 @@ def save(path, model, optimizer, memory, progress: dict, vocab, args) -> None:
     files.write_atomically(path, lambda f: torch.save(state, f))
 
 
-FIELDS = {"config": dict, "model": dict, "optimizer": dict, "step": int, "history": list}
-FIELDS |= {"train_log": list, "seconds": float, "vocab": list, "memory": list, "rng": list}
-FIELDS |= {"args": dict, "made_with": dict}
-
-
 def read(path: str, device) -> dict:
     """A checkpoint of this version as plain data (weights_only=True builds tensors, dicts, lists,
     numbers and strings and nothing else), its digest checked; anything else is one line."""
@@ -129,19 +124,11 @@ def read(path: str, device) -> dict:
             f"({f'commit {by}' if by else 'an earlier commit'}), whose checkpoints this one cannot "
             f"read; train again, or {use} to use it"
         )
+    # the digest matches: save() of this format wrote every field, so none is checked again
     if ckpt.pop("sha256", None) != digest(ckpt):
         raise UserError(
             f"{path} is a damaged checkpoint: its contents do not match the sha256 digest it was "
             f"saved with; restore a copy, or train again (--overwrite)"
-        )
-    wrong = [name for name, kind in FIELDS.items() if not isinstance(ckpt.get(name), kind)]
-    vocab = [] if wrong else ckpt["vocab"]  # characters, each once, as many as the model reads
-    chars = all(isinstance(ch, str) and len(ch) == 1 for ch in vocab)
-    if not (chars and len(set(vocab)) == len(vocab) == ckpt["config"].get("vocab_size")):
-        wrong = wrong or ["vocab"]
-    if wrong:
-        raise UserError(
-            f"{path} is not a checkpoint of this script (malformed: {', '.join(wrong)})"
         )
     return ckpt
 
@@ -178,8 +165,10 @@ def start(path: str, args, model, optimizer):
     ckpt = read(path, device)
     if ckpt["args"].get("task", "shakespeare") != args.task:
         raise UserError(f"--resume: the checkpoint was trained by {trained_by(ckpt['args'])}")
-    ours = {**dataclasses.asdict(cfg), "model": args.model, "compression": args.compression}
-    theirs = {**ckpt["config"], **{k: ckpt["args"].get(k) for k in ("model", "compression")}}
+    # the model and the streams it was trained on: the memory resumes only in streams alike
+    named = {"model": args.model, "compression": args.compression, "batch_size": args.batch_size}
+    ours = {**dataclasses.asdict(cfg), **named}
+    theirs = {**ckpt["config"], **{name: ckpt["args"].get(name) for name in named}}
     said = {"vocab_size": "--data (characters)", "pre_norm": "--post-norm (pre_norm)"}
     differ = [
         f"{said.get(name, flag(name))} ({value} here, {theirs.get(name)} in the checkpoint)"
@@ -188,8 +177,8 @@ def start(path: str, args, model, optimizer):
     ]
     if differ:
         raise UserError(
-            f"--resume: the model flags differ from the checkpoint's: {'; '.join(differ)}; pass "
-            f"the checkpoint's, or train a new model into another --out"
+            f"--resume: the model and stream flags differ from the checkpoint's: "
+            f"{'; '.join(differ)}; pass the checkpoint's, or train a new model into another --out"
         )
     if ckpt["step"] >= args.steps:
         raise UserError(
@@ -199,14 +188,9 @@ def start(path: str, args, model, optimizer):
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        for p in model.parameters():  # a crafted file could hold moments of the wrong shape
-            for value in optimizer.state.get(p, {}).values():
-                if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:
-                    raise ValueError(f"optimizer state {tuple(value.shape)} for {tuple(p.shape)}")
         memory = None
         if len(ckpt["memory"]) == world and ckpt["memory"][rank] is not None:
-            memory = Memory(*ckpt["memory"][rank])
-            check_memory_of(model, memory, args.batch_size)
+            memory = Memory(*ckpt["memory"][rank])  # as save() wrote it, for this model
         if len(ckpt["rng"]) == world:
             torch.set_rng_state(ckpt["rng"][rank]["cpu"].cpu())
             if device.type == "cuda" and ckpt["rng"][rank]["cuda"] is not None:
@@ -221,17 +205,6 @@ def start(path: str, args, model, optimizer):
             f"random state do not (the memory starts empty, the random state from --seed)"
         )
     return memory, {name: ckpt[name] for name in ("step", "history", "train_log", "seconds")}
-
-
-def check_memory_of(model, memory, batch_size: int) -> None:
-    """The checks the model's forward would make of memory, for inputs of this batch size."""
-    inputs = next(model.parameters()).new_zeros(batch_size, 1, model.cfg.d_model)
-    if isinstance(model, CompressiveTransformer):
-        check_memory(model, memory, batch_size, inputs)
-    else:  # the Feedback Transformer: one memory for all layers, not per-layer FIFOs
-        from beyond_the_paper.feedback import check_feedback_memory
-
-        check_feedback_memory(model, memory, batch_size, inputs)
 
 
 def load_model(out: str, device):
@@ -252,20 +225,18 @@ def training_command(ckpt: dict, defaults: dict) -> str:
     """How a checkpoint was made, for a figure's caption: the command, the flags that differ from
     defaults (the command's own; --out, --resume and the like aside), its seed and step, and the
     torch version and threads it ran with."""
-    flags = []
+    command = [trained_by(ckpt["args"])]
     for name, value in ckpt["args"].items():
-        if name in ("out", "resume", "overwrite", "stop_after", "task") or value is None:
-            continue
-        if value == defaults.get(name) or (name not in defaults and value is False):
-            continue  # a default, or a switch of the study's own left off
-        if value is True or value is False:
-            flags.append(flag(name) if value else "--no-" + flag(name)[2:])
+        aside = name in ("out", "resume", "overwrite", "stop_after", "task") or value is None
+        if aside or value == defaults.get(name) or (name not in defaults and value is False):
+            continue  # not how it trained, a default, or a switch of the study's own left off
+        if isinstance(value, bool):
+            command.append(flag(name) if value else "--no-" + flag(name)[2:])
         else:
-            flags.append(f"{flag(name)} {value}")
+            command.append(f"{flag(name)} {value}")
     made = ckpt.get("made_with") or {}  # what read() returns has it; a caller's own, maybe not
     ran = f"; torch {made['torch']}, {made['threads']} thread(s)" if made else ""
-    command = " ".join([trained_by(ckpt["args"]), *flags])
-    return f"{command} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
+    return f"{' '.join(command)} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
 
 
 def write_record(out: str, progress: dict, train_loss: float, tokens_seen: int) -> dict:

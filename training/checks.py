@@ -12,7 +12,7 @@ import re
 import signal
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -29,9 +29,8 @@ def one_line(error: Exception, limit: int = 300) -> str:
 def out_of_memory(error: BaseException):
     """The one line for a model or batch larger than the machine's (or the GPU's) memory, or None
     where error is not that (CUDA raises torch.OutOfMemoryError; the CPU a RuntimeError)."""
-    if not isinstance(error, (torch.OutOfMemoryError, MemoryError)) and not (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-    ):
+    on_the_cpu = isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    if not (on_the_cpu or isinstance(error, (torch.OutOfMemoryError, MemoryError))):
         return None
     size = re.search(r"allocate (\d+) bytes", str(error))
     asked = f"could not allocate {int(size[1]) / 2**30:.1f} GiB" if size else one_line(error, 120)
@@ -64,11 +63,8 @@ def exit_status(command) -> int:
 
 def command_flags(prog: str, doc: str):
     """The parser of a command on a checkpoint: --out, where it is, and --device."""
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=doc.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    about, formatter = doc.split("\n\n")[0], argparse.ArgumentDefaultsHelpFormatter
+    p = argparse.ArgumentParser(prog=prog, description=about, formatter_class=formatter)
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="CUDA, else mps, else CPU")
     return p
@@ -119,9 +115,7 @@ DTYPES = ["auto", "float32", "bfloat16", "float16"]  # auto: bf16 where the hard
 def cpu_threads() -> str:
     """Sets torch's CPU threads to the cores the machine's other jobs leave free (by the last
     minute's load average), at least one, unless OMP_NUM_THREADS is set; says so. OpenMP's threads
-    spin-wait for each other, so one whose core another job holds stalls every step: beside two
-    busy processes on 2 cores, two threads ran the default step at 336-399 tokens/s, one at
-    2,200-5,400."""
+    spin-wait for each other, so one whose core another job holds stalls every step (RESULTS.md)."""
     if "OMP_NUM_THREADS" in os.environ:
         return f"{torch.get_num_threads()}, as OMP_NUM_THREADS says"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -139,10 +133,11 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def runtime(args) -> tuple:
-    """(rank, world size, device, say: print on rank 0 alone) of a run, under torchrun or not, its
-    device set and --dtype settled (auto chosen once, so the checkpoint says which), both said."""
+    """(rank, world size, device, say: print, flushed, on rank 0 alone) of a run, under torchrun or
+    not, its device set (the CPU's threads, its allocator) and --dtype settled (auto chosen once, so
+    the checkpoint says which)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    say = print if rank == 0 else lambda *args, **kwargs: None
+    say = functools.partial(print, flush=True) if rank == 0 else lambda *args, **kwargs: None
     device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -150,6 +145,7 @@ def runtime(args) -> tuple:
     say(f"dtype: {args.dtype} ({why})")
     if device.type == "cpu":
         say(f"threads: {cpu_threads()}")
+        keep_freed_memory()  # a CPU speed-up
     return rank, world, device, say
 
 
@@ -167,13 +163,10 @@ def cpu_flags() -> set:
     where there is no such file (macOS, Windows)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
+            found = re.search(r"^(?:flags|Features)\s*:(.*)$", f.read(), re.MULTILINE)
     except OSError:
-        pass
-    return set()
+        return set()
+    return set(found[1].split()) if found else set()
 
 
 @functools.cache  # once a process: every call of pick_dtype then chooses alike
@@ -215,14 +208,6 @@ def pick_dtype(name: str, device) -> tuple:
     if speed_up >= PROBE_SPEED_UP:
         return "bfloat16", f"auto: a bf16 matmul ran {speed_up:.1f}x as fast as a float32 one"
     return "float32", f"auto: a bf16 matmul ran only {speed_up:.2f}x as fast as a float32 one"
-
-
-def autocast_for(device, dtype_name: str):
-    """The forward's autocast for a --dtype value (auto as pick_dtype chooses), as in the step."""
-    dtype_name = pick_dtype(dtype_name, device)[0]
-    if dtype_name == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype_name))
 
 
 def keep_freed_memory() -> None:

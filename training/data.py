@@ -34,12 +34,6 @@ class Data(NamedTuple):
     train_targets: Optional[torch.Tensor] = None
     val_targets: Optional[torch.Tensor] = None
 
-    def to(self, device) -> "Data":
-        """The same text with its ids on device."""
-        on = lambda ids: None if ids is None else ids.to(device)
-        texts = ("train", "val", "train_targets", "val_targets")
-        return self._replace(**{name: on(getattr(self, name)) for name in texts})
-
 
 def read_text(path: str) -> str:
     """The text of a --data file, or one line that says what it is instead."""
@@ -112,28 +106,21 @@ def write_validation(path: str, data: Data, facts=()) -> None:
 def read_validation(path: str, vocab) -> tuple:
     """(Data without a training text, facts) of a file write_validation wrote, its text in vocab
     (a checkpoint's); anything else is one error line."""
+    not_one = f"{path} is not a validation text of a checkpoint"
     try:
         with open(path, encoding="utf-8") as f:
             found = json.load(f)
     except FileNotFoundError:
         raise UserError(f"no validation text at {path}") from None
     except (OSError, ValueError) as e:
-        raise UserError(
-            f"{path} is not a validation text of a checkpoint ({one_line(e)})"
-        ) from None
+        raise UserError(f"{not_one} ({one_line(e)})") from None
     kinds = {"name": str, "text": str, "facts": list}
-    if not isinstance(found, dict) or any(
-        not isinstance(found.get(k), t) for k, t in kinds.items()
-    ):
-        raise UserError(
-            f"{path} is not a validation text of a checkpoint (no name, text and facts)"
-        )
-    n = len(found["text"])
-    in_text = lambda p: isinstance(p, int) and not isinstance(p, bool) and 0 <= p < n
-    for fact in found["facts"]:
-        ok = isinstance(fact, dict) and in_text(fact.get("query"))
-        ok = ok and isinstance(fact.get("fact"), list) and fact["fact"]
-        if not (ok and all(in_text(p) for p in fact["fact"])):
+    if not (isinstance(found, dict) and all(isinstance(found.get(k), t) for k, t in kinds.items())):
+        raise UserError(f"{not_one} (no name, text and facts)")
+    in_text = lambda p: type(p) is int and 0 <= p < len(found["text"])  # True is no position
+    for fact in found["facts"]:  # a query's position and its fact's, one or more
+        fine = isinstance(fact, dict) and isinstance(fact.get("fact"), list) and fact["fact"]
+        if not (fine and all(in_text(p) for p in [fact.get("query"), *fact["fact"]])):
             raise UserError(
                 f"{path}: a fact is not {{query, fact}} of positions in its text: {fact!r:.80}"
             )

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from compressive import Memory
 
-from .checks import UserError, autocast_for
+from .checks import UserError, pick_dtype
 from .data import IGNORE, Data
 
 
@@ -80,5 +80,7 @@ def on_validation(model, data: Data, n_streams: int, dtype: str, progress=None) 
     """per_character on all of data's validation text, on the model's device, in --dtype."""
     device = next(model.parameters()).device
     targets = None if data.val_targets is None else data.val_targets.to(device)
-    val, autocast = data.val.to(device), autocast_for(device, dtype)
+    dtype = getattr(torch, pick_dtype(dtype, device)[0])  # as the training step's autocast
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    val = data.val.to(device)
     return per_character(model, val, n_streams, model.cfg.seq_len, autocast, targets, progress)

@@ -36,13 +36,8 @@ def repository_commit() -> str:
     """The repository's commit, with "+changes" where its tracked files differ from it, for the
     captions of figures and the records of studies; "unknown" outside a git checkout."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def git(*args):
-        found = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
-        if found.returncode != 0:
-            raise OSError(found.stderr)
-        return found.stdout.strip()
-
+    run = dict(cwd=root, capture_output=True, text=True, timeout=10, check=True)
+    git = lambda *args: subprocess.run(["git", *args], **run).stdout.strip()
     try:
         dirty = git("status", "--porcelain", "--untracked-files=no")
         return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")

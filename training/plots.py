@@ -35,26 +35,17 @@ def save(plt, path: str, caption: str = "") -> None:
     print(f"wrote {path}")
 
 
-def plot_history(history, path: str, train_log=()) -> None:
+def plot_history(history, path: str, train_log) -> None:
     """The training loss at every log line (train_log; the batch of that step, so it is noisy)
     and the validation loss at every evaluation (history)."""
     plt = pyplot()
     if plt is None:
         return
     plt.figure(figsize=(6, 4))
-    plt.plot(
-        [h["step"] for h in train_log],
-        [h["train_loss"] for h in train_log],
-        linewidth=1,
-        label="train (the batch at each log line)",
-    )
-    if history:
-        plt.plot(
-            [h["step"] for h in history],
-            [h["val_loss"] for h in history],
-            marker="o",
-            label="validation (the whole split)",
-        )
+    train = [(h["step"], h["train_loss"]) for h in train_log]
+    plt.plot(*zip(*train), linewidth=1, label="train (the batch at each log line)")
+    val = [(h["step"], h["val_loss"]) for h in history]
+    plt.plot(*zip(*val), marker="o", label="validation (the whole split)")
     plt.xlabel("step")
     plt.ylabel("loss (nats/char)")
     plt.legend()

@@ -46,14 +46,16 @@ def test_streams_stay_contiguous_across_steps():
     assert x.equal(x1) and y.equal(y1.masked_fill(y1 % 2 == 0, -100))
 
 
-def test_a_text_moves_to_a_device_whole():
-    ids = torch.tensor([0, 1, 1, 0])
-    text = data.Data(
-        ["a", "b"], ids, ids.flip(0), "ab", val_targets=ids.masked_fill(ids == 0, -100)
-    )
-    moved = text.to("meta")
-    assert moved.train.is_meta and moved.val.is_meta and moved.val_targets.is_meta
-    assert moved.train_targets is None and (moved.vocab, moved.name) == (["a", "b"], "ab")
+def test_each_process_reads_its_own_strands_on_its_device():
+    ids = torch.arange(1001)
+    text = data.Data([str(i) for i in range(1001)], ids, ids[:100], "ids", train_targets=ids + 1)
+    args = ts.parse_args(["--batch-size", "2", "--seq-len", "16"])
+    strands = ts.make_streams(ids, 4)  # 2 processes x 2 streams
+    first, _ = ts.streams_of_rank(text, args, 0, 2, "cpu")
+    second, targets = ts.streams_of_rank(text, args, 1, 2, "cpu")
+    assert first.equal(strands[:2]) and second.equal(strands[2:]) and targets.equal(second + 1)
+    on_meta = ts.streams_of_rank(text, args, 1, 2, "meta")
+    assert all(t.is_meta and t.shape == second.shape for t in on_meta)
 
 
 def test_a_validation_text_written_to_a_file_reads_back_with_its_facts(tmp_path):
@@ -384,9 +386,6 @@ def test_dtype_auto_picks_bf16_where_the_cpu_computes_it_natively(
     name, reason = checks.pick_dtype("auto", torch.device("cpu"))
     assert (name, bool(probed)) == (chosen, speed_up is not None) and why in reason, reason
     assert reason.startswith("auto: ")
-    # autocast's dtype where a caller passes --dtype auto as it is (research's own steps)
-    autocast = checks.autocast_for(torch.device("cpu"), "auto")
-    assert getattr(autocast, "fast_dtype", torch.float32) == getattr(torch, chosen)
     # a dtype asked for is kept, and nothing is probed
     probed.clear()
     for asked in ("float32", "bfloat16", "float16"):
@@ -913,7 +912,11 @@ def test_the_projects_own_f_c_trains_resumes_and_evaluates(small_text, tmp_path,
     capsys.readouterr()
     assert ts.main([*common[:-2], "--steps", "4", "--resume"]) == 2
     line = error_line(capsys)
-    assert "the model flags differ" in line and "--compression (conv here, overlap_max" in line
+    assert "flags differ from the checkpoint's" in line
+    assert "--compression (conv here, overlap_max" in line
+    # the memory continues streams cut alike: another --batch-size would cut them otherwise
+    assert ts.main([*common, "--steps", "4", "--resume", "--batch-size", "2"]) == 2
+    assert "--batch-size (2 here, 4 in the checkpoint)" in error_line(capsys)
 
 
 @pytest.mark.parametrize(
