@@ -20,7 +20,7 @@ import torch
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research.study import at_least, fraction, made_with, positive, print_table
+from research import at_least, fraction, made_with, positive, print_table
 from training import checkpoint, evaluate, files, plots
 from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode

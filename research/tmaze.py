@@ -22,8 +22,7 @@ import time
 import torch
 
 from compressive import CompressiveConfig
-from research import ppo_cue
-from research.study import made_with, one_thread, plot_curves, positive, print_table
+from research import made_with, one_thread, plot_curves, positive, ppo_cue, print_table
 
 N_CUES, N_DISTRACTORS = 4, 4
 QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
