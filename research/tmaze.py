@@ -35,7 +35,6 @@ SOLVED = 0.95  # held-out accuracy that counts as having learned the task
 def config(memory: str, d_model: int) -> CompressiveConfig:
     mem_len, c_mem_len = MEMORIES[memory]
     return CompressiveConfig(
-        vocab_size=None,
         d_model=d_model,
         n_heads=2,
         n_layers=1,
