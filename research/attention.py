@@ -183,7 +183,8 @@ def analyze_checkpoint(args) -> None:
     data, answers = tasks.validation_data(args, ckpt)
     print(f"validation text: {data.name}")
     streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
-    command = checkpoint.training_command(ckpt, tasks.defaults(ckpt))
+    # the script's defaults name a task command's flags too (research/test_tasks.py)
+    command = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
     caption = f"Checkpoint: {command}. Drawn by: python -m research.attention, {made_with()}."
     analyze(model, streams, ckpt["step"], args.out, caption)
     if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
