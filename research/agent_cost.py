@@ -29,7 +29,7 @@ import torch
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig, CompressiveTransformer
-from research.study import alternate, one_thread, positive
+from research import alternate, one_thread, positive
 
 
 def parse_args(argv):

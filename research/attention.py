@@ -7,16 +7,13 @@ cut into BUCKETS_PER_REGION spans of distance, averaged over the validation text
 memories are full. On a checkpoint of the recall task, also where the '?' of each query looks:
 on the slot of its fact, per layer and phase (research/recall.py)."""
 
-import argparse
-
 import torch
 
 import train_shakespeare
 from compressive import CompressiveTransformer
-from research import recall, tasks
-from research.study import made_with, positive, print_table
+from research import made_with, positive, print_table, recall, tasks
 from training import checkpoint, plots
-from training.checks import UserError, exit_status, keep_freed_memory, pick_device
+from training.checks import UserError, command_flags, exit_status, keep_freed_memory, pick_device
 from training.recorded_attention import recorded_attention
 
 BUCKETS_PER_REGION = 4
@@ -45,11 +42,10 @@ BUCKET_NAMES = [
 @torch.no_grad()
 def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = "") -> None:
     """Run model over streams [n, L + 1] segment by segment, carrying memory; print the attention
-    per bucket and layer, and the mean reconstruction loss; plot to OUT/attention.png, caption at
-    its foot."""
+    per bucket and layer; plot to OUT/attention.png, caption at its foot."""
     cfg = model.cfg
     totals = torch.zeros(cfg.n_layers, 3 * BUCKETS_PER_REGION, dtype=torch.float64)
-    counted, recon_total, recon_count, memory = 0, 0.0, 0, None
+    counted, memory = 0, None
     with recorded_attention(model) as attention:
         for start in range(0, streams.size(1) - cfg.seq_len, cfg.seq_len):
             full = (
@@ -57,19 +53,17 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
                 and memory.mem[0].size(1) == cfg.mem_len
                 and memory.c_mem[0].size(1) == cfg.c_mem_len
             )
-            _, memory, recon_loss = model(streams[:, start : start + cfg.seq_len], memory)
+            _, memory, _ = model(streams[:, start : start + cfg.seq_len], memory)
             if full:  # bucket edges are only comparable once both memories are full
                 for i, weights in enumerate(attention):
                     buckets = attention_buckets(weights.double(), cfg.c_mem_len, cfg.mem_len)
                     totals[i] += buckets.mean(dim=(0, 1, 2)).cpu()
                 counted += 1
-            if recon_loss > 0:
-                recon_total, recon_count = recon_total + recon_loss.item(), recon_count + 1
     if counted == 0:
         raise UserError(
             "the validation split is too short to fill the memories; lower --batch-size"
         )
-    per_layer, recon = (totals / counted).tolist(), recon_total / max(recon_count, 1)
+    per_layer = (totals / counted).tolist()
     overall = [sum(column) / cfg.n_layers for column in zip(*per_layer)]
     print(
         f"attention by key bucket, {counted} segments x {streams.size(0)} streams, "
@@ -81,11 +75,6 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
             [name, *(f"{w:.4f}" for w in [overall[b], *(row[b] for row in per_layer)])]
             for b, name in enumerate(BUCKET_NAMES)
         ),
-    )
-    print(
-        f"mean reconstruction loss, summed over the layers: {recon:.5f}"
-        if recon_count
-        else "no reconstruction loss: f_c has no parameters or nothing was compressed"
     )
     plt = plots.pyplot()
     if plt is None:
@@ -175,12 +164,8 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m research.attention", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
+    p = command_flags("python -m research.attention", __doc__)
     p.add_argument("--batch-size", type=positive, default=12, help="parallel streams of the text")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.set_defaults(data=None)  # the checkpoint's own text
     args = p.parse_args(argv)
     keep_freed_memory()
@@ -198,7 +183,8 @@ def analyze_checkpoint(args) -> None:
     data, answers = tasks.validation_data(args, ckpt)
     print(f"validation text: {data.name}")
     streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
-    command = checkpoint.training_command(ckpt, tasks.defaults(ckpt))
+    # the script's defaults name a task command's flags too (research/test_tasks.py)
+    command = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
     caption = f"Checkpoint: {command}. Drawn by: python -m research.attention, {made_with()}."
     analyze(model, streams, ckpt["step"], args.out, caption)
     if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:

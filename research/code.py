@@ -8,19 +8,11 @@ cut to show what the memory is worth.
 
 The corpus is the running interpreter's own standard-library sources (no network, no new
 dependency), where a name defined at the top of a module is used again hundreds of characters
-later. It is built in memory once per process, deterministically: the .py files under sysconfig's
-stdlib folder in sorted order of their '/'-separated relative paths, each after a line "# file:
-<relative path>"; left out are tests (folders test, tests, idle_test), third-party code
-(site-packages, dist-packages), __pycache__, the build's config-* and the generated
-_sysconfigdata_* module (it differs between machines). The text is normalised to VOCAB (97
-characters, normalise); a file is validation when the first byte of the SHA-256 of its path is
-below 26 (about 10% of the files, stable when files come and go). The description (the run's log,
-the checkpoint) names the interpreter, the files and the validation text's SHA-256, so that two
-runs can tell whether they read one text.
-
---eval-only reads checkpoints of this command and of train_shakespeare.py alike (each on its own
-validation text), and records into OUT/metrics.json. Training is train_shakespeare.py's; at each
-evaluation the loss of every character is read again (training.evaluate.per_character)."""
+later: built in memory once per process, the same on every machine with that interpreter (see
+source_files, normalise, is_validation), and described (the run's log, the checkpoint) by the
+interpreter, the files and the validation text's SHA-256, so that two runs can tell whether they
+read one text. --eval-only reads checkpoints of this command and of train_shakespeare.py alike,
+each on its own validation text, and records into OUT/metrics.json."""
 
 import functools
 import hashlib
@@ -31,7 +23,7 @@ import sysconfig
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research import copies
+from research import at_least, copies
 from training import checkpoint, evaluate, files
 from training.checks import UserError, exit_status, keep_freed_memory, one_line, processes
 from training.data import Data, encode
@@ -58,11 +50,14 @@ def normalise(text: str) -> str:
 
 
 def is_validation(relative_path: str) -> bool:
-    return hashlib.sha256(relative_path.encode()).digest()[0] < 26  # 26/256: about 10%
+    """About 10% of the files (26/256), by their path alone: stable when other files come and go."""
+    return hashlib.sha256(relative_path.encode()).digest()[0] < 26
 
 
 def source_files(root: str):
-    """The relative paths of the library's .py files, sorted, exclusions left out."""
+    """The relative paths ('/'-separated, sorted) of the library's .py files, leaving out tests,
+    third-party code, caches, the build's config-* and the generated _sysconfigdata_* module (it
+    differs between machines)."""
     found = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [
@@ -74,14 +69,10 @@ def source_files(root: str):
     return sorted(found)
 
 
-def load(root: str = None):
-    """(train text, val text, manifest) of the library under root (the interpreter's own by
-    default), built once per process."""
-    return build(root or stdlib_root())
-
-
 @functools.lru_cache(maxsize=2)
-def build(root: str):
+def load(root: str):
+    """(train text, val text, manifest) of the library under root, each file after a line
+    "# file: <relative path>", built once per process."""
     paths = source_files(root)
     if not paths:
         raise UserError(
@@ -145,7 +136,7 @@ def parse_args(argv=None):
     evaluate_command.add_ablation_flags(e)
     parser.add_argument(
         "--val-chars",
-        type=int,
+        type=at_least(1000),
         help=f"validate on the first whole files of the split that hold this many characters "
         f"(default {VAL_CHARS:,}; --eval-only: the checkpoint's)",
     )
@@ -155,7 +146,7 @@ def parse_args(argv=None):
 def load_data(args, saved_args=None, need_train: bool = True) -> Data:
     """The corpus; the validation text is whole files, the first --val-chars or a little more
     (the whole split is long to evaluate often)."""
-    train, val, manifest = load()
+    train, val, manifest = load(stdlib_root())
     given = [getattr(args, "val_chars", None), (saved_args or {}).get("val_chars"), VAL_CHARS]
     val = first_files(val, next(n for n in given if n is not None))
     return Data(
@@ -223,8 +214,6 @@ def evaluate_checkpoint(args) -> dict:
 def run(args) -> dict:
     """The command on its parsed flags: the training's metrics, or the evaluation's result."""
     train_shakespeare.check_args(args)
-    if args.val_chars is not None and args.val_chars < 1000:
-        raise UserError(f"--val-chars must be >= 1000, got {args.val_chars}")
     if args.eval_only:
         return evaluate_checkpoint(args)
     if args.data is not None:

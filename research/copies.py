@@ -3,16 +3,13 @@
     python -m research.copies FILE [FILE ...]      # a text's share of characters by copy distance
 
 Long context helps a language model almost only where the next character can be copied from far
-back (Sun et al. 2021, arXiv 2109.09115). The copy distance of the character at position p is
-p - q, for the last earlier q in the same stream at which the same n-gram ended ("never" where
-there is none); a model that sees q can copy the character from there. The query that predicts p
-is the input at p - 1, at index i of its segment: it sees i keys of its own segment, then n_m
-memories, then c * n_cm characters through c_mem. The copy lies beyond the segment by
-e = (d - 1) - i (e <= 0: inside it), reachable through mem when 1 <= e <= n_m and through c_mem
-when n_m < e <= n_m + c * n_cm. The buckets are drawn on e, the same for every model evaluated
-with the same n_s. EDGES are the code study's (n_s 64): 64 the compressive model's mem, 96 an
-equal-slots Transformer-XL's, 192 the compressive model's reach at c = 4 and XL-192's; 97-192
-holds what only the compressed memory (or an XL as long as its reach) can copy.
+back (Sun et al. 2021, arXiv 2109.09115). The copy distance d of the character at position p is
+p - q, for the last earlier q in the same stream at which the same n-gram ended. The query that
+predicts p, at index i of its segment, sees i keys of its own segment, then n_m memories, then
+c * n_cm characters through c_mem: the copy lies beyond the segment by e = (d - 1) - i, within mem
+when 1 <= e <= n_m and within c_mem when n_m < e <= n_m + c * n_cm. The buckets are drawn on e, the
+same for every model with the same n_s; EDGES are the code study's (n_s 64: 64 the compressive
+model's mem, 96 an equal-slots XL's, 192 the compressive model's reach and XL-192's).
 """
 
 import argparse

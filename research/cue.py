@@ -18,8 +18,8 @@ import time
 import torch
 
 from compressive import CompressiveConfig
+from research import positive
 from research.ppo_cue import QUERY, Agent, CueEnvs, act, supervised_step
-from research.study import positive
 
 MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per training call
 

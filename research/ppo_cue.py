@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
-from research.study import made_with, plot_curves, positive
+from research import made_with, plot_curves, positive
 
 N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
 MINIBATCHES = 2  # of environments, in each pass over a rollout

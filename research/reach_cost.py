@@ -24,7 +24,7 @@ import torch
 import bench
 import train_shakespeare
 from compressive import Memory
-from research.study import alternate, made_with, positive, print_table
+from research import alternate, made_with, positive, print_table
 from training import plots
 from training.checkpoint import make_model
 from training.checks import UserError, exit_status, keep_freed_memory, pick_device

@@ -20,7 +20,7 @@ import torch
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research.study import at_least, fraction, made_with, positive, print_table
+from research import at_least, fraction, made_with, positive, print_table
 from training import checkpoint, evaluate, files, plots
 from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode
@@ -339,17 +339,14 @@ def key_use(scored: Scored, edges) -> list:
 
 
 def summary(scored: Scored, edges, rate: int) -> str:
-    """One line for the training log: accuracy per region by distance, and over the facts held in
-    c_mem when asked, all and per phase."""
+    """One line: accuracy per region by distance, and over the facts held in c_mem when asked,
+    all (their number) and per phase."""
     line = ", ".join(f"{name} {acc:.3f}" for name, acc in by_region(scored, edges).items())
     held, *phases = by_phase(scored, edges, rate) or [None]
     if held is None:
         return line
-    return line + (
-        f"; held in c_mem {held['accuracy']:.3f} (by phase "
-        + " / ".join(f"{row['accuracy']:.3f}" for row in phases)
-        + ")"
-    )
+    each = " / ".join(f"{row['accuracy']:.3f}" for row in phases)
+    return f"{line}; held in c_mem {held['accuracy']:.3f} ({held['queries']}; by phase {each})"
 
 
 def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
@@ -381,13 +378,7 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
             for r in rows
         ),
     )
-    if phases:
-        held, *split = phases
-        print(
-            f"facts held in c_mem when asked: {held['accuracy']:.3f} ({held['queries']} queries); "
-            f"by the phase of the digit in its block of c={cfg.compression_rate}: "
-            + ", ".join(f"{p['phase']}: {p['accuracy']:.3f} ({p['queries']})" for p in split)
-        )
+    print(f"recall accuracy by region: {summary(scored, edges, cfg.compression_rate)}")
     keys = key_use(scored, edges)
     if keys:
         print(

@@ -1,115 +1,26 @@
-"""The code study, and what the studies' commands share (the helpers first).
+"""The code study: does the reach help on real text? Python's own library (docs/REACH.md).
 
     python -m research.study run --budget default --seeds 1 2 3   # train and evaluate each run
     python -m research.study table                                # the tables and the figure
 
 `run` trains each model on each seed on the code corpus (python -m research.code), evaluates the
 checkpoint again without its far memory (the ablations), and writes the run's record to
-OUT/NAME/study.json. A run with a record is skipped, one whose training finished is only
-evaluated, so a stopped study goes on where it stopped. `table` prints the tables of every record
-under OUT and draws OUT/code_study.png. The models, at equal slots per layer (96) and at equal
-reach (192 characters beyond the segment):
+OUT/NAME/study.json. A run with a record is skipped, one without is trained afresh, so a stopped
+study goes on where it stopped. `table` prints the tables of every record under OUT and draws
+OUT/code_study.png. The models, at equal slots per layer (96) and at equal reach (192 characters
+beyond the segment):
 """
 
 import argparse
-import contextlib
 import glob
 import json
 import os
 import statistics
 import sys
-import time
 
-import torch
-
-from research import code
+from research import code, print_table
 from training import files, plots
 from training.checks import UserError, exit_status
-
-# --------------------------------------------------------------------------------------------------
-# What the studies' commands share
-
-
-def at_least(low: int):
-    """An argparse type: an integer >= low."""
-
-    def integer(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return integer
-
-
-positive = at_least(1)
-
-
-def fraction(text: str) -> float:
-    """An argparse type: a number in [0, 1]."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {value}")
-    return value
-
-
-def made_with() -> str:
-    """How a figure was made, for its foot: torch, the threads, the commit."""
-    return (
-        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), commit "
-        f"{files.repository_commit()}"
-    )
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Run on one thread, and give the process's threads back after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def alternate(calls: dict, rounds: int, clock=time.perf_counter) -> dict:
-    """{name: [seconds of each round]}: the calls timed in alternation, one call each a round,
-    the order reversed every other round, so that the machine's noise hits them alike."""
-    times = {name: [] for name in calls}
-    for r in range(rounds):
-        for name in calls if r % 2 == 0 else reversed(calls):
-            began = clock()
-            calls[name]()
-            times[name].append(clock() - began)
-    return times
-
-
-def print_table(header: list, rows) -> None:
-    """A markdown table, as docs/ shows them."""
-    print("| " + " | ".join(header) + " |")
-    print("| --- " * len(header) + "|")
-    for row in rows:
-        print("| " + " | ".join(str(cell) for cell in row) + " |")
-
-
-def plot_curves(curves, path: str, xlabel: str, ylabel: str, chance: float, caption: str):
-    """Learning curves [(label, xs, ys, style)] against chance, to path, caption at its foot."""
-    plt = plots.pyplot()
-    if plt is None:
-        return
-    plt.figure(figsize=(6, 3.8))
-    for label, xs, ys, style in curves:
-        plt.plot(xs, ys, label=label, **style)
-    plt.axhline(chance, color="grey", linewidth=0.8, label="chance")
-    plt.xlabel(xlabel)
-    plt.ylabel(ylabel)
-    plt.ylim(0, 1.05)
-    plt.legend(fontsize=5 if len(curves) > 6 else 8, ncol=2 if len(curves) > 6 else 1)
-    plots.save(plt, path, caption)
-
-
-# --------------------------------------------------------------------------------------------------
-# The code study
 
 MODELS = {  # name: its training flags
     "vanilla": ["--model", "vanilla"],
@@ -134,23 +45,12 @@ WORTH = {
 }
 
 
-def finished_training(out: str, steps: int):
-    """OUT/metrics.json of a training that ran all its steps (code.py writes the loss by copy
-    distance into it last), else None."""
-    try:
-        with open(os.path.join(out, "metrics.json"), encoding="utf-8") as f:
-            metrics = json.load(f)
-    except (OSError, ValueError):
-        return None
-    done = metrics.get("step") == steps and "loss_by_copy_distance" in metrics
-    return metrics if done else None
-
-
 def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
-    """Train (unless that finished before) and evaluate one model on one seed; its record."""
+    """Train and evaluate one model on one seed (a stopped run's checkpoint is trained over
+    afresh); its record."""
     train_flags = [*MODELS[model], *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
-    args = code.parse_args(train_flags)
-    metrics = finished_training(out, args.steps) or code.run(args)
+    args = code.parse_args([*train_flags, "--overwrite"])
+    metrics = code.run(args)
     cut = {}
     if model in WORTH:
         ablation, (n_m, n_cm), _ = WORTH[model]

@@ -14,7 +14,6 @@ import os
 
 import torch
 
-import train_shakespeare
 from research import code, recall
 from training import checkpoint, data
 from training.checks import exit_status
@@ -26,14 +25,6 @@ def validation_data(args, ckpt: dict):
     if ckpt["args"].get("task") == "recall":
         return code.validation_text(args, ckpt, recall.load_data)
     return code.validation_text(args, ckpt), None
-
-
-def defaults(ckpt: dict) -> dict:
-    """The flags' defaults of the command that trained the checkpoint, for the caption of a
-    figure drawn from it (checkpoint.training_command)."""
-    task = ckpt["args"].get("task", "shakespeare")
-    parse = {"recall": recall.parse_args, "code": code.parse_args}
-    return vars(parse.get(task, train_shakespeare.parse_args)([]))
 
 
 def facts(answers) -> list:

@@ -63,7 +63,6 @@ def test_training_on_the_code_corpus_records_the_loss_by_copy_distance_at_every_
     metrics = json.load(open(os.path.join(out, "metrics.json")))
     assert [h["step"] for h in metrics["history"]] == [2, 4]
     assert metrics["loss_by_copy_distance"] == metrics["history"][-1]["loss_by_copy_distance"]
-    assert study.finished_training(out, 4)["step"] == 4  # what the study skips training for
     # the commands that read any checkpoint read this one on its own text
     assert attention.main(["--out", out, "--device", "cpu", "--batch-size", "2"]) == 0
     assert "validation text: code: the " in capsys.readouterr().out
@@ -146,18 +145,9 @@ def test_the_study_table_draws_its_figure_from_the_records(fresh_pyplot, tmp_pat
     assert (tmp_path / "code_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_study_records_each_run_and_evaluates_a_finished_run_without_training_it_again(
-    trained, tmp_path, monkeypatch, capsys
-):
-    """A run whose training finished (metrics.json at its last step, with the loss by copy
-    distance) is only evaluated again; each run's record is its own file, which the table reads."""
-    metrics_path = os.path.join(trained, "metrics.json")
-    assert study.finished_training(trained, 2) is None  # no loss by copy distance yet: not finished
-    metrics = json.load(open(metrics_path))
-    metrics["loss_by_copy_distance"] = metrics["history"][-1]["loss_by_copy_distance"] = {}
-    json.dump(metrics, open(metrics_path, "w"))
-    assert study.finished_training(trained, 2)["step"] == 2
-    assert study.finished_training(trained, 3) is None  # stopped before the last step
+def test_the_study_records_each_run_and_skips_a_recorded_one(tmp_path, monkeypatch, capsys):
+    """Each run's record is its own file, which the table reads; a recorded run is not trained
+    again."""
     calls = []
     monkeypatch.setattr(study, "one_run", lambda *a: calls.append(a) or {"val_loss": 1.0})
     out = str(tmp_path / "study")
@@ -173,6 +163,22 @@ def test_the_study_records_each_run_and_evaluates_a_finished_run_without_trainin
     assert "recorded in" in capsys.readouterr().out
     assert study.main(["table", "--out", str(tmp_path / "none")]) == 2
     assert "no run recorded under" in error_line(capsys)
+
+
+@pytest.mark.slow  # trains: seconds
+def test_a_study_run_trains_evaluates_without_its_far_memory_and_trains_a_stopped_run_afresh(
+    tmp_path, monkeypatch
+):
+    make_source_tree(tmp_path / "lib", repeat=40)
+    monkeypatch.setattr(code, "stdlib_root", lambda: str(tmp_path / "lib"))
+    out = str(tmp_path / "conv")
+    extra = [*TINY_FLAGS, "--steps", "2", "--eval-every", "2", "--val-chars", "1000"]
+    for _ in range(2):  # the second finds the first one's checkpoint
+        record = study.one_run("conv", "default", 1, extra, out)
+        assert record["history"][-1]["step"] == 2 and record["seed"] == 1
+        cut = record["ablations"]["no c_mem"]
+        assert cut["val_loss"] != record["val_loss"]
+        assert set(cut["loss_by_copy_distance"]) == set(record["loss_by_copy_distance"])
 
 
 def make_source_tree(root, repeat: int = 1):

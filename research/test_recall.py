@@ -234,7 +234,7 @@ def test_recall_phase_split_on_a_hand_made_case():
     assert recall.by_phase(scored, CompressiveTransformer(tiny(c_mem_len=0)).reach(), 4) == []
     assert recall.summary(scored, edges, 4) == (
         "mem 1.000, c_mem 0.500, beyond 1.000; held in c_mem "
-        "0.571 (by phase 0.667 / 0.000 / 1.000 / 1.000)"
+        "0.571 (7; by phase 0.667 / 0.000 / 1.000 / 1.000)"
     )
 
 
@@ -316,7 +316,7 @@ def test_task_recall_trains_evaluates_and_reports_by_distance(recall_trained, ca
     assert all(0.0 <= row["accuracy"] <= 1.0 for row in metrics["recall"]["by_distance"])
     held, *phases = metrics["recall"]["by_phase"]  # the facts held in c_mem, then each phase
     assert held["phase"] == "all" and held["queries"] == sum(row["queries"] for row in phases) > 0
-    assert "facts held in c_mem when asked" in printed and "held in c_mem" in printed
+    assert f"; held in c_mem {held['accuracy']:.3f} ({held['queries']}; by phase" in printed
     # a sample starts from the recall text's filler by default: it has no newline
     assert sample.main(["--out", out, "--chars", "20", "--device", "cpu"]) == 0
     assert set(capsys.readouterr().out.strip()) <= set(recall.VOCAB)

@@ -22,8 +22,7 @@ import time
 import torch
 
 from compressive import CompressiveConfig
-from research import ppo_cue
-from research.study import made_with, one_thread, plot_curves, positive, print_table
+from research import made_with, one_thread, plot_curves, positive, ppo_cue, print_table
 
 N_CUES, N_DISTRACTORS = 4, 4
 QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
@@ -36,7 +35,6 @@ SOLVED = 0.95  # held-out accuracy that counts as having learned the task
 def config(memory: str, d_model: int) -> CompressiveConfig:
     mem_len, c_mem_len = MEMORIES[memory]
     return CompressiveConfig(
-        vocab_size=None,
         d_model=d_model,
         n_heads=2,
         n_layers=1,
