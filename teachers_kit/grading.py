@@ -55,8 +55,8 @@ FORMAT = 4  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
-# Where the grader runs as root, each sandbox runs as a uid of its own, one per run at a time:
-# never a user's, and after a run without bubblewrap the kit kills whatever that uid still runs.
+# Where the grader runs as root, each submission runs as a uid of its own, one per submission at
+# a time: never a user's, and when it ends the kit kills whatever that uid still runs.
 SANDBOX_UIDS = range(2_100_000_000, 2_100_000_064)
 
 
@@ -91,10 +91,7 @@ class Run(NamedTuple):
 
 
 def workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0))  # the cores this grader may use
 
 
 def child_environment() -> Dict[str, str]:
