@@ -55,8 +55,8 @@ FORMAT = 4  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
-# Where the grader runs as root, each sandbox runs as a uid of its own, one per run at a time:
-# never a user's, and after a run without bubblewrap the kit kills whatever that uid still runs.
+# Where the grader runs as root, each submission runs as a uid of its own, one per submission at
+# a time: never a user's, and when it ends the kit kills whatever that uid still runs.
 SANDBOX_UIDS = range(2_100_000_000, 2_100_000_064)
 
 
@@ -91,10 +91,7 @@ class Run(NamedTuple):
 
 
 def workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0))  # the cores this grader may use
 
 
 def child_environment() -> Dict[str, str]:
@@ -355,10 +352,11 @@ class Printed:
         return text
 
 
-def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
+def launch(layout: Layout, shared: bool):
     """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
-    sandbox.py and the project files the module imports, nothing of the teacher's tests; uid: the
-    grader is root. Its process, its control socket, its log and its folder."""
+    sandbox.py and the project files the module imports, nothing of the teacher's tests; shared:
+    the grader is root, and it serves the grading's submissions. Its process, its control
+    socket, its log and its folder."""
     ways = confinement()
     folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
     for path, text in layout.support.items():
@@ -367,23 +365,29 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
             (folder / path).write_text(text, encoding="utf-8")
     shutil.copyfile(SANDBOX, folder / SANDBOX.name)
     # what it holds is the project's own (no submission's code: that goes over a socket),
-    # readable by the sandbox's uid
+    # readable by the sandbox's uids
     folder.chmod(0o755)
+    # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own; without
+    # bubblewrap, one in its folder (shared, a folder of each uid's own in it)
+    tmp_folder = "/tmp"
+    if not ways.bwrap:
+        tmp_folder = str(folder / "tmp")
+        os.mkdir(tmp_folder, 0o711 if shared else 0o700)
     base = INSIDE if ways.bwrap else str(folder)
     ours, theirs = socket.socketpair()
-    argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), tmp_folder, base]
+    how = "shared" if shared else "own"
+    argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), how, tmp_folder, base]
     argv.append(str(torch_folder()))
     log = tempfile.TemporaryFile()
-    user = {"user": uid, "group": uid, "extra_groups": []} if uid and not ways.bwrap else {}
-    env = sandbox_environment(count_processes=bool(ways.bwrap) or uid is not None)
-    if not ways.bwrap:  # a private folder of its own (tmp_folder), not the machine's /tmp
+    env = sandbox_environment(count_processes=bool(ways.bwrap) or shared)
+    if not ways.bwrap:  # not the machine's /tmp
         env["TMPDIR"] = env["HOME"] = tmp_folder
     # the filter: bubblewrap installs it; without bubblewrap, libseccomp does in the new process
     # before it runs Python (no thread of the grader runs in it)
     load = None if ways.bwrap else kernel_filter().load
     with filter_file() as bpf:
         process = subprocess.Popen(
-            sandbox_command(ways.bwrap, str(folder), argv, uid is not None, bpf.fileno()),
+            sandbox_command(ways.bwrap, str(folder), argv, shared, bpf.fileno()),
             cwd=folder,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -392,10 +396,19 @@ def launch(layout: Layout, tmp_folder: str, uid: Optional[int]):
             pass_fds=(theirs.fileno(), *([bpf.fileno()] if ways.bwrap else [])),
             start_new_session=True,  # its own process group, killed whole when it ends
             preexec_fn=load,
-            **user,
         )
     theirs.close()
     return process, ours, log, folder
+
+
+def stop(process: subprocess.Popen, log, folder: Path) -> None:
+    """A sandbox's processes killed (its own process group; bubblewrap's die with it), its log
+    and folder removed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    log.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def last_line(log) -> str:
@@ -407,11 +420,12 @@ def last_line(log) -> str:
 
 
 class SharedSandbox:
-    """Where the grader is root and bubblewrap runs: one sandbox for the submissions of a
-    grading (of an assignment's layout), whose first process imports torch once and forks each
-    submission's first process as the uid the submission holds (sandbox.start_submissions).
-    Each submission has namespaces of its own in it (processes, network, IPC, host name,
-    mounts), a temporary folder of its own and a uid of its own. Ended when the grader ends."""
+    """Where the grader is root: one sandbox for the submissions of a grading (of an
+    assignment's layout), whose first process imports torch once and forks each submission's
+    first process as the uid the submission holds (sandbox.start_submissions). In bubblewrap,
+    each submission has namespaces of its own in it (processes, network, IPC, host name,
+    mounts); always a temporary folder of its own and a uid of its own. Ended when the grader
+    ends."""
 
     lock = threading.Lock()
     running: Dict[tuple, "SharedSandbox"] = {}
@@ -427,7 +441,7 @@ class SharedSandbox:
 
     def __init__(self, layout: Layout):
         self.lock = threading.Lock()
-        self.process, self.control, self.log, self.folder = launch(layout, "shared", 0)
+        self.process, self.control, self.log, self.folder = launch(layout, shared=True)
         atexit.register(self.stop)
 
     def request(self, op: str, uid: int, cgroup_fds: List[int] = ()) -> socket.socket:
@@ -454,20 +468,16 @@ class SharedSandbox:
 
     def stop(self) -> None:
         self.control.close()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        self.log.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        stop(self.process, self.log, self.folder)
 
 
 class StudentSandbox:
-    """Where one submission runs (the kit's own uid while it runs, where the grader is root):
-    started for its first exercise, ended by close(). A sandbox of its own, or, where the grader
-    is root and bubblewrap runs, a first process of its own in the grading's SharedSandbox. Its
-    exercises run one at a time, each in a worker of its own whose socket goes to the exercise's
-    test process (open); the test process sends the worker its module, the original with only
-    that exercise's function taken from the submission (spliced: exercise -> text)."""
+    """Where one submission runs: started for its first exercise, ended by close(). Where the
+    grader is root, a first process of its own in the grading's SharedSandbox, as a uid of the
+    kit's own while it runs; else a sandbox of its own. Its exercises run one at a time, each in
+    a worker of its own whose socket goes to the exercise's test process (open); the test
+    process sends the worker its module, the original with only that exercise's function taken
+    from the submission (spliced: exercise -> text)."""
 
     def __init__(self, spliced: Dict[str, str], layout: Layout, timeout_s: float):
         self.spliced, self.layout, self.timeout_s = spliced, layout, timeout_s
@@ -478,38 +488,25 @@ class StudentSandbox:
         self.control: Optional[socket.socket] = None
         self.word: Optional[bytes] = None  # what its first process said once it could serve
         self.uid: Optional[int] = None
-        self.private_tmp = ""  # without bubblewrap: its temporary folder
         self.cgroup: Optional[SubmissionCgroup] = None  # where the machine offers one
 
     def start(self) -> None:
-        ways = confinement()
-        root = os.geteuid() == 0
-        self.uid = free_uid() if root else SLOTS.get()
         self.started = True
-        self.cgroup = SubmissionCgroup.make(self.uid) if root else None
-        if ways.bwrap and root:
-            self.shared = SharedSandbox.of(self.layout)
-            fds = self.cgroup.procs_fds if self.cgroup else []
-            self.control = self.shared.request("start", self.uid, fds)
-            self.log = self.shared.log
+        if os.geteuid() != 0:
+            self.process, self.control, self.log, self.folder = launch(self.layout, False)
             return
-        # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own; without
-        # bubblewrap, a private folder of the machine's /tmp, the uid's alone
-        uid = self.uid if root else None
-        tmp_folder = "/tmp"
-        if not ways.bwrap:
-            tmp_folder = self.private_tmp = tempfile.mkdtemp(prefix="kit-student-tmp-")
-            if uid is not None:
-                os.chown(tmp_folder, uid, uid)
-        self.process, self.control, self.log, self.folder = launch(self.layout, tmp_folder, uid)
-        if self.cgroup:  # before it has read a line of the submission: it waits for its word
-            self.cgroup.take(self.process.pid)
+        self.uid = free_uid()
+        self.cgroup = SubmissionCgroup.make(self.uid)
+        self.shared = SharedSandbox.of(self.layout)
+        fds = self.cgroup.procs_fds if self.cgroup else []
+        self.control = self.shared.request("start", self.uid, fds)
+        self.log = self.shared.log
 
     def watch(self, timeout_s: float) -> dict:
         """How a test process tells whether the submission's processes compute: those of its uid
         (the grader is root), else those below its sandbox's process; and the last a run may
         wait for one that computes (the kernel stops it at its processor time before)."""
-        where = {"uid": self.uid} if os.geteuid() == 0 else {"pid": self.process.pid}
+        where = {"uid": self.uid} if self.shared else {"pid": self.process.pid}
         return {**where, "hard_s": COMPUTING_FACTOR * timeout_s + 60}
 
     def out_of_memory(self) -> bool:
@@ -558,33 +555,25 @@ class StudentSandbox:
             return f"the sandbox did not start ({last_line(self.log) or self.word[:20]!r})"
 
     def close(self) -> None:
-        """Every process of the submission; its sandbox and folder where they are its own; its
-        uid, freed for the next."""
+        """Every process of the submission; its sandbox where it is its own; its uid and cgroup
+        where it has them, freed for the next."""
         with self.lock:
             if not self.started:
                 return
             self.control.close()
-            if self.shared:
-                self.shared.end(self.uid)
-            else:
+            self.started = False
+            if not self.shared:
                 with contextlib.suppress(subprocess.TimeoutExpired):  # it ends its workers first
                     self.process.wait(timeout=30)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-                self.log.close()
-                if os.geteuid() == 0 and not confinement().bwrap:
-                    end_every_process_of(self.uid)
-                shutil.rmtree(self.folder, ignore_errors=True)
-                if self.private_tmp:
-                    shutil.rmtree(self.private_tmp, ignore_errors=True)
+                stop(self.process, self.log, self.folder)
+                return
+            self.shared.end(self.uid)
             gone_by = time.monotonic() + 30  # its processes killed, then reaped
             while uid_in_use(self.uid) and time.monotonic() < gone_by:
                 time.sleep(0.05)
             if self.cgroup:
                 self.cgroup.remove()
             SLOTS.put(self.uid)
-            self.started = False
 
 
 # ---------------------------------------------------------------- a submission's cgroup -----------
@@ -677,11 +666,6 @@ class SubmissionCgroup(NamedTuple):
                     folder.rmdir()
         return cls(folders, fds) if folders else None
 
-    def take(self, pid: int) -> None:
-        for fd in self.procs_fds:
-            with contextlib.suppress(OSError):
-                os.write(fd, str(pid).encode())
-
     def oom_kills(self) -> int:
         for folder in self.folders:
             for name in ("memory.oom_control", "memory.events"):  # v1's, v2's
@@ -735,27 +719,13 @@ def uid_in_use(uid: int) -> bool:
     return False
 
 
-def end_every_process_of(uid: int) -> None:
-    """Without bubblewrap's namespace, a process the sandbox started may outlive it: kill(-1) as
-    that uid reaches each of them, and nothing else."""
-    python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
-    kill = "import os, signal; os.kill(-1, signal.SIGKILL)"
-    subprocess.run(
-        [python, "-I", "-S", "-c", kill],
-        user=uid,
-        group=uid,
-        extra_groups=[],
-        capture_output=True,
-        timeout=60,
-    )
-
-
 # ---------------------------------------------------------------- runs ----------------------------
 
 
 class Zygote:
-    """The process that forks test processes (grading_child.serve), started on first use;
-    where there is none (not Linux, a thread in it, a failed start), runs start fresh."""
+    """The process that forks test processes (grading_child.serve): started on first use, and
+    again where the last has gone or the grader forked; none where it failed to start (a thread
+    in it, its Python failed): runs then say so."""
 
     lock = threading.Lock()
     connection: Optional[socket.socket] = None
@@ -766,30 +736,29 @@ class Zygote:
     def ensure(cls) -> bool:
         """Start it unless it runs; False when there is none to be had."""
         with cls.lock:
-            if cls.broken or not sys.platform.startswith("linux"):
-                return False
-            if cls.connection is None or cls.owner != os.getpid():
+            if not cls.broken and (cls.connection is None or cls.owner != os.getpid()):
                 cls.start()
             return not cls.broken
 
     @classmethod
     def send(cls, job: dict, fds: List[int]) -> bool:
-        """Ask for a run; False when there is no zygote to ask."""
-        if not cls.ensure():
-            return False
-        with cls.lock:
-            try:
-                socket.send_fds(cls.connection, [json.dumps(job).encode()], fds)
-                return True
-            except OSError:
-                cls.broken = True
+        """Ask for a run (of a new zygote, where the last has gone); False when there is none."""
+        for _ in range(2):
+            if not cls.ensure():
                 return False
+            with cls.lock:
+                try:
+                    socket.send_fds(cls.connection, [json.dumps(job).encode()], fds)
+                    return True
+                except OSError:
+                    cls.connection = None
+        return False
 
     @classmethod
     def start(cls) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         process = subprocess.Popen(
-            [sys.executable, str(CHILD), "--zygote", str(theirs.fileno())],
+            [sys.executable, str(CHILD), str(theirs.fileno())],
             env=child_environment(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -863,7 +832,7 @@ def run_tests(
             (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
             limit_s = COMPUTING_FACTOR * timeout_s + 75  # the run stops its worker before, itself
             sandbox_fd = worker.socket_fd if worker else None
-            record, output, code, timed_out = start_and_read(
+            record, output, timed_out = start_and_read(
                 folder, control, sandbox_fd, limit_s, worker and (worker.output_fd, printed)
             )
         ended = ended_how(worker, record) if worker else None
@@ -872,7 +841,7 @@ def run_tests(
             for fd in worker:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-    run = read_record(record, selected, code, output, timeout_s)
+    run = read_record(record, selected, output, timeout_s)
     if timed_out:
         problem = f"the test process did not end within {limit_s:g} s"
         run = run._replace(problem=problem, regrade=True)
@@ -926,45 +895,29 @@ def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bo
 
 
 def start_and_read(folder: Path, control: dict, sandbox_fd, limit_s: float, printed=None):
-    """The test process on folder: its record, its output's tail, its exit status (None when
-    forked), whether it was killed at limit_s. printed: (the worker's output pipe, a Printed)."""
+    """The test process on folder, forked by the zygote: its record, its output's tail, whether
+    it was killed at limit_s. printed: (the worker's output pipe, a Printed)."""
     (report_r, report_w), (output_r, output_w) = os.pipe(), os.pipe()
     extra = [] if sandbox_fd is None else [sandbox_fd]
-    proc = None
     try:
         job = {"folder": str(folder), "control": control}
-        if not Zygote.send(job, [report_w, output_w, *extra]):
-            proc = subprocess.Popen(
-                [sys.executable, str(CHILD), str(report_w), str(sandbox_fd or "-")],
-                cwd=folder,
-                env={**child_environment(), "TMPDIR": str(folder / "tmp")},
-                stdin=subprocess.PIPE,
-                stdout=output_w,
-                stderr=output_w,
-                pass_fds=(report_w, *extra),
-                start_new_session=True,  # its own process group, killed whole at the limit
-            )
+        started = Zygote.send(job, [report_w, output_w, *extra])
     finally:
         os.close(report_w)
         os.close(output_w)
-    if proc is not None:
-        try:
-            proc.stdin.write((json.dumps(control) + "\n").encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died at once: its record is missing, and says so
     deadline = time.monotonic() + limit_s
     report, output, timed_out = read_until_closed(report_r, output_r, deadline, printed)
+    if not started:
+        output = b"no test process started: the process that forks them did not start"
     pid, _, record = report.partition(b"\n")
     if timed_out and pid.strip().isdigit():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(pid), signal.SIGKILL)
-    code = proc.wait() if proc is not None else None
     try:
         record = json.loads(record) if record else None
     except ValueError:
         record = None
-    return record, output, code, timed_out
+    return record, output, timed_out
 
 
 def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=None):
@@ -1012,13 +965,13 @@ def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=N
 
 
 def read_record(
-    record: Optional[dict], selected: Optional[List[str]], code, output: bytes, timeout_s
+    record: Optional[dict], selected: Optional[List[str]], output: bytes, timeout_s
 ) -> Run:
     """A run's outcomes from its record, and why it is worth nothing, if it is."""
     if record is None:
         tail = output.decode("utf-8", "replace").strip().splitlines()
         last = f"; its last output: {tail[-1][:200]}" if tail else ""
-        problem = f"the test process ended without its report (exit status {code}{last})"
+        problem = f"the test process ended without its report{last}"
         return Run([], {}, {}, problem, {}, 0.0, regrade=True)
     versions = record.get("versions", {})
     if record["problem"]:  # the worker neither answered nor used its time: it was kept from it

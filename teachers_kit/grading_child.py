@@ -1,13 +1,12 @@
 """The test process of the teachers' kit: pytest on the teacher's files in a folder of its own,
 its outcomes sent to the grader as one JSON record.
 
-    python grading_child.py FD SOCKET   the run comes as JSON on stdin; the record goes on FD
-    python grading_child.py --zygote FD a process that forks runs (it imports torch and pytest,
-                                        about 2 s of CPU, once)
+    python grading_child.py FD     the process that forks the runs the grader sends on the
+                                   socket FD (it imports torch and pytest, about 2 s of CPU, once)
 
 To grade an exercise ("graded") the run puts a proxy in place of its function in the original
-module (sandbox.py), which sends the worker on SOCKET its module ("source") and each call: this
-process, which decides pass and fail, never imports or runs a line of a submission.
+module (sandbox.py), which sends the worker on the run's socket its module ("source") and each
+call: this process, which decides pass and fail, never imports or runs a line of a submission.
 """
 
 import gc
@@ -145,14 +144,6 @@ def report(report_fd: int, control: dict, sandbox_fd: Optional[int]) -> None:
         channel.write(json.dumps(run(control, sandbox_fd)))
 
 
-def main() -> int:
-    control = json.loads(sys.stdin.readline())
-    sys.stdin.close()
-    sandbox_fd = None if sys.argv[2] == "-" else int(sys.argv[2])
-    report(int(sys.argv[1]), control, sandbox_fd)
-    return 0
-
-
 # ---------------------------------------------------------------- the zygote ----------------------
 
 
@@ -204,6 +195,4 @@ def serve(socket_fd: int) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--zygote"]:
-        sys.exit(serve(int(sys.argv[2])))
-    sys.exit(main())
+    sys.exit(serve(int(sys.argv[1])))

@@ -1,12 +1,12 @@
 """Where a student's function runs, and the only place it runs: a worker in a sandbox, which
 computes values and decides nothing.
 
-    python sandbox.py CONTROL_FD TMP FOLDER [PATH ...]     its first process
+    python sandbox.py CONTROL_FD own|shared TMP FOLDER [PATH ...]     its first process
 
 A submission's first process forks a worker for each exercise in turn. Where the grader is not
 root, each submission has a sandbox of its own; where it is, one sandbox serves the grading
-(TMP is "shared"): its first process imports torch once and forks each submission's first
-process, whose workers take the submission's uid of the kit's own before anything of it runs.
+("shared"): its first process imports torch once and forks each submission's first process,
+whose workers take the submission's uid of the kit's own before anything of it runs.
 
 The test process (grading_child.py) runs the teacher's tests with the exercise's function
 replaced by a proxy (install); each call sends its arguments to the worker, which calls the
@@ -15,14 +15,15 @@ whose source comes over the socket, never as a file) and sends back what it retu
 the gradients asked of it later, the changes it made in place and the random state. The
 assertions run in the test process.
 
-The way in is trusted: a JSON header, the call pickled, the bytes of its storages. The way out
-is one safetensors file a reply, its structure as JSON in the metadata; the test process checks
-every field (shapes and strides whose span is the tensor sent, at most MAX_ELEMENTS elements, a
-view only of a storage it handed, MAX_BYTES a message) before it makes a value of it: nothing a
-sandbox sends is unpickled or run.
+The way in is trusted: each message pickled, with the bytes of the storages its tensors lie on.
+The way out is one safetensors file a reply, its structure as JSON beside its tensors; the test
+process checks every field (shapes and strides whose span is the tensor sent, at most
+MAX_ELEMENTS elements, a view only of a storage it handed, MAX_BYTES a message) before it makes
+a value of it: nothing a sandbox sends is unpickled or run.
 """
 
 import contextlib
+import copyreg
 import ctypes
 import functools
 import gc
@@ -45,7 +46,6 @@ import time
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-import safetensors
 import safetensors.torch
 import torch
 from torch import nn
@@ -107,23 +107,30 @@ class Refused(Exception):
 
 
 # ---------------------------------------------------------------- messages ------------------------
+# A message is its length, then its bytes. The way in, to the sandbox, is trusted: a pickle
+# (CallPickler). The way out is one safetensors file, its structure as JSON in a uint8 tensor
+# "header" of its own (safetensors reads a file from bytes, its metadata only from a file on
+# disk), each field checked before a value is made of it (Sandbox.read_reply): nothing a
+# sandbox sends is unpickled or run.
 
 
-def send(fd: int, header: dict, blobs: List[bytes] = ()) -> None:
-    """The way in, to the sandbox, which trusts its caller: a JSON header and raw bytes."""
-    head = json.dumps({**header, "blobs": [len(b) for b in blobs]}).encode()
-    send_all(fd, b"".join([struct.pack(">QQ", len(head), sum(map(len, blobs))), head, *blobs]))
-
-
-def send_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+def send(fd: int, data: bytes) -> None:
+    view = memoryview(struct.pack(">Q", len(data)) + data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def read_exactly(fd: int, n: int, deadline=None) -> bytes:
-    """n bytes; deadline: None, or a function that gives the time they are due by (it may move
-    it on as it is asked)."""
+def receive(fd: int, deadline=None) -> bytes:
+    """The next message's bytes; EOFError when the other side has gone, TimeoutError past the
+    deadline, Refused when it is too large. deadline: None, or a function that gives the time
+    it is due by (it may move it on as it is asked)."""
+    (length,) = struct.unpack(">Q", read_exactly(fd, 8, deadline))
+    if length > MAX_BYTES:
+        raise Refused(f"a message of {length} bytes (at most {MAX_BYTES})")
+    return read_exactly(fd, length, deadline)
+
+
+def read_exactly(fd: int, n: int, deadline) -> bytes:
     parts = []
     while n:
         while deadline is not None and not select.select([fd], [], [], wait(deadline))[0]:
@@ -141,60 +148,17 @@ def wait(deadline) -> float:
     return max(0.0, min(deadline() - time.monotonic(), 10.0))
 
 
-def receive(fd: int, deadline=None):
-    """(header, blobs) of the next message; EOFError when the other side has gone, TimeoutError
-    past the deadline, Refused when what came is no message."""
-    head_length, blobs_length = struct.unpack(">QQ", read_exactly(fd, 16, deadline))
-    if head_length + blobs_length > MAX_BYTES:
-        raise Refused(f"a message of {head_length + blobs_length} bytes (at most {MAX_BYTES})")
-    data = read_exactly(fd, head_length + blobs_length, deadline)
-    try:
-        header = json.loads(data[:head_length])
-        sizes = header["blobs"]
-        if not all(type(size) is int and size >= 0 for size in sizes):
-            raise TypeError
-    except (ValueError, KeyError, TypeError, RecursionError):  # JSON nested past Python's stack
-        raise Refused("a message whose header is not one") from None
-    if sum(sizes) != blobs_length:
-        raise Refused("a message whose blobs do not add up")
-    blobs, start = [], head_length
-    for size in sizes:
-        blobs.append(data[start : start + size])
-        start += size
-    return header, blobs
-
-
-def send_reply(fd: int, reply: dict, tensors: Optional[Dict[str, torch.Tensor]] = None) -> None:
-    """The way out, from the sandbox: one safetensors file, the reply's structure (JSON) in its
-    metadata, its tensors each contiguous and of a storage of its own."""
-    data = reply_bytes(reply, tensors or {})
-    send_all(fd, struct.pack(">Q", len(data)) + data)
-
-
 def reply_bytes(reply: dict, tensors: Dict[str, torch.Tensor]) -> bytes:
-    return safetensors.torch.save(dict(tensors), metadata={"reply": json.dumps(reply)})
-
-
-def receive_reply(fd: int, deadline=None):
-    """(reply, tensors) of the sandbox's next message, read by safetensors (on a memfd of this
-    process); EOFError, TimeoutError as receive; Refused when what came is no such file."""
-    (length,) = struct.unpack(">Q", read_exactly(fd, 8, deadline))
-    if length > MAX_BYTES:
-        raise Refused(f"a message of {length} bytes (at most {MAX_BYTES})")
-    return read_reply(read_exactly(fd, length, deadline))
+    return safetensors.torch.save({**tensors, "header": bytes_tensor(json.dumps(reply).encode())})
 
 
 def read_reply(data: bytes):
-    memfd = os.memfd_create("kit-reply")
+    """(reply, tensors) of a reply's bytes; Refused when they are no such file."""
     try:
-        send_all(memfd, data)
-        with safetensors.safe_open(f"/proc/self/fd/{memfd}", "pt") as file:
-            reply = json.loads((file.metadata() or {})["reply"])
-            tensors = {name: file.get_tensor(name) for name in file.keys()}
+        tensors = safetensors.torch.load(data)
+        reply = json.loads(tensors.pop("header").numpy().tobytes())
     except Exception:  # whatever safetensors or JSON refuse
         raise Refused("a message that is no safetensors file with its reply") from None
-    finally:
-        os.close(memfd)
     if type(reply) is not dict:
         raise Refused("a message that is no safetensors file with its reply")
     return reply, tensors
@@ -205,9 +169,11 @@ def uint8_of(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
 
 
-def storage_bytes(t: torch.Tensor, start: int, count: int) -> bytes:
-    """count bytes of t's storage from byte start, copied."""
-    return ctypes.string_at(t.untyped_storage().data_ptr() + start, count) if count else b""
+def bytes_tensor(data: bytes) -> torch.Tensor:
+    """A uint8 tensor over a copy of data."""
+    if not data:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def extent(shape, stride) -> int:
@@ -217,118 +183,35 @@ def extent(shape, stride) -> int:
     return 1 + sum((size - 1) * step for size, step in zip(shape, stride))
 
 
-def over(blob: bytes, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D tensor of dtype over a copy of blob."""
-    if not blob:
-        return torch.empty(0, dtype=dtype)
-    flat = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-    return flat[: len(blob) // dtype.itemsize * dtype.itemsize].view(dtype)
-
-
-# ---------------------------------------------------------------- a call, the way in --------------
-# Within one test a worker keeps every storage, tensor and module it was sent, by number (HELD),
-# and the test process remembers what each held when it went (Mirror). A call sends only what is
-# new or changed since: a model's parameters once, then the bytes of a storage a step changed,
-# and a module again only when an attribute of its tree changed. reset, after each test, forgets
-# them on both sides.
-
-HELD: Dict[str, dict] = {
-    "storage": {},  # number -> the storage's bytes, a uint8 tensor
-    "tensor": {},  # number -> the tensor
-    "module": {},  # number -> the module
-    "where": {},  # a tensor's number -> (its storage's number, address, size), or None on meta
-}
-
-
-def handed(kind: str, number: int):
-    """In the sandbox, as a call's pickle is loaded: the tensor or module held as number."""
-    return HELD[kind][number]
-
-
-def new_module(number: int, cls: type) -> nn.Module:
-    """In the sandbox: a module sent whole, held as number (pickle then sets its state)."""
-    HELD["module"][number] = cls.__new__(cls)
-    return HELD["module"][number]
-
-
-class Mirror:
-    """The test process's record of what its worker holds."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self.storages: Dict[tuple, list] = {}  # (address, size) -> [number, bytes, a tensor on it]
-        self.tensors: Dict[int, tuple] = {}  # id -> (number, tensor, layout when sent)
-        self.modules: Dict[int, tuple] = {}  # id -> (number, module, signature of its tree)
-        self.by_number: Dict[int, list] = {}  # storage number -> its entry
-        self.count = 0
-
-    def number(self) -> int:
-        self.count += 1
-        return self.count
-
-
-def layout_of(t: torch.Tensor) -> tuple:
-    """What the worker's copy of a tensor must share with it, its storage's address and size
-    last (None on the meta device)."""
-    where = None
-    if not t.is_meta:
-        storage = t.untyped_storage()
-        where = storage.data_ptr(), storage.nbytes()
-    kind = t.dtype, t.requires_grad, type(t) is nn.Parameter
-    return (*kind, t.shape, t.stride(), t.storage_offset(), where)
-
-
-def shape_of(module: nn.Module) -> tuple:
-    """What a module's tree is made of, to tell whether the worker's copy still matches (each
-    module's attributes by name and identity, and those of its parameters, buffers and children:
-    training's flips, a parameter or a child replaced, an attribute set, all show; a value
-    changed inside a mutable attribute does not), and the tensors in it (its parameters, buffers
-    and public tensor attributes), whose bytes are compared on each call."""
-    shape, tensors = [], []
-    for part in module.modules():
-        attributes = vars(part)
-        shape.append(
-            (
-                tuple(attributes),
-                tuple(map(id, attributes.values())),
-                tuple(map(id, part._parameters.values())),
-                tuple(map(id, part._buffers.values())),
-                tuple(map(id, part._modules.values())),
-            )
-        )
-        tensors += [
-            value
-            for name, value in attributes.items()
-            if name[0] != "_" and isinstance(value, torch.Tensor)  # a tensor kept as is
-        ]
-        tensors += [t for t in part._parameters.values() if t is not None]
-        tensors += [t for t in part._buffers.values() if t is not None]
-    return tuple(shape), tensors
+# ---------------------------------------------------------------- the way in ----------------------
+# Each message is pickled whole: a tensor as its layout on a storage, whose bytes go with the
+# first tensor on it, so that both sides lay every tensor out alike (a view of one is a view at
+# the same offsets of the other, and a change in place shows as a storage's changed bytes).
 
 
 class CallPickler(pickle.Pickler):
-    """A call's arguments: every tensor by its number, with what the worker lacks of it (its
-    layout, its storage's bytes); every module by its number where the worker's copy still
-    matches, else whole but without its hooks (they belong to the test process, and a hook is
-    often a test's lambda); a function pickle cannot name, found by name in its module."""
+    """A message to the sandbox: every tensor by its number and layout; every module whole but
+    without its hooks (they belong to the test process, and a hook is often a test's lambda); a
+    function pickle cannot name, found by name in its module."""
 
-    def __init__(self, file, mirror: Mirror):
+    def __init__(self, file):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.mirror = mirror
-        self.blobs: List[bytes] = [b"", b""]  # the pickle and the generator's state, then bytes
-        self.header = {"storages": [], "updates": [], "tensors": []}
-        self.reached: Dict[int, torch.Tensor] = {}  # number -> the tensors of this call
+        self.numbers: Dict[int, int] = {}  # id of a tensor -> its number
+        self.reached: Dict[int, torch.Tensor] = {}  # number -> the tensors of this message
         self.storage_of: Dict[int, int] = {}  # a tensor's number -> its storage's
-        self.checked = set()  # the storages compared in this call
+        self.storages: Dict[tuple, int] = {}  # (address, size) -> a storage's number
+        self.bytes_of: Dict[int, torch.Tensor] = {}  # a storage's number -> a uint8 tensor over it
         self.no_hooks = OrderedDict()  # pickled once, for every module's hooks
 
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor):
-            return handed, ("tensor", self.tensor(obj))
+            return CallUnpickler.tensor, self.tensor(obj)
         if isinstance(obj, nn.Module):
-            return self.module(obj)
+            state = {
+                key: self.no_hooks if key.endswith("hooks") and isinstance(value, dict) else value
+                for key, value in vars(obj).items()
+            }
+            return copyreg.__newobj__, (type(obj),), state
         if inspect.ismodule(obj):
             return importlib.import_module, (obj.__name__,)
         if inspect.isfunction(obj) and "<locals>" in obj.__qualname__:
@@ -338,120 +221,74 @@ class CallPickler(pickle.Pickler):
                 return getattr, (module, names[0])
         return NotImplemented
 
-    def tensor(self, t: torch.Tensor) -> int:
-        layout = layout_of(t)
-        storage = None if layout[-1] is None else self.storage(t, layout[-1])
-        known = self.mirror.tensors.get(id(t))
-        if known is not None and known[2] == layout:
-            number = known[0]
-        else:
-            number = self.mirror.number()
-            self.mirror.tensors[id(t)] = (number, t, layout)
-            self.header["tensors"].append(
-                {
-                    "number": number,
-                    "dtype": str(t.dtype).removeprefix("torch."),
-                    "shape": list(t.shape),
-                    "stride": list(t.stride()),
-                    "offset": t.storage_offset(),
-                    "storage": storage,  # None: on meta, no data
-                    "requires_grad": t.requires_grad,
-                    "parameter": type(t) is nn.Parameter,
-                }
-            )
+    def tensor(self, t: torch.Tensor) -> tuple:
+        number = self.numbers.setdefault(id(t), len(self.numbers))
         self.reached[number] = t
-        if storage is not None:
-            self.storage_of[number] = storage
-        return number
-
-    def storage(self, t: torch.Tensor, where: tuple) -> int:
-        known = self.mirror.storages.get(where)
-        if where in self.checked:
-            return known[0]
-        self.checked.add(where)
-        now = storage_bytes(t, 0, where[1])
-        if known is None:
-            known = self.mirror.storages[where] = [self.mirror.number(), now, t]
-            self.mirror.by_number[known[0]] = known
-            self.header["storages"].append([known[0], len(self.blobs)])
-            self.blobs.append(now)
-        elif known[1] != now:  # changed since it went: by the test, or by a step
-            known[1] = now
-            self.header["updates"].append([known[0], len(self.blobs)])
-            self.blobs.append(now)
-        return known[0]
-
-    def module(self, m: nn.Module):
-        """A module by its number where the worker's copy still matches (every module of its
-        tree has the same attributes, and each tensor in it the same layout), else whole."""
-        tree, tensors = shape_of(m)
-        known = self.mirror.modules.get(id(m))
-        if known is not None and known[2] == tree:
-            numbers = [self.mirror.tensors.get(id(t), (None,))[0] for t in tensors]
-            if [self.tensor(t) for t in tensors] == numbers:  # its tensors' bytes, where changed
-                return handed, ("module", known[0])
-        number = self.mirror.number()
-        self.mirror.modules[id(m)] = (number, m, tree)
-        state = {
-            key: self.no_hooks if key.endswith("hooks") and isinstance(value, dict) else value
-            for key, value in vars(m).items()
-        }
-        return new_module, (number, type(m)), state
+        storage, data = None, None  # on the meta device, no data
+        if not t.is_meta:
+            where = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+            storage = self.storage_of[number] = self.storages.setdefault(where, len(self.storages))
+            if storage not in self.bytes_of:  # its bytes, with the first tensor on it
+                self.bytes_of[storage] = uint8_of(t)
+                data = self.bytes_of[storage].numpy().tobytes()
+        dtype, parameter = str(t.dtype).removeprefix("torch."), type(t) is nn.Parameter
+        layout = list(t.shape), list(t.stride()), t.storage_offset()
+        return number, storage, data, dtype, *layout, t.requires_grad, parameter
 
 
-def call_message(args: tuple, kwargs: dict, mirror: Mirror):
-    """A call's header and blobs, and the tensors it reaches, by number. Storages go whole, so
-    both sides lay every tensor out alike: a view of one is a view at the same offsets of the
-    other."""
+def pickled(content: dict):
+    """A message's bytes, and its pickler (the tensors it reaches, by number)."""
     buffer = io.BytesIO()
-    pickler = CallPickler(buffer, mirror)
-    pickler.dump((args, kwargs))
-    rng = torch.get_rng_state()
-    pickler.blobs[:2] = [buffer.getvalue(), storage_bytes(rng, 0, rng.numel())]
-    header = {
-        "op": "call",
-        **pickler.header,
-        "reached": list(pickler.reached),
-        "grad_enabled": torch.is_grad_enabled(),
-        "default_dtype": str(torch.get_default_dtype()).removeprefix("torch."),
-    }
-    return header, pickler.blobs, pickler
+    pickler = CallPickler(buffer)
+    pickler.dump(content)
+    return buffer.getvalue(), pickler
+
+
+def call_message(args: tuple, kwargs: dict):
+    rng = torch.get_rng_state().numpy().tobytes()
+    dtype = str(torch.get_default_dtype()).removeprefix("torch.")
+    return pickled(
+        {
+            "op": "call",
+            "args": args,
+            "kwargs": kwargs,
+            "rng": rng,
+            "grad_enabled": torch.is_grad_enabled(),
+            "default_dtype": dtype,
+        }
+    )
 
 
 class CallUnpickler(pickle.Unpickler):
-    """In the sandbox: the call's pickle, whose tensors and modules held come from HELD."""
+    """In the sandbox: a message, each tensor made on the storage sent for it."""
+
+    def __init__(self, data: bytes):
+        super().__init__(io.BytesIO(data))
+        self.storages: Dict[int, torch.Tensor] = {}  # number -> its bytes, a uint8 tensor
+        self.reached: Dict[int, torch.Tensor] = {}
+        self.storage_of: Dict[int, int] = {}
 
     def find_class(self, module, name):
-        if name in ("handed", "new_module"):  # this file's own, as the caller imported it
-            return globals()[name]
+        if name == "CallUnpickler.tensor":  # the caller's name of this method: this message's
+            return self.tensor
         return super().find_class(module, name)
 
-
-def call_arguments(header: dict, blobs: List[bytes]):
-    """In the sandbox: what the call's message brings (new storages, changed bytes, new
-    tensors), then its arguments, and the tensors it reaches by number."""
-    storages, tensors = HELD["storage"], HELD["tensor"]
-    for number, k in header["storages"]:
-        storages[number] = over(blobs[k], torch.uint8)
-    for number, k in header["updates"]:
-        storages[number].copy_(over(blobs[k], torch.uint8))
-    for entry in header["tensors"]:
-        dtype, shape, stride = DTYPES[entry["dtype"]], entry["shape"], entry["stride"]
-        where = None
-        if entry["storage"] is None:
-            t = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    def tensor(self, number, storage, data, dtype, shape, stride, offset, grad, parameter):
+        if number in self.reached:
+            return self.reached[number]
+        if storage is None:
+            t = torch.empty_strided(shape, stride, dtype=DTYPES[dtype], device="meta")
         else:
-            base = storages[entry["storage"]]
-            t = base.view(dtype).as_strided(shape, stride, entry["offset"])
-            where = entry["storage"], base.data_ptr(), base.numel()
-        if entry["parameter"]:
-            t = nn.Parameter(t, requires_grad=entry["requires_grad"])
-        elif entry["requires_grad"]:
+            if data is not None:
+                self.storages[storage] = bytes_tensor(data)
+            t = self.storages[storage].view(DTYPES[dtype]).as_strided(shape, stride, offset)
+            self.storage_of[number] = storage
+        if parameter:
+            t = nn.Parameter(t, requires_grad=grad)
+        elif grad:
             t.requires_grad_()
-        tensors[entry["number"]] = t
-        HELD["where"][entry["number"]] = where
-    args, kwargs = CallUnpickler(io.BytesIO(blobs[0])).load()
-    return args, kwargs, {number: tensors[number] for number in header["reached"]}
+        self.reached[number] = t
+        return t
 
 
 # ---------------------------------------------------------------- a value, the way out ------------
@@ -461,12 +298,8 @@ class Encoder:
     """In the sandbox: a value as JSON. A tensor is either a view into a storage the call was
     handed (its number and the place in it) or new (the bytes its layout spans, sent)."""
 
-    def __init__(self, handed: Dict[int, torch.Tensor]):
-        self.handed = {}  # (address, dtype) -> storage number
-        for number, t in handed.items():
-            where = HELD["where"].get(number)
-            if where is not None and where[2]:
-                self.handed[(where[1], t.dtype)] = where[0]
+    def __init__(self, handed: Dict[tuple, int]):
+        self.handed = handed  # (a storage's address, a dtype of the call on it) -> its number
         self.new: List[torch.Tensor] = []
 
     def encode(self, value, depth=0):
@@ -553,30 +386,32 @@ class Server:
             self.failed = error_header(error)
             self.failed["message"] = f"importing the submission failed: {self.failed['message']}"
 
-    def call(self, header, blobs):
+    def call(self, message: dict, unpickler: "CallUnpickler"):
         if self.failed:
             return dict(self.failed), {}
-        args, kwargs, reached = call_arguments(header, blobs)
-        torch.set_rng_state(over(blobs[1], torch.uint8))
-        torch.set_default_dtype(DTYPES[header["default_dtype"]])
-        before = {}  # the bytes of each storage the call was handed
-        for number in reached:
-            where = HELD["where"][number]
-            if where is not None and where[0] not in before:
-                before[where[0]] = HELD["storage"][where[0]].clone()
-        encoder = Encoder(reached)
+        storages, reached = unpickler.storages, unpickler.reached
+        torch.set_rng_state(bytes_tensor(message["rng"]))
+        torch.set_default_dtype(DTYPES[message["default_dtype"]])
+        before = {number: storage.clone() for number, storage in storages.items()}
+        encoder = Encoder(
+            {
+                (storages[storage].data_ptr(), reached[number].dtype): storage
+                for number, storage in unpickler.storage_of.items()
+                if storages[storage].numel()
+            }
+        )
         try:
-            with torch.set_grad_enabled(header["grad_enabled"]):
-                value = self.target(*args, **kwargs)
+            with torch.set_grad_enabled(message["grad_enabled"]):
+                value = self.target(*message["args"], **message["kwargs"])
             reply = {"value": encoder.encode(value)}
             table, out = encoder.table()
         except BaseException as error:
             reply, table, out = error_header(error), [], {}
         changed = []  # the storages the call changed in place: their bytes now
-        for storage, old in before.items():
-            if not torch.equal(HELD["storage"][storage], old):
-                changed.append(storage)
-                out[f"changed.{storage}"] = HELD["storage"][storage].clone()
+        for number, old in before.items():
+            if not torch.equal(storages[number], old):
+                changed.append(number)
+                out[f"changed.{number}"] = storages[number]
         out["rng"] = torch.get_rng_state()
         self.calls += 1
         reply.update(tensors=table, changed=changed, call=self.calls)
@@ -585,10 +420,11 @@ class Server:
             self.graphs[self.calls] = encoder.new, leaves
         return reply, out
 
-    def backward(self, header, blobs):
-        outputs, leaves = self.graphs[header["call"]]
-        pairs = [(o, gradient(e, blobs)) for o, e in zip(outputs, header["grads"]) if e]
-        pairs = [(o, g) for o, g in pairs if o.requires_grad]
+    def backward(self, message: dict):
+        outputs, leaves = self.graphs[message["call"]]
+        pairs = [
+            (o, g) for o, g in zip(outputs, message["grads"]) if g is not None and o.requires_grad
+        ]
         if not pairs:
             return {"grads": [None] * len(leaves), "tensors": []}, {}
         try:
@@ -605,14 +441,6 @@ class Server:
         grads = [None if g is None else encoder.tensor(g) for g in found]
         table, out = encoder.table()
         return {"grads": grads, "tensors": table}, out
-
-
-def gradient(entry: dict, blobs: List[bytes]) -> torch.Tensor:
-    """In the sandbox: a gradient the test process sent, contiguous (or on meta, no data)."""
-    dtype = DTYPES[entry["dtype"]]
-    if entry["blob"] is None:
-        return torch.empty(entry["shape"], dtype=dtype, device="meta")
-    return over(blobs[entry["blob"]], dtype).view(entry["shape"])
 
 
 def load(name: str, source: str):
@@ -632,22 +460,21 @@ def load(name: str, source: str):
 def serve(fd: int) -> None:
     """A worker: its module's source from the test process, then the student's function, served
     on the socket fd until the test process goes."""
-    header, blobs = receive(fd)
-    server = Server(header["module"], blobs[0].decode("utf-8"), header["function"])
-    send_reply(fd, {"op": "imported", **server.failed})
+    module = pickle.loads(receive(fd))
+    server = Server(module["module"], module["source"], module["function"])
+    send(fd, reply_bytes({"op": "imported", **server.failed}, {}))
     while True:
         try:
-            header, blobs = receive(fd)
+            unpickler = CallUnpickler(receive(fd))
         except EOFError:
             return
-        if header["op"] == "call":
-            send_reply(fd, *server.call(header, blobs))
-        elif header["op"] == "backward":
-            send_reply(fd, *server.backward(header, blobs))
+        message = unpickler.load()
+        if message["op"] == "call":
+            send(fd, reply_bytes(*server.call(message, unpickler)))
+        elif message["op"] == "backward":
+            send(fd, reply_bytes(*server.backward(message)))
         else:  # reset: the test is over, and no gradient will be asked of its calls
             server.graphs.clear()
-            for held in HELD.values():
-                held.clear()
 
 
 # ---------------------------------------------------------------- the workers ---------------------
@@ -752,11 +579,11 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
         os.close(output_fd)
 
 
-def start_submissions(control_fd: int) -> None:
-    """The first process of a sandbox shared by the submissions of a grading (bubblewrap started
-    as root): torch imported once, it forks for each submission the grader sends ("start": its
-    uid, a socket, the fds of its cgroups' cgroup.procs) a process that joins those cgroups,
-    makes /tmp/UID (the uid's alone: /tmp is root's) and starts the submission's workers, each
+def start_submissions(control_fd: int, tmp_base: str) -> None:
+    """The first process of a sandbox shared by the submissions of a grading (started as root):
+    torch imported once, it forks for each submission the grader sends ("start": its uid, a
+    socket, the fds of its cgroups' cgroup.procs) a process that joins those cgroups, makes
+    TMP/UID (the uid's alone: TMP is root's) and starts the submission's workers, each
     of which takes that uid, and with it loses every capability, before anything of the
     submission runs; and, asked to "end" a uid, a process that kills every process of that uid
     and empties its folder, its socket closing when that is done. It runs no student code, and
@@ -775,7 +602,7 @@ def start_submissions(control_fd: int) -> None:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 uid = int(request["uid"])
-                tmp_folder = f"/tmp/{uid}"
+                tmp_folder = f"{tmp_base}/{uid}"
                 if request["op"] == "end":
                     end_others(tmp_folder, uid)
                 else:
@@ -869,7 +696,7 @@ def main(argv: List[str]) -> int:
     """In the sandbox, before anything of a submission runs: the limits, which no process in it
     can raise again (none holds the capability to), torch imported, then the workers (or, in a
     shared sandbox, each submission's first process)."""
-    control_fd, tmp_folder, folder, *paths = argv
+    control_fd, how, tmp_folder, folder, *paths = argv
     with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
         adj.write("1000")
     for limit, value in (
@@ -895,8 +722,8 @@ def main(argv: List[str]) -> int:
         return 1
     except PermissionError:
         pass
-    if tmp_folder == "shared":
-        start_submissions(int(control_fd))
+    if how == "shared":
+        start_submissions(int(control_fd), tmp_folder)
     else:
         start_workers(int(control_fd), tmp_folder)
     return 0
@@ -945,14 +772,13 @@ class Sandbox:
         self.problem = ""  # why the run is worth nothing ("" while it is not)
         self.gone = ""  # why no call can be made any more
         self.imported = False
-        self.mirror = Mirror()
 
     def started(self) -> None:
         """The worker's module sent, and its first message: whether the submission imported."""
         if not self.imported:
             self.imported = True
             module = {"op": "module", "module": self.module, "function": self.function}
-            header, _ = self.exchange((module, [self.source.encode("utf-8")]))
+            header, _ = self.exchange(pickled({**module, "source": self.source})[0])
             if header.get("op") != "imported":
                 self.end("the sandbox sent no word of the submission's import")
             if "error" in header:
@@ -977,13 +803,13 @@ class Sandbox:
                 os.close(self.fd)
         raise RuntimeError(self.gone)
 
-    def exchange(self, message) -> tuple:
+    def exchange(self, data: bytes) -> tuple:
+        """(reply, tensors): the worker's reply to the message data."""
         if self.gone:
             raise RuntimeError(self.gone)
         try:
-            if message is not None:
-                send(self.fd, *message)
-            return receive_reply(self.fd, self.due)
+            send(self.fd, data)
+            return read_reply(receive(self.fd, self.due))
         except TimeoutError:
             self.problem = self.problem or "the time ran out"
             self.end("the sandbox was stopped at the timeout")
@@ -994,8 +820,8 @@ class Sandbox:
 
     def call(self, args, kwargs):
         self.started()
-        header, blobs, sent = call_message(args, kwargs, self.mirror)
-        reply, out = self.exchange((header, blobs))
+        data, sent = call_message(args, kwargs)
+        reply, out = self.exchange(data)
         try:
             value = self.read_reply(reply, out, sent)
         except (Refused, KeyError, IndexError, TypeError, ValueError, RuntimeError) as why:
@@ -1013,13 +839,12 @@ class Sandbox:
         torch.set_rng_state(state)  # it checks the state's size
         handed = set(sent.storage_of.values())
         for number in reply["changed"]:  # what it changed in place, changed here too
-            data, storage = out.get(f"changed.{number}"), self.mirror.by_number.get(number)
+            data, storage = out.get(f"changed.{number}"), sent.bytes_of.get(number)
             if number not in handed or data is None or data.dtype != torch.uint8:
                 raise Refused("a change in place of a storage it was not handed")
-            if data.shape != (len(storage[1]),):
+            if data.shape != storage.shape:
                 raise Refused("a change in place of another size than its storage")
-            uint8_of(storage[2]).copy_(data)
-            storage[1] = storage_bytes(storage[2], 0, len(storage[1]))
+            storage.copy_(data)
         if "error" in reply:
             kind = EXCEPTIONS.get(text(reply["error"]), RuntimeError)
             return kind(text(reply["message"]))
@@ -1087,18 +912,10 @@ class Sandbox:
 
     def backward(self, link: Link, grads) -> list:
         """The gradients of the tensors a call was handed (its leaves), from the sandbox."""
-        entries, blobs = [], []
-        for g, wanted in zip(grads, link.differentiable):
-            if g is None or not wanted:
-                entries.append(None)
-                continue
-            g = g.contiguous()
-            entry = {"dtype": str(g.dtype).removeprefix("torch."), "shape": list(g.shape)}
-            entries.append({**entry, "blob": None if g.is_meta else len(blobs)})
-            if not g.is_meta:
-                blobs.append(storage_bytes(g, g.storage_offset() * g.element_size(), g.nbytes))
-        header = {"op": "backward", "call": link.call, "grads": entries}
-        reply, out = self.exchange((header, blobs))
+        grads = [g if wanted else None for g, wanted in zip(grads, link.differentiable)]
+        reply, out = self.exchange(
+            pickled({"op": "backward", "call": link.call, "grads": grads})[0]
+        )
         try:
             if "error" in reply:  # the student's code raised it, in its backward
                 error = EXCEPTIONS.get(text(reply["error"]), RuntimeError)(text(reply["message"]))
@@ -1117,10 +934,9 @@ class Sandbox:
         return found
 
     def reset(self) -> None:
-        self.mirror.reset()
         if self.imported and not self.gone:
             try:
-                send(self.fd, {"op": "reset"})
+                send(self.fd, pickled({"op": "reset"})[0])
             except OSError:
                 pass
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from subprocess import PIPE
 
 import pytest
+import safetensors.torch
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -578,7 +579,7 @@ def test_a_submission_is_read_as_a_regular_file_of_its_own_folder_only(tmp_path,
 
 # ---------------------------------------------------------------- the sandbox's messages ---------
 # What crosses between a test process and a worker: run here, in this process, as the same
-# messages (JSON headers and raw bytes), with the functions of PROBE as the student's.
+# messages (safetensors files), with the functions of PROBE as the student's.
 
 PROBE = """
 import torch
@@ -632,28 +633,28 @@ def fragile(x):
 
 
 class Loopback(sandbox.Sandbox):
-    """A worker of PROBE served in this process: the messages go through JSON and bytes, as
+    """A worker of PROBE served in this process: the messages go through their bytes, as
     between processes, to sandbox.Server."""
 
     def __init__(self, function, reply=None):
         graded = {"module": "kit_probe", "function": function, "source": PROBE}
         super().__init__(-1, graded, 60, {})
-        self.reply = reply  # a forged reply instead of the worker's: reply(header) -> (reply, out)
+        self.reply = reply  # a forged reply instead of the worker's: reply() -> (reply, out)
 
-    def exchange(self, message):
-        header, blobs = message
-        header = json.loads(json.dumps(header))
-        if header["op"] == "module":
-            self.server = sandbox.Server(header["module"], blobs[0].decode(), header["function"])
+    def exchange(self, data):
+        unpickler = sandbox.CallUnpickler(data)
+        message = unpickler.load()
+        if message["op"] == "module":
+            self.server = sandbox.Server(message["module"], message["source"], message["function"])
             probe = sys.modules["kit_probe"]
             self.classes = {"kit_probe:Pair": probe.Pair}
             return {"op": "imported", **self.server.failed}, {}
         if self.reply is not None:
-            return sandbox.read_reply(sandbox.reply_bytes(*self.reply(header)))
-        if header["op"] == "call":
-            reply, out = self.server.call(header, blobs)
+            return sandbox.read_reply(sandbox.reply_bytes(*self.reply()))
+        if message["op"] == "call":
+            reply, out = self.server.call(message, unpickler)
         else:
-            reply, out = self.server.backward(header, blobs)
+            reply, out = self.server.backward(message)
         return sandbox.read_reply(sandbox.reply_bytes(reply, out))
 
 
@@ -715,10 +716,9 @@ def test_the_worker_keeps_a_module_sent_until_it_changes():
 def forged(value=None, tensors=(), changed=(), sent=None):
     """A worker's reply, forged: what it returned and the tensors beside."""
 
-    def reply(header):
+    def reply():
         out = {"rng": torch.get_rng_state(), **(sent or {})}
-        storage = header["storages"][0][0] if header["storages"] else 0
-        made = {"value": value(storage) if callable(value) else value, "tensors": list(tensors)}
+        made = {"value": value, "tensors": list(tensors)}
         return {**made, "changed": list(changed), "call": 1}, out
 
     return reply
@@ -726,14 +726,8 @@ def forged(value=None, tensors=(), changed=(), sent=None):
 
 FLOAT = {"dtype": "float32", "requires_grad": False, "meta": False}
 FORGERIES = {
-    "a view beyond the storage it was handed": forged(
-        lambda storage: {
-            "view": storage,
-            "dtype": "float32",
-            "offset": 0,
-            "shape": [99],
-            "stride": [1],
-        }
+    "a view beyond the storage it was handed": forged(  # the call's one storage, number 0
+        {"view": 0, "dtype": "float32", "offset": 0, "shape": [99], "stride": [1]}
     ),
     "a view of a storage it was not handed": forged(
         {"view": 999, "dtype": "float32", "offset": 0, "shape": [1], "stride": [1]}
@@ -770,30 +764,19 @@ def test_what_no_call_returns_is_refused_and_the_worker_is_heard_no_more(forgery
         box.call((torch.randn(2, 3, 4),), {})  # no second word from it is read
 
 
-def test_a_message_too_large_or_not_one_is_refused_before_it_is_read(tmp_path):
-    for data, why in [
-        (struct.pack(">QQ", 2, sandbox.MAX_BYTES), "a message of"),
-        (struct.pack(">QQ", 5, 0) + b"{oops", "whose header is not one"),
-        (struct.pack(">QQ", 14, 3) + b'{"blobs": [5]}' + b"abc", "whose blobs do not add up"),
-    ]:
-        read, write = os.pipe()
-        os.write(write, data)
-        os.close(write)
-        with pytest.raises(sandbox.Refused, match=why):
-            sandbox.receive(read, deadline=None)
-        os.close(read)
-    # the way out: safetensors reads it, and what is no safetensors file with a reply is refused
-    for data, why in [
-        (struct.pack(">Q", sandbox.MAX_BYTES + 1), "a message of"),
-        (struct.pack(">Q", 5) + b"{oops", "no safetensors file"),
-        (struct.pack(">Q", 16) + struct.pack("<Q", 8) + b"{}" + b" " * 6, "no safetensors file"),
-    ]:
-        read, write = os.pipe()
-        os.write(write, data)
-        os.close(write)
-        with pytest.raises(sandbox.Refused, match=why):
-            sandbox.receive_reply(read, deadline=None)
-        os.close(read)
+def test_a_message_too_large_or_not_one_is_refused_before_it_is_read():
+    """A message too large is refused by its length alone; a reply is a safetensors file, which
+    safetensors reads, and what is no such file with its reply is refused."""
+    read, write = os.pipe()
+    os.write(write, struct.pack(">Q", sandbox.MAX_BYTES + 1))
+    os.close(write)
+    with pytest.raises(sandbox.Refused, match="a message of"):
+        sandbox.receive(read, deadline=None)
+    os.close(read)
+    not_a_dict = safetensors.torch.save({"header": sandbox.bytes_tensor(b"[1]")})
+    for data in [b"{oops", struct.pack("<Q", 8) + b"{}" + b" " * 6, not_a_dict]:
+        with pytest.raises(sandbox.Refused, match="no safetensors file with its reply"):
+            sandbox.read_reply(data)
 
 
 # ---------------------------------------------------------------- grades ------------------------
