@@ -1359,6 +1359,16 @@ def test_grading_with_another_torch_than_the_assignments_says_so_in_one_line(tmp
     assert "computed with torch 1.0.0" in json.loads((tmp_path / "r.json").read_text())["output"]
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
+def test_an_assignment_whose_files_changed_after_its_checks_is_refused(tmp_path, hw):
+    other = tmp_path / "hw"
+    shutil.copytree(hw, other)
+    tests = other / "teacher" / "test_compressive.py"
+    tests.write_text(tests.read_text() + "\n\ndef test_added_later():\n    pass\n")
+    with pytest.raises(exercises.KitError, match="changed after its checks were computed"):
+        grading.load_assignment(other)
+
+
 CLASS_TIMEOUT_S = (
     30  # per exercise: the endless loop's cost; update_memory's check takes 10 s alone
 )
