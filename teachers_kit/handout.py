@@ -463,19 +463,18 @@ def write_table(readme: Path) -> None:
 def verify() -> int:
     """Every exercise of the table blanked for real, file by file, as an assignment does it:
     the originals pass all their tests and each exercise blanked fails some (else a KitError),
-    and the kit's README holds the table of today's exercises."""
-    began, checks = time.perf_counter(), {}
-    for module in dict.fromkeys(e.module for e in EXERCISES.values()):
-        layout, text, tree, tests = sources(module)
-        names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
-        found, _ = grading.compute_checks(text, tests, names, None, compile_tests(tests), layout)
-        checks.update(found)
-    for name, check in checks.items():
-        print(f"{name}: blanked, fails {len(check)} tests")
+    and the kit's README holds the table of today's exercises (checked first: it costs nothing)."""
     old, new = readme_with_table(README)
     if new != old:
         print(f"error: the table of exercises in {README} is stale: {TABLE_COMMAND}")
         return 1
+    began = time.perf_counter()
+    for module in dict.fromkeys(e.module for e in EXERCISES.values()):
+        layout, text, tree, tests = sources(module)
+        names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
+        checks, _ = grading.compute_checks(text, tests, names, None, compile_tests(tests), layout)
+        for name, check in checks.items():
+            print(f"{name}: blanked, fails {len(check)} tests", flush=True)
     print(
         f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests, "
         f"each exercise blanked fails some, and the README's table is today's"

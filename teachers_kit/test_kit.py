@@ -204,6 +204,24 @@ def test_the_readme_table_counts_no_test_so_a_new_test_leaves_it_true(tmp_path):
     assert handout.readme_with_table(readme) == (readme.read_text(),) * 2
 
 
+def test_verify_finds_a_stale_table_before_it_blanks_anything(tmp_path, monkeypatch, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(handout.table().replace("`relative_shift`", "`an_old_name`"))
+    monkeypatch.setattr(handout, "README", readme)
+    monkeypatch.setattr(grading, "compute_checks", None)  # it must not be reached
+    assert handout.verify() == 1
+    assert "is stale: python -m teachers_kit.handout --table" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # every exercise of the table blanked for real: a minute
+def test_verify_blanks_every_exercise_of_the_table_for_real(capsys):
+    assert handout.verify() == 0
+    printed = capsys.readouterr().out
+    for name in handout.EXERCISES:
+        assert re.search(rf"^{re.escape(name)}: blanked, fails [1-9]\d* tests$", printed, re.M)
+    assert "the originals pass all their tests" in printed
+
+
 @pytest.mark.slow  # the assignment made for real: seconds
 def test_each_check_is_what_blanking_its_function_fails(assignment):
     """The checks were computed by blanking each function for real (the fixture ran the tests on
