@@ -1063,6 +1063,17 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
         assert subprocess.run(["bash", "-n", script.name]).returncode == 0
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
+def test_the_gradescope_command_writes_the_same_bundle_again(tmp_path, hw):
+    other = tmp_path / "hw"
+    shutil.copytree(hw, other)
+    (other / "gradescope.zip").unlink()
+    result = cli("--gradescope", other)
+    assert result.returncode == 0, result.stderr
+    assert (other / "gradescope.zip").read_bytes() == (hw / "gradescope.zip").read_bytes()
+    assert stat.S_IMODE((other / "gradescope.zip").stat().st_mode) == 0o600
+
+
 @pytest.mark.slow
 def test_the_gradescope_bundle_grades_in_gradescopes_layout(commands, hw):
     """A blank answer in submission/, beside a test file whose every test passes at once:
