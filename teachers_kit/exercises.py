@@ -67,14 +67,16 @@ def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
     if not path.is_file():
         raise KitError(f"{what} {path} is not a file")
     try:
-        return parse(path.read_text(encoding="utf-8"), f"{what} {path}")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise KitError(f"{what} {path} is not Python source: it is not UTF-8 text") from None
+    return text, parse(text, f"{what} {path}")
 
 
-def parse(text: str, what: str) -> Tuple[str, ast.Module]:
+def parse(text: str, what: str) -> ast.Module:
+    """The syntax tree of text, or a KitError that says where what is not Python."""
     try:
-        return text, ast.parse(text)
+        return ast.parse(text)
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes
         where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise KitError(f"{what} is not Python source: {getattr(e, 'msg', e)}{where}") from None

@@ -1011,24 +1011,24 @@ def compute_checks(
     only: Optional[List[str]] = None,
     leave_out: Optional[List[str]] = None,
     layout: Layout = COMPRESSIVE,
-) -> Tuple[List[str], Dict[str, List[str]], Dict[str, str]]:
-    """Every test of the file (only those named in only, less leave_out), each exercise's check
-    (the tests that fail with its function alone blanked) and the versions that ran them."""
-    tree = parse(reference, "the original")[1]
+) -> Tuple[Dict[str, List[str]], Dict[str, str]]:
+    """Each exercise's check (the tests of the file, only those named in only, less leave_out,
+    that fail with its function alone blanked) and the versions that ran them."""
+    tree = parse(reference, "the original")
     jobs = [(reference, tests, None, only, leave_out, layout)] + [
         (blank(reference, tree, [name]), tests, None, only, leave_out, layout) for name in names
     ]
     original, *blanked = run_many(jobs)
-    failing = [t for t in original.tests if original.outcomes.get(t) != "passed"]
     if original.problem or not original.tests:
         raise KitError(f"the tests do not run on the original: {original.problem or 'no test'}")
+    failing = [t for t in original.tests if original.outcomes.get(t) != "passed"]
     if failing:
-        failing_names = sorted({base_name(t) for t in failing})
+        failing_names = " ".join(sorted({base_name(t) for t in failing}))
         raise KitError(
             f"{len(failing)} tests fail on the original on this machine, so no check can be "
-            f"computed: {', '.join(failing_names)} (the first says: "
+            f"computed: {failing_names} (the first says: "
             f"{original.messages.get(failing[0], '')[:200]}); leave them out of the assignment "
-            f"with --leave-out {' '.join(failing_names)}"
+            f"with --leave-out {failing_names}"
         )
     checks = {}
     for name, run in zip(names, blanked):
@@ -1037,7 +1037,7 @@ def compute_checks(
         checks[name] = [t for t in original.tests if run.outcomes.get(t) != "passed"]
         if not checks[name]:
             raise KitError(f"no test fails with {name} blanked: it would have no check")
-    return original.tests, checks, original.versions
+    return checks, original.versions
 
 
 def sandbox_checks(
@@ -1137,8 +1137,7 @@ def make_assignment(
     """Compute each exercise's check and write the teacher's folder: the original, every test,
     assignment.json. The torch.compile tests are left out of every check (an as_strided view, a
     correct answer, fails them), and so are leave_out's (tests failing on this machine)."""
-    tree = parse(reference, "the original")[1]
-    names = file_order(names, tree)
+    names = file_order(names, parse(reference, "the original"))
     for name in names:
         try:
             audit.audit(reference, reference, [name])
@@ -1151,9 +1150,7 @@ def make_assignment(
         raise KitError(f"--leave-out names no test of the file: {', '.join(unknown)}")
     left_out = {"torch.compile": compile_tests(tests), "by the teacher": sorted(leave_out or [])}
     all_left_out = left_out["torch.compile"] + left_out["by the teacher"]
-    all_tests, checks, versions = compute_checks(
-        reference, tests, names, only, all_left_out, layout
-    )
+    checks, versions = compute_checks(reference, tests, names, only, all_left_out, layout)
     unsandboxed = sandbox_checks(reference, tests, checks, layout)
     measured = measuring_tests(reference, tests, checks, layout)
     hidden = set(hidden_tests(tests))
@@ -1174,19 +1171,15 @@ def make_assignment(
         (folder / path).write_text(text, encoding="utf-8")
     record = {
         "format": FORMAT,
-        "what": "the teachers' kit's assignment: python -m teachers_kit.handout --grade FILE "
-        "--assignment FOLDER",
         "exercises": [c._asdict() for c in exercises],
         "partial": partial,
         "hidden_visibility": hidden_visibility,
         "timeout_s": TIMEOUT_S,
         "versions": versions,
         "left_out": left_out,
-        "tests_in_file": len(all_tests),
         "module": layout.module,
         "tests": layout.tests,
-        "support": list(layout.support),
-        "sha256": {path: digest(text) for path, text in files.items()},
+        "sha256": {path: digest(text) for path, text in files.items()},  # its files, all of them
     }
     (folder / "assignment.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return load_assignment(folder)
@@ -1196,55 +1189,44 @@ def load_assignment(folder: Path) -> Assignment:
     """The assignment in folder (the handout's teacher/ folder, or the folder above it)."""
     if not (folder / "assignment.json").is_file() and (folder / "teacher").is_dir():
         folder = folder / "teacher"
-    path = folder / "assignment.json"
-    if not path.is_file():
+    if not (folder / "assignment.json").is_file():
         raise KitError(
             f"{folder} holds no assignment.json: name the folder the handout command wrote "
             f"(python -m teachers_kit.handout EXERCISES --out FOLDER)"
         )
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads((folder / "assignment.json").read_text(encoding="utf-8"))
         if record.get("format") != FORMAT:
-            raise KitError(f"{path} is of format {record.get('format')}, this kit reads {FORMAT}")
-        module, tests_path = str(record["module"]), str(record["tests"])
-        paths = [module, tests_path, *map(str, record["support"])]
-        if any(p.startswith("/") or ".." in p.split("/") for p in paths):
-            raise KitError(f"{path} names a file outside its folder")
-        files = {p: (folder / p).read_text(encoding="utf-8") for p in paths}
-        reference, tests = files[module], files[tests_path]
-        support = {p: files[p] for p in paths[2:]}
-        exercises = [
-            Check(str(e["name"]), float(e["points"]), *(list(e[f]) for f in Check._fields[2:]))
-            for e in record["exercises"]
-        ]
-        partial, visibility = bool(record["partial"]), str(record["hidden_visibility"])
-        timeout_s, versions = float(record["timeout_s"]), dict(record.get("versions", {}))
-        left_out = {str(k): list(v) for k, v in record.get("left_out", {}).items()}
-        sha = record["sha256"]
+            raise KitError(f"{folder} is of format {record.get('format')}, this kit reads {FORMAT}")
+        module, tests = record["module"], record["tests"]
+        files = {path: (folder / path).read_text(encoding="utf-8") for path in record["sha256"]}
+        support = {path: text for path, text in files.items() if path not in (module, tests)}
+        assignment = Assignment(
+            folder,
+            files[module],
+            files[tests],
+            [Check(**exercise) for exercise in record["exercises"]],
+            record["partial"],
+            record["hidden_visibility"],
+            record["timeout_s"],
+            record["versions"],
+            record["left_out"],
+            Layout(module, tests, support),
+        )
+        known = functions(parse(assignment.reference, f"{folder / module}"))
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise KitError(f"{folder} is not an assignment the kit can read: {e}") from None
-    if sha != {p: digest(text) for p, text in files.items()}:
+    if record["sha256"] != {path: digest(text) for path, text in files.items()}:
         raise KitError(
-            f"{folder}'s {module}, {tests_path} or a file they import changed after its checks "
-            f"were computed: make the assignment again"
+            f"{folder}'s {module}, {tests} or a file they import changed after its checks were "
+            f"computed: make the assignment again"
         )
-    known = functions(parse(reference, f"{folder / module}")[1])
-    bad = [c.name for c in exercises if c.name not in known or not c.tests or c.points < 0]
-    if bad or visibility not in VISIBILITIES or not exercises:
-        raise KitError(f"{path} is not a valid assignment ({', '.join(bad) or visibility})")
-    layout = Layout(module, tests_path, support)
-    return Assignment(
-        folder,
-        reference,
-        tests,
-        exercises,
-        partial,
-        visibility,
-        timeout_s,
-        versions,
-        left_out,
-        layout,
-    )
+    bad = [
+        c.name for c in assignment.exercises if c.name not in known or not c.tests or c.points < 0
+    ]
+    if bad or assignment.hidden_visibility not in VISIBILITIES or not assignment.exercises:
+        raise KitError(f"{folder} is not a valid assignment ({', '.join(bad) or 'its visibility'})")
+    return assignment
 
 
 def check_torch(assignment: Assignment) -> None:
@@ -1298,29 +1280,22 @@ def read_submission(path: Path, name: str = "compressive.py") -> str:
     """The text of the file to grade (name: the exercises' module): path, or the one in the
     folder path (at its top, or the only one below, as Gradescope unpacks). A regular file of
     that folder only: a symbolic or hard link, a device, a pipe is refused, never opened."""
-    if path.is_symlink():
-        raise audit.Refusal(f"{path} is a symbolic link: submit the file itself")
-    if path.is_dir():
-        found = []
-        for folder, subfolders, files in os.walk(path):  # links to folders are not followed
-            subfolders.sort()
-            found += [Path(folder) / file for file in sorted(files) if file == name]
-        top = [f for f in found if f.parent == path]
-        found = top or found
+    file = path
+    if path.is_dir() and not path.is_symlink():
+        found = [
+            Path(folder) / name
+            for folder, subfolders, files in sorted(os.walk(path))  # links to folders: not walked
+            if name in files
+        ]
+        found = [f for f in found if f.parent == path] or found
         if len(found) != 1:
             many = f"{len(found)} files named" if found else "no"
             raise audit.Refusal(f"the submission {path} holds {many} {name}")
         file = found[0]
-        if file.is_symlink():
-            raise audit.Refusal(f"{file} is a symbolic link: submit the file itself")
-        if not file.resolve().is_relative_to(path.resolve()):
-            raise audit.Refusal(f"{file} lies outside the submission's folder")
-    elif path.exists():
-        file = path
-    else:
-        raise audit.Refusal(f"{path} does not exist")
+    if file.is_symlink():
+        raise audit.Refusal(f"{file} is a symbolic link: submit the file itself")
     try:
-        # O_NOFOLLOW: a link put in place after the checks above is refused all the same;
+        # O_NOFOLLOW: a link put in place after the check above is refused all the same;
         # O_NONBLOCK: a pipe does not hang the grader (fstat refuses it next)
         fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -1367,10 +1342,8 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
             if audited:
                 refusals = audit.audit_each(text, assignment.reference, names)
             else:
-                found = functions(parse(text, "the submission")[1])
-                refusals = {
-                    name: f"it has no function {name}" for name in names if name not in found
-                }
+                found = functions(parse(text, "the submission"))
+                refusals = {n: f"it has no function {n}" for n in names if n not in found}
         except (KitError, audit.Refusal) as e:
             return Prepared(str(submission), str(e), {}, {}, began)
         spliced = {}
@@ -1383,7 +1356,7 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
     return Prepared(str(submission), "", refusals, spliced, began)
 
 
-def job(assignment: Assignment, check: "Check", box: StudentSandbox) -> tuple:
+def job(assignment: Assignment, check: Check, box: StudentSandbox) -> tuple:
     """run_tests's arguments for one exercise of a submission: the teacher's original and tests,
     the exercise's check, and the submission's sandbox, where its function runs."""
     layout, graded = assignment.layout, Graded(check.name, box)
@@ -1414,11 +1387,8 @@ def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float)
                 run = Run([], {}, {}, str(e), {}, 0.0, regrade=True)
                 return {name: run for name in prepared.spliced}
             Zygote.ensure()
-        return {
-            c.name: run_tests(*job(assignment, c, box), timeout_s=timeout_s)
-            for c in assignment.exercises
-            if c.name in prepared.spliced
-        }
+        checks = [c for c in assignment.exercises if c.name in prepared.spliced]
+        return {c.name: run_tests(*job(assignment, c, box), timeout_s=timeout_s) for c in checks}
     finally:
         box.close()
 
@@ -1475,6 +1445,11 @@ def short(node_id: str) -> str:
     return node_id.split("::", 1)[-1]
 
 
+def audit_line(why: str, whole: bool = True) -> str:
+    graded = "nothing of the file was graded" if whole else "the other exercises were graded"
+    return f"refused: {why} ({graded})"
+
+
 def not_graded(grade: Grade) -> str:
     """Why an exercise was not graded: its own code's doing (it scores 0), or the machine's (to
     grade again: it is no 0)."""
@@ -1482,7 +1457,10 @@ def not_graded(grade: Grade) -> str:
 
 
 def summary(grade: Grade) -> str:
+    """An exercise's verdict in one line: refused, not graded, not written, passed or failed."""
     hidden = f", {len(grade.hidden)} of them hidden" if grade.hidden else ""
+    if grade.refused:
+        return audit_line(grade.refused, whole=False)
     if grade.problem:
         return not_graded(grade)
     if not grade.failures:
@@ -1495,7 +1473,10 @@ def summary(grade: Grade) -> str:
 
 def failure_lines(grade: Grade, hidden: bool) -> List[str]:
     """The failing tests (the hidden ones, or the others) with the first line of why, the tests
-    that fail for the same reason on one line."""
+    that fail for the same reason on one line; none where the run is worth nothing (its
+    problem says why)."""
+    if grade.problem:
+        return []
     reasons: Dict[str, List[str]] = {}
     for test, message in grade.failures:
         if (test in grade.hidden) == hidden:
@@ -1508,8 +1489,7 @@ def failure_lines(grade: Grade, hidden: bool) -> List[str]:
     for message in ordered[:SHOWN_FAILURES]:
         tests = reasons[message]
         more = f" and {len(tests) - 2} more" if len(tests) > 3 else ""
-        names = ", ".join(tests[:2] if more else tests)
-        lines.append(f"{names}{more}: {message}")
+        lines.append(f"{', '.join(tests[:2] if more else tests)}{more}: {message}")
     if len(reasons) > SHOWN_FAILURES:
         lines.append(f"... and {len(reasons) - SHOWN_FAILURES} more reasons")
     return lines
@@ -1523,83 +1503,48 @@ def shown(text: str) -> str:
 
 
 def report(grading: Grading) -> str:
-    """The grade as print_grading shows it and a student's feedback file holds it: each
-    exercise's points, its failing tests with the first line of why, what it printed."""
+    """The grade as --grade prints it and a student's feedback file holds it: each exercise's
+    points, its failing tests with the first line of why, what it printed."""
     lines = [f"{grading.submission}: {audit_line(grading.refused)}"] if grading.refused else []
     width = max(len(g.name) for g in grading.grades)
     for g in grading.grades:
-        if grading.refused:
-            verdict = "refused"
-        else:
-            verdict = audit_line(g.refused, whole=False) if g.refused else summary(g)
+        verdict = "refused" if grading.refused else summary(g)
         score = "regrade" if g.regrade else f"{g.score:g}"
         lines.append(f"{g.name:<{width}}  {score}/{g.points:g}  {verdict}")
-        if g.failures and not g.problem and not verdict.startswith("not written"):
+        if not verdict.startswith("not written"):
             lines += [f"    {line}" for line in failure_lines(g, hidden=False)]
             lines += [f"    (hidden) {line}" for line in failure_lines(g, hidden=True)]
         if g.printed:
-            lines.append(
-                f"    what it printed (not graded):\n{textwrap.indent(g.printed, '      ')}"
-            )
+            lines.append("    what it printed (not graded):")
+            lines.append(textwrap.indent(g.printed, "      "))
     lines.append(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
     return shown("\n".join(lines))
-
-
-def print_grading(grading: Grading) -> None:
-    print(report(grading))
-
-
-def audit_line(why: str, whole: bool = True) -> str:
-    graded = "nothing of the file was graded" if whole else "the other exercises were graded"
-    return f"refused: {why} ({graded})"
 
 
 def results_json(grading: Grading, assignment: Assignment) -> dict:
     """Gradescope's results.json: one entry per exercise, scored, visible; and for an exercise
     with hidden tests, one more entry without points naming those that failed, shown to students
     as the assignment's hidden_visibility says."""
-    tests = []
+    scored, hidden = [], []
     for g in grading.grades:
-        if grading.refused or g.refused:
-            output = audit_line(grading.refused or g.refused, whole=bool(grading.refused))
-        elif g.problem:
-            output = f"{not_graded(g).capitalize()}."
-        else:
-            lines = [f"{summary(g)}."] + failure_lines(g, hidden=False)
-            failed_hidden = sum(t in g.hidden for t, _ in g.failures)
-            if failed_hidden:
-                lines.append(f"and {failed_hidden} hidden tests failed")
-            output = "\n".join(lines)
+        lines = [audit_line(grading.refused) if grading.refused else summary(g)]
+        lines += failure_lines(g, hidden=False)
+        failed_hidden = failure_lines(g, hidden=True)
+        if failed_hidden:
+            lines.append(f"and {sum(t in g.hidden for t, _ in g.failures)} hidden tests failed")
         if g.printed:
-            output += f"\n\nWhat your function printed (it counts for nothing):\n{g.printed}"
-        tests.append(
-            {
-                "name": g.name,
-                "score": g.score,
-                "max_score": g.points,
-                "status": "passed" if g.score == g.points else "failed",
-                "output": shown(output),
-                "visibility": "visible",
-            }
-        )
-    for g in grading.grades:
-        if g.hidden and not grading.refused and not g.refused and not g.problem:
-            failed = failure_lines(g, hidden=True)
-            tests.append(
-                {
-                    "name": f"{g.name}: hidden tests",
-                    "score": 0.0,
-                    "max_score": 0.0,
-                    "status": "failed" if failed else "passed",
-                    "output": shown("\n".join(failed))
-                    or f"all {len(g.hidden)} hidden tests passed",
-                    "visibility": assignment.hidden_visibility,
-                }
-            )
+            lines.append(f"\nWhat your function printed (it counts for nothing):\n{g.printed}")
+        passed = g.score == g.points
+        scored.append(entry(g.name, g.score, g.points, passed, "\n".join(lines), "visible"))
+        if g.hidden and not (grading.refused or g.refused or g.problem):
+            output = "\n".join(failed_hidden) or f"all {len(g.hidden)} hidden tests passed"
+            name = f"{g.name}: hidden tests"
+            visibility = assignment.hidden_visibility
+            hidden.append(entry(name, 0.0, 0.0, not failed_hidden, output, visibility))
+    credit = "partial credit for right values" if grading.partial else "all or nothing"
     intro = (
         "Each exercise is graded alone: the original compressive.py with only your function put "
-        "in, against the teacher's tests"
-        + (" (partial credit for right values)." if grading.partial else " (all or nothing).")
+        f"in, against the teacher's tests ({credit})."
     )
     return {
         "score": round(grading.score, 4),
@@ -1607,7 +1552,20 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
         "output": shown(audit_line(grading.refused)) if grading.refused else intro,
         "visibility": "visible",
         "stdout_visibility": "hidden",
-        "tests": tests,
+        "tests": scored + hidden,
+    }
+
+
+def entry(name: str, score: float, points: float, passed: bool, output: str, visibility: str):
+    """One test of Gradescope's results.json."""
+    status = "passed" if passed else "failed"
+    return {
+        "name": name,
+        "score": score,
+        "max_score": points,
+        "status": status,
+        "output": shown(output),
+        "visibility": visibility,
     }
 
 

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -68,11 +67,10 @@ def make(
             f"{out} already exists and is not an empty folder: nothing was written "
             f"(choose another --out, or remove it)"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    (out / "teacher").mkdir(mode=0o700, parents=True)  # the solution: its owner's alone
     try:
         assignment = grading.make_assignment(
-            staging / "teacher",
+            out / "teacher",
             text,
             tests,
             names,
@@ -83,18 +81,12 @@ def make(
             leave_out,
             layout,
         )
-        (staging / "teacher").chmod(0o700)  # the solution: its owner's alone
-        write_student_folder(staging / "student", text, tree, tests, assignment)
-        write_bundle(assignment, staging / "gradescope.zip")
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private; a handout is not
-        if out.exists():
-            out.rmdir()
-        os.replace(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return assignment._replace(folder=out / "teacher")
+        write_student_folder(out / "student", text, tree, tests, assignment)
+        write_bundle(assignment, out / "gradescope.zip")
+    except BaseException:  # a test failing on the original, an interruption: nothing is left
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return assignment
 
 
 def module_of(names: List[str]) -> str:
@@ -128,9 +120,8 @@ def write_student_folder(
     layout = assignment.layout
     files = {**layout.support, layout.module: student, layout.tests: student_tests(tests)}
     visible = {c.name: [t for t in c.tests if t not in c.hidden] for c in assignment.exercises}
-    files.update(
-        {f"checks/{name}.txt": "".join(t + "\n" for t in v) for name, v in visible.items()}
-    )
+    for name, check in visible.items():
+        files[f"checks/{name}.txt"] = "".join(t + "\n" for t in check)
     files["README.md"] = student_readme(assignment, visible, ast.parse(student))
     for path, content in files.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +132,6 @@ def student_readme(
     assignment: grading.Assignment, visible: Dict[str, List[str]], tree: ast.Module
 ) -> str:
     """The handout's README; tree: the student copy's (its line numbers)."""
-    known = functions(tree)
     module, tests = assignment.layout.module, assignment.layout.tests
     rows = []
     for check in assignment.exercises:
@@ -150,61 +140,54 @@ def student_readme(
             f"{exercise.writes}; read {exercise.paper}" if exercise else "what its docstring says"
         )
         points = f"{check.points:g} point{'' if check.points == 1 else 's'}"
-        row = f"- `{name}` ({module}, line {known[name].lineno}, {points}): {what}."
-        rows.append(textwrap.fill(row, 96, subsequent_indent="  "))
-        check_it = f"OMP_NUM_THREADS=1 pytest -q @checks/{name}.txt"
-        rows.append(f"  Check it: `{check_it}` ({len(visible[name])} tests).")
-    order = [  # where one check lies inside another's, the order to write them
-        f"Write `{first}` first: every test of `{later}`'s check needs it."
+        line = functions(tree)[name].lineno
+        rows.append(paragraph(f"- `{name}` ({module}, line {line}, {points}): {what}."))
+        command = f"OMP_NUM_THREADS=1 pytest -q @checks/{name}.txt"
+        rows.append(f"  Check it: `{command}` ({len(visible[name])} tests).")
+    rows += [  # where one check lies inside another's, the order to write them
+        f"\nWrite `{first}` first: every test of `{later}`'s check needs it."
         for later in visible
         for first in visible
         if first != later and set(visible[later]) < set(visible[first])
     ]
-    credit = "when every test of its check passes"
-    if assignment.partial:
-        credit += (
-            " (if it passes every test that wrong answers fail but misses another, a gradient "
-            "say, the share of the check it passes)"
-        )
-    graded = textwrap.fill(
+    partial = (
+        " (if it passes every test that wrong answers fail but misses another, a gradient say, "
+        "the share of the check it passes)"
+    )
+    graded = paragraph(
         f"**How it is graded.** Each exercise alone: your function is put into the original "
         f"`{module}` and runs in a sandbox of its own, so a mistake costs its own exercise only; "
-        f"it scores its points {credit}, along with a few tests your teacher keeps. What it "
-        "returns and raises counts, never what it prints. Write only inside these bodies: the "
-        "grader refuses a file that differs from this one elsewhere or imports anything, and an "
-        "exercise alone (it scores 0, the others are graded) whose body uses more than its "
-        f"arguments, its own names, `{module}`'s names, torch, F, nn and math, tensor operations "
-        "and plain builtins (len, range, ...), or hands a class to anything; it says which line "
-        "and which name.",
-        96,
+        f"it scores its points when every test of its check passes"
+        f"{partial if assignment.partial else ''}, along with a few tests your teacher keeps. "
+        "What it returns and raises counts, never what it prints. Write only inside these "
+        "bodies: the grader refuses a file that differs from this one elsewhere or imports "
+        "anything, and an exercise alone (it scores 0, the others are graded) whose body uses "
+        f"more than its arguments, its own names, `{module}`'s names, torch, F, nn and math, "
+        "tensor operations and plain builtins (len, range, ...), or hands a class to anything; "
+        "it says which line and which name."
     )
     left_out = []  # the tests in no check, and why
-    compiled = assignment.left_out.get("torch.compile", [])
+    compiled = assignment.left_out.get("torch.compile")
     if compiled:
         left_out.append(
-            f"the {len(compiled)} tests that run `torch.compile` "
-            f"({', '.join(f'`{t}`' for t in compiled)}): an answer need only be right when run as "
-            "written (an `as_strided` view, say, counts even where the compiler refuses it), and "
-            "`pytest -q` still runs them"
+            f"the {len(compiled)} tests that run `torch.compile` ({quoted(compiled)}): an answer "
+            "need only be right when run as written (an `as_strided` view, say, counts even "
+            "where the compiler refuses it), and `pytest -q` still runs them"
         )
     if assignment.left_out.get("by the teacher"):
-        named = ", ".join(f"`{t}`" for t in assignment.left_out["by the teacher"])
-        left_out.append(f"{named}, which your teacher left out")
-    unsandboxed = [
-        f"`{c.name}`: {', '.join(f'`{grading.short(t)}`' for t in c.unsandboxed)}"
+        left_out.append(
+            f"{quoted(assignment.left_out['by the teacher'])}, which your teacher left out"
+        )
+    left_out += [
+        f"from `{c.name}`'s grade, {quoted(map(grading.short, c.unsandboxed))}, which fail even "
+        "with your teacher's own function in the grader's sandbox: it runs the function on a copy "
+        "of what the test hands it, which a hook the test put on a module never reaches"
         for c in assignment.exercises
         if c.unsandboxed
     ]
-    if unsandboxed:
-        left_out.append(
-            "from one exercise's grade, those that fail even with your teacher's own function in "
-            "the grader's sandbox, which runs it on a copy of what the test hands it (a hook the "
-            "test put on a module, a model the test compiled, never reach that copy): "
-            f"{'; '.join(unsandboxed)}"
-        )
     if left_out:
-        items = [textwrap.fill(f"- {item}.", 96, subsequent_indent="  ") for item in left_out]
-        graded += "\n\n**What the grade leaves out:**\n\n" + "\n".join(items)
+        items = "\n".join(paragraph(f"- {item}.") for item in left_out)
+        graded += f"\n\n**What the grade leaves out:**\n\n{items}"
     newline = "\n"
     return f"""# Compressive Transformer: the exercise
 
@@ -213,7 +196,6 @@ docstring states what it receives, in which shapes, and what it returns; the res
 is the finished model, to read and to call. Write each body:
 
 {newline.join(rows)}
-{"".join(newline + line for line in order)}
 
 An exercise's check is the tests of `{tests}` that fail while the function is not
 written. Then run the whole file, `OMP_NUM_THREADS=1 pytest -q`. (`@file` needs pytest 8.2 or
@@ -226,6 +208,15 @@ machine more threads make them many times slower, not faster.
 The paper: Rae, Potapenko, Jayakumar, Lillicrap (2019), "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv:1911.05507.
 """
+
+
+def paragraph(text: str) -> str:
+    """text wrapped at 96 columns, a list item's lines indented under its first."""
+    return textwrap.fill(text, 96, subsequent_indent="  " if text.startswith("- ") else "")
+
+
+def quoted(names) -> str:
+    return ", ".join(f"`{name}`" for name in names)
 
 
 # ---------------------------------------------------------------- grading -----------------------
@@ -369,7 +360,6 @@ def grade_class(
     assignment = load(assignment_folder)
     submissions = class_submissions(folder)
     say_how_code_runs(audited, without_sandbox)
-    names = [c.name for c in assignment.exercises]
     began = time.monotonic()
     print(f"grading {len(submissions)} submissions, {grading.workers()} runs at a time")
     feedback = csv_path.with_name(f"{csv_path.stem}-feedback")
@@ -381,20 +371,25 @@ def grade_class(
         write_text(feedback / f"{student}.txt", grading.report(result) + "\n")
 
     results = grading.grade_class(submissions, assignment, partial, timeout_s, graded, audited)
-    rows = [["student", *names, "total", "refusals", "not graded"]]
+    table = io.StringIO()
+    names = [c.name for c in assignment.exercises]
+    csv.writer(table).writerow(["student", *names, "total", "refusals", "not graded"])
     for student, result in results.items():
-        why = [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
-        ungraded = [
+        refusals = [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
+        problems = [
             f"{g.name}: {'regrade: ' if g.regrade else ''}{g.problem}"
             for g in result.grades
             if g.problem
         ]
         scores = ["regrade" if g.regrade else f"{g.score:g}" for g in result.grades]
-        row = [student, *scores, f"{result.score:g}"]
-        row += ["; ".join([result.refused] if result.refused else why), "; ".join(ungraded)]
-        rows.append([spreadsheet_cell(grading.shown(cell)) for cell in row])
-    table = io.StringIO()
-    csv.writer(table).writerows(rows)
+        row = [
+            student,
+            *scores,
+            f"{result.score:g}",
+            "; ".join([result.refused] if result.refused else refusals),
+            "; ".join(problems),
+        ]
+        csv.writer(table).writerow([spreadsheet_cell(grading.shown(cell)) for cell in row])
     write_text(csv_path, table.getvalue())
     full = sum(r.score == r.max_score for r in results.values())
     print(
@@ -402,11 +397,11 @@ def grade_class(
         f"{sum(bool(r.refused) for r in results.values())} refused whole "
         f"({time.monotonic() - began:.0f} s); each one's feedback in {feedback}/STUDENT.txt"
     )
-    most = grading.failed_most(list(results.values()))
+    most = grading.failed_most(list(results.values()))[:MOST_FAILED]
     if most:
         print("the tests that failed most (students):")
-        for test, count in most[:MOST_FAILED]:
-            print(grading.shown(f"  {count:>4}  {grading.short(test)}"))
+    for test, count in most:
+        print(grading.shown(f"  {count:>4}  {grading.short(test)}"))
     return 0
 
 
@@ -447,13 +442,14 @@ def readme_with_table(readme: Path) -> Tuple[str, str]:
         old = readme.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise KitError(f"cannot read {readme}: {e}") from None
-    begin, end = old.find(TABLE_BEGIN), old.find(TABLE_END)
-    if old.count(TABLE_BEGIN) != 1 or old.count(TABLE_END) != 1 or begin > end:
+    before, begin, rest = old.partition(TABLE_BEGIN)
+    _, end, after = rest.partition(TABLE_END + "\n")
+    if old.count(TABLE_BEGIN) != 1 or old.count(TABLE_END) != 1 or not end:
         raise KitError(
             f"{readme} has no table to rewrite: it needs the lines {TABLE_BEGIN} and "
             f"{TABLE_END} once each"
         )
-    return old, old[:begin] + table() + old[end + len(TABLE_END) + 1 :]
+    return old, before + table() + after
 
 
 def write_table(readme: Path) -> None:
@@ -466,24 +462,19 @@ def write_table(readme: Path) -> None:
 
 def verify() -> int:
     """Every exercise of the table blanked for real, file by file, as an assignment does it:
-    the originals pass all their tests (else a KitError), each exercise blanked fails some, and
-    the kit's README holds the table of today's exercises."""
-    began, checks = time.perf_counter(), {}
-    for module in dict.fromkeys(e.module for e in EXERCISES.values()):
-        layout, text, tree, tests = sources(module)
-        names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
-        _, found, _ = grading.compute_checks(text, tests, names, None, compile_tests(tests), layout)
-        checks.update(found)
-    for name, check in checks.items():
-        print(f"{name}: blanked, fails {len(check)} tests")
+    the originals pass all their tests and each exercise blanked fails some (else a KitError),
+    and the kit's README holds the table of today's exercises (checked first: it costs nothing)."""
     old, new = readme_with_table(README)
     if new != old:
         print(f"error: the table of exercises in {README} is stale: {TABLE_COMMAND}")
         return 1
-    unchecked = [name for name, check in checks.items() if not check]
-    if unchecked:
-        print(f"error: no test fails with {', '.join(unchecked)} blanked: it has no check")
-        return 1
+    began = time.perf_counter()
+    for module in dict.fromkeys(e.module for e in EXERCISES.values()):
+        layout, text, tree, tests = sources(module)
+        names = resolve([n for n, e in EXERCISES.items() if e.module == module], tree, module)
+        checks, _ = grading.compute_checks(text, tests, names, None, compile_tests(tests), layout)
+        for name, check in checks.items():
+            print(f"{name}: blanked, fails {len(check)} tests", flush=True)
     print(
         f"verified in {time.perf_counter() - began:.0f} s: the originals pass all their tests, "
         f"each exercise blanked fails some, and the README's table is today's"
@@ -548,19 +539,13 @@ def parse_arguments(argv):
         parser.error("name the functions to blank and the folder to write, --out FOLDER")
     if args.timeout is not None and args.timeout <= 0:
         parser.error("--timeout must be positive")
-    for given, allowed, flag, partner in [
-        (args.csv, args.grade_class, "--csv", "--grade-class FOLDER"),
-        (args.no_audit, grades, "--no-audit", "--grade or --grade-class"),
-        (
-            args.unsandboxed or args.in_container,
-            grades,
-            UNSANDBOXED_FLAG,
-            "--grade or --grade-class",
-        ),
-        (args.leave_out, making, "--leave-out", "the functions to blank and --out, when making"),
-    ]:
-        if given and not allowed:
-            parser.error(f"{flag} goes with {partner}")
+    if (args.no_audit or args.unsandboxed or args.in_container) and not grades:
+        flag = "--no-audit" if args.no_audit else UNSANDBOXED_FLAG
+        parser.error(f"{flag} goes with --grade or --grade-class")
+    if args.csv and args.grade_class is None:
+        parser.error("--csv goes with --grade-class FOLDER")
+    if args.leave_out and not making:
+        parser.error("--leave-out goes with the functions to blank and --out, when making")
     return args
 
 

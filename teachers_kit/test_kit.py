@@ -205,6 +205,24 @@ def test_the_readme_table_counts_no_test_so_a_new_test_leaves_it_true(tmp_path):
     assert handout.readme_with_table(readme) == (readme.read_text(),) * 2
 
 
+def test_verify_finds_a_stale_table_before_it_blanks_anything(tmp_path, monkeypatch, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(handout.table().replace("`relative_shift`", "`an_old_name`"))
+    monkeypatch.setattr(handout, "README", readme)
+    monkeypatch.setattr(grading, "compute_checks", None)  # it must not be reached
+    assert handout.verify() == 1
+    assert "is stale: python -m teachers_kit.handout --table" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # every exercise of the table blanked for real: a minute
+def test_verify_blanks_every_exercise_of_the_table_for_real(capsys):
+    assert handout.verify() == 0
+    printed = capsys.readouterr().out
+    for name in handout.EXERCISES:
+        assert re.search(rf"^{re.escape(name)}: blanked, fails [1-9]\d* tests$", printed, re.M)
+    assert "the originals pass all their tests" in printed
+
+
 @pytest.mark.slow  # the assignment made for real: seconds
 def test_each_check_is_what_blanking_its_function_fails(assignment):
     """The checks were computed by blanking each function for real (the fixture ran the tests on
@@ -1028,6 +1046,17 @@ def test_the_gradescope_bundle_holds_the_kit_the_assignment_and_a_pinned_setup(h
         assert subprocess.run(["bash", "-n", script.name]).returncode == 0
 
 
+@pytest.mark.slow  # the assignment made for real: seconds
+def test_the_gradescope_command_writes_the_same_bundle_again(tmp_path, hw):
+    other = tmp_path / "hw"
+    shutil.copytree(hw, other)
+    (other / "gradescope.zip").unlink()
+    result = cli("--gradescope", other)
+    assert result.returncode == 0, result.stderr
+    assert (other / "gradescope.zip").read_bytes() == (hw / "gradescope.zip").read_bytes()
+    assert stat.S_IMODE((other / "gradescope.zip").stat().st_mode) == 0o600
+
+
 @pytest.mark.slow
 def test_the_gradescope_bundle_grades_in_gradescopes_layout(commands, hw):
     """A blank answer in submission/, beside a test file whose every test passes at once:
@@ -1340,6 +1369,16 @@ def test_grading_with_another_torch_than_the_assignments_says_so_in_one_line(tmp
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "computed with torch 1.0.0" in result.stderr and "Traceback" not in result.stderr
     assert "computed with torch 1.0.0" in json.loads((tmp_path / "r.json").read_text())["output"]
+
+
+@pytest.mark.slow  # the assignment made for real: seconds
+def test_an_assignment_whose_files_changed_after_its_checks_is_refused(tmp_path, hw):
+    other = tmp_path / "hw"
+    shutil.copytree(hw, other)
+    tests = other / "teacher" / "test_compressive.py"
+    tests.write_text(tests.read_text() + "\n\ndef test_added_later():\n    pass\n")
+    with pytest.raises(exercises.KitError, match="changed after its checks were computed"):
+        grading.load_assignment(other)
 
 
 CLASS_TIMEOUT_S = (
