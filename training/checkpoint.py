@@ -22,6 +22,10 @@ from .checks import UserError, flag, one_line
 # The layout of ckpt.pt. A checkpoint of another layout is refused in one line that says which
 # commit wrote it; nothing here reads the layouts of earlier commits.
 FORMAT = 2
+# What save() writes beside the weights, and of what kind: read() checks each
+FIELDS = {"config": dict, "model": dict, "optimizer": dict, "vocab": list, "memory": list}
+FIELDS |= {"args": dict, "rng": list, "step": int, "history": list, "train_log": list}
+FIELDS |= {"seconds": float, "made_with": dict}
 
 
 def make_model(config: dict) -> torch.nn.Module:
@@ -124,11 +128,18 @@ def read(path: str, device) -> dict:
             f"({f'commit {by}' if by else 'an earlier commit'}), whose checkpoints this one cannot "
             f"read; train again, or {use} to use it"
         )
-    # the digest matches: save() of this format wrote every field, so none is checked again
     if ckpt.pop("sha256", None) != digest(ckpt):
         raise UserError(
             f"{path} is a damaged checkpoint: its contents do not match the sha256 digest it was "
             f"saved with; restore a copy, or train again (--overwrite)"
+        )
+    # the digest is no signature: a file written by hand, its digest computed again, is read
+    # as data too, and what it lacks is said here rather than in a traceback further on
+    lacking = [name for name, kind in FIELDS.items() if not isinstance(ckpt.get(name), kind)]
+    if lacking:
+        raise UserError(
+            f"{path} is not a checkpoint that this script wrote (no {', '.join(lacking)} of the "
+            f"kind save() writes); train again, or pass the --out of a training run"
         )
     return ckpt
 

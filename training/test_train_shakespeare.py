@@ -1183,6 +1183,31 @@ def test_a_checkpoint_damaged_since_it_was_saved_is_refused(
     assert open(path, "rb").read() == damaged  # nothing overwritten
 
 
+@pytest.mark.parametrize("forged", ["no vocab", "a step in words", "a list for its model"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_checkpoint_written_by_hand_with_its_digest_is_one_line(
+    forged, mode, trained, small_text, capsys
+):
+    """The digest is no signature: a file whose digest was computed again after an edit passes
+    it, and a field it lacks, or of another kind, is said in one line, not in a traceback."""
+    path = os.path.join(trained, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["sha256"]
+    if forged == "no vocab":
+        del ckpt["vocab"]
+    elif forged == "a step in words":
+        ckpt["step"] = "three"
+    else:
+        ckpt["model"] = list(ckpt["model"].values())
+    torch.save({**ckpt, "sha256": checkpoint.digest(ckpt)}, path)
+    capsys.readouterr()
+    assert MODES[mode](trained, small_text) == 2
+    field = {"no vocab": "vocab", "a step in words": "step"}.get(forged, "model")
+    assert f"{path} is not a checkpoint that this script wrote (no {field} of the" in (
+        error_line(capsys)
+    )
+
+
 def test_the_digest_covers_every_value_and_its_type():
     state = {"model": {"w": torch.arange(6.0).view(2, 3)}, "step": 3, "args": {"lr": 0.1}}
     sealed = checkpoint.digest(state)
