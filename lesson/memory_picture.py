@@ -83,10 +83,7 @@ def read_segments(model, ids, start: int, lengths):
                 _, memory, _ = model(segment, memory)
                 held = (memory.mem[0].size(1), memory.c_mem[0].size(1))
                 if held != (len(step.mem), len(step.c_mem)):  # a bug, not the user's
-                    raise RuntimeError(
-                        f"after segment {k + 1} the model holds {held} (mem, c_mem) slots, "
-                        f"the FIFO rule {len(step.mem), len(step.c_mem)}"
-                    )
+                    raise RuntimeError(f"segment {k + 1}: the model and the FIFO rule disagree")
                 yield step, attention
     finally:
         model.train(was_training)
@@ -195,9 +192,6 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     """The keys the query sees as text in lines, a c_mem slot boxed around its c characters, and
     under each line a row per layer (or head) coloured by the query's attention, its largest
     outlined. footer: how to reproduce the figure, written at its foot."""
-    mechanism.pyplot_or_error()  # one line where matplotlib is not installed
-    from matplotlib.colors import PowerNorm
-
     cfg, data = picture.cfg, picture.data
     slots, query, start = data["slots"], data["query"], data["start"]
     rows = [(f"layer {i + 1}", [s["attention"][i] for s in slots]) for i in range(cfg.n_layers)]
@@ -219,6 +213,8 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     head = note_top + 0.15 * (note.count("\n") + 1) + 0.25
     figure = mechanism.TextFigure(width, n_lines, per_line, head, footer, first)
     ax, plt = figure.ax, figure.plt
+    from matplotlib.colors import PowerNorm
+
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=max(max(values) for _, values in rows))
     cmap = plt.get_cmap("magma_r")
     for line in range(n_lines):
@@ -310,9 +306,6 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
 def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last_segments=16):
     """The passage as text, two frames after each of its last last_segments segments: (a) read
     and appended to mem, what overflows n_m marked; (b) the FIFOs updated (gif_caption)."""
-    mechanism.pyplot_or_error()
-    from matplotlib.animation import PillowWriter
-
     cfg, steps = picture.cfg, picture.steps
     first = max(0, len(steps) - last_segments)  # the first segment animated
     held = [] if not first else steps[first - 1].mem + sum(steps[first - 1].c_mem, [])
@@ -369,6 +362,8 @@ def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last
             figure.char(start + offset, ch, colour, "bold" if marked else "normal")
         lines = zip(gif_caption(picture, k, after), (0.1, 0.5, 0.72), caption_styles)
         captions.extend(figure.text_at(0.1, y, words, **style) for words, y, style in lines)
+
+    from matplotlib.animation import PillowWriter
 
     writer = PillowWriter(fps=1 / seconds_per_frame)
     with writer.saving(figure.fig, path, dpi=90):  # each frame drawn once, not twice
@@ -438,7 +433,9 @@ def parse_args(argv=None):
     query = "the query (default: the last of the last segment, or a recall '?' held in c_mem)"
     p.add_argument("--query", type=int, metavar="POS", help=query)
     p.add_argument("--heads", action="store_true", help="the attention per head too")
-    mechanism.add_figure_flags(p)
+    for name in mechanism.FIGURES:
+        figure = f"write only the figure docs/{name}.svg, from a tiny model"
+        p.add_argument(f"--{name}-svg", metavar="SVG", help=figure)
     return p.parse_args(argv)
 
 
