@@ -21,14 +21,7 @@ from pathlib import Path
 
 import torch
 
-from lesson.memory_picture import (
-    NOTHING,
-    check_model,
-    compression_name,
-    read_segments,
-    training_command,
-    validation_text,
-)
+from lesson import memory_picture
 from training import checkpoint, files
 from training.checks import UserError, exit_status, one_line
 
@@ -88,7 +81,7 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
     and per segment the slots its queries see (as positions), what the FIFOs move after it, its
     attention (packed) and region_shares. query: the one the page opens on (default: the last).
     A passage that does not fit: a UserError in the command's words."""
-    check_model(model, UserError)
+    memory_picture.check_model(model, UserError)
     cfg, n_s, n = model.cfg, model.cfg.seq_len, len(ids)
     end = start + n_segments * n_s
     query = end - 1 if query is None else query
@@ -103,8 +96,8 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
         )
     if not start <= query < end:
         raise UserError(f"--query {query} lies outside the passage, {start}-{end - 1}")
-    pages, before = [], NOTHING
-    for step, attention in read_segments(model, ids, start, [n_s] * n_segments):
+    pages, before = [], memory_picture.NOTHING
+    for step, attention in memory_picture.read_segments(model, ids, start, [n_s] * n_segments):
         n_held = len(before.c_mem) + len(before.mem)  # the memory the segment saw
         if attention[0].size(-1) != n_held + n_s:  # a bug, not the user's
             raise RuntimeError(f"segment {len(pages) + 1} saw keys the FIFO rule does not hold")
@@ -129,7 +122,7 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
         "mem_len": cfg.mem_len,
         "c_mem_len": cfg.c_mem_len,
         "c": cfg.compression_rate,
-        "compression": compression_name(model),  # overlap_max_pool is put in by name
+        "compression": memory_picture.compression_name(model),  # overlap_max_pool is put in by name
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "weight_scale": WEIGHT_SCALE,
@@ -209,30 +202,28 @@ def parse_args(argv=None):
 
 def explore_checkpoint(args) -> None:
     """OUT/explorer.html from OUT/ckpt.pt's model on its validation text."""
-    if args.screenshot and not args.screenshot.endswith(".png"):  # before anything is read
-        raise UserError(f"--screenshot {args.screenshot}: the picture is a PNG, name it .png")
-    if args.screenshot and not os.path.isdir(os.path.dirname(os.path.abspath(args.screenshot))):
-        raise UserError(f"--screenshot {args.screenshot}: no such folder")
-    if args.screenshot and browser_missing():
+    png = args.screenshot
+    if png and not png.endswith(".png"):  # before anything is read
+        raise UserError(f"--screenshot {png}: the picture is a PNG, name it .png")
+    if png and not os.path.isdir(os.path.dirname(os.path.abspath(png))):
+        raise UserError(f"--screenshot {png}: no such folder")
+    if png and browser_missing():
         raise UserError(f"--screenshot: {browser_missing()}")
     model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"))
-    data, _ = validation_text(args, ckpt)
+    data, _ = memory_picture.validation_text(args, ckpt)
     print(f"validation text: {data.name}")
     page = explorer_data(model, data.val, data.vocab, args.start, args.segments, args.query)
     defaults = vars(parse_args([]))
     flags = [(name, getattr(args, name)) for name in ("validation", "start", "segments", "query")]
-    made_by = "".join(f" --{name} {v}" for name, v in flags if v != defaults[name])
-    page["caption"] = (
-        f"Checkpoint: {training_command(ckpt)}. Text: "
-        f"{data.name}. Made by: python -m lesson.explore{made_by} with torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
-    )
+    flags = "".join(f" --{name} {v}" for name, v in flags if v != defaults[name])
+    made = f"Text: {data.name}. Made by: python -m lesson.explore{flags}"
+    page["caption"] = memory_picture.made_by(ckpt, made)
     path = os.path.join(args.out, "explorer.html")
     write_page(page, path)
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
-    if args.screenshot:
-        screenshot(path, args.screenshot)
-        print(f"wrote {args.screenshot}")
+    if png:
+        screenshot(path, png)
+        print(f"wrote {png}")
 
 
 def main(argv=None) -> int:

@@ -175,9 +175,9 @@ def describe(picture: Picture) -> List[str]:
         for layer, (k, weight) in enumerate(strongest(picture)):
             on = sum(slots[j]["attention"][layer] for j in holding)
             words = f"{weight:.3f} on {slots[k]['region']} {shown(slots[k]['text'])!r}"
+            where = "weight is " + ("there" if k in holding else f"elsewhere ({words})")
             lines.append(
-                f"  layer {layer + 1}: {on:.3f} on the fact's slot(s); its largest weight is "
-                + ("there" if k in holding else f"elsewhere ({words})")
+                f"  layer {layer + 1}: {on:.3f} on the fact's slot(s); its largest {where}"
             )
     return lines
 
@@ -415,9 +415,14 @@ def validation_text(args, ckpt: dict):
     return data.load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"]), []
 
 
-def training_command(ckpt: dict) -> str:
-    """How the checkpoint was made: its command and the flags it set beyond the defaults."""
-    return checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
+def made_by(ckpt: dict, command: str) -> str:
+    """A figure's foot: the checkpoint's command (the flags beyond the script's defaults), then
+    command, and with what and at which commit it ran."""
+    trained = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
+    return (
+        f"Checkpoint: {trained}. {command} with torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
+    )
 
 
 def parse_args(argv=None):
@@ -477,11 +482,8 @@ def picture_checkpoint(args) -> None:
     print("\n".join(describe(picture) + [f"wrote {json_path}"]))
     flags = [(name, getattr(args, name)) for name in ("validation", "start", "query")]
     drawn_by = "".join(f" --{name} {value}" for name, value in flags if value is not None)
-    footer = (
-        f"Checkpoint: {training_command(ckpt)}. Drawn by: python -m lesson.memory_picture"
-        f"{drawn_by}{' --heads' * args.heads} with torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
-    )
+    drawn_by += " --heads" * args.heads
+    footer = made_by(ckpt, f"Drawn by: python -m lesson.memory_picture{drawn_by}")
     for name, draw in (("memory.png", draw_png), ("memory.gif", draw_gif)):
         draw(picture, os.path.join(args.out, name), footer)
         print(f"wrote {os.path.join(args.out, name)}")
