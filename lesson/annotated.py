@@ -37,6 +37,7 @@ EXTRA = "pip install -r requirements-annotated.txt"
 # `# 3. Transformer-XL relative attention ------`: a heading; a comment of dashes alone: a rule
 HEADING = re.compile(r"^(\S.*?)\s*-{3,}$")
 RULE = re.compile(r"^-{3,}$")
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 class Section(NamedTuple):
@@ -84,8 +85,7 @@ def module_docstring(tree: ast.Module) -> str:
 
 def comment_markdown(comment: str) -> str:
     """One comment line as Markdown: `#` and one space off; a heading marked as one."""
-    text = comment[1:]
-    text = text[1:] if text.startswith(" ") else text
+    text = comment[2:] if comment.startswith("# ") else comment[1:]
     if RULE.match(text.strip()):
         return ""
     heading = HEADING.match(text)
@@ -204,7 +204,7 @@ def definitions(tree: ast.Module) -> dict:
 
     def visit(node, prefix):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if isinstance(child, DEFS):
                 line = first_line(child)
                 found[prefix + child.name] = line
                 by_name.setdefault(child.name, []).append(line)
@@ -238,11 +238,7 @@ FIGURE_MARKER = re.compile(r"^\s*# Figure: ([\w./-]+\.svg)", re.M)  # in the sou
 
 
 def kept_together(note: str) -> str:
-    def keep(match):
-        if not match[1] and not match[3]:
-            return match[0]
-        return f'<span class="nowrap">{match[0]}</span>'
-
+    keep = lambda m: f'<span class="nowrap">{m[0]}</span>' if m[1] or m[3] else m[0]
     return KEPT_TOGETHER.sub(keep, note)
 
 
@@ -305,9 +301,7 @@ def figure_ends(cut: List[Section], tree: ast.Module) -> List[int]:
     of the innermost def or class around the section's first line of code (the section itself
     when that line lies in none)."""
     spans = [
-        (first_line(node), node.end_lineno)
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        (first_line(node), node.end_lineno) for node in ast.walk(tree) if isinstance(node, DEFS)
     ]
     ends = []
     for k, section in enumerate(cut):
@@ -347,7 +341,7 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
     source = source_lines(text)
     before_headings = True
     parts, figures = [], [[] for _ in cut]  # figures[k]: those that go below section k
-    for section, note, below in zip(cut, notes, figure_ends(cut, tree)):
+    for k, (section, note, below) in enumerate(zip(cut, notes, figure_ends(cut, tree))):
         if before_headings and "<h2>" not in note:
             note = contents_linked(note, numbers)
         before_headings = before_headings and "<h2>" not in note
@@ -363,11 +357,9 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
             f'<section id="L{section.start}" data-lines="{section.start}-{section.end}">\n'
             f'<div class="note" data-note>{note}</div>\n'
             f'<div class="code" data-code><pre>{lines}</pre></div>\n'
+            + "".join(f"{f}\n" for f in figures[k] if f)  # after the code it explains (below >= k)
+            + "</section>"
         )
-    parts = [  # a figure after the code it explains, across the page
-        part + "".join(f"{f}\n" for f in below if f) + "</section>"
-        for part, below in zip(parts, figures)
-    ]
     style = code_style({indent(source[n - 1]) for section in cut for n in section.code})
     page = TEMPLATE.read_text(encoding="utf-8").replace("__STYLE__", style)
     page = page.replace("__TITLE__", html.escape(title))
