@@ -167,19 +167,14 @@ def screenshot(html: str, png: str) -> None:
     from playwright.sync_api import Error, sync_playwright
 
     with sync_playwright() as playwright:
-        browser = open_browser(playwright)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1000})
-            page.route(
-                "**/*",
-                lambda r: r.abort() if not r.request.url.startswith("file:") else r.continue_(),
-            )
+        only_files = lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort()
+        try:  # the browser goes with the playwright it runs under
+            page = open_browser(playwright).new_page(viewport={"width": 1200, "height": 1000})
+            page.route("**/*", only_files)
             page.goto(Path(html).resolve().as_uri())
             page.screenshot(path=png)
         except Error as e:  # a PNG path that cannot be written, say
             raise UserError(f"--screenshot {png}: {one_line(e)}") from None
-        finally:
-            browser.close()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -257,7 +257,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         legend.append((REGION_FILLS[region], REGION_COLORS[region], "-", words))
     figure.legend(None, 0.5, legend)
     figure.text_at(0.1, note_top, note, fontsize=8, va="top")
-    w, h = figure.w, figure.h
+    w, h = figure.w, figure.h  # the colour bar, at the top right
     cax = figure.fig.add_axes([1 - 2.3 / w, 1 - 0.42 / h, 2 / w, 0.1 / h])
     ticks = [0.0]
     for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8):  # at least a seventh of the bar apart
