@@ -303,11 +303,11 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
     return [title, says, f"The model's own memory tensors now hold {held} per layer ({sizes})."]
 
 
-def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last_segments=16):
-    """The passage as text, two frames after each of its last last_segments segments: (a) read
-    and appended to mem, what overflows n_m marked; (b) the FIFOs updated (gif_caption)."""
+def draw_gif(picture: Picture, path: str, footer: str = "") -> None:
+    """The passage as text, two frames after each of its last 16 segments, two seconds each: (a)
+    read and appended to mem, what overflows n_m marked; (b) the FIFOs updated (gif_caption)."""
     cfg, steps = picture.cfg, picture.steps
-    first = max(0, len(steps) - last_segments)  # the first segment animated
+    first = max(0, len(steps) - 16)  # the first segment animated
     held = [] if not first else steps[first - 1].mem + sum(steps[first - 1].c_mem, [])
     start = min(held + [steps[first].segment[0]])  # the text from the oldest position then held
     text = picture.text[start - picture.data["start"] :]
@@ -365,7 +365,7 @@ def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last
 
     from matplotlib.animation import PillowWriter
 
-    writer = PillowWriter(fps=1 / seconds_per_frame)
+    writer = PillowWriter(fps=1 / 2.0)
     with writer.saving(figure.fig, path, dpi=90):  # each frame drawn once, not twice
         for k in range(first, len(steps)):
             for after in (False, True):
