@@ -37,6 +37,7 @@ EXTRA = "pip install -r requirements-annotated.txt"
 # `# 3. Transformer-XL relative attention ------`: a heading; a comment of dashes alone: a rule
 HEADING = re.compile(r"^(\S.*?)\s*-{3,}$")
 RULE = re.compile(r"^-{3,}$")
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 class Section(NamedTuple):
@@ -84,8 +85,7 @@ def module_docstring(tree: ast.Module) -> str:
 
 def comment_markdown(comment: str) -> str:
     """One comment line as Markdown: `#` and one space off; a heading marked as one."""
-    text = comment[1:]
-    text = text[1:] if text.startswith(" ") else text
+    text = comment[2:] if comment.startswith("# ") else comment[1:]
     if RULE.match(text.strip()):
         return ""
     heading = HEADING.match(text)
@@ -144,28 +144,28 @@ def read_source(path: Path):
 # The page: Markdown and math for the notes, pygments for the code
 
 
-def dependencies():
-    """markdown-it-py with its dollar-math plugin, latex2mathml and pygments, or one line saying
-    how to install them."""
+def dependencies() -> None:
+    """One line saying how to install the optional extra, where a part of it is missing."""
     try:
-        import latex2mathml.converter
-        import pygments
-        from markdown_it import MarkdownIt
-        from mdit_py_plugins.dollarmath import dollarmath_plugin
+        import latex2mathml.converter  # noqa: F401
+        import markdown_it  # noqa: F401
+        import mdit_py_plugins.dollarmath  # noqa: F401
+        import pygments  # noqa: F401
     except ImportError as e:
         raise UserError(f"lesson.annotated needs {e.name}, of an optional extra: {EXTRA}") from None
-    return MarkdownIt, dollarmath_plugin, latex2mathml.converter, pygments
 
 
 def markdown_renderer():
     """Markdown to HTML: CommonMark without raw HTML or images (a note can ask for nothing), with
     $...$ and $$...$$ typeset as MathML."""
-    MarkdownIt, dollarmath_plugin, latex2mathml, _ = dependencies()
+    from latex2mathml.converter import convert
+    from markdown_it import MarkdownIt
+    from mdit_py_plugins.dollarmath import dollarmath_plugin
 
     def math(latex: str, options: dict) -> str:
         display = "block" if options.get("display_mode") else "inline"
         try:
-            return latex2mathml.convert(latex.strip(), display=display)
+            return convert(latex.strip(), display=display)
         except Exception as e:  # latex2mathml raises its own errors for LaTeX it cannot read
             raise UserError(
                 f"${latex.strip()}$ is not LaTeX that latex2mathml reads: {one_line(e)}"
@@ -178,23 +178,23 @@ def markdown_renderer():
 def highlighted_lines(text: str) -> List[str]:
     """Each line of the file as highlighted HTML (the file is lexed whole, so a docstring is a
     string from its first line to its last)."""
-    _, _, _, pygments = dependencies()
+    from pygments import highlight
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import PythonLexer
 
-    source = "\n".join(source_lines(text))
     lexer = PythonLexer(stripnl=False, ensurenl=False)
-    out = pygments.highlight(source, lexer, HtmlFormatter(nowrap=True)).split("\n")
-    if len(out) < len(source_lines(text)):
-        raise UserError("pygments returned fewer lines than the file has")  # not seen; say so
-    return out
+    return highlight("\n".join(source_lines(text)), lexer, HtmlFormatter(nowrap=True)).split("\n")
 
 
-def code_style() -> str:
-    """pygments' colours for the code cells (its token classes, scoped to them)."""
+def code_style(indents: set) -> str:
+    """pygments' colours for the code cells (its token classes, scoped to them), and per indentation
+    of a line shown, its wrapped part 4 columns past it (after the 6 of the line number)."""
     from pygments.formatters import HtmlFormatter
 
-    return "\n".join(HtmlFormatter(style="default").get_token_style_defs(".code"))
+    style = HtmlFormatter(style="default").get_token_style_defs(".code")
+    for n in sorted(indents):
+        style.append(f".code .l.i{n} {{ padding-left: {n + 10}ch; text-indent: -{n + 10}ch; }}")
+    return "\n".join(style)
 
 
 def definitions(tree: ast.Module) -> dict:
@@ -204,7 +204,7 @@ def definitions(tree: ast.Module) -> dict:
 
     def visit(node, prefix):
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if isinstance(child, DEFS):
                 line = first_line(child)
                 found[prefix + child.name] = line
                 by_name.setdefault(child.name, []).append(line)
@@ -238,11 +238,7 @@ FIGURE_MARKER = re.compile(r"^\s*# Figure: ([\w./-]+\.svg)", re.M)  # in the sou
 
 
 def kept_together(note: str) -> str:
-    def keep(match):
-        if not match[1] and not match[3]:
-            return match[0]
-        return f'<span class="nowrap">{match[0]}</span>'
-
+    keep = lambda m: f'<span class="nowrap">{m[0]}</span>' if m[1] or m[3] else m[0]
     return KEPT_TOGETHER.sub(keep, note)
 
 
@@ -300,19 +296,12 @@ def figure(path: str, caption: str, folder: Path) -> str:
     return f'<figure class="figure" data-figure="{html.escape(path)}">{svg}{caption}</figure>'
 
 
-def missing_figures(text: str, folder: Path) -> List[str]:
-    """The figures the file's notes name that are not in folder."""
-    return [path for path in FIGURE_MARKER.findall(text) if not (folder / path).is_file()]
-
-
 def figure_ends(cut: List[Section], tree: ast.Module) -> List[int]:
     """Per section, the index of the section that its figures follow: the one that holds the end
     of the innermost def or class around the section's first line of code (the section itself
     when that line lies in none)."""
     spans = [
-        (first_line(node), node.end_lineno)
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        (first_line(node), node.end_lineno) for node in ast.walk(tree) if isinstance(node, DEFS)
     ]
     ends = []
     for k, section in enumerate(cut):
@@ -328,19 +317,9 @@ def first_line(node) -> int:
     return min([node.lineno] + [d.lineno for d in node.decorator_list])
 
 
-def indent_class(line: str) -> str:
-    """The class of a line of code by its indentation (`i8`: eight spaces), which sets how far a
-    wrapped continuation of it is indented (code_indents)."""
-    return f"i{len(line) - len(line.lstrip(' '))}"
-
-
-def code_indents(lines: List[str]) -> str:
-    """The style of each indentation in lines: a wrapped line goes on 4 columns past the line's own
-    indentation (after the 6 of the line number), never back at the left of the code."""
-    indents = sorted({int(indent_class(line)[1:]) for line in lines})
-    return "\n".join(
-        f".code .l.i{n} {{ padding-left: {n + 10}ch; text-indent: -{n + 10}ch; }}" for n in indents
-    )
+def indent(line: str) -> int:
+    """A line's indentation, its class (`i8`: eight spaces): how far its wrapped part goes on."""
+    return len(line) - len(line.lstrip(" "))
 
 
 def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.parent) -> str:
@@ -362,7 +341,7 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
     source = source_lines(text)
     before_headings = True
     parts, figures = [], [[] for _ in cut]  # figures[k]: those that go below section k
-    for section, note, below in zip(cut, notes, figure_ends(cut, tree)):
+    for k, (section, note, below) in enumerate(zip(cut, notes, figure_ends(cut, tree))):
         if before_headings and "<h2>" not in note:
             note = contents_linked(note, numbers)
         before_headings = before_headings and "<h2>" not in note
@@ -371,20 +350,17 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
         figures[below] += [figure(path, caption, folder) for path, caption in FIGURE.findall(note)]
         note = FIGURE.sub("", note)
         lines = "".join(  # each line's end inside its span: a block of its own when it wraps
-            f'<span class="l {indent_class(source[n - 1])}" data-n="{n}">{code[n - 1]}{end}</span>'
+            f'<span class="l i{indent(source[n - 1])}" data-n="{n}">{code[n - 1]}{end}</span>'
             for n, end in zip(section.code, ["\n"] * (len(section.code) - 1) + [""])
         )
         parts.append(
             f'<section id="L{section.start}" data-lines="{section.start}-{section.end}">\n'
             f'<div class="note" data-note>{note}</div>\n'
             f'<div class="code" data-code><pre>{lines}</pre></div>\n'
+            + "".join(f"{f}\n" for f in figures[k] if f)  # after the code it explains (below >= k)
+            + "</section>"
         )
-    parts = [  # a figure after the code it explains, across the page
-        part + "".join(f"{f}\n" for f in below if f) + "</section>"
-        for part, below in zip(parts, figures)
-    ]
-    shown = [source[n - 1] for section in cut for n in section.code]
-    style = code_style() + "\n" + code_indents(shown)
+    style = code_style({indent(source[n - 1]) for section in cut for n in section.code})
     page = TEMPLATE.read_text(encoding="utf-8").replace("__STYLE__", style)
     page = page.replace("__TITLE__", html.escape(title))
     return page.replace("__SECTIONS__", "\n".join(parts))  # last: the code may say anything
@@ -410,8 +386,9 @@ def annotate(args) -> None:
         raise UserError(f"--out {args.out} is a file, not a folder")
     folder = args.file.resolve().parent
     page = render(text, tree, args.file.name, folder)
-    for path in missing_figures(text, folder):
-        print(f"the figure {path} is not there: the page is made without it", file=sys.stderr)
+    for path in FIGURE_MARKER.findall(text):
+        if not (folder / path).is_file():
+            print(f"the figure {path} is not there: the page is made without it", file=sys.stderr)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / PAGE_NAME  # whatever FILE is called: a copy makes the same page

@@ -3,21 +3,13 @@
     python -m lesson.explore --out OUT     # OUT/explorer.html, on OUT/ckpt.pt's validation text
     python -m lesson.explore --out OUT --validation OUT/validation.json  # a research command's
                                 # checkpoint, on the text python -m research.tasks --out OUT wrote
-
-The model reads a passage of the validation text segment by segment, as `python -m
-lesson.memory_picture` does, and every query of every segment is kept. For the segment its slider
-picks, the page shows the keys its queries see in each layer, [c_mem; mem; segment] oldest first,
-each slot labelled with the positions it stands for; a click on a character (or the arrow keys)
-makes it the query, and the slots are shaded by its attention, per layer (mean over the heads) or
-head. Stepping forward shows the block of c that leaves mem and the c_mem slot f_c makes of it.
-Above, per layer and head, the share of the segment's attention on c_mem, mem and the segment.
-
-The page is one file, its data, script and style inline: it opens from the disk and asks for
-nothing over the network. Its numbers are the model's own: the attention weights, stored as
-multiples of 1/WEIGHT_SCALE (each row still summing to 1), and the slots' positions by the FIFO
-rule, checked against the model's memory tensors after each segment.
-
     python -m lesson.explore --screenshot docs/explorer.png   # and a PNG of it (needs chromium)
+
+The model reads a passage segment by segment, as lesson.memory_picture does, and the page keeps
+every query of every segment: what docs/RESULTS.md shows. It is one file that asks for nothing over
+the network; its numbers are the model's own: the attention weights as multiples of 1/WEIGHT_SCALE
+(each row still summing to 1), the slots' positions by the FIFO rule, checked against the model's
+memory tensors after each segment.
 """
 
 import argparse
@@ -29,14 +21,7 @@ from pathlib import Path
 
 import torch
 
-from lesson.memory_picture import (
-    NOTHING,
-    check_model,
-    compression_name,
-    read_segments,
-    training_command,
-    validation_text,
-)
+from lesson import memory_picture
 from training import checkpoint, files
 from training.checks import UserError, exit_status, one_line
 
@@ -94,20 +79,25 @@ def region_shares(attention, n_c_mem: int, n_mem: int) -> list:
 def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query=None) -> dict:
     """The page's data, model reading n_segments segments from ids[start]: the passage, the sizes,
     and per segment the slots its queries see (as positions), what the FIFOs move after it, its
-    attention (packed) and region_shares. query: the one the page opens on (default: the last)."""
-    check_model(model)
-    cfg, n_s = model.cfg, model.cfg.seq_len
+    attention (packed) and region_shares. query: the one the page opens on (default: the last).
+    A passage that does not fit: a UserError in the command's words."""
+    memory_picture.check_model(model, UserError)
+    cfg, n_s, n = model.cfg, model.cfg.seq_len, len(ids)
     end = start + n_segments * n_s
-    if n_segments < 1 or start < 0 or end > len(ids):
-        raise ValueError(
-            f"{n_segments} segments of {n_s} from position {start} do not fit in the text "
-            f"(positions 0 to {len(ids) - 1})"
-        )
     query = end - 1 if query is None else query
+    if n_segments < 1:
+        raise UserError(f"--segments must be at least 1, got {n_segments}")
+    if not 0 <= start < n:
+        raise UserError(f"--start {start}: the validation text has {n} characters")
+    if end > n:
+        raise UserError(
+            f"--start {start} --segments {n_segments}: the passage needs {end - start} "
+            f"characters, and the validation text ends {n - start} characters after it"
+        )
     if not start <= query < end:
-        raise ValueError(f"the query {query} lies outside the passage, positions {start}-{end - 1}")
-    pages, before = [], NOTHING
-    for step, attention in read_segments(model, ids, start, [n_s] * n_segments):
+        raise UserError(f"--query {query} lies outside the passage, {start}-{end - 1}")
+    pages, before = [], memory_picture.NOTHING
+    for step, attention in memory_picture.read_segments(model, ids, start, [n_s] * n_segments):
         n_held = len(before.c_mem) + len(before.mem)  # the memory the segment saw
         if attention[0].size(-1) != n_held + n_s:  # a bug, not the user's
             raise RuntimeError(f"segment {len(pages) + 1} saw keys the FIFO rule does not hold")
@@ -132,7 +122,7 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
         "mem_len": cfg.mem_len,
         "c_mem_len": cfg.c_mem_len,
         "c": cfg.compression_rate,
-        "compression": compression_name(model),  # overlap_max_pool is put in by name
+        "compression": memory_picture.compression_name(model),  # overlap_max_pool is put in by name
         "n_layers": cfg.n_layers,
         "n_heads": cfg.n_heads,
         "weight_scale": WEIGHT_SCALE,
@@ -177,19 +167,14 @@ def screenshot(html: str, png: str) -> None:
     from playwright.sync_api import Error, sync_playwright
 
     with sync_playwright() as playwright:
-        browser = open_browser(playwright)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1000})
-            page.route(
-                "**/*",
-                lambda r: r.abort() if not r.request.url.startswith("file:") else r.continue_(),
-            )
+        only_files = lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort()
+        try:  # the browser goes with the playwright it runs under
+            page = open_browser(playwright).new_page(viewport={"width": 1200, "height": 1000})
+            page.route("**/*", only_files)
             page.goto(Path(html).resolve().as_uri())
             page.screenshot(path=png)
         except Error as e:  # a PNG path that cannot be written, say
             raise UserError(f"--screenshot {png}: {one_line(e)}") from None
-        finally:
-            browser.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,45 +197,28 @@ def parse_args(argv=None):
 
 def explore_checkpoint(args) -> None:
     """OUT/explorer.html from OUT/ckpt.pt's model on its validation text."""
-    if args.screenshot and not args.screenshot.endswith(".png"):  # before anything is read
-        raise UserError(f"--screenshot {args.screenshot}: the picture is a PNG, name it .png")
-    if args.screenshot and not os.path.isdir(os.path.dirname(os.path.abspath(args.screenshot))):
-        raise UserError(f"--screenshot {args.screenshot}: no such folder")
-    if args.screenshot and browser_missing():
+    png = args.screenshot
+    if png and not png.endswith(".png"):  # before anything is read
+        raise UserError(f"--screenshot {png}: the picture is a PNG, name it .png")
+    if png and not os.path.isdir(os.path.dirname(os.path.abspath(png))):
+        raise UserError(f"--screenshot {png}: no such folder")
+    if png and browser_missing():
         raise UserError(f"--screenshot: {browser_missing()}")
-    if args.segments < 1:
-        raise UserError(f"--segments must be at least 1, got {args.segments}")
     model, ckpt = checkpoint.load_model(args.out, torch.device("cpu"))
-    check_model(model, UserError)
-    data, _ = validation_text(args, ckpt)
+    data, _ = memory_picture.validation_text(args, ckpt)
     print(f"validation text: {data.name}")
-    n_s, n = model.cfg.seq_len, len(data.val)
-    if not 0 <= args.start < n:
-        raise UserError(f"--start {args.start}: the validation text has {n} characters")
-    if args.start + args.segments * n_s > n:
-        raise UserError(
-            f"--start {args.start} --segments {args.segments}: the passage needs "
-            f"{args.segments * n_s} characters, and the validation text ends {n - args.start} "
-            f"characters after it"
-        )
-    end = args.start + args.segments * n_s
-    if args.query is not None and not args.start <= args.query < end:
-        raise UserError(f"--query {args.query} lies outside the passage, {args.start}-{end - 1}")
     page = explorer_data(model, data.val, data.vocab, args.start, args.segments, args.query)
     defaults = vars(parse_args([]))
     flags = [(name, getattr(args, name)) for name in ("validation", "start", "segments", "query")]
-    made_by = "".join(f" --{name} {v}" for name, v in flags if v != defaults[name])
-    page["caption"] = (
-        f"Checkpoint: {training_command(ckpt)}. Text: "
-        f"{data.name}. Made by: python -m lesson.explore{made_by} with torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
-    )
+    flags = "".join(f" --{name} {v}" for name, v in flags if v != defaults[name])
+    made = f"Text: {data.name}. Made by: python -m lesson.explore{flags}"
+    page["caption"] = memory_picture.made_by(ckpt, made)
     path = os.path.join(args.out, "explorer.html")
     write_page(page, path)
     print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
-    if args.screenshot:
-        screenshot(path, args.screenshot)
-        print(f"wrote {args.screenshot}")
+    if png:
+        screenshot(path, png)
+        print(f"wrote {png}")
 
 
 def main(argv=None) -> int:

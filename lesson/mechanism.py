@@ -7,9 +7,9 @@ the reconstruction loss's gradients, each an SVG of the page (docs/), each made 
     python -m lesson.memory_picture --reach-svg docs/reach.svg   # the reach, layer by layer
     python -m lesson.memory_picture --recon-svg docs/recon.svg   # which loss reaches what
 
-Each figure's data is read from a tiny CompressiveTransformer (the *_data functions and
-model_fifo_steps) and drawn with matplotlib, each shape that carries data with an id that says what
-it shows, so that a test can read it back. Layers and segments count from 1 in every label.
+Each figure's data is read from a tiny CompressiveTransformer (the *_data functions) and drawn
+with matplotlib, each shape that carries data with an id a test reads back. Layers and segments
+count from 1 in every label.
 """
 
 import io
@@ -116,7 +116,6 @@ REGION_COLORS = {"c_mem": "#4c78a8", "mem": "#c2410c", "segment": "#2f7a2b"}
 REGION_FILLS = {"c_mem": "#dbe6f1", "mem": "#fde4cc", "segment": "#dcefd8"}
 RED, GREY, INK, FAINT = "#b91c1c", "#b0b0b0", "#1d1d1f", "#555555"
 FONT = "DejaVu Sans Mono"
-SVG_METADATA = ("Date", "Creator", "Format", "Type")  # none written: no date, nothing to diff
 
 
 def pyplot_or_error():
@@ -145,8 +144,7 @@ class Canvas:
         self.paragraph(title, 15, weight="bold")
 
     def text(self, x, y, words, px=12, gid=None, **style):
-        """Each line of words a text of its own (one SVG text element per line, whatever the
-        matplotlib), with the id gid, or gid-K for line K."""
+        """Each line of words an SVG text of its own, with the id gid, or gid-K for line K."""
         lines, va = words.split("\n"), style.setdefault("va", "baseline")
         first = {"center": (len(lines) - 1) / 2, "bottom": len(lines) - 1}.get(va, 0)
         for k, line in enumerate(lines):
@@ -160,8 +158,7 @@ class Canvas:
         self.text(12, self.y + px, lines, px, **style)
         self.y += 1.2 * px * (lines.count("\n") + 1) + gap
 
-    def box(self, x, y, w, h, fill, edge="none", lw=0.75, gid=None):
-        """A box with its top left corner at (x, y)."""
+    def box(self, x, y, w, h, fill, edge="none", lw=0.75, gid=None):  # (x, y): its top left
         from matplotlib.patches import FancyBboxPatch
 
         shape = FancyBboxPatch((x, y), w, h, "round,pad=0,rounding_size=2", lw=lw)
@@ -189,9 +186,9 @@ class Canvas:
         for artist in self.ax.get_children():
             artist.set_clip_on(False)
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
-        buffer = io.StringIO()
+        buffer, no_date = io.StringIO(), dict.fromkeys(("Date", "Creator", "Format", "Type"))
         with matplotlib.rc_context(rc):
-            self.fig.savefig(buffer, format="svg", metadata=dict.fromkeys(SVG_METADATA))
+            self.fig.savefig(buffer, format="svg", metadata=no_date)
         self.plt.close(self.fig)
         svg = buffer.getvalue()
         svg = svg[svg.index("<svg") :]  # no XML declaration and doctype: a page inlines it
@@ -229,13 +226,10 @@ def line_width(cfg) -> int:
 
 def spans(positions, first: int, width: int):
     """A run of consecutive positions cut at the drawn lines: (line, from column, to column)."""
-    out, p, last = [], positions[0], positions[-1]
-    while p <= last:
-        line, col = divmod(p - first, width)
-        stop = min(last, p + width - col - 1)
-        out.append((line, col, col + stop - p + 1))
-        p = stop + 1
-    return out
+    lines = {}
+    for p in positions:
+        lines.setdefault((p - first) // width, []).append((p - first) % width)
+    return [(line, columns[0], columns[-1] + 1) for line, columns in lines.items()]
 
 
 class TextFigure:
@@ -277,14 +271,12 @@ class TextFigure:
         line an item when x is None, else side by side."""
         from matplotlib.patches import Rectangle
 
-        for k, (face, edge, style, words) in enumerate(items):
+        on_figure = self.fig.transFigure
+        for k, (face, edge, ls, words) in enumerate(items):
             left, top = (0.1, y + 0.2 * k) if x is None else (x, y)
             corner = (left / self.w, 1 - (top + 0.07) / self.h)
-            swatch = dict(facecolor=face, edgecolor=edge, linestyle=style, lw=1.2)
-            size_ = (0.18 / self.w, 0.14 / self.h)
-            self.fig.patches.append(
-                Rectangle(corner, *size_, transform=self.fig.transFigure, **swatch)
-            )
+            style = dict(facecolor=face, edgecolor=edge, ls=ls, lw=1.2, transform=on_figure)
+            self.fig.patches.append(Rectangle(corner, 0.18 / self.w, 0.14 / self.h, **style))
             self.text_at(left + 0.25, top, words, fontsize=size, va="center")
             x = None if x is None else x + 0.5 + 0.055 * len(words)
 
@@ -432,33 +424,22 @@ def draw_shift(data: dict, path: str) -> None:
 
     def rows(name: str, sources, whys):
         """Per query i, entry sources[i][j] of P flattened as cell j, its id shift-name-i-j."""
-        return [
-            (
-                f"query {i + 1}",
-                [entry(n, f"shift-{name}-{i}-{j}", whys[i][j]) for j, n in enumerate(row)],
-            )
-            for i, row in enumerate(sources)
-        ]
+        cells = lambda i, row: [entry(n, f"shift-{name}-{i}-{j}", whys[i][j]) for j, n in row]
+        return [(f"query {i + 1}", cells(i, enumerate(row))) for i, row in enumerate(sources)]
 
     flat = [list(range(i * (K + 1), (i + 1) * (K + 1))) for i in range(T)]
     heading = "1. P = position_scores(q, r), [T, K+1]: query i's score at every distance d, from K"
     headers = [f"d = {K - p}" for p in range(K + 1)]
     panel(canvas, rows("P", flat, [[""] * (K + 1)] * T), w, h, headers, heading + " down to 0")
     heading = f"2. flattened: T(K+1) = {T * (K + 1)} entries, row after row; the first T = {T} "
+    heading += f"skipped, the next T K = {T * K} kept"
     flat = [entry(n, f"shift-flat-{n}", "skipped" * (n < T)) for n in range(T * (K + 1))]
-    panel(
-        canvas,
-        [("flat", flat)],
-        flat_w,
-        h,
-        heading=heading + f"skipped, the next T K = {T * K} kept",
-    )
+    panel(canvas, [("flat", flat)], flat_w, h, heading=heading)
     for row in range(T):  # where each row of the result is cut
         x = left + (T + row * K) * flat_w
         canvas.line([x + 2, x + K * flat_w - 2], [canvas.y - 8] * 2, color=INK, lw=1, dashed=False)
-        canvas.text(
-            x + K * flat_w / 2, canvas.y + 6, f"row {row + 1} of the result", 10, ha="center"
-        )
+        words = f"row {row + 1} of the result"
+        canvas.text(x + K * flat_w / 2, canvas.y + 6, words, 10, ha="center")
     canvas.y += 12
     heading = f"3. re-cut into T rows of K = {K}: the scores per (query, key), query i's score for "
     headers = [f"mem\n{j + 1}" if j < M else f"segment\n{j - M + 1}" for j in range(K)]
@@ -738,31 +719,25 @@ def draw_recon(data: dict, path: str) -> None:
     canvas.save(path, "recon")
 
 
-FIGURES = {  # python -m lesson.memory_picture --NAME-svg PATH: what draws it, what it shows
-    "fifo": (lambda path: draw_fifo(model_fifo_steps(*TOY_SIZES), path), "the two FIFOs"),
-    "shift": (lambda path: draw_shift(shift_data(*shift_model()), path), "relative_shift"),
-    "mask": (lambda path: draw_mask(mask_data(), path), "the causal mask over the keys"),
-    "reach": (lambda path: draw_reach(reach_data(), path), "the reach, layer by layer"),
-    "recon": (lambda path: draw_recon(recon_data(*recon_model()), path), "the losses' gradients"),
+FIGURES = {  # python -m lesson.memory_picture --NAME-svg PATH: what draws it
+    "fifo": lambda path: draw_fifo(model_fifo_steps(*TOY_SIZES), path),
+    "shift": lambda path: draw_shift(shift_data(*shift_model()), path),
+    "mask": lambda path: draw_mask(mask_data(), path),
+    "reach": lambda path: draw_reach(reach_data(), path),
+    "recon": lambda path: draw_recon(recon_data(*recon_model()), path),
 }
-
-
-def add_figure_flags(parser) -> None:
-    for name, (_, what) in FIGURES.items():
-        figure = f"write only the figure of {what} (docs/{name}.svg), from a tiny model"
-        parser.add_argument(f"--{name}-svg", metavar="SVG", help=figure)
 
 
 def write_figures(args) -> bool:
     """The figures that args' --NAME-svg flags ask for, each into its path; False if none."""
-    figures = [(name, getattr(args, f"{name}_svg")) for name in FIGURES]
-    figures = [(name, path) for name, path in figures if path is not None]
-    for name, path in figures:  # every path checked before any figure is drawn
+    figures = {name: getattr(args, f"{name}_svg") for name in FIGURES}
+    figures = {name: path for name, path in figures.items() if path is not None}
+    for name, path in figures.items():  # every path checked before any figure is drawn
         if not path.endswith(".svg"):
             raise UserError(f"--{name}-svg {path}: the figure is an SVG, name it .svg")
         if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UserError(f"--{name}-svg {path}: no such folder")
-    for name, path in figures:
-        FIGURES[name][0](path)
+    for name, path in figures.items():
+        FIGURES[name](path)
         print(f"wrote {path}")
     return bool(figures)

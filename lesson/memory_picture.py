@@ -83,10 +83,7 @@ def read_segments(model, ids, start: int, lengths):
                 _, memory, _ = model(segment, memory)
                 held = (memory.mem[0].size(1), memory.c_mem[0].size(1))
                 if held != (len(step.mem), len(step.c_mem)):  # a bug, not the user's
-                    raise RuntimeError(
-                        f"after segment {k + 1} the model holds {held} (mem, c_mem) slots, "
-                        f"the FIFO rule {len(step.mem), len(step.c_mem)}"
-                    )
+                    raise RuntimeError(f"segment {k + 1}: the model and the FIFO rule disagree")
                 yield step, attention
     finally:
         model.train(was_training)
@@ -178,9 +175,9 @@ def describe(picture: Picture) -> List[str]:
         for layer, (k, weight) in enumerate(strongest(picture)):
             on = sum(slots[j]["attention"][layer] for j in holding)
             words = f"{weight:.3f} on {slots[k]['region']} {shown(slots[k]['text'])!r}"
+            where = "weight is " + ("there" if k in holding else f"elsewhere ({words})")
             lines.append(
-                f"  layer {layer + 1}: {on:.3f} on the fact's slot(s); its largest weight is "
-                + ("there" if k in holding else f"elsewhere ({words})")
+                f"  layer {layer + 1}: {on:.3f} on the fact's slot(s); its largest {where}"
             )
     return lines
 
@@ -195,9 +192,6 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     """The keys the query sees as text in lines, a c_mem slot boxed around its c characters, and
     under each line a row per layer (or head) coloured by the query's attention, its largest
     outlined. footer: how to reproduce the figure, written at its foot."""
-    mechanism.pyplot_or_error()  # one line where matplotlib is not installed
-    from matplotlib.colors import PowerNorm
-
     cfg, data = picture.cfg, picture.data
     slots, query, start = data["slots"], data["query"], data["start"]
     rows = [(f"layer {i + 1}", [s["attention"][i] for s in slots]) for i in range(cfg.n_layers)]
@@ -219,6 +213,8 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
     head = note_top + 0.15 * (note.count("\n") + 1) + 0.25
     figure = mechanism.TextFigure(width, n_lines, per_line, head, footer, first)
     ax, plt = figure.ax, figure.plt
+    from matplotlib.colors import PowerNorm
+
     norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=max(max(values) for _, values in rows))
     cmap = plt.get_cmap("magma_r")
     for line in range(n_lines):
@@ -261,7 +257,7 @@ def draw_png(picture: Picture, path: str, footer: str = "") -> None:
         legend.append((REGION_FILLS[region], REGION_COLORS[region], "-", words))
     figure.legend(None, 0.5, legend)
     figure.text_at(0.1, note_top, note, fontsize=8, va="top")
-    w, h = figure.w, figure.h
+    w, h = figure.w, figure.h  # the colour bar, at the top right
     cax = figure.fig.add_axes([1 - 2.3 / w, 1 - 0.42 / h, 2 / w, 0.1 / h])
     ticks = [0.0]
     for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8):  # at least a seventh of the bar apart
@@ -307,14 +303,11 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
     return [title, says, f"The model's own memory tensors now hold {held} per layer ({sizes})."]
 
 
-def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last_segments=16):
-    """The passage as text, two frames after each of its last last_segments segments: (a) read
-    and appended to mem, what overflows n_m marked; (b) the FIFOs updated (gif_caption)."""
-    mechanism.pyplot_or_error()
-    from matplotlib.animation import PillowWriter
-
+def draw_gif(picture: Picture, path: str, footer: str = "") -> None:
+    """The passage as text, two frames after each of its last 16 segments, two seconds each: (a)
+    read and appended to mem, what overflows n_m marked; (b) the FIFOs updated (gif_caption)."""
     cfg, steps = picture.cfg, picture.steps
-    first = max(0, len(steps) - last_segments)  # the first segment animated
+    first = max(0, len(steps) - 16)  # the first segment animated
     held = [] if not first else steps[first - 1].mem + sum(steps[first - 1].c_mem, [])
     start = min(held + [steps[first].segment[0]])  # the text from the oldest position then held
     text = picture.text[start - picture.data["start"] :]
@@ -370,7 +363,9 @@ def draw_gif(picture: Picture, path: str, footer="", seconds_per_frame=2.0, last
         lines = zip(gif_caption(picture, k, after), (0.1, 0.5, 0.72), caption_styles)
         captions.extend(figure.text_at(0.1, y, words, **style) for words, y, style in lines)
 
-    writer = PillowWriter(fps=1 / seconds_per_frame)
+    from matplotlib.animation import PillowWriter
+
+    writer = PillowWriter(fps=1 / 2.0)
     with writer.saving(figure.fig, path, dpi=90):  # each frame drawn once, not twice
         for k in range(first, len(steps)):
             for after in (False, True):
@@ -420,9 +415,14 @@ def validation_text(args, ckpt: dict):
     return data.load_data(args, vocab=ckpt["vocab"], saved_args=ckpt["args"]), []
 
 
-def training_command(ckpt: dict) -> str:
-    """How the checkpoint was made: its command and the flags it set beyond the defaults."""
-    return checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
+def made_by(ckpt: dict, command: str) -> str:
+    """A figure's foot: the checkpoint's command (the flags beyond the script's defaults), then
+    command, and with what and at which commit it ran."""
+    trained = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
+    return (
+        f"Checkpoint: {trained}. {command} with torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
+    )
 
 
 def parse_args(argv=None):
@@ -438,7 +438,9 @@ def parse_args(argv=None):
     query = "the query (default: the last of the last segment, or a recall '?' held in c_mem)"
     p.add_argument("--query", type=int, metavar="POS", help=query)
     p.add_argument("--heads", action="store_true", help="the attention per head too")
-    mechanism.add_figure_flags(p)
+    for name in mechanism.FIGURES:
+        figure = f"write only the figure docs/{name}.svg, from a tiny model"
+        p.add_argument(f"--{name}-svg", metavar="SVG", help=figure)
     return p.parse_args(argv)
 
 
@@ -480,11 +482,8 @@ def picture_checkpoint(args) -> None:
     print("\n".join(describe(picture) + [f"wrote {json_path}"]))
     flags = [(name, getattr(args, name)) for name in ("validation", "start", "query")]
     drawn_by = "".join(f" --{name} {value}" for name, value in flags if value is not None)
-    footer = (
-        f"Checkpoint: {training_command(ckpt)}. Drawn by: python -m lesson.memory_picture"
-        f"{drawn_by}{' --heads' * args.heads} with torch {torch.__version__}, "
-        f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."
-    )
+    drawn_by += " --heads" * args.heads
+    footer = made_by(ckpt, f"Drawn by: python -m lesson.memory_picture{drawn_by}")
     for name, draw in (("memory.png", draw_png), ("memory.gif", draw_gif)):
         draw(picture, os.path.join(args.out, name), footer)
         print(f"wrote {os.path.join(args.out, name)}")
