@@ -2,14 +2,10 @@
 
     python -m research.copies FILE [FILE ...]      # a text's share of characters by copy distance
 
-Long context helps a language model almost only where the next character can be copied from far
-back (Sun et al. 2021, arXiv 2109.09115). The copy distance d of the character at position p is
-p - q, for the last earlier q in the same stream at which the same n-gram ended. The query that
-predicts p, at index i of its segment, sees i keys of its own segment, then n_m memories, then
-c * n_cm characters through c_mem: the copy lies beyond the segment by e = (d - 1) - i, within mem
-when 1 <= e <= n_m and within c_mem when n_m < e <= n_m + c * n_cm. The buckets are drawn on e, the
-same for every model with the same n_s; EDGES are the code study's (n_s 64: 64 the compressive
-model's mem, 96 an equal-slots XL's, 192 the compressive model's reach and XL-192's).
+The copy distance d of position p is p - q, for the last earlier q in its stream at which the same
+n-gram ended; the query at index i of its segment that predicts p finds the copy e = d - 1 - i
+beyond its segment: in mem when 1 <= e <= n_m, in c_mem up to n_m + c * n_cm (docs/REACH.md, the
+score). EDGES are the code study's (n_s 64).
 """
 
 import argparse
@@ -25,7 +21,7 @@ NEVER = -1
 
 def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
     """[len(text)] int64: for each position p, p - q for the last q < p at which the n-gram ending
-    at p also ended, or NEVER (also for the first n - 1 positions, which end no whole n-gram)."""
+    at p also ended, or NEVER."""
     distances = [NEVER] * len(text)
     last = {}
     for p in range(n - 1, len(text)):
@@ -43,18 +39,16 @@ def bucket_names(edges=EDGES):
 
 
 def bucket_of(beyond: torch.Tensor, distance: torch.Tensor, edges=EDGES) -> torch.Tensor:
-    """The index into bucket_names(edges) of each character: 0 inside the segment (beyond <= 0),
-    then one per span of edges, then past the last edge, then never copied."""
+    """Each character's index into bucket_names(edges)."""
     bucket = 1 + torch.bucketize(beyond, torch.tensor(edges), right=False)  # e in (lo, hi] -> span
     bucket = torch.where(beyond <= 0, torch.zeros_like(bucket), bucket)
     return torch.where(distance == NEVER, torch.full_like(bucket, len(edges) + 2), bucket)
 
 
 def evaluation_geometry(text: str, n_streams: int, seq_len: int, n: int = NGRAM):
-    """For each position p of a text evaluated as training.evaluate.evaluate cuts it (n_streams
-    contiguous streams, segments of seq_len, the tail continuing the last stream in a segment of
-    its own): (copy distance within p's stream, the index i of the query that predicts p in its
-    segment). Position 0 is predicted by nothing (index -1)."""
+    """For each position p of a text as training.evaluate cuts it (n_streams streams, segments of
+    seq_len, the tail one more segment of the last): (copy distance within p's stream, the index
+    in its segment of the query that predicts p; -1 for position 0)."""
     length = (len(text) - 1) // n_streams
     distance = torch.full((len(text),), NEVER, dtype=torch.long)
     index = torch.full((len(text),), -1, dtype=torch.long)
@@ -93,8 +87,7 @@ def summary(rows: dict) -> str:
 
 
 def regions_of(model_reach, seq_len: int, edges=EDGES):
-    """What region of a model holds each bucket's copy: model.reach()'s edges, counted beyond the
-    segment."""
+    """The region of the model's reach that holds each bucket's copy."""
     beyond = [(name, edge - seq_len) for name, edge in model_reach if name != "segment"]
     names = ["segment"]
     for hi in edges:

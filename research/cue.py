@@ -1,14 +1,10 @@
 """Remember the cue: a compressive memory for an agent whose episodes end anywhere in an unroll.
 
-Each of --envs environments plays one episode after another. An episode's first step shows a
-cue (one of four), then come MIN_BLANKS = 20 to --max-blanks (180) blank steps, then a query,
-where the agent must name the cue. The agent reads unrolls of UNROLL = 32 steps, its memory
-carried from one unroll to the next, and `starts` marks the first step of every episode, wherever
-it falls in an unroll; it learns from the loss at the queries alone. Then it acts on new episodes
-one step at a time and reports its accuracy, for the episodes that began inside an unroll and for
-the cues that only c_mem still held.
-
     python -m research.cue                       # about 30 s on 2 idle cores
+
+Episodes back to back: a cue, MIN_BLANKS to --max-blanks blank steps, a query that must name it.
+Trained on unrolls of UNROLL steps, `starts` marking each episode's first step, memory carried;
+then it acts one step a call (docs/AGENT.md).
 """
 
 import argparse
@@ -25,13 +21,9 @@ MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per tra
 
 
 def episodes(envs: CueEnvs, length: int):
-    """length steps of the episodes of envs (research/ppo_cue.py's), played back to back:
-
-    observations: [n_envs, length], a cue, BLANK or QUERY
-    starts:       [n_envs, length] bool, true at the first step of each episode
-    targets:      [n_envs, length], the cue at each query step, -100 (not scored) elsewhere
-    cue_steps:    [n_envs, length], at each query step the step of its cue, -1 elsewhere
-    """
+    """length steps of envs' episodes, each [n_envs, length]: the observations, starts (each
+    episode's first step), targets (the cue at each query, else -100), cue_steps (at each query
+    its cue's step, else -1)."""
     n_envs = len(envs.cue)
     observations = torch.zeros(n_envs, length, dtype=torch.long)
     starts = torch.zeros(n_envs, length, dtype=torch.bool)
@@ -65,7 +57,6 @@ def parse_args(argv):
 
 
 def cue_envs(args, seed: int) -> CueEnvs:
-    """The environments, a query MIN_BLANKS to --max-blanks blank steps after each cue."""
     generator = torch.Generator().manual_seed(seed)
     return CueEnvs(args.envs, MIN_BLANKS + 1, args.max_blanks + 1, generator)
 

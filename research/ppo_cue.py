@@ -4,13 +4,9 @@ in one call from the memory stored at its start, exactly as the agent acted (doc
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
 
-Each of --envs environments plays one episode after another: a cue (one of four), --min-delay to
---max-delay blank steps, then a query, where naming the cue is rewarded 1 and the episode ends.
-PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), rollouts of --rollout
-steps (32: not a multiple of n_s = 24, so rollouts begin and end inside segments). Printed per
-seed, every --report iterations, the mean return (chance 0.25); and, over every update before its
-first optimizer step, the largest |log ratio| between the update's policy and the actor's and the
-largest fraction of samples outside the clip range: 0 when the update computes what the actor did.
+PPO as CleanRL writes it; printed per seed, the mean return (chance 0.25), and over every update
+before its first optimizer step the largest |log ratio| to the actor's policy and the largest
+fraction of samples outside the clip range: 0 when the update computes what the actor did.
 """
 
 import argparse
@@ -60,8 +56,8 @@ class CueEnvs:
 
 
 class Agent(nn.Module):
-    """An input layer of its own, AgentCore as its memory, a head that names the cue and, for
-    PPO, a value head (research/cue.py and research/tmaze.py train this agent too)."""
+    """An input layer, AgentCore as its memory, a head that names the cue and, for PPO, a value
+    head (research/cue.py and research/tmaze.py train it too)."""
 
     def __init__(self, cfg: CompressiveConfig, observations: int = QUERY + 1, value: bool = True):
         super().__init__()
@@ -80,9 +76,8 @@ class Agent(nn.Module):
 
 
 def supervised_step(agent, optimizer, observations, targets, memory=None, starts=None):
-    """One optimizer step on the cross-entropy at the asked steps (targets -100 elsewhere; none
-    asked: 0) plus f_c's reconstruction loss, as research/cue.py and research/tmaze.py train;
-    returns (that cross-entropy, the memory after)."""
+    """One optimizer step on the cross-entropy at the asked steps (targets -100 elsewhere) plus
+    f_c's reconstruction loss; (that cross-entropy, the memory after)."""
     logits, memory, recon_loss = agent(observations, memory, starts)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
     loss = loss / targets.ne(-100).sum().clamp(min=1)
@@ -103,9 +98,8 @@ def act(agent, observations, starts):
 
 
 def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.95):
-    """Generalised advantage estimates [B, T] of a rollout: rewards, values, dones [B, T] (dones
-    1.0 where the step ended its episode, which cuts the return there), next_value [B] the value
-    of the observation after the rollout."""
+    """Generalised advantage estimates [B, T]: rewards, values, dones [B, T] (1.0 where the step
+    ended its episode), next_value [B] of the observation after the rollout."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(rewards.size(1))):
         following = next_value if t == rewards.size(1) - 1 else values[:, t + 1]
@@ -137,9 +131,8 @@ def parse_args(argv):
 
 
 def train(args, seed: int):
-    """One seed of PPO; returns the curve [(iteration, mean return of the episodes ended in the
-    last --report iterations, their number)] and, for every update before its first optimizer
-    step, (max |log ratio| over the rollout's samples, the fraction outside the clip range)."""
+    """One seed of PPO: the curve [(iteration, mean return since the last report, episodes)] and,
+    for each update before its first step, (max |log ratio|, the fraction outside the clip)."""
     torch.manual_seed(seed)
     # n_m = 48 memories and n_cm = 24 compressed ones of c = 4 (the default): the query reaches
     # 144 steps and more before its segment, the cue 41 to 101 steps back

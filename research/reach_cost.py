@@ -1,17 +1,12 @@
 """The cost of reach: what Transformer-XL and the Compressive Transformer pay to see N characters
-back beyond the segment (docs/REACH.md).
+back beyond the segment (docs/REACH.md, the cost of reach).
 
     python -m research.reach_cost                  # reaches 256 512 1024 2048, OUT/reach_cost.png
     python -m research.reach_cost --reaches 256 1024 --rounds 5
 
-The models are those of train_shakespeare.py's flags and its training step. At each reach N,
-Transformer-XL with n_m = N against the compressive model with n_m = N / 4 and n_cm = 3N / (4c);
-first the pair at the flags' own memory against XL with as many slots, the price of the
-compression itself. On random tokens with full memories, the two timed in alternation, medians of
-the rounds: a training step (forward, both losses, backward, the optimizer), one generated token
-with the memory carried (batch 1, no gradient), and the memory state carried between segments;
-beside them the count from the shapes: slots, keys per query, a step's GFLOP and f_c's share (f_c
-and its reconstruction loss).
+At each reach N, XL with n_m = N against the compressive model with n_m = N/4, n_cm = 3N/(4c),
+after the pair at equal slots; the script's models and step, on random tokens, full memories,
+timed in alternation, beside the count from the shapes.
 """
 
 import argparse
@@ -79,11 +74,10 @@ def state_bytes(memory: Memory) -> int:
 
 
 def compression_flops_per_step(cfg, batch: int) -> float:
-    """FLOPs of f_c and of its attention-reconstruction loss in one training step, all layers: each
-    segment evicts n_s memories per layer, compressed into n_s / c. Forward and the backward that
-    reaches f_c alone (everything else is detached): conv f_c x 3 (its weights learn), the
-    compressed keys and values and their attention x 2 (input gradients only), the target
-    attention over the evicted memories x 1 (no gradient)."""
+    """FLOPs of f_c and its attention-reconstruction loss in a training step, all layers (n_s
+    memories evicted a layer, into n_s / c), forward and backward: conv f_c x 3 (its weights
+    learn), the compressed keys, values and attention x 2 (input gradients only), the target
+    attention x 1 (no gradient)."""
     if not (cfg.mem_len and cfg.c_mem_len):
         return 0.0
     d, T, c = cfg.d_model, cfg.seq_len, cfg.compression_rate
@@ -98,7 +92,7 @@ def compression_flops_per_step(cfg, batch: int) -> float:
 
 
 def measure_pair(models_flags: dict, device, rounds: int) -> dict:
-    """{kind: its row}: the count from the shapes, the state, the medians of the timed rounds."""
+    """{kind: its row}: the count from the shapes, the state, the medians of the rounds."""
     rows, trainers, generators = {}, {}, {}
     for kind, flags in models_flags.items():
         torch.manual_seed(flags.seed)
@@ -143,7 +137,7 @@ def measure_pair(models_flags: dict, device, rounds: int) -> dict:
 
 
 def run(args) -> list:
-    """Measure every pair, print the table, draw OUT/reach_cost.png; returns the rows."""
+    """Measure every pair, print the table, draw OUT/reach_cost.png; the rows."""
     device = pick_device(args.device)
     if args.model != "compressive" or not (args.mem_len and args.c_mem_len):
         raise UserError(
@@ -187,23 +181,19 @@ def table_rows(result: dict):
         slots = f"{row['n_m']} + {row['n_cm']}" if row["n_cm"] else row["n_m"]
         flops = f"{row['model_gflop'] + row['f_c_gflop']:.2f}"
         flops += f" ({row['f_c_gflop']:.2f})" if row["f_c_gflop"] else ""
-        yield [result["label"] if kind == "XL" else "", kind, slots, row["keys"], flops] + [
-            f"{row['train_ms']:.1f}",
-            f"{row['gen_ms']:.2f}",
-            f"{row['state_bytes'] / 1024:,.0f}",
-        ]
+        label = result["label"] if kind == "XL" else ""
+        timed = [f"{row['train_ms']:.1f}", f"{row['gen_ms']:.2f}"]
+        yield [label, kind, slots, row["keys"], flops, *timed, f"{row['state_bytes'] / 1024:,.0f}"]
     ratio = lambda key: f"{comp[key] / xl[key]:.2f}"
     flops = (comp["model_gflop"] + comp["f_c_gflop"]) / xl["model_gflop"]
-    yield ["", "*ratio*", ratio("slots"), ratio("keys"), f"*{flops:.2f}*"] + [
-        f"**{ratio('train_ms')}**",
-        ratio("gen_ms"),
-        ratio("state_bytes"),
-    ]
+    counted = [ratio("slots"), ratio("keys"), f"*{flops:.2f}*"]
+    timed = [f"**{ratio('train_ms')}**", ratio("gen_ms")]
+    yield ["", "*ratio*", *counted, *timed, ratio("state_bytes")]
 
 
 def plot(results, path: str, caption: str) -> None:
-    """Training step, generation and state against the reach, both models; dotted, the
-    compressive step that the FLOP count alone predicts from XL's measured one."""
+    """Step, generation and state against the reach; dotted, the compressive step that the FLOP
+    count predicts from XL's measured one."""
     plt = plots.pyplot()
     reach = [r for r in results if r["label"].startswith("reach")]
     if plt is None or not reach:

@@ -3,12 +3,9 @@
     python -m research.study run --budget default --seeds 1 2 3   # train and evaluate each run
     python -m research.study table                                # the tables and the figure
 
-`run` trains each model on each seed on the code corpus (python -m research.code), evaluates the
-checkpoint again without its far memory (the ablations), and writes the run's record to
-OUT/NAME/study.json. A run with a record is skipped, one without is trained afresh, so a stopped
-study goes on where it stopped. `table` prints the tables of every record under OUT and draws
-OUT/code_study.png. The models, at equal slots per layer (96) and at equal reach (192 characters
-beyond the segment):
+`run` trains each model and seed not yet recorded on the code corpus afresh, evaluates it again
+without its far memory, and records it in OUT/NAME/study.json; `table` reads every record under
+OUT and draws OUT/code_study.png. The models, at equal slots (96) and at equal reach (192):
 """
 
 import argparse
@@ -46,23 +43,21 @@ WORTH = {
 
 
 def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
-    """Train and evaluate one model on one seed (a stopped run's checkpoint is trained over
-    afresh); its record."""
+    """Train one model on one seed afresh, evaluate it without its far memory; its record."""
     train_flags = [*MODELS[model], *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     args = code.parse_args([*train_flags, "--overwrite"])
     metrics = code.run(args)
-    cut = {}
-    if model in WORTH:
-        ablation, (n_m, n_cm), _ = WORTH[model]
-        n_m = args.mem_len if n_m is None else n_m
-        evaluation = ["--eval-only", "--out", out, "--eval-mem-len", str(n_m)]
-        cut[ablation] = code.run(code.parse_args([*evaluation, "--eval-c-mem-len", str(n_cm)]))
     kept = lambda result, *names: {name: result[name] for name in names}
     record = {"model": model, "budget": budget, "seed": seed, "extra": extra}
     record["commit"] = files.repository_commit()
     record.update(kept(metrics, "seconds", "val_loss", "loss_by_copy_distance"))
     record["history"] = [kept(h, "step", "loss_by_copy_distance") for h in metrics["history"]]
-    record["ablations"] = {a: kept(r, "val_loss", "loss_by_copy_distance") for a, r in cut.items()}
+    record["ablations"] = {}
+    if model in WORTH:
+        ablation, (n_m, n_cm), _ = WORTH[model]
+        cut = ["--eval-only", "--out", out, "--eval-mem-len", str(n_m or args.mem_len)]
+        result = code.run(code.parse_args([*cut, "--eval-c-mem-len", str(n_cm)]))
+        record["ablations"][ablation] = kept(result, "val_loss", "loss_by_copy_distance")
     return record
 
 
@@ -82,7 +77,6 @@ def run_study(args) -> None:
 
 
 def read_records(out: str) -> list:
-    """Every run's record under OUT, in the order of the tables."""
     runs = []
     for path in glob.glob(os.path.join(out, "*", "study.json")):
         try:
@@ -105,8 +99,7 @@ def loss(rows: dict, bucket: str) -> float:
 
 
 def worth(run: dict) -> dict:
-    """What the checkpoint loses, bucket by bucket, evaluated without its far memory (WORTH): that
-    memory's worth there."""
+    """The far memory's worth by bucket: the loss without it (WORTH) minus with it."""
     cut = run["ablations"][WORTH[run["model"]][0]]["loss_by_copy_distance"]
     full = run["loss_by_copy_distance"]
     return {bucket: loss(cut, bucket) - loss(full, bucket) for bucket in full}
@@ -122,7 +115,7 @@ def label(run: dict) -> str:
 
 
 def mean(runs, bucket: str) -> float:
-    """The mean over runs of the validation loss (bucket "val") or of the loss in the bucket."""
+    """The mean over runs of the validation loss (bucket "val") or of the bucket's."""
     return statistics.fmean(
         r["val_loss"] if bucket == "val" else loss(r["loss_by_copy_distance"], bucket) for r in runs
     )
@@ -137,8 +130,7 @@ def groups(runs) -> dict:
 
 
 def tables(runs: list) -> None:
-    """Per run: the loss, what its far memory is worth, the zone over training; per model and
-    budget over the seeds: the loss and its differences from XL-96 trained alike."""
+    """Per run, then per model and budget over the seeds (against XL-96 trained alike)."""
     print(
         f"Per run: the validation loss (nats/char), the loss in {ZONE}, the far memory's worth "
         f"(the checkpoint without it minus with it) there and at most where it cannot reach, and "
@@ -188,9 +180,8 @@ def tables(runs: list) -> None:
 
 
 def plot(runs, path: str) -> None:
-    """Left: loss by bucket, one line per model and budget (mean over seeds). Middle: what the far
-    memory is worth by bucket, one line per run. Right: the zone over training. A color per
-    model, dashed: the default budget, solid: the long one; the levers are left to the tables."""
+    """The loss by bucket (mean over seeds), the far memory's worth by bucket and the zone over
+    training (a line per run); a color per model, dashed the default budget; no levers."""
     plt = plots.pyplot()
     if plt is None:
         return

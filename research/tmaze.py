@@ -1,16 +1,11 @@
 """What compression buys an agent: a T-maze whose cue lies beyond an equal-slot Transformer-XL
-(docs/AGENT.md).
+(docs/AGENT.md says what it runs and found).
 
     python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
 
-An episode shows a cue (one of four) at its first step, a corridor of random distractors, then a
-query at step L (--min-gap to --max-gap), where the agent must name the cue. Three one-layer
-memories (MEMORIES): compressive, 16 + 16 slots at c = 4 (reach 16 + 4*16 = 80); xl-slots, as
-many slots (reach 32); xl-reach, as long a reach (80 slots). Segments of n_s = 16 count from the
-episode's first step, so the query sees the cue when 16 * floor(L / 16) <= reach. Supervised: each
-batch is new episodes, each read in one call; at the end, the accuracy acting one step per call on
-held-out episodes, two back to back in each row, the second begun by `starts` (chance 0.25). Each
-run uses one thread; --jobs runs that many at a time, in processes of their own.
+A cue, a corridor of distractors, a query --min-gap to --max-gap steps on that must name the cue;
+three one-layer memories (MEMORIES), trained supervised, then acting one step per call. Each run
+on one thread; --jobs runs that many at a time, in processes of their own.
 """
 
 import argparse
@@ -53,12 +48,9 @@ def slots_and_reach(cfg: CompressiveConfig):
 
 
 def episodes(n: int, min_gap: int, max_gap: int, generator):
-    """n episodes of max_gap + 1 steps, each from its own first step:
-
-    observations: [n, max_gap + 1], the cue at step 0, the query at step L, distractors elsewhere
-    targets:      [n, max_gap + 1], the cue at the query step, -100 (not scored) elsewhere
-    Steps after the query are distractors too; attention is causal, so the query never sees them.
-    """
+    """(observations, targets) [n, max_gap + 1]: the cue at step 0, the query at step L and
+    distractors elsewhere (after the query too: it never sees them); the cue at the query, else
+    -100."""
     length = max_gap + 1
     observations = torch.randint(N_CUES, QUERY, (n, length), generator=generator)
     cues = torch.randint(0, N_CUES, (n,), generator=generator)
@@ -81,8 +73,8 @@ def accuracy(logits, targets) -> float:
 
 
 def act_one_step_at_a_time(agent, observations, targets) -> float:
-    """Rows play two held-out episodes back to back, one step per call, the memory carried and
-    the second episode begun by `starts` (its first step must not see the first episode)."""
+    """The accuracy of rows playing two held-out episodes back to back, one step per call, the
+    second begun by `starts`."""
     half = observations.shape[0] // 2
     stream = torch.cat([observations[:half], observations[half : 2 * half]], dim=1)
     asked = torch.cat([targets[:half], targets[half : 2 * half]], dim=1)
@@ -93,7 +85,7 @@ def act_one_step_at_a_time(agent, observations, targets) -> float:
 
 def run(args, memory_kind: str, seed: int):
     """One memory, one seed, on one thread: the curve [(batches, held-out accuracy)], the final
-    one-step acting accuracy, the training seconds (CPU time of this process), slots and reach."""
+    one-step acting accuracy, the training CPU seconds, slots and reach."""
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
     agent = make_agent(cfg)
