@@ -13,6 +13,8 @@ import sys
 
 import torch
 
+from training.checks import UserError, exit_status, one_line
+
 NGRAM = 13
 EDGES = (64, 96, 192, 1000)
 PLAIN_EDGES = (96, 160, 352, 1000)  # the corpus profile: distances alone, not position-aware
@@ -33,19 +35,19 @@ def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
     return torch.tensor(distances, dtype=torch.long)
 
 
-def bucket_names(edges=EDGES):
-    spans = [f"{lo + 1}-{hi}" for lo, hi in zip((0,) + tuple(edges[:-1]), edges)]
-    return ["segment", *spans, f">{edges[-1]}", "never"]
+def bucket_names():
+    spans = [f"{lo + 1}-{hi}" for lo, hi in zip((0, *EDGES[:-1]), EDGES)]
+    return ["segment", *spans, f">{EDGES[-1]}", "never"]
 
 
-def bucket_of(beyond: torch.Tensor, distance: torch.Tensor, edges=EDGES) -> torch.Tensor:
-    """Each character's index into bucket_names(edges)."""
-    bucket = 1 + torch.bucketize(beyond, torch.tensor(edges), right=False)  # e in (lo, hi] -> span
+def bucket_of(beyond: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+    """Each character's index into bucket_names()."""
+    bucket = 1 + torch.bucketize(beyond, torch.tensor(EDGES), right=False)  # e in (lo, hi] -> span
     bucket = torch.where(beyond <= 0, torch.zeros_like(bucket), bucket)
-    return torch.where(distance == NEVER, torch.full_like(bucket, len(edges) + 2), bucket)
+    return torch.where(distance == NEVER, torch.full_like(bucket, len(EDGES) + 2), bucket)
 
 
-def evaluation_geometry(text: str, n_streams: int, seq_len: int, n: int = NGRAM):
+def evaluation_geometry(text: str, n_streams: int, seq_len: int):
     """For each position p of a text as training.evaluate cuts it (n_streams streams, segments of
     seq_len, the tail one more segment of the last): (copy distance within p's stream, the index
     in its segment of the query that predicts p; -1 for position 0)."""
@@ -55,21 +57,21 @@ def evaluation_geometry(text: str, n_streams: int, seq_len: int, n: int = NGRAM)
     for b in range(n_streams):
         start = b * length
         end = start + length + 1 if b < n_streams - 1 else len(text)  # the last takes the tail
-        distance[start + 1 : end] = copy_distances(text[start:end], n)[1:]
+        distance[start + 1 : end] = copy_distances(text[start:end])[1:]
         index[start + 1 : start + length + 1] = torch.arange(length) % seq_len
     tail = len(text) - (n_streams * length + 1)
     index[n_streams * length + 1 :] = torch.arange(tail)
     return distance, index
 
 
-def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Tensor, edges=EDGES):
+def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Tensor):
     """{bucket name: {"loss": mean nats/char, "share": fraction of the scored characters, "chars"}}
     over the characters with a finite loss (NaN marks one not scored)."""
     scored = ~torch.isnan(char_losses) & (index >= 0)
-    bucket = bucket_of(distance - 1 - index, distance, edges)[scored]
+    bucket = bucket_of(distance - 1 - index, distance)[scored]
     losses = char_losses[scored].double()
     out = {}
-    for k, name in enumerate(bucket_names(edges)):
+    for k, name in enumerate(bucket_names()):
         chosen = bucket == k
         n = int(chosen.sum())
         out[name] = {
@@ -86,13 +88,11 @@ def summary(rows: dict) -> str:
     )
 
 
-def regions_of(model_reach, seq_len: int, edges=EDGES):
+def regions_of(model_reach, seq_len: int):
     """The region of the model's reach that holds each bucket's copy."""
     beyond = [(name, edge - seq_len) for name, edge in model_reach if name != "segment"]
-    names = ["segment"]
-    for hi in edges:
-        names.append(next((name for name, edge in beyond if hi <= edge), "beyond"))
-    return names + ["beyond", "-"]
+    spans = [next((name for name, edge in beyond if hi <= edge), "beyond") for hi in EDGES]
+    return ["segment", *spans, "beyond", "-"]
 
 
 def print_by_bucket(rows: dict, regions, label: str = "") -> None:
@@ -106,15 +106,12 @@ def print_by_bucket(rows: dict, regions, label: str = "") -> None:
         print(f"{name:>10} {region:>8} {row['share']:>7.3f} {loss:>7}")
 
 
-def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:
+def profile(text: str) -> dict:
     """Share of a text's characters by plain copy distance (the corpus's own profile)."""
-    distance = copy_distances(text, n)
-    bucket = torch.bucketize(distance, torch.tensor(edges), right=True)  # d in [lo, hi)
-    names = [
-        f"<{edges[0]}",
-        *(f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])),
-        f">={edges[-1]}",
-    ]
+    distance = copy_distances(text)
+    bucket = torch.bucketize(distance, torch.tensor(PLAIN_EDGES), right=True)  # d in [lo, hi)
+    spans = [f"{lo}-{hi - 1}" for lo, hi in zip(PLAIN_EDGES, PLAIN_EDGES[1:])]
+    names = [f"<{PLAIN_EDGES[0]}", *spans, f">={PLAIN_EDGES[-1]}"]
     out = {
         name: float(((bucket == k) & (distance != NEVER)).double().mean())
         for k, name in enumerate(names)
@@ -129,18 +126,18 @@ def main(argv=None) -> int:
         description="The share of each text's characters by copy distance.",
     )
     p.add_argument("paths", nargs="+", metavar="FILE", help="UTF-8 texts to profile")
-    for path in p.parse_args(argv).paths:
-        try:
-            with open(path, encoding="utf-8") as f:
-                shares = profile(f.read())
-        except (OSError, UnicodeDecodeError) as e:
-            print(
-                f"error: cannot read {path} as UTF-8 text ({' '.join(str(e).split())})",
-                file=sys.stderr,
-            )
-            return 2
-        print(f"{path}: " + ", ".join(f"{name} {share:.1%}" for name, share in shares.items()))
-    return 0
+    args = p.parse_args(argv)
+
+    def run():
+        for path in args.paths:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    shares = profile(f.read())
+            except (OSError, UnicodeDecodeError) as e:
+                raise UserError(f"cannot read {path} as UTF-8 text ({one_line(e)})") from None
+            print(f"{path}: " + ", ".join(f"{name} {share:.1%}" for name, share in shares.items()))
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -130,18 +130,12 @@ def make_recall_text(
             continue
         if widen_over:
             start = hold_distance if hold_over else min_distance
-            longest = start + (max_distance - start) * min(
-                1.0, max(0, pos - hold_over) / widen_over
-            )
-            log_max = math.log(longest + 1)
+            grown = min(1.0, max(0, pos - hold_over) / widen_over)
+            log_max = math.log(start + (max_distance - start) * grown + 1)
         distance = min(max_distance, int(math.exp(rng.uniform(log_min, log_max))))
         query = pos + distance
-        if (
-            any(taken[pos : pos + 5])
-            or query + 5 > n_chars
-            or any(taken[query : query + 5])
-            or not free_keys
-        ):
+        clash = any(taken[pos : pos + 5]) or any(taken[query : query + 5])
+        if clash or query + 5 > n_chars or not free_keys:
             pos += 1
             continue
         key = free_keys.pop(rng.randrange(len(free_keys)))
