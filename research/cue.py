@@ -43,13 +43,7 @@ def parse_args(argv):
     p.add_argument("--unrolls", type=positive, default=800, help="training unrolls")
     p.add_argument("--eval-steps", type=positive, default=3000, help="steps acted to evaluate")
     p.add_argument("--envs", type=positive, default=16, help="environments run in parallel")
-    p.add_argument(
-        "--max-blanks",
-        type=int,
-        default=180,
-        help="most blank steps after a cue (a step sees its segment's steps so far, the n_m = 64 "
-        "before them, and c*n_cm = 128 more in c_mem: 192 steps back and more)",
-    )
+    p.add_argument("--max-blanks", type=int, default=180, help="most blank steps after a cue")
     args = p.parse_args(argv)
     if args.max_blanks < MIN_BLANKS:
         p.error(f"--max-blanks must be >= {MIN_BLANKS}, the fewest blank steps after a cue")
@@ -66,9 +60,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     # segments of n_s = 64 steps, n_m = 64 memories and n_cm = 32 compressed ones of c = 4: a
     # step sees its segment's steps so far, the 64 before them and 128 more through c_mem
-    cfg = CompressiveConfig(
-        d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32, compression_rate=4
-    )
+    cfg = CompressiveConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32)
     agent = Agent(cfg, value=False)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     T = UNROLL

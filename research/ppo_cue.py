@@ -223,10 +223,7 @@ def main(argv=None) -> int:
 
 def plot(results, path: str) -> None:
     """The return curves {seed: curve}, one line a seed."""
-    curves = [
-        (f"seed {seed}", [i for i, _, _ in curve], [r for _, r, _ in curve], {})
-        for seed, curve in results.items()
-    ]
+    curves = [(f"seed {seed}", *list(zip(*curve))[:2], {}) for seed, curve in results.items()]
     seeds = " ".join(str(seed) for seed in results)
     caption = f"python -m research.ppo_cue --seeds {seeds}; {made_with()}, CPU"
     xlabel = "iteration (16 envs x 32 steps)"

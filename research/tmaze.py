@@ -25,26 +25,25 @@ QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-
 # n_s = 16 for all three; (n_m, n_cm) of each memory, c = 4
 MEMORIES = {"compressive": (16, 16), "xl-slots": (32, 0), "xl-reach": (80, 0)}
 SOLVED = 0.95  # held-out accuracy that counts as having learned the task
+STYLES = ["-", "--", ":", "-."]  # the seeds' lines
 
 
 def config(memory: str, d_model: int) -> CompressiveConfig:
-    mem_len, c_mem_len = MEMORIES[memory]
+    n_m, n_cm = MEMORIES[memory]
     return CompressiveConfig(
         d_model=d_model,
         n_heads=2,
         n_layers=1,
         d_ff=2 * d_model,
         seq_len=16,
-        mem_len=mem_len,
-        c_mem_len=c_mem_len,
-        compression_rate=4,
+        mem_len=n_m,
+        c_mem_len=n_cm,
     )
 
 
 def slots_and_reach(cfg: CompressiveConfig):
     """The memory's slots (n_m + n_cm) and the steps before a segment it covers (n_m + c n_cm)."""
-    reach = cfg.mem_len + (cfg.compression_rate * cfg.c_mem_len if cfg.c_mem_len else 0)
-    return cfg.mem_len + cfg.c_mem_len, reach
+    return cfg.mem_len + cfg.c_mem_len, cfg.mem_len + cfg.compression_rate * cfg.c_mem_len
 
 
 def episodes(n: int, min_gap: int, max_gap: int, generator):
@@ -165,17 +164,12 @@ def main(argv=None) -> int:
         ),
     )
     if args.plot:
-        colors = {"compressive": "C0", "xl-slots": "C1", "xl-reach": "C2"}
-        styles = ["-", "--", ":", "-."]
-        curves = [
-            (
-                f"{r['memory']} ({r['slots']} slots), seed {r['seed']}",
-                [b for b, _ in r["curve"]],
-                [a for _, a in r["curve"]],
-                dict(color=colors[r["memory"]], linestyle=styles[r["seed"] % len(styles)]),
-            )
-            for r in results
-        ]
+        curves = []
+        for r in results:
+            color = f"C{list(MEMORIES).index(r['memory'])}"
+            style = dict(color=color, linestyle=STYLES[r["seed"] % len(STYLES)])
+            label = f"{r['memory']} ({r['slots']} slots), seed {r['seed']}"
+            curves.append((label, *zip(*r["curve"]), style))
         seeds = " ".join(str(s) for s in args.seeds)
         caption = (
             f"python -m research.tmaze --seeds {seeds} --batches {args.batches} --jobs "
