@@ -54,17 +54,11 @@ def pairs(args):
 
 def full_memory(model, batch: int, device) -> Memory:
     """A full memory state of random values: the steady state's shapes from the first step."""
-    cfg = model.cfg
-    make = lambda n: torch.randn(batch, n, cfg.d_model, device=device)
-    usage = (
-        [torch.zeros(batch, cfg.mem_len, device=device) for _ in model.layers]
-        if cfg.compression == "most_used"
-        else None
-    )
+    cfg, layers = model.cfg, model.layers
+    make = lambda n: [torch.randn(batch, n, cfg.d_model, device=device) for _ in layers]
+    usage = [torch.zeros(batch, cfg.mem_len, device=device) for _ in layers]
     return Memory(
-        [make(cfg.mem_len) for _ in model.layers],
-        [make(cfg.c_mem_len) for _ in model.layers],
-        usage,
+        make(cfg.mem_len), make(cfg.c_mem_len), usage if cfg.compression == "most_used" else None
     )
 
 
@@ -223,21 +217,11 @@ def plot(results, path: str, caption: str) -> None:
 
 
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(
-        __doc__.split("\n\n")[0], prog="python -m research.reach_cost"
-    )
-    r = parser.add_argument_group("the cost of reach")
-    r.add_argument(
-        "--reaches",
-        type=positive,
-        nargs="+",
-        default=REACHES,
-        metavar="N",
-        help="the reaches beyond the segment at which both models are timed",
-    )
-    r.add_argument(
-        "--rounds", type=positive, default=10, help="timed rounds, one step of each model"
-    )
+    about, prog = __doc__.split("\n\n")[0], "python -m research.reach_cost"
+    parser = train_shakespeare.training_flags(about, prog=prog)
+    r = parser.add_argument_group("the cost of reach").add_argument
+    r("--reaches", type=positive, nargs="+", default=REACHES, metavar="N", help="reaches timed")
+    r("--rounds", type=positive, default=10, help="timed rounds, one step of each model")
     return parser.parse_args(argv)
 
 

@@ -147,36 +147,27 @@ def tables(runs: list) -> None:
         zone = loss(r["loss_by_copy_distance"], ZONE)
         rows.append([label(r), r["budget"], r["seed"], r["commit"], f"{r['val_loss']:.4f}"])
         rows[-1] += [f"{zone:.3f}", *worth_cells, ", ".join(gains)]
-    print_table(
-        ["model", "budget", "seed", "commit", "val", ZONE, f"worth in {ZONE}"]
-        + ["largest elsewhere", f"{ZONE} minus {BEYOND} by step"],
-        rows,
-    )
+    header = ["model", "budget", "seed", "commit", "val", ZONE, f"worth in {ZONE}"]
+    print_table([*header, "largest elsewhere", f"{ZONE} minus {BEYOND} by step"], rows)
     print(
         f"\nMeans over seeds (min-max); minus XL-96: the difference of the means at the same "
         f"budget; worth: of the far memory in {ZONE}\n"
     )
     found = groups(runs)
-
-    def spread(values):
-        return f"{statistics.fmean(values):.4f} ({min(values):.3f}-{max(values):.3f})"
-
+    spread = lambda values: f"{statistics.fmean(values):.4f} ({min(values):.3f}-{max(values):.3f})"
     rows = []
     for (name, budget), members in found.items():
         model, extra = members[0]["model"], members[0]["extra"]
         base = found.get((" ".join(["xl96", *extra]), budget)) or found.get(("xl96", budget))
-        rows.append([name, budget, " ".join(str(r["seed"]) for r in members)])
-        rows[-1] += [spread([r["val_loss"] for r in members])]
-        rows[-1] += [spread([loss(r["loss_by_copy_distance"], ZONE) for r in members])]
+        seeds = " ".join(str(r["seed"]) for r in members)
+        zone = [loss(r["loss_by_copy_distance"], ZONE) for r in members]
+        rows.append([name, budget, seeds, spread([r["val_loss"] for r in members]), spread(zone)])
         for b in ("val", ZONE):
-            differs = base is not None and base is not members
-            rows[-1] += [f"{mean(members, b) - mean(base, b):+.4f}" if differs else ""]
-        rows[-1] += [spread([worth(r)[ZONE] for r in members]) if model in WORTH else ""]
-    print_table(
-        ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
-        + [f"worth in {ZONE}"],
-        rows,
-    )
+            against = base is not None and base is not members
+            rows[-1].append(f"{mean(members, b) - mean(base, b):+.4f}" if against else "")
+        rows[-1].append(spread([worth(r)[ZONE] for r in members]) if model in WORTH else "")
+    header = ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
+    print_table([*header, f"worth in {ZONE}"], rows)
 
 
 def plot(runs, path: str) -> None:
