@@ -41,6 +41,12 @@ def at_least(low: int):
 positive = at_least(1)
 
 
+def parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of python -m research.NAME, described by doc's first paragraph."""
+    about = doc.split("\n\n")[0]
+    return argparse.ArgumentParser(prog=f"python -m research.{name}", description=about)
+
+
 def task_flags(task: str, doc: str, eval_only: str) -> argparse.ArgumentParser:
     """The flags of a command that trains on a text of its own: the script's, and --eval-only
     (its help eval_only) with the ablation flags of evaluate.py."""

@@ -8,7 +8,6 @@ Full memories, dropout 0, the same layers and weights; each call timed as this t
 (which a busy machine disturbs least), in alternation; medians of the rounds and of their ratios.
 """
 
-import argparse
 import statistics
 import sys
 import time
@@ -17,13 +16,11 @@ import torch
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig, CompressiveTransformer
-from research import alternate, one_thread, positive
+from research import alternate, one_thread, parser, positive
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m research.agent_cost", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("agent_cost", __doc__)
     p.add_argument("--d-model", type=positive, default=128)
     p.add_argument("--n-heads", type=positive, default=4)
     p.add_argument("--seq-len", type=positive, default=32, help="n_s")

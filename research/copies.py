@@ -8,11 +8,11 @@ beyond its segment: in mem when 1 <= e <= n_m, in c_mem up to n_m + c * n_cm (do
 score). EDGES are the code study's (n_s 64).
 """
 
-import argparse
 import sys
 
 import torch
 
+from research import parser
 from training.checks import UserError, exit_status, one_line
 
 NGRAM = 13
@@ -121,10 +121,7 @@ def profile(text: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m research.copies",
-        description="The share of each text's characters by copy distance.",
-    )
+    p = parser("copies", "The share of each text's characters by copy distance.")
     p.add_argument("paths", nargs="+", metavar="FILE", help="UTF-8 texts to profile")
     args = p.parse_args(argv)
 

@@ -7,14 +7,13 @@ Trained on unrolls of UNROLL steps, `starts` marking each episode's first step, 
 then it acts one step a call (docs/AGENT.md).
 """
 
-import argparse
 import sys
 import time
 
 import torch
 
 from compressive import CompressiveConfig
-from research import positive
+from research import parser, positive
 from research.ppo_cue import QUERY, Agent, CueEnvs, act, supervised_step
 
 MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per training call
@@ -39,7 +38,7 @@ def episodes(envs: CueEnvs, length: int):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m research.cue", description=__doc__.split("\n\n")[0])
+    p = parser("cue", __doc__)
     p.add_argument("--unrolls", type=positive, default=800, help="training unrolls")
     p.add_argument("--eval-steps", type=positive, default=3000, help="steps acted to evaluate")
     p.add_argument("--envs", type=positive, default=16, help="environments run in parallel")

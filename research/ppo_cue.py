@@ -9,7 +9,6 @@ before its first optimizer step the largest |log ratio| to the actor's policy an
 fraction of samples outside the clip range: 0 when the update computes what the actor did.
 """
 
-import argparse
 import sys
 import time
 
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
-from research import made_with, plot_curves, positive
+from research import made_with, parser, plot_curves, positive
 
 N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
 MINIBATCHES = 2  # of environments, in each pass over a rollout
@@ -110,9 +109,7 @@ def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m research.ppo_cue", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("ppo_cue", __doc__)
     p.add_argument("--iterations", type=positive, default=300, help="rollouts and updates a seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--envs", type=positive, default=16, help="environments (an even number)")

@@ -8,14 +8,13 @@ without its far memory, and records it in OUT/NAME/study.json; `table` reads eve
 OUT and draws OUT/code_study.png. The models, at equal slots (96) and at equal reach (192):
 """
 
-import argparse
 import glob
 import json
 import os
 import statistics
 import sys
 
-from research import code, print_table
+from research import code, parser, print_table
 from training import files, plots
 from training.checks import UserError, exit_status
 
@@ -216,9 +215,7 @@ def plot(runs, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m research.study", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("study", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate the runs not yet recorded")
     r.add_argument("--budget", choices=BUDGETS, default="default")

@@ -1,15 +1,16 @@
-"""The text a checkpoint learned, whichever command trained it: the script's, the code corpus or
-the recall task. The lesson, which builds on the script alone, reads a task's text from the file
-this command writes (with the recall task's facts, which the picture outlines):
+"""Write OUT/validation.json: the validation text of OUT/ckpt.pt (and the recall task's facts),
+for the lesson's memory picture and explorer, which build on the script alone.
 
-    python -m research.tasks --out OUT    # OUT/validation.json: OUT/ckpt.pt's validation text"""
+    python -m research.tasks --out OUT
 
-import argparse
+The text a checkpoint learned, whichever command trained it: the script's, the code corpus or the
+recall task (with each '?' and its fact, which the picture outlines)."""
+
 import os
 
 import torch
 
-from research import code, recall
+from research import code, parser, recall
 from training import checkpoint, data
 from training.checks import exit_status
 
@@ -32,11 +33,7 @@ def facts(answers) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m research.tasks",
-        description="Write OUT/validation.json: the validation text of OUT/ckpt.pt (and the "
-        "recall task's facts), for the lesson's memory picture and explorer (--validation).",
-    )
+    p = parser("tasks", __doc__)
     p.add_argument(
         "--out", default="out", help="the checkpoint's folder; validation.json goes there"
     )

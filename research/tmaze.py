@@ -8,7 +8,6 @@ three one-layer memories (MEMORIES), trained supervised, then acting one step pe
 on one thread; --jobs runs that many at a time, in processes of their own.
 """
 
-import argparse
 import concurrent.futures
 import multiprocessing
 import sys
@@ -17,7 +16,7 @@ import time
 import torch
 
 from compressive import CompressiveConfig
-from research import made_with, one_thread, plot_curves, positive, ppo_cue, print_table
+from research import made_with, one_thread, parser, plot_curves, positive, ppo_cue, print_table
 
 N_CUES, N_DISTRACTORS = 4, 4
 QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
@@ -122,9 +121,7 @@ def run(args, memory_kind: str, seed: int):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m research.tmaze", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("tmaze", __doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--batches", type=positive, default=2000, help="training batches per run")
     p.add_argument("--batch", type=positive, default=64, help="episodes per training batch")
