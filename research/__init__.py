@@ -114,8 +114,6 @@ def plot_curves(curves, path: str, xlabel: str, ylabel: str, chance: float, capt
     for label, xs, ys, style in curves:
         plt.plot(xs, ys, label=label, **style)
     plt.axhline(chance, color="grey", linewidth=0.8, label="chance")
-    plt.xlabel(xlabel)
-    plt.ylabel(ylabel)
-    plt.ylim(0, 1.05)
+    plt.gca().set(xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.05))
     plt.legend(fontsize=5 if len(curves) > 6 else 8, ncol=2 if len(curves) > 6 else 1)
     plots.save(plt, path, caption)

@@ -82,8 +82,8 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
     for i, row in enumerate(per_layer):
         plt.plot(x, row, marker="o", label=f"layer {i + 1}")
     plt.xticks(x, BUCKET_NAMES, rotation=45, ha="right")
-    plt.ylabel("mean attention weight")
-    plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
+    title = "Attention by distance: compressed memory (oldest) -> memory -> segment (newest)"
+    plt.gca().set(ylabel="mean attention weight", title=title)
     plt.legend()
     plots.save(plt, f"{out}/attention.png", caption)
 
@@ -151,10 +151,6 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> None:
             rows.append([p if p < c else "mem", int(counts[p]), layer + 1, f"{digit:.3f}"])
             rows[-1] += [marker, f"{on_c_mem:.3f}"]
     print_table(["phase", "queries", "layer", "digit slot", "= slot", "c_mem"], rows)
-
-
-# --------------------------------------------------------------------------------------------------
-# The command
 
 
 def main(argv=None) -> int:

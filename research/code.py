@@ -113,10 +113,6 @@ def describe(manifest) -> str:
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# The command
-
-
 def parse_args(argv=None):
     parser = task_flags("code", __doc__, "the loss of OUT/ckpt.pt by copy distance")
     parser.add_argument(

@@ -208,8 +208,7 @@ def plot(results, path: str, caption: str) -> None:
             ]
             ax.plot(x, counted, "s:", color="C1", alpha=0.5, label="compressive, by the count")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(x, x)
-        ax.set_xlabel("reach beyond the segment (characters)")
+        ax.set(xticks=x, xticklabels=x, xlabel="reach beyond the segment (characters)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle(caption, fontsize=8)

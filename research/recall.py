@@ -397,17 +397,12 @@ def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -
             label = f"held in c_mem, phase {p['phase']}: {p['accuracy']:.2f} ({p['queries']})"
             plt.hlines(p["accuracy"], lo, edge, f"C{p['phase'] + 1}", style, label=label, lw=width)
     plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
-    plt.ylim(0, 1.05)
     plt.title(title, fontsize=9, loc="left")
-    plt.xlabel("D: distance from fact to query (characters)")
-    plt.ylabel("recall accuracy")
+    plt.gca().set(xlabel="D: distance from fact to query (characters)", ylabel="recall accuracy")
+    plt.ylim(0, 1.05)
     legend_title = "phase p: the fact's digit at place p\nof its block of c" if phases else None
     plt.legend(fontsize=7, title=legend_title, title_fontsize=7)
     plots.save(plt, path, caption)
-
-
-# ----------------------------------------------------------------------------------------------
-# The command: train on the recall text, or evaluate a checkpoint of it
 
 
 def parse_args(argv=None):

@@ -191,21 +191,19 @@ def plot(runs, path: str) -> None:
             if model in WORTH:
                 w = worth(r)
                 middle.plot(x, [w[b] for b in buckets], marker=".", alpha=0.8, **style)
-    left.set_title("validation loss by copy distance beyond the segment", fontsize=9)
-    middle.set_title(
+    titles = [
+        "validation loss by copy distance beyond the segment",
         "worth of the far memory: loss without it minus with it\n"
         "(conv, omax: c_mem emptied; xl192: mem cut to 96)",
-        fontsize=9,
-    )
+        f"over training: loss in {ZONE} minus loss in {BEYOND}\n(below 0: copies within reach "
+        f"are used)",
+    ]
+    for ax, title in zip((left, middle, right), titles):
+        ax.set_title(title, fontsize=9)
     for ax in (left, middle):
         ax.set_xticks(list(x), buckets, rotation=30)
         ax.set_xlabel("characters between the copy and the query's segment (13-gram)")
     middle.axvspan(buckets.index(ZONE) - 0.5, buckets.index(ZONE) + 0.5, color="gray", alpha=0.15)
-    right.set_title(
-        f"over training: loss in {ZONE} minus loss in {BEYOND}\n(below 0: copies within reach "
-        f"are used)",
-        fontsize=9,
-    )
     right.set_xlabel("step")
     for ax in (middle, right):
         ax.axhline(0, color="black", linewidth=0.8)
