@@ -142,11 +142,11 @@ def run(args) -> list:
         {"label": label, **measure_pair(models_flags, device, args.rounds)}
         for label, models_flags in pairs(args)
     ]
+    sizes = f"n_s {args.seq_len}, d_model {args.d_model}, {args.n_layers} layers, batch "
+    sizes += f"{args.batch_size}, f_c {args.compression}, c {args.compression_rate}"
     print(
-        f"the cost of reach: n_s={args.seq_len} d_model={args.d_model} {args.n_layers} layers "
-        f"batch {args.batch_size} f_c={args.compression} c={args.compression_rate}; compressive "
-        f"at reach N: n_m = N/4, n_cm = 3N/(4c); device {device}, {made_with()}; median of "
-        f"{args.rounds} rounds in alternation"
+        f"the cost of reach ({sizes}); compressive at reach N: n_m = N/4, n_cm = 3N/(4c); device "
+        f"{device}, {made_with()}; median of {args.rounds} rounds in alternation"
     )
     print_table(
         ["reach", "model", "slots", "keys per query", "GFLOP/step (f_c)", "train ms/step"]
@@ -157,14 +157,11 @@ def run(args) -> list:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create --out {args.out} ({e.strerror})") from None
-    plot(
-        results,
-        os.path.join(args.out, "reach_cost.png"),
-        f"python -m research.reach_cost (n_s {args.seq_len}, d_model {args.d_model}, "
-        f"{args.n_layers} layers, batch {args.batch_size}, c {args.compression_rate}, "
-        f"{args.rounds} rounds); {made_with()}, {device}; timed on a machine running nothing "
-        f"else for figures worth comparing",
+    caption = (
+        f"python -m research.reach_cost ({sizes}, {args.rounds} rounds); {made_with()}, {device}; "
+        f"timed on a machine running nothing else for figures worth comparing"
     )
+    plot(results, os.path.join(args.out, "reach_cost.png"), caption)
     return results
 
 
@@ -193,26 +190,21 @@ def plot(results, path: str, caption: str) -> None:
     if plt is None or not reach:
         return
     x = [int(r["label"].split()[1]) for r in reach]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    _, axes = plt.subplots(1, 3, figsize=(12, 4.2))
     panels = (("train_ms", "training step (ms)"), ("gen_ms", "generation (ms/token)"))
     for ax, (key, title) in zip(axes, panels + (("state_bytes", "memory state (KiB)"),)):
         scale = 1024 if key == "state_bytes" else 1
         for kind, style in (("xl", "o-"), ("compressive", "s-")):
             ax.plot(x, [r[kind][key] / scale for r in reach], style, label=kind)
         if key == "train_ms":
-            counted = [
-                r["xl"]["train_ms"]
-                * (r["compressive"]["model_gflop"] + r["compressive"]["f_c_gflop"])
-                / r["xl"]["model_gflop"]
-                for r in reach
-            ]
+            comp = lambda r: r["compressive"]["model_gflop"] + r["compressive"]["f_c_gflop"]
+            counted = [r["xl"]["train_ms"] * comp(r) / r["xl"]["model_gflop"] for r in reach]
             ax.plot(x, counted, "s:", color="C1", alpha=0.5, label="compressive, by the count")
         ax.set_xscale("log", base=2)
         ax.set(xticks=x, xticklabels=x, xlabel="reach beyond the segment (characters)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
-    fig.suptitle(caption, fontsize=8)
-    plots.save(plt, path)
+    plots.save(plt, path, caption)
 
 
 def parse_args(argv=None):
