@@ -19,7 +19,7 @@ BUCKETS_PER_REGION = 4
 
 def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.Tensor:
     """Attention weights [..., K] summed over c_mem, mem and the segment, each cut into
-    BUCKETS_PER_REGION equal spans, oldest first: [..., 3 * n]."""
+    BUCKETS_PER_REGION equal spans, oldest first: [..., 3 * n], adding up to 1 for every query."""
     K = weights.size(-1)
     starts = []
     for start, length in ((0, n_c_mem), (n_c_mem, n_mem), (n_c_mem + n_mem, K - n_c_mem - n_mem)):

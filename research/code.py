@@ -6,8 +6,10 @@ cut to show what the memory is worth (docs/REACH.md, the corpus and the score).
     python -m research.code --eval-only --out OUT                       # the loss by copy distance
     python -m research.code --eval-only --out OUT --eval-c-mem-len 0    # without c_mem: its worth
 
-The corpus, the running interpreter's standard-library sources, is built in memory once per
-process and named by the interpreter, its files and the validation text's SHA-256."""
+The corpus, the running interpreter's standard-library sources (no network, no new dependency),
+is built in memory once per process and named by the interpreter, its files and the validation
+text's SHA-256. --eval-only reads checkpoints of this command and of train_shakespeare.py alike,
+each on its own text, and records into OUT/metrics.json."""
 
 import functools
 import hashlib

@@ -4,9 +4,10 @@ in one call from the memory stored at its start, exactly as the agent acted (doc
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
 
-PPO as CleanRL writes it; printed per seed, the mean return (chance 0.25), and over every update
-before its first optimizer step the largest |log ratio| to the actor's policy and the largest
-fraction of samples outside the clip range: 0 when the update computes what the actor did.
+PPO as CleanRL writes it, on rollouts of 32 steps (n_s is 24: they begin and end inside segments);
+printed per seed, the mean return (chance 0.25), and over every update before its first optimizer
+step the largest |log ratio| to the actor's policy and the largest fraction of samples outside the
+clip range: 0 when the update computes what the actor did.
 """
 
 import sys

@@ -332,7 +332,8 @@ def summary(scored: Scored, edges, rate: int) -> str:
 
 def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
     """For a fact held in c_mem, the c_mem slots (oldest first) of its digit and of its '=':
-    the same slot unless the digit opens its block (phase 0)."""
+    the same slot unless the digit opens its block (phase 0). The newest slot holds the c
+    characters just before mem, which holds the n_m just before the segment."""
     digit_from_newest = -(-(fact_back - n_m) // rate)  # ceil
     marker_from_newest = -(-(fact_back + 1 - n_m) // rate)
     return n_held - digit_from_newest, n_held - marker_from_newest
