@@ -18,6 +18,13 @@ from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig, CompressiveTransformer
 from research import alternate, one_thread, parser, positive
 
+# the ratios printed, each the median of the rounds' ratios
+RATIOS = [
+    ("acting", "acting, projected"),
+    ("acting", "compressive.py step"),
+    ("update", "compressive.py n_s-step call"),
+]
+
 
 def parse_args(argv):
     p = parser("agent_cost", __doc__)
@@ -95,14 +102,8 @@ def main(argv=None) -> int:
         times = measure(args)
     for name, ms in times.items():
         print(f"{name:30s} {statistics.median(ms):8.2f} ms")
-
-    def ratio(a, b):
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
-
-    print(f"acting / acting, projected: {ratio('acting', 'acting, projected'):.2f}")
-    print(f"acting / compressive.py step: {ratio('acting', 'compressive.py step'):.2f}")
-    update = ratio("update", "compressive.py n_s-step call")
-    print(f"update / compressive.py n_s-step call: {update:.2f}")
+    for a, b in RATIOS:
+        print(f"{a} / {b}: {statistics.median(x / y for x, y in zip(times[a], times[b])):.2f}")
     print(f"(torch {torch.__version__}, 1 thread, {args.rounds} rounds, batch {args.batch})")
     return 0
 
