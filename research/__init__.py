@@ -1,23 +1,19 @@
-"""Studies of what the memory buys. Each is a command built on compressive.py, most of them
-training or evaluating with train_shakespeare.py and training/ (never the other way round); docs/
-holds their reports (REACH.md) and figures, and the tests beside them specify them.
+"""Studies of what the memory buys, each a command that docs/REACH.md or docs/AGENT.md cites,
+built on compressive.py and training with train_shakespeare.py and training/:
 
-    recall.py       the reach benchmark: python -m research.recall (a text in which reach is all)
-    code.py         real text in which reach matters: python -m research.code (Python's library,
-                    the corpus built from the interpreter's own standard library)
-    copies.py       the loss by copy distance; python -m research.copies FILE profiles a text
-    study.py        the code study: python -m research.study run | table (OUT/*/study.json)
+    recall.py       the reach benchmark: python -m research.recall
+    code.py         Python's library, trained and scored by copy distance: python -m research.code
+    copies.py       the loss by copy distance; a text's profile: python -m research.copies FILE
+    study.py        the code study: python -m research.study run | table
     reach_cost.py   what each model pays for reach: python -m research.reach_cost
     attention.py    where the attention goes: python -m research.attention --out OUT
     cue.py          an agent's episodes ending anywhere in an unroll: python -m research.cue
     ppo_cue.py      PPO on the cue task, updated on what it acted: python -m research.ppo_cue
     tmaze.py        what compression buys an agent, a T-maze: python -m research.tmaze
     agent_cost.py   acting and the update against compressive.py: python -m research.agent_cost
-    tasks.py        which text a checkpoint learned, for the commands that read any checkpoint;
-                    python -m research.tasks --out OUT writes it for the lesson (validation.json)
+    tasks.py        a checkpoint's text for the lesson: python -m research.tasks --out OUT
 
-Below, what the studies' commands share: flag types, captions, timing, tables and curves.
-"""
+Below, what their commands share."""
 
 import argparse
 import contextlib
@@ -25,7 +21,9 @@ import time
 
 import torch
 
-from training import files, plots
+import evaluate as evaluate_command
+import train_shakespeare
+from training import checkpoint, files, plots
 
 
 def at_least(low: int):
@@ -43,12 +41,22 @@ def at_least(low: int):
 positive = at_least(1)
 
 
-def fraction(text: str) -> float:
-    """An argparse type: a number in [0, 1]."""
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {value}")
-    return value
+def parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of python -m research.NAME, described by doc's first paragraph."""
+    about = doc.split("\n\n")[0]
+    return argparse.ArgumentParser(prog=f"python -m research.{name}", description=about)
+
+
+def task_flags(task: str, doc: str, eval_only: str) -> argparse.ArgumentParser:
+    """The flags of a command that trains on a text of its own: the script's, and --eval-only
+    (its help eval_only) with the ablation flags of evaluate.py."""
+    about, prog = doc.split("\n\n")[0], f"python -m research.{task}"
+    parser = train_shakespeare.training_flags(about, prog=prog)
+    parser.set_defaults(task=task)
+    e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
+    e.add_argument("--eval-only", action="store_true", help=eval_only)
+    evaluate_command.add_ablation_flags(e)
+    return parser
 
 
 def made_with() -> str:
@@ -57,6 +65,13 @@ def made_with() -> str:
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), commit "
         f"{files.repository_commit()}"
     )
+
+
+def caption(ckpt: dict, drawn_by: str) -> str:
+    """A checkpoint's figure's foot; the script's defaults name a task's flags too
+    (research/test_tasks.py)."""
+    command = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
+    return f"Checkpoint: {command}. Drawn by: {drawn_by}, {made_with()}."
 
 
 @contextlib.contextmanager
@@ -71,8 +86,8 @@ def one_thread():
 
 
 def alternate(calls: dict, rounds: int, clock=time.perf_counter) -> dict:
-    """{name: [seconds of each round]}: the calls timed in alternation, one call each a round,
-    the order reversed every other round, so that the machine's noise hits them alike."""
+    """{name: [seconds of each round]}: one call each a round, the order reversed every other
+    round, so that the machine's noise hits them alike."""
     times = {name: [] for name in calls}
     for r in range(rounds):
         for name in calls if r % 2 == 0 else reversed(calls):
@@ -99,8 +114,6 @@ def plot_curves(curves, path: str, xlabel: str, ylabel: str, chance: float, capt
     for label, xs, ys, style in curves:
         plt.plot(xs, ys, label=label, **style)
     plt.axhline(chance, color="grey", linewidth=0.8, label="chance")
-    plt.xlabel(xlabel)
-    plt.ylabel(ylabel)
-    plt.ylim(0, 1.05)
+    plt.gca().set(xlabel=xlabel, ylabel=ylabel, ylim=(0, 1.05))
     plt.legend(fontsize=5 if len(curves) > 6 else 8, ncol=2 if len(curves) > 6 else 1)
     plots.save(plt, path, caption)

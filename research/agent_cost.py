@@ -1,26 +1,13 @@
-"""What the agent's memory costs: a step of acting, and the update's call, against compressive.py.
+"""What the agent's memory costs: a step of acting, and the update's call, against compressive.py
+(docs/AGENT.md, the costs).
 
     python -m research.agent_cost                 # d_model 128, n_s 32, n_m 64, n_cm 32, batch 16
     python -m research.agent_cost --rounds 15 --batch 32
 
-Full memories, dropout 0, one thread, each call timed as this thread's CPU time (which a busy
-machine disturbs least), in alternation; medians of the rounds, and of the rounds' ratios:
-
-  acting             AgentCore, one step per call without gradient, its memory's keys kept: the
-                     mean of n_s calls in a row, so that one segment's end (f_c, the FIFOs) is in
-  acting, projected  the same steps projecting every slot again (the memory's kept keys set
-                     aside: memory.without_kept() before each call)
-  compressive.py     CompressiveTransformer's own one-token call, which keeps no keys
-  update             AgentCore's call of n_s steps, from a memory that holds part of a segment
-                     (so the call closes one segment inside), forward and backward
-  compressive.py's   CompressiveTransformer's call of n_s tokens from its full memory, forward
-  n_s-step call      and backward: the paper's training call
-
-Both models have the same layers and weights; AgentCore takes vectors, so compressive.py's model
-is timed on hidden_states, after its embedding.
+Full memories, dropout 0, the same layers and weights; each call timed as this thread's CPU time
+(which a busy machine disturbs least), in alternation; medians of the rounds and of their ratios.
 """
 
-import argparse
 import statistics
 import sys
 import time
@@ -29,13 +16,18 @@ import torch
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig, CompressiveTransformer
-from research import alternate, one_thread, positive
+from research import alternate, one_thread, parser, positive
+
+# the ratios printed, each the median of the rounds' ratios
+RATIOS = [
+    ("acting", "acting, projected"),
+    ("acting", "compressive.py step"),
+    ("update", "compressive.py n_s-step call"),
+]
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m research.agent_cost", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("agent_cost", __doc__)
     p.add_argument("--d-model", type=positive, default=128)
     p.add_argument("--n-heads", type=positive, default=4)
     p.add_argument("--seq-len", type=positive, default=32, help="n_s")
@@ -47,7 +39,10 @@ def parse_args(argv):
 
 
 def measure(args) -> dict:
-    """{name: [ms of each round]} of the five calls above."""
+    """{name: [ms of each round]}: acting (the mean of n_s steps, one segment's end among them),
+    the same projecting every slot again, compressive.py's one-token call (on hidden_states:
+    AgentCore takes vectors), the update's n_s steps from part of a segment and compressive.py's
+    n_s-token call, both forward and backward."""
     torch.manual_seed(0)
     cfg = CompressiveConfig(
         d_model=args.d_model,
@@ -107,14 +102,8 @@ def main(argv=None) -> int:
         times = measure(args)
     for name, ms in times.items():
         print(f"{name:30s} {statistics.median(ms):8.2f} ms")
-
-    def ratio(a, b):
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
-
-    print(f"acting / acting, projected: {ratio('acting', 'acting, projected'):.2f}")
-    print(f"acting / compressive.py step: {ratio('acting', 'compressive.py step'):.2f}")
-    update = ratio("update", "compressive.py n_s-step call")
-    print(f"update / compressive.py n_s-step call: {update:.2f}")
+    for a, b in RATIOS:
+        print(f"{a} / {b}: {statistics.median(x / y for x, y in zip(times[a], times[b])):.2f}")
     print(f"(torch {torch.__version__}, 1 thread, {args.rounds} rounds, batch {args.batch})")
     return 0
 

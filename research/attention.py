@@ -2,16 +2,14 @@
 
     python -m research.attention --out OUT     # OUT/attention.png; the checkpoint's own text
 
-How much of each layer's attention goes to the compressed memory, the memory and the segment, each
-cut into BUCKETS_PER_REGION spans of distance, averaged over the validation text once both
-memories are full. On a checkpoint of the recall task, also where the '?' of each query looks:
-on the slot of its fact, per layer and phase (research/recall.py)."""
+Each layer's attention on c_mem, mem and the segment, each cut in BUCKETS_PER_REGION spans, over
+the validation text once the memories are full; on the recall task, where each '?' looks."""
 
 import torch
 
 import train_shakespeare
 from compressive import CompressiveTransformer
-from research import made_with, positive, print_table, recall, tasks
+from research import caption, positive, print_table, recall, tasks
 from training import checkpoint, plots
 from training.checks import UserError, command_flags, exit_status, keep_freed_memory, pick_device
 from training.recorded_attention import recorded_attention
@@ -20,9 +18,8 @@ BUCKETS_PER_REGION = 4
 
 
 def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.Tensor:
-    """Sum attention weights [..., K] over key buckets: the compressed memory, the memory and the
-    segment, each cut into BUCKETS_PER_REGION equal spans (oldest first). Returns [..., 3 * n]; for
-    every query the buckets add up to 1."""
+    """Attention weights [..., K] summed over c_mem, mem and the segment, each cut into
+    BUCKETS_PER_REGION equal spans, oldest first: [..., 3 * n], adding up to 1 for every query."""
     K = weights.size(-1)
     starts = []
     for start, length in ((0, n_c_mem), (n_c_mem, n_mem), (n_c_mem + n_mem, K - n_c_mem - n_mem)):
@@ -41,8 +38,8 @@ BUCKET_NAMES = [
 
 @torch.no_grad()
 def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = "") -> None:
-    """Run model over streams [n, L + 1] segment by segment, carrying memory; print the attention
-    per bucket and layer; plot to OUT/attention.png, caption at its foot."""
+    """Run model over streams [n, L + 1], carrying memory; print the attention per bucket and
+    layer, and plot it to OUT/attention.png."""
     cfg = model.cfg
     totals = torch.zeros(cfg.n_layers, 3 * BUCKETS_PER_REGION, dtype=torch.float64)
     counted, memory = 0, None
@@ -85,8 +82,8 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
     for i, row in enumerate(per_layer):
         plt.plot(x, row, marker="o", label=f"layer {i + 1}")
     plt.xticks(x, BUCKET_NAMES, rotation=45, ha="right")
-    plt.ylabel("mean attention weight")
-    plt.title("Attention by distance: compressed memory (oldest) -> memory -> segment (newest)")
+    title = "Attention by distance: compressed memory (oldest) -> memory -> segment (newest)"
+    plt.gca().set(ylabel="mean attention weight", title=title)
     plt.legend()
     plots.save(plt, f"{out}/attention.png", caption)
 
@@ -97,14 +94,11 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
 
 @torch.no_grad()
 def where_queries_look(model, streams: torch.Tensor, answers) -> None:
-    """Print where the '?' of each query held in c_mem looks, per layer: its attention (mean over
-    the heads) on the compressed slot of the fact's digit, on the slot of the '=' before it when
-    that is another one, and on all of c_mem; averaged per phase of the digit in its block. Then the
-    same for the queries whose fact (its '=' and digit) is held in mem, phase "mem": there the
-    digit and the '=' have a slot each, so a layer that looks only at the digit (any digit, also
-    an answer's) shows apart from one that looks for the '=' only a fact has. streams: the
-    evaluation's streams [n, L + 1] (full segments only are read). Assumes n_s and n_m are
-    multiples of c, as in the recipes, so that mem always holds n_m."""
+    """Print, per phase and layer, where the '?' of each query held in c_mem looks (mean over
+    heads): on the slot of the fact's digit, on its '='s when another, on all of c_mem; and,
+    phase "mem", the same for facts held in mem, where digit and '=' have a slot each (a layer
+    that looks for the '=' only a fact has shows apart from one that looks at any digit). Full
+    segments of streams [n, L + 1] only; n_s and n_m multiples of c, as in the recipes."""
     cfg = model.cfg
     n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
     n_streams, length = streams.size(0), streams.size(1) - 1
@@ -159,10 +153,6 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> None:
     print_table(["phase", "queries", "layer", "digit slot", "= slot", "c_mem"], rows)
 
 
-# --------------------------------------------------------------------------------------------------
-# The command
-
-
 def main(argv=None) -> int:
     p = command_flags("python -m research.attention", __doc__)
     p.add_argument("--batch-size", type=positive, default=12, help="parallel streams of the text")
@@ -183,10 +173,7 @@ def analyze_checkpoint(args) -> None:
     data, answers = tasks.validation_data(args, ckpt)
     print(f"validation text: {data.name}")
     streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
-    # the script's defaults name a task command's flags too (research/test_tasks.py)
-    command = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
-    caption = f"Checkpoint: {command}. Drawn by: python -m research.attention, {made_with()}."
-    analyze(model, streams, ckpt["step"], args.out, caption)
+    analyze(model, streams, ckpt["step"], args.out, caption(ckpt, "python -m research.attention"))
     if answers is not None and model.cfg.mem_len and model.cfg.c_mem_len:
         where_queries_look(model, streams, answers)
 

@@ -1,18 +1,15 @@
 """Real text in which reach matters: Python's own library, trained on with the loss by copy
 distance (copies.py) at every evaluation; and that loss for any checkpoint of a text, its memory
-cut to show what the memory is worth.
+cut to show what the memory is worth (docs/REACH.md, the corpus and the score).
 
     python -m research.code                      # train, with train_shakespeare.py's flags
     python -m research.code --eval-only --out OUT                       # the loss by copy distance
     python -m research.code --eval-only --out OUT --eval-c-mem-len 0    # without c_mem: its worth
 
-The corpus is the running interpreter's own standard-library sources (no network, no new
-dependency), where a name defined at the top of a module is used again hundreds of characters
-later: built in memory once per process, the same on every machine with that interpreter (see
-source_files, normalise, is_validation), and described (the run's log, the checkpoint) by the
-interpreter, the files and the validation text's SHA-256, so that two runs can tell whether they
-read one text. --eval-only reads checkpoints of this command and of train_shakespeare.py alike,
-each on its own validation text, and records into OUT/metrics.json."""
+The corpus, the running interpreter's standard-library sources (no network, no new dependency),
+is built in memory once per process and named by the interpreter, its files and the validation
+text's SHA-256. --eval-only reads checkpoints of this command and of train_shakespeare.py alike,
+each on its own text, and records into OUT/metrics.json."""
 
 import functools
 import hashlib
@@ -23,7 +20,7 @@ import sysconfig
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research import at_least, copies
+from research import at_least, copies, task_flags
 from training import checkpoint, evaluate, files
 from training.checks import UserError, exit_status, keep_freed_memory, one_line, processes
 from training.data import Data, encode
@@ -55,9 +52,8 @@ def is_validation(relative_path: str) -> bool:
 
 
 def source_files(root: str):
-    """The relative paths ('/'-separated, sorted) of the library's .py files, leaving out tests,
-    third-party code, caches, the build's config-* and the generated _sysconfigdata_* module (it
-    differs between machines)."""
+    """The library's .py files ('/'-separated, sorted): no tests, third-party code, caches, the
+    build's config-* or the _sysconfigdata_* module (it differs between machines)."""
     found = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [
@@ -72,7 +68,7 @@ def source_files(root: str):
 @functools.lru_cache(maxsize=2)
 def load(root: str):
     """(train text, val text, manifest) of the library under root, each file after a line
-    "# file: <relative path>", built once per process."""
+    "# file: <relative path>"."""
     paths = source_files(root)
     if not paths:
         raise UserError(
@@ -107,8 +103,7 @@ def stdlib_root() -> str:
 
 
 def first_files(val: str, n_chars: int) -> str:
-    """The validation text up to the first file that begins at or after n_chars: whole files, so
-    that a model is evaluated as it would read them (the whole split is long to evaluate often)."""
+    """The validation text up to the first file that begins at or after n_chars: whole files."""
     cut = val.find("\n# file: ", max(0, n_chars - 1))
     return val if cut < 0 else val[: cut + 1]
 
@@ -120,20 +115,8 @@ def describe(manifest) -> str:
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# The command
-
-
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(
-        __doc__.split("\n\n")[0], prog="python -m research.code"
-    )
-    parser.set_defaults(task="code")
-    e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
-    e.add_argument(
-        "--eval-only", action="store_true", help="the loss of OUT/ckpt.pt by copy distance"
-    )
-    evaluate_command.add_ablation_flags(e)
+    parser = task_flags("code", __doc__, "the loss of OUT/ckpt.pt by copy distance")
     parser.add_argument(
         "--val-chars",
         type=at_least(1000),
@@ -144,8 +127,7 @@ def parse_args(argv=None):
 
 
 def load_data(args, saved_args=None, need_train: bool = True) -> Data:
-    """The corpus; the validation text is whole files, the first --val-chars or a little more
-    (the whole split is long to evaluate often)."""
+    """The corpus; the validation text the first --val-chars of it, in whole files."""
     train, val, manifest = load(stdlib_root())
     given = [getattr(args, "val_chars", None), (saved_args or {}).get("val_chars"), VAL_CHARS]
     val = first_files(val, next(n for n in given if n is not None))
@@ -155,15 +137,14 @@ def load_data(args, saved_args=None, need_train: bool = True) -> Data:
 
 
 def geometry(data: Data, n_streams: int, seq_len: int):
-    """Each validation character's copy distance, and its place in its segment as evaluate reads
-    it."""
+    """Each validation character's copy distance, and its place in its segment."""
     text = "".join(data.vocab[i] for i in data.val.tolist())
     return copies.evaluation_geometry(text, n_streams, seq_len)
 
 
 def train(args) -> dict:
     """Train on the corpus, the loss by copy distance at each evaluation; the run's metrics (rank
-    0 of a finished run; else None), the last evaluation's loss by copy distance among them."""
+    0 of a finished run; else None)."""
     with processes():
         data = load_data(args)
         where = geometry(data, args.batch_size, args.seq_len)
@@ -185,8 +166,7 @@ def train(args) -> dict:
 
 
 def validation_text(args, ckpt: dict, load_own=load_data):
-    """The validation text of a checkpoint: the script's (--data where given), or for a task that
-    makes its own text what load_own returns of it (this corpus by default)."""
+    """A checkpoint's validation text: the script's (--data where given), or load_own's."""
     if ckpt["args"].get("task", "shakespeare") == "shakespeare":
         return load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
     if getattr(args, "data", None) is not None:
@@ -212,7 +192,7 @@ def evaluate_checkpoint(args) -> dict:
 
 
 def run(args) -> dict:
-    """The command on its parsed flags: the training's metrics, or the evaluation's result."""
+    """The training's metrics, or the evaluation's result."""
     train_shakespeare.check_args(args)
     if args.eval_only:
         return evaluate_checkpoint(args)

@@ -2,20 +2,18 @@
 
     python -m research.copies FILE [FILE ...]      # a text's share of characters by copy distance
 
-Long context helps a language model almost only where the next character can be copied from far
-back (Sun et al. 2021, arXiv 2109.09115). The copy distance d of the character at position p is
-p - q, for the last earlier q in the same stream at which the same n-gram ended. The query that
-predicts p, at index i of its segment, sees i keys of its own segment, then n_m memories, then
-c * n_cm characters through c_mem: the copy lies beyond the segment by e = (d - 1) - i, within mem
-when 1 <= e <= n_m and within c_mem when n_m < e <= n_m + c * n_cm. The buckets are drawn on e, the
-same for every model with the same n_s; EDGES are the code study's (n_s 64: 64 the compressive
-model's mem, 96 an equal-slots XL's, 192 the compressive model's reach and XL-192's).
+The copy distance d of position p is p - q, for the last earlier q in its stream at which the same
+n-gram ended; the query at index i of its segment that predicts p finds the copy e = d - 1 - i
+beyond its segment: in mem when 1 <= e <= n_m, in c_mem up to n_m + c * n_cm (docs/REACH.md, the
+score). EDGES are the code study's (n_s 64).
 """
 
-import argparse
 import sys
 
 import torch
+
+from research import parser
+from training.checks import UserError, exit_status, one_line
 
 NGRAM = 13
 EDGES = (64, 96, 192, 1000)
@@ -25,7 +23,7 @@ NEVER = -1
 
 def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
     """[len(text)] int64: for each position p, p - q for the last q < p at which the n-gram ending
-    at p also ended, or NEVER (also for the first n - 1 positions, which end no whole n-gram)."""
+    at p also ended, or NEVER."""
     distances = [NEVER] * len(text)
     last = {}
     for p in range(n - 1, len(text)):
@@ -37,45 +35,43 @@ def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
     return torch.tensor(distances, dtype=torch.long)
 
 
-def bucket_names(edges=EDGES):
-    spans = [f"{lo + 1}-{hi}" for lo, hi in zip((0,) + tuple(edges[:-1]), edges)]
-    return ["segment", *spans, f">{edges[-1]}", "never"]
+def bucket_names():
+    spans = [f"{lo + 1}-{hi}" for lo, hi in zip((0, *EDGES[:-1]), EDGES)]
+    return ["segment", *spans, f">{EDGES[-1]}", "never"]
 
 
-def bucket_of(beyond: torch.Tensor, distance: torch.Tensor, edges=EDGES) -> torch.Tensor:
-    """The index into bucket_names(edges) of each character: 0 inside the segment (beyond <= 0),
-    then one per span of edges, then past the last edge, then never copied."""
-    bucket = 1 + torch.bucketize(beyond, torch.tensor(edges), right=False)  # e in (lo, hi] -> span
+def bucket_of(beyond: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+    """Each character's index into bucket_names()."""
+    bucket = 1 + torch.bucketize(beyond, torch.tensor(EDGES), right=False)  # e in (lo, hi] -> span
     bucket = torch.where(beyond <= 0, torch.zeros_like(bucket), bucket)
-    return torch.where(distance == NEVER, torch.full_like(bucket, len(edges) + 2), bucket)
+    return torch.where(distance == NEVER, torch.full_like(bucket, len(EDGES) + 2), bucket)
 
 
-def evaluation_geometry(text: str, n_streams: int, seq_len: int, n: int = NGRAM):
-    """For each position p of a text evaluated as training.evaluate.evaluate cuts it (n_streams
-    contiguous streams, segments of seq_len, the tail continuing the last stream in a segment of
-    its own): (copy distance within p's stream, the index i of the query that predicts p in its
-    segment). Position 0 is predicted by nothing (index -1)."""
+def evaluation_geometry(text: str, n_streams: int, seq_len: int):
+    """For each position p of a text as training.evaluate cuts it (n_streams streams, segments of
+    seq_len, the tail one more segment of the last): (copy distance within p's stream, the index
+    in its segment of the query that predicts p; -1 for position 0)."""
     length = (len(text) - 1) // n_streams
     distance = torch.full((len(text),), NEVER, dtype=torch.long)
     index = torch.full((len(text),), -1, dtype=torch.long)
     for b in range(n_streams):
         start = b * length
         end = start + length + 1 if b < n_streams - 1 else len(text)  # the last takes the tail
-        distance[start + 1 : end] = copy_distances(text[start:end], n)[1:]
+        distance[start + 1 : end] = copy_distances(text[start:end])[1:]
         index[start + 1 : start + length + 1] = torch.arange(length) % seq_len
     tail = len(text) - (n_streams * length + 1)
     index[n_streams * length + 1 :] = torch.arange(tail)
     return distance, index
 
 
-def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Tensor, edges=EDGES):
+def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Tensor):
     """{bucket name: {"loss": mean nats/char, "share": fraction of the scored characters, "chars"}}
     over the characters with a finite loss (NaN marks one not scored)."""
     scored = ~torch.isnan(char_losses) & (index >= 0)
-    bucket = bucket_of(distance - 1 - index, distance, edges)[scored]
+    bucket = bucket_of(distance - 1 - index, distance)[scored]
     losses = char_losses[scored].double()
     out = {}
-    for k, name in enumerate(bucket_names(edges)):
+    for k, name in enumerate(bucket_names()):
         chosen = bucket == k
         n = int(chosen.sum())
         out[name] = {
@@ -92,14 +88,11 @@ def summary(rows: dict) -> str:
     )
 
 
-def regions_of(model_reach, seq_len: int, edges=EDGES):
-    """What region of a model holds each bucket's copy: model.reach()'s edges, counted beyond the
-    segment."""
+def regions_of(model_reach, seq_len: int):
+    """The region of the model's reach that holds each bucket's copy."""
     beyond = [(name, edge - seq_len) for name, edge in model_reach if name != "segment"]
-    names = ["segment"]
-    for hi in edges:
-        names.append(next((name for name, edge in beyond if hi <= edge), "beyond"))
-    return names + ["beyond", "-"]
+    spans = [next((name for name, edge in beyond if hi <= edge), "beyond") for hi in EDGES]
+    return ["segment", *spans, "beyond", "-"]
 
 
 def print_by_bucket(rows: dict, regions, label: str = "") -> None:
@@ -113,15 +106,12 @@ def print_by_bucket(rows: dict, regions, label: str = "") -> None:
         print(f"{name:>10} {region:>8} {row['share']:>7.3f} {loss:>7}")
 
 
-def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:
+def profile(text: str) -> dict:
     """Share of a text's characters by plain copy distance (the corpus's own profile)."""
-    distance = copy_distances(text, n)
-    bucket = torch.bucketize(distance, torch.tensor(edges), right=True)  # d in [lo, hi)
-    names = [
-        f"<{edges[0]}",
-        *(f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])),
-        f">={edges[-1]}",
-    ]
+    distance = copy_distances(text)
+    bucket = torch.bucketize(distance, torch.tensor(PLAIN_EDGES), right=True)  # d in [lo, hi)
+    spans = [f"{lo}-{hi - 1}" for lo, hi in zip(PLAIN_EDGES, PLAIN_EDGES[1:])]
+    names = [f"<{PLAIN_EDGES[0]}", *spans, f">={PLAIN_EDGES[-1]}"]
     out = {
         name: float(((bucket == k) & (distance != NEVER)).double().mean())
         for k, name in enumerate(names)
@@ -131,23 +121,20 @@ def profile(text: str, edges=PLAIN_EDGES, n: int = NGRAM) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m research.copies",
-        description="The share of each text's characters by copy distance.",
-    )
+    p = parser("copies", "The share of each text's characters by copy distance.")
     p.add_argument("paths", nargs="+", metavar="FILE", help="UTF-8 texts to profile")
-    for path in p.parse_args(argv).paths:
-        try:
-            with open(path, encoding="utf-8") as f:
-                shares = profile(f.read())
-        except (OSError, UnicodeDecodeError) as e:
-            print(
-                f"error: cannot read {path} as UTF-8 text ({' '.join(str(e).split())})",
-                file=sys.stderr,
-            )
-            return 2
-        print(f"{path}: " + ", ".join(f"{name} {share:.1%}" for name, share in shares.items()))
-    return 0
+    args = p.parse_args(argv)
+
+    def run():
+        for path in args.paths:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    shares = profile(f.read())
+            except (OSError, UnicodeDecodeError) as e:
+                raise UserError(f"cannot read {path} as UTF-8 text ({one_line(e)})") from None
+            print(f"{path}: " + ", ".join(f"{name} {share:.1%}" for name, share in shares.items()))
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,28 @@
 """Remember the cue: a compressive memory for an agent whose episodes end anywhere in an unroll.
 
-Each of --envs environments plays one episode after another. An episode's first step shows a
-cue (one of four), then come MIN_BLANKS = 20 to --max-blanks (180) blank steps, then a query,
-where the agent must name the cue. The agent reads unrolls of UNROLL = 32 steps, its memory
-carried from one unroll to the next, and `starts` marks the first step of every episode, wherever
-it falls in an unroll; it learns from the loss at the queries alone. Then it acts on new episodes
-one step at a time and reports its accuracy, for the episodes that began inside an unroll and for
-the cues that only c_mem still held.
-
     python -m research.cue                       # about 30 s on 2 idle cores
+
+Episodes back to back: a cue, MIN_BLANKS to --max-blanks blank steps, a query that must name it.
+Trained on unrolls of UNROLL steps, `starts` marking each episode's first step, memory carried;
+then it acts one step a call (docs/AGENT.md).
 """
 
-import argparse
 import sys
 import time
 
 import torch
 
 from compressive import CompressiveConfig
-from research import positive
+from research import parser, positive
 from research.ppo_cue import QUERY, Agent, CueEnvs, act, supervised_step
 
 MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per training call
 
 
 def episodes(envs: CueEnvs, length: int):
-    """length steps of the episodes of envs (research/ppo_cue.py's), played back to back:
-
-    observations: [n_envs, length], a cue, BLANK or QUERY
-    starts:       [n_envs, length] bool, true at the first step of each episode
-    targets:      [n_envs, length], the cue at each query step, -100 (not scored) elsewhere
-    cue_steps:    [n_envs, length], at each query step the step of its cue, -1 elsewhere
-    """
+    """length steps of envs' episodes, each [n_envs, length]: the observations, starts (each
+    episode's first step), targets (the cue at each query, else -100), cue_steps (at each query
+    its cue's step, else -1)."""
     n_envs = len(envs.cue)
     observations = torch.zeros(n_envs, length, dtype=torch.long)
     starts = torch.zeros(n_envs, length, dtype=torch.bool)
@@ -47,17 +38,11 @@ def episodes(envs: CueEnvs, length: int):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m research.cue", description=__doc__.split("\n\n")[0])
+    p = parser("cue", __doc__)
     p.add_argument("--unrolls", type=positive, default=800, help="training unrolls")
     p.add_argument("--eval-steps", type=positive, default=3000, help="steps acted to evaluate")
     p.add_argument("--envs", type=positive, default=16, help="environments run in parallel")
-    p.add_argument(
-        "--max-blanks",
-        type=int,
-        default=180,
-        help="most blank steps after a cue (a step sees its segment's steps so far, the n_m = 64 "
-        "before them, and c*n_cm = 128 more in c_mem: 192 steps back and more)",
-    )
+    p.add_argument("--max-blanks", type=int, default=180, help="most blank steps after a cue")
     args = p.parse_args(argv)
     if args.max_blanks < MIN_BLANKS:
         p.error(f"--max-blanks must be >= {MIN_BLANKS}, the fewest blank steps after a cue")
@@ -65,7 +50,6 @@ def parse_args(argv):
 
 
 def cue_envs(args, seed: int) -> CueEnvs:
-    """The environments, a query MIN_BLANKS to --max-blanks blank steps after each cue."""
     generator = torch.Generator().manual_seed(seed)
     return CueEnvs(args.envs, MIN_BLANKS + 1, args.max_blanks + 1, generator)
 
@@ -75,9 +59,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     # segments of n_s = 64 steps, n_m = 64 memories and n_cm = 32 compressed ones of c = 4: a
     # step sees its segment's steps so far, the 64 before them and 128 more through c_mem
-    cfg = CompressiveConfig(
-        d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32, compression_rate=4
-    )
+    cfg = CompressiveConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32)
     agent = Agent(cfg, value=False)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     T = UNROLL

@@ -4,16 +4,12 @@ in one call from the memory stored at its start, exactly as the agent acted (doc
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
 
-Each of --envs environments plays one episode after another: a cue (one of four), --min-delay to
---max-delay blank steps, then a query, where naming the cue is rewarded 1 and the episode ends.
-PPO as CleanRL writes it (clipped ratio, GAE, minibatches of environments), rollouts of --rollout
-steps (32: not a multiple of n_s = 24, so rollouts begin and end inside segments). Printed per
-seed, every --report iterations, the mean return (chance 0.25); and, over every update before its
-first optimizer step, the largest |log ratio| between the update's policy and the actor's and the
-largest fraction of samples outside the clip range: 0 when the update computes what the actor did.
+PPO as CleanRL writes it, on rollouts of 32 steps (n_s is 24: they begin and end inside segments);
+printed per seed, the mean return (chance 0.25), and over every update before its first optimizer
+step the largest |log ratio| to the actor's policy and the largest fraction of samples outside the
+clip range: 0 when the update computes what the actor did.
 """
 
-import argparse
 import sys
 import time
 
@@ -23,7 +19,7 @@ import torch.nn.functional as F
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
-from research import made_with, plot_curves, positive
+from research import made_with, parser, plot_curves, positive
 
 N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
 MINIBATCHES = 2  # of environments, in each pass over a rollout
@@ -60,8 +56,8 @@ class CueEnvs:
 
 
 class Agent(nn.Module):
-    """An input layer of its own, AgentCore as its memory, a head that names the cue and, for
-    PPO, a value head (research/cue.py and research/tmaze.py train this agent too)."""
+    """An input layer, AgentCore as its memory, a head that names the cue and, for PPO, a value
+    head (research/cue.py and research/tmaze.py train it too)."""
 
     def __init__(self, cfg: CompressiveConfig, observations: int = QUERY + 1, value: bool = True):
         super().__init__()
@@ -80,9 +76,8 @@ class Agent(nn.Module):
 
 
 def supervised_step(agent, optimizer, observations, targets, memory=None, starts=None):
-    """One optimizer step on the cross-entropy at the asked steps (targets -100 elsewhere; none
-    asked: 0) plus f_c's reconstruction loss, as research/cue.py and research/tmaze.py train;
-    returns (that cross-entropy, the memory after)."""
+    """One optimizer step on the cross-entropy at the asked steps (targets -100 elsewhere) plus
+    f_c's reconstruction loss; (that cross-entropy, the memory after)."""
     logits, memory, recon_loss = agent(observations, memory, starts)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
     loss = loss / targets.ne(-100).sum().clamp(min=1)
@@ -103,9 +98,8 @@ def act(agent, observations, starts):
 
 
 def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.95):
-    """Generalised advantage estimates [B, T] of a rollout: rewards, values, dones [B, T] (dones
-    1.0 where the step ended its episode, which cuts the return there), next_value [B] the value
-    of the observation after the rollout."""
+    """Generalised advantage estimates [B, T]: rewards, values, dones [B, T] (1.0 where the step
+    ended its episode), next_value [B] of the observation after the rollout."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(rewards.size(1))):
         following = next_value if t == rewards.size(1) - 1 else values[:, t + 1]
@@ -116,9 +110,7 @@ def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m research.ppo_cue", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("ppo_cue", __doc__)
     p.add_argument("--iterations", type=positive, default=300, help="rollouts and updates a seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--envs", type=positive, default=16, help="environments (an even number)")
@@ -137,9 +129,8 @@ def parse_args(argv):
 
 
 def train(args, seed: int):
-    """One seed of PPO; returns the curve [(iteration, mean return of the episodes ended in the
-    last --report iterations, their number)] and, for every update before its first optimizer
-    step, (max |log ratio| over the rollout's samples, the fraction outside the clip range)."""
+    """One seed of PPO: the curve [(iteration, mean return since the last report, episodes)] and,
+    for each update before its first step, (max |log ratio|, the fraction outside the clip)."""
     torch.manual_seed(seed)
     # n_m = 48 memories and n_cm = 24 compressed ones of c = 4 (the default): the query reaches
     # 144 steps and more before its segment, the cue 41 to 101 steps back
@@ -230,10 +221,7 @@ def main(argv=None) -> int:
 
 def plot(results, path: str) -> None:
     """The return curves {seed: curve}, one line a seed."""
-    curves = [
-        (f"seed {seed}", [i for i, _, _ in curve], [r for _, r, _ in curve], {})
-        for seed, curve in results.items()
-    ]
+    curves = [(f"seed {seed}", *list(zip(*curve))[:2], {}) for seed, curve in results.items()]
     seeds = " ".join(str(seed) for seed in results)
     caption = f"python -m research.ppo_cue --seeds {seeds}; {made_with()}, CPU"
     xlabel = "iteration (16 envs x 32 steps)"

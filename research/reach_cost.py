@@ -1,17 +1,12 @@
 """The cost of reach: what Transformer-XL and the Compressive Transformer pay to see N characters
-back beyond the segment (docs/REACH.md).
+back beyond the segment (docs/REACH.md, the cost of reach).
 
     python -m research.reach_cost                  # reaches 256 512 1024 2048, OUT/reach_cost.png
     python -m research.reach_cost --reaches 256 1024 --rounds 5
 
-The models are those of train_shakespeare.py's flags and its training step. At each reach N,
-Transformer-XL with n_m = N against the compressive model with n_m = N / 4 and n_cm = 3N / (4c);
-first the pair at the flags' own memory against XL with as many slots, the price of the
-compression itself. On random tokens with full memories, the two timed in alternation, medians of
-the rounds: a training step (forward, both losses, backward, the optimizer), one generated token
-with the memory carried (batch 1, no gradient), and the memory state carried between segments;
-beside them the count from the shapes: slots, keys per query, a step's GFLOP and f_c's share (f_c
-and its reconstruction loss).
+At each reach N, XL with n_m = N against the compressive model with n_m = N/4, n_cm = 3N/(4c),
+after the pair at equal slots; the script's models and step, on random tokens, full memories,
+timed in alternation, beside the count from the shapes.
 """
 
 import argparse
@@ -59,17 +54,11 @@ def pairs(args):
 
 def full_memory(model, batch: int, device) -> Memory:
     """A full memory state of random values: the steady state's shapes from the first step."""
-    cfg = model.cfg
-    make = lambda n: torch.randn(batch, n, cfg.d_model, device=device)
-    usage = (
-        [torch.zeros(batch, cfg.mem_len, device=device) for _ in model.layers]
-        if cfg.compression == "most_used"
-        else None
-    )
+    cfg, layers = model.cfg, model.layers
+    make = lambda n: [torch.randn(batch, n, cfg.d_model, device=device) for _ in layers]
+    usage = [torch.zeros(batch, cfg.mem_len, device=device) for _ in layers]
     return Memory(
-        [make(cfg.mem_len) for _ in model.layers],
-        [make(cfg.c_mem_len) for _ in model.layers],
-        usage,
+        make(cfg.mem_len), make(cfg.c_mem_len), usage if cfg.compression == "most_used" else None
     )
 
 
@@ -79,11 +68,10 @@ def state_bytes(memory: Memory) -> int:
 
 
 def compression_flops_per_step(cfg, batch: int) -> float:
-    """FLOPs of f_c and of its attention-reconstruction loss in one training step, all layers: each
-    segment evicts n_s memories per layer, compressed into n_s / c. Forward and the backward that
-    reaches f_c alone (everything else is detached): conv f_c x 3 (its weights learn), the
-    compressed keys and values and their attention x 2 (input gradients only), the target
-    attention over the evicted memories x 1 (no gradient)."""
+    """FLOPs of f_c and its attention-reconstruction loss in a training step, all layers (n_s
+    memories evicted a layer, into n_s / c), forward and backward: conv f_c x 3 (its weights
+    learn), the compressed keys, values and attention x 2 (input gradients only), the target
+    attention x 1 (no gradient)."""
     if not (cfg.mem_len and cfg.c_mem_len):
         return 0.0
     d, T, c = cfg.d_model, cfg.seq_len, cfg.compression_rate
@@ -98,7 +86,7 @@ def compression_flops_per_step(cfg, batch: int) -> float:
 
 
 def measure_pair(models_flags: dict, device, rounds: int) -> dict:
-    """{kind: its row}: the count from the shapes, the state, the medians of the timed rounds."""
+    """{kind: its row}: the count from the shapes, the state, the medians of the rounds."""
     rows, trainers, generators = {}, {}, {}
     for kind, flags in models_flags.items():
         torch.manual_seed(flags.seed)
@@ -143,7 +131,7 @@ def measure_pair(models_flags: dict, device, rounds: int) -> dict:
 
 
 def run(args) -> list:
-    """Measure every pair, print the table, draw OUT/reach_cost.png; returns the rows."""
+    """Measure every pair, print the table, draw OUT/reach_cost.png; the rows."""
     device = pick_device(args.device)
     if args.model != "compressive" or not (args.mem_len and args.c_mem_len):
         raise UserError(
@@ -154,11 +142,11 @@ def run(args) -> list:
         {"label": label, **measure_pair(models_flags, device, args.rounds)}
         for label, models_flags in pairs(args)
     ]
+    sizes = f"n_s {args.seq_len}, d_model {args.d_model}, {args.n_layers} layers, batch "
+    sizes += f"{args.batch_size}, f_c {args.compression}, c {args.compression_rate}"
     print(
-        f"the cost of reach: n_s={args.seq_len} d_model={args.d_model} {args.n_layers} layers "
-        f"batch {args.batch_size} f_c={args.compression} c={args.compression_rate}; compressive "
-        f"at reach N: n_m = N/4, n_cm = 3N/(4c); device {device}, {made_with()}; median of "
-        f"{args.rounds} rounds in alternation"
+        f"the cost of reach ({sizes}); compressive at reach N: n_m = N/4, n_cm = 3N/(4c); device "
+        f"{device}, {made_with()}; median of {args.rounds} rounds in alternation"
     )
     print_table(
         ["reach", "model", "slots", "keys per query", "GFLOP/step (f_c)", "train ms/step"]
@@ -169,14 +157,11 @@ def run(args) -> list:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create --out {args.out} ({e.strerror})") from None
-    plot(
-        results,
-        os.path.join(args.out, "reach_cost.png"),
-        f"python -m research.reach_cost (n_s {args.seq_len}, d_model {args.d_model}, "
-        f"{args.n_layers} layers, batch {args.batch_size}, c {args.compression_rate}, "
-        f"{args.rounds} rounds); {made_with()}, {device}; timed on a machine running nothing "
-        f"else for figures worth comparing",
+    caption = (
+        f"python -m research.reach_cost ({sizes}, {args.rounds} rounds); {made_with()}, {device}; "
+        f"timed on a machine running nothing else for figures worth comparing"
     )
+    plot(results, os.path.join(args.out, "reach_cost.png"), caption)
     return results
 
 
@@ -187,67 +172,47 @@ def table_rows(result: dict):
         slots = f"{row['n_m']} + {row['n_cm']}" if row["n_cm"] else row["n_m"]
         flops = f"{row['model_gflop'] + row['f_c_gflop']:.2f}"
         flops += f" ({row['f_c_gflop']:.2f})" if row["f_c_gflop"] else ""
-        yield [result["label"] if kind == "XL" else "", kind, slots, row["keys"], flops] + [
-            f"{row['train_ms']:.1f}",
-            f"{row['gen_ms']:.2f}",
-            f"{row['state_bytes'] / 1024:,.0f}",
-        ]
+        label = result["label"] if kind == "XL" else ""
+        timed = [f"{row['train_ms']:.1f}", f"{row['gen_ms']:.2f}"]
+        yield [label, kind, slots, row["keys"], flops, *timed, f"{row['state_bytes'] / 1024:,.0f}"]
     ratio = lambda key: f"{comp[key] / xl[key]:.2f}"
     flops = (comp["model_gflop"] + comp["f_c_gflop"]) / xl["model_gflop"]
-    yield ["", "*ratio*", ratio("slots"), ratio("keys"), f"*{flops:.2f}*"] + [
-        f"**{ratio('train_ms')}**",
-        ratio("gen_ms"),
-        ratio("state_bytes"),
-    ]
+    counted = [ratio("slots"), ratio("keys"), f"*{flops:.2f}*"]
+    timed = [f"**{ratio('train_ms')}**", ratio("gen_ms")]
+    yield ["", "*ratio*", *counted, *timed, ratio("state_bytes")]
 
 
 def plot(results, path: str, caption: str) -> None:
-    """Training step, generation and state against the reach, both models; dotted, the
-    compressive step that the FLOP count alone predicts from XL's measured one."""
+    """Step, generation and state against the reach; dotted, the compressive step that the FLOP
+    count predicts from XL's measured one."""
     plt = plots.pyplot()
     reach = [r for r in results if r["label"].startswith("reach")]
     if plt is None or not reach:
         return
     x = [int(r["label"].split()[1]) for r in reach]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    _, axes = plt.subplots(1, 3, figsize=(12, 4.2))
     panels = (("train_ms", "training step (ms)"), ("gen_ms", "generation (ms/token)"))
     for ax, (key, title) in zip(axes, panels + (("state_bytes", "memory state (KiB)"),)):
         scale = 1024 if key == "state_bytes" else 1
         for kind, style in (("xl", "o-"), ("compressive", "s-")):
             ax.plot(x, [r[kind][key] / scale for r in reach], style, label=kind)
         if key == "train_ms":
-            counted = [
-                r["xl"]["train_ms"]
-                * (r["compressive"]["model_gflop"] + r["compressive"]["f_c_gflop"])
-                / r["xl"]["model_gflop"]
-                for r in reach
-            ]
+            comp = lambda r: r["compressive"]["model_gflop"] + r["compressive"]["f_c_gflop"]
+            counted = [r["xl"]["train_ms"] * comp(r) / r["xl"]["model_gflop"] for r in reach]
             ax.plot(x, counted, "s:", color="C1", alpha=0.5, label="compressive, by the count")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(x, x)
-        ax.set_xlabel("reach beyond the segment (characters)")
+        ax.set(xticks=x, xticklabels=x, xlabel="reach beyond the segment (characters)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
-    fig.suptitle(caption, fontsize=8)
-    plots.save(plt, path)
+    plots.save(plt, path, caption)
 
 
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(
-        __doc__.split("\n\n")[0], prog="python -m research.reach_cost"
-    )
-    r = parser.add_argument_group("the cost of reach")
-    r.add_argument(
-        "--reaches",
-        type=positive,
-        nargs="+",
-        default=REACHES,
-        metavar="N",
-        help="the reaches beyond the segment at which both models are timed",
-    )
-    r.add_argument(
-        "--rounds", type=positive, default=10, help="timed rounds, one step of each model"
-    )
+    about, prog = __doc__.split("\n\n")[0], "python -m research.reach_cost"
+    parser = train_shakespeare.training_flags(about, prog=prog)
+    r = parser.add_argument_group("the cost of reach").add_argument
+    r("--reaches", type=positive, nargs="+", default=REACHES, metavar="N", help="reaches timed")
+    r("--rounds", type=positive, default=10, help="timed rounds, one step of each model")
     return parser.parse_args(argv)
 
 

@@ -1,14 +1,12 @@
-"""The reach benchmark: a text in which reach is everything (docs/REACH.md).
+"""The reach benchmark: a text in which reach is everything (docs/REACH.md says how it is read).
 
-    python -m research.recall --no-post-norm --seq-len 32 --loss-on answers   # train (README)
+    python -m research.recall --no-post-norm --seq-len 32 --loss-on answers   # train
     python -m research.recall --eval-only --out OUT    # a checkpoint's accuracy by distance
 
-A stream of '.' filler in which facts " KK=d" (KK a key of two capitals, d a digit) are stated
-and asked for D characters later, " KK?d": only the fact predicts the digit after '?', so the
-accuracy there, by D, measures how far back a model reaches (chance 0.10). The report cuts the
-distances at the model's reach (model.reach()) and splits the facts held in c_mem by their phase,
-the place of the digit in its block of c. Training is train_shakespeare.py's, on this text."""
+Facts " KK=d" in '.' filler, each asked D characters later as " KK?d"; the accuracy on the digit
+after '?', by D cut at model.reach(), and over the facts held in c_mem by their phase."""
 
+import argparse
 import heapq
 import math
 import os
@@ -20,7 +18,7 @@ import torch
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research import at_least, fraction, made_with, positive, print_table
+from research import at_least, caption, positive, print_table, task_flags
 from training import checkpoint, evaluate, files, plots
 from training.checks import UserError, exit_status, keep_freed_memory, processes
 from training.data import IGNORE, Data, encode
@@ -40,6 +38,14 @@ DEFAULTS = {  # the task's flags; given as None, a checkpoint's own settings fil
     "val_chars": 300_000,
     "loss_on": "all",
 }
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {value}")
+    return value
 
 
 def add_arguments(parser) -> None:
@@ -98,13 +104,10 @@ def make_recall_text(
     hold_over: int = 0,
     hold_distance: int = 0,
 ) -> RecallText:
-    """Facts at random places, about gap filler characters apart, each asked for once D
-    characters later (D log-uniform in [min_distance, max_distance], digit to digit), at most
-    live_facts waiting for their query at once; a key is not stated again before its query, so
-    every answer is the digit of the latest fact with that key. widen_over > 0: the longest D grows
-    from min_distance (or, after hold_over characters at hold_distance, from there) to
-    max_distance over widen_over characters. distractors: facts go on being stated while
-    live_facts wait, never asked, so that only the key finds the asked one."""
+    """Facts about gap characters apart, each asked once D later (log-uniform, digit to digit),
+    at most live_facts waiting; a key is not stated again before its query. widen_over: the
+    longest D grows to max_distance over that many characters (after hold_over at hold_distance);
+    distractors: facts never asked, stated while live_facts wait."""
     rng = random.Random(seed)
     chars, taken = ["."] * n_chars, bytearray(n_chars)
     free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)
@@ -127,18 +130,12 @@ def make_recall_text(
             continue
         if widen_over:
             start = hold_distance if hold_over else min_distance
-            longest = start + (max_distance - start) * min(
-                1.0, max(0, pos - hold_over) / widen_over
-            )
-            log_max = math.log(longest + 1)
+            grown = min(1.0, max(0, pos - hold_over) / widen_over)
+            log_max = math.log(start + (max_distance - start) * grown + 1)
         distance = min(max_distance, int(math.exp(rng.uniform(log_min, log_max))))
         query = pos + distance
-        if (
-            any(taken[pos : pos + 5])
-            or query + 5 > n_chars
-            or any(taken[query : query + 5])
-            or not free_keys
-        ):
+        clash = any(taken[pos : pos + 5]) or any(taken[query : query + 5])
+        if clash or query + 5 > n_chars or not free_keys:
             pos += 1
             continue
         key = free_keys.pop(rng.randrange(len(free_keys)))
@@ -153,18 +150,15 @@ def make_recall_text(
 
 
 def answer_targets(ids: torch.Tensor) -> torch.Tensor:
-    """The targets of --loss-on answers: only the digits that follow a '?' (every other target is
-    IGNORE). The key letters and filler are noise or trivial next to one answer digit per fact."""
+    """The targets of --loss-on answers: the digits after a '?', every other target IGNORE."""
     after_query = torch.zeros_like(ids, dtype=torch.bool)
     after_query[1:] = ids[:-1] == VOCAB.index("?")
     return ids.masked_fill(~after_query, IGNORE)
 
 
 def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool = True):
-    """(Data, answers): as much training text as --steps consume once, generated from --seed, one
-    strand per stream so that a curriculum widens along each of them (capped: a longer run wraps,
-    as on Shakespeare); and a validation text of held-out keys that depends only on the task's
-    flags, with its queries (answers, as RecallText's)."""
+    """(Data, answers): the training text --steps consume once (capped), a strand per stream so
+    that the curriculum widens along each; the validation text of held-out keys, and its queries."""
     s = settings(args, saved_args)
     task = (MIN_DISTANCE, s["max_distance"], FACT_GAP, s["live_facts"])
     train = None
@@ -206,19 +200,16 @@ class Scored(NamedTuple):
     correct: torch.Tensor  # whether the model's most likely character was the answer
     fact_offset: torch.Tensor  # where the fact's digit sits in its stream (its phase: mod c)
     fact_back: torch.Tensor  # how far the digit lies before the segment its query is read in
-    latest_right: torch.Tensor  # whether the latest fact stated before the query (asked or a
-    #                             distractor) has its answer: what a reader blind to keys gets right
+    latest_right: torch.Tensor  # whether the latest fact stated has the answer (blind to keys)
     said_latest: torch.Tensor  # whether the model answered with the latest fact's digit
-    facts_after: torch.Tensor  # how many facts (asked or distractors) were stated between the
-    #                            asked fact and its query: 0 when it is the latest
+    facts_after: torch.Tensor  # facts stated between the asked one and its query
 
 
 def locate(answers, length: int, n_streams: int, seq_len: int):
-    """Where each query sits in an evaluation of n_streams streams of length characters, each read
-    seq_len at a time and the few characters left over read as one more segment of the last stream:
-    its stream, the stream offsets of its '?' (whose prediction is scored) and of the fact's digit,
-    how far that digit lies before the segment the '?' is read in (<= 0: inside it), and whether the
-    whole fact " KK=d" lies in the query's stream."""
+    """Each query in an evaluation of n_streams streams of length characters (the tail one more
+    segment of the last): its stream, the stream offsets of its '?' and of the fact's digit, how
+    far the digit lies before the '?'s segment (<= 0: inside), and whether the fact is whole in
+    the stream."""
     position, distance = answers.unbind(dim=1)
     stream = ((position - 1) // length).clamp(max=n_streams - 1)
     query = position - 1 - stream * length
@@ -228,10 +219,8 @@ def locate(answers, length: int, n_streams: int, seq_len: int):
 
 
 def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
-    """Every query that the evaluation (n_streams contiguous streams of data, each starting from
-    an empty memory and read seq_len characters at a time) could answer: those whose whole fact
-    lies in the query's stream. predictions[p] is the model's most likely character after
-    data[:p]. fact_back says in which memory the fact is held when the query is read."""
+    """The queries whose fact lies whole in their stream, scored: predictions[p] is the model's
+    most likely character after data[:p]."""
     _, _, fact, back, whole = locate(answers, (len(data) - 1) // n_streams, n_streams, seq_len)
     position, distance = answers.unbind(dim=1)
     correct = predictions[position] == data[position]
@@ -254,8 +243,8 @@ def counted(scored: Scored, chosen: torch.Tensor) -> dict:
 
 
 def by_distance(scored: Scored, edges, width: int):
-    """Accuracy per distance bucket: buckets width wide, cut at the model's reach edges too, each
-    labelled with the farthest region of the model's context it can need."""
+    """Accuracy per bucket of D, width wide and cut at the reach edges, each named by the farthest
+    region it can need."""
     lo_d, hi_d = int(scored.distance.min()), int(scored.distance.max())
     cuts = set(range(0, hi_d + 1, width)) | {e for _, e in edges if e <= hi_d}
     cuts = sorted({c for c in cuts if c > lo_d} | {lo_d, hi_d + 1})
@@ -269,23 +258,20 @@ def by_distance(scored: Scored, edges, width: int):
 
 
 def in_regions(scored: Scored, edges):
-    """(name, mask) of the queries whose distance falls in each region of the model's reach (the
-    regions' edges, then "beyond")."""
+    """(name, mask) of the queries by the region of the reach their D falls in."""
     lows = [0] + [edge for _, edge in edges]
     bounds = zip(edges + [("beyond", math.inf)], lows)
     return [(name, (scored.distance >= lo) & (scored.distance < hi)) for (name, hi), lo in bounds]
 
 
 def by_region(scored: Scored, edges) -> dict:
-    """Accuracy over all the queries whose distance falls in each region of the model's reach."""
     regions = in_regions(scored, edges)
     return {name: accuracy(scored.correct[inside]) for name, inside in regions if inside.any()}
 
 
 def held_in_c_mem(fact_back: torch.Tensor, edges):
-    """Which queries find their fact in the compressed memory when they are read, or None without
-    one; D alone does not say it, a query early in its segment holding a fact of the same D farther
-    back than one late in it. Exact when n_s and n_m are multiples of c, as in the recipes."""
+    """Which queries find their fact in c_mem when read (None without one); D alone does not say
+    it. Exact when n_s and n_m are multiples of c, as in the recipes."""
     limits = dict(edges)
     if "c_mem" not in limits:
         return None
@@ -294,9 +280,8 @@ def held_in_c_mem(fact_back: torch.Tensor, edges):
 
 
 def by_phase(scored: Scored, edges, rate: int):
-    """The queries whose fact is held in c_mem when asked, all together and split by the phase of
-    the fact's digit in its block of c: [{"phase", "queries", "accuracy"}], phase "all" first;
-    [] without a c_mem or without such queries."""
+    """[{"phase", "queries", "accuracy"}] of the facts held in c_mem, "all" first, then by the
+    digit's place in its block of c; [] without such queries."""
     held = held_in_c_mem(scored.fact_back, edges)
     if held is None or not held.any():
         return []
@@ -313,11 +298,8 @@ AFTER = (0, 1, 2, 3)  # key_use's columns: facts stated after the asked one, the
 
 def key_use(scored: Scored, edges) -> list:
     """Whether the model finds a fact by its key, per region and over the facts held in c_mem:
-    its accuracy next to what answering with the latest fact stated would score (a reader that
-    reaches back but ignores the key) and how often it did answer with that fact's digit; and its
-    accuracy by how many facts were stated after the asked one (AFTER; None where no query): a
-    reader of the key is as right behind three facts as behind none, a reader of recency is not.
-    With one fact waiting (--live-facts 1) the latest fact is always the one asked for: [] then."""
+    its accuracy, a recency reader's, how often it said the latest fact, and its accuracy by the
+    facts stated after the asked one (AFTER). [] where the latest fact is always the asked one."""
     if scored.latest_right.all():
         return []
     chosen = in_regions(scored, edges)
@@ -339,8 +321,7 @@ def key_use(scored: Scored, edges) -> list:
 
 
 def summary(scored: Scored, edges, rate: int) -> str:
-    """One line: accuracy per region by distance, and over the facts held in c_mem when asked,
-    all (their number) and per phase."""
+    """One line: accuracy per region, and over the facts held in c_mem, all and per phase."""
     line = ", ".join(f"{name} {acc:.3f}" for name, acc in by_region(scored, edges).items())
     held, *phases = by_phase(scored, edges, rate) or [None]
     if held is None:
@@ -350,18 +331,17 @@ def summary(scored: Scored, edges, rate: int) -> str:
 
 
 def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
-    """For a fact held in c_mem (n_m < fact_back <= n_m + c * n_held), the index in c_mem (oldest
-    first) of the slot holding its digit and of the slot holding the '=' before it; the same slot
-    unless the digit opens its block (phase 0). The newest slot holds the c characters just before
-    mem, which holds the n_m just before the segment."""
+    """For a fact held in c_mem, the c_mem slots (oldest first) of its digit and of its '=':
+    the same slot unless the digit opens its block (phase 0). The newest slot holds the c
+    characters just before mem, which holds the n_m just before the segment."""
     digit_from_newest = -(-(fact_back - n_m) // rate)  # ceil
     marker_from_newest = -(-(fact_back + 1 - n_m) // rate)
     return n_held - digit_from_newest, n_held - marker_from_newest
 
 
 def report(scored: Scored, model, out: str, caption: str = "") -> dict:
-    """Print the accuracy-by-distance table, the phase split and the key use, plot them to
-    OUT/recall.png (caption at its foot: how to make it again); return them for metrics.json."""
+    """Print the accuracy by distance, the phases and the key use, plot OUT/recall.png; return
+    them for metrics.json."""
     if len(scored.distance) == 0:
         print("recall: no query could be scored (raise --val-chars or lower --max-distance)")
         return {"by_distance": [], "by_phase": [], "key_use": []}
@@ -401,10 +381,8 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
 
 
 def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -> None:
-    """Accuracy by distance with the model's reach edges; across the compressed region, a level
-    per phase (the facts held in c_mem when asked, by the place of the digit in its block of c),
-    each with its accuracy in its label and a style of its own, so that levels that coincide
-    stay apart."""
+    """Accuracy by distance with the reach edges; across c_mem a level per phase, each labelled
+    and styled apart, so that levels that coincide stay apart."""
     plt = plots.pyplot()
     if plt is None:
         return
@@ -420,40 +398,23 @@ def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -
             label = f"held in c_mem, phase {p['phase']}: {p['accuracy']:.2f} ({p['queries']})"
             plt.hlines(p["accuracy"], lo, edge, f"C{p['phase'] + 1}", style, label=label, lw=width)
     plt.axhline(0.1, color="black", linestyle="--", linewidth=0.8, label="chance")
-    plt.ylim(0, 1.05)
     plt.title(title, fontsize=9, loc="left")
-    plt.xlabel("D: distance from fact to query (characters)")
-    plt.ylabel("recall accuracy")
+    plt.gca().set(xlabel="D: distance from fact to query (characters)", ylabel="recall accuracy")
+    plt.ylim(0, 1.05)
     legend_title = "phase p: the fact's digit at place p\nof its block of c" if phases else None
     plt.legend(fontsize=7, title=legend_title, title_fontsize=7)
     plots.save(plt, path, caption)
 
 
-# ----------------------------------------------------------------------------------------------
-# The command: train on the recall text, or evaluate a checkpoint of it
-
-
 def parse_args(argv=None):
-    parser = train_shakespeare.training_flags(
-        __doc__.split("\n\n")[0], prog="python -m research.recall"
-    )
-    parser.set_defaults(task="recall")
-    e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
-    e.add_argument("--eval-only", action="store_true", help="the accuracy report of OUT/ckpt.pt")
-    evaluate_command.add_ablation_flags(e)
+    parser = task_flags("recall", __doc__, "the accuracy report of OUT/ckpt.pt")
     add_arguments(parser)
     return parser.parse_args(argv)
 
 
-def caption_for(ckpt: dict, drawn_by: str) -> str:
-    defaults = vars(parse_args([]))
-    command = checkpoint.training_command(ckpt, defaults)
-    return f"Checkpoint: {command}. Drawn by: {drawn_by}, {made_with()}."
-
-
 def train(args) -> None:
-    """Train on the recall text; at each evaluation the accuracy by region of the reach, and at
-    the end the whole report (the table, the phases, OUT/recall.png), also into metrics.json."""
+    """Train on the recall text, the accuracy by region at each evaluation and the report at the
+    end (into metrics.json too)."""
     with processes() as world:
         data, answers = load_data(args, args.batch_size * world)
         last = {}
@@ -470,21 +431,20 @@ def train(args) -> None:
         metrics = train_shakespeare.train(args, data, validate)
     if metrics is not None:  # rank 0, the run finished: the report on its last evaluation
         ckpt = checkpoint.read(os.path.join(args.out, "ckpt.pt"), torch.device("cpu"))
-        caption = caption_for(ckpt, "the training run")
-        metrics["recall"] = report(last["scored"], last["model"], args.out, caption)
+        foot = caption(ckpt, "the training run")
+        metrics["recall"] = report(last["scored"], last["model"], args.out, foot)
         files.write_json(os.path.join(args.out, "metrics.json"), metrics)
 
 
 def evaluate_checkpoint(args) -> None:
-    """--eval-only: the accuracy report of OUT/ckpt.pt on the validation text of its flags (the
-    task's flags given here widen or change it), its memory cut where asked. The training's
-    metrics.json is left as it is; OUT/recall.png is drawn again."""
+    """--eval-only: the report of OUT/ckpt.pt on the text of its flags (or of those given here),
+    its memory cut where asked; OUT/recall.png drawn again, metrics.json left as it is."""
     model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("recall",))
     data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
     evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     scored = score(evaluation.predictions.cpu(), data.val, answers, args.batch_size, n_s)
-    report(scored, model, args.out, caption_for(ckpt, "python -m research.recall --eval-only"))
+    report(scored, model, args.out, caption(ckpt, "python -m research.recall --eval-only"))
 
 
 def main(argv=None) -> int:
@@ -494,10 +454,7 @@ def main(argv=None) -> int:
     def run():
         train_shakespeare.check_args(args)
         check_args(args)
-        if args.eval_only:
-            evaluate_checkpoint(args)
-        else:
-            train(args)
+        (evaluate_checkpoint if args.eval_only else train)(args)
 
     return exit_status(run)
 

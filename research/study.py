@@ -3,22 +3,18 @@
     python -m research.study run --budget default --seeds 1 2 3   # train and evaluate each run
     python -m research.study table                                # the tables and the figure
 
-`run` trains each model on each seed on the code corpus (python -m research.code), evaluates the
-checkpoint again without its far memory (the ablations), and writes the run's record to
-OUT/NAME/study.json. A run with a record is skipped, one without is trained afresh, so a stopped
-study goes on where it stopped. `table` prints the tables of every record under OUT and draws
-OUT/code_study.png. The models, at equal slots per layer (96) and at equal reach (192 characters
-beyond the segment):
+`run` trains each model and seed not yet recorded on the code corpus afresh, evaluates it again
+without its far memory, and records it in OUT/NAME/study.json; `table` reads every record under
+OUT and draws OUT/code_study.png. The models, at equal slots (96) and at equal reach (192):
 """
 
-import argparse
 import glob
 import json
 import os
 import statistics
 import sys
 
-from research import code, print_table
+from research import code, parser, print_table
 from training import files, plots
 from training.checks import UserError, exit_status
 
@@ -46,23 +42,21 @@ WORTH = {
 
 
 def one_run(model: str, budget: str, seed: int, extra: list, out: str) -> dict:
-    """Train and evaluate one model on one seed (a stopped run's checkpoint is trained over
-    afresh); its record."""
+    """Train one model on one seed afresh, evaluate it without its far memory; its record."""
     train_flags = [*MODELS[model], *BUDGETS[budget], "--seed", str(seed), *extra, "--out", out]
     args = code.parse_args([*train_flags, "--overwrite"])
     metrics = code.run(args)
-    cut = {}
-    if model in WORTH:
-        ablation, (n_m, n_cm), _ = WORTH[model]
-        n_m = args.mem_len if n_m is None else n_m
-        evaluation = ["--eval-only", "--out", out, "--eval-mem-len", str(n_m)]
-        cut[ablation] = code.run(code.parse_args([*evaluation, "--eval-c-mem-len", str(n_cm)]))
     kept = lambda result, *names: {name: result[name] for name in names}
     record = {"model": model, "budget": budget, "seed": seed, "extra": extra}
     record["commit"] = files.repository_commit()
     record.update(kept(metrics, "seconds", "val_loss", "loss_by_copy_distance"))
     record["history"] = [kept(h, "step", "loss_by_copy_distance") for h in metrics["history"]]
-    record["ablations"] = {a: kept(r, "val_loss", "loss_by_copy_distance") for a, r in cut.items()}
+    record["ablations"] = {}
+    if model in WORTH:
+        ablation, (n_m, n_cm), _ = WORTH[model]
+        cut = ["--eval-only", "--out", out, "--eval-mem-len", str(n_m or args.mem_len)]
+        result = code.run(code.parse_args([*cut, "--eval-c-mem-len", str(n_cm)]))
+        record["ablations"][ablation] = kept(result, "val_loss", "loss_by_copy_distance")
     return record
 
 
@@ -82,7 +76,6 @@ def run_study(args) -> None:
 
 
 def read_records(out: str) -> list:
-    """Every run's record under OUT, in the order of the tables."""
     runs = []
     for path in glob.glob(os.path.join(out, "*", "study.json")):
         try:
@@ -105,8 +98,7 @@ def loss(rows: dict, bucket: str) -> float:
 
 
 def worth(run: dict) -> dict:
-    """What the checkpoint loses, bucket by bucket, evaluated without its far memory (WORTH): that
-    memory's worth there."""
+    """The far memory's worth by bucket: the loss without it (WORTH) minus with it."""
     cut = run["ablations"][WORTH[run["model"]][0]]["loss_by_copy_distance"]
     full = run["loss_by_copy_distance"]
     return {bucket: loss(cut, bucket) - loss(full, bucket) for bucket in full}
@@ -122,7 +114,7 @@ def label(run: dict) -> str:
 
 
 def mean(runs, bucket: str) -> float:
-    """The mean over runs of the validation loss (bucket "val") or of the loss in the bucket."""
+    """The mean over runs of the validation loss (bucket "val") or of the bucket's."""
     return statistics.fmean(
         r["val_loss"] if bucket == "val" else loss(r["loss_by_copy_distance"], bucket) for r in runs
     )
@@ -137,8 +129,7 @@ def groups(runs) -> dict:
 
 
 def tables(runs: list) -> None:
-    """Per run: the loss, what its far memory is worth, the zone over training; per model and
-    budget over the seeds: the loss and its differences from XL-96 trained alike."""
+    """Per run, then per model and budget over the seeds (against XL-96 trained alike)."""
     print(
         f"Per run: the validation loss (nats/char), the loss in {ZONE}, the far memory's worth "
         f"(the checkpoint without it minus with it) there and at most where it cannot reach, and "
@@ -155,42 +146,32 @@ def tables(runs: list) -> None:
         zone = loss(r["loss_by_copy_distance"], ZONE)
         rows.append([label(r), r["budget"], r["seed"], r["commit"], f"{r['val_loss']:.4f}"])
         rows[-1] += [f"{zone:.3f}", *worth_cells, ", ".join(gains)]
-    print_table(
-        ["model", "budget", "seed", "commit", "val", ZONE, f"worth in {ZONE}"]
-        + ["largest elsewhere", f"{ZONE} minus {BEYOND} by step"],
-        rows,
-    )
+    header = ["model", "budget", "seed", "commit", "val", ZONE, f"worth in {ZONE}"]
+    print_table([*header, "largest elsewhere", f"{ZONE} minus {BEYOND} by step"], rows)
     print(
         f"\nMeans over seeds (min-max); minus XL-96: the difference of the means at the same "
         f"budget; worth: of the far memory in {ZONE}\n"
     )
     found = groups(runs)
-
-    def spread(values):
-        return f"{statistics.fmean(values):.4f} ({min(values):.3f}-{max(values):.3f})"
-
+    spread = lambda values: f"{statistics.fmean(values):.4f} ({min(values):.3f}-{max(values):.3f})"
     rows = []
     for (name, budget), members in found.items():
         model, extra = members[0]["model"], members[0]["extra"]
         base = found.get((" ".join(["xl96", *extra]), budget)) or found.get(("xl96", budget))
-        rows.append([name, budget, " ".join(str(r["seed"]) for r in members)])
-        rows[-1] += [spread([r["val_loss"] for r in members])]
-        rows[-1] += [spread([loss(r["loss_by_copy_distance"], ZONE) for r in members])]
+        seeds = " ".join(str(r["seed"]) for r in members)
+        zone = [loss(r["loss_by_copy_distance"], ZONE) for r in members]
+        rows.append([name, budget, seeds, spread([r["val_loss"] for r in members]), spread(zone)])
         for b in ("val", ZONE):
-            differs = base is not None and base is not members
-            rows[-1] += [f"{mean(members, b) - mean(base, b):+.4f}" if differs else ""]
-        rows[-1] += [spread([worth(r)[ZONE] for r in members]) if model in WORTH else ""]
-    print_table(
-        ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
-        + [f"worth in {ZONE}"],
-        rows,
-    )
+            against = base is not None and base is not members
+            rows[-1].append(f"{mean(members, b) - mean(base, b):+.4f}" if against else "")
+        rows[-1].append(spread([worth(r)[ZONE] for r in members]) if model in WORTH else "")
+    header = ["model", "budget", "seeds", "val", ZONE, "val minus XL-96", f"{ZONE} minus XL-96"]
+    print_table([*header, f"worth in {ZONE}"], rows)
 
 
 def plot(runs, path: str) -> None:
-    """Left: loss by bucket, one line per model and budget (mean over seeds). Middle: what the far
-    memory is worth by bucket, one line per run. Right: the zone over training. A color per
-    model, dashed: the default budget, solid: the long one; the levers are left to the tables."""
+    """The loss by bucket (mean over seeds), the far memory's worth by bucket and the zone over
+    training (a line per run); a color per model, dashed the default budget; no levers."""
     plt = plots.pyplot()
     if plt is None:
         return
@@ -210,21 +191,19 @@ def plot(runs, path: str) -> None:
             if model in WORTH:
                 w = worth(r)
                 middle.plot(x, [w[b] for b in buckets], marker=".", alpha=0.8, **style)
-    left.set_title("validation loss by copy distance beyond the segment", fontsize=9)
-    middle.set_title(
+    titles = [
+        "validation loss by copy distance beyond the segment",
         "worth of the far memory: loss without it minus with it\n"
         "(conv, omax: c_mem emptied; xl192: mem cut to 96)",
-        fontsize=9,
-    )
+        f"over training: loss in {ZONE} minus loss in {BEYOND}\n(below 0: copies within reach "
+        f"are used)",
+    ]
+    for ax, title in zip((left, middle, right), titles):
+        ax.set_title(title, fontsize=9)
     for ax in (left, middle):
         ax.set_xticks(list(x), buckets, rotation=30)
         ax.set_xlabel("characters between the copy and the query's segment (13-gram)")
     middle.axvspan(buckets.index(ZONE) - 0.5, buckets.index(ZONE) + 0.5, color="gray", alpha=0.15)
-    right.set_title(
-        f"over training: loss in {ZONE} minus loss in {BEYOND}\n(below 0: copies within reach "
-        f"are used)",
-        fontsize=9,
-    )
     right.set_xlabel("step")
     for ax in (middle, right):
         ax.axhline(0, color="black", linewidth=0.8)
@@ -234,9 +213,7 @@ def plot(runs, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m research.study", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("study", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate the runs not yet recorded")
     r.add_argument("--budget", choices=BUDGETS, default="default")

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import evaluate as evaluate_command
+import research
 import sample
 from beyond_the_paper.feedback import FeedbackTransformer
 from compressive import CompressiveTransformer
@@ -402,7 +403,7 @@ def test_the_recall_plot_is_a_valid_png_and_says_how_it_was_made(fresh_pyplot, t
     os.remove(os.path.join(out, "recall.png"))
     assert recall.main(["--out", out, "--eval-only", "--device", "cpu"]) == 0  # drawn again
     assert imread(os.path.join(out, "recall.png")).std() > 0.01
-    caption = recall.caption_for(
+    caption = research.caption(
         torch.load(os.path.join(out, "ckpt.pt"), weights_only=True), "a test"
     )
     assert caption.startswith("Checkpoint: python -m research.recall --d-model 32")

@@ -1,19 +1,13 @@
 """What compression buys an agent: a T-maze whose cue lies beyond an equal-slot Transformer-XL
-(docs/AGENT.md).
+(docs/AGENT.md says what it runs and found).
 
     python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
 
-An episode shows a cue (one of four) at its first step, a corridor of random distractors, then a
-query at step L (--min-gap to --max-gap), where the agent must name the cue. Three one-layer
-memories (MEMORIES): compressive, 16 + 16 slots at c = 4 (reach 16 + 4*16 = 80); xl-slots, as
-many slots (reach 32); xl-reach, as long a reach (80 slots). Segments of n_s = 16 count from the
-episode's first step, so the query sees the cue when 16 * floor(L / 16) <= reach. Supervised: each
-batch is new episodes, each read in one call; at the end, the accuracy acting one step per call on
-held-out episodes, two back to back in each row, the second begun by `starts` (chance 0.25). Each
-run uses one thread; --jobs runs that many at a time, in processes of their own.
+A cue, a corridor of distractors, a query --min-gap to --max-gap steps on that must name the cue;
+three one-layer memories (MEMORIES), trained supervised, then acting one step per call. Each run
+on one thread; --jobs runs that many at a time, in processes of their own.
 """
 
-import argparse
 import concurrent.futures
 import multiprocessing
 import sys
@@ -22,7 +16,7 @@ import time
 import torch
 
 from compressive import CompressiveConfig
-from research import made_with, one_thread, plot_curves, positive, ppo_cue, print_table
+from research import made_with, one_thread, parser, plot_curves, positive, ppo_cue, print_table
 
 N_CUES, N_DISTRACTORS = 4, 4
 QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-7, the query 8
@@ -30,35 +24,31 @@ QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-
 # n_s = 16 for all three; (n_m, n_cm) of each memory, c = 4
 MEMORIES = {"compressive": (16, 16), "xl-slots": (32, 0), "xl-reach": (80, 0)}
 SOLVED = 0.95  # held-out accuracy that counts as having learned the task
+STYLES = ["-", "--", ":", "-."]  # the seeds' lines
 
 
 def config(memory: str, d_model: int) -> CompressiveConfig:
-    mem_len, c_mem_len = MEMORIES[memory]
+    n_m, n_cm = MEMORIES[memory]
     return CompressiveConfig(
         d_model=d_model,
         n_heads=2,
         n_layers=1,
         d_ff=2 * d_model,
         seq_len=16,
-        mem_len=mem_len,
-        c_mem_len=c_mem_len,
-        compression_rate=4,
+        mem_len=n_m,
+        c_mem_len=n_cm,
     )
 
 
 def slots_and_reach(cfg: CompressiveConfig):
     """The memory's slots (n_m + n_cm) and the steps before a segment it covers (n_m + c n_cm)."""
-    reach = cfg.mem_len + (cfg.compression_rate * cfg.c_mem_len if cfg.c_mem_len else 0)
-    return cfg.mem_len + cfg.c_mem_len, reach
+    return cfg.mem_len + cfg.c_mem_len, cfg.mem_len + cfg.compression_rate * cfg.c_mem_len
 
 
 def episodes(n: int, min_gap: int, max_gap: int, generator):
-    """n episodes of max_gap + 1 steps, each from its own first step:
-
-    observations: [n, max_gap + 1], the cue at step 0, the query at step L, distractors elsewhere
-    targets:      [n, max_gap + 1], the cue at the query step, -100 (not scored) elsewhere
-    Steps after the query are distractors too; attention is causal, so the query never sees them.
-    """
+    """(observations, targets) [n, max_gap + 1]: the cue at step 0, the query at step L and
+    distractors elsewhere (after the query too: it never sees them); the cue at the query, else
+    -100."""
     length = max_gap + 1
     observations = torch.randint(N_CUES, QUERY, (n, length), generator=generator)
     cues = torch.randint(0, N_CUES, (n,), generator=generator)
@@ -81,8 +71,8 @@ def accuracy(logits, targets) -> float:
 
 
 def act_one_step_at_a_time(agent, observations, targets) -> float:
-    """Rows play two held-out episodes back to back, one step per call, the memory carried and
-    the second episode begun by `starts` (its first step must not see the first episode)."""
+    """The accuracy of rows playing two held-out episodes back to back, one step per call, the
+    second begun by `starts`."""
     half = observations.shape[0] // 2
     stream = torch.cat([observations[:half], observations[half : 2 * half]], dim=1)
     asked = torch.cat([targets[:half], targets[half : 2 * half]], dim=1)
@@ -93,7 +83,7 @@ def act_one_step_at_a_time(agent, observations, targets) -> float:
 
 def run(args, memory_kind: str, seed: int):
     """One memory, one seed, on one thread: the curve [(batches, held-out accuracy)], the final
-    one-step acting accuracy, the training seconds (CPU time of this process), slots and reach."""
+    one-step acting accuracy, the training CPU seconds, slots and reach."""
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
     agent = make_agent(cfg)
@@ -131,9 +121,7 @@ def run(args, memory_kind: str, seed: int):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m research.tmaze", description=__doc__.split("\n\n")[0]
-    )
+    p = parser("tmaze", __doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--batches", type=positive, default=2000, help="training batches per run")
     p.add_argument("--batch", type=positive, default=64, help="episodes per training batch")
@@ -173,17 +161,12 @@ def main(argv=None) -> int:
         ),
     )
     if args.plot:
-        colors = {"compressive": "C0", "xl-slots": "C1", "xl-reach": "C2"}
-        styles = ["-", "--", ":", "-."]
-        curves = [
-            (
-                f"{r['memory']} ({r['slots']} slots), seed {r['seed']}",
-                [b for b, _ in r["curve"]],
-                [a for _, a in r["curve"]],
-                dict(color=colors[r["memory"]], linestyle=styles[r["seed"] % len(styles)]),
-            )
-            for r in results
-        ]
+        curves = []
+        for r in results:
+            color = f"C{list(MEMORIES).index(r['memory'])}"
+            style = dict(color=color, linestyle=STYLES[r["seed"] % len(STYLES)])
+            label = f"{r['memory']} ({r['slots']} slots), seed {r['seed']}"
+            curves.append((label, *zip(*r["curve"]), style))
         seeds = " ".join(str(s) for s in args.seeds)
         caption = (
             f"python -m research.tmaze --seeds {seeds} --batches {args.batches} --jobs "
