@@ -4,6 +4,7 @@ every flag the document gives it; every relative link of those documents points 
 heading) that exists. Commands run in this process, as `python -m` runs them (runpy), so torch is
 imported once: together a few seconds."""
 
+import argparse
 import contextlib
 import glob
 import io
@@ -163,6 +164,29 @@ def test_every_command_the_documents_name_runs_with_help_and_knows_its_flags(mon
     assert stale == [], "\n".join(stale)
     # a command listed as lacking --help that has gained it leaves the list
     assert set(known) == set(NO_HELP_YET) & {program for program, _ in all_commands()}
+
+
+def test_every_flag_of_every_command_the_documents_name_says_what_it_does(monkeypatch):
+    """Each flag that `--help` lists has a line on what it does (its subcommands' too)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(ROOT)
+    helped, bare = [], set()
+    format_help = argparse.ArgumentParser.format_help
+
+    def recorded(parser):
+        helped.append(parser)
+        return format_help(parser)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "format_help", recorded)
+    for program, first in sorted(all_commands()):
+        helped.clear()
+        help_of(program, first, monkeypatch)
+        assert helped, f"{program} --help printed no argparse help"
+        for parser in helped:
+            for action in parser._actions:
+                if action.option_strings and not action.help:
+                    bare.add(f"{parser.prog} {action.option_strings[-1]}")
+    assert sorted(bare) == []
 
 
 def test_a_gone_flag_and_a_gone_module_are_found(monkeypatch):

@@ -37,7 +37,7 @@ from research import training_command
 from research.attention import recorded_attention
 from research.tasks import read_validation
 from training import checkpoint, data, files
-from training.checks import UserError, exit_status, pick_device
+from training.checks import DEVICES, UserError, exit_status, pick_device
 
 
 @dataclass
@@ -434,7 +434,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default="out", help="the checkpoint's folder; the picture goes there")
     p.add_argument("--data", help="a text to read instead of the checkpoint's own")
     p.add_argument("--validation", metavar="JSON", help="the text python -m research.tasks wrote")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="CUDA, else mps, else CPU")
     start = "where the passage starts (default: enough segments before the query to fill both)"
     p.add_argument("--start", type=int, metavar="POS", help=start)
     query = "the query (default: the last of the last segment, or a recall '?' held in c_mem)"

@@ -28,13 +28,13 @@ RATIOS = [
 
 def parse_args(argv):
     p = parser("agent_cost", __doc__)
-    p.add_argument("--d-model", type=positive, default=128)
-    p.add_argument("--n-heads", type=positive, default=4)
+    p.add_argument("--d-model", type=positive, default=128, help="the width of both models")
+    p.add_argument("--n-heads", type=positive, default=4, help="attention heads")
     p.add_argument("--seq-len", type=positive, default=32, help="n_s")
     p.add_argument("--mem-len", type=positive, default=64, help="n_m")
     p.add_argument("--c-mem-len", type=positive, default=32, help="n_cm")
     p.add_argument("--batch", type=positive, default=16, help="environments")
-    p.add_argument("--rounds", type=positive, default=9)
+    p.add_argument("--rounds", type=positive, default=9, help="alternating timed rounds")
     return p.parse_args(argv)
 
 

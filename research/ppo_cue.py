@@ -112,7 +112,7 @@ def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.
 def parse_args(argv):
     p = parser("ppo_cue", __doc__)
     p.add_argument("--iterations", type=positive, default=300, help="rollouts and updates a seed")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run each")
     p.add_argument("--envs", type=positive, default=16, help="environments (an even number)")
     p.add_argument("--rollout", type=positive, default=32, help="steps acted per rollout")
     p.add_argument("--min-delay", type=int, default=40, help="fewest blank steps after the cue")

@@ -216,9 +216,9 @@ def main(argv=None) -> int:
     p = parser("study", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate the runs not yet recorded")
-    r.add_argument("--budget", choices=BUDGETS, default="default")
-    r.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    r.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    r.add_argument("--budget", choices=BUDGETS, default="default", help="steps a run trains")
+    r.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one run each")
+    r.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="the models")
     r.add_argument(
         "--extra", default="", help="more training flags, a lever (its runs are named by them)"
     )

@@ -122,12 +122,12 @@ def run(args, memory_kind: str, seed: int):
 
 def parse_args(argv):
     p = parser("tmaze", __doc__)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run each")
     p.add_argument("--batches", type=positive, default=2000, help="training batches per run")
     p.add_argument("--batch", type=positive, default=64, help="episodes per training batch")
     p.add_argument("--min-gap", type=int, default=48, help="fewest steps from the cue to the query")
     p.add_argument("--max-gap", type=int, default=95, help="most steps from the cue to the query")
-    p.add_argument("--d-model", type=positive, default=32)
+    p.add_argument("--d-model", type=positive, default=32, help="the agents' width")
     p.add_argument("--eval-every", type=positive, default=25, help="batches between checks")
     p.add_argument("--eval-episodes", type=positive, default=512, help="held-out episodes (even)")
     p.add_argument("--jobs", type=positive, default=1, help="runs at a time, one thread each")
