@@ -1315,6 +1315,61 @@ def test_the_feedback_transformer_trains_samples_and_evaluates(small_text, tmp_p
     assert evaluate_command.main(["--out", out, "--device", "cpu", "--dtype", "float32"]) == 0
 
 
+def test_the_script_reads_top_to_bottom_and_imports_four_modules_of_the_repository():
+    """Each function of train_shakespeare.py stands above its first use, as in nanoGPT's train.py;
+    besides compressive.py it imports four of the repository's modules."""
+    tree = ast.parse(open(ts.__file__, encoding="utf-8").read())
+    defined = {
+        node.name: node.lineno
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
+    used_above = [
+        (node.id, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.lineno < defined.get(node.id, 0)
+    ]
+    assert used_above == []
+    modules = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] != "compressive":
+            folder = os.path.join(ROOT, *node.module.split("."))
+            for alias in node.names:  # a module imported from its package, or names from one
+                is_module = os.path.exists(os.path.join(folder, alias.name + ".py"))
+                modules.add(f"{node.module}.{alias.name}" if is_module else node.module)
+    ours = {m for m in modules if os.path.exists(os.path.join(ROOT, m.split(".")[0]))}
+    assert ours == {"training.checkpoint", "training.checks", "training.data", "training.evaluate"}
+
+
+def test_a_training_step_runs_the_scripts_code_and_compressive_py_alone(small_text):
+    """What a step of the loop calls, traced: of the repository, train_shakespeare.py's step and
+    the model in compressive.py, its memories filling, f_c compressing and learning."""
+    args = ts.parse_args(["--data", small_text, *TINY_FLAGS])
+    text = data.load_data(args)
+    model = checkpoint.make_model(dataclasses.asdict(ts.model_config(args, len(text.vocab))))
+    step = ts.make_train_step(model, ts.make_optimizer(model, args), args, torch.device("cpu"))
+    batch = ts.make_streams(text.train, args.batch_size)[:, : args.seq_len + 1]
+    called, memory = set(), None
+
+    def tracer(frame, event, arg):
+        if event == "call":  # a frame of Python code: its file (or <string>, <frozen ...>)
+            called.add(frame.f_code.co_filename)
+
+    for _ in range(4):  # the memories fill, then overflow into c_mem
+        sys.setprofile(tracer)
+        try:
+            _, recon_loss, memory = step(batch[:, :-1], batch[:, 1:], memory)
+        finally:
+            sys.setprofile(None)
+    assert recon_loss.item() > 0 and memory.c_mem[0].size(1) > 0
+    ours = {
+        os.path.relpath(path, ROOT)
+        for path in called
+        if os.path.isabs(path) and path.startswith(ROOT + os.sep) and "site-packages" not in path
+    }
+    assert ours == {"train_shakespeare.py", "compressive.py"}
+
+
 @pytest.mark.slow  # a fresh Python that imports torch
 def test_importing_the_script_loads_only_what_it_uses():
     """Not the agent's memory (beyond_the_paper/agent.py), which only the Feedback Transformer
