@@ -714,10 +714,7 @@ def projection_dtype(x):
 
 class AgentTransformer(CompressiveTransformer):
     """compressive.CompressiveTransformer over each row's stream, with episodes and acting:
-
-    logits, memory, recon_loss = model(tokens, memory, starts=None)
-    h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
-    """
+    model(tokens, memory, starts=None) and model.hidden_states(x, memory, starts=None)."""
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__(own_config(cfg, "agent"), f_c)
@@ -734,11 +731,8 @@ class AgentTransformer(CompressiveTransformer):
 
 
 class AgentCore(nn.Module):
-    """AgentTransformer's layers without the embedding and the head, vectors in and out (an
-    encoder's output in, one's own policy and value heads on the outputs):
-
-        h, memory, recon_loss = core(x, memory, starts=None)
-    """
+    """AgentTransformer's layers without the embedding and the head: vectors in (an encoder's),
+    vectors out (to one's own heads), h, memory, recon_loss = core(x, memory, starts=None)."""
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__()
