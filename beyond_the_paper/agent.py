@@ -239,20 +239,6 @@ class Close(NamedTuple):
     positions: torch.Tensor  # [B, n_new]: the newest place of each block of c it compresses
 
 
-class Frames(NamedTuple):
-    """Where each step t of the call stands, [B, T] unless said (places count in the stream)."""
-
-    t: torch.Tensor  # [T]: the call's steps
-    s: torch.Tensor  # [T]: each step's place, the same in every row
-    unused: torch.Tensor  # [B, 1]: the places before the memory's mem (its unused slots)
-    begun: torch.Tensor  # the place of the episode's first step
-    origin: torch.Tensor  # the frame's origin: its mem's oldest place before any segment end
-    first: torch.Tensor  # the first place both in the stream and in the episode
-    k: torch.Tensor  # the segment ends of the frame before step t
-    closes: torch.Tensor  # bool: step t ends a segment
-    ended: torch.Tensor  # the segment ends of the call up to t, included
-
-
 class Layout:
     """The index tensors of one call: each step's frame, the segment ends, what each step sees,
     the memory handed on. read_back: which rows end a segment is read back, and each end is
@@ -265,28 +251,29 @@ class Layout:
         self.n_stream = self.n_mem + self.n_s - 1 + T
         self.span = self.n_cm * self.c + self.n_mem + self.n_s  # since_start saturates there
         self.place = torch.arange(self.n_stream, device=self.device)
-        frames = self.frames(filled, since_start, starts)
-        self.closes = self.segment_ends(frames, read_back)
-        self.seen_by_steps(frames)
-        self.handed_on(frames, starts, read_back)
+        self.frames(filled, since_start, starts)
+        self.closes = self.segment_ends(read_back)
+        self.seen_by_steps()
+        self.handed_on(starts, read_back)
 
-    def frames(self, filled, since_start, starts) -> Frames:
-        """Each step's frame: the stream as its latest episode lays it out (section 2)."""
+    def frames(self, filled, since_start, starts) -> None:
+        """Where each step t stands in its frame (section 2): [B, T] unless said, in places."""
         n_s, B, T = self.n_s, filled.size(0), self.T
-        t = torch.arange(T, device=self.device)
-        unused = (n_s - 1 - filled)[:, None]
-        s = self.n_mem + n_s - 1 + t
+        self.t = torch.arange(T, device=self.device)  # [T]: the call's steps
+        self.s = self.n_mem + n_s - 1 + self.t  # [T]: each step's place, the same in every row
+        self.unused = (n_s - 1 - filled)[:, None]  # [B, 1]: the places before the memory's mem
         latest = latest_start(starts, B, T, self.device)
-        begun = s - steps_since_start(since_start, latest)
-        # a start at t0 lays the frame out as a fresh memory's, whose mem would end before t0
-        origin = torch.where(latest >= 0, n_s - 1 + latest, unused)
-        first = torch.maximum(begun, unused)
-        into = s - origin - self.n_mem  # steps since the frame's first segment began
-        closes = (into + 1) % n_s == 0
-        ended = closes.long().cumsum(dim=1)
-        return Frames(t, s, unused, begun, origin, first, into // n_s, closes, ended)
+        self.begun = self.s - steps_since_start(since_start, latest)  # the episode's first place
+        # the frame's origin, its mem's oldest place before any segment end: from a start at t0,
+        # a fresh memory's, whose mem would end before t0
+        self.origin = torch.where(latest >= 0, n_s - 1 + latest, self.unused)
+        self.first = torch.maximum(self.begun, self.unused)  # in the stream and in the episode
+        into = self.s - self.origin - self.n_mem  # steps since the frame's first segment began
+        self.k = into // n_s  # the frame's segment ends before step t
+        self.ends_here = (into + 1) % n_s == 0  # bool: step t ends a segment
+        self.ended = self.ends_here.long().cumsum(dim=1)  # the call's ends up to t, included
 
-    def segment_ends(self, f: Frames, read_back) -> List[Close]:
+    def segment_ends(self, read_back) -> List[Close]:
         """Each segment end: what it evicts, its c_mem slots' places; sets n_closes (the most in
         any row) and n_seen_closes (the most before a step)."""
         n_s, T = self.n_s, self.T
@@ -294,76 +281,69 @@ class Layout:
         self.n_seen_closes = (n_s - 2 + T) // n_s if self.n_new else 0
         closes = []
         for i in range(1, self.n_closes + 1):
-            nth = f.closes & (f.ended == i)
+            nth = self.ends_here & (self.ended == i)
             made = nth.any(dim=1)
             rows = made.nonzero()[:, 0] if read_back else None
             if read_back and len(rows) == 0:  # no row ends a segment i times in this call
                 self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
                 break
             step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
-            frame_origin, seen_from = f.origin.gather(1, step), f.first.gather(1, step)
-            at = f.s[step]
-            oldest = frame_origin + f.k.gather(1, step) * n_s  # mem's oldest at that end
+            frame_origin, seen_from = self.origin.gather(1, step), self.first.gather(1, step)
+            at = self.s[step]
+            oldest = frame_origin + self.k.gather(1, step) * n_s  # mem's oldest at that end
             evicted = oldest + torch.arange(n_s, device=self.device)
             following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
-            blocks = torch.arange(1, self.n_new + 1, device=self.device)
-            closes.append(
-                Close(
-                    made,
-                    rows,
-                    (f.origin == frame_origin) & (f.t <= step),
-                    oldest[:, 0],
-                    (evicted >= seen_from) & (evicted <= at),
-                    (following >= seen_from) & (following <= at),
-                    oldest + blocks * self.c - 1,
-                )
-            )
+            frame = (self.origin == frame_origin) & (self.t <= step)
+            evicted_seen = (evicted >= seen_from) & (evicted <= at)
+            following_seen = (following >= seen_from) & (following <= at)
+            positions = oldest + torch.arange(1, self.n_new + 1, device=self.device) * self.c - 1
+            close = Close(made, rows, frame, oldest[:, 0], evicted_seen, following_seen, positions)
+            closes.append(close)
         return closes
 
-    def seen_by_steps(self, f: Frames) -> None:
+    def seen_by_steps(self) -> None:
         """What each step sees of [c_mem; the ends' new slots (the union); the stream]: the mask
         [B, 1, T, K], and the row of W_r R of a union slot's distance (union_row)."""
-        n_cm, n_new, place = self.n_cm, self.n_new, self.place
+        n_cm, n_new, place, s = self.n_cm, self.n_new, self.place, self.s
         # the memory's c_mem slots: the newest step of each block, before its mem's oldest
-        c_mem_positions = f.unused - (
-            torch.arange(n_cm - 1, -1, -1, device=self.device) * self.c + 1
-        )
+        blocks_back = torch.arange(n_cm - 1, -1, -1, device=self.device)
+        c_mem_positions = self.unused - (blocks_back * self.c + 1)
         union = [c_mem_positions] + [close.positions for close in self.closes]
         self.union_positions = torch.cat(union, dim=1)  # [B, n_cm + n_closes n_new]
         self.n_union = n_cm + self.n_seen_closes * n_new
         u = torch.arange(self.n_union, device=self.device)
         # [B, T, n_union]: each slot's rank in the c_mem a step sees, 1 the newest
-        rank = n_cm + (f.ended - f.closes.long())[..., None] * n_new - u
-        mem_oldest = (f.origin + f.k * self.n_s)[..., None]  # [B, T, 1]
+        rank = n_cm + (self.ended - self.ends_here.long())[..., None] * n_new - u
+        mem_oldest = (self.origin + self.k * self.n_s)[..., None]  # [B, T, 1]
         union_seen = (rank >= 1) & (rank <= n_cm)
-        union_seen &= self.union_positions[:, None, : self.n_union] >= f.begun[..., None]
+        union_seen &= self.union_positions[:, None, : self.n_union] >= self.begun[..., None]
         stream_seen = (
-            (place >= mem_oldest) & (place <= f.s[:, None]) & (place >= f.first[..., None])
+            (place >= mem_oldest) & (place <= s[:, None]) & (place >= self.first[..., None])
         )
         seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
         mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
         self.mask = mask[:, None]  # [B, 1, T, K]
         self.max_distance = self.n_mem + self.n_s - 1 + max(self.T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
-        union_distance = f.s[:, None] - mem_oldest + rank
+        union_distance = s[:, None] - mem_oldest + rank
         self.union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
         if self.cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
             self.in_mem = (place >= mem_oldest) & (place < mem_oldest + self.n_mem)
 
-    def handed_on(self, f: Frames, starts, read_back) -> None:
+    def handed_on(self, starts, read_back) -> None:
         """The memory handed on, the last step's frame after its last end: mem the stream's newest
         n_mem + n_s - 1 places, seen from mem's oldest place and the episode's first step on."""
-        end_begun = f.begun[:, -1:]
-        self.end_frame = f.origin == f.origin[:, -1:]  # [B, T]
-        mem_oldest = f.origin[:, -1:] + (f.k[:, -1:] + f.closes[:, -1:].long()) * self.n_s
+        end_begun, end_origin, ends_here = self.begun[:, -1:], self.origin[:, -1:], self.ends_here
+        self.end_frame = self.origin == end_origin  # [B, T]
+        mem_oldest = end_origin + (self.k[:, -1:] + ends_here[:, -1:].long()) * self.n_s  # [B, 1]
         self.mem_seen = self.place[self.T :] >= torch.maximum(mem_oldest, end_begun)
-        self.filled = (f.s[-1] + 1 - mem_oldest - self.n_mem)[:, 0]  # [B]
+        self.filled = (self.s[-1] + 1 - mem_oldest - self.n_mem)[:, 0]  # [B]
         # nothing hidden anew and nothing moved (known where read back): no slot to zero
-        self.unmoved = read_back and not (f.closes.any() or (starts is not None and starts.any()))
-        self.c_mem_first = f.ended[:, -1] * self.n_new  # [B]: c_mem's first slot in the union
+        self.unmoved = read_back and not (ends_here.any() or (starts is not None and starts.any()))
+        self.c_mem_first = self.ended[:, -1] * self.n_new  # [B]: c_mem's first slot in the union
         c_mem_slots = self.c_mem_first[:, None] + torch.arange(self.n_cm, device=self.device)
         self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
-        self.since_start = (f.s[-1] + 1 - f.begun[:, -1]).clamp(max=self.span)  # [B]
+        self.since_start = (self.s[-1] + 1 - self.begun[:, -1]).clamp(max=self.span)  # [B]
 
 
 def window(values, first, seen, blank=0, rows=None):
