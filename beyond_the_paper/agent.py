@@ -75,13 +75,13 @@ class AgentMemory(NamedTuple):
         """The rows where done [B] is true become a fresh memory's: a start at the next call."""
         check_mask("done", done, (self.filled.size(0),), self.filled.device)
         made_by = self.kept and self.kept.made_by  # zeros in every tensor but made_by
-        return map_tensors(self, lambda t: t if t is made_by else forget(done, t))
+        return map_tensors(lambda t: t if t is made_by else forget(done, t), self)
 
     def take(self, rows) -> "AgentMemory":
         """The rows given, as a tensor's first dimension takes them (a stacked memory's: (which
         memory, which rows)); one row's index keeps the batch dimension."""
         rows = one_row_kept(rows)
-        return map_tensors(self, lambda t: t[rows])
+        return map_tensors(lambda t: t[rows], self)
 
     @staticmethod
     def join(memories) -> "AgentMemory":
@@ -102,7 +102,7 @@ class AgentMemory(NamedTuple):
         if isinstance(device, torch.dtype):
             device, dtype = None, device
         memory = self if dtype in (None, self.mem[0].dtype) else self.without_kept()
-        moved = map_tensors(memory, lambda t: t.to(device=device, non_blocking=non_blocking))
+        moved = map_tensors(lambda t: t.to(device=device, non_blocking=non_blocking), memory)
         mem, c_mem = ([t.to(dtype=dtype) for t in part] for part in (moved.mem, moved.c_mem))
         return moved._replace(mem=mem, c_mem=c_mem)
 
@@ -110,7 +110,7 @@ class AgentMemory(NamedTuple):
         return self.to("cpu")
 
     def detach(self) -> "AgentMemory":
-        return map_tensors(self, torch.Tensor.detach)
+        return map_tensors(torch.Tensor.detach, self)
 
 
 def forget(done: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -131,9 +131,14 @@ def one_row_kept(rows):
     return slice(row, row + 1 or None)
 
 
-def map_tensors(memory: AgentMemory, how) -> AgentMemory:
-    """The memory with how(t) for each of its tensors t."""
-    return rebuild(memory, [how(t) for t in tensors_of(memory)])
+def map_tensors(how, *memories) -> AgentMemory:
+    """A memory laid out as the first of memories, each tensor how(its tensors there)."""
+
+    def each(*values):  # one field of each memory: a tensor, or a list of one per layer
+        return [how(*ts) for ts in zip(*values)] if isinstance(values[0], list) else how(*values)
+
+    kept = memories[0].kept and Kept(*map(each, *(m.kept for m in memories)))
+    return AgentMemory(*map(each, *(m[:-1] for m in memories)), kept)
 
 
 def combine(memories, how) -> AgentMemory:
@@ -144,35 +149,15 @@ def combine(memories, how) -> AgentMemory:
         raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
     if any(m.kept is None for m in memories):  # rows without kept keys: none keep theirs
         memories = [m.without_kept() for m in memories]
-    shapes = [[tuple(t.shape[1:]) for t in tensors_of(m)] for m in memories]
-    one_batch = len({m.filled.shape for m in memories}) == 1
-    if any(s != shapes[0] for s in shapes) or (how is torch.stack and not one_batch):
+    sizes = [
+        map_tensors(lambda t: t.shape[1:] if how is torch.cat else t.shape, m) for m in memories
+    ]
+    if any(size != sizes[0] for size in sizes):  # to join, all but the batch; to stack, all
         raise ValueError(
             "memories to join or stack must come from models of one config (one layout of "
             "slots), and to stack, of one batch size"
         )
-    joined = [how(list(parts), dim=0) for parts in zip(*map(tensors_of, memories))]
-    return rebuild(memories[0], joined)
-
-
-def tensors_of(memory: AgentMemory) -> List[torch.Tensor]:
-    """Every tensor of a memory, in a fixed order (rebuild puts them back)."""
-    out = []
-    for value in (*memory[:-1], *(memory.kept or ())):
-        out.extend(value if isinstance(value, list) else [value])
-    return out
-
-
-def rebuild(like: AgentMemory, tensors: List[torch.Tensor]) -> AgentMemory:
-    """A memory laid out as like, of tensors in tensors_of's order."""
-    it = iter(tensors)
-
-    def refill(value):
-        return [next(it) for _ in value] if isinstance(value, list) else next(it)
-
-    fields = [refill(v) for v in like[:-1]]
-    kept = None if like.kept is None else Kept(*(refill(v) for v in like.kept))
-    return AgentMemory(*fields, kept)
+    return map_tensors(lambda *parts: how(parts, dim=0), *memories)
 
 
 def memory_sizes(cfg: CompressiveConfig):
@@ -200,8 +185,9 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
     shapes = memory_shapes(model, batch_size)
-    zeros = [torch.zeros(s, device=device, dtype=dtype or weight.dtype) for s in tensors_of(shapes)]
-    empty, counts = rebuild(shapes, zeros), torch.zeros(batch_size, dtype=torch.long, device=device)
+    dtype = dtype or weight.dtype
+    empty = map_tensors(lambda shape: torch.zeros(shape, dtype=dtype, device=device), shapes)
+    counts = torch.zeros(batch_size, dtype=torch.long, device=device)
     made_by = fingerprint(model).to(device).expand(batch_size, -1).contiguous()
     return empty._replace(
         usage=[u.float() for u in empty.usage],  # a running sum: float32 always
@@ -492,13 +478,10 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
         seen = layout.mem_seen
         usage = usage_at(layout, memory.usage[i], attended.weights, layout.end_frame, first, seen)
 
-    def c_mem_of(old, new, blank):
-        if not new:  # no segment ended: c_mem stays, less what a start hid
-            if blank is None or layout.unmoved:
-                return old
-            return torch.where(layout.c_mem_seen[..., None], old, blank)
-        union = torch.cat([old, *new], dim=-2)
-        return window(union, layout.c_mem_first, layout.c_mem_seen, blank)
+    def c_mem_of(old, new, blank):  # the newest n_cm of [c_mem; the slots the ends made]
+        if layout.unmoved:  # no end, no start: as it was
+            return old
+        return window(torch.cat([old, *new], dim=-2), layout.c_mem_first, layout.c_mem_seen, blank)
 
     n_slots = layout.mem_seen.size(1)
     newest = stream[:, -n_slots:]  # mem's slots, the open segment's steps last
