@@ -232,7 +232,7 @@ class Layout:
 
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
         self.cfg, self.device, self.T = cfg, filled.device, T
-        self.sizes = self.n_cm, self.n_mem, self.n_new = memory_sizes(cfg)
+        self.n_cm, self.n_mem, self.n_new = memory_sizes(cfg)
         self.n_s, self.c = cfg.seq_len, cfg.compression_rate
         self.n_stream = self.n_mem + self.n_s - 1 + T
         self.span = self.n_cm * self.c + self.n_mem + self.n_s  # since_start saturates there
@@ -372,9 +372,7 @@ class MemoryKeys(NamedTuple):
     c_values: torch.Tensor
 
 
-def layer_over_call(
-    layer: CompressiveLayer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R
-):
+def layer_over_call(layer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R):
     """Layer i over h [B, T, d]: its output, its fields of the memory handed on, f_c's loss."""
     attn = layer.attn
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
@@ -407,7 +405,7 @@ def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
     n_seen = min(len(ends.keys), layout.n_seen_closes)
     keys = torch.cat([slots.c_keys, *ends.keys[:n_seen], slots.keys, k], dim=2)
     values = torch.cat([slots.c_values, *ends.values[:n_seen], slots.values, v], dim=2)
-    n_union, mask = n_cm + n_seen * layout.sizes[2], layout.mask
+    n_union, mask = n_cm + n_seen * layout.n_new, layout.mask
     if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
         position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
         mask = torch.cat([mask[..., :n_union], mask[..., layout.n_union :]], dim=-1)
@@ -659,10 +657,8 @@ def check_modes(model, keeps: bool) -> None:
 def check_ranking_dtype(model, x) -> None:
     """most_used under a 16-bit autocast ranks near ties one way for a step, another for a
     rollout (docs/AGENT.md): refused."""
-    if model.cfg.compression != "most_used" or not autocasting(x.device):
-        return
-    dtype = torch.get_autocast_dtype(x.device.type)
-    if dtype in (torch.bfloat16, torch.float16):
+    dtype = autocasting(x.device) and torch.get_autocast_dtype(x.device.type)
+    if model.cfg.compression == "most_used" and dtype in (torch.bfloat16, torch.float16):
         raise ValueError(
             f"the most_used f_c ranks memories by their attention, which {dtype} autocast rounds "
             f"differently for one step and for a rollout: the update would not be what the "
