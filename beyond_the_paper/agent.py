@@ -743,15 +743,14 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
     names = [*AgentMemory._fields[:-1], *(f"kept.{name}" for name in Kept._fields)]
     fields = zip(names, [*memory[:-1], *(memory.kept or ())], [*expected[:-1], *expected.kept])
     for name, value, shapes in fields:  # a list where a field holds one tensor per layer
-        tensors = value if isinstance(value, list) else [value]
-        if not all(isinstance(t, torch.Tensor) for t in tensors):
+        tensors, shapes = (value, shapes) if isinstance(shapes, list) else ([value], [shapes])
+        if not isinstance(tensors, list) or not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"memory.{name} must hold tensors, got {value!r:.60}")
-        if isinstance(value, list) and len(value) != len(shapes):
+        if len(tensors) != len(shapes):
             raise ValueError(
                 f"memory.{name} must hold {len(shapes)} tensors (one per layer of this model), "
-                f"got {len(value)}"
+                f"got {len(tensors)}"
             )
-        shapes = shapes if isinstance(shapes, list) else [shapes]
         got = [tuple(t.shape) for t in tensors]
         if got != shapes or any(t.device != x.device for t in tensors):
             raise ValueError(
@@ -759,7 +758,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
                 f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
-        if not isinstance(value, list) and value.dtype != torch.long:
+        if tensors is not value and value.dtype != torch.long:
             raise TypeError(f"memory.{name} must be int64, as the model makes it")
     states = memory.mem + memory.c_mem
     if any(t.dtype != x.dtype for t in states) and not autocasting(x.device):
