@@ -1,12 +1,11 @@
 """An agent's memory, beyond the paper: train on a rollout exactly as the agent acted on it.
 
 An agent acts one step per call on B environments, each row's episode ending at its own moment,
-then learns from the rollout in one call. Here the two compute the same: each row's FIFOs move
-once per segment of n_s steps, wherever calls begin and end. docs/AGENT.md says what it
-guarantees and costs. In this order: 1. the memory (AgentMemory, and the keys it keeps: Kept);
-2. where each step of a call stands (Layout); 3. one layer over a call; 4. the fingerprint that
-tells kept keys from stale ones; 5. the models (AgentTransformer, AgentCore); 6. the checks and
-the episodes' bookkeeping, which feedback.py shares.
+then learns from the rollout in one call; the two compute the same, as each row's FIFOs move
+once per segment of n_s steps wherever calls begin and end (docs/AGENT.md: what it guarantees
+and costs). Sections: 1. the memory; 2. where each step of a call stands; 3. one layer over a
+call; 4. kept keys that cannot go stale; 5. the models; 6. the checks and episodes (feedback.py
+shares them).
 
     core = AgentCore(CompressiveConfig(d_model=128, ...))
     memory = core.empty_memory(batch)
@@ -24,14 +23,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compressive import (
+    Attended,
     CompressiveConfig,
     CompressiveLayer,
     CompressiveTransformer,
-    attention_reconstruction_loss,
     autocasting,
-    autoencoding_loss,
     check_batch_size,
-    check_decoder,
     check_inputs,
     check_tokens,
     reach,
@@ -48,15 +45,14 @@ from compressive import (
 #            `filled` steps; the n_s - 1 - filled slots before them are unused (zeros)
 #
 # A segment's end evicts the n_s oldest of [mem; segment] into n_s / c new c_mem slots and keeps
-# the newest n_mem as mem. n_s must be a multiple of c, so that mem holds n_mem = n_m rounded down
-# to a multiple of c after every end, as compressive.py's mem does after an n_s-token call once
-# full. An empty memory's slots hold zeros that no step sees (since_start = 0), as a reset row's.
+# the newest n_mem as mem: n_s a multiple of c, mem holds n_m rounded down to a multiple of c, as
+# compressive.py's does after n_s-token calls. Empty slots hold zeros no step sees, as a reset's.
 
 
 class Kept(NamedTuple):
-    """The keys and values of a memory's slots, per layer ([B, H, slots, d_head]), and made_by
-    [B, 1 + n_layers] int64: the config's checksum, then per layer the fingerprint of the weights
-    that made them (section 4). A training call hands on the ones it was given, marked stale."""
+    """The keys and values of a memory's slots per layer ([B, H, slots, d_head]), and made_by
+    [B, 1 + n_layers] int64: the config's checksum, then the fingerprint of the weights that made
+    them (section 4). A training call hands on the ones it was given, marked stale."""
 
     keys: List[torch.Tensor]
     values: List[torch.Tensor]
@@ -66,34 +62,26 @@ class Kept(NamedTuple):
 
 
 class AgentMemory(NamedTuple):
-    """What one call hands to the next, batch first, per layer where a list: mem [B, n_mem + n_s
-    - 1, d_model] (the layout above), c_mem [B, n_cm, d_model], usage [B, n_mem + n_s - 1] (the
-    attention each mem slot received; most_used only, else []), filled [B] (the open segment's
-    steps), since_start [B] (the steps of each row's episode, saturating at the span the memory
-    holds), kept (Kept, or None: the next call projects every slot)."""
+    """What one call hands to the next, batch first, a list of one tensor per layer where so."""
 
-    mem: List[torch.Tensor]
-    c_mem: List[torch.Tensor]
-    usage: List[torch.Tensor]
-    filled: torch.Tensor
-    since_start: torch.Tensor
-    kept: Optional[Kept]
+    mem: List[torch.Tensor]  # [B, n_mem + n_s - 1, d_model], laid out as above
+    c_mem: List[torch.Tensor]  # [B, n_cm, d_model]
+    usage: List[torch.Tensor]  # [B, n_mem + n_s - 1]: attention each mem slot got (most_used)
+    filled: torch.Tensor  # [B]: the open segment's steps
+    since_start: torch.Tensor  # [B]: each row's episode's steps, saturating at the memory's span
+    kept: Optional[Kept]  # None: the next call projects every slot
 
     def reset(self, done: torch.Tensor) -> "AgentMemory":
-        """The rows where done ([B] bool) is true become a fresh memory's; the others stay as
-        they are. The same as a start at the next call's first step."""
+        """The rows where done [B] is true become a fresh memory's: a start at the next call."""
         check_mask("done", done, (self.filled.size(0),), self.filled.device)
-        fresh_rows = map_tensors(self, lambda t: forget(done, t))  # zeros, made_by aside
-        if self.kept is None:
-            return fresh_rows
-        return fresh_rows._replace(kept=fresh_rows.kept._replace(made_by=self.kept.made_by))
+        made_by = self.kept and self.kept.made_by  # zeros in every tensor but made_by
+        return map_tensors(lambda t: t if t is made_by else forget(done, t), self)
 
     def take(self, rows) -> "AgentMemory":
-        """The memory of the rows given, as a tensor's first dimension takes them (of a stacked
-        memory: a tuple, (which memory, which rows)). One row's index keeps the batch dimension:
-        take(0) is a memory of one row."""
+        """The rows given, as a tensor's first dimension takes them (a stacked memory's: (which
+        memory, which rows)); one row's index keeps the batch dimension."""
         rows = one_row_kept(rows)
-        return map_tensors(self, lambda t: t[rows])
+        return map_tensors(lambda t: t[rows], self)
 
     @staticmethod
     def join(memories) -> "AgentMemory":
@@ -102,22 +90,19 @@ class AgentMemory(NamedTuple):
 
     @staticmethod
     def stack(memories) -> "AgentMemory":
-        """The memories (a list, of one batch size) along a new first dimension, as a rollout
-        buffer keeps them; stacked.take((n, rows)) gives rows of the n-th."""
+        """The memories (a list, one batch size) along a new first dimension (a rollout buffer)."""
         return combine(memories, torch.stack)
 
     def without_kept(self) -> "AgentMemory":
-        """This memory's states alone, as a replay buffer may store it (the keys are most of its
-        size); the next call projects every slot."""
+        """The states alone (the keys are most of a memory's size): the next call projects them."""
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "AgentMemory":
-        """As Tensor.to: mem and c_mem in another floating dtype, the rest in theirs. Keys in
-        another dtype are not what a projection in it gives: they are dropped (without_kept)."""
+        """As Tensor.to, dtype for mem and c_mem alone; kept keys in another dtype are dropped."""
         if isinstance(device, torch.dtype):
             device, dtype = None, device
         memory = self if dtype in (None, self.mem[0].dtype) else self.without_kept()
-        moved = map_tensors(memory, lambda t: t.to(device=device, non_blocking=non_blocking))
+        moved = map_tensors(lambda t: t.to(device=device, non_blocking=non_blocking), memory)
         mem, c_mem = ([t.to(dtype=dtype) for t in part] for part in (moved.mem, moved.c_mem))
         return moved._replace(mem=mem, c_mem=c_mem)
 
@@ -125,7 +110,7 @@ class AgentMemory(NamedTuple):
         return self.to("cpu")
 
     def detach(self) -> "AgentMemory":
-        return map_tensors(self, torch.Tensor.detach)
+        return map_tensors(torch.Tensor.detach, self)
 
 
 def forget(done: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -134,11 +119,10 @@ def forget(done: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def one_row_kept(rows):
-    """One row's index (an int, a numpy integer, a 0-dim integer tensor) as a slice of it; in a
-    tuple, the last index (the rows of a stacked memory's)."""
+    """One row's index (int, numpy integer, 0-dim tensor) as a slice; of a tuple, the last one."""
     if isinstance(rows, tuple):
         return (*rows[:-1], one_row_kept(rows[-1]))
-    if isinstance(rows, bool) or (isinstance(rows, torch.Tensor) and rows.dtype == torch.bool):
+    if isinstance(rows, bool) or getattr(rows, "dtype", None) == torch.bool:
         return rows  # a mask
     try:
         row = operator.index(rows)
@@ -147,56 +131,38 @@ def one_row_kept(rows):
     return slice(row, row + 1 or None)
 
 
-def map_tensors(memory: AgentMemory, how) -> AgentMemory:
-    return rebuild(memory, [how(t) for t in tensors_of(memory)])
+def map_tensors(how, *memories) -> AgentMemory:
+    """A memory laid out as the first of memories, each tensor how(its tensors there)."""
+
+    def each(*values):  # one field of each memory: a tensor, or a list of one per layer
+        return [how(*ts) for ts in zip(*values)] if isinstance(values[0], list) else how(*values)
+
+    kept = memories[0].kept and Kept(*map(each, *(m.kept for m in memories)))
+    return AgentMemory(*map(each, *(m[:-1] for m in memories)), kept)
 
 
 def combine(memories, how) -> AgentMemory:
     """AgentMemory.join (how = torch.cat) and AgentMemory.stack (torch.stack)."""
-    if (
-        isinstance(memories, AgentMemory)
-        or not isinstance(memories, (list, tuple))
-        or not memories
-        or not all(isinstance(m, AgentMemory) for m in memories)
-    ):
+    listed = isinstance(memories, (list, tuple)) and memories  # an AgentMemory holds none
+    if not listed or not all(isinstance(m, AgentMemory) for m in memories):
         got = type(memories).__name__
         raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
     if any(m.kept is None for m in memories):  # rows without kept keys: none keep theirs
         memories = [m.without_kept() for m in memories]
-    shapes = [[tuple(t.shape[1:]) for t in tensors_of(m)] for m in memories]
-    one_batch = len({m.filled.shape for m in memories}) == 1
-    if any(s != shapes[0] for s in shapes) or (how is torch.stack and not one_batch):
+    sizes = [
+        map_tensors(lambda t: t.shape[1:] if how is torch.cat else t.shape, m) for m in memories
+    ]
+    if any(size != sizes[0] for size in sizes):  # to join, all but the batch; to stack, all
         raise ValueError(
             "memories to join or stack must come from models of one config (one layout of "
             "slots), and to stack, of one batch size"
         )
-    joined = [how(list(parts), dim=0) for parts in zip(*map(tensors_of, memories))]
-    return rebuild(memories[0], joined)
-
-
-def tensors_of(memory: AgentMemory) -> List[torch.Tensor]:
-    """Every tensor of a memory, in a fixed order (rebuild puts them back)."""
-    out = []
-    for value in (*memory[:-1], *(memory.kept or ())):
-        out.extend(value if isinstance(value, list) else [value])
-    return out
-
-
-def rebuild(like: AgentMemory, tensors: List[torch.Tensor]) -> AgentMemory:
-    it = iter(tensors)
-
-    def refill(value):
-        return [next(it) for _ in value] if isinstance(value, list) else next(it)
-
-    fields = [refill(v) for v in like[:-1]]
-    kept = None if like.kept is None else Kept(*(refill(v) for v in like.kept))
-    return AgentMemory(*fields, kept)
+    return map_tensors(lambda *parts: how(parts, dim=0), *memories)
 
 
 def memory_sizes(cfg: CompressiveConfig):
-    """(n_cm, n_mem, n_new): the slots of c_mem and mem, and the c_mem slots a segment's end
-    makes. A model that never compresses holds no c_mem; Transformer-XL (n_cm = 0) drops what it
-    evicts, so its mem holds n_m steps."""
+    """(n_cm, n_mem, n_new): c_mem's slots, mem's, and the c_mem slots a segment's end makes
+    (Transformer-XL, n_cm = 0, drops what it evicts: its mem holds n_m)."""
     if cfg.mem_len == 0 or cfg.c_mem_len == 0:
         return 0, cfg.mem_len, 0
     c = cfg.compression_rate
@@ -205,14 +171,8 @@ def memory_sizes(cfg: CompressiveConfig):
 
 def memory_shapes(model, batch_size: int) -> AgentMemory:
     """The shape of every tensor of the model's memory, kept keys included, as an AgentMemory."""
-    cfg, (n_cm, n_mem, _) = model.cfg, memory_sizes(model.cfg)
-    B, L, H, d, n_slots = (
-        batch_size,
-        cfg.n_layers,
-        cfg.n_heads,
-        cfg.d_model,
-        n_mem + cfg.seq_len - 1,
-    )
+    cfg, (n_cm, n_mem, _), B = model.cfg, memory_sizes(model.cfg), batch_size
+    L, H, d, n_slots = cfg.n_layers, cfg.n_heads, cfg.d_model, n_mem + cfg.seq_len - 1
     keys, c_mem_keys = ([(B, H, n, d // H)] * L for n in (n_slots, n_cm))
     usage = [(B, n_slots)] * L if cfg.compression == "most_used" and n_cm else []
     kept = Kept(keys, keys, c_mem_keys, c_mem_keys, (B, 1 + L))
@@ -225,8 +185,9 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
     shapes = memory_shapes(model, batch_size)
-    zeros = [torch.zeros(s, device=device, dtype=dtype or weight.dtype) for s in tensors_of(shapes)]
-    empty, counts = rebuild(shapes, zeros), torch.zeros(batch_size, dtype=torch.long, device=device)
+    dtype = dtype or weight.dtype
+    empty = map_tensors(lambda shape: torch.zeros(shape, dtype=dtype, device=device), shapes)
+    counts = torch.zeros(batch_size, dtype=torch.long, device=device)
     made_by = fingerprint(model).to(device).expand(batch_size, -1).contiguous()
     return empty._replace(
         usage=[u.float() for u in empty.usage],  # a running sum: float32 always
@@ -248,13 +209,12 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
 #     the stream from its mem's oldest place (the frame's origin + k n_s) up to itself
 #
 # less what precedes its episode's first step: a place j at distance s - j (the same in every
-# row, so compressive.py's relative shift serves), a c_mem slot of rank r (1: the newest) at the
-# distance of mem's oldest place plus r. The index tensors serve every layer.
+# row: compressive.py's relative shift serves), a c_mem slot of rank r (1: the newest) at the
+# distance of mem's oldest place plus r. The index tensors (Layout) serve every layer.
 
 
 class Close(NamedTuple):
-    """The i-th segment end of a call in each row (rows with fewer: the next end their frame
-    would reach, made False), and what it evicts."""
+    """The i-th segment end of a call in each row (rows with fewer: the next, made False)."""
 
     made: torch.Tensor  # [B] bool
     rows: Optional[torch.Tensor]  # the rows that make it, where only those are computed; None: all
@@ -265,169 +225,138 @@ class Close(NamedTuple):
     positions: torch.Tensor  # [B, n_new]: the newest place of each block of c it compresses
 
 
-class Frames(NamedTuple):
-    """Where each step t of the call stands, [B, T] unless said (places count in the stream)."""
-
-    t: torch.Tensor  # [T]: the call's steps
-    s: torch.Tensor  # [T]: each step's place, the same in every row
-    unused: torch.Tensor  # [B, 1]: the places before the memory's mem (its unused slots)
-    begun: torch.Tensor  # the place of the episode's first step
-    origin: torch.Tensor  # the frame's origin: its mem's oldest place before any segment end
-    first: torch.Tensor  # the first place both in the stream and in the episode
-    k: torch.Tensor  # the segment ends of the frame before step t
-    closes: torch.Tensor  # bool: step t ends a segment
-    ended: torch.Tensor  # the segment ends of the call up to t, included
-
-
 class Layout:
-    """The index tensors of one call, in four steps: each step's frame, the segment ends, what
-    each step sees, the memory handed on. read_back: find on the host which rows end a segment,
-    and compute each end for those rows alone (else for every row, reading nothing back)."""
+    """The index tensors of one call: each step's frame, the segment ends, what each step sees,
+    the memory handed on. read_back: which rows end a segment is read back, and each end is
+    computed for those rows alone (else for every row, nothing read back)."""
 
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
-        self.cfg, self.device = cfg, filled.device
-        self.sizes = memory_sizes(cfg)  # (n_cm, n_mem, n_new)
-        n_cm, n_mem, n_new = self.sizes
-        self.n_stream = n_mem + cfg.seq_len - 1 + T
-        self.span = n_cm * cfg.compression_rate + n_mem + cfg.seq_len  # since_start saturates
+        self.cfg, self.device, self.T = cfg, filled.device, T
+        self.n_cm, self.n_mem, self.n_new = memory_sizes(cfg)
+        self.n_s, self.c = cfg.seq_len, cfg.compression_rate
+        self.n_stream = self.n_mem + self.n_s - 1 + T
+        self.span = self.n_cm * self.c + self.n_mem + self.n_s  # since_start saturates there
         self.place = torch.arange(self.n_stream, device=self.device)
-        frames = self.frames(filled, since_start, starts, T)
-        self.closes = self.segment_ends(frames, T, read_back)
-        self.seen_by_steps(frames, T)
-        self.handed_on(frames, T, starts, read_back)
+        self.frames(filled, since_start, starts)
+        self.closes = self.segment_ends(read_back)
+        self.seen_by_steps()
+        self.handed_on(starts, read_back)
 
-    def frames(self, filled, since_start, starts, T: int) -> Frames:
-        """Each step's frame: the stream as its latest episode lays it out (section 2)."""
-        n_cm, n_mem, n_new = self.sizes
-        n_s, B = self.cfg.seq_len, filled.size(0)
-        t = torch.arange(T, device=self.device)
-        unused = (n_s - 1 - filled)[:, None]
-        s = n_mem + n_s - 1 + t
+    def frames(self, filled, since_start, starts) -> None:
+        """Where each step t stands in its frame (section 2): [B, T] unless said, in places."""
+        n_s, B, T = self.n_s, filled.size(0), self.T
+        self.t = torch.arange(T, device=self.device)  # [T]: the call's steps
+        self.s = self.n_mem + n_s - 1 + self.t  # [T]: each step's place, the same in every row
+        self.unused = (n_s - 1 - filled)[:, None]  # [B, 1]: the places before the memory's mem
         latest = latest_start(starts, B, T, self.device)
-        begun = s - steps_since_start(since_start, latest)
-        # a start at t0 lays the frame out as a fresh memory's, whose mem would end before t0
-        origin = torch.where(latest >= 0, n_s - 1 + latest, unused)
-        first = torch.maximum(begun, unused)
-        into = s - origin - n_mem  # steps since the frame's first segment began
-        closes = (into + 1) % n_s == 0
-        ended = closes.long().cumsum(dim=1)
-        return Frames(t, s, unused, begun, origin, first, into // n_s, closes, ended)
+        self.begun = self.s - steps_since_start(since_start, latest)  # the episode's first place
+        # the frame's origin, its mem's oldest place before any segment end: from a start at t0,
+        # a fresh memory's, whose mem would end before t0
+        self.origin = torch.where(latest >= 0, n_s - 1 + latest, self.unused)
+        self.first = torch.maximum(self.begun, self.unused)  # in the stream and in the episode
+        into = self.s - self.origin - self.n_mem  # steps since the frame's first segment began
+        self.k = into // n_s  # the frame's segment ends before step t
+        self.ends_here = (into + 1) % n_s == 0  # bool: step t ends a segment
+        self.ended = self.ends_here.long().cumsum(dim=1)  # the call's ends up to t, included
 
-    def segment_ends(self, f: Frames, T: int, read_back) -> List[Close]:
-        """Each segment end of the call: the places it evicts, and its c_mem slots' (their newest
-        step's). Sets n_closes (at most, in any row) and n_seen_closes (... before a step)."""
-        n_cm, n_mem, n_new = self.sizes
-        n_s, c = self.cfg.seq_len, self.cfg.compression_rate
-        self.n_closes = (n_s - 1 + T) // n_s if n_new else 0
-        self.n_seen_closes = (n_s - 2 + T) // n_s if n_new else 0
+    def segment_ends(self, read_back) -> List[Close]:
+        """Each segment end: what it evicts, its c_mem slots' places; sets n_closes (the most in
+        any row) and n_seen_closes (the most before a step)."""
+        n_s, T = self.n_s, self.T
+        self.n_closes = (n_s - 1 + T) // n_s if self.n_new else 0
+        self.n_seen_closes = (n_s - 2 + T) // n_s if self.n_new else 0
         closes = []
         for i in range(1, self.n_closes + 1):
-            nth = f.closes & (f.ended == i)
+            nth = self.ends_here & (self.ended == i)
             made = nth.any(dim=1)
             rows = made.nonzero()[:, 0] if read_back else None
             if read_back and len(rows) == 0:  # no row ends a segment i times in this call
                 self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
                 break
             step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
-            frame_origin, seen_from = f.origin.gather(1, step), f.first.gather(1, step)
-            at = f.s[step]
-            oldest = frame_origin + f.k.gather(1, step) * n_s  # mem's oldest at that end
+            frame_origin, seen_from = self.origin.gather(1, step), self.first.gather(1, step)
+            at = self.s[step]
+            oldest = frame_origin + self.k.gather(1, step) * n_s  # mem's oldest at that end
             evicted = oldest + torch.arange(n_s, device=self.device)
             following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
-            closes.append(
-                Close(
-                    made,
-                    rows,
-                    (f.origin == frame_origin) & (f.t <= step),
-                    oldest[:, 0],
-                    (evicted >= seen_from) & (evicted <= at),
-                    (following >= seen_from) & (following <= at),
-                    oldest + (torch.arange(n_new, device=self.device) + 1) * c - 1,
-                )
-            )
+            frame = (self.origin == frame_origin) & (self.t <= step)
+            evicted_seen = (evicted >= seen_from) & (evicted <= at)
+            following_seen = (following >= seen_from) & (following <= at)
+            positions = oldest + torch.arange(1, self.n_new + 1, device=self.device) * self.c - 1
+            close = Close(made, rows, frame, oldest[:, 0], evicted_seen, following_seen, positions)
+            closes.append(close)
         return closes
 
-    def seen_by_steps(self, f: Frames, T: int) -> None:
-        """What each step sees, [c_mem; the slots of the segment ends before it; the stream]: the
-        mask [B, 1, T, K], and where a union slot's position term lies (union_row)."""
-        n_cm, n_mem, n_new = self.sizes
-        n_s, c = self.cfg.seq_len, self.cfg.compression_rate
+    def seen_by_steps(self) -> None:
+        """What each step sees of [c_mem; the ends' new slots (the union); the stream]: the mask
+        [B, 1, T, K], and the row of W_r R of a union slot's distance (union_row)."""
+        n_cm, n_new, place, s = self.n_cm, self.n_new, self.place, self.s
         # the memory's c_mem slots: the newest step of each block, before its mem's oldest
-        c_mem_positions = f.unused - (torch.arange(n_cm - 1, -1, -1, device=self.device) * c + 1)
+        blocks_back = torch.arange(n_cm - 1, -1, -1, device=self.device)
+        c_mem_positions = self.unused - (blocks_back * self.c + 1)
         union = [c_mem_positions] + [close.positions for close in self.closes]
         self.union_positions = torch.cat(union, dim=1)  # [B, n_cm + n_closes n_new]
         self.n_union = n_cm + self.n_seen_closes * n_new
         u = torch.arange(self.n_union, device=self.device)
-        rank = (
-            n_cm + (f.ended - f.closes.long())[..., None] * n_new - u
-        )  # [B, T, n_union]: 1 newest
-        mem_oldest = (f.origin + f.k * n_s)[..., None]  # [B, T, 1]
+        # [B, T, n_union]: each slot's rank in the c_mem a step sees, 1 the newest
+        rank = n_cm + (self.ended - self.ends_here.long())[..., None] * n_new - u
+        mem_oldest = (self.origin + self.k * self.n_s)[..., None]  # [B, T, 1]
         union_seen = (rank >= 1) & (rank <= n_cm)
-        union_seen &= self.union_positions[:, None, : self.n_union] >= f.begun[..., None]
-        place = self.place
+        union_seen &= self.union_positions[:, None, : self.n_union] >= self.begun[..., None]
         stream_seen = (
-            (place >= mem_oldest) & (place <= f.s[:, None]) & (place >= f.first[..., None])
+            (place >= mem_oldest) & (place <= s[:, None]) & (place >= self.first[..., None])
         )
         seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
         mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
         self.mask = mask[:, None]  # [B, 1, T, K]
-        self.max_distance = n_mem + n_s - 1 + max(T, n_cm)
+        self.max_distance = self.n_mem + self.n_s - 1 + max(self.T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
-        union_distance = f.s[:, None] - mem_oldest + rank
+        union_distance = s[:, None] - mem_oldest + rank
         self.union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
         if self.cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
-            self.in_mem = (place >= mem_oldest) & (place < mem_oldest + n_mem)  # [B, T, n_stream]
+            self.in_mem = (place >= mem_oldest) & (place < mem_oldest + self.n_mem)
 
-    def handed_on(self, f: Frames, T: int, starts, read_back) -> None:
-        """The memory handed on: the frame of the call's last step, after its last segment end.
-        Its mem is the stream's newest n_mem + n_s - 1 places, seen from mem's oldest place and
-        the episode's first step on."""
-        n_cm, n_mem, n_new = self.sizes
-        n_s = self.cfg.seq_len
-        end_begun = f.begun[:, -1:]
-        self.end_frame = f.origin == f.origin[:, -1:]  # [B, T]
-        mem_oldest = f.origin[:, -1:] + (f.k[:, -1:] + f.closes[:, -1:].long()) * n_s  # [B, 1]
-        self.mem_seen = self.place[T:] >= torch.maximum(mem_oldest, end_begun)
-        self.filled = (f.s[-1] + 1 - mem_oldest - n_mem)[:, 0]  # [B]
+    def handed_on(self, starts, read_back) -> None:
+        """The memory handed on, the last step's frame after its last end: mem the stream's newest
+        n_mem + n_s - 1 places, seen from mem's oldest place and the episode's first step on."""
+        end_begun, end_origin, ends_here = self.begun[:, -1:], self.origin[:, -1:], self.ends_here
+        self.end_frame = self.origin == end_origin  # [B, T]
+        mem_oldest = end_origin + (self.k[:, -1:] + ends_here[:, -1:].long()) * self.n_s  # [B, 1]
+        self.mem_seen = self.place[self.T :] >= torch.maximum(mem_oldest, end_begun)
+        self.filled = (self.s[-1] + 1 - mem_oldest - self.n_mem)[:, 0]  # [B]
         # nothing hidden anew and nothing moved (known where read back): no slot to zero
-        self.unmoved = read_back and not (f.closes.any() or (starts is not None and starts.any()))
-        self.c_mem_first = f.ended[:, -1] * n_new  # [B]: c_mem's first slot in the union
-        c_mem_slots = self.c_mem_first[:, None] + torch.arange(n_cm, device=self.device)
+        self.unmoved = read_back and not (ends_here.any() or (starts is not None and starts.any()))
+        self.c_mem_first = self.ended[:, -1] * self.n_new  # [B]: c_mem's first slot in the union
+        c_mem_slots = self.c_mem_first[:, None] + torch.arange(self.n_cm, device=self.device)
         self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
-        self.since_start = (f.s[-1] + 1 - f.begun[:, -1]).clamp(max=self.span)  # [B]
+        self.since_start = (self.s[-1] + 1 - self.begun[:, -1]).clamp(max=self.span)  # [B]
 
 
 def window(values, first, seen, blank=0, rows=None):
     """The m = seen.size(1) slots of values [B, n], [B, n, d] or [B, H, n, d_head] from slot
-    first [B] on, each row its own, blank where not seen ([B, m] bool; blank None: as they are).
-    rows: only these rows (first and seen are all rows')."""
-    m, dim = seen.size(1), 2 if values.dim() == 4 else 1
+    first [B] on, blank where not seen [B, m] (None: as they are); rows: only those rows'."""
+    heads = values.dim() == 4
+    values = values.transpose(1, 2) if heads else values  # the slots second: [B, n, ...]
     if rows is None:
         rows = torch.arange(len(values), device=values.device)
     else:
         first, seen = first[rows], seen[rows]
-    first = first.clamp(0, values.size(dim) - m)
-    windows = values.unfold(dim, m, 1)  # [B, (H,) n - m + 1, (d,) m]
-    if values.dim() == 4:
-        taken, seen = windows[rows, :, first].transpose(-1, -2), seen[:, None, :, None]
-    elif values.dim() == 3:
-        taken, seen = windows[rows, first].transpose(-1, -2), seen[..., None]
-    else:
-        taken = windows[rows, first]
-    return torch.where(seen, taken, blank) if blank is not None else taken
+    m = seen.size(1)
+    first = first.clamp(0, values.size(1) - m)
+    taken = values.unfold(1, m, 1)[rows, first].movedim(-1, 1)  # [B, m, ...]
+    if blank is not None:
+        taken = torch.where(seen.view(*seen.shape, *[1] * (taken.dim() - 2)), taken, blank)
+    return taken.transpose(1, 2) if heads else taken
 
 
 # 3. One layer over a call -------------------------------------------------------------------------
-# compressive.py's layer over each row's stream, in layer_over_call's order: the position terms per
-# key; each segment end's FIFOs, as CompressiveLayer.update_memory moves them after an n_s-step
-# call; compressive.py's attend over what each step sees, the feed-forward; f_c's loss; the memory
-# handed on.
+# compressive.py's layer over each row's stream; each segment end moves the FIFOs as
+# CompressiveLayer.update_memory does after an n_s-step call.
 
 
 def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen, rows=None):
-    """The attention the stream's places first [B] to first + m received while in mem, up to a
-    segment end (the most_used f_c's ranking): what the memory had counted, plus what the call's
-    steps ([B, T] bool: those of the same frame up to it) gave them. weights: [B, H, T, K]."""
+    """most_used's ranking: the attention the places first [B] on got while in mem, as counted
+    before the call plus what the call's steps [B, T] (bool) gave them (weights [B, H, T, K])."""
     stream = weights[..., -layout.n_stream :].detach().sum(dim=1)  # [B, T, n_stream]
     received = (stream * (layout.in_mem & steps[..., None])).sum(dim=1)  # [B, n_stream]
     counted = F.pad(stored, (0, received.size(1) - stored.size(1)))
@@ -435,19 +364,16 @@ def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen, 
 
 
 class MemoryKeys(NamedTuple):
-    """One layer's keys and values of the memory's slots, kept or projected now."""
+    """One layer's keys and values of the memory's slots (Kept's order), kept or projected now."""
 
-    c_keys: torch.Tensor  # [B, H, n_cm, d_head]
-    c_values: torch.Tensor
     keys: torch.Tensor  # [B, H, n_mem + n_s - 1, d_head], mem's slots'
     values: torch.Tensor
+    c_keys: torch.Tensor  # [B, H, n_cm, d_head]
+    c_values: torch.Tensor
 
 
-def layer_over_call(
-    layer: CompressiveLayer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R
-):
-    """Layer i over the call's inputs h [B, T, d]: its output [B, T, d], its fields of the memory
-    handed on, and f_c's loss. slots: the memory's keys and values (section 4)."""
+def layer_over_call(layer, h, memory: AgentMemory, i: int, slots, keeps: bool, layout, R):
+    """Layer i over h [B, T, d]: its output, its fields of the memory handed on, f_c's loss."""
     attn = layer.attn
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
     q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
@@ -462,8 +388,8 @@ def layer_over_call(
 
 
 def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
-    """The scores' position terms (b) + (d) [B, H, T, K] for [c_mem; new c_mem slots; stream]:
-    the stream's by compressive.py's shift (a view), a union slot's read at its own distance."""
+    """The position terms (b) + (d) [B, H, T, K]: the stream's by compressive.py's shift (a
+    view), a union slot's read at its own distance."""
     B, H, T, _ = q.shape
     by_distance = attn.position_scores(q, attn.project_positions(R))  # [H, B, T, n]
     # the shift over all distances leaves the stream's keys last: [B, H, T, n_stream]
@@ -474,13 +400,12 @@ def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
 
 
 def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
-    """compressive.py's attend over [c_mem; the c_mem slots the ends made so far; stream], each
-    step seeing what the layout's mask leaves it (of the ends a step can follow)."""
+    """compressive.py's attend over [c_mem; the slots the ends made so far; stream], masked."""
     n_cm = slots.c_keys.size(2)
     n_seen = min(len(ends.keys), layout.n_seen_closes)
     keys = torch.cat([slots.c_keys, *ends.keys[:n_seen], slots.keys, k], dim=2)
     values = torch.cat([slots.c_values, *ends.values[:n_seen], slots.values, v], dim=2)
-    n_union, mask = n_cm + n_seen * layout.sizes[2], layout.mask
+    n_union, mask = n_cm + n_seen * layout.n_new, layout.mask
     if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
         position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
         mask = torch.cat([mask[..., :n_union], mask[..., layout.n_union :]], dim=-1)
@@ -499,8 +424,8 @@ class Ends(NamedTuple):
 
 
 def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
-    """Each segment end: evict n_s steps and compress them (for the rows that make it, where only
-    those are computed). most_used ranks them by the attention of the steps before the end."""
+    """Each segment end: evict n_s steps and compress them (most_used: ranked by the attention of
+    the steps before it)."""
     n_s, B = layer.cfg.seq_len, stream.size(0)
     ends = Ends([], [], [], [], [], [])
     for close in layout.closes:
@@ -532,15 +457,11 @@ def reconstruction_losses(layer, ends: Ends, content_q, h):
     if not layer.reconstructs:
         return recon_loss
     for close, evicted, compressed in zip(ends.closes, ends.evicted, ends.compressed):
-        rows = close.rows
-        queries = (content_q if rows is None else content_q[rows]).detach()
-        if layer.cfg.reconstruction == "autoencoding":
-            check_decoder(layer)
-            loss = autoencoding_loss(layer.decoder, evicted, compressed)
-        else:
-            with torch.no_grad():
-                old_k, old_v = layer.memory_keys_values(evicted)
-            loss = attention_reconstruction_loss(layer, queries, old_k, old_v, compressed)
+        queries = content_q if close.rows is None else content_q[close.rows]
+        with torch.no_grad():  # the keys and values of the steps it evicts
+            evicted_kv = layer.memory_keys_values(evicted)
+        attended = Attended(None, None, queries, *evicted_kv)  # what the loss reads of them
+        loss = layer.reconstruction_loss(evicted, compressed, attended, n_c_mem=0)
         recon_loss = recon_loss + close.made.float().mean() * loss  # the share of rows in it
     return recon_loss
 
@@ -555,13 +476,10 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
         seen = layout.mem_seen
         usage = usage_at(layout, memory.usage[i], attended.weights, layout.end_frame, first, seen)
 
-    def c_mem_of(old, new, blank):
-        if not new:  # no segment ended: c_mem stays, less what a start hid
-            if blank is None or layout.unmoved:
-                return old
-            return torch.where(layout.c_mem_seen[..., None], old, blank)
-        union = torch.cat([old, *new], dim=-2)
-        return window(union, layout.c_mem_first, layout.c_mem_seen, blank)
+    def c_mem_of(old, new, blank):  # the newest n_cm of [c_mem; the slots the ends made]
+        if layout.unmoved:  # no end, no start: as it was
+            return old
+        return window(torch.cat([old, *new], dim=-2), layout.c_mem_first, layout.c_mem_seen, blank)
 
     n_slots = layout.mem_seen.size(1)
     newest = stream[:, -n_slots:]  # mem's slots, the open segment's steps last
@@ -584,21 +502,18 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
 
 
 # 4. Kept keys that cannot go stale ----------------------------------------------------------------
-# The weights change by many routes (an optimizer step, a loaded state dict, a write through .data,
-# a dtype round trip, another process), or another model reads the memory; version counters miss
-# half of them. So kept keys record what the weights hold: per layer, each element of W_k and W_v
-# (and pre-LN's norm) read as its bits, times an odd constant of its own, summed exactly. A call
-# whose fingerprint differs projects every slot anew: eagerly one bool read back; under
-# torch.compile one torch.cond chooses on the device, so that `fullgraph=True` holds.
+# The weights change by routes version counters miss (docs/AGENT.md lists them), so kept keys carry
+# what the weights hold: per layer, each element of W_k and W_v (and pre-LN's norm) as its bits,
+# times an odd constant of its own, summed exactly. A call whose fingerprint differs projects every
+# slot anew: eagerly one bool read back; under torch.compile one torch.cond on the device.
 
 # the signed integer of each floating element size: the bits of an element, read as a number
 BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def fingerprint(model) -> torch.Tensor:
-    """made_by for keys made now by model's weights: [1 + n_layers] int64 on their device, the
-    config's checksum first. The odd constants are made on each call, never a buffer: one would
-    hold garbage after `to_empty()`."""
+    """made_by for keys the weights make now: [1 + n_layers] int64, the config's checksum first.
+    The odd constants are made each call: a buffer would hold garbage after `to_empty()`."""
     d, device = model.cfg.d_model, model.layers[0].attn.qkv.weight.device
     prints = [torch.full((), model.config_stamp, dtype=torch.long, device=device)]
     for layer in model.layers:
@@ -618,8 +533,8 @@ def config_checksum(cfg: CompressiveConfig) -> int:
 
 def memory_keys(model, memory: AgentMemory, keeps: bool, x):
     """Per layer, the memory's keys and values (MemoryKeys): the kept ones where the call keeps
-    keys and the memory's were made by the weights of now, in the dtype of the call's
-    projections; else one projection of [c_mem; mem]. And the fingerprint of now."""
+    keys and the weights of now made them in its dtype, else one projection of [c_mem; mem];
+    and the fingerprint of now."""
     now, kept, n = fingerprint(model), memory.kept, len(model.layers)
     usable = False
     if kept is not None and now.device.type != "meta":  # meta: no values to compare
@@ -629,15 +544,8 @@ def memory_keys(model, memory: AgentMemory, keeps: bool, x):
             usable = same_weights(kept.made_by, now)
     if not keeps or kept is None or kept.keys[0].dtype != projection_dtype(x):
         usable = False
-    # the kept keys per layer in MemoryKeys' order, after every layer's mem and c_mem
-    kept_keys = zip(*kept[:4]) if usable is not False else ()
-    kept_keys = (
-        t for keys, values, c_keys, c_values in kept_keys for t in (c_keys, c_values, keys, values)
-    )
+    kept_keys = [t for layer in zip(*kept[:4]) for t in layer] if usable is not False else []
     operands = (*memory.mem, *memory.c_mem, *kept_keys)
-
-    def read_kept(*operands):
-        return operands[2 * n :]
 
     def project(*operands):  # one projection of [c_mem; mem]
         made = []
@@ -646,24 +554,23 @@ def memory_keys(model, memory: AgentMemory, keeps: bool, x):
             (c_keys, keys), (c_values, values) = (
                 t.split([c_mem.size(1), mem.size(1)], 2) for t in kv
             )
-            made += [c_keys, c_values, keys, values]
+            made += [keys, values, c_keys, c_values]
         return tuple(made)
 
     if isinstance(usable, torch.Tensor):  # the branches return no input, laid out alike
         flat = torch.cond(
             usable,
-            lambda *o: tuple(map(fresh, read_kept(*o))),
+            lambda *o: tuple(map(fresh, o[2 * n :])),
             lambda *o: tuple(map(fresh, project(*o))),
             operands,
         )
     else:
-        flat = (read_kept if usable else project)(*operands)
+        flat = operands[2 * n :] if usable else project(*operands)
     return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i in range(n)], now
 
 
 def same_weights(made_by, now) -> bool:
-    """Whether kept keys made_by [B, 1 + n_layers] are those of the fingerprint now; keys of
-    another config are refused."""
+    """Whether made_by [B, 1 + n_layers] is the fingerprint now; another config's is refused."""
     if torch.equal(made_by, now.expand_as(made_by)):
         return True
     if not made_by[:, 0].eq(now[0]).all():
@@ -683,9 +590,8 @@ def fresh(t):
 
 
 def hidden_states(model, x, memory=None, starts=None):
-    """The layers over a call of T steps of each row's stream (any T): x [B, T, d_model], the
-    memory the previous call returned (None: an empty one), starts None or [B, T] bool. Returns
-    the outputs [B, T, d_model], the new AgentMemory and f_c's loss, summed over the layers."""
+    """The layers over a call of any T steps: x [B, T, d_model], the previous call's memory (None:
+    empty), starts None or [B, T] bool. Returns h [B, T, d_model], the memory, f_c's loss."""
     check_inputs(model, x)
     B, T, _ = x.shape
     memory = model.empty_memory(B, x.device, x.dtype) if memory is None else memory
@@ -734,28 +640,25 @@ MODES_SPLIT = (
 
 
 def check_modes(model, keeps: bool) -> None:
-    """Warns where acting and the update draw different dropout masks (docs/AGENT.md); an eager
-    acting call records its mode. A graph cannot warn: refused under torch.compile."""
+    """Warns where acting and the update draw different dropout masks (an eager acting call
+    records its mode); under torch.compile, which cannot warn, such acting is refused."""
     dropout = model.training and model.cfg.dropout > 0
-    if keeps and dropout:
-        if torch.compiler.is_compiling():  # a graph holds no warning: refused, never silent
-            raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
-        warnings.warn(DROPOUT_SPLITS, stacklevel=3)
     if torch.compiler.is_compiling():
-        return
-    if keeps:
+        if keeps and dropout:
+            raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
+    elif keeps:
+        if dropout:
+            warnings.warn(DROPOUT_SPLITS, stacklevel=3)
         model.acted_in_eval = not model.training
     elif dropout and getattr(model, "acted_in_eval", False):
         warnings.warn(MODES_SPLIT, stacklevel=3)
 
 
 def check_ranking_dtype(model, x) -> None:
-    """most_used under a 16-bit autocast ranks near ties one way for one step, the other for a
-    rollout (docs/AGENT.md measured it): refused."""
-    if model.cfg.compression != "most_used" or not autocasting(x.device):
-        return
-    dtype = torch.get_autocast_dtype(x.device.type)
-    if dtype in (torch.bfloat16, torch.float16):
+    """most_used under a 16-bit autocast ranks near ties one way for a step, another for a
+    rollout (docs/AGENT.md): refused."""
+    dtype = autocasting(x.device) and torch.get_autocast_dtype(x.device.type)
+    if model.cfg.compression == "most_used" and dtype in (torch.bfloat16, torch.float16):
         raise ValueError(
             f"the most_used f_c ranks memories by their attention, which {dtype} autocast rounds "
             f"differently for one step and for a rollout: the update would not be what the "
@@ -770,10 +673,7 @@ def projection_dtype(x):
 
 class AgentTransformer(CompressiveTransformer):
     """compressive.CompressiveTransformer over each row's stream, with episodes and acting:
-
-    logits, memory, recon_loss = model(tokens, memory, starts=None)
-    h, memory, recon_loss = model.hidden_states(x, memory, starts=None)
-    """
+    model(tokens, memory, starts=None) and model.hidden_states(x, memory, starts=None)."""
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__(own_config(cfg, "agent"), f_c)
@@ -790,11 +690,8 @@ class AgentTransformer(CompressiveTransformer):
 
 
 class AgentCore(nn.Module):
-    """AgentTransformer's layers without the embedding and the head, vectors in and out (an
-    encoder's output in, one's own policy and value heads on the outputs):
-
-        h, memory, recon_loss = core(x, memory, starts=None)
-    """
+    """AgentTransformer's layers without the embedding and the head: vectors in (an encoder's),
+    vectors out (to one's own heads), h, memory, recon_loss = core(x, memory, starts=None)."""
 
     def __init__(self, cfg: CompressiveConfig, f_c=None):
         super().__init__()
@@ -817,9 +714,8 @@ class AgentCore(nn.Module):
 
 
 def own_config(cfg, model: str) -> CompressiveConfig:
-    """cfg naming this project's model `model`, so that a checkpoint's config says which model it
-    holds; a config of compressive.py's model gives the sizes, one of another model is refused.
-    An agent's memory evicts a whole segment at its end: n_s a multiple of c."""
+    """cfg naming the model `model` (a checkpoint's config says which it is); compressive.py's
+    gives the sizes, another model's is refused; an agent's n_s must be a multiple of c."""
     if not isinstance(cfg, CompressiveConfig):
         raise TypeError(f"cfg must be a CompressiveConfig, got {type(cfg).__name__}")
     if cfg.model not in ("compressive", model):
@@ -847,15 +743,14 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
     names = [*AgentMemory._fields[:-1], *(f"kept.{name}" for name in Kept._fields)]
     fields = zip(names, [*memory[:-1], *(memory.kept or ())], [*expected[:-1], *expected.kept])
     for name, value, shapes in fields:  # a list where a field holds one tensor per layer
-        tensors = value if isinstance(value, list) else [value]
-        if not all(isinstance(t, torch.Tensor) for t in tensors):
+        tensors, shapes = (value, shapes) if isinstance(shapes, list) else ([value], [shapes])
+        if not isinstance(tensors, list) or not all(isinstance(t, torch.Tensor) for t in tensors):
             raise TypeError(f"memory.{name} must hold tensors, got {value!r:.60}")
-        if isinstance(value, list) and len(value) != len(shapes):
+        if len(tensors) != len(shapes):
             raise ValueError(
                 f"memory.{name} must hold {len(shapes)} tensors (one per layer of this model), "
-                f"got {len(value)}"
+                f"got {len(tensors)}"
             )
-        shapes = shapes if isinstance(shapes, list) else [shapes]
         got = [tuple(t.shape) for t in tensors]
         if got != shapes or any(t.device != x.device for t in tensors):
             raise ValueError(
@@ -863,7 +758,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
                 f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
-        if not isinstance(value, list) and value.dtype != torch.long:
+        if tensors is not value and value.dtype != torch.long:
             raise TypeError(f"memory.{name} must be int64, as the model makes it")
     states = memory.mem + memory.c_mem
     if any(t.dtype != x.dtype for t in states) and not autocasting(x.device):
@@ -874,10 +769,9 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
 
 
 # Episodes, as this module and feedback.py mark them -----------------------------------------------
-# starts [B, T] bool marks the first step of a new episode, anywhere in a call; memory.reset(done)
-# is a start at the next call's first step. A memory counts each row's steps since its episode
-# began, since_start [B] int64, saturating at the span the memory holds: slots older than the
-# episode's first step are hidden. Kept here, so that agent.py alone brings episodes.
+# starts [B, T] bool marks an episode's first step, anywhere in a call; memory.reset(done) is a
+# start at the next call's first step. since_start [B] counts each row's episode's steps: what
+# precedes the episode is hidden.
 
 
 def latest_start(starts, batch_size: int, T: int, device) -> torch.Tensor:
@@ -889,21 +783,19 @@ def latest_start(starts, batch_size: int, T: int, device) -> torch.Tensor:
 
 
 def steps_since_start(since_start: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
-    """[B, T]: the steps of each row's episode before step t (0 at a start), from the memory's
-    since_start [B] and latest_start's [B, T]."""
+    """[B, T]: the steps of each row's episode before step t (0 at a start)."""
     t = torch.arange(latest.size(1), device=latest.device)
     return torch.where(latest >= 0, t - latest, since_start[:, None] + t)
 
 
 def check_starts(starts, batch_size: int, T: int, device) -> None:
-    """starts is batch first, as the inputs are: [B, T] bool. (A time-major [T, B] tensor is
-    refused unless B equals T, when no shape can tell the two apart.)"""
+    """starts None or [B, T] bool, batch first (a time-major one is refused unless B = T)."""
     if starts is not None:
         check_mask("starts", starts, (batch_size, T), device)
 
 
 def check_mask(name: str, mask, shape, device) -> None:
-    """starts [B, T], or a reset's done [B]: a bool tensor of this shape, batch first."""
+    """A bool tensor of this shape on device (starts, or a reset's done)."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = f"a tensor of {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TypeError(f"{name} must be a bool tensor {list(shape)}, got {got}")

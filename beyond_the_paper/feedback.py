@@ -50,12 +50,11 @@ from compressive import (
 
 # The memory: the last n_m memory vectors, and what acting keeps ---------------------------------
 # The steps run one at a time whatever the call's length, so acting and training compute the
-# same; acting keeps the memory vectors' keys and values and W_r R.
+# same; acting (eval mode, no gradient) keeps the memory vectors' keys and values and W_r R.
 
 
 class Kept(NamedTuple):
-    """What acting keeps, made by the weights of the call that made it and never recomputed:
-    FeedbackMemory.without_kept() drops it, and the next call projects every vector anew."""
+    """What acting keeps, by the weights that made it: without_kept() drops it (projected anew)."""
 
     keys: List[torch.Tensor]  # [B, H, M, d_head], of mem (zeros where a row forgot it)
     values: List[torch.Tensor]  # [B, H, M, d_head]
@@ -64,9 +63,8 @@ class Kept(NamedTuple):
 
 class FeedbackMemory(NamedTuple):
     """compressive.Memory's fields (one mem tensor for all layers, no c_mem), then since_start
-    ([B] int64, agent.py's episodes; None: one episode, all of mem) and what acting keeps (Kept).
-    torch.load(f, weights_only=True) reads a saved one inside
-    torch.serialization.safe_globals([FeedbackMemory, Kept])."""
+    ([B] int64, agent.py's episodes; None: one episode, all of mem) and what acting keeps; saved,
+    torch.load(f, weights_only=True) reads it inside safe_globals([FeedbackMemory, Kept])."""
 
     mem: List[torch.Tensor]
     c_mem: List[torch.Tensor]
@@ -75,8 +73,7 @@ class FeedbackMemory(NamedTuple):
     kept: Optional[Kept] = None
 
     def reset(self, done: torch.Tensor) -> "FeedbackMemory":
-        """Forget everything the rows where done ([B] bool) is true hold: the same as a start at
-        the next call's first step."""
+        """Forget what the rows where done [B] is true hold: a start at the next call."""
         mem = self.mem[0]
         check_mask("done", done, (mem.size(0),), mem.device)
         kept = self.kept and self.kept._replace(
@@ -87,7 +84,6 @@ class FeedbackMemory(NamedTuple):
         )
 
     def without_kept(self) -> "FeedbackMemory":
-        """This memory without what acting kept: the next call projects every vector anew."""
         return self._replace(kept=None)
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "FeedbackMemory":
@@ -283,10 +279,9 @@ class FeedbackTransformer(nn.Module):
 
 
 def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
-    """One mem tensor [B, <= n_m, d_model] and no c_mem, on x's device, in x's dtype; since_start
-    and kept as the model makes them. Returns it as a FeedbackMemory (a Memory is one)."""
-    if isinstance(memory, Memory):
-        memory = FeedbackMemory(*memory)
+    """One mem tensor [B, <= n_m, d_model] and no c_mem, as x is; since_start and kept as the
+    model makes them. Returns it as a FeedbackMemory (a Memory is one)."""
+    memory = FeedbackMemory(*memory) if isinstance(memory, Memory) else memory
     if not isinstance(memory, FeedbackMemory) or not isinstance(memory.kept, (Kept, type(None))):
         raise TypeError(
             f"memory must be a FeedbackMemory returned by the model (or model.empty_memory(batch)) "
@@ -300,12 +295,8 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
     t, cfg, since = memory.mem[0], model.cfg, memory.since_start
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"memory.mem[0] must be a torch.Tensor, got {type(t).__name__}")
-    if (
-        t.dim() != 3
-        or t.shape[0::2] != (batch_size, cfg.d_model)
-        or t.size(1) > cfg.mem_len
-        or t.device != x.device
-    ):
+    shape = t.shape[0::2] if t.dim() == 3 else None
+    if shape != (batch_size, cfg.d_model) or t.size(1) > cfg.mem_len or t.device != x.device:
         raise ValueError(
             f"memory.mem[0] has shape {tuple(t.shape)} on {t.device}, expected [{batch_size}, <= "
             f"{cfg.mem_len}, {cfg.d_model}] on {x.device}, as the inputs and the model"
