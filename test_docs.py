@@ -166,6 +166,7 @@ def test_every_command_the_documents_name_runs_with_help_and_knows_its_flags(mon
     assert set(known) == set(NO_HELP_YET) & {program for program, _ in all_commands()}
 
 
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")  # run as __main__
 def test_every_flag_of_every_command_the_documents_name_says_what_it_does(monkeypatch):
     """Each flag that `--help` lists has a line on what it does (its subcommands' too)."""
     monkeypatch.chdir(ROOT)
