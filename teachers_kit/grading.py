@@ -819,40 +819,22 @@ def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bo
 
 
 def start_and_read(folder: Path, control: dict, limit_s: float, sandbox_fd, printed_fd, printed):
-    """The test process on folder, forked by the zygote: its record, its output's tail, whether
-    it was killed at limit_s; what the worker prints (on printed_fd) added to printed."""
-    (report_r, report_w), (output_r, output_w) = os.pipe(), os.pipe()
+    """The test process on folder, forked by the zygote: its record, its output's last 16 KB,
+    whether it was killed at limit_s. What the worker prints (printed_fd) goes to printed as it
+    comes and after, never waited for (a process it left may hold it)."""
+    (report_fd, report_w), (output_fd, output_w) = os.pipe(), os.pipe()
     try:
         job = {"folder": str(folder), "control": control}
-        fds = [report_w, output_w, *([] if sandbox_fd is None else [sandbox_fd])]
-        started = Zygote.send(job, fds)
+        started = Zygote.send(job, [report_w, output_w, *([sandbox_fd] if sandbox_fd else [])])
     finally:
         os.close(report_w)
         os.close(output_w)
-    deadline = time.monotonic() + limit_s
-    report, output, timed_out = read_until_closed(report_r, output_r, deadline, printed_fd, printed)
-    if not started:
-        output = b"no test process started: the process that forks them did not start"
-    pid, _, record = report.partition(b"\n")
-    if timed_out and pid.strip().isdigit():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(pid), signal.SIGKILL)
-    try:
-        return json.loads(record) if record else None, output, timed_out
-    except ValueError:
-        return None, output, timed_out
-
-
-def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed_fd, printed):
-    """The report and the last 16 KB of output, until both close or the deadline; and what the
-    worker prints (printed_fd, or None), as it comes and after, never waited for (a process it
-    left may hold it)."""
     selector = selectors.DefaultSelector()
-    for fd in (report_fd, output_fd, printed_fd):
-        if fd is not None:
-            os.set_blocking(fd, fd != printed_fd)
-            selector.register(fd, selectors.EVENT_READ)
+    for fd in (report_fd, output_fd, printed_fd) if printed_fd else (report_fd, output_fd):
+        os.set_blocking(fd, fd != printed_fd)
+        selector.register(fd, selectors.EVENT_READ)
     report, output, timed_out = b"", b"", False
+    deadline = time.monotonic() + limit_s
     try:
         while {report_fd, output_fd} & set(selector.get_map()):
             remaining = deadline - time.monotonic()
@@ -872,8 +854,7 @@ def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed_f
                     output = (output + data)[-(1 << 14) :]
                 else:
                     printed.add(data)
-        left = printed_fd is not None and printed_fd in selector.get_map()
-        for _ in range(64) if left else ():
+        for _ in range(64) if printed_fd and printed_fd in selector.get_map() else ():
             try:
                 data = os.read(printed_fd, 1 << 16)
             except BlockingIOError:
@@ -885,7 +866,15 @@ def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed_f
         selector.close()
         os.close(report_fd)
         os.close(output_fd)
-    return report, output, timed_out
+    if not started:
+        output = b"no test process started: the process that forks them did not start"
+    pid, _, record = report.partition(b"\n")
+    if timed_out and pid.strip().isdigit():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pid), signal.SIGKILL)
+    with contextlib.suppress(ValueError):
+        return json.loads(record) if record else None, output, timed_out
+    return None, output, timed_out
 
 
 def read_record(

@@ -130,11 +130,6 @@ def read_reply(data: bytes):
     return reply, tensors
 
 
-def uint8_of(t: torch.Tensor) -> torch.Tensor:
-    """t's whole storage, as bytes (a uint8 tensor over it)."""
-    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
-
-
 def bytes_tensor(data: bytes) -> torch.Tensor:
     """A uint8 tensor over a copy of data."""
     if not data:
@@ -164,9 +159,9 @@ class CallPickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.numbers: Dict[int, int] = {}  # id of a tensor -> its number
         self.reached: Dict[int, torch.Tensor] = {}  # number -> the tensors of this message
-        self.storage_of: Dict[int, int] = {}  # a tensor's number -> its storage's
         self.storages: Dict[tuple, int] = {}  # (address, size) -> a storage's number
         self.bytes_of: Dict[int, torch.Tensor] = {}  # a storage's number -> a uint8 tensor over it
+        self.bases: Dict[tuple, torch.Tensor] = {}  # (storage, dtype) -> a tensor on it, to view
         self.no_hooks = OrderedDict()  # pickled once, for every module's hooks
 
     def reducer_override(self, obj):
@@ -193,10 +188,11 @@ class CallPickler(pickle.Pickler):
         storage, data = None, None  # on the meta device, no data
         if not t.is_meta:
             where = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
-            storage = self.storage_of[number] = self.storages.setdefault(where, len(self.storages))
+            storage = self.storages.setdefault(where, len(self.storages))
+            self.bases.setdefault((storage, t.dtype), t)
             if storage not in self.bytes_of:  # its bytes, with the first tensor on it
-                self.bytes_of[storage] = uint8_of(t)
-                data = self.bytes_of[storage].numpy().tobytes()
+                whole = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+                self.bytes_of[storage], data = whole, whole.numpy().tobytes()
         layout = list(t.shape), list(t.stride()), t.storage_offset()
         parameter = type(t) is nn.Parameter
         return number, storage, data, name_of(t.dtype), *layout, t.requires_grad, parameter
@@ -217,7 +213,7 @@ class CallUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.storages: Dict[int, torch.Tensor] = {}  # number -> its bytes, a uint8 tensor
         self.reached: Dict[int, torch.Tensor] = {}
-        self.storage_of: Dict[int, int] = {}
+        self.handed: Dict[tuple, int] = {}  # (an address, a dtype on it) -> its storage's number
 
     def find_class(self, module, name):
         if name == "CallUnpickler.tensor":  # the caller's name of this method: this message's
@@ -232,8 +228,10 @@ class CallUnpickler(pickle.Unpickler):
         else:
             if data is not None:
                 self.storages[storage] = bytes_tensor(data)
-            t = self.storages[storage].view(DTYPES[dtype]).as_strided(shape, stride, offset)
-            self.storage_of[number] = storage
+            whole = self.storages[storage]
+            t = whole.view(DTYPES[dtype]).as_strided(shape, stride, offset)
+            if whole.numel():
+                self.handed[whole.data_ptr(), t.dtype] = storage
         if parameter:
             t = nn.Parameter(t, requires_grad=grad)
         elif grad:
@@ -337,13 +335,7 @@ class Server:
         torch.set_rng_state(bytes_tensor(message["rng"]))
         torch.set_default_dtype(DTYPES[message["default_dtype"]])
         before = {number: storage.clone() for number, storage in storages.items()}
-        encoder = Encoder(
-            {
-                (storages[storage].data_ptr(), reached[number].dtype): storage
-                for number, storage in unpickler.storage_of.items()
-                if storages[storage].numel()
-            }
-        )
+        encoder = Encoder(unpickler.handed)
         try:
             with torch.set_grad_enabled(message["grad_enabled"]):
                 value = self.target(*message["args"], **message["kwargs"])
@@ -769,10 +761,9 @@ class Sandbox:
         if state is None or state.dtype != torch.uint8:
             raise Refused("a reply without the random state")
         torch.set_rng_state(state)  # it checks the state's size
-        handed = set(sent.storage_of.values())
         for number in reply["changed"]:  # what it changed in place, changed here too
             data, storage = out.get(f"changed.{number}"), sent.bytes_of.get(number)
-            if number not in handed or data is None or data.dtype != torch.uint8:
+            if storage is None or data is None or data.dtype != torch.uint8:
                 raise Refused("a change in place of a storage it was not handed")
             if data.shape != storage.shape:
                 raise Refused("a change in place of another size than its storage")
@@ -785,11 +776,7 @@ class Sandbox:
         if torch.is_grad_enabled() and leaves and any(differentiable):
             link = Link(self, integer(reply["call"], 1 << 62), new, differentiable, leaves)
             new = list(Remote.apply(link, *leaves))
-        bases = {}  # (storage number, dtype) -> a tensor of the call on it, to view it through
-        for number, t in sent.reached.items():
-            if number in sent.storage_of:
-                bases.setdefault((sent.storage_of[number], t.dtype), t)
-        return self.value(reply["value"], bases, new, 0)
+        return self.value(reply["value"], sent.bases, new, 0)
 
     def tensor(self, entry: dict, out: Dict[str, torch.Tensor], i: int) -> torch.Tensor:
         """A new tensor: safetensors read its elements (its layout's span); its layout, checked
