@@ -706,13 +706,14 @@ class Sandbox:
             self.deadline = now + 5
         return self.deadline
 
-    def end(self, why: str) -> None:
+    def end(self, why: str, raises: bool = True) -> None:
         """No call will be made any more: the worker sees its socket close, and ends."""
         if not self.gone:
             self.gone = why
             with contextlib.suppress(OSError):
                 os.close(self.fd)
-        raise RuntimeError(self.gone)
+        if raises:
+            raise RuntimeError(self.gone)
 
     def exchange(self, data: bytes) -> tuple:
         """(reply, tensors): the worker's reply to the message data."""
@@ -854,10 +855,7 @@ class Sandbox:
                 send(self.fd, pickled({"op": "reset"})[0])
 
     def close(self) -> None:
-        if not self.gone:
-            self.gone = "closed"
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
+        self.end("closed", raises=False)
 
 
 def raised(reply: dict) -> BaseException:
