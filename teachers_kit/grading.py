@@ -106,24 +106,25 @@ def child_environment() -> Dict[str, str]:
     return env
 
 
-# ---------------------------------------------------------------- the sandbox ---------------------
-
-
-class Confinement(NamedTuple):
-    """How sandboxes start on this machine: in bubblewrap, where it runs; and where the grader
-    is root, each as a uid of the kit's own (SANDBOX_UIDS)."""
-
-    bwrap: str  # bubblewrap's path; "" where it does not run
-    note: str  # the one line that says what is missing ("" when nothing is)
-
-
 def module_name(path: str) -> str:
     """beyond_the_paper/feedback.py -> beyond_the_paper.feedback"""
     return str(PurePosixPath(path).with_suffix("")).replace("/", ".")
 
 
-INSIDE = "/sandbox"  # where a submission's sandbox folder appears in bubblewrap, read-only
-TMP_BYTES = 64 << 20  # its /tmp, a tmpfs of its own
+# ---------------------------------------------------------------- the sandbox ---------------------
+# Where the grader is root, one sandbox serves the grading, and each submission's workers take a
+# uid of the kit's own (SANDBOX_UIDS); else each submission has a sandbox of its own. In
+# bubblewrap where it runs; else (by name only) Python alone, and Confinement.note says so.
+
+
+class Confinement(NamedTuple):
+    bwrap: str  # bubblewrap's path; "" where it does not run
+    note: str  # the one line that says what is missing ("" when nothing is)
+
+
+INSIDE = "/sandbox"  # where a sandbox's folder appears in bubblewrap, read-only
+TMP_BYTES = 64 << 20  # a submission's /tmp, in a tmpfs of the sandbox's own
+AS_ROOT = os.geteuid() == 0
 
 # What one process could leave in the kernel for the next of its uid (a key lives as long as the
 # machine), or use to escape: the filter refuses them (EPERM), and new user namespaces (clone3,
@@ -166,8 +167,7 @@ def torch_folder() -> Path:
 
 
 def python_folders() -> List[str]:
-    """The folders a Python with torch needs, outside the system's: its prefixes and the site
-    folder torch lies in (a virtual environment's, a user's)."""
+    """The folders a Python with torch needs outside /usr: its prefixes, torch's site folder."""
     folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     folders |= {str(torch_folder()), str(Path(sys.executable).resolve().parent.parent)}
     kept = []
@@ -178,49 +178,26 @@ def python_folders() -> List[str]:
     return kept
 
 
-def system_mounts() -> List[str]:
-    """Read-only: /usr, and /bin, /lib, ... as the machine has them (links into /usr, or not)."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = Path("/") / name
-        if path.is_symlink():
-            args += ["--symlink", os.readlink(path), str(path)]
-        elif path.is_dir():
-            args += ["--ro-bind", str(path), str(path)]
-    return args
-
-
 def sandbox_environment(count_processes: bool) -> Dict[str, str]:
     """All a sandbox's environment holds; KIT_COUNT_PROCESSES where its processes can be counted
     on their own (a user namespace, or a uid of the kit's own)."""
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": "/tmp",
-        "TMPDIR": "/tmp",
-        "OMP_NUM_THREADS": "1",  # the tests' models are tiny: one thread is fastest
-        "MKL_NUM_THREADS": "1",
-    }
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp"}
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # tiny models: one thread is fastest
     if count_processes:
         env["KIT_COUNT_PROCESSES"] = "1"
     return env
 
 
-def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccomp: int) -> list:
-    """The command that starts Python with argv in a sandbox on folder (a copy of sandbox.py and
-    the project's other modules, nothing of the teacher's tests), all of it bubblewrap's options:
-    namespaces of its own for processes (every one dies with it), network (none), IPC and host
-    name; the system and Python read-only; a /tmp of its own; no environment but what it needs;
-    the seccomp filter (the fd of its BPF). root (the grader is): bubblewrap runs as root,
-    without a user namespace, its first process holding no capability but those to change uid
-    and to give a folder to one, /tmp writable by root alone; each submission's workers take a
-    uid of the kit's own before anything of the submission runs, a real uid of the machine's,
-    whose processes the kernel counts and whose files it checks as no one's but its own. Else
-    bubblewrap runs as the grader's user, in a user namespace of its own too (no capability,
-    none nested). Without bubblewrap, Python alone (started in folder)."""
+def sandbox_command(bwrap: str, folder: str, argv: List[str], seccomp: int) -> list:
+    """Python with argv in a sandbox on folder (a copy of sandbox.py and the project's other
+    modules), all of it bubblewrap's options (teachers_kit/README.md, "The sandbox"). As root,
+    without a user namespace, its first process holding the capabilities to change uid and give
+    a folder away alone; else in a user namespace of its own, none nested. Without bwrap, Python
+    alone."""
     python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
     if not bwrap:
         return [python, *argv]
-    if not root:
+    if not AS_ROOT:
         args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     else:
         args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
@@ -230,12 +207,16 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccom
     args += ["--die-with-parent", "--new-session", "--clearenv", "--seccomp", str(seccomp)]
     for name, value in sandbox_environment(True).items():
         args += ["--setenv", name, value]
-    # its own /tmp first: a Python that lies under /tmp (a virtual environment) is bound in
-    # it, read-only, after
-    tmp_mode = "0711" if root else "1777"  # as root, each submission's folder in it, its own
-    tmp_bytes = TMP_BYTES * (workers() if root else 1)  # as root, the submissions side by side
-    args += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--chmod", tmp_mode, "/tmp"]
-    args += system_mounts()
+    # its own /tmp, root's (each submission's folder in it its own), before a Python under /tmp
+    tmp_bytes = TMP_BYTES * (workers() if AS_ROOT else 1)  # as root, the submissions side by side
+    args += ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--chmod", "0711", "/tmp"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # links into /usr, or not
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
     made = {"/", "/tmp"}
     for path in python_folders():
         for above in reversed(Path(path).parents):  # readable by any uid, as they are not always
@@ -251,42 +232,36 @@ def sandbox_command(bwrap: str, folder: str, argv: List[str], root: bool, seccom
 def probe(bwrap: str, uid: Optional[int]) -> str:
     """Why a sandbox cannot start this way ("" when it can): torch's files seen from it as uid."""
     torch_init = torch_folder() / "torch" / "__init__.py"
-    with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder:
-        os.chmod(folder, 0o755)
-        look = "import os, sys\n"
-        if uid is not None and bwrap:  # a worker's uid taken
-            look += f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
-        look += f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)\n"
-        user = {"user": uid, "group": uid, "extra_groups": []} if uid and not bwrap else {}
-        try:
-            with filter_file() as bpf:
-                argv = ["-I", "-c", look]
-                command = sandbox_command(bwrap, folder, argv, uid is not None, bpf.fileno())
-                done = subprocess.run(
-                    command,
-                    cwd=folder,
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                    pass_fds=(bpf.fileno(),),
-                    **user,
-                )
-        except (OSError, subprocess.SubprocessError) as e:
-            return str(e)
+    look = f"sys.exit(0 if os.path.isfile({str(torch_init)!r}) else 3)"
+    if uid is not None and bwrap:  # a worker's uid taken
+        look = f"os.setgroups([]); os.setgid({uid}); os.setuid({uid}); {look}"
+    user = {"user": uid, "group": uid, "extra_groups": []} if uid and not bwrap else {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="kit-probe-") as folder, filter_file() as bpf:
+            os.chmod(folder, 0o755)
+            argv = ["-I", "-c", f"import os, sys; {look}"]
+            done = subprocess.run(
+                sandbox_command(bwrap, folder, argv, bpf.fileno()),
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                pass_fds=(bpf.fileno(),),
+                **user,
+            )
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
     if done.returncode == 3:
         return f"torch ({torch_init}) cannot be read there"
     lines = (done.stderr or done.stdout).strip().splitlines()
-    return (
-        "" if done.returncode == 0 else (lines[-1] if lines else f"exit status {done.returncode}")
-    )
+    return "" if done.returncode == 0 else (lines or [f"exit status {done.returncode}"])[-1]
 
 
 @functools.lru_cache(maxsize=None)
 def confinement() -> Confinement:
     """bubblewrap where it runs; else a uid of the kit's own (the grader is root, and that uid
     can run this Python: else a KitError) or the grader's own user, said in a line."""
-    root = os.geteuid() == 0
-    uid = SANDBOX_UIDS[0] if root else None
+    uid = SANDBOX_UIDS[0] if AS_ROOT else None
     bwrap = shutil.which("bwrap") or ""
     why = "bwrap is not installed (Debian and Ubuntu: apt-get install bubblewrap)"
     if bwrap:
@@ -294,21 +269,15 @@ def confinement() -> Confinement:
         if not why:
             return Confinement(bwrap, "")
         why = f"bwrap does not run here ({why})"
-    if not root:
-        return Confinement(
-            "", f"no sandbox: {why}; student code runs as this user and can read what it can"
-        )
-    cannot = probe("", uid)
+    cannot = probe("", uid) if AS_ROOT else ""
     if cannot:
         raise KitError(
             f"cannot grade here: {why}, and Python cannot run as an unprivileged user "
             f"({cannot}): install bubblewrap, or a Python that other users can read"
         )
-    return Confinement(
-        "",
-        f"no sandbox: {why}; student code runs as a uid of its own, which can read what "
-        "every user can",
-    )
+    who = "a uid of its own, which can read what every user can"
+    who = who if AS_ROOT else "this user and can read what it can"
+    return Confinement("", f"no sandbox: {why}; student code runs as {who}")
 
 
 STARTUP_S = 120  # for a sandbox's first process to import torch
@@ -334,8 +303,7 @@ PRINTED_BYTES = 4000  # of a submission's output, kept for each exercise: the re
 
 
 class Printed:
-    """What an exercise's code printed: its first PRINTED_BYTES kept, the rest counted (the pipe
-    is read to its end: a print never fails)."""
+    """What an exercise's code printed: its first PRINTED_BYTES kept, the rest counted."""
 
     def __init__(self):
         self.kept, self.dropped = b"", 0
@@ -352,101 +320,67 @@ class Printed:
         return text
 
 
-def launch(layout: Layout, shared: bool):
-    """A sandbox's first process (sandbox.py main) on a folder of its own, which holds a copy of
-    sandbox.py and the project files the module imports, nothing of the teacher's tests; shared:
-    the grader is root, and it serves the grading's submissions. Its process, its control
-    socket, its log and its folder."""
-    ways = confinement()
-    folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
-    for path, text in layout.support.items():
-        if not PurePosixPath(path).name.startswith("test_"):
-            (folder / path).parent.mkdir(parents=True, exist_ok=True)
-            (folder / path).write_text(text, encoding="utf-8")
-    shutil.copyfile(SANDBOX, folder / SANDBOX.name)
-    # what it holds is the project's own (no submission's code: that goes over a socket),
-    # readable by the sandbox's uids
-    folder.chmod(0o755)
-    # its temporary folder, emptied between exercises: bubblewrap's /tmp, its own; without
-    # bubblewrap, one in its folder (shared, a folder of each uid's own in it)
-    tmp_folder = "/tmp"
-    if not ways.bwrap:
-        tmp_folder = str(folder / "tmp")
-        os.mkdir(tmp_folder, 0o711 if shared else 0o700)
-    base = INSIDE if ways.bwrap else str(folder)
-    ours, theirs = socket.socketpair()
-    how = "shared" if shared else "own"
-    argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), how, tmp_folder, base]
-    argv.append(str(torch_folder()))
-    log = tempfile.TemporaryFile()
-    env = sandbox_environment(count_processes=bool(ways.bwrap) or shared)
-    if not ways.bwrap:  # not the machine's /tmp
-        env["TMPDIR"] = env["HOME"] = tmp_folder
-    # the filter: bubblewrap installs it; without bubblewrap, libseccomp does in the new process
-    # before it runs Python (no thread of the grader runs in it)
-    load = None if ways.bwrap else kernel_filter().load
-    with filter_file() as bpf:
-        process = subprocess.Popen(
-            sandbox_command(ways.bwrap, str(folder), argv, shared, bpf.fileno()),
-            cwd=folder,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(theirs.fileno(), *([bpf.fileno()] if ways.bwrap else [])),
-            start_new_session=True,  # its own process group, killed whole when it ends
-            preexec_fn=load,
-        )
-    theirs.close()
-    return process, ours, log, folder
-
-
-def stop(process: subprocess.Popen, log, folder: Path) -> None:
-    """A sandbox's processes killed (its own process group; bubblewrap's die with it), its log
-    and folder removed."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    log.close()
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def last_line(log) -> str:
-    """The last line a sandbox's log holds (read without moving it: threads share a log)."""
-    size = os.fstat(log.fileno()).st_size
-    tail = os.pread(log.fileno(), 4000, max(0, size - 4000))
-    lines = tail.decode("utf-8", "replace").strip().splitlines()
-    return lines[-1][:300] if lines else ""
-
-
-class SharedSandbox:
-    """Where the grader is root: one sandbox for the submissions of a grading (of an
-    assignment's layout), whose first process imports torch once and forks each submission's
-    first process as the uid the submission holds (sandbox.start_submissions). In bubblewrap,
-    each submission has namespaces of its own in it (processes, network, IPC, host name,
-    mounts); always a temporary folder of its own and a uid of its own. Ended when the grader
-    ends."""
+class Box:
+    """A sandbox (sandbox.py main) on a folder of its own, which holds a copy of sandbox.py and
+    the project files the module imports, nothing of the teacher's tests. As root, one serves the
+    grading's submissions (shared); else each submission starts its own."""
 
     lock = threading.Lock()
-    running: Dict[tuple, "SharedSandbox"] = {}
+    running: Dict[tuple, "Box"] = {}
 
     @classmethod
-    def of(cls, layout: Layout) -> "SharedSandbox":
+    def shared(cls, layout: Layout) -> "Box":
         key = (os.getpid(), tuple(sorted(layout.support.items())))
         with cls.lock:
             box = cls.running.get(key)
             if box is None or box.process.poll() is not None:
                 box = cls.running[key] = cls(layout)
+                atexit.register(box.stop)
             return box
 
     def __init__(self, layout: Layout):
-        self.lock = threading.Lock()
-        self.process, self.control, self.log, self.folder = launch(layout, shared=True)
-        atexit.register(self.stop)
+        self.lock, self.stopped = threading.Lock(), False
+        ways = confinement()
+        self.folder = folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
+        for path, text in layout.support.items():
+            if not PurePosixPath(path).name.startswith("test_"):
+                (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                (folder / path).write_text(text, encoding="utf-8")
+        shutil.copyfile(SANDBOX, folder / SANDBOX.name)
+        folder.chmod(0o755)  # the project's own, readable by the sandbox's uids
+        # the submissions' temporary folders, emptied between exercises: in bubblewrap's /tmp;
+        # else in this folder
+        tmp_folder = str(folder / "tmp") if not ways.bwrap else "/tmp"
+        if not ways.bwrap:
+            os.mkdir(tmp_folder, 0o711)
+        base = INSIDE if ways.bwrap else str(folder)
+        self.control, theirs = socket.socketpair()
+        argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), tmp_folder, base]
+        self.log = tempfile.TemporaryFile()
+        env = sandbox_environment(count_processes=bool(ways.bwrap) or AS_ROOT)
+        if not ways.bwrap:  # not the machine's /tmp
+            env["TMPDIR"] = env["HOME"] = tmp_folder
+        # the filter: bubblewrap installs it; without it, libseccomp in the new process before
+        # it runs Python (no thread of the grader runs there)
+        with filter_file() as bpf:
+            self.process = subprocess.Popen(
+                sandbox_command(
+                    ways.bwrap, str(folder), [*argv, str(torch_folder())], bpf.fileno()
+                ),
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=self.log,
+                pass_fds=(theirs.fileno(), *([bpf.fileno()] if ways.bwrap else [])),
+                start_new_session=True,  # its own process group, killed whole when it ends
+                preexec_fn=None if ways.bwrap else kernel_filter().load,
+            )
+        theirs.close()
 
-    def request(self, op: str, uid: int, cgroup_fds: List[int] = ()) -> socket.socket:
-        """A socket to the process started for op ("start": a submission's first process;
-        "end": the one that ends every process of uid and empties its temporary folder)."""
+    def request(self, op: str, uid: Optional[int], cgroup_fds: List[int] = ()) -> socket.socket:
+        """A socket to the process started for op ("start": a submission's first process; "end":
+        the one that ends every process of uid and empties its temporary folder)."""
         ours, theirs = socket.socketpair()
         with self.lock:
             try:
@@ -458,55 +392,56 @@ class SharedSandbox:
                 theirs.close()
         return ours
 
-    def end(self, uid: int) -> None:
-        """Every process of uid ended, its temporary folder emptied: its socket closes then."""
-        done = self.request("end", uid)
-        done.settimeout(60)
-        with contextlib.suppress(OSError):
-            done.recv(1)
-        done.close()
+    def last_line(self) -> str:
+        """The last line of its log (read without moving it: threads share a log)."""
+        size = os.fstat(self.log.fileno()).st_size
+        tail = os.pread(self.log.fileno(), 4000, max(0, size - 4000))
+        lines = tail.decode("utf-8", "replace").strip().splitlines()
+        return lines[-1][:300] if lines else ""
 
     def stop(self) -> None:
-        self.control.close()
-        stop(self.process, self.log, self.folder)
+        """Its processes killed (its own process group; bubblewrap's die with it), its log and
+        folder removed."""
+        with self.lock:
+            if self.stopped:
+                return
+            self.stopped = True
+            self.control.close()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.log.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class StudentSandbox:
-    """Where one submission runs: started for its first exercise, ended by close(). Where the
-    grader is root, a first process of its own in the grading's SharedSandbox, as a uid of the
-    kit's own while it runs; else a sandbox of its own. Its exercises run one at a time, each in
-    a worker of its own whose socket goes to the exercise's test process (open); the test
-    process sends the worker its module, the original with only that exercise's function taken
-    from the submission (spliced: exercise -> text)."""
+    """Where one submission runs: started for its first exercise, ended by close(). A first
+    process of its own in a Box (shared as root, and a uid of the kit's own while it runs); its
+    exercises one at a time, each in a worker of its own whose socket goes to the exercise's test
+    process (open), which sends it its module (spliced: exercise -> the original with only that
+    function the student's)."""
 
     def __init__(self, spliced: Dict[str, str], layout: Layout, timeout_s: float):
         self.spliced, self.layout, self.timeout_s = spliced, layout, timeout_s
         self.lock = threading.Lock()
-        self.started = False
-        self.shared: Optional[SharedSandbox] = None
-        self.process: Optional[subprocess.Popen] = None  # a sandbox of its own
+        self.box: Optional[Box] = None
         self.control: Optional[socket.socket] = None
         self.word: Optional[bytes] = None  # what its first process said once it could serve
         self.uid: Optional[int] = None
         self.cgroup: Optional[SubmissionCgroup] = None  # where the machine offers one
 
     def start(self) -> None:
-        self.started = True
-        if os.geteuid() != 0:
-            self.process, self.control, self.log, self.folder = launch(self.layout, False)
-            return
-        self.uid = free_uid()
-        self.cgroup = SubmissionCgroup.make(self.uid)
-        self.shared = SharedSandbox.of(self.layout)
+        if AS_ROOT:
+            self.uid = free_uid()
+            self.cgroup = SubmissionCgroup.make(self.uid)
+        self.box = Box.shared(self.layout) if AS_ROOT else Box(self.layout)
         fds = self.cgroup.procs_fds if self.cgroup else []
-        self.control = self.shared.request("start", self.uid, fds)
-        self.log = self.shared.log
+        self.control = self.box.request("start", self.uid, fds)
 
     def watch(self, timeout_s: float) -> dict:
-        """How a test process tells whether the submission's processes compute: those of its uid
-        (the grader is root), else those below its sandbox's process; and the last a run may
-        wait for one that computes (the kernel stops it at its processor time before)."""
-        where = {"uid": self.uid} if self.shared else {"pid": self.process.pid}
+        """How a test process tells whether the submission's processes compute: those of its uid,
+        or those below its sandbox's process; and the last a run waits for one that computes."""
+        where = {"uid": self.uid} if AS_ROOT else {"pid": self.box.process.pid}
         return {**where, "hard_s": COMPUTING_FACTOR * timeout_s + 60}
 
     def out_of_memory(self) -> bool:
@@ -514,9 +449,9 @@ class StudentSandbox:
         return bool(self.cgroup and self.cgroup.oom_kills())
 
     def open(self) -> "Worker":
-        """A new worker, for an exercise's test process, which sends it its module on the
-        worker's socket; SandboxFailed when the sandbox did not start."""
-        if not self.started:
+        """A new worker for an exercise's test process; SandboxFailed where the sandbox did not
+        start."""
+        if self.box is None:
             self.start()
         why = self.failure()
         if why:
@@ -540,8 +475,7 @@ class StudentSandbox:
             return Worker(ours.detach(), output_r, status_r)
 
     def failure(self) -> str:
-        """Why the sandbox did not start ("" when it did): the machine's failure, which makes
-        a run worth nothing, not the submission's. Waits for its first process's word."""
+        """Why the sandbox did not start ("" when it did), once its first process has said."""
         with self.lock:
             if self.word is None:
                 self.control.settimeout(STARTUP_S)
@@ -552,22 +486,23 @@ class StudentSandbox:
                 self.control.settimeout(None)
             if self.word == b"started":
                 return ""
-            return f"the sandbox did not start ({last_line(self.log) or self.word[:20]!r})"
+            return f"the sandbox did not start ({self.box.last_line() or self.word[:20]!r})"
 
     def close(self) -> None:
-        """Every process of the submission; its sandbox where it is its own; its uid and cgroup
-        where it has them, freed for the next."""
+        """Every process of the submission ended (its first process ends the others once its
+        socket closes, then itself); as root, every process of its uid, its uid and cgroup freed
+        for the next; else its sandbox stopped."""
         with self.lock:
-            if not self.started:
+            if self.box is None:
                 return
-            self.control.close()
-            self.started = False
-            if not self.shared:
-                with contextlib.suppress(subprocess.TimeoutExpired):  # it ends its workers first
-                    self.process.wait(timeout=30)
-                stop(self.process, self.log, self.folder)
+            box, self.box = self.box, None
+            with contextlib.suppress(OSError):
+                self.control.shutdown(socket.SHUT_WR)
+            closed(self.control, 30)
+            if not AS_ROOT:
+                box.stop()
                 return
-            self.shared.end(self.uid)
+            closed(box.request("end", self.uid), 60)
             gone_by = time.monotonic() + 30  # its processes killed, then reaped
             while uid_in_use(self.uid) and time.monotonic() < gone_by:
                 time.sleep(0.05)
@@ -576,14 +511,21 @@ class StudentSandbox:
             SLOTS.put(self.uid)
 
 
+def closed(end: socket.socket, timeout_s: float) -> None:
+    """Once the other end of a socket has closed (timeout_s at most), this end closed too."""
+    end.settimeout(timeout_s)
+    with contextlib.suppress(OSError):
+        while end.recv(1 << 16):
+            pass
+    end.close()
+
+
 # ---------------------------------------------------------------- a submission's cgroup -----------
-# Where the grader is root and the machine lets it, each submission's processes share a cgroup:
-# SUBMISSION_MEMORY together (shared memory and tmpfs included), the kernel killing one of theirs
-# past it, and one core's processor time, so that no number of busy processes slows a classmate
-# more than one busy core does. cgroup v2's controllers where the grader's cgroup hands them to
-# its children (the root of a cgroup namespace, or a delegated one, as systemd-run -p
-# Delegate=yes makes); else cgroup v1's hierarchies where writable; else cgroup_note says what
-# is not bounded.
+# As root, where the machine lets it, each submission's processes share a cgroup: SUBMISSION_MEMORY
+# together (shared memory and tmpfs included) and one core's processor time, so that no number of
+# busy processes slows a classmate more than one busy core does. cgroup v2's controllers where the
+# grader's cgroup hands them to its children (the root of a cgroup namespace, or a delegated one,
+# as systemd-run -p Delegate=yes makes); else cgroup v1's, where writable; else cgroup_note.
 SUBMISSION_MEMORY = 4 << 30
 CPU_PERIOD_US = 100_000
 CGROUPS = Path("/sys/fs/cgroup")
@@ -592,11 +534,9 @@ CGROUPS = Path("/sys/fs/cgroup")
 def cgroup_folders() -> Dict[str, Tuple[str, Path]]:
     """{controller: (its cgroup version, the grader's own cgroup folder)} for memory and cpu
     where a submission's cgroup can be made below it (none where the grader is not root)."""
-    if os.geteuid() != 0:
-        return {}
     own, found = {}, {}
     with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
+        for line in Path("/proc/self/cgroup").read_text().splitlines() if AS_ROOT else ():
             _, controllers, path = line.split(":", 2)
             for controller in controllers.split(",") if controllers else ["v2"]:
                 own[controller] = path.lstrip("/")
@@ -630,18 +570,15 @@ def cgroup_note() -> str:
     )
 
 
-def cgroup_limits(version: str, controller: str) -> List[Tuple[str, str]]:
+def cgroup_limits(version: str, controller: str) -> Dict[str, str]:
     """The files of a submission's cgroup to write, and what (a swap limit where there is one)."""
     memory, period = str(SUBMISSION_MEMORY), str(CPU_PERIOD_US)
     return {
-        ("v1", "memory"): [
-            ("memory.limit_in_bytes", memory),
-            ("memory.memsw.limit_in_bytes", memory),
-        ],
-        ("v1", "cpu"): [("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", period)],
-        ("v2", "memory"): [("memory.max", memory), ("memory.swap.max", "0")],
-        ("v2", "cpu"): [("cpu.max", f"{period} {period}")],
-    }[(version, controller)]
+        ("v1", "memory"): {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
+        ("v1", "cpu"): {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": period},
+        ("v2", "memory"): {"memory.max": memory, "memory.swap.max": "0"},
+        ("v2", "cpu"): {"cpu.max": f"{period} {period}"},
+    }[version, controller]
 
 
 class SubmissionCgroup(NamedTuple):
@@ -655,7 +592,7 @@ class SubmissionCgroup(NamedTuple):
             folder = parent / f"kit-{os.getpid()}-{uid}"
             try:
                 folder.mkdir(exist_ok=True)
-                for name, value in cgroup_limits(kind, controller):
+                for name, value in cgroup_limits(kind, controller).items():
                     with contextlib.suppress(OSError if "swap" in name else ()):
                         (folder / name).write_text(value)
                 if folder not in folders:  # v2: one folder holds both controllers
@@ -680,34 +617,31 @@ class SubmissionCgroup(NamedTuple):
                 os.close(fd)
         for folder in self.folders:
             for _ in range(100):  # its last processes may still be leaving
-                try:
+                with contextlib.suppress(OSError):
                     folder.rmdir()
                     break
-                except OSError:
-                    time.sleep(0.05)
+                time.sleep(0.05)
 
 
 FREE_UID_WAIT_S = 120
 
 
 def free_uid() -> int:
-    """A uid of SLOTS of which nothing lives: no process, no key in the kernel's keyrings (the
-    sandbox refuses keys; this is the second line). Waits for one, FREE_UID_WAIT_S at most
-    (SandboxFailed)."""
+    """A uid of SLOTS of which nothing lives (uid_in_use), waited for FREE_UID_WAIT_S at most."""
     deadline = time.monotonic() + FREE_UID_WAIT_S
-    while True:
+    while time.monotonic() < deadline:
         for _ in range(len(SANDBOX_UIDS)):
             uid = SLOTS.get()
             if not uid_in_use(uid):
                 return uid
             SLOTS.put(uid)  # to the back, tried again later
-        if time.monotonic() > deadline:
-            raise SandboxFailed("no uid of the kit's own is free of an earlier submission")
         time.sleep(0.5)
+    raise SandboxFailed("no uid of the kit's own is free of an earlier submission")
 
 
 def uid_in_use(uid: int) -> bool:
-    """Whether a process of uid lives, or the kernel holds a key of its (/proc/key-users)."""
+    """Whether a process of uid lives, or the kernel holds a key of its (/proc/key-users: the
+    sandbox refuses keys, and this is the second line)."""
     with contextlib.suppress(OSError):
         with open("/proc/key-users") as keys:
             if any(line.split(":")[0].strip() == str(uid) for line in keys):
@@ -737,7 +671,28 @@ class Zygote:
         """Start it unless it runs; False when there is none to be had."""
         with cls.lock:
             if not cls.broken and (cls.connection is None or cls.owner != os.getpid()):
-                cls.start()
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                process = subprocess.Popen(
+                    [sys.executable, str(CHILD), str(theirs.fileno())],
+                    env=child_environment(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(),),
+                )
+                theirs.close()
+                ours.settimeout(120)
+                ready = b""
+                with contextlib.suppress(OSError):
+                    ready = ours.recv(16)
+                cls.broken = ready != b"ready"
+                ours.settimeout(None)
+                if cls.broken:
+                    ours.close()
+                    process.kill()
+                else:
+                    cls.connection, cls.owner = ours, os.getpid()
+                    atexit.register(ours.close)  # its recv then ends, and so does it
             return not cls.broken
 
     @classmethod
@@ -753,32 +708,6 @@ class Zygote:
                 except OSError:
                     cls.connection = None
         return False
-
-    @classmethod
-    def start(cls) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        process = subprocess.Popen(
-            [sys.executable, str(CHILD), str(theirs.fileno())],
-            env=child_environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            pass_fds=(theirs.fileno(),),
-        )
-        theirs.close()
-        ours.settimeout(120)
-        try:
-            ready = ours.recv(16) == b"ready"
-        except OSError:
-            ready = False
-        ours.settimeout(None)
-        if not ready:
-            ours.close()
-            process.kill()
-            cls.broken = True
-            return
-        cls.connection, cls.owner = ours, os.getpid()
-        atexit.register(ours.close)  # its recv then ends, and so does it
 
 
 def run_tests(
@@ -805,7 +734,7 @@ def run_tests(
         "timeout_s": wall_limit(timeout_s),
     }
     worker = None
-    if wrong:  # (function, kind): the original's function made wrong (grading_child.WrongBody)
+    if wrong:  # grading_child.WrongBody
         control["wrong"] = {"module": module_name(layout.module), "function": wrong[0]}
         control["wrong"]["kind"] = wrong[1]
     if graded:  # started first: the watch names its uid or its process
@@ -820,6 +749,7 @@ def run_tests(
             "watch": graded.sandbox.watch(timeout_s),
         }
     printed = Printed()
+    limit_s = COMPUTING_FACTOR * timeout_s + 75  # the run stops its worker before, itself
     try:
         with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
             folder = Path(folder)
@@ -830,17 +760,13 @@ def run_tests(
             # this folder is pytest's rootdir, and the top the tests import the modules from
             (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
             (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
-            limit_s = COMPUTING_FACTOR * timeout_s + 75  # the run stops its worker before, itself
-            sandbox_fd = worker.socket_fd if worker else None
-            record, output, timed_out = start_and_read(
-                folder, control, sandbox_fd, limit_s, worker and (worker.output_fd, printed)
-            )
+            fds = (worker.socket_fd, worker.output_fd) if worker else (None, None)
+            record, output, timed_out = start_and_read(folder, control, limit_s, *fds, printed)
         ended = ended_how(worker, record) if worker else None
     finally:
-        if worker is not None:
-            for fd in worker:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        for fd in worker or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
     run = read_record(record, selected, output, timeout_s)
     if timed_out:
         problem = f"the test process did not end within {limit_s:g} s"
@@ -868,12 +794,10 @@ def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, f
         return None
     ready = select.select([worker.status_fd], [], [], 5)[0]
     words = os.read(worker.status_fd, 100).decode("ascii", "replace").split() if ready else []
-    if len(words) != 3 or words[0] != "ended":
-        return None
-    try:
-        return int(words[1]), float(words[2])
-    except ValueError:
-        return None
+    with contextlib.suppress(ValueError):
+        if len(words) == 3 and words[0] == "ended":
+            return int(words[1]), float(words[2])
+    return None
 
 
 def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bool) -> Run:
@@ -894,42 +818,23 @@ def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bo
     return run
 
 
-def start_and_read(folder: Path, control: dict, sandbox_fd, limit_s: float, printed=None):
-    """The test process on folder, forked by the zygote: its record, its output's tail, whether
-    it was killed at limit_s. printed: (the worker's output pipe, a Printed)."""
-    (report_r, report_w), (output_r, output_w) = os.pipe(), os.pipe()
-    extra = [] if sandbox_fd is None else [sandbox_fd]
+def start_and_read(folder: Path, control: dict, limit_s: float, sandbox_fd, printed_fd, printed):
+    """The test process on folder, forked by the zygote: its record, its output's last 16 KB,
+    whether it was killed at limit_s. What the worker prints (printed_fd) goes to printed as it
+    comes and after, never waited for (a process it left may hold it)."""
+    (report_fd, report_w), (output_fd, output_w) = os.pipe(), os.pipe()
     try:
         job = {"folder": str(folder), "control": control}
-        started = Zygote.send(job, [report_w, output_w, *extra])
+        started = Zygote.send(job, [report_w, output_w, *([sandbox_fd] if sandbox_fd else [])])
     finally:
         os.close(report_w)
         os.close(output_w)
-    deadline = time.monotonic() + limit_s
-    report, output, timed_out = read_until_closed(report_r, output_r, deadline, printed)
-    if not started:
-        output = b"no test process started: the process that forks them did not start"
-    pid, _, record = report.partition(b"\n")
-    if timed_out and pid.strip().isdigit():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(pid), signal.SIGKILL)
-    try:
-        record = json.loads(record) if record else None
-    except ValueError:
-        record = None
-    return record, output, timed_out
-
-
-def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=None):
-    """The report and the last 16 KB of output, until both close or the deadline; and what the
-    worker prints, as it comes and after, but not waited for (a process left may hold it)."""
     selector = selectors.DefaultSelector()
-    for fd in (report_fd, output_fd):
+    for fd in (report_fd, output_fd, printed_fd) if printed_fd else (report_fd, output_fd):
+        os.set_blocking(fd, fd != printed_fd)
         selector.register(fd, selectors.EVENT_READ)
-    if printed:
-        os.set_blocking(printed[0], False)
-        selector.register(printed[0], selectors.EVENT_READ)
     report, output, timed_out = b"", b"", False
+    deadline = time.monotonic() + limit_s
     try:
         while {report_fd, output_fd} & set(selector.get_map()):
             remaining = deadline - time.monotonic()
@@ -948,20 +853,28 @@ def read_until_closed(report_fd: int, output_fd: int, deadline: float, printed=N
                 elif key.fd == output_fd:
                     output = (output + data)[-(1 << 14) :]
                 else:
-                    printed[1].add(data)
-        for _ in range(64) if printed and printed[0] in selector.get_map() else ():
+                    printed.add(data)
+        for _ in range(64) if printed_fd and printed_fd in selector.get_map() else ():
             try:
-                data = os.read(printed[0], 1 << 16)
+                data = os.read(printed_fd, 1 << 16)
             except BlockingIOError:
                 break
             if not data:
                 break
-            printed[1].add(data)
+            printed.add(data)
     finally:
         selector.close()
         os.close(report_fd)
         os.close(output_fd)
-    return report, output, timed_out
+    if not started:
+        output = b"no test process started: the process that forks them did not start"
+    pid, _, record = report.partition(b"\n")
+    if timed_out and pid.strip().isdigit():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pid), signal.SIGKILL)
+    with contextlib.suppress(ValueError):
+        return json.loads(record) if record else None, output, timed_out
+    return None, output, timed_out
 
 
 def read_record(

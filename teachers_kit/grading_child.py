@@ -1,12 +1,8 @@
 """The test process of the teachers' kit: pytest on the teacher's files in a folder of its own,
-its outcomes sent to the grader as one JSON record.
+its outcomes sent to the grader as one JSON record; to grade an exercise, its function a proxy to
+the worker (sandbox.py): this process, which decides, never runs a line of a submission.
 
-    python grading_child.py FD     the process that forks the runs the grader sends on the
-                                   socket FD (it imports torch and pytest, about 2 s of CPU, once)
-
-To grade an exercise ("graded") the run puts a proxy in place of its function in the original
-module (sandbox.py), which sends the worker on the run's socket its module ("source") and each
-call: this process, which decides pass and fail, never imports or runs a line of a submission.
+    python grading_child.py FD     forks a run for each job the grader sends on the socket FD
 """
 
 import gc
@@ -17,7 +13,6 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -28,9 +23,7 @@ sys.path[0] = os.getcwd()  # the run's folder: its module and tests, not the kit
 sys.path.append(str(Path(__file__).resolve().parent))
 import sandbox  # noqa: E402  the kit's own, beside this file
 
-# pytest collects garbage five times as it ends; frozen, the objects of the imports so far (torch,
-# pytest) are not walked by each collection, which would otherwise cost most of a small run
-gc.freeze()
+gc.freeze()  # pytest collects garbage five times as it ends: not through torch's objects
 
 
 def first_line(report) -> str:
@@ -47,9 +40,9 @@ def first_line(report) -> str:
 
 
 class WrongBody:
-    """A wrong answer made of any function: the original's value, each floating-point tensor in
-    it replaced. "zeros": times 0; "perturbed": plus noise as large as itself (its gradients
-    right); "inputs": the argument of its shape and dtype (an update returning its inputs)."""
+    """A wrong answer made of any function, each floating-point tensor of the original's value
+    replaced. "zeros": times 0; "perturbed": plus noise as large as itself (its gradients right);
+    "inputs": the argument of its shape and dtype (an update returning its inputs)."""
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -122,8 +115,7 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
             if report.when == "teardown" and box is not None:
                 box.reset()  # the sandbox forgets the graphs of this test's calls
 
-    # --tb=no: the first line of each failure is all the grader reads, and a long traceback
-    # through the model costs more than the test
+    # --tb=no: the grader reads a failure's first line, and a traceback costs more than the test
     test_file = control.get("test_file") or "test_compressive.py"
     args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", test_file]
     try:
@@ -148,8 +140,8 @@ def report(report_fd: int, control: dict, sandbox_fd: Optional[int]) -> None:
 
 
 def serve(socket_fd: int) -> int:
-    """Imports once, says whether forking is safe here, then forks a run for each job: its folder
-    and control, its pipes (report, output) and its worker's socket."""
+    """Imports once (about 2 s), says whether forking is safe here, then forks a run for each
+    job: its folder and control, its pipes (report, output) and its worker's socket."""
     connection = socket.socket(fileno=socket_fd)
     import torch.testing  # noqa: F401
 
@@ -159,9 +151,8 @@ def serve(socket_fd: int) -> int:
     except ImportError:
         pass
     gc.freeze()
-    one_thread = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
-    connection.sendall(b"ready" if one_thread else b"unsafe")
-    if not one_thread:
+    connection.sendall(b"ready" if sandbox.alone() else b"unsafe")
+    if not sandbox.alone():
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the runs reap themselves
     while True:

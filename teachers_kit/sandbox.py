@@ -1,27 +1,20 @@
 """Where a student's function runs, and the only place it runs: a worker in a sandbox, which
-computes values and decides nothing.
+computes values and decides nothing (teachers_kit/README.md, "What a grade rests on").
 
-    python sandbox.py CONTROL_FD own|shared TMP FOLDER [PATH ...]     its first process
+    python sandbox.py CONTROL_FD TMP FOLDER [PATH ...]     a sandbox's first process
 
-A submission's first process forks a worker for each exercise in turn. Where the grader is not
-root, each submission has a sandbox of its own; where it is, one sandbox serves the grading
-("shared"): its first process imports torch once and forks each submission's first process,
-whose workers take the submission's uid of the kit's own before anything of it runs.
-
-The test process (grading_child.py) runs the teacher's tests with the exercise's function
-replaced by a proxy (install); each call sends its arguments to the worker, which calls the
-student's function (in the original module with only that function taken from the submission,
-whose source comes over the socket, never as a file) and sends back what it returned or raised,
-the gradients asked of it later, the changes it made in place and the random state. The
-assertions run in the test process.
-
-The way in is trusted: each message pickled, with the bytes of the storages its tensors lie on.
-The way out is one safetensors file a reply, its structure as JSON beside its tensors; the test
-process checks every field (shapes and strides whose span is the tensor sent, at most
-MAX_ELEMENTS elements, a view only of a storage it handed, MAX_BYTES a message) before it makes
-a value of it: nothing a sandbox sends is unpickled or run.
+The sandbox's first process forks each submission's first process (as root, one sandbox serves
+the grading; else each submission has its own), which forks a worker for each exercise in turn.
+The test process (grading_child.py) puts a proxy in place of the exercise's function (install),
+and each call goes to the worker (Sandbox), which runs the student's function in the original
+module (its source sent over the socket, never a file) and sends back what it returned or
+raised, the gradients asked of it later, its changes in place and the random state. The way in
+is trusted, a pickle; the way out is one safetensors file a reply, its structure as JSON in a
+tensor of its own, every field checked before a value is made of it: nothing a sandbox sends is
+unpickled or run.
 """
 
+import builtins
 import contextlib
 import copyreg
 import ctypes
@@ -44,28 +37,16 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import safetensors.torch
 import torch
 from torch import nn
 
 DTYPES = {
-    str(dtype).removeprefix("torch."): dtype
-    for dtype in (
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-    )
+    name: getattr(torch, name)
+    for name in """bool uint8 int8 int16 int32 int64 float16 bfloat16 float32 float64 complex64
+    complex128""".split()
 }
 MAX_BYTES = 64 << 20  # a message, either way
 MAX_ELEMENTS = 1 << 24  # a tensor the test process builds, an expanded view's included
@@ -74,30 +55,16 @@ MAX_DEPTH = 16  # of tuples, lists and dicts nested in a value returned
 MAX_TEXT = 2000  # characters of a string returned or of an exception's message
 # The exceptions that cross as themselves (another as the first of these it derives from)
 EXCEPTIONS = {
-    error.__name__: error
-    for error in (
-        ArithmeticError,
-        AssertionError,
-        AttributeError,
-        IndexError,
-        KeyError,
-        LookupError,
-        NotImplementedError,
-        OverflowError,
-        RuntimeError,
-        StopIteration,
-        TypeError,
-        ValueError,
-        ZeroDivisionError,
-    )
+    name: getattr(builtins, name)
+    for name in """ArithmeticError AssertionError AttributeError IndexError KeyError LookupError
+    NotImplementedError OverflowError RuntimeError StopIteration TypeError ValueError
+    ZeroDivisionError""".split()
 }
-
-# Each sandbox's limits (importing torch takes about 1.5 GB of address space); each worker's
+# Each process's limits (importing torch takes about 1.5 GB of address space); each worker's
 # processor time is its run's timeout.
 ADDRESS_SPACE = 6 << 30
 PROCESSES = 32
 FILE_SIZE = 16 << 20
-
 
 WORKER_ENDED = "the sandbox's process ended"
 
@@ -106,12 +73,12 @@ class Refused(Exception):
     """A message that the protocol does not allow."""
 
 
+def name_of(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 # ---------------------------------------------------------------- messages ------------------------
-# A message is its length, then its bytes. The way in, to the sandbox, is trusted: a pickle
-# (CallPickler). The way out is one safetensors file, its structure as JSON in a uint8 tensor
-# "header" of its own (safetensors reads a file from bytes, its metadata only from a file on
-# disk), each field checked before a value is made of it (Sandbox.read_reply): nothing a
-# sandbox sends is unpickled or run.
+# A message is its length, then its bytes.
 
 
 def send(fd: int, data: bytes) -> None:
@@ -121,9 +88,8 @@ def send(fd: int, data: bytes) -> None:
 
 
 def receive(fd: int, deadline=None) -> bytes:
-    """The next message's bytes; EOFError when the other side has gone, TimeoutError past the
-    deadline, Refused when it is too large. deadline: None, or a function that gives the time
-    it is due by (it may move it on as it is asked)."""
+    """The next message; EOFError when the other side has gone, TimeoutError past deadline (None,
+    or a function that gives the time it is due by, which may move on), Refused if too large."""
     (length,) = struct.unpack(">Q", read_exactly(fd, 8, deadline))
     if length > MAX_BYTES:
         raise Refused(f"a message of {length} bytes (at most {MAX_BYTES})")
@@ -158,15 +124,10 @@ def read_reply(data: bytes):
         tensors = safetensors.torch.load(data)
         reply = json.loads(tensors.pop("header").numpy().tobytes())
     except Exception:  # whatever safetensors or JSON refuse
-        raise Refused("a message that is no safetensors file with its reply") from None
+        reply = None
     if type(reply) is not dict:
         raise Refused("a message that is no safetensors file with its reply")
     return reply, tensors
-
-
-def uint8_of(t: torch.Tensor) -> torch.Tensor:
-    """t's whole storage, as bytes (a uint8 tensor over it)."""
-    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
 
 
 def bytes_tensor(data: bytes) -> torch.Tensor:
@@ -191,16 +152,16 @@ def extent(shape, stride) -> int:
 
 class CallPickler(pickle.Pickler):
     """A message to the sandbox: every tensor by its number and layout; every module whole but
-    without its hooks (they belong to the test process, and a hook is often a test's lambda); a
-    function pickle cannot name, found by name in its module."""
+    without its hooks (the test process's, often a test's lambda); a function pickle cannot
+    name, found by name in its module."""
 
     def __init__(self, file):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.numbers: Dict[int, int] = {}  # id of a tensor -> its number
         self.reached: Dict[int, torch.Tensor] = {}  # number -> the tensors of this message
-        self.storage_of: Dict[int, int] = {}  # a tensor's number -> its storage's
         self.storages: Dict[tuple, int] = {}  # (address, size) -> a storage's number
         self.bytes_of: Dict[int, torch.Tensor] = {}  # a storage's number -> a uint8 tensor over it
+        self.bases: Dict[tuple, torch.Tensor] = {}  # (storage, dtype) -> a tensor on it, to view
         self.no_hooks = OrderedDict()  # pickled once, for every module's hooks
 
     def reducer_override(self, obj):
@@ -227,13 +188,14 @@ class CallPickler(pickle.Pickler):
         storage, data = None, None  # on the meta device, no data
         if not t.is_meta:
             where = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
-            storage = self.storage_of[number] = self.storages.setdefault(where, len(self.storages))
+            storage = self.storages.setdefault(where, len(self.storages))
+            self.bases.setdefault((storage, t.dtype), t)
             if storage not in self.bytes_of:  # its bytes, with the first tensor on it
-                self.bytes_of[storage] = uint8_of(t)
-                data = self.bytes_of[storage].numpy().tobytes()
-        dtype, parameter = str(t.dtype).removeprefix("torch."), type(t) is nn.Parameter
+                whole = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+                self.bytes_of[storage], data = whole, whole.numpy().tobytes()
         layout = list(t.shape), list(t.stride()), t.storage_offset()
-        return number, storage, data, dtype, *layout, t.requires_grad, parameter
+        parameter = type(t) is nn.Parameter
+        return number, storage, data, name_of(t.dtype), *layout, t.requires_grad, parameter
 
 
 def pickled(content: dict):
@@ -244,21 +206,6 @@ def pickled(content: dict):
     return buffer.getvalue(), pickler
 
 
-def call_message(args: tuple, kwargs: dict):
-    rng = torch.get_rng_state().numpy().tobytes()
-    dtype = str(torch.get_default_dtype()).removeprefix("torch.")
-    return pickled(
-        {
-            "op": "call",
-            "args": args,
-            "kwargs": kwargs,
-            "rng": rng,
-            "grad_enabled": torch.is_grad_enabled(),
-            "default_dtype": dtype,
-        }
-    )
-
-
 class CallUnpickler(pickle.Unpickler):
     """In the sandbox: a message, each tensor made on the storage sent for it."""
 
@@ -266,7 +213,7 @@ class CallUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.storages: Dict[int, torch.Tensor] = {}  # number -> its bytes, a uint8 tensor
         self.reached: Dict[int, torch.Tensor] = {}
-        self.storage_of: Dict[int, int] = {}
+        self.handed: Dict[tuple, int] = {}  # (an address, a dtype on it) -> its storage's number
 
     def find_class(self, module, name):
         if name == "CallUnpickler.tensor":  # the caller's name of this method: this message's
@@ -281,8 +228,10 @@ class CallUnpickler(pickle.Unpickler):
         else:
             if data is not None:
                 self.storages[storage] = bytes_tensor(data)
-            t = self.storages[storage].view(DTYPES[dtype]).as_strided(shape, stride, offset)
-            self.storage_of[number] = storage
+            whole = self.storages[storage]
+            t = whole.view(DTYPES[dtype]).as_strided(shape, stride, offset)
+            if whole.numel():
+                self.handed[whole.data_ptr(), t.dtype] = storage
         if parameter:
             t = nn.Parameter(t, requires_grad=grad)
         elif grad:
@@ -312,51 +261,44 @@ class Encoder:
         if isinstance(value, torch.Tensor):
             return self.tensor(value)
         if isinstance(value, torch.dtype):
-            return {"dtype": str(value).removeprefix("torch.")}
-        items = None
-        if isinstance(value, (tuple, list)):
-            items = [self.encode(item, depth + 1) for item in value]
+            return {"dtype": name_of(value)}
+        if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+            return {"dict": {key: self.encode(item, depth + 1) for key, item in value.items()}}
+        if not isinstance(value, (tuple, list)):
+            raise TypeError(
+                f"a graded function returns tensors, numbers, strings, dtypes, tuples, lists, "
+                f"dicts and None across the sandbox, not {type(value).__name__}"
+            )
+        items = [self.encode(item, depth + 1) for item in value]
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
             kind = type(value)
             return {"namedtuple": f"{kind.__module__}:{kind.__qualname__}", "items": items}
         if isinstance(value, torch.Size):
             return {"size": items}
-        if isinstance(value, (tuple, list)):
-            return {type(value).__name__ if type(value) in (tuple, list) else "tuple": items}
-        if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-            return {"dict": {key: self.encode(item, depth + 1) for key, item in value.items()}}
-        raise TypeError(
-            f"a graded function returns tensors, numbers, strings, dtypes, tuples, lists, dicts "
-            f"and None across the sandbox, not {type(value).__name__}"
-        )
+        return {"list" if isinstance(value, list) else "tuple": items}
 
     def tensor(self, t: torch.Tensor) -> dict:
         layout = {"shape": list(t.shape), "stride": list(t.stride())}
         if t.device.type != "meta" and t.untyped_storage().nbytes():
             storage = self.handed.get((t.untyped_storage().data_ptr(), t.dtype))
             if storage is not None:
-                dtype = str(t.dtype).removeprefix("torch.")
-                return {"view": storage, "dtype": dtype, "offset": t.storage_offset(), **layout}
+                where = {"dtype": name_of(t.dtype), "offset": t.storage_offset()}
+                return {"view": storage, **where, **layout}
         self.new.append(t)
         return {"tensor": len(self.new) - 1}
 
     def table(self):
         """The new tensors' layouts, and each one's elements from its first to its last (its
-        layout's span, a tensor of its own, so that strides and expanded views come back as
-        they are)."""
+        layout's span, a tensor of its own: strides and expanded views come back as they are)."""
         table, tensors = [], {}
         for i, t in enumerate(self.new):
-            entry = {
-                "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape),
-                "stride": list(t.stride()),
-                "requires_grad": t.requires_grad,
-                "meta": t.device.type == "meta",
-            }
-            if not entry["meta"]:
+            meta = t.device.type == "meta"
+            layout = {"shape": list(t.shape), "stride": list(t.stride())}
+            table.append({"dtype": name_of(t.dtype), **layout, "requires_grad": t.requires_grad})
+            table[-1]["meta"] = meta
+            if not meta:
                 span = (extent(t.shape, t.stride()),)
                 tensors[f"new.{i}"] = t.detach().as_strided(span, (1,), t.storage_offset()).clone()
-            table.append(entry)
         return table, tensors
 
 
@@ -393,13 +335,7 @@ class Server:
         torch.set_rng_state(bytes_tensor(message["rng"]))
         torch.set_default_dtype(DTYPES[message["default_dtype"]])
         before = {number: storage.clone() for number, storage in storages.items()}
-        encoder = Encoder(
-            {
-                (storages[storage].data_ptr(), reached[number].dtype): storage
-                for number, storage in unpickler.storage_of.items()
-                if storages[storage].numel()
-            }
-        )
+        encoder = Encoder(unpickler.handed)
         try:
             with torch.set_grad_enabled(message["grad_enabled"]):
                 value = self.target(*message["args"], **message["kwargs"])
@@ -425,16 +361,16 @@ class Server:
         pairs = [
             (o, g) for o, g in zip(outputs, message["grads"]) if g is not None and o.requires_grad
         ]
-        if not pairs:
-            return {"grads": [None] * len(leaves), "tensors": []}, {}
+        found = [None] * len(leaves)
         try:
-            found = torch.autograd.grad(
-                [o for o, _ in pairs],
-                leaves,
-                [g for _, g in pairs],
-                retain_graph=True,  # a test may ask twice (backward(retain_graph=True))
-                allow_unused=True,
-            )
+            if pairs:
+                found = torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    leaves,
+                    [g for _, g in pairs],
+                    retain_graph=True,  # a test may ask twice (backward(retain_graph=True))
+                    allow_unused=True,
+                )
         except BaseException as error:
             return error_header(error), {}
         encoder = Encoder({})
@@ -444,8 +380,7 @@ class Server:
 
 
 def load(name: str, source: str):
-    """The module name made from source, in memory: a worker's module is never a file that
-    another exercise's worker could read."""
+    """The module name made from source, in memory: never a file another worker could read."""
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__file__ = name.replace(".", "/") + ".py"  # what tracebacks name
@@ -477,19 +412,14 @@ def serve(fd: int) -> None:
             server.graphs.clear()
 
 
-# ---------------------------------------------------------------- the workers ---------------------
-# Every process of a sandbox runs under the grader's seccomp filter (grading.kernel_filter, built
-# by libseccomp and installed by bubblewrap's --seccomp, or without bubblewrap before the
-# sandbox's Python starts), which refuses the kernel's shared objects. Each worker's output
-# (what the student's code prints) goes to a pipe of that exercise's own, which the grader reads
-# and caps: a print never fails and never fills a file another shares. How each worker ended
-# goes to the grader on a pipe of its own, which the worker does not hold: its wait status and
-# the processor time it used, as "ended STATUS SECONDS".
+# ---------------------------------------------------------------- the sandbox's processes ---------
+# Every process of a sandbox runs under the grader's seccomp filter (grading.kernel_filter). A
+# worker's output goes to a pipe of its exercise's own, which the grader reads to its end; how it
+# ended goes to the grader on a pipe the worker does not hold, as "ended STATUS SECONDS".
 
 
-class Workers:
-    """The first process's record of its worker: its process id and the pipe to say how it
-    ended on; SIGCHLD reaps it and says so."""
+class Worker:
+    """The running worker's process id and the pipe to say how it ended on (reap writes it)."""
 
     pid = 0
     status_fd = -1
@@ -503,55 +433,86 @@ class Workers:
                 return
             if pid == 0:
                 return
-            if pid == cls.pid and cls.status_fd >= 0:
-                seconds = usage.ru_utime + usage.ru_stime  # its processor time
-                with contextlib.suppress(OSError):
-                    os.write(cls.status_fd, f"ended {status} {seconds:.3f}".encode())
-                    os.close(cls.status_fd)
-                cls.status_fd = -1
+            if pid == cls.pid:
+                cls.said(f"ended {status} {usage.ru_utime + usage.ru_stime:.3f}")
+
+    @classmethod
+    def said(cls, words: str = "") -> None:
+        with contextlib.suppress(OSError):
+            os.write(cls.status_fd, words.encode())
+            os.close(cls.status_fd)
+        cls.status_fd = -1
 
 
-def announce_started(control_fd: int) -> tuple:
-    """What a sandbox's forking process does first: not dumpable, so that no worker of its uid
-    traces it or reads its memory, and the reaper of every process its workers leave (an orphan
-    comes to it, not to bubblewrap's first, so end_others reaps it before the next exercise):
-    Python has no prctl, so two calls of the C library's. Then its objects frozen, and
-    "started" sent to the grader if it runs one thread alone (it forks its children then), else
-    "unsafe". Returns the control socket and whether it may go on."""
+def alone() -> bool:
+    """Whether this process runs one thread (forking is safe)."""
+    return threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
+
+
+def started(control_fd: int):
+    """A forking process's start: not dumpable (no worker of its uid traces it or reads its
+    memory) and the subreaper of all below it (end_others finds the orphans): prctl, through the
+    C library. Its objects frozen (never walked or copied by a child's collections); "started"
+    said if it may fork, else "unsafe". Returns the control socket, or None."""
     control = socket.socket(fileno=control_fd)
     libc = ctypes.CDLL(None)
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: 0
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    # frozen, torch's objects are neither walked by each child's collections of garbage nor
-    # copied into it page by page as those walks touch them
     gc.freeze()
-    alone = threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1
-    control.sendall(b"started" if alone else b"unsafe")
-    return control, alone
+    control.sendall(b"started" if alone() else b"unsafe")
+    return control if alone() else None
 
 
-def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -> None:
-    """A submission's first process: torch imported, it says so on its control socket, then
-    starts a worker for each exercise the grader sends (its limit of processor time, a socket to
-    its test process, a pipe for its output, a pipe to say how it ended on), one at a time.
-    Before each, it kills every other process of the submission (the last worker, and whatever
-    that one started) and empties the temporary folder, so that nothing one exercise's code
-    leaves behind reaches the next. uid (a submission of the shared sandbox, this process root):
-    each worker takes uid before anything of the submission runs."""
-    control, alone = announce_started(control_fd)
-    if not alone:
-        return
-    signal.signal(signal.SIGCHLD, Workers.reap)
-    while True:
+def start_submissions(control_fd: int, tmp_base: str) -> None:
+    """The sandbox's first process (no student code): for each submission the grader sends
+    ("start": its uid or null, a socket, its cgroups' cgroup.procs) a first process that joins
+    the cgroups, makes TMP/UID its own and starts the workers; asked to "end" a uid (as root), a
+    process that ends all that uid runs and empties its folder, its socket closing then."""
+    control = started(control_fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
+    while control:
         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
-        if not message:  # the grader has gone: the last worker, and what it left, with it
-            end_others(tmp_folder, uid)
+        if not message:  # the grader has gone
             return
+        request = json.loads(message)
+        if os.fork() == 0:
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                uid = request["uid"]
+                tmp_folder = f"{tmp_base}/{uid or 'own'}"
+                if request["op"] == "end":
+                    end_others(tmp_folder, uid)
+                else:
+                    for cgroup_procs in fds[1:]:
+                        os.write(cgroup_procs, b"0")
+                        os.close(cgroup_procs)
+                    os.makedirs(tmp_folder, mode=0o700, exist_ok=True)
+                    if uid is not None:
+                        os.chown(tmp_folder, uid, uid)
+                    os.environ["TMPDIR"] = os.environ["HOME"] = tmp_folder
+                    start_workers(fds[0], tmp_folder, uid)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int]) -> None:
+    """A submission's first process: a worker for each exercise the grader sends (its processor
+    time; a socket to its test process, its output pipe, its status pipe), one at a time, each
+    taking uid (where there is one) before anything of the submission runs. Before each, every
+    other process of the submission killed and its temporary folder emptied: nothing one
+    exercise leaves reaches the next."""
+    control = started(control_fd)
+    signal.signal(signal.SIGCHLD, Worker.reap)
+    while control:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
         end_others(tmp_folder, uid)
-        Workers.reap()  # the last worker, if it ended just now
-        if Workers.status_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(Workers.status_fd)
+        if not message:  # the grader has gone
+            return
+        Worker.reap()  # the last worker, if it ended just now
+        Worker.said()
         socket_fd, output_fd, status_fd = fds
         pid = os.fork()
         if pid == 0:
@@ -565,8 +526,7 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
                 os.dup2(output_fd, 2)
                 os.close(output_fd)
                 sys.stdout.reconfigure(line_buffering=True)
-                seconds = json.loads(message)["seconds"]
-                # a worker that never ends is stopped by its limit of processor time (SIGXCPU)
+                seconds = json.loads(message)["seconds"]  # then SIGXCPU stops it
                 resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
                 serve(socket_fd)
             finally:
@@ -574,49 +534,9 @@ def start_workers(control_fd: int, tmp_folder: str, uid: Optional[int] = None) -
                     with contextlib.suppress(Exception):
                         stream.flush()
                 os._exit(0)
-        Workers.pid, Workers.status_fd = pid, status_fd
+        Worker.pid, Worker.status_fd = pid, status_fd
         os.close(socket_fd)
         os.close(output_fd)
-
-
-def start_submissions(control_fd: int, tmp_base: str) -> None:
-    """The first process of a sandbox shared by the submissions of a grading (started as root):
-    torch imported once, it forks for each submission the grader sends ("start": its uid, a
-    socket, the fds of its cgroups' cgroup.procs) a process that joins those cgroups, makes
-    TMP/UID (the uid's alone: TMP is root's) and starts the submission's workers, each
-    of which takes that uid, and with it loses every capability, before anything of the
-    submission runs; and, asked to "end" a uid, a process that kills every process of that uid
-    and empties its folder, its socket closing when that is done. It runs no student code, and
-    no student's process can signal, trace or read it (root)."""
-    control, alone = announce_started(control_fd)
-    if not alone:
-        return
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children reaped as they end
-    while True:
-        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
-        if not message:  # the grader has gone
-            return
-        request = json.loads(message)
-        if os.fork() == 0:
-            try:
-                control.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                uid = int(request["uid"])
-                tmp_folder = f"{tmp_base}/{uid}"
-                if request["op"] == "end":
-                    end_others(tmp_folder, uid)
-                else:
-                    for cgroup_procs in fds[1:]:  # the submission's cgroups, where it has them
-                        os.write(cgroup_procs, b"0")
-                        os.close(cgroup_procs)
-                    os.makedirs(tmp_folder, mode=0o700, exist_ok=True)
-                    os.chown(tmp_folder, uid, uid)
-                    os.environ["TMPDIR"] = os.environ["HOME"] = tmp_folder
-                    start_workers(fds[0], tmp_folder, uid)
-            finally:
-                os._exit(0)
-        for fd in fds:
-            os.close(fd)
 
 
 def become(uid: int) -> None:
@@ -626,11 +546,10 @@ def become(uid: int) -> None:
 
 
 def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
-    """Every other process of the submission killed, the dead reaped, the temporary folder
-    emptied. uid (this process is root): a child of it that takes uid kills all that uid runs
-    (kill(-1) as uid reaches those alone) and empties the folder. Else every process below this
-    one, which is their subreaper (none escapes by leaving its parent): never kill(-1), which
-    without bubblewrap, as the grader's own user, would reach every process of that user."""
+    """Every other process of the submission killed, and its temporary folder emptied. uid (this
+    process is root): a child that takes uid kills all it runs (kill(-1) reaches those alone).
+    Else every process below this one, their subreaper: never kill(-1), which as the grader's
+    own user would reach every process of that user."""
     if uid is None:
         for _ in range(1000):  # a process may fork as its parent is killed: until none is left
             below = descendants(os.getpid())
@@ -693,10 +612,9 @@ def reap_all() -> None:
 
 
 def main(argv: List[str]) -> int:
-    """In the sandbox, before anything of a submission runs: the limits, which no process in it
-    can raise again (none holds the capability to), torch imported, then the workers (or, in a
-    shared sandbox, each submission's first process)."""
-    control_fd, how, tmp_folder, folder, *paths = argv
+    """In the sandbox, before anything of a submission runs: the limits (no process in it holds
+    the capability to raise them), torch imported, then each submission's first process."""
+    control_fd, tmp_folder, folder, *paths = argv
     with open("/proc/self/oom_score_adj", "w") as adj:  # out of memory, the kernel kills it first
         adj.write("1000")
     for limit, value in (
@@ -705,36 +623,42 @@ def main(argv: List[str]) -> int:
         (resource.RLIMIT_CORE, 0),
     ):
         resource.setrlimit(limit, (value, value))
-    # bubblewrap's user namespace counts this sandbox's processes alone; without one, only a uid
-    # of its own may have its processes counted (KIT_COUNT_PROCESSES is then set; root's own,
-    # the shared sandbox's first process, are not)
+    # counted only where the processes counted are the sandbox's alone (a user namespace, or a
+    # uid of the kit's own: root's own are not)
     if os.environ.get("KIT_COUNT_PROCESSES"):
         resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
     sys.path[:0] = [folder]  # the project's other modules, as they are
     sys.path += paths
-    # what the first gradient asked with grad_outputs, or the first operation on the meta device,
-    # imports (symbolic shapes, sympy, the compiler's modules): once here, not once per worker
+    # what a gradient with grad_outputs or the meta device imports first: once here, not per worker
     import torch._dynamo  # noqa: F401
 
     try:  # the filter holds: a memfd, one of the objects it refuses, cannot be made
         os.close(os.memfd_create("kit-probe"))
-        socket.socket(fileno=int(control_fd)).sendall(b"no filter")  # the grader says why
+        print("the seccomp filter does not hold", file=sys.stderr)
         return 1
     except PermissionError:
         pass
-    if how == "shared":
-        start_submissions(int(control_fd), tmp_folder)
-    else:
-        start_workers(int(control_fd), tmp_folder)
+    start_submissions(int(control_fd), tmp_folder)
     return 0
 
 
 # ---------------------------------------------------------------- the test process's side ---------
 
 
+class Link(NamedTuple):
+    """One call's place in the test process's graph: its new tensors, which of them the sandbox
+    computed with a gradient, and the tensors it was handed that want one (its leaves)."""
+
+    sandbox: "Sandbox"
+    call: int
+    new: list
+    differentiable: list
+    leaves: list
+
+
 class Remote(torch.autograd.Function):
     """Ties what a sandbox returned into the test process's graph: the backward of its outputs
-    asks the sandbox for the gradients of the tensors the call was handed."""
+    asks the sandbox for the gradients of the call's leaves."""
 
     @staticmethod
     def forward(ctx, link, *leaves):
@@ -747,38 +671,26 @@ class Remote(torch.autograd.Function):
         return (None, *ctx.link.sandbox.backward(ctx.link, grads))
 
 
-class Link:
-    """One call's place in the test process's graph: its new tensors, which of them the sandbox
-    computed with a gradient, and the tensors it was handed that want one (its leaves)."""
-
-    def __init__(self, sandbox, call, new, differentiable, leaves):
-        self.sandbox, self.call, self.new = sandbox, call, new
-        self.differentiable, self.leaves = differentiable, leaves
-
-
 class Sandbox:
-    """The test process's end of a worker: call the student's function in it, ask it for
-    gradients. A worker that outlives the deadline (a wall-clock one, past its own limit of
-    processor time) makes the run not graded, to grade again (problem says so); one
-    that ends, or sends what the protocol does not allow, makes every later call raise."""
+    """The test process's end of a worker. One that outlives its deadline (a wall-clock one, past
+    its own processor time) makes the run not graded (problem says why); one that ends, or sends
+    what the protocol does not allow, makes every later call raise (gone says why)."""
 
     def __init__(self, fd: int, graded: dict, timeout_s: float, classes: Dict[str, type]):
         self.fd, self.deadline = fd, time.monotonic() + timeout_s
         self.watch = graded.get("watch", {})  # the submission's processes: {"uid"} or {"pid"}
         self.last = time.monotonic() + self.watch.get("hard_s", timeout_s)
-        self.module, self.function = graded["module"], graded["function"]
-        self.source = graded["source"]  # the module with the student's function put in
+        self.graded = graded  # module, function, source: the module with the student's function
         self.classes = classes  # the named tuples of the run's own modules, "module:name"
-        self.problem = ""  # why the run is worth nothing ("" while it is not)
-        self.gone = ""  # why no call can be made any more
+        self.problem = self.gone = ""
         self.imported = False
 
     def started(self) -> None:
-        """The worker's module sent, and its first message: whether the submission imported."""
+        """The worker's module sent, and its first word: whether the submission imported."""
         if not self.imported:
             self.imported = True
-            module = {"op": "module", "module": self.module, "function": self.function}
-            header, _ = self.exchange(pickled({**module, "source": self.source})[0])
+            module = {key: self.graded[key] for key in ("module", "function", "source")}
+            header, _ = self.exchange(pickled({"op": "module", **module})[0])
             if header.get("op") != "imported":
                 self.end("the sandbox sent no word of the submission's import")
             if "error" in header:
@@ -787,21 +699,21 @@ class Sandbox:
             raise RuntimeError(self.gone)
 
     def due(self) -> float:
-        """When the worker is stopped: at the run's wall-clock limit, unless a process of the
-        submission computes then (its limit of processor time stops it, however busy the
-        machine), up to the last one."""
+        """The run's wall-clock limit, moved on while a process of the submission computes (its
+        processor time stops it, however busy the machine), up to the last."""
         now = time.monotonic()
         if self.deadline <= now < self.last and computing(self.watch):
             self.deadline = now + 5
         return self.deadline
 
-    def end(self, why: str) -> None:
+    def end(self, why: str, raises: bool = True) -> None:
         """No call will be made any more: the worker sees its socket close, and ends."""
         if not self.gone:
             self.gone = why
             with contextlib.suppress(OSError):
                 os.close(self.fd)
-        raise RuntimeError(self.gone)
+        if raises:
+            raise RuntimeError(self.gone)
 
     def exchange(self, data: bytes) -> tuple:
         """(reply, tensors): the worker's reply to the message data."""
@@ -818,47 +730,54 @@ class Sandbox:
         except Refused as why:
             self.end(f"the sandbox sent {why}")
 
-    def call(self, args, kwargs):
-        self.started()
-        data, sent = call_message(args, kwargs)
-        reply, out = self.exchange(data)
+    def checked(self, what: str, read):
+        """read()'s value, raised if it is an exception; a reply it finds forged ends the worker."""
         try:
-            value = self.read_reply(reply, out, sent)
+            value = read()
         except (Refused, KeyError, IndexError, TypeError, ValueError, RuntimeError) as why:
-            self.end(f"the sandbox sent what no call returns ({str(why)[:200]})")
+            self.end(f"the sandbox sent what no {what} returns ({str(why)[:200]})")
         if isinstance(value, BaseException):
             raise value
         return value
 
+    def call(self, args, kwargs):
+        self.started()
+        data, sent = pickled(
+            {
+                "op": "call",
+                "args": args,
+                "kwargs": kwargs,
+                "rng": torch.get_rng_state().numpy().tobytes(),
+                "grad_enabled": torch.is_grad_enabled(),
+                "default_dtype": name_of(torch.get_default_dtype()),
+            }
+        )
+        reply, out = self.exchange(data)
+        return self.checked("call", lambda: self.read_reply(reply, out, sent))
+
     def read_reply(self, reply, out, sent: CallPickler):
         """The value a call returned, built from the reply after every check; or the exception
-        it raised (returned, to be raised by the caller)."""
+        it raised."""
         state = out.get("rng")
         if state is None or state.dtype != torch.uint8:
             raise Refused("a reply without the random state")
         torch.set_rng_state(state)  # it checks the state's size
-        handed = set(sent.storage_of.values())
         for number in reply["changed"]:  # what it changed in place, changed here too
             data, storage = out.get(f"changed.{number}"), sent.bytes_of.get(number)
-            if number not in handed or data is None or data.dtype != torch.uint8:
+            if storage is None or data is None or data.dtype != torch.uint8:
                 raise Refused("a change in place of a storage it was not handed")
             if data.shape != storage.shape:
                 raise Refused("a change in place of another size than its storage")
             storage.copy_(data)
         if "error" in reply:
-            kind = EXCEPTIONS.get(text(reply["error"]), RuntimeError)
-            return kind(text(reply["message"]))
+            return raised(reply)
         new = [self.tensor(entry, out, i) for i, entry in enumerate(reply["tensors"])]
         leaves = [t for t in sent.reached.values() if t.requires_grad]
         differentiable = [entry["requires_grad"] is True for entry in reply["tensors"]]
         if torch.is_grad_enabled() and leaves and any(differentiable):
             link = Link(self, integer(reply["call"], 1 << 62), new, differentiable, leaves)
             new = list(Remote.apply(link, *leaves))
-        bases = {}  # (storage number, dtype) -> a tensor of the call on it, to view it through
-        for number, t in sent.reached.items():
-            if number in sent.storage_of:
-                bases.setdefault((sent.storage_of[number], t.dtype), t)
-        return self.value(reply["value"], bases, new, 0)
+        return self.value(reply["value"], sent.bases, new, 0)
 
     def tensor(self, entry: dict, out: Dict[str, torch.Tensor], i: int) -> torch.Tensor:
         """A new tensor: safetensors read its elements (its layout's span); its layout, checked
@@ -911,40 +830,36 @@ class Sandbox:
         raise Refused("a value of no known kind")
 
     def backward(self, link: Link, grads) -> list:
-        """The gradients of the tensors a call was handed (its leaves), from the sandbox."""
+        """The gradients of a call's leaves, from the sandbox."""
         grads = [g if wanted else None for g, wanted in zip(grads, link.differentiable)]
-        reply, out = self.exchange(
-            pickled({"op": "backward", "call": link.call, "grads": grads})[0]
-        )
-        try:
+        message = {"op": "backward", "call": link.call, "grads": grads}
+        reply, out = self.exchange(pickled(message)[0])
+
+        def read():
             if "error" in reply:  # the student's code raised it, in its backward
-                error = EXCEPTIONS.get(text(reply["error"]), RuntimeError)(text(reply["message"]))
-                reply = {"tensors": [], "grads": [None] * len(link.leaves), "raised": error}
+                return raised(reply)
             new = [self.tensor(entry, out, i) for i, entry in enumerate(reply["tensors"])]
-            found = [None if e is None else self.value(e, {}, new, 0) for e in reply["grads"]]
+            found = [self.value(grad, {}, new, 0) for grad in reply["grads"]]
             if len(found) != len(link.leaves) or any(
                 g is not None and (g.shape != t.shape or g.dtype != t.dtype)
                 for g, t in zip(found, link.leaves)
             ):
                 raise Refused("gradients that do not fit the tensors")
-        except (Refused, KeyError, IndexError, TypeError, ValueError, RuntimeError) as why:
-            self.end(f"the sandbox sent what no backward returns ({str(why)[:200]})")
-        if "raised" in reply:
-            raise reply["raised"]
-        return found
+            return found
+
+        return self.checked("backward", read)
 
     def reset(self) -> None:
         if self.imported and not self.gone:
-            try:
+            with contextlib.suppress(OSError):
                 send(self.fd, pickled({"op": "reset"})[0])
-            except OSError:
-                pass
 
     def close(self) -> None:
-        if not self.gone:
-            self.gone = "closed"
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
+        self.end("closed", raises=False)
+
+
+def raised(reply: dict) -> BaseException:
+    return EXCEPTIONS.get(text(reply["error"]), RuntimeError)(text(reply["message"]))
 
 
 def integer(value, below: int) -> int:
@@ -975,10 +890,9 @@ def computing(watch: dict) -> bool:
 
 
 def install(module, function: str, call) -> None:
-    """Put a proxy in place of the module's function (or a class's method, as the class holds
-    it: a staticmethod stays one), so that every caller, the tests and the module's own code,
-    reaches call(target, args, kwargs) (the sandbox's, or a wrong body's). Before the tests
-    import anything from the module."""
+    """A proxy in place of the module's function (or a class's method, as the class holds it),
+    so that every caller, the tests and the module's own code, reaches call(target, args,
+    kwargs). Before the tests import anything from the module."""
     owner_name, _, name = function.rpartition(".")
     owner = getattr(module, owner_name) if owner_name else module
     raw = inspect.getattr_static(owner, name)
