@@ -62,17 +62,6 @@ def project_files(root: Path, paths: List[str]) -> List[str]:
     return found
 
 
-def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
-    """The text and syntax tree of a Python file (parsed, never run), or a KitError."""
-    if not path.is_file():
-        raise KitError(f"{what} {path} is not a file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise KitError(f"{what} {path} is not Python source: it is not UTF-8 text") from None
-    return text, parse(text, f"{what} {path}")
-
-
 def parse(text: str, what: str) -> ast.Module:
     """The syntax tree of text, or a KitError that says where what is not Python."""
     try:

@@ -27,8 +27,8 @@ from teachers_kit.exercises import (
     blank,
     compile_tests,
     functions,
+    parse,
     project_files,
-    read_python,
     resolve,
     student_tests,
     tests_of,
@@ -108,8 +108,8 @@ def sources(module: str):
     layout = grading.Layout(
         module, tests, {path: (ROOT / path).read_text(encoding="utf-8") for path in support}
     )
-    text, tree = read_python(ROOT / module, "the original")
-    return layout, text, tree, (ROOT / tests).read_text(encoding="utf-8")
+    text = (ROOT / module).read_text(encoding="utf-8")
+    return layout, text, parse(text, module), (ROOT / tests).read_text(encoding="utf-8")
 
 
 def write_student_folder(
@@ -296,7 +296,8 @@ def grade(
         say_how_code_runs(audited, without_sandbox)
     except KitError as e:
         if results is not None:
-            write_json(results, {"score": 0.0, "output": f"Not graded: {e}", "tests": []})
+            record = {"score": 0.0, "output": f"Not graded: {e}", "tests": []}
+            write_text(results, json.dumps(record, indent=1) + "\n")
         raise
     graded = grading.grade(path, assignment, partial, timeout_s, audited)
     print(grading.report(graded))
@@ -305,7 +306,7 @@ def grade(
         note = grading.confinement().note
         if note:  # on Gradescope: the container holds this submission alone, and says so
             record["output"] = f"Graded without bubblewrap's sandbox ({note}). {record['output']}"
-        write_json(results, record)
+        write_text(results, json.dumps(record, indent=1) + "\n")
     return 0 if graded.score == graded.max_score else 1
 
 
@@ -413,10 +414,6 @@ def write_text(path: Path, text: str) -> None:
     os.replace(staging, path)
 
 
-def write_json(path: Path, record: dict) -> None:
-    write_text(path, json.dumps(record, indent=1) + "\n")
-
-
 # ---------------------------------------------------------------- the README's table ------------
 
 
@@ -450,14 +447,6 @@ def readme_with_table(readme: Path) -> Tuple[str, str]:
             f"{TABLE_END} once each"
         )
     return old, before + table() + after
-
-
-def write_table(readme: Path) -> None:
-    old, new = readme_with_table(readme)
-    if new != old:
-        write_text(readme, new)
-    state = "rewritten" if new != old else "unchanged"
-    print(f"{readme}: the table of {len(EXERCISES)} exercises {state}")
 
 
 def verify() -> int:
@@ -566,7 +555,11 @@ def main(argv=None) -> int:
             print(f"{zip_path}: the autograder to upload to Gradescope")
             return 0
         if args.table is not None:
-            write_table(args.table)
+            old, new = readme_with_table(args.table)
+            if new != old:
+                write_text(args.table, new)
+            state = "rewritten" if new != old else "unchanged"
+            print(f"{args.table}: the table of {len(EXERCISES)} exercises {state}")
             return 0
         if args.verify:
             return verify()
