@@ -1198,17 +1198,14 @@ def load_assignment(folder: Path) -> Assignment:
         module, tests = record["module"], record["tests"]
         files = {path: (folder / path).read_text(encoding="utf-8") for path in record["sha256"]}
         support = {path: text for path, text in files.items() if path not in (module, tests)}
+        fields = ("partial", "hidden_visibility", "timeout_s", "versions", "left_out")
         assignment = Assignment(
             folder,
             files[module],
             files[tests],
             [Check(**exercise) for exercise in record["exercises"]],
-            record["partial"],
-            record["hidden_visibility"],
-            record["timeout_s"],
-            record["versions"],
-            record["left_out"],
-            Layout(module, tests, support),
+            **{field: record[field] for field in fields},
+            layout=Layout(module, tests, support),
         )
         known = functions(parse(assignment.reference, f"{folder / module}"))
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
