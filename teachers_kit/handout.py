@@ -169,11 +169,13 @@ def student_readme(
             "the compiler refuses it)"
         )
     if assignment.left_out.get("by the teacher"):
-        left_out.append(f"{quoted(assignment.left_out['by the teacher'])}, by your teacher")
+        left_out.append(
+            f"{quoted(assignment.left_out['by the teacher'])}, left out by your teacher"
+        )
     left_out += [
-        f"from `{c.name}`'s, {quoted(map(grading.short, c.unsandboxed))}, which fail even with "
-        "your teacher's function in the sandbox: it runs on a copy of what the test hands it, "
-        "which a hook the test put on a module never reaches"
+        f"from `{c.name}`'s grade, {quoted(map(grading.short, c.unsandboxed))}, which fail "
+        "even with your teacher's function in the sandbox: it runs on a copy of what the test "
+        "hands it, which a hook the test put on a module never reaches"
         for c in assignment.exercises
         if c.unsandboxed
     ]
@@ -183,15 +185,16 @@ def student_readme(
     newline = "\n"
     return f"""# Compressive Transformer: the exercise
 
-In `{module}` the body of each function below is `raise NotImplementedError`; its docstring
-says what it receives and returns, and the rest of the file is the finished model. Write each:
+In `{module}` the body of each function below is `raise NotImplementedError`; its
+docstring says what it receives and returns, and the rest of the file is the finished model.
+Write each body:
 
 {newline.join(rows)}
 
-An exercise's check is the tests of `{tests}` that fail while it is not written; then run
-them all, `OMP_NUM_THREADS=1 pytest -q` (`@file` needs pytest 8.2; before it, `pytest -q $(cat
-checks/NAME.txt)`). **Run the tests on one thread**, as the grader does: their models are tiny,
-and on a busy machine more threads make them many times slower.
+An exercise's check is the tests of `{tests}` that fail while it is not written;
+then run them all, `OMP_NUM_THREADS=1 pytest -q` (`@file` needs pytest 8.2; before it,
+`pytest -q $(cat checks/NAME.txt)`). **Run the tests on one thread**, as the grader does:
+their models are tiny, and on a busy machine more threads make them many times slower.
 
 {graded}
 
