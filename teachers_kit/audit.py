@@ -1,11 +1,5 @@
-"""The static audit of a student's file, before any of it runs (the kit's README says why each
-rule). The file is refused whole, in one line, unless it parses, is at most MAX_BYTES, defines
-every exercise, and is the original outside the exercises' functions. An exercise is refused
-alone, with its line and the name to avoid, unless its signature and decorators are the
-original's and its body holds none of FORBIDDEN_NODES, uses only its own names, the module's,
-IMPORTED_NAMES, SAFE_BUILTINS and the attributes an answer needs, and hands a class to nothing
-(check_body). An allowlist: a name built from a string needs getattr, vars or a dunder.
-"""
+"""The static audit of a student's file before any of it runs: an allowlist, whose rules the
+kit's README gives. A file is refused whole, or an exercise alone, in one line."""
 
 import ast
 import builtins
@@ -13,7 +7,7 @@ import functools
 import symtable
 from typing import Dict, List, NamedTuple
 
-from teachers_kit.exercises import bound_at_top, functions, without_functions
+from teachers_kit.exercises import bound_at_top, functions, nested_scopes, without_functions
 
 MAX_BYTES = 1_000_000  # compressive.py is about 50 KB
 SAFE_BUILTINS = frozenset(
@@ -24,16 +18,13 @@ SAFE_BUILTINS = frozenset(
     Ellipsis""".split()
 )
 
-# Of the names compressive.py imports, those an answer may use: the modules of tensor operations
-# and math, and the typing names of annotations (see the module docstring for those left out).
+# Of the names compressive.py imports, those an answer may use
 TYPING_NAMES = frozenset({"List", "Optional", "Tuple", "Dict"})
 IMPORTED_NAMES = frozenset({"torch", "nn", "F", "math"}) | TYPING_NAMES
-# The project's own modules: what a module of beyond_the_paper/ imports from them (compressive.py's
-# functions and classes, say) is the project's, as compressive.py's own names are.
+# what a module of beyond_the_paper/ imports from these is the project's, as its own names are
 PROJECT_MODULES = frozenset({"compressive", "beyond_the_paper"})
 
-# Tensor operations an answer may reach for beyond those compressive.py itself uses (the audit
-# adds every attribute name the original reads, less DENIED_ATTRIBUTES).
+# beyond every attribute the original reads (less DENIED_ATTRIBUTES)
 TENSOR_OPERATIONS = frozenset(
     """T abs add addmm all amax amin any arange argmax argmin argsort as_strided as_tensor baddbmm
     bfloat16 bmm cat column_stack ceil chunk clamp clamp_ clamp_max clamp_min clone concat
@@ -53,8 +44,7 @@ TENSOR_OPERATIONS = frozenset(
     var view view_as vstack where zero_ zeros zeros_like""".split()
 )
 
-# Every public dtype of torch (a test checks the list against the installed torch: the grader
-# itself never imports torch), and what torch.finfo and torch.iinfo tell of one.
+# every public dtype of torch (a test checks it against torch: the grader never imports torch)
 TORCH_DTYPES = frozenset(
     """bfloat16 bit bits16 bits1x8 bits2x4 bits4x2 bits8 bool cdouble cfloat chalf complex128
     complex32 complex64 double float float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn
@@ -63,18 +53,16 @@ TORCH_DTYPES = frozenset(
     uint16 uint2 uint3 uint32 uint4 uint5 uint6 uint64 uint7 uint8""".split()
 )
 DTYPE_INFO = frozenset("finfo iinfo bits eps max min tiny smallest_normal resolution".split())
-# Builtins an answer never gets, even where the original's own body reads them: each reaches a
-# name built from a string, a class, or the interpreter.
+# never an answer's, even where the original's body reads them: each reaches a name built from
+# a string, a class, or the interpreter
 REACHING_BUILTINS = frozenset(
     """getattr setattr delattr hasattr vars globals locals eval exec compile open __import__
     breakpoint input type object classmethod staticmethod property memoryview help""".split()
 )
 
-# The one attribute the original reads that an answer has no use for: torch.compiler drives the
-# compiler that the tests' own compiled calls go through.
+# torch.compiler drives the compiler the tests' own compiled calls go through
 DENIED_ATTRIBUTES = frozenset({"compiler"})
 
-# Statements an answer never needs, each with what it would reach.
 FORBIDDEN_NODES = {
     ast.Import: "an import",
     ast.ImportFrom: "an import",
@@ -92,9 +80,7 @@ class Refusal(Exception):
     """The one line that says why a submission is refused."""
 
 
-class Reference(NamedTuple):
-    """What the audit reads from the original, once per original and assignment."""
-
+class Reference(NamedTuple):  # what the audit reads from the original, once
     functions: dict
     without_exercises: str
     names: frozenset  # what an answer may name
@@ -127,8 +113,7 @@ def read_reference(reference_text: str, exercises: tuple) -> Reference:
 
 
 def module_names(reference: ast.Module) -> frozenset:
-    """The names the module binds at the top that an answer may use: its classes, functions and
-    constants, IMPORTED_NAMES, and what it imports from the project's own modules."""
+    """The names an answer may use of those the module binds at its top."""
     names = set()
     for node in reference.body:
         names |= bound_at_top(node)
@@ -148,8 +133,7 @@ def audit(student_text: str, reference_text: str, exercises: List[str]) -> None:
 
 
 def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> Dict[str, str]:
-    """Raise Refusal (one line) when the file as a whole may not run; else return, for each
-    exercise refused alone, why (the others may run)."""
+    """Refusal when the whole file may not run; else {exercise refused alone: why}."""
     if len(student_text.encode("utf-8")) > MAX_BYTES:
         raise Refusal(f"it is larger than {MAX_BYTES // 1000} KB")
     try:
@@ -186,7 +170,7 @@ def audit_each(student_text: str, reference_text: str, exercises: List[str]) -> 
 
 
 def first_difference(student: ast.Module, reference: ast.Module, exercises: List[str]) -> str:
-    """Where the student's file leaves the original outside the exercises, in a few words."""
+    """Where the student's file first leaves the original outside the exercises."""
     for ours, theirs in zip(student.body, reference.body):
         if without_functions(ast.Module([ours], []), exercises) != without_functions(
             ast.Module([theirs], []), exercises
@@ -207,39 +191,31 @@ def first_difference(student: ast.Module, reference: ast.Module, exercises: List
 
 
 def named(statement: ast.stmt) -> str:
-    """An import, named: what it imports is what a reader of the refusal looks for."""
     if isinstance(statement, (ast.Import, ast.ImportFrom)):
         return f", an import the handout does not have (`{ast.unparse(statement)}`)"
     return ""
 
 
 def signature(node: ast.FunctionDef) -> str:
-    """The def line and decorators, as text to compare."""
     parts = [node.args, *node.decorator_list] + ([node.returns] if node.returns else [])
     return " ".join(ast.dump(part) for part in parts)
 
 
 def local_names(scopes: symtable.SymbolTable, name: str, line: int) -> set:
-    """The names the function (qualified name, its def at line) binds anywhere inside it, its
-    lambdas and nested defs included, less those that it or any scope nested in it reads as a
-    global or a builtin, as Python resolves them: bound as a lambda's parameter, `exec` is local
-    there alone, and the builtin in the function's own body."""
+    """The names the function (its def at line) or a scope in it binds, less those any of them
+    reads as a global or a builtin, as Python resolves them (a lambda's parameter `exec` is
+    local to the lambda alone)."""
     table = scopes
     for part in name.split("."):
         matches = [t for t in table.get_children() if t.get_name() == part]
         table = next((t for t in matches if t.get_lineno() == line), matches[-1])
-    bound, reads, stack = set(), set(), [table]
-    while stack:
-        scope = stack.pop()
-        stack += scope.get_children()
-        bound |= {s.get_name() for s in scope.get_symbols() if s.is_local()}
-        reads |= {s.get_name() for s in scope.get_symbols() if s.is_referenced() and s.is_global()}
-    return bound - reads
+    symbols = [symbol for scope in nested_scopes(table) for symbol in scope.get_symbols()]
+    bound = {s.get_name() for s in symbols if s.is_local()}
+    return bound - {s.get_name() for s in symbols if s.is_referenced() and s.is_global()}
 
 
 def check_body(function: ast.FunctionDef, name: str, local: set, reference: Reference) -> str:
-    """Why the body may not run, or "": of what it may not use, the first in the text is named
-    (in open(f).read(), open)."""
+    """Why the body may not run (the first offence in the text), or ""."""
     found = []
     class_places = places_for_a_class(function)
     for node in (node for statement in function.body for node in ast.walk(statement)):
@@ -256,7 +232,6 @@ def check_body(function: ast.FunctionDef, name: str, local: set, reference: Refe
 
 
 def violation(node: ast.AST, local: set, reference: Reference) -> str:
-    """Why an answer may not hold this node, or ""."""
     if type(node) in FORBIDDEN_NODES:
         return f"an answer may not contain {FORBIDDEN_NODES[type(node)]}"
     if isinstance(node, ast.Name):
@@ -284,9 +259,8 @@ def violation(node: ast.AST, local: set, reference: Reference) -> str:
 
 
 def names_a_class(node: ast.AST, reference: Reference, local: set) -> bool:
-    """A name or attribute that holds a class: one the module defines, or one spelled with a
-    capital and more than one letter (torch.Tensor, COMPRESSIONS; not x.T, nor the answer's own
-    names, to which no class can be handed)."""
+    """A class the module defines, or a name spelled with a capital and more (torch.Tensor, not
+    x.T; never the answer's own names, to which no class can be handed)."""
     if isinstance(node, ast.Name) and node.id not in local:
         spelled = node.id
     elif isinstance(node, ast.Attribute):
@@ -297,9 +271,8 @@ def names_a_class(node: ast.AST, reference: Reference, local: set) -> bool:
 
 
 def places_for_a_class(function: ast.FunctionDef) -> set:
-    """The ids of the nodes where a class may stand: what a call calls, isinstance's second
-    argument (or its tuple's items), a safe builtin exception in an except clause or a raise,
-    anything in a local variable's annotation (never evaluated in a function), and a type in a
+    """The ids of the nodes where a class may stand: called, isinstance's second argument, a
+    safe builtin exception caught or raised, a local annotation (never evaluated), a type in a
     nested def's annotation."""
     places = set()
     for node in ast.walk(function):
@@ -322,7 +295,6 @@ def places_for_a_class(function: ast.FunctionDef) -> set:
 
 
 def items(node: ast.AST) -> list:
-    """A tuple's items and the tuple itself, or the node alone."""
     return [node, *node.elts] if isinstance(node, ast.Tuple) else [node]
 
 
@@ -331,10 +303,8 @@ def is_safe_builtin(node: ast.AST) -> bool:
 
 
 def type_places(annotation: ast.AST) -> set:
-    """Where a class may stand in a nested def's annotation, which runs when the def does: the
-    annotation itself when it is a name or an attribute (torch.Tensor), and the typing name and
-    each item of a subscript (Optional[torch.Tensor]). Anything else in it is audited as the
-    code it is: nn.Module.train(torch.Tensor) hands the class to a function there too."""
+    """In a nested def's annotation, which runs: a name or attribute (torch.Tensor), or a typing
+    subscript's name and items (Optional[torch.Tensor]); anything else is audited as code."""
     if isinstance(annotation, (ast.Name, ast.Attribute)):
         return {id(annotation)}
     is_typing = isinstance(annotation, ast.Subscript) and isinstance(annotation.value, ast.Name)

@@ -1,6 +1,6 @@
-"""A module as a source of exercises: its functions by qualified name, the student copy with
-chosen bodies blanked, one function of a student's file put into the original, and the student
-copy of the tests. Every function here reads source text; none runs it."""
+"""A module as a source of exercises: its functions, the student copy with bodies blanked, a
+student's function put into the original, the student copy of the tests. Nothing here runs
+the source it reads."""
 
 import ast
 import builtins
@@ -40,8 +40,7 @@ def tests_of(module: str) -> str:
 
 
 def project_files(root: Path, paths: List[str]) -> List[str]:
-    """paths and every file of the repository they import, directly or not (a package's
-    __init__.py too), in the order found."""
+    """paths and every file of the repository they import, directly or not, in order found."""
     found, queue = [], list(paths)
     while queue:
         path = queue.pop(0)
@@ -60,17 +59,6 @@ def project_files(root: Path, paths: List[str]) -> List[str]:
                 stem = "/".join(parts[:i])
                 queue += [p for p in (f"{stem}.py", f"{stem}/__init__.py") if (root / p).is_file()]
     return found
-
-
-def read_python(path: Path, what: str) -> Tuple[str, ast.Module]:
-    """The text and syntax tree of a Python file (parsed, never run), or a KitError."""
-    if not path.is_file():
-        raise KitError(f"{what} {path} is not a file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise KitError(f"{what} {path} is not Python source: it is not UTF-8 text") from None
-    return text, parse(text, f"{what} {path}")
 
 
 def parse(text: str, what: str) -> ast.Module:
@@ -126,8 +114,8 @@ def file_order(names, tree: ast.Module) -> List[str]:
 
 
 def student_docstring(name: str, node: ast.FunctionDef) -> str:
-    """The docstring (its first paragraph alone where the exercise has a contract, which follows
-    it), and what to write."""
+    """The docstring (its first paragraph, then the contract, where the table has one), and what
+    to write."""
     text = (ast.get_docstring(node) or "").strip()
     exercise = EXERCISES.get(name)
     if not exercise:
@@ -138,9 +126,8 @@ def student_docstring(name: str, node: ast.FunctionDef) -> str:
 
 
 def source_lines(text: str) -> List[str]:
-    """The lines of a file as Python's parser counts them, ends kept: at \\n, \\r\\n or \\r and
-    nowhere else (str.splitlines also breaks at \\x0c, \\u2028 and others, which the parser reads
-    as whitespace or as characters of a comment)."""
+    """The lines as Python's parser counts them, ends kept: at \\n, \\r\\n or \\r alone (not at
+    \\x0c or \\u2028, where str.splitlines breaks too)."""
     parts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
@@ -157,8 +144,8 @@ def header_end(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]:
 
 
 def definition_lines(lines: List[str], node: ast.FunctionDef) -> Tuple[int, int]:
-    """The 0-based line range [start, end) of a def with its decorators and the comment lines
-    right after it, indented as its body (they go with it)."""
+    """The 0-based lines [start, end) of a def, its decorators, and the comment lines after it
+    indented as its body."""
     end = node.end_lineno
     while end < len(lines) and lines[end].strip().startswith("#"):
         if len(lines[end]) - len(lines[end].lstrip()) <= node.col_offset:
@@ -184,9 +171,8 @@ def blank(text: str, tree: ast.Module, names: List[str]) -> str:
 
 
 def splice(reference: str, student: str, name: str) -> str:
-    """The reference file with the def of `name` (decorators and all) taken from the student's
-    file. The result is parsed again and must be the reference with only that def changed, and
-    that def the student's as the audit read it; otherwise a KitError says where."""
+    """The reference with the def of name taken from the student's file; parsed again, it must
+    be the reference with only that def changed, to the one the audit read (else KitError)."""
     ref_lines, student_lines = source_lines(reference), source_lines(student)
     ref_tree, student_tree = ast.parse(reference), ast.parse(student)
     student_node = functions(student_tree)[name]
@@ -209,8 +195,7 @@ def splice(reference: str, student: str, name: str) -> str:
 
 
 def without_functions(tree: ast.Module, names: List[str]) -> str:
-    """The module's syntax tree with the functions of `names` reduced to `def name(): ...` (their
-    signatures and decorators are compared on their own), as text to compare."""
+    """The module's tree, the functions of names reduced to `def name(): pass`, as text."""
 
     def stub(node, prefix=""):
         if (
@@ -247,8 +232,7 @@ def names_in(nodes) -> set:
 
 
 def bound_at_top(node: ast.stmt) -> set:
-    """The names a top-level def, class or assignment binds (an assignment: every name of its
-    targets)."""
+    """The names a top-level def, class or assignment binds."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return {node.name}
     if isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -258,8 +242,8 @@ def bound_at_top(node: ast.stmt) -> set:
 
 
 def student_tests(tests_text: str) -> str:
-    """The tests without those kept from students, and without the helpers only they used (the
-    reference FIFO, say), each with the comment lines right above it."""
+    """The tests less those kept from students and the helpers only they use, each with the
+    comment lines above it."""
     tree = ast.parse(tests_text)
     removed = [n for n in tree.body if is_kept_from_students(n)]
     kept = [n for n in tree.body if n not in removed]
@@ -312,15 +296,22 @@ def compile_tests(tests_text: str) -> List[str]:
         compiling |= more
 
 
+def nested_scopes(table: symtable.SymbolTable) -> List[symtable.SymbolTable]:
+    """table and every scope nested in it."""
+    found = [table]
+    for scope in found:
+        found += scope.get_children()
+    return found
+
+
 def undefined_names(text: str) -> set:
     """Names a module reads but neither defines nor imports nor gets from builtins."""
     table = symtable.symtable(text, "<tests>", "exec")
     defined = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
-    missing, scopes = set(), [table]
-    while scopes:
-        scope = scopes.pop()
-        scopes += scope.get_children()
-        for symbol in scope.get_symbols():
-            if (symbol.is_global() or scope is table) and symbol.is_referenced():
-                missing.add(symbol.get_name())
-    return missing - defined - set(dir(builtins))
+    read = {
+        symbol.get_name()
+        for scope in nested_scopes(table)
+        for symbol in scope.get_symbols()
+        if (symbol.is_global() or scope is table) and symbol.is_referenced()
+    }
+    return read - defined - set(dir(builtins))

@@ -925,8 +925,8 @@ def compute_checks(
     leave_out: Optional[List[str]] = None,
     layout: Layout = COMPRESSIVE,
 ) -> Tuple[Dict[str, List[str]], Dict[str, str]]:
-    """Each exercise's check (the tests of the file, only those named in only, less leave_out,
-    that fail with its function alone blanked) and the versions that ran them."""
+    """Each exercise's check (the tests, of only if given, less leave_out, that fail with its
+    function alone blanked) and the versions that ran them."""
     tree = parse(reference, "the original")
     jobs = [(reference, tests, None, only, leave_out, layout)] + [
         (blank(reference, tree, [name]), tests, None, only, leave_out, layout) for name in names
@@ -956,19 +956,18 @@ def compute_checks(
 def sandbox_checks(
     reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
 ) -> Dict[str, List[str]]:
-    """Each check run as grading runs it, with the original's own function in the sandbox: the
-    tests that fail so are taken out of the check (in place) and returned."""
-    names = list(checks)
-    boxes = {n: StudentSandbox({n: reference}, layout, TIMEOUT_S) for n in names}
+    """The tests of each check that fail with the original's own function in the sandbox: taken
+    out of the check (in place) and returned."""
+    boxes = {n: StudentSandbox({n: reference}, layout, TIMEOUT_S) for n in checks}
     try:
         runs = run_many(
-            [(reference, tests, checks[n], None, None, layout, Graded(n, boxes[n])) for n in names]
+            [(reference, tests, checks[n], None, None, layout, Graded(n, boxes[n])) for n in checks]
         )
     finally:
         for box in boxes.values():
             box.close()
     unsandboxed = {}
-    for name, run in zip(names, runs):
+    for name, run in zip(list(checks), runs):
         if run.problem:
             raise KitError(f"{name} cannot be graded here: in the sandbox, {run.problem}")
         unsandboxed[name] = [t for t in checks[name] if run.outcomes.get(t) != "passed"]
@@ -984,8 +983,7 @@ WRONG_BODIES = ("zeros", "perturbed", "inputs")  # grading_child.WrongBody's
 def measuring_tests(
     reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
 ) -> Dict[str, List[str]]:
-    """Each exercise's tests that every wrong body of its function fails (WRONG_BODIES): those
-    its partial credit counts (a test a wrong answer passes measures nothing)."""
+    """Each check's tests that every wrong body fails: what partial credit counts."""
     jobs = [(name, kind) for name in checks for kind in WRONG_BODIES]
     runs = run_many(
         [(reference, tests, checks[n], None, None, layout, None, (n, kind)) for n, kind in jobs]
@@ -1002,6 +1000,10 @@ def base_name(node_id: str) -> str:
     return node_id.split("::")[-1].split("[")[0]
 
 
+def short(node_id: str) -> str:
+    return node_id.split("::", 1)[-1]
+
+
 # ---------------------------------------------------------------- the assignment ------------------
 
 
@@ -1010,12 +1012,8 @@ class Check(NamedTuple):
     points: float
     tests: List[str]  # its check, in file order
     hidden: List[str]  # those of its tests that the student's copy of the tests leaves out
-    # the tests that fail with it blanked yet fail too with the original's own function in the
-    # sandbox (one that hooks a module the function calls: the sandbox's copy carries no hook),
-    # left out of its check
-    unsandboxed: List[str] = []
-    # those of its tests that every wrong body the kit makes fails: what partial credit counts
-    measured: List[str] = []
+    unsandboxed: List[str] = []  # left out: they fail with the original's function in the sandbox
+    measured: List[str] = []  # those every wrong body fails: what partial credit counts
 
 
 class Assignment(NamedTuple):
@@ -1048,8 +1046,7 @@ def make_assignment(
     layout: Layout = COMPRESSIVE,
 ) -> Assignment:
     """Compute each exercise's check and write the teacher's folder: the original, every test,
-    assignment.json. The torch.compile tests are left out of every check (an as_strided view, a
-    correct answer, fails them), and so are leave_out's (tests failing on this machine)."""
+    assignment.json."""
     names = file_order(names, parse(reference, "the original"))
     for name in names:
         try:
@@ -1114,17 +1111,14 @@ def load_assignment(folder: Path) -> Assignment:
         module, tests = record["module"], record["tests"]
         files = {path: (folder / path).read_text(encoding="utf-8") for path in record["sha256"]}
         support = {path: text for path, text in files.items() if path not in (module, tests)}
+        fields = ("partial", "hidden_visibility", "timeout_s", "versions", "left_out")
         assignment = Assignment(
             folder,
             files[module],
             files[tests],
             [Check(**exercise) for exercise in record["exercises"]],
-            record["partial"],
-            record["hidden_visibility"],
-            record["timeout_s"],
-            record["versions"],
-            record["left_out"],
-            Layout(module, tests, support),
+            **{field: record[field] for field in fields},
+            layout=Layout(module, tests, support),
         )
         known = functions(parse(assignment.reference, f"{folder / module}"))
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
@@ -1190,9 +1184,9 @@ class Grading(NamedTuple):
 
 
 def read_submission(path: Path, name: str = "compressive.py") -> str:
-    """The text of the file to grade (name: the exercises' module): path, or the one in the
-    folder path (at its top, or the only one below, as Gradescope unpacks). A regular file of
-    that folder only: a symbolic or hard link, a device, a pipe is refused, never opened."""
+    """The text of the file to grade: path, or the one named name in the folder path (at its
+    top, or the only one below, as Gradescope unpacks). A regular file only: a link, a device,
+    a pipe is refused, never opened."""
     file = path
     if path.is_dir() and not path.is_symlink():
         found = [
@@ -1221,16 +1215,12 @@ def read_submission(path: Path, name: str = "compressive.py") -> str:
             raise audit.Refusal(f"{file} is a hard link to another file: submit a copy")
         data = handle.read(audit.MAX_BYTES + 1)
     try:
-        # utf-8-sig: an editor's byte order mark (Windows Notepad writes one) is no part of the
-        # text, as Python itself reads the file
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8-sig")  # a byte order mark (Notepad's) is no part of the text
     except UnicodeDecodeError:
         raise audit.Refusal("it is not UTF-8 text") from None
 
 
 class Prepared(NamedTuple):
-    """A submission read and audited, its exercises ready to run."""
-
     submission: str
     refused: str  # why the whole file is refused ("" if it is not)
     refusals: Dict[str, str]  # exercise -> why it alone is refused
@@ -1239,14 +1229,12 @@ class Prepared(NamedTuple):
 
 
 # Python 3.11's ast is not safe in two threads at once ("SystemError: AST constructor recursion
-# depth mismatch"): submissions graded side by side (grade() called from threads) are read,
-# audited and spliced one at a time
+# depth mismatch"): submissions are read, audited and spliced one at a time
 PARSING = threading.Lock()
 
 
 def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> Prepared:
-    """Read and audit a submission, and put each accepted exercise into the original
-    (audited=False skips the audit: --no-audit, to test the sandbox alone)."""
+    """A submission read, audited (unless --no-audit) and each accepted exercise spliced."""
     began = time.monotonic()
     names = [c.name for c in assignment.exercises]
     with PARSING:
@@ -1269,26 +1257,6 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
     return Prepared(str(submission), "", refusals, spliced, began)
 
 
-def job(assignment: Assignment, check: Check, box: StudentSandbox) -> tuple:
-    """run_tests's arguments for one exercise of a submission: the teacher's original and tests,
-    the exercise's check, and the submission's sandbox, where its function runs."""
-    layout, graded = assignment.layout, Graded(check.name, box)
-    return (assignment.reference, assignment.tests, check.tests, None, None, layout, graded)
-
-
-def grade(
-    submission: Path,
-    assignment: Assignment,
-    partial: Optional[bool] = None,
-    timeout_s: Optional[float] = None,
-    audited: bool = True,
-) -> Grading:
-    """Grade a student's compressive.py: each exercise alone, its refusal or its run."""
-    prepared = prepare(submission, assignment, audited)
-    timeout = timeout_s or assignment.timeout_s
-    return finish(prepared, assignment, run_submission(prepared, assignment, timeout), partial)
-
-
 def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float) -> Dict[str, Run]:
     """Each exercise of a submission run, one at a time, in the submission's sandbox."""
     box = StudentSandbox(prepared.spliced, assignment.layout, timeout_s)
@@ -1300,28 +1268,20 @@ def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float)
                 run = Run([], {}, {}, str(e), {}, 0.0, regrade=True)
                 return {name: run for name in prepared.spliced}
             Zygote.ensure()
-        checks = [c for c in assignment.exercises if c.name in prepared.spliced]
-        return {c.name: run_tests(*job(assignment, c, box), timeout_s=timeout_s) for c in checks}
+        return {
+            c.name: run_tests(
+                assignment.reference,
+                assignment.tests,
+                c.tests,
+                layout=assignment.layout,
+                graded=Graded(c.name, box),
+                timeout_s=timeout_s,
+            )
+            for c in assignment.exercises
+            if c.name in prepared.spliced
+        }
     finally:
         box.close()
-
-
-def finish(
-    prepared: Prepared, assignment: Assignment, runs: Dict[str, Run], partial: Optional[bool]
-) -> Grading:
-    """The grading of a prepared submission from its exercises' runs."""
-    partial = assignment.partial if partial is None else partial
-    grades = []
-    for check in assignment.exercises:
-        why = prepared.refused or prepared.refusals.get(check.name, "")
-        if why or check.name not in runs:
-            grades.append(
-                Grade(check.name, check.points, 0.0, check.tests, check.hidden, [], "", why)
-            )
-        else:
-            grades.append(score(check, runs[check.name], partial))
-    seconds = time.monotonic() - prepared.began
-    return Grading(prepared.submission, grades, prepared.refused, partial, seconds)
 
 
 def score(check: Check, run: Run, partial: bool) -> Grade:
@@ -1351,11 +1311,62 @@ def score(check: Check, run: Run, partial: bool) -> Grade:
     )
 
 
+def grade_class(
+    submissions: Dict[str, Path],
+    assignment: Assignment,
+    partial: Optional[bool] = None,
+    timeout_s: Optional[float] = None,
+    graded=lambda student, grading: None,
+    audited: bool = True,
+) -> Dict[str, Grading]:
+    """Each student's submission (student -> path) graded, side by side, one per core: each
+    exercise alone, its refusal or its run; graded(student, grading) as each one ends."""
+    partial = assignment.partial if partial is None else partial
+    prepared = {
+        student: prepare(path, assignment, audited) for student, path in submissions.items()
+    }
+    gradings = {}
+    with ThreadPoolExecutor(max_workers=workers()) as pool:
+        futures = {
+            pool.submit(run_submission, ready, assignment, timeout_s or assignment.timeout_s): who
+            for who, ready in prepared.items()
+        }
+        for future in as_completed(futures):
+            who = futures[future]
+            ready, runs = prepared[who], future.result()
+            grades = []
+            for c in assignment.exercises:
+                why = ready.refusals.get(c.name, ready.refused)
+                refused = Grade(c.name, c.points, 0.0, c.tests, c.hidden, [], "", why)
+                grades.append(score(c, runs[c.name], partial) if c.name in runs else refused)
+            seconds = time.monotonic() - ready.began
+            gradings[who] = Grading(ready.submission, grades, ready.refused, partial, seconds)
+            graded(who, gradings[who])
+    return {student: gradings[student] for student in submissions}
+
+
+def grade(
+    submission: Path,
+    assignment: Assignment,
+    partial: Optional[bool] = None,
+    timeout_s: Optional[float] = None,
+    audited: bool = True,
+) -> Grading:
+    """A student's file graded, as grade_class grades a class of one."""
+    return grade_class({"": submission}, assignment, partial, timeout_s, audited=audited)[""]
+
+
+def failed_most(gradings: List[Grading]) -> List[Tuple[str, int]]:
+    """Each test that failed for some student, with how many, most first (runs worth nothing
+    left out)."""
+    counts: Dict[str, int] = {}  # a test counts once a student, whichever checks hold it
+    for grading in gradings:
+        for test in {t for g in grading.grades if not g.problem for t, _ in g.failures}:
+            counts[test] = counts.get(test, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
 # ---------------------------------------------------------------- reporting -----------------------
-
-
-def short(node_id: str) -> str:
-    return node_id.split("::", 1)[-1]
 
 
 def audit_line(why: str, whole: bool = True) -> str:
@@ -1364,8 +1375,7 @@ def audit_line(why: str, whole: bool = True) -> str:
 
 
 def not_graded(grade: Grade) -> str:
-    """Why an exercise was not graded: its own code's doing (it scores 0), or the machine's (to
-    grade again: it is no 0)."""
+    """Its own code's doing (it scores 0), or the machine's (to grade again: it is no 0)."""
     return f"not graded: {'regrade: ' if grade.regrade else ''}{grade.problem}"
 
 
@@ -1385,9 +1395,8 @@ def summary(grade: Grade) -> str:
 
 
 def failure_lines(grade: Grade, hidden: bool) -> List[str]:
-    """The failing tests (the hidden ones, or the others) with the first line of why, the tests
-    that fail for the same reason on one line; none where the run is worth nothing (its
-    problem says why)."""
+    """The failing tests (the hidden ones, or the others) with the first line of why, those
+    that share it on one line; none where the run is worth nothing."""
     if grade.problem:
         return []
     reasons: Dict[str, List[str]] = {}
@@ -1409,15 +1418,13 @@ def failure_lines(grade: Grade, hidden: bool) -> List[str]:
 
 
 def shown(text: str) -> str:
-    """text as a terminal may show it: every control character but a line feed and a tab
-    escaped (ESC as \\x1b), so that nothing a submission printed or raised moves the cursor or
-    rewrites a line of the grade."""
+    """text with every control character but a line feed and a tab escaped (ESC as \\x1b): what
+    a submission printed or raised moves no cursor and rewrites no line of the grade."""
     return "".join(c if c in "\n\t" or c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def report(grading: Grading) -> str:
-    """The grade as --grade prints it and a student's feedback file holds it: each exercise's
-    points, its failing tests with the first line of why, what it printed."""
+    """The grade as --grade prints it and a student's feedback file holds it."""
     lines = [f"{grading.submission}: {audit_line(grading.refused)}"] if grading.refused else []
     width = max(len(g.name) for g in grading.grades)
     for g in grading.grades:
@@ -1435,9 +1442,20 @@ def report(grading: Grading) -> str:
 
 
 def results_json(grading: Grading, assignment: Assignment) -> dict:
-    """Gradescope's results.json: one entry per exercise, scored, visible; and for an exercise
-    with hidden tests, one more entry without points naming those that failed, shown to students
-    as the assignment's hidden_visibility says."""
+    """Gradescope's results.json: one scored entry per exercise, and for one with hidden tests
+    an entry without points naming those that failed, shown as hidden_visibility says."""
+
+    def entry(name, score, points, passed, output, visibility="visible"):
+        status = "passed" if passed else "failed"
+        return dict(
+            name=name,
+            score=score,
+            max_score=points,
+            status=status,
+            output=shown(output),
+            visibility=visibility,
+        )
+
     scored, hidden = [], []
     for g in grading.grades:
         lines = [audit_line(grading.refused) if grading.refused else summary(g)]
@@ -1447,13 +1465,13 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
             lines.append(f"and {sum(t in g.hidden for t, _ in g.failures)} hidden tests failed")
         if g.printed:
             lines.append(f"\nWhat your function printed (it counts for nothing):\n{g.printed}")
-        passed = g.score == g.points
-        scored.append(entry(g.name, g.score, g.points, passed, "\n".join(lines), "visible"))
+        scored.append(entry(g.name, g.score, g.points, g.score == g.points, "\n".join(lines)))
         if g.hidden and not (grading.refused or g.refused or g.problem):
             output = "\n".join(failed_hidden) or f"all {len(g.hidden)} hidden tests passed"
-            name = f"{g.name}: hidden tests"
             visibility = assignment.hidden_visibility
-            hidden.append(entry(name, 0.0, 0.0, not failed_hidden, output, visibility))
+            hidden.append(
+                entry(f"{g.name}: hidden tests", 0.0, 0.0, not failed_hidden, output, visibility)
+            )
     credit = "partial credit for right values" if grading.partial else "all or nothing"
     intro = (
         "Each exercise is graded alone: the original compressive.py with only your function put "
@@ -1467,57 +1485,3 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
         "stdout_visibility": "hidden",
         "tests": scored + hidden,
     }
-
-
-def entry(name: str, score: float, points: float, passed: bool, output: str, visibility: str):
-    """One test of Gradescope's results.json."""
-    status = "passed" if passed else "failed"
-    return {
-        "name": name,
-        "score": score,
-        "max_score": points,
-        "status": status,
-        "output": shown(output),
-        "visibility": visibility,
-    }
-
-
-# ---------------------------------------------------------------- a class -------------------------
-
-
-def grade_class(
-    submissions: Dict[str, Path],
-    assignment: Assignment,
-    partial: Optional[bool] = None,
-    timeout_s: Optional[float] = None,
-    graded=lambda student, grading: None,
-    audited: bool = True,
-) -> Dict[str, Grading]:
-    """Grade each student's submission (student -> path), side by side, one per core;
-    graded(student, grading) is called as each one ends."""
-    prepared = {
-        student: prepare(path, assignment, audited) for student, path in submissions.items()
-    }
-    timeout = timeout_s or assignment.timeout_s
-    gradings = {}
-    with ThreadPoolExecutor(max_workers=workers()) as pool:
-        futures = {
-            pool.submit(run_submission, ready, assignment, timeout): student
-            for student, ready in prepared.items()
-        }
-        for future in as_completed(futures):
-            student = futures[future]
-            gradings[student] = finish(prepared[student], assignment, future.result(), partial)
-            graded(student, gradings[student])
-    return {student: gradings[student] for student in submissions}
-
-
-def failed_most(gradings: List[Grading]) -> List[Tuple[str, int]]:
-    """Each test that failed for some student, with how many, most first (runs worth nothing
-    left out)."""
-    counts: Dict[str, int] = {}  # a test counts once a student, whichever checks hold it
-    for grading in gradings:
-        failed = {test for g in grading.grades if not g.problem for test, _ in g.failures}
-        for test in failed:
-            counts[test] = counts.get(test, 0) + 1
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))

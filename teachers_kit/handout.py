@@ -27,8 +27,8 @@ from teachers_kit.exercises import (
     blank,
     compile_tests,
     functions,
+    parse,
     project_files,
-    read_python,
     resolve,
     student_tests,
     tests_of,
@@ -57,7 +57,7 @@ def make(
     leave_out: Optional[List[str]] = None,
 ) -> grading.Assignment:
     """Write out/student, out/teacher and out/gradescope.zip, whole or not at all (only: the
-    tests to compute checks from, for the kit's own tests; leave_out: tests no check holds)."""
+    tests to compute checks from, for the kit's own tests)."""
     layout, text, tree, tests = sources(module_of(names))
     names = resolve(names, tree, layout.module)
     if points is not None and len(points) != len(names):
@@ -101,15 +101,14 @@ def module_of(names: List[str]) -> str:
 
 
 def sources(module: str):
-    """A module's layout (its test file, the repository's files they import, as they are), its
-    text and tree, and its tests' text."""
+    """A module's layout, text and tree, and its tests' text."""
     tests = tests_of(module)
     support = project_files(ROOT, [module, tests])[2:]
     layout = grading.Layout(
         module, tests, {path: (ROOT / path).read_text(encoding="utf-8") for path in support}
     )
-    text, tree = read_python(ROOT / module, "the original")
-    return layout, text, tree, (ROOT / tests).read_text(encoding="utf-8")
+    text = (ROOT / module).read_text(encoding="utf-8")
+    return layout, text, parse(text, module), (ROOT / tests).read_text(encoding="utf-8")
 
 
 def write_student_folder(
@@ -150,38 +149,33 @@ def student_readme(
         for first in visible
         if first != later and set(visible[later]) < set(visible[first])
     ]
-    partial = (
-        " (if it passes every test that wrong answers fail but misses another, a gradient say, "
-        "the share of the check it passes)"
-    )
+    partial = " (or, where it passes every test that wrong answers fail, its share of the check)"
     graded = paragraph(
         f"**How it is graded.** Each exercise alone: your function is put into the original "
-        f"`{module}` and runs in a sandbox of its own, so a mistake costs its own exercise only; "
-        f"it scores its points when every test of its check passes"
-        f"{partial if assignment.partial else ''}, along with a few tests your teacher keeps. "
-        "What it returns and raises counts, never what it prints. Write only inside these "
-        "bodies: the grader refuses a file that differs from this one elsewhere or imports "
-        "anything, and an exercise alone (it scores 0, the others are graded) whose body uses "
-        f"more than its arguments, its own names, `{module}`'s names, torch, F, nn and math, "
-        "tensor operations and plain builtins (len, range, ...), or hands a class to anything; "
-        "it says which line and which name."
+        f"`{module}` and runs in a sandbox, so a mistake costs its own exercise only; it scores "
+        f"its points when every test of its check passes{partial if assignment.partial else ''}"
+        ", a few your teacher keeps included. What it returns and raises counts, never what it "
+        "prints. Write only inside these bodies: the grader refuses a file that differs from "
+        "this one elsewhere or imports anything, and an exercise alone (it scores 0) whose body "
+        f"uses more than its arguments, its own names, `{module}`'s names, torch, F, nn and "
+        "math, tensor operations and plain builtins, or hands a class to anything; it says "
+        "which line and which name."
     )
     left_out = []  # the tests in no check, and why
-    compiled = assignment.left_out.get("torch.compile")
-    if compiled:
+    if assignment.left_out.get("torch.compile"):
         left_out.append(
-            f"the {len(compiled)} tests that run `torch.compile` ({quoted(compiled)}): an answer "
-            "need only be right when run as written (an `as_strided` view, say, counts even "
-            "where the compiler refuses it), and `pytest -q` still runs them"
+            f"the tests that run `torch.compile` ({quoted(assignment.left_out['torch.compile'])})"
+            ": an answer need only be right as written (an `as_strided` view counts even where "
+            "the compiler refuses it)"
         )
     if assignment.left_out.get("by the teacher"):
         left_out.append(
-            f"{quoted(assignment.left_out['by the teacher'])}, which your teacher left out"
+            f"{quoted(assignment.left_out['by the teacher'])}, left out by your teacher"
         )
     left_out += [
-        f"from `{c.name}`'s grade, {quoted(map(grading.short, c.unsandboxed))}, which fail even "
-        "with your teacher's own function in the grader's sandbox: it runs the function on a copy "
-        "of what the test hands it, which a hook the test put on a module never reaches"
+        f"from `{c.name}`'s grade, {quoted(map(grading.short, c.unsandboxed))}, which fail "
+        "even with your teacher's function in the sandbox: it runs on a copy of what the test "
+        "hands it, which a hook the test put on a module never reaches"
         for c in assignment.exercises
         if c.unsandboxed
     ]
@@ -191,17 +185,16 @@ def student_readme(
     newline = "\n"
     return f"""# Compressive Transformer: the exercise
 
-In `{module}` the body of each function below is `raise NotImplementedError`. Its
-docstring states what it receives, in which shapes, and what it returns; the rest of the file
-is the finished model, to read and to call. Write each body:
+In `{module}` the body of each function below is `raise NotImplementedError`; its
+docstring says what it receives and returns, and the rest of the file is the finished model.
+Write each body:
 
 {newline.join(rows)}
 
-An exercise's check is the tests of `{tests}` that fail while the function is not
-written. Then run the whole file, `OMP_NUM_THREADS=1 pytest -q`. (`@file` needs pytest 8.2 or
-later; with an older one, pass the file's lines themselves: `pytest -q $(cat checks/NAME.txt)`.)
-**Run the tests on one thread**, as the grader does: their models are tiny, and on a busy
-machine more threads make them many times slower, not faster.
+An exercise's check is the tests of `{tests}` that fail while it is not written;
+then run them all, `OMP_NUM_THREADS=1 pytest -q` (`@file` needs pytest 8.2; before it,
+`pytest -q $(cat checks/NAME.txt)`). **Run the tests on one thread**, as the grader does:
+their models are tiny, and on a busy machine more threads make them many times slower.
 
 {graded}
 
@@ -228,7 +221,7 @@ MOST_FAILED = 10  # tests in the class summary
 
 def assignments_record() -> Path:
     """Where the handout command notes each assignment it writes, for --grade without
-    --assignment: the user's cache, never the submission's folder."""
+    --assignment."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "compressive-kit" / "assignments"
 
@@ -263,9 +256,8 @@ def load(folder: Optional[Path]) -> grading.Assignment:
 
 
 def say_how_code_runs(audited: bool, without_sandbox: bool = False) -> None:
-    """One line on stderr where student code runs with less than the kit's sandbox gives, or
-    without the audit. Without the sandbox, grading is refused (KitError) unless the teacher
-    asked for it by name, or it runs in Gradescope's container (without_sandbox)."""
+    """A line on stderr for each guard missing; without the sandbox, a KitError unless asked
+    for by name or on Gradescope (without_sandbox)."""
     note = grading.confinement().note
     if note and not without_sandbox:
         raise KitError(
@@ -287,8 +279,8 @@ def grade(
     audited: bool = True,
     without_sandbox: bool = False,
 ) -> int:
-    """One submission graded and printed, and Gradescope's results.json where asked (on
-    Gradescope, one that says why when nothing could be graded)."""
+    """One submission graded and printed, and results.json where asked (one that says why, when
+    nothing could be graded)."""
     try:
         assignment = load(assignment_folder)
         if not os.path.lexists(path):
@@ -296,7 +288,8 @@ def grade(
         say_how_code_runs(audited, without_sandbox)
     except KitError as e:
         if results is not None:
-            write_json(results, {"score": 0.0, "output": f"Not graded: {e}", "tests": []})
+            record = {"score": 0.0, "output": f"Not graded: {e}", "tests": []}
+            write_text(results, json.dumps(record, indent=1) + "\n")
         raise
     graded = grading.grade(path, assignment, partial, timeout_s, audited)
     print(grading.report(graded))
@@ -305,7 +298,7 @@ def grade(
         note = grading.confinement().note
         if note:  # on Gradescope: the container holds this submission alone, and says so
             record["output"] = f"Graded without bubblewrap's sandbox ({note}). {record['output']}"
-        write_json(results, record)
+        write_text(results, json.dumps(record, indent=1) + "\n")
     return 0 if graded.score == graded.max_score else 1
 
 
@@ -329,8 +322,7 @@ def class_submissions(folder: Path) -> Dict[str, Path]:
 
 
 def class_note(result: grading.Grading) -> str:
-    """What a student's line adds to the score: the file refused, how many exercises were
-    refused, and each exercise not graded (its own doing, which scores 0, or the machine's)."""
+    """What a student's printed line adds to the score: refusals, exercises not graded."""
     if result.refused:
         return f", {grading.audit_line(result.refused)}"
     refused = sum(bool(g.refused) for g in result.grades)
@@ -340,9 +332,7 @@ def class_note(result: grading.Grading) -> str:
 
 
 def spreadsheet_cell(text: str) -> str:
-    """A cell that starts with = + - @ (or a tab or a carriage return) is a formula to a
-    spreadsheet (a student named =HYPERLINK(...)): such a cell gets a leading ', as OWASP
-    advises."""
+    """A leading ' where a spreadsheet would read a formula (=HYPERLINK(...)), as OWASP advises."""
     return f"'{text}" if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
 
 
@@ -355,8 +345,8 @@ def grade_class(
     audited: bool = True,
     without_sandbox: bool = False,
 ) -> int:
-    """Every submission of folder graded: one CSV row each, each one's feedback beside it
-    (grades.csv: grades-feedback/STUDENT.txt), and the tests that failed most."""
+    """Every submission of folder graded: a CSV row and a feedback file each, and the tests that
+    failed most."""
     assignment = load(assignment_folder)
     submissions = class_submissions(folder)
     say_how_code_runs(audited, without_sandbox)
@@ -413,16 +403,12 @@ def write_text(path: Path, text: str) -> None:
     os.replace(staging, path)
 
 
-def write_json(path: Path, record: dict) -> None:
-    write_text(path, json.dumps(record, indent=1) + "\n")
-
-
 # ---------------------------------------------------------------- the README's table ------------
 
 
 def table() -> str:
-    """The README's table: what each exercise asks, from the table of exercises alone (no count
-    of tests, which a new test would change: --verify finds each check by blanking)."""
+    """The README's table, from exercises.json alone (no count of tests, which a new test would
+    change)."""
     lines = [
         TABLE_BEGIN,
         "| exercise | file | what the student writes | its tests | where to read |",
@@ -436,8 +422,7 @@ def table() -> str:
 
 
 def readme_with_table(readme: Path) -> Tuple[str, str]:
-    """readme's text, and that text with today's table between its markers (--table writes it,
-    --verify compares)."""
+    """readme's text, and that text with today's table between its markers."""
     try:
         old = readme.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -452,18 +437,9 @@ def readme_with_table(readme: Path) -> Tuple[str, str]:
     return old, before + table() + after
 
 
-def write_table(readme: Path) -> None:
-    old, new = readme_with_table(readme)
-    if new != old:
-        write_text(readme, new)
-    state = "rewritten" if new != old else "unchanged"
-    print(f"{readme}: the table of {len(EXERCISES)} exercises {state}")
-
-
 def verify() -> int:
-    """Every exercise of the table blanked for real, file by file, as an assignment does it:
-    the originals pass all their tests and each exercise blanked fails some (else a KitError),
-    and the kit's README holds the table of today's exercises (checked first: it costs nothing)."""
+    """The README's table is today's, the originals pass their tests, and each exercise blanked
+    for real fails some (else a KitError)."""
     old, new = readme_with_table(README)
     if new != old:
         print(f"error: the table of exercises in {README} is stale: {TABLE_COMMAND}")
@@ -566,7 +542,11 @@ def main(argv=None) -> int:
             print(f"{zip_path}: the autograder to upload to Gradescope")
             return 0
         if args.table is not None:
-            write_table(args.table)
+            old, new = readme_with_table(args.table)
+            if new != old:
+                write_text(args.table, new)
+            state = "rewritten" if new != old else "unchanged"
+            print(f"{args.table}: the table of {len(EXERCISES)} exercises {state}")
             return 0
         if args.verify:
             return verify()

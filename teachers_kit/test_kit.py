@@ -51,7 +51,8 @@ FAST_TESTS = [  # the tests that catch the mistakes below, and one hidden test
     "test_the_fifos_hold_these_tokens_after_each_call",
     "test_update_memory_returns_mem_and_c_mem_contiguous",
 ]
-ORIGINAL, TREE = exercises.read_python(handout.SOURCE, "the original")
+ORIGINAL = handout.SOURCE.read_text()
+TREE = ast.parse(ORIGINAL)
 TEACHERS = handout.README.read_text()
 
 
