@@ -719,8 +719,8 @@ def test_a_change_in_place_the_random_state_and_an_exception_come_back_too():
 
 
 def test_the_worker_keeps_a_module_sent_until_it_changes():
-    """A module goes once; a later call sends the bytes that changed (an optimiser's step) and
-    the module again when its attributes did (eval())."""
+    """A module sent again after a change is the module as it is now: a later call sees an
+    optimiser's step in its weights and eval() in its attributes."""
     layer = torch.nn.Linear(3, 3)
     box = Loopback("read")
     total, training = box.call((layer,), {})
