@@ -13,6 +13,7 @@ import ast
 import atexit
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -428,11 +429,12 @@ class StudentSandbox:
         self.control: Optional[socket.socket] = None
         self.word: Optional[bytes] = None  # what its first process said once it could serve
         self.uid: Optional[int] = None
+        self.uid_lock: Optional[int] = None  # held while the submission runs as uid (claim)
         self.cgroup: Optional[SubmissionCgroup] = None  # where the machine offers one
 
     def start(self) -> None:
         if AS_ROOT:
-            self.uid = free_uid()
+            self.uid, self.uid_lock = free_uid()
             self.cgroup = SubmissionCgroup.make(self.uid)
         self.box = Box.shared(self.layout) if AS_ROOT else Box(self.layout)
         fds = self.cgroup.procs_fds if self.cgroup else []
@@ -508,6 +510,7 @@ class StudentSandbox:
                 time.sleep(0.05)
             if self.cgroup:
                 self.cgroup.remove()
+            os.close(self.uid_lock)
             SLOTS.put(self.uid)
 
 
@@ -626,17 +629,39 @@ class SubmissionCgroup(NamedTuple):
 FREE_UID_WAIT_S = 120
 
 
-def free_uid() -> int:
-    """A uid of SLOTS of which nothing lives (uid_in_use), waited for FREE_UID_WAIT_S at most."""
+def free_uid() -> Tuple[int, int]:
+    """(uid, its lock) of a uid of SLOTS of which nothing lives (uid_in_use) and no other grader
+    holds the lock (claim), waited for FREE_UID_WAIT_S at most."""
     deadline = time.monotonic() + FREE_UID_WAIT_S
     while time.monotonic() < deadline:
         for _ in range(len(SANDBOX_UIDS)):
             uid = SLOTS.get()
-            if not uid_in_use(uid):
-                return uid
+            lock = claim(uid)
+            if lock is not None and not uid_in_use(uid):
+                return uid, lock
+            if lock is not None:
+                os.close(lock)
             SLOTS.put(uid)  # to the back, tried again later
         time.sleep(0.5)
     raise SandboxFailed("no uid of the kit's own is free of an earlier submission")
+
+
+# Graders side by side on one machine (two classes at once) draw from the same uids, in the same
+# order: a lock file of each uid, held (flock) while a submission runs as it, keeps them apart.
+UID_LOCKS = Path("/run/teachers_kit")
+
+
+def claim(uid: int) -> Optional[int]:
+    """The open lock file of uid, locked by this grader, or None where another grader holds it
+    (the kernel drops the lock when its holder ends, however it ends)."""
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def uid_in_use(uid: int) -> bool:

@@ -1662,6 +1662,31 @@ def worker_call(box, function):
         worker.close()
 
 
+def test_two_graders_on_one_machine_never_run_submissions_as_the_same_uid(tmp_path, monkeypatch):
+    """Another grader's submission holds the first uid of the kit's (its lock, in another
+    process): this grader passes over it to the next, and takes it once the other has ended."""
+    monkeypatch.setattr(grading, "UID_LOCKS", tmp_path)
+    first, second = grading.SANDBOX_UIDS[:2]
+    slots = grading.queue.Queue()
+    for uid in (first, second):
+        slots.put(uid)
+    monkeypatch.setattr(grading, "SLOTS", slots)
+    hold = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+    hold += "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()\n"
+    other = subprocess.Popen(
+        [sys.executable, "-c", hold, str(tmp_path / f"{first}.lock")], stdin=PIPE, stdout=PIPE
+    )
+    try:
+        assert other.stdout.readline() == b"held\n"
+        uid, lock = grading.free_uid()
+    finally:
+        other.communicate(timeout=30)
+    assert uid == second
+    os.close(lock)
+    slots.put(second)
+    assert grading.free_uid()[0] == first  # the other grader has ended: its lock is gone
+
+
 @pytest.mark.slow  # sandboxes started: torch imported in them
 def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypatch):
     """Student code (no audit) stores the answer on every channel it can: a key in its uid's
