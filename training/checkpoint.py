@@ -122,11 +122,15 @@ def read(path: str, device) -> dict:
     if ckpt.get("format") != FORMAT:
         made = ckpt.get("made_with")
         by = made.get("commit") if isinstance(made, dict) else None
-        use = f"check out {by.split('+')[0]}" if by else "check it out"  # +changes: uncommitted
+        if by is None:  # the earliest layouts recorded no commit
+            raise UserError(
+                f"{path} was written by another version of this script (an earlier commit, which "
+                f"it does not name), whose checkpoints this one cannot read; train again"
+            )
         raise UserError(
-            f"{path} was written by another version of this script "
-            f"({f'commit {by}' if by else 'an earlier commit'}), whose checkpoints this one cannot "
-            f"read; train again, or {use} to use it"
+            f"{path} was written by another version of this script (commit {by}), whose "
+            f"checkpoints this one cannot read; train again, or check out {by.split('+')[0]} to "
+            f"use it"  # +changes: made from uncommitted changes of that commit
         )
     if ckpt.pop("sha256", None) != digest(ckpt):
         raise UserError(
