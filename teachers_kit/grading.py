@@ -328,6 +328,10 @@ class Box:
 
     lock = threading.Lock()
     running: Dict[tuple, "Box"] = {}
+    # bubblewrap's --die-with-parent ends a sandbox when the thread that started it ends (the
+    # kernel's parent-death signal follows a thread), so the shared one is started by a thread
+    # that lives as long as the grader's process, never by the first submission's, which ends
+    starters: Dict[int, ThreadPoolExecutor] = {}
 
     @classmethod
     def shared(cls, layout: Layout) -> "Box":
@@ -335,7 +339,8 @@ class Box:
         with cls.lock:
             box = cls.running.get(key)
             if box is None or box.process.poll() is not None:
-                box = cls.running[key] = cls(layout)
+                starter = cls.starters.setdefault(os.getpid(), ThreadPoolExecutor(1))
+                box = cls.running[key] = starter.submit(cls, layout).result()
                 atexit.register(box.stop)
             return box
 

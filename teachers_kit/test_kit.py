@@ -23,6 +23,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -1660,6 +1661,29 @@ def worker_call(box, function):
         return worker.call((), {})
     finally:
         worker.close()
+
+
+@pytest.mark.slow  # a sandbox started: torch imported in it
+def test_the_shared_sandbox_outlives_the_thread_that_first_asked_for_it():
+    """bubblewrap's --die-with-parent follows the thread that started the sandbox: the one every
+    submission shares as root is started by a thread of its own, so that grade(), called from
+    threads that end (one pool a call), never ends the sandbox of another submission."""
+    ways = grading.confinement()
+    if not (ways.bwrap and grading.AS_ROOT):
+        pytest.skip("one sandbox is shared by a root grader with bubblewrap only")
+    layout = grading.Layout("compressive.py", "test_compressive.py", {"shared.txt": "1"})
+    asked = []
+
+    def ask():  # as a pool's thread does: it lives on a while, then ends
+        asked.append(grading.Box.shared(layout))
+        time.sleep(1)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    thread.join()
+    time.sleep(1)  # the kernel's parent-death signal is immediate
+    assert asked[0].process.poll() is None
+    assert grading.Box.shared(layout) is asked[0]
 
 
 def test_two_graders_on_one_machine_never_run_submissions_as_the_same_uid(tmp_path, monkeypatch):
