@@ -158,6 +158,10 @@ def start(path: str, args, model, optimizer):
     """(memory, progress {step, history, train_log, seconds}) of a run about to train into path,
     its model said: a new run, or with --resume the checkpoint's weights, optimizer state, this
     process's memory and random state loaded. A checkpoint there needs --resume or --overwrite."""
+    if args.resume and args.overwrite:
+        raise UserError("--resume continues the checkpoint and --overwrite replaces it: pass one")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UserError(f"{path} is not a file: move it away, or pass another --out")
     if os.path.exists(path) and not (args.resume or args.overwrite):
         raise UserError(
             f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "

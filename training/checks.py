@@ -56,14 +56,18 @@ def exit_status(command) -> int:
         say(f"error: {out_of_memory(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        say(str(e) or "interrupted; a checkpoint saved before is whole", file=sys.stderr)
+        say(
+            str(e) or "interrupted: nothing saved now (a checkpoint saved before is whole)",
+            file=sys.stderr,
+        )
         return 130
     return 0
 
 
 def command_flags(prog: str, doc: str):
     """The parser of a command on a checkpoint: --out, where it is, and --device."""
-    about, formatter = doc.split("\n\n")[0], argparse.ArgumentDefaultsHelpFormatter
+    about = doc.split("\n\n")[0].removesuffix(":") + "."  # the examples below it left out
+    formatter = argparse.ArgumentDefaultsHelpFormatter
     p = argparse.ArgumentParser(prog=prog, description=about, formatter_class=formatter)
     p.add_argument("--out", default="out", help="the folder of the checkpoint (ckpt.pt)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="CUDA, else mps, else CPU")
@@ -90,6 +94,10 @@ def check_flags(args) -> None:
     for name in given([*at_least_zero, "weight_decay", "grad_clip", "min_lr", "chars"]):
         if getattr(args, name) < 0:
             raise UserError(f"{flag(name)} must be >= 0, got {getattr(args, name)}")
+    if given(["lr", "min_lr"]) == ["lr", "min_lr"] and args.min_lr > args.lr:
+        raise UserError(
+            f"--min-lr {args.min_lr} is above --lr {args.lr}: the decay ends below the peak"
+        )
     if given(["eval_mem_len", "eval_c_mem_len"]) and not getattr(args, "eval_only", True):
         raise UserError("--eval-mem-len and --eval-c-mem-len are for --eval-only")
     if os.path.exists(args.out) and not os.path.isdir(args.out):

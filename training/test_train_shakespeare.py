@@ -229,6 +229,8 @@ def test_evaluation_keeps_each_character_where_the_walk_reads_it(small_text):
         (["--batch-size", "4", "--seq-len", "2000"], "--seq-len is longer than each training"),
         (["--model", "feedback", "--mem-len", "0"], "needs mem_len >= 1"),
         (["--log-every", "0"], "--log-every must be positive"),
+        (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr 0.01 is above --lr 0.001"),
+        (["--resume", "--overwrite"], "--resume continues the checkpoint and --overwrite"),
         pytest.param(
             ["--device", "mps"],
             "no usable mps backend",
@@ -245,6 +247,18 @@ def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tm
         flags = [*flags, "--out", str(tmp_path / "run")]
     assert ts.main(flags) == 2
     assert message in error_line(capsys)
+
+
+@pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
+def test_a_folder_named_ckpt_pt_is_one_line_before_training(flag, small_text, tmp_path, capsys):
+    (tmp_path / "run" / "ckpt.pt").mkdir(parents=True)
+    flags = ["--data", small_text, "--out", str(tmp_path / "run"), *TINY_FLAGS, *flag]
+    assert ts.main(flags) == 2
+    printed = capsys.readouterr()
+    assert printed.err.splitlines() == [
+        f"error: {tmp_path / 'run' / 'ckpt.pt'} is not a file: move it away, or pass another --out"
+    ]
+    assert "step" not in printed.out  # nothing trained
 
 
 def test_a_model_too_large_for_the_machine_gives_one_error_line(small_text, tmp_path, capsys):
