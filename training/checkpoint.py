@@ -140,6 +140,8 @@ def read(path: str, device) -> dict:
     # the digest is no signature: a file written by hand, its digest computed again, is read
     # as data too, and what it lacks is said here rather than in a traceback further on
     lacking = [name for name, kind in FIELDS.items() if not isinstance(ckpt.get(name), kind)]
+    if not lacking and len(ckpt["vocab"]) != ckpt["config"].get("vocab_size"):
+        lacking = ["vocab"]  # one character for each of the model's token ids
     if lacking:
         raise UserError(
             f"{path} is not a checkpoint that this script wrote (no {', '.join(lacking)} of the "
@@ -160,8 +162,10 @@ def start(path: str, args, model, optimizer):
     process's memory and random state loaded. A checkpoint there needs --resume or --overwrite."""
     if args.resume and args.overwrite:
         raise UserError("--resume continues the checkpoint and --overwrite replaces it: pass one")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise UserError(f"{path} is not a file: move it away, or pass another --out")
+    written = [path] + [os.path.join(args.out, name) for name in ("metrics.json", "loss.png")]
+    for file in written:  # what a run writes into --out
+        if os.path.exists(file) and not os.path.isfile(file):
+            raise UserError(f"{file} is not a file: move it away, or pass another --out")
     if os.path.exists(path) and not (args.resume or args.overwrite):
         raise UserError(
             f"{args.out} holds a checkpoint (ckpt.pt): continue it with --resume, pass another "

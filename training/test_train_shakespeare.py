@@ -249,14 +249,17 @@ def test_bad_flags_exit_non_zero_with_one_message(flags, message, small_text, tm
     assert message in error_line(capsys)
 
 
+@pytest.mark.parametrize("name", ["ckpt.pt", "metrics.json", "loss.png"])
 @pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
-def test_a_folder_named_ckpt_pt_is_one_line_before_training(flag, small_text, tmp_path, capsys):
-    (tmp_path / "run" / "ckpt.pt").mkdir(parents=True)
+def test_a_folder_named_as_a_runs_file_is_one_line_before_training(
+    name, flag, small_text, tmp_path, capsys
+):
+    (tmp_path / "run" / name).mkdir(parents=True)
     flags = ["--data", small_text, "--out", str(tmp_path / "run"), *TINY_FLAGS, *flag]
     assert ts.main(flags) == 2
     printed = capsys.readouterr()
     assert printed.err.splitlines() == [
-        f"error: {tmp_path / 'run' / 'ckpt.pt'} is not a file: move it away, or pass another --out"
+        f"error: {tmp_path / 'run' / name} is not a file: move it away, or pass another --out"
     ]
     assert "step" not in printed.out  # nothing trained
 
@@ -1150,7 +1153,9 @@ def test_a_checkpoint_damaged_since_it_was_saved_is_refused(
     assert open(path, "rb").read() == damaged  # nothing overwritten
 
 
-@pytest.mark.parametrize("forged", ["no vocab", "a step in words", "a list for its model"])
+@pytest.mark.parametrize(
+    "forged", ["no vocab", "a step in words", "a list for its model", "a vocab too short"]
+)
 @pytest.mark.parametrize("mode", MODES)
 def test_a_checkpoint_written_by_hand_with_its_digest_is_one_line(
     forged, mode, trained, small_text, capsys
@@ -1164,12 +1169,14 @@ def test_a_checkpoint_written_by_hand_with_its_digest_is_one_line(
         del ckpt["vocab"]
     elif forged == "a step in words":
         ckpt["step"] = "three"
+    elif forged == "a vocab too short":
+        ckpt["vocab"] = ckpt["vocab"][:10]
     else:
         ckpt["model"] = list(ckpt["model"].values())
     torch.save({**ckpt, "sha256": checkpoint.digest(ckpt)}, path)
     capsys.readouterr()
     assert MODES[mode](trained, small_text) == 2
-    field = {"no vocab": "vocab", "a step in words": "step"}.get(forged, "model")
+    field = {"a step in words": "step", "a list for its model": "model"}.get(forged, "vocab")
     assert f"{path} is not a checkpoint that this script wrote (no {field} of the" in (
         error_line(capsys)
     )
