@@ -659,8 +659,11 @@ UID_LOCKS = Path("/run/teachers_kit")
 def claim(uid: int) -> Optional[int]:
     """The open lock file of uid, locked by this grader, or None where another grader holds it
     (the kernel drops the lock when its holder ends, however it ends)."""
-    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(UID_LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:  # the submission is not graded, and is to be graded again
+        raise SandboxFailed(f"the uids' locks cannot be kept in {UID_LOCKS} ({e})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -1663,6 +1663,14 @@ def worker_call(box, function):
         worker.close()
 
 
+def test_where_the_uids_locks_cannot_be_kept_the_submission_is_to_be_graded_again(tmp_path):
+    (tmp_path / "a file").write_text("")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grading, "UID_LOCKS", tmp_path / "a file" / "locks")
+        with pytest.raises(grading.SandboxFailed, match="the uids' locks cannot be kept in"):
+            grading.claim(grading.SANDBOX_UIDS[0])
+
+
 @pytest.mark.slow  # a sandbox started: torch imported in it
 def test_the_shared_sandbox_outlives_the_thread_that_first_asked_for_it():
     """bubblewrap's --die-with-parent follows the thread that started the sandbox: the one every
