@@ -129,14 +129,12 @@ def test_the_imports_run_one_way_downwards():
     assert upward_imports(drawn) == [], "\n".join(upward_imports(drawn))
     assert circles(drawn) == []
     # in particular: the script's plumbing imports nothing of the script, the research or the
-    # lesson; and the lesson takes of the research only what the studies share with it (the
-    # figures' captions, the attention read with hooks, a task's validation text), no study
-    shared = {"research", "research.attention", "research.tasks"}
+    # lesson, and the lesson nothing of the research
     for module, names in drawn.items():
         if module.startswith("training"):
             assert not [n for n in names if n.startswith(("train_shakespeare", "bench"))], module
         if module.startswith("lesson"):
-            assert not [n for n in names if n.startswith("research") and n not in shared], module
+            assert not [n for n in names if n.startswith("research")], module
     assert drawn["compressive"] == []  # the model file stands alone
     # what the map sees: absolute and relative imports, by the files they name
     tree = ast.parse("from research import recall\nfrom . import files\nimport compressive")

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from compressive import CompressiveConfig, CompressiveTransformer, n_evicted, reach, relative_shift
-from research.attention import recorded_attention
 from training import files
 from training.checks import UserError
+from training.recorded_attention import recorded_attention
 
 # --------------------------------------------------------------------------------------------------
 # The FIFO rule, applied to text positions

@@ -33,11 +33,9 @@ from beyond_the_paper import overlap_pool
 from compressive import CompressiveTransformer
 from lesson import mechanism
 from lesson.mechanism import NOTHING, REGION_COLORS, REGION_FILLS, FifoStep, fifo_steps, shown
-from research import training_command
-from research.attention import recorded_attention
-from research.tasks import read_validation
 from training import checkpoint, data, files
 from training.checks import DEVICES, UserError, exit_status, pick_device
+from training.recorded_attention import recorded_attention
 
 
 @dataclass
@@ -407,7 +405,7 @@ def validation_text(args, ckpt: dict):
     if args.validation is not None:
         if args.data is not None:
             raise UserError("--data and --validation both name the text to read: pass one")
-        return read_validation(args.validation, ckpt["vocab"])
+        return data.read_validation(args.validation, ckpt["vocab"])
     if ckpt["args"].get("task", "shakespeare") != "shakespeare":
         raise UserError(
             f"{args.out} holds a checkpoint of {checkpoint.trained_by(ckpt['args'])}, which makes "
@@ -420,7 +418,7 @@ def validation_text(args, ckpt: dict):
 def made_by(ckpt: dict, command: str) -> str:
     """A figure's foot: the checkpoint's command (the flags beyond the script's defaults), then
     command, and with what and at which commit it ran."""
-    trained = training_command(ckpt, vars(train_shakespeare.parse_args([])))
+    trained = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
     return (
         f"Checkpoint: {trained}. {command} with torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread(s), at commit {files.repository_commit()}."

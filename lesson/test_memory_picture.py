@@ -14,7 +14,6 @@ from beyond_the_paper.feedback import FeedbackTransformer
 from compressive import CompressiveTransformer
 from conftest import DAMAGES, craft, damage, error_line, resave
 from lesson import memory_picture
-from research import tasks
 from test_compressive import make, tiny
 from training import data
 
@@ -197,7 +196,7 @@ def write_validation_file(out: str, small_text: str, facts) -> str:
     vocab = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["vocab"]
     val = data.encode(open(small_text).read()[int(0.9 * 6000) :], vocab)  # 600 characters
     path = os.path.join(out, "validation.json")
-    tasks.write_validation(path, data.Data(vocab, None, val, "the task's text"), facts)
+    data.write_validation(path, data.Data(vocab, None, val, "the task's text"), facts)
     return path
 
 

@@ -24,7 +24,6 @@ import torch
 import evaluate as evaluate_command
 import train_shakespeare
 from training import checkpoint, files, plots
-from training.checks import flag
 
 
 def at_least(low: int):
@@ -68,28 +67,10 @@ def made_with() -> str:
     )
 
 
-def training_command(ckpt: dict, defaults: dict) -> str:
-    """How a checkpoint was made, for a figure's caption: the command, the flags that differ from
-    defaults (the command's own; --out, --resume and the like aside), its seed and step, and the
-    torch version and threads it ran with."""
-    command = [checkpoint.trained_by(ckpt["args"])]
-    for name, value in ckpt["args"].items():
-        aside = name in ("out", "resume", "overwrite", "stop_after", "task") or value is None
-        if aside or value == defaults.get(name) or (name not in defaults and value is False):
-            continue  # not how it trained, a default, or a switch of the study's own left off
-        if isinstance(value, bool):
-            command.append(flag(name) if value else "--no-" + flag(name)[2:])
-        else:
-            command.append(f"{flag(name)} {value}")
-    made = ckpt.get("made_with") or {}  # what read() returns has it; a caller's own, maybe not
-    ran = f"; torch {made['torch']}, {made['threads']} thread(s)" if made else ""
-    return f"{' '.join(command)} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
-
-
 def caption(ckpt: dict, drawn_by: str) -> str:
     """A checkpoint's figure's foot; the script's defaults name a task's flags too
     (research/test_tasks.py)."""
-    command = training_command(ckpt, vars(train_shakespeare.parse_args([])))
+    command = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
     return f"Checkpoint: {command}. Drawn by: {drawn_by}, {made_with()}."
 
 

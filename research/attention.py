@@ -5,8 +5,6 @@
 Each layer's attention on c_mem, mem and the segment, each cut in BUCKETS_PER_REGION spans, over
 the validation text once the memories are full; on the recall task, where each '?' looks."""
 
-from contextlib import contextmanager
-
 import torch
 
 import train_shakespeare
@@ -14,29 +12,9 @@ from compressive import CompressiveTransformer
 from research import caption, positive, print_table, recall, tasks
 from training import checkpoint, plots
 from training.checks import UserError, command_flags, exit_status, keep_freed_memory, pick_device
+from training.recorded_attention import recorded_attention
 
 BUCKETS_PER_REGION = 4
-
-
-@contextmanager
-def recorded_attention(model):
-    """Inside the block, record[i] is layer i's attention weights [B, H, T, K] of the latest
-    forward, keys ordered [c_mem; mem; segment] (read with a forward hook on each layer.attn);
-    the lesson's picture and explorer read the attention so too."""
-    record = [None] * len(model.layers)
-
-    def keep(i):
-        def hook(module, inputs, attended):
-            record[i] = attended.weights.detach()
-
-        return hook
-
-    handles = [layer.attn.register_forward_hook(keep(i)) for i, layer in enumerate(model.layers)]
-    try:
-        yield record
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.Tensor:

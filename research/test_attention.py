@@ -11,9 +11,9 @@ import torch
 from compressive import Memory
 from conftest import DAMAGES, craft, damage, error_line
 from research import attention
-from research.attention import recorded_attention
 from test_compressive import make, tokens
 from training import data
+from training.recorded_attention import recorded_attention
 
 
 def full_memory_model(pre_norm=False):

@@ -244,6 +244,24 @@ def load_model(out: str, device):
     return model.to(device).eval(), ckpt
 
 
+def training_command(ckpt: dict, defaults: dict) -> str:
+    """How a checkpoint was made, for a figure's caption: the command, the flags that differ from
+    defaults (the command's own; --out, --resume and the like aside), its seed and step, and the
+    torch version and threads it ran with."""
+    command = [trained_by(ckpt["args"])]
+    for name, value in ckpt["args"].items():
+        aside = name in ("out", "resume", "overwrite", "stop_after", "task") or value is None
+        if aside or value == defaults.get(name) or (name not in defaults and value is False):
+            continue  # not how it trained, a default, or a switch of the study's own left off
+        if isinstance(value, bool):
+            command.append(flag(name) if value else "--no-" + flag(name)[2:])
+        else:
+            command.append(f"{flag(name)} {value}")
+    made = ckpt.get("made_with") or {}  # what read() returns has it; a caller's own, maybe not
+    ran = f"; torch {made['torch']}, {made['threads']} thread(s)" if made else ""
+    return f"{' '.join(command)} (seed {ckpt['args'].get('seed')}, step {ckpt['step']}{ran})"
+
+
 def write_record(out: str, progress: dict, train_loss: float, tokens_seen: int) -> dict:
     """A finished run's metrics, said in a line and written into OUT/metrics.json, and its loss
     curve into OUT/loss.png."""

@@ -1,13 +1,16 @@
 """The text the script learns, as ids: Tiny Shakespeare (shipped in data/) or a --data text, split
 as nanoGPT splits it (90% to train, 10% to validate). A research command brings its own text in
-the same form."""
+the same form, and can write its validation text into a file for the lesson's commands
+(write_validation, read_validation)."""
 
 import hashlib
+import json
 import os
 from typing import List, NamedTuple, Optional
 
 import torch
 
+from . import files
 from .checks import UserError, one_line
 
 MIN_CHARS = 1000  # a text shorter than this cannot fill a batch of streams and a validation split
@@ -90,3 +93,39 @@ def load_data(args, vocab=None, saved_args=None) -> Data:
     data = encode(text, vocab)
     split = int(0.9 * len(data))
     return Data(vocab, data[:split], data[split:], path or "Tiny Shakespeare (data/)")
+
+
+def write_validation(path: str, data: Data, facts=()) -> None:
+    """data's validation text into path as JSON: {"name", "text", "facts": for a task that asks for
+    facts, one {"query": a query's position in the text, "fact": the positions of the fact it asks
+    for, in order} per query (the recall task's ' KK=d' for each '?')}."""
+    text = "".join(data.vocab[i] for i in data.val.tolist())
+    files.write_json(path, {"name": data.name, "text": text, "facts": list(facts)})
+
+
+def read_validation(path: str, vocab) -> tuple:
+    """(Data without a training text, facts) of a file write_validation wrote, its text in vocab
+    (a checkpoint's); anything else is one error line."""
+    not_one = f"{path} is not a validation text of a checkpoint"
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"no validation text at {path}") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{not_one} ({one_line(e)})") from None
+    kinds = {"name": str, "text": str, "facts": list}
+    if not (isinstance(found, dict) and all(isinstance(found.get(k), t) for k, t in kinds.items())):
+        raise UserError(f"{not_one} (no name, text and facts)")
+    in_text = lambda p: type(p) is int and 0 <= p < len(found["text"])  # True is no position
+    for fact in found["facts"]:  # a query's position and its fact's, one or more
+        fine = isinstance(fact, dict) and isinstance(fact.get("fact"), list) and fact["fact"]
+        if not (fine and all(in_text(p) for p in [fact.get("query"), *fact["fact"]])):
+            raise UserError(
+                f"{path}: a fact is not {{query, fact}} of positions in its text: {fact!r:.80}"
+            )
+    try:
+        val = encode(found["text"], vocab)
+    except UserError as e:
+        raise UserError(f"{path}: not the checkpoint's text ({e})") from None
+    return Data(list(vocab), None, val, found["name"]), found["facts"]

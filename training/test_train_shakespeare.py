@@ -58,6 +58,35 @@ def test_each_process_reads_its_own_strands_on_its_device():
     assert all(t.is_meta and t.shape == second.shape for t in on_meta)
 
 
+def test_a_validation_text_written_to_a_file_reads_back_with_its_facts(tmp_path):
+    vocab = [".", "=", "?", "A", "B", "1"]
+    text = "..AB=1....AB?1.."
+    val = data.encode(text, vocab)
+    facts = [{"query": 12, "fact": [1, 2, 3, 4, 5]}]
+    path = str(tmp_path / "validation.json")
+    data.write_validation(path, data.Data(vocab, None, val, "a task's text"), facts)
+    read, read_facts = data.read_validation(path, vocab)
+    assert read.val.equal(val) and (read.vocab, read.name, read.train) == (
+        vocab,
+        "a task's text",
+        None,
+    )
+    assert read_facts == facts
+    for written, message in [  # anything else: one line
+        ("not json", "is not a validation text of a checkpoint"),
+        ('{"name": "x", "text": "..AB"}', "no name, text and facts"),
+        ('{"name": "x", "text": "..AB", "facts": [{"query": 9, "fact": [1]}]}', "a fact is not"),
+        ('{"name": "x", "text": "..AB", "facts": [{"query": 1, "fact": []}]}', "a fact is not"),
+        ('{"name": "x", "text": "..AB", "facts": [{"query": true, "fact": [1]}]}', "a fact is not"),
+        ('{"name": "x", "text": "..AC", "facts": []}', "not the checkpoint's text"),
+    ]:
+        (tmp_path / "bad.json").write_text(written)
+        with pytest.raises(checks.UserError, match=message):
+            data.read_validation(str(tmp_path / "bad.json"), vocab)
+    with pytest.raises(checks.UserError, match="no validation text at"):
+        data.read_validation(str(tmp_path / "none.json"), vocab)
+
+
 @pytest.mark.slow  # trains: seconds
 def test_training_steps_lower_the_loss_and_write_metrics(small_text, tmp_path):
     out = str(tmp_path / "run")
@@ -1071,6 +1100,27 @@ def test_bench_profile_splits_the_steps_time_into_forward_backward_and_optimizer
     assert any(line.split()[0] == "aten::_fused_adamw_" for line in lines[at + 1 : at + 9])
     assert bench.main(["--profile", "--compile", *TINY_FLAGS]) == 2
     assert error_line(capsys) == "error: --profile profiles eager steps: drop --compile"
+
+
+def test_a_checkpoint_says_how_it_was_made(trained):
+    """For the captions of the figures drawn from a checkpoint: its command and the flags that
+    differ from the defaults, its seed and step, the torch and threads its numbers depend on."""
+    ckpt = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=True)
+    threads = torch.get_num_threads()
+    assert ckpt["made_with"] == {
+        "torch": str(torch.__version__),
+        "threads": threads,
+        "commit": files.repository_commit(),
+    }
+    defaults = vars(ts.parse_args([]))
+    said = checkpoint.training_command(ckpt, defaults)
+    assert said.startswith("python train_shakespeare.py --d-model 32 --n-layers 2")
+    assert "--steps 2" in said and "--out" not in said and "--seed" not in said
+    assert said.endswith(f"(seed 1337, step 2; torch {torch.__version__}, {threads} thread(s))")
+    # a study's flags, the script's defaults: its own flags are said, its command named
+    study = {**ckpt, "args": {**ckpt["args"], "task": "recall", "live_facts": 2}}
+    said = checkpoint.training_command(study, defaults)
+    assert said.startswith("python -m research.recall --d-model 32") and "--live-facts 2" in said
 
 
 # ---------------------------------------------------------------- no run lost
