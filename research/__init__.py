@@ -1,19 +1,6 @@
-"""Studies of what the memory buys, each a command that docs/REACH.md or docs/AGENT.md cites,
-built on compressive.py and training with train_shakespeare.py and training/:
-
-    recall.py       the reach benchmark: python -m research.recall
-    code.py         Python's library, trained and scored by copy distance: python -m research.code
-    copies.py       the loss by copy distance; a text's profile: python -m research.copies FILE
-    study.py        the code study: python -m research.study run | table
-    reach_cost.py   what each model pays for reach: python -m research.reach_cost
-    attention.py    where the attention goes: python -m research.attention --out OUT
-    cue.py          an agent's episodes ending anywhere in an unroll: python -m research.cue
-    ppo_cue.py      PPO on the cue task, updated on what it acted: python -m research.ppo_cue
-    tmaze.py        what compression buys an agent, a T-maze: python -m research.tmaze
-    agent_cost.py   acting and the update against compressive.py: python -m research.agent_cost
-    tasks.py        a checkpoint's text for the lesson: python -m research.tasks --out OUT
-
-Below, what their commands share."""
+"""Studies of what the memory buys, each a command (python -m research.NAME --help) that
+docs/REACH.md or docs/AGENT.md cites, built on compressive.py and trained with
+train_shakespeare.py and training/. Below, what their commands share."""
 
 import argparse
 import contextlib
@@ -41,22 +28,24 @@ def at_least(low: int):
 positive = at_least(1)
 
 
-def parser(name: str, doc: str) -> argparse.ArgumentParser:
-    """The parser of python -m research.NAME, described by doc's first paragraph."""
-    about = doc.split("\n\n")[0]
-    return argparse.ArgumentParser(prog=f"python -m research.{name}", description=about)
+def parser(name: str, doc: str, training: bool = False) -> argparse.ArgumentParser:
+    """The parser of python -m research.NAME, described by doc's first paragraph; with the
+    script's flags where training."""
+    about, prog = doc.split("\n\n")[0], f"python -m research.{name}"
+    if training:
+        return train_shakespeare.training_flags(about, prog=prog)
+    return argparse.ArgumentParser(prog=prog, description=about)
 
 
 def task_flags(task: str, doc: str, eval_only: str) -> argparse.ArgumentParser:
     """The flags of a command that trains on a text of its own: the script's, and --eval-only
     (its help eval_only) with the ablation flags of evaluate.py."""
-    about, prog = doc.split("\n\n")[0], f"python -m research.{task}"
-    parser = train_shakespeare.training_flags(about, prog=prog)
-    parser.set_defaults(task=task)
-    e = parser.add_argument_group("--eval-only (on OUT/ckpt.pt)")
+    p = parser(task, doc, training=True)
+    p.set_defaults(task=task)
+    e = p.add_argument_group("--eval-only (on OUT/ckpt.pt)")
     e.add_argument("--eval-only", action="store_true", help=eval_only)
     evaluate_command.add_ablation_flags(e)
-    return parser
+    return p
 
 
 def made_with() -> str:

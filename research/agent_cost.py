@@ -39,10 +39,9 @@ def parse_args(argv):
 
 
 def measure(args) -> dict:
-    """{name: [ms of each round]}: acting (the mean of n_s steps, one segment's end among them),
-    the same projecting every slot again, compressive.py's one-token call (on hidden_states:
-    AgentCore takes vectors), the update's n_s steps from part of a segment and compressive.py's
-    n_s-token call, both forward and backward."""
+    """{name: [ms of each round]}: acting (the mean of n_s steps, a segment's end among them), the
+    same projecting every slot again, compressive.py's one-token call (hidden_states: AgentCore
+    takes vectors), the update's n_s steps and compressive.py's n_s-token call, with backward."""
     torch.manual_seed(0)
     cfg = CompressiveConfig(
         d_model=args.d_model,

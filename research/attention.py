@@ -19,7 +19,7 @@ BUCKETS_PER_REGION = 4
 
 def attention_buckets(weights: torch.Tensor, n_c_mem: int, n_mem: int) -> torch.Tensor:
     """Attention weights [..., K] summed over c_mem, mem and the segment, each cut into
-    BUCKETS_PER_REGION equal spans, oldest first: [..., 3 * n], adding up to 1 for every query."""
+    BUCKETS_PER_REGION equal spans, oldest first: [..., 3 * n], summing to 1 for every query."""
     K = weights.size(-1)
     starts = []
     for start, length in ((0, n_c_mem), (n_c_mem, n_mem), (n_c_mem + n_mem, K - n_c_mem - n_mem)):
@@ -88,17 +88,12 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
     plots.save(plt, f"{out}/attention.png", caption)
 
 
-# --------------------------------------------------------------------------------------------------
-# Where the queries of the recall task look
-
-
 @torch.no_grad()
 def where_queries_look(model, streams: torch.Tensor, answers) -> None:
     """Print, per phase and layer, where the '?' of each query held in c_mem looks (mean over
-    heads): on the slot of the fact's digit, on its '='s when another, on all of c_mem; and,
-    phase "mem", the same for facts held in mem, where digit and '=' have a slot each (a layer
-    that looks for the '=' only a fact has shows apart from one that looks at any digit). Full
-    segments of streams [n, L + 1] only; n_s and n_m multiples of c, as in the recipes."""
+    heads): on the slot of the fact's digit, on its '='s when another, on all of c_mem; phase
+    "mem": facts held in mem, where digit and '=' have a slot each (a look for the '=' only a
+    fact has shows apart from one at any digit). Full segments only; n_s, n_m multiples of c."""
     cfg = model.cfg
     n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
     n_streams, length = streams.size(0), streams.size(1) - 1

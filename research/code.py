@@ -6,10 +6,9 @@ cut to show what the memory is worth (docs/REACH.md, the corpus and the score).
     python -m research.code --eval-only --out OUT                       # the loss by copy distance
     python -m research.code --eval-only --out OUT --eval-c-mem-len 0    # without c_mem: its worth
 
-The corpus, the running interpreter's standard-library sources (no network, no new dependency),
-is built in memory once per process and named by the interpreter, its files and the validation
-text's SHA-256. --eval-only reads checkpoints of this command and of train_shakespeare.py alike,
-each on its own text, and records into OUT/metrics.json."""
+The corpus: the running interpreter's standard-library sources, built in memory once a process.
+--eval-only reads checkpoints of this command and of train_shakespeare.py alike, each on its own
+text, and records into OUT/metrics.json."""
 
 import functools
 import hashlib
@@ -27,10 +26,6 @@ from training.data import Data, encode
 from training.data import load_data as load_text
 
 VAL_CHARS = 300_000
-
-# --------------------------------------------------------------------------------------------------
-# The corpus
-
 PLACEHOLDER = "\x1a"  # ASCII SUB, "substitute": stands for any character outside the alphabet
 VOCAB = sorted(
     "\n" + PLACEHOLDER + "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c")
@@ -40,8 +35,7 @@ _KEEP = frozenset(VOCAB)
 
 
 def normalise(text: str) -> str:
-    """The fixed alphabet: "\\n" line ends, tabs to 8-column stops, anything else outside
-    printable ASCII to PLACEHOLDER."""
+    """The fixed alphabet: "\\n" line ends, 8-column tab stops, anything outside it PLACEHOLDER."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").expandtabs(8)
     return "".join(ch if ch in _KEEP else PLACEHOLDER for ch in text)
 
@@ -143,8 +137,7 @@ def geometry(data: Data, n_streams: int, seq_len: int):
 
 
 def train(args) -> dict:
-    """Train on the corpus, the loss by copy distance at each evaluation; the run's metrics (rank
-    0 of a finished run; else None)."""
+    """Train, the loss by copy distance at each evaluation; the metrics (rank 0, else None)."""
     with processes():
         data = load_data(args)
         where = geometry(data, args.batch_size, args.seq_len)

@@ -4,10 +4,9 @@ in one call from the memory stored at its start, exactly as the agent acted (doc
     python -m research.ppo_cue                  # about 10 minutes on 2 idle cores
     python -m research.ppo_cue --seeds 0 1 2 --plot docs/ppo_cue.png
 
-PPO as CleanRL writes it, on rollouts of 32 steps (n_s is 24: they begin and end inside segments);
-printed per seed, the mean return (chance 0.25), and over every update before its first optimizer
-step the largest |log ratio| to the actor's policy and the largest fraction of samples outside the
-clip range: 0 when the update computes what the actor did.
+PPO as CleanRL writes it, rollouts of 32 steps (n_s 24: they begin and end inside segments);
+printed per seed, the mean return (chance 0.25), and before each update's first optimizer step
+the largest |log ratio| to the actor and fraction of samples outside the clip range.
 """
 
 import sys
@@ -44,8 +43,7 @@ class CueEnvs:
         self.observation[rows] = self.cue[rows]
 
     def step(self, action):
-        """Act in every environment: (reward, done) [n] each; the next observation is in
-        self.observation, a new episode's first where done."""
+        """(reward, done) [n] each; the next observation in self.observation, a new one's first."""
         at_query = self.observation == QUERY
         reward = (at_query & (action == self.cue)).float()
         done = at_query
@@ -56,8 +54,7 @@ class CueEnvs:
 
 
 class Agent(nn.Module):
-    """An input layer, AgentCore as its memory, a head that names the cue and, for PPO, a value
-    head (research/cue.py and research/tmaze.py train it too)."""
+    """An input layer, AgentCore, a head that names the cue and, for PPO, a value head."""
 
     def __init__(self, cfg: CompressiveConfig, observations: int = QUERY + 1, value: bool = True):
         super().__init__()

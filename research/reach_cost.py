@@ -19,7 +19,7 @@ import torch
 import bench
 import train_shakespeare
 from compressive import Memory
-from research import alternate, made_with, positive, print_table
+from research import alternate, made_with, parser, positive, print_table
 from training import plots
 from training.checkpoint import make_model
 from training.checks import UserError, exit_status, keep_freed_memory, pick_device
@@ -69,9 +69,8 @@ def state_bytes(memory: Memory) -> int:
 
 def compression_flops_per_step(cfg, batch: int) -> float:
     """FLOPs of f_c and its attention-reconstruction loss in a training step, all layers (n_s
-    memories evicted a layer, into n_s / c), forward and backward: conv f_c x 3 (its weights
-    learn), the compressed keys, values and attention x 2 (input gradients only), the target
-    attention x 1 (no gradient)."""
+    memories evicted into n_s / c), forward and backward: conv f_c x 3 (its weights learn), the
+    compressed keys, values and attention x 2 (input gradients), the target attention x 1."""
     if not (cfg.mem_len and cfg.c_mem_len):
         return 0.0
     d, T, c = cfg.d_model, cfg.seq_len, cfg.compression_rate
@@ -208,12 +207,11 @@ def plot(results, path: str, caption: str) -> None:
 
 
 def parse_args(argv=None):
-    about, prog = __doc__.split("\n\n")[0], "python -m research.reach_cost"
-    parser = train_shakespeare.training_flags(about, prog=prog)
-    r = parser.add_argument_group("the cost of reach").add_argument
+    p = parser("reach_cost", __doc__, training=True)
+    r = p.add_argument_group("the cost of reach").add_argument
     r("--reaches", type=positive, nargs="+", default=REACHES, metavar="N", help="reaches timed")
     r("--rounds", type=positive, default=10, help="timed rounds, one step of each model")
-    return parser.parse_args(argv)
+    return p.parse_args(argv)
 
 
 def main(argv=None) -> int:

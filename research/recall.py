@@ -72,20 +72,6 @@ def settings(args, saved_args=None) -> dict:
     return {name: next(v for v in given(name) if v is not None) for name in DEFAULTS}
 
 
-def check_args(args) -> None:
-    if args.data is not None:
-        raise UserError("--data: the recall task makes its own text")
-    if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
-        raise UserError(
-            f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
-            f"characters (D >= {MIN_DISTANCE})"
-        )
-
-
-# ----------------------------------------------------------------------------------------------
-# The text
-
-
 class RecallText(NamedTuple):
     text: str
     answers: torch.Tensor  # [n_queries, 2]: position of each answer digit, and its distance D
@@ -105,9 +91,8 @@ def make_recall_text(
     hold_distance: int = 0,
 ) -> RecallText:
     """Facts about gap characters apart, each asked once D later (log-uniform, digit to digit),
-    at most live_facts waiting; a key is not stated again before its query. widen_over: the
-    longest D grows to max_distance over that many characters (after hold_over at hold_distance);
-    distractors: facts never asked, stated while live_facts wait."""
+    at most live_facts waiting, a key not stated again before its query; the longest D grows over
+    widen_over characters (after hold_over at hold_distance); distractors: facts never asked."""
     rng = random.Random(seed)
     chars, taken = ["."] * n_chars, bytearray(n_chars)
     free_keys, busy_keys = list(keys), []  # busy_keys: heap of (position where free again, key)
@@ -157,8 +142,8 @@ def answer_targets(ids: torch.Tensor) -> torch.Tensor:
 
 
 def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool = True):
-    """(Data, answers): the training text --steps consume once (capped), a strand per stream so
-    that the curriculum widens along each; the validation text of held-out keys, and its queries."""
+    """(Data, answers): training text --steps read once (capped), a strand per stream so that the
+    curriculum widens along each; validation text of held-out keys, and its queries."""
     s = settings(args, saved_args)
     task = (MIN_DISTANCE, s["max_distance"], FACT_GAP, s["live_facts"])
     train = None
@@ -191,10 +176,6 @@ def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool 
     return data, made.answers
 
 
-# ----------------------------------------------------------------------------------------------
-# Scoring
-
-
 class Scored(NamedTuple):
     distance: torch.Tensor  # D of every scored query
     correct: torch.Tensor  # whether the model's most likely character was the answer
@@ -206,10 +187,9 @@ class Scored(NamedTuple):
 
 
 def locate(answers, length: int, n_streams: int, seq_len: int):
-    """Each query in an evaluation of n_streams streams of length characters (the tail one more
-    segment of the last): its stream, the stream offsets of its '?' and of the fact's digit, how
-    far the digit lies before the '?'s segment (<= 0: inside), and whether the fact is whole in
-    the stream."""
+    """Each query of n_streams streams of length characters (the tail one more segment of the
+    last): its stream, the offsets of its '?' and fact's digit, how far the digit lies before the
+    '?'s segment (<= 0: inside), whether the fact is whole in the stream."""
     position, distance = answers.unbind(dim=1)
     stream = ((position - 1) // length).clamp(max=n_streams - 1)
     query = position - 1 - stream * length
@@ -243,8 +223,7 @@ def counted(scored: Scored, chosen: torch.Tensor) -> dict:
 
 
 def by_distance(scored: Scored, edges, width: int):
-    """Accuracy per bucket of D, width wide and cut at the reach edges, each named by the farthest
-    region it can need."""
+    """Accuracy by bucket of D, width wide, cut at the reach edges, named by its farthest region."""
     lo_d, hi_d = int(scored.distance.min()), int(scored.distance.max())
     cuts = set(range(0, hi_d + 1, width)) | {e for _, e in edges if e <= hi_d}
     cuts = sorted({c for c in cuts if c > lo_d} | {lo_d, hi_d + 1})
@@ -297,9 +276,8 @@ AFTER = (0, 1, 2, 3)  # key_use's columns: facts stated after the asked one, the
 
 
 def key_use(scored: Scored, edges) -> list:
-    """Whether the model finds a fact by its key, per region and over the facts held in c_mem:
-    its accuracy, a recency reader's, how often it said the latest fact, and its accuracy by the
-    facts stated after the asked one (AFTER). [] where the latest fact is always the asked one."""
+    """Per region and over the facts held in c_mem: the accuracy, a recency reader's, how often it
+    said the latest fact, the accuracy by facts stated after the asked one; [] without rivals."""
     if scored.latest_right.all():
         return []
     chosen = in_regions(scored, edges)
@@ -331,17 +309,15 @@ def summary(scored: Scored, edges, rate: int) -> str:
 
 
 def fact_slots(fact_back: int, n_m: int, rate: int, n_held: int):
-    """For a fact held in c_mem, the c_mem slots (oldest first) of its digit and of its '=':
-    the same slot unless the digit opens its block (phase 0). The newest slot holds the c
-    characters just before mem, which holds the n_m just before the segment."""
+    """A fact held in c_mem: the slots (oldest first) of its digit and '=', one unless the digit
+    opens its block (phase 0); the newest holds the c characters before mem's n_m."""
     digit_from_newest = -(-(fact_back - n_m) // rate)  # ceil
     marker_from_newest = -(-(fact_back + 1 - n_m) // rate)
     return n_held - digit_from_newest, n_held - marker_from_newest
 
 
 def report(scored: Scored, model, out: str, caption: str = "") -> dict:
-    """Print the accuracy by distance, the phases and the key use, plot OUT/recall.png; return
-    them for metrics.json."""
+    """Print the accuracy by distance, phase and key use, plot OUT/recall.png; for metrics.json."""
     if len(scored.distance) == 0:
         print("recall: no query could be scored (raise --val-chars or lower --max-distance)")
         return {"by_distance": [], "by_phase": [], "key_use": []}
@@ -381,8 +357,7 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
 
 
 def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -> None:
-    """Accuracy by distance with the reach edges; across c_mem a level per phase, each labelled
-    and styled apart, so that levels that coincide stay apart."""
+    """Accuracy by distance with the reach edges; across c_mem a level per phase, styled apart."""
     plt = plots.pyplot()
     if plt is None:
         return
@@ -413,8 +388,7 @@ def parse_args(argv=None):
 
 
 def train(args) -> None:
-    """Train on the recall text, the accuracy by region at each evaluation and the report at the
-    end (into metrics.json too)."""
+    """Train, the accuracy by region at each evaluation, the report at the end (metrics.json)."""
     with processes() as world:
         data, answers = load_data(args, args.batch_size * world)
         last = {}
@@ -437,8 +411,8 @@ def train(args) -> None:
 
 
 def evaluate_checkpoint(args) -> None:
-    """--eval-only: the report of OUT/ckpt.pt on the text of its flags (or of those given here),
-    its memory cut where asked; OUT/recall.png drawn again, metrics.json left as it is."""
+    """--eval-only: the report of OUT/ckpt.pt on its text (the flags given here first), its memory
+    cut where asked; OUT/recall.png drawn again, metrics.json left as it is."""
     model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("recall",))
     data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
     evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
@@ -447,16 +421,22 @@ def evaluate_checkpoint(args) -> None:
     report(scored, model, args.out, caption(ckpt, "python -m research.recall --eval-only"))
 
 
+def run(args) -> None:
+    train_shakespeare.check_args(args)
+    if args.data is not None:
+        raise UserError("--data: the recall task makes its own text")
+    if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
+        raise UserError(
+            f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
+            f"characters (D >= {MIN_DISTANCE})"
+        )
+    (evaluate_checkpoint if args.eval_only else train)(args)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     keep_freed_memory()
-
-    def run():
-        train_shakespeare.check_args(args)
-        check_args(args)
-        (evaluate_checkpoint if args.eval_only else train)(args)
-
-    return exit_status(run)
+    return exit_status(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -88,10 +88,6 @@ def read_records(out: str) -> list:
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# The tables and the figure, from the records
-
-
 def loss(rows: dict, bucket: str) -> float:
     value = rows[bucket]["loss"]
     return float("nan") if value is None else value

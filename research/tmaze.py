@@ -47,8 +47,7 @@ def slots_and_reach(cfg: CompressiveConfig):
 
 def episodes(n: int, min_gap: int, max_gap: int, generator):
     """(observations, targets) [n, max_gap + 1]: the cue at step 0, the query at step L and
-    distractors elsewhere (after the query too: it never sees them); the cue at the query, else
-    -100."""
+    distractors elsewhere (after the query too, unseen); targets the cue at the query, else -100."""
     length = max_gap + 1
     observations = torch.randint(N_CUES, QUERY, (n, length), generator=generator)
     cues = torch.randint(0, N_CUES, (n,), generator=generator)
@@ -61,7 +60,7 @@ def episodes(n: int, min_gap: int, max_gap: int, generator):
 
 
 def make_agent(cfg: CompressiveConfig):
-    """The cue task's agent (research/ppo_cue.py) on this task's observations, no value head."""
+    """ppo_cue's agent on this task's observations, no value head."""
     return ppo_cue.Agent(cfg, observations=QUERY + 1, value=False)
 
 
