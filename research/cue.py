@@ -62,16 +62,12 @@ def main(argv=None) -> int:
     cfg = CompressiveConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32)
     agent = Agent(cfg, value=False)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
-    T = UNROLL
-    observations, starts, targets, _ = episodes(cue_envs(args, seed=0), args.unrolls * T)
+    stream = episodes(cue_envs(args, seed=0), args.unrolls * UNROLL)[:3]
     memory, began = None, time.time()
-    for unroll in range(args.unrolls):
-        steps = slice(unroll * T, (unroll + 1) * T)
-        loss, memory = supervised_step(
-            agent, optimizer, observations[:, steps], targets[:, steps], memory, starts[:, steps]
-        )
-        if (unroll + 1) % 200 == 0:
-            print(f"unroll {unroll + 1}: loss {loss.item():.4f} ({time.time() - began:.0f} s)")
+    for unroll, (x, starts, y) in enumerate(zip(*(t.split(UNROLL, 1) for t in stream)), 1):
+        loss, memory = supervised_step(agent, optimizer, x, y, memory, starts)
+        if unroll % 200 == 0:
+            print(f"unroll {unroll}: loss {loss.item():.4f} ({time.time() - began:.0f} s)")
 
     # act on new episodes, one step at a time
     agent.eval()
@@ -80,7 +76,7 @@ def main(argv=None) -> int:
     env, query = targets.ne(-100).nonzero(as_tuple=True)
     right = answers[env, query].eq(targets[env, query]).float()
     cue = cue_steps[env, query]
-    mid_unroll = cue % T != 0  # where an unroll of T steps would have cut the stream
+    mid_unroll = cue % UNROLL != 0  # where an unroll would have cut the stream
     # a row's segments begin at its episode's first step, the cue: at the query, mem and the open
     # segment hold the n_m steps before the segment and the segment's own, distance % n_s of them
     distance = query - cue

@@ -137,7 +137,7 @@ def train(args, seed: int):
     agent = Agent(cfg)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
     envs = CueEnvs(args.envs, args.min_delay, args.max_delay, torch.Generator().manual_seed(seed))
-    gamma, lam, clip, B, T = 0.99, 0.95, 0.2, args.envs, args.rollout
+    clip, B, T = 0.2, args.envs, args.rollout
     memory, start = agent.core.empty_memory(B), torch.ones(B, dtype=torch.bool)
     curve, exactness, returns = [], [], []
     for iteration in range(1, args.iterations + 1):
@@ -160,7 +160,7 @@ def train(args, seed: int):
                 returns += rewards[done, t].tolist()
             # the value of the next observation, from the memory now (not kept)
             next_value = agent(envs.observation[:, None], memory, start[:, None])[1][:, 0]
-        advantages = gae(rewards, values, dones, next_value, gamma, lam)
+        advantages = gae(rewards, values, dones, next_value)
         targets = advantages + values
 
         # update: each minibatch of environments re-runs its rollout in one call from the
@@ -179,8 +179,7 @@ def train(args, seed: int):
                 )
                 dist = torch.distributions.Categorical(logits=logits)
                 log_ratio = dist.log_prob(actions[rows]) - logprobs[rows]
-                ratio = log_ratio.exp()
-                adv = advantages[rows]
+                ratio, adv = log_ratio.exp(), advantages[rows]
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
                 policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
                 value_loss = 0.5 * (value - targets[rows]).square().mean()
@@ -202,8 +201,7 @@ def main(argv=None) -> int:
         began = time.time()
         curve, exactness = train(args, seed)
         results[seed] = curve
-        worst = max(r for r, _ in exactness)
-        clipped = max(f for _, f in exactness)
+        worst, clipped = (max(column) for column in zip(*exactness))
         print(
             f"seed {seed}: return per episode (accuracy) "
             + ", ".join(f"{i}: {r:.2f}" for i, r, _ in curve)

@@ -9,6 +9,7 @@ OUT and draws OUT/code_study.png. The models, at equal slots (96) and at equal r
 """
 
 import glob
+import itertools
 import json
 import os
 import statistics
@@ -117,11 +118,8 @@ def mean(runs, bucket: str) -> float:
 
 
 def groups(runs) -> dict:
-    """{(label, budget): its runs over the seeds}."""
-    found = {}
-    for r in runs:
-        found.setdefault((label(r), r["budget"]), []).append(r)
-    return found
+    """{(label, budget): its runs over the seeds}, of runs sorted as read_records sorts them."""
+    return {key: list(g) for key, g in itertools.groupby(runs, lambda r: (label(r), r["budget"]))}
 
 
 def tables(runs: list) -> None:

@@ -106,14 +106,13 @@ def run(args, memory_kind: str, seed: int):
         agent.eval()
         final = act_one_step_at_a_time(agent, *held_out)
     slots, reach = slots_and_reach(cfg)
-    solved = [b for b, a in curve if a >= SOLVED]
     return {
         "memory": memory_kind,
         "seed": seed,
         "curve": curve,
         "accuracy": final,
         "seconds": seconds,
-        "solved_at": solved[0] if solved else None,
+        "solved_at": next((b for b, a in curve if a >= SOLVED), None),
         "slots": slots,
         "reach": reach,
     }
