@@ -43,15 +43,8 @@ def measure(args) -> dict:
     same projecting every slot again, compressive.py's one-token call (hidden_states: AgentCore
     takes vectors), the update's n_s steps and compressive.py's n_s-token call, with backward."""
     torch.manual_seed(0)
-    cfg = CompressiveConfig(
-        d_model=args.d_model,
-        n_heads=args.n_heads,
-        n_layers=2,
-        d_ff=4 * args.d_model,
-        seq_len=args.seq_len,
-        mem_len=args.mem_len,
-        c_mem_len=args.c_mem_len,
-    )
+    sizes = {k: getattr(args, k) for k in ("d_model", "n_heads", "seq_len", "mem_len", "c_mem_len")}
+    cfg = CompressiveConfig(n_layers=2, d_ff=4 * args.d_model, **sizes)
     B, n_s, d = args.batch, cfg.seq_len, cfg.d_model
     core, paper = AgentCore(cfg), CompressiveTransformer(cfg)
     paper.load_state_dict(core.state_dict(), strict=False)  # the same layers

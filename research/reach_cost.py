@@ -114,11 +114,12 @@ def measure_pair(models_flags: dict, device, rounds: int) -> dict:
             train()
         generate()
         trainers[kind], generators[kind] = train, generate
+        f_c = compression_flops_per_step(cfg, flags.batch_size) / 1e9
         rows[kind] = {
             "slots": cfg.mem_len + cfg.c_mem_len,
             "keys": cfg.mem_len + cfg.c_mem_len + cfg.seq_len,  # the segment's last query
-            "model_gflop": bench.train_flops_per_step(model, flags.batch_size) / 1e9,
-            "f_c_gflop": compression_flops_per_step(cfg, flags.batch_size) / 1e9,
+            "f_c_gflop": f_c,
+            "gflop": bench.train_flops_per_step(model, flags.batch_size) / 1e9 + f_c,
             "state_bytes": state_bytes(state["train"]),
             "n_m": cfg.mem_len,
             "n_cm": cfg.c_mem_len,
@@ -169,14 +170,12 @@ def table_rows(result: dict):
     xl, comp = result["xl"], result["compressive"]
     for kind, row in (("XL", xl), ("compressive", comp)):
         slots = f"{row['n_m']} + {row['n_cm']}" if row["n_cm"] else row["n_m"]
-        flops = f"{row['model_gflop'] + row['f_c_gflop']:.2f}"
-        flops += f" ({row['f_c_gflop']:.2f})" if row["f_c_gflop"] else ""
+        flops = f"{row['gflop']:.2f}" + (f" ({row['f_c_gflop']:.2f})" if row["f_c_gflop"] else "")
         label = result["label"] if kind == "XL" else ""
         timed = [f"{row['train_ms']:.1f}", f"{row['gen_ms']:.2f}"]
         yield [label, kind, slots, row["keys"], flops, *timed, f"{row['state_bytes'] / 1024:,.0f}"]
     ratio = lambda key: f"{comp[key] / xl[key]:.2f}"
-    flops = (comp["model_gflop"] + comp["f_c_gflop"]) / xl["model_gflop"]
-    counted = [ratio("slots"), ratio("keys"), f"*{flops:.2f}*"]
+    counted = [ratio("slots"), ratio("keys"), f"*{ratio('gflop')}*"]
     timed = [f"**{ratio('train_ms')}**", ratio("gen_ms")]
     yield ["", "*ratio*", *counted, *timed, ratio("state_bytes")]
 
@@ -196,8 +195,8 @@ def plot(results, path: str, caption: str) -> None:
         for kind, style in (("xl", "o-"), ("compressive", "s-")):
             ax.plot(x, [r[kind][key] / scale for r in reach], style, label=kind)
         if key == "train_ms":
-            comp = lambda r: r["compressive"]["model_gflop"] + r["compressive"]["f_c_gflop"]
-            counted = [r["xl"]["train_ms"] * comp(r) / r["xl"]["model_gflop"] for r in reach]
+            by_count = lambda r: r["compressive"]["gflop"] / r["xl"]["gflop"]
+            counted = [r["xl"]["train_ms"] * by_count(r) for r in reach]
             ax.plot(x, counted, "s:", color="C1", alpha=0.5, label="compressive, by the count")
         ax.set_xscale("log", base=2)
         ax.set(xticks=x, xticklabels=x, xlabel="reach beyond the segment (characters)")

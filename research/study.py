@@ -174,8 +174,9 @@ def plot(runs, path: str) -> None:
     x = range(len(buckets))
     for (_, budget), members in groups([r for r in runs if not r["extra"]] or runs).items():
         model = members[0]["model"]
-        style = dict(linestyle="-" if budget == "long" else "--")
-        style.update(color=f"C{list(MODELS).index(model)}")
+        style = dict(
+            linestyle="-" if budget == "long" else "--", color=f"C{list(MODELS).index(model)}"
+        )
         seeds = f"{len(members)} seed{'s' * (len(members) > 1)}"
         means = [mean(members, b) for b in buckets]
         left.plot(x, means, marker="o", label=f"{model} ({budget}, {seeds})", **style)
@@ -183,8 +184,7 @@ def plot(runs, path: str) -> None:
             gains = [zone_gain(h["loss_by_copy_distance"]) for h in r["history"]]
             right.plot([h["step"] for h in r["history"]], gains, marker=".", **style)
             if model in WORTH:
-                w = worth(r)
-                middle.plot(x, [w[b] for b in buckets], marker=".", alpha=0.8, **style)
+                middle.plot(x, [worth(r)[b] for b in buckets], marker=".", alpha=0.8, **style)
     titles = [
         "validation loss by copy distance beyond the segment",
         "worth of the far memory: loss without it minus with it\n"
@@ -213,9 +213,7 @@ def main(argv=None) -> int:
     r.add_argument("--budget", choices=BUDGETS, default="default", help="steps a run trains")
     r.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one run each")
     r.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="the models")
-    r.add_argument(
-        "--extra", default="", help="more training flags, a lever (its runs are named by them)"
-    )
+    r.add_argument("--extra", default="", help="more training flags: a lever, naming its runs")
     t = sub.add_parser("table", help="print the tables and draw OUT/code_study.png")
     for command in (r, t):
         command.add_argument("--out", default="out/study", help="the runs' folders and records")

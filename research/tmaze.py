@@ -27,16 +27,10 @@ SOLVED = 0.95  # held-out accuracy that counts as having learned the task
 STYLES = ["-", "--", ":", "-."]  # the seeds' lines
 
 
-def config(memory: str, d_model: int) -> CompressiveConfig:
+def config(memory: str, d: int) -> CompressiveConfig:
     n_m, n_cm = MEMORIES[memory]
     return CompressiveConfig(
-        d_model=d_model,
-        n_heads=2,
-        n_layers=1,
-        d_ff=2 * d_model,
-        seq_len=16,
-        mem_len=n_m,
-        c_mem_len=n_cm,
+        d_model=d, n_heads=2, n_layers=1, d_ff=2 * d, seq_len=16, mem_len=n_m, c_mem_len=n_cm
     )
 
 
