@@ -143,10 +143,9 @@ def train(args, seed: int):
     for iteration in range(1, args.iterations + 1):
         # act: one step per call, the memory carried; the update starts from this memory
         at_start = memory
-        observations = torch.zeros(B, T, dtype=torch.long)
+        observations, actions = torch.zeros(2, B, T, dtype=torch.long)
         starts = torch.zeros(B, T, dtype=torch.bool)
-        actions, logprobs = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T)
-        values, rewards, dones = torch.zeros(B, T), torch.zeros(B, T), torch.zeros(B, T)
+        logprobs, values, rewards, dones = torch.zeros(4, B, T)
         agent.eval()
         with torch.no_grad():
             for t in range(T):

@@ -1,10 +1,7 @@
 """Write OUT/validation.json: the validation text of OUT/ckpt.pt (and the recall task's facts),
 for the lesson's memory picture and explorer, which build on the script alone.
 
-    python -m research.tasks --out OUT
-
-The text a checkpoint learned, whichever command trained it: the script's, the code corpus or the
-recall task (with each '?' and its fact, which the picture outlines)."""
+    python -m research.tasks --out OUT    # the script's text, the code corpus's or the recall's"""
 
 import os
 
