@@ -96,12 +96,6 @@ def stdlib_root() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
-def first_files(val: str, n_chars: int) -> str:
-    """The validation text up to the first file that begins at or after n_chars: whole files."""
-    cut = val.find("\n# file: ", max(0, n_chars - 1))
-    return val if cut < 0 else val[: cut + 1]
-
-
 def describe(manifest) -> str:
     return (
         f"code: the {manifest['python']} standard library, {sum(manifest['files'].values())} "
@@ -121,10 +115,11 @@ def parse_args(argv=None):
 
 
 def load_data(args, saved_args=None, need_train: bool = True) -> Data:
-    """The corpus; the validation text the first --val-chars of it, in whole files."""
+    """The corpus; the validation text up to the first file beginning at --val-chars or after."""
     train, val, manifest = load(stdlib_root())
     given = [getattr(args, "val_chars", None), (saved_args or {}).get("val_chars"), VAL_CHARS]
-    val = first_files(val, next(n for n in given if n is not None))
+    cut = val.find("\n# file: ", max(0, next(n for n in given if n is not None) - 1))
+    val = val if cut < 0 else val[: cut + 1]
     return Data(
         VOCAB, encode(train, VOCAB) if need_train else None, encode(val, VOCAB), describe(manifest)
     )

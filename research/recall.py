@@ -48,23 +48,6 @@ def fraction(text: str) -> float:
     return value
 
 
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("the recall task")
-
-    def add(name, text, **kind):
-        text = f"{text} (default {DEFAULTS[name]})"
-        group.add_argument("--" + name.replace("_", "-"), help=text, **kind)
-
-    add("max_distance", f"longest D, log-uniform from {MIN_DISTANCE}", type=at_least(MIN_DISTANCE))
-    add("live_facts", "most facts waiting at once (more: a query needs its key)", type=positive)
-    distractors = "more facts, never asked, while --live-facts wait: only its key finds a fact"
-    add("distractors", distractors, action="store_true", default=None)
-    add("curriculum", "the longest D grows to --max-distance over this part", type=fraction)
-    add("curriculum_hold", "first hold every fact in the segment for this part", type=fraction)
-    add("val_chars", "length of the validation text", type=at_least(1000))
-    add("loss_on", "all characters, or the answer digit after each '?'", choices=["all", "answers"])
-
-
 def settings(args, saved_args=None) -> dict:
     """The task's flags as given, else as the checkpoint was trained (saved_args), else defaults."""
     saved_args = saved_args or {}
@@ -383,7 +366,20 @@ def plot_recall(rows, edges, phases, title: str, path: str, caption: str = "") -
 
 def parse_args(argv=None):
     parser = task_flags("recall", __doc__, "the accuracy report of OUT/ckpt.pt")
-    add_arguments(parser)
+    group = parser.add_argument_group("the recall task")
+
+    def add(name, text, **kind):
+        text = f"{text} (default {DEFAULTS[name]})"
+        group.add_argument("--" + name.replace("_", "-"), help=text, **kind)
+
+    add("max_distance", f"longest D, log-uniform from {MIN_DISTANCE}", type=at_least(MIN_DISTANCE))
+    add("live_facts", "most facts waiting at once (more: a query needs its key)", type=positive)
+    distractors = "more facts, never asked, while --live-facts wait: only its key finds a fact"
+    add("distractors", distractors, action="store_true", default=None)
+    add("curriculum", "the longest D grows to --max-distance over this part", type=fraction)
+    add("curriculum_hold", "first hold every fact in the segment for this part", type=fraction)
+    add("val_chars", "length of the validation text", type=at_least(1000))
+    add("loss_on", "all characters, or the answer digit after each '?'", choices=["all", "answers"])
     return parser.parse_args(argv)
 
 

@@ -63,17 +63,6 @@ def accuracy(logits, targets) -> float:
     return logits.argmax(dim=-1)[asked].eq(targets[asked]).float().mean().item()
 
 
-def act_one_step_at_a_time(agent, observations, targets) -> float:
-    """The accuracy of rows playing two held-out episodes back to back, one step per call, the
-    second begun by `starts`."""
-    half = observations.shape[0] // 2
-    stream = torch.cat([observations[:half], observations[half : 2 * half]], dim=1)
-    asked = torch.cat([targets[:half], targets[half : 2 * half]], dim=1)
-    starts = torch.zeros_like(stream, dtype=torch.bool)
-    starts[:, 0] = starts[:, observations.shape[1]] = True
-    return accuracy(ppo_cue.act(agent, stream, starts), asked)
-
-
 def run(args, memory_kind: str, seed: int):
     """One memory, one seed, on one thread: the curve [(batches, held-out accuracy)], the final
     one-step acting accuracy, the training CPU seconds, slots and reach."""
@@ -97,8 +86,13 @@ def run(args, memory_kind: str, seed: int):
                 agent.eval()
                 with torch.no_grad():
                     curve.append((batch, accuracy(agent(held_out[0])[0], held_out[1])))
+        # acting one step per call, each row two held-out episodes, the second begun by starts
+        half = args.eval_episodes // 2
+        stream, asked = (torch.cat([t[:half], t[half : 2 * half]], dim=1) for t in held_out)
+        starts = torch.zeros_like(stream, dtype=torch.bool)
+        starts[:, 0] = starts[:, args.max_gap + 1] = True
         agent.eval()
-        final = act_one_step_at_a_time(agent, *held_out)
+        final = accuracy(ppo_cue.act(agent, stream, starts), asked)
     slots, reach = slots_and_reach(cfg)
     return {
         "memory": memory_kind,
