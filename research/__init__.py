@@ -29,8 +29,7 @@ positive = at_least(1)
 
 
 def parser(name: str, doc: str, training: bool = False) -> argparse.ArgumentParser:
-    """The parser of python -m research.NAME, described by doc's first paragraph; with the
-    script's flags where training."""
+    """python -m research.NAME's parser, doc's first paragraph; with the script's flags to train."""
     about, prog = doc.split("\n\n")[0], f"python -m research.{name}"
     if training:
         return train_shakespeare.training_flags(about, prog=prog)
@@ -57,8 +56,7 @@ def made_with() -> str:
 
 
 def caption(ckpt: dict, drawn_by: str) -> str:
-    """A checkpoint's figure's foot; the script's defaults name a task's flags too
-    (research/test_tasks.py)."""
+    """A checkpoint's figure's foot (the script's defaults name a task's flags too)."""
     command = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
     return f"Checkpoint: {command}. Drawn by: {drawn_by}, {made_with()}."
 

@@ -38,8 +38,7 @@ BUCKET_NAMES = [
 
 @torch.no_grad()
 def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = "") -> None:
-    """Run model over streams [n, L + 1], carrying memory; print the attention per bucket and
-    layer, and plot it to OUT/attention.png."""
+    """The attention by bucket and layer over streams [n, L + 1]: printed, OUT/attention.png."""
     cfg = model.cfg
     totals = torch.zeros(cfg.n_layers, 3 * BUCKETS_PER_REGION, dtype=torch.float64)
     counted, memory = 0, None

@@ -61,8 +61,7 @@ def source_files(root: str):
 
 @functools.lru_cache(maxsize=2)
 def load(root: str):
-    """(train text, val text, manifest) of the library under root, each file after a line
-    "# file: <relative path>"."""
+    """(train text, val text, manifest) of the library under root, a file after "# file: PATH"."""
     paths = source_files(root)
     if not paths:
         raise UserError(

@@ -48,9 +48,8 @@ def bucket_of(beyond: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
 
 
 def evaluation_geometry(text: str, n_streams: int, seq_len: int):
-    """For each position p of a text as training.evaluate cuts it (n_streams streams, segments of
-    seq_len, the tail one more segment of the last): (copy distance within p's stream, the index
-    in its segment of the query that predicts p; -1 for position 0)."""
+    """For each position p of a text cut as training.evaluate cuts it: its copy distance within its
+    stream, and the index in its segment of the query that predicts p (-1 for position 0)."""
     length = (len(text) - 1) // n_streams
     distance = torch.full((len(text),), NEVER, dtype=torch.long)
     index = torch.full((len(text),), -1, dtype=torch.long)

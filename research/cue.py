@@ -20,9 +20,8 @@ MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per tra
 
 
 def episodes(envs: CueEnvs, length: int):
-    """length steps of envs' episodes, each [n_envs, length]: the observations, starts (each
-    episode's first step), targets (the cue at each query, else -100), cue_steps (at each query
-    its cue's step, else -1)."""
+    """length steps of envs' episodes, [n_envs, length] each: observations, starts, targets (the
+    cue at each query, else -100), cue_steps (at each query its cue's step, else -1)."""
     n_envs = len(envs.cue)
     observations = torch.zeros(n_envs, length, dtype=torch.long)
     starts = torch.zeros(n_envs, length, dtype=torch.bool)

@@ -64,8 +64,7 @@ class Agent(nn.Module):
         self.value = nn.Linear(cfg.d_model, 1) if value else None
 
     def forward(self, observations, memory=None, starts=None):
-        """observations, starts [B, T] -> logits [B, T, N_CUES], memory, f_c's loss, and with a
-        value head the values [B, T] second."""
+        """observations, starts [B, T] -> logits [B, T, N_CUES], (values,) memory, f_c's loss."""
         h, memory, recon_loss = self.core(self.observe(observations), memory, starts)
         if self.value is None:
             return self.policy(h), memory, recon_loss

@@ -181,8 +181,7 @@ def table_rows(result: dict):
 
 
 def plot(results, path: str, caption: str) -> None:
-    """Step, generation and state against the reach; dotted, the compressive step that the FLOP
-    count predicts from XL's measured one."""
+    """Step, generation and state against the reach; dotted, the step the count predicts."""
     plt = plots.pyplot()
     reach = [r for r in results if r["label"].startswith("reach")]
     if plt is None or not reach:

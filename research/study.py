@@ -164,8 +164,8 @@ def tables(runs: list) -> None:
 
 
 def plot(runs, path: str) -> None:
-    """The loss by bucket (mean over seeds), the far memory's worth by bucket and the zone over
-    training (a line per run); a color per model, dashed the default budget; no levers."""
+    """The loss by bucket (mean over seeds), the far memory's worth and the zone over training (a
+    line per run); a color per model, dashed the default budget; no levers."""
     plt = plots.pyplot()
     if plt is None:
         return

@@ -13,8 +13,7 @@ from training.checks import exit_status
 
 
 def validation_data(args, ckpt: dict):
-    """(Data, answers) of the checkpoint's validation text, answers the recall task's queries
-    (else None)."""
+    """(Data, answers) of the checkpoint's validation text; answers: the recall task's, or None."""
     if ckpt["args"].get("task") == "recall":
         return code.validation_text(args, ckpt, recall.load_data)
     return code.validation_text(args, ckpt), None

@@ -64,8 +64,7 @@ def accuracy(logits, targets) -> float:
 
 
 def run(args, memory_kind: str, seed: int):
-    """One memory, one seed, on one thread: the curve [(batches, held-out accuracy)], the final
-    one-step acting accuracy, the training CPU seconds, slots and reach."""
+    """One memory and seed on one thread: held-out curve, one-step acting, CPU s, slots, reach."""
     torch.manual_seed(seed)
     cfg = config(memory_kind, args.d_model)
     agent = make_agent(cfg)
