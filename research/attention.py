@@ -56,9 +56,7 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
                     totals[i] += buckets.mean(dim=(0, 1, 2)).cpu()
                 counted += 1
     if counted == 0:
-        raise UserError(
-            "the validation split is too short to fill the memories; lower --batch-size"
-        )
+        raise UserError("the validation text is too short to fill the memories; lower --batch-size")
     per_layer = (totals / counted).tolist()
     overall = [sum(column) / cfg.n_layers for column in zip(*per_layer)]
     print(

@@ -141,7 +141,8 @@ def train(args) -> dict:
             evaluation = evaluate.on_validation(model, data, args.batch_size, args.dtype)
             rows = copies.by_bucket(evaluation.char_losses.cpu(), *where)
             regions[:] = copies.regions_of(model.reach(), args.seq_len)
-            print("  by copy distance beyond the segment: " + copies.summary(rows))
+            losses = (f"{k} {r['loss']:.3f}" for k, r in rows.items() if r["loss"] is not None)
+            print("  by copy distance beyond the segment: " + ", ".join(losses))
             return {"val_loss": evaluation.loss, "loss_by_copy_distance": rows}
 
         metrics = train_shakespeare.train(args, data, validate)
@@ -157,10 +158,8 @@ def validation_text(args, ckpt: dict, load_own=load_data):
     if ckpt["args"].get("task", "shakespeare") == "shakespeare":
         return load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
     if getattr(args, "data", None) is not None:
-        trained_by = checkpoint.trained_by(ckpt["args"])
-        raise UserError(
-            f"--data: this checkpoint was trained by {trained_by}, which makes its own text"
-        )
+        by = checkpoint.trained_by(ckpt["args"])
+        raise UserError(f"--data: this checkpoint was trained by {by}, which makes its own text")
     return load_own(args, saved_args=ckpt["args"], need_train=False)
 
 

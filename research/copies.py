@@ -81,12 +81,6 @@ def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Te
     return out
 
 
-def summary(rows: dict) -> str:
-    return ", ".join(
-        f"{name} {row['loss']:.3f}" for name, row in rows.items() if row["loss"] is not None
-    )
-
-
 def regions_of(model_reach, seq_len: int):
     """The region of the model's reach that holds each bucket's copy."""
     beyond = [(name, edge - seq_len) for name, edge in model_reach if name != "segment"]

@@ -30,9 +30,7 @@ def facts(answers) -> list:
 
 def main(argv=None) -> int:
     p = parser("tasks", __doc__)
-    p.add_argument(
-        "--out", default="out", help="the checkpoint's folder; validation.json goes there"
-    )
+    p.add_argument("--out", default="out", help="the checkpoint's folder, for validation.json")
     p.set_defaults(data=None)  # the checkpoint's own text, never another
     args = p.parse_args(argv)
 
