@@ -208,17 +208,17 @@ def main(argv=None) -> int:
             flush=True,
         )
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args)
     return 0
 
 
-def plot(results, path: str) -> None:
-    """The return curves {seed: curve}, one line a seed."""
+def plot(results, args) -> None:
+    """The return curves {seed: curve}, one line a seed, into args.plot."""
     curves = [(f"seed {seed}", *list(zip(*curve))[:2], {}) for seed, curve in results.items()]
     seeds = " ".join(str(seed) for seed in results)
     caption = f"python -m research.ppo_cue --seeds {seeds}; {made_with()}, CPU"
-    xlabel = "iteration (16 envs x 32 steps)"
-    plot_curves(curves, path, xlabel, "return per episode", 1 / N_CUES, caption)
+    xlabel = f"iteration ({args.envs} envs x {args.rollout} steps)"
+    plot_curves(curves, args.plot, xlabel, "return per episode", 1 / N_CUES, caption)
 
 
 if __name__ == "__main__":

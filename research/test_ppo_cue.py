@@ -37,5 +37,6 @@ def test_every_update_starts_from_the_actor_s_policy(capsys):
 def test_the_plot_of_the_curves_is_a_png(fresh_pyplot, tmp_path):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     path = tmp_path / "curves.png"
-    ppo_cue.plot({0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}, str(path))
+    args = ppo_cue.parse_args(["--envs", "4", "--plot", str(path)])
+    ppo_cue.plot({0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}, args)
     assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
