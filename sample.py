@@ -34,12 +34,8 @@ def sample(model, vocab, args, device) -> str:
     if not prompt:
         raise UserError("--prompt must not be empty")
     torch.manual_seed(args.seed)
-    out = model.generate(
-        torch.tensor([[vocab.index(ch) for ch in prompt]], device=device),
-        args.chars,
-        temperature=args.temperature,
-        top_k=args.top_k,
-    )
+    ids = torch.tensor([[vocab.index(ch) for ch in prompt]], device=device)
+    out = model.generate(ids, args.chars, temperature=args.temperature, top_k=args.top_k)
     return "".join(vocab[i] for i in out[0].tolist())
 
 

@@ -59,8 +59,8 @@ def read_text(path: str) -> str:
 
 
 def load_text(path) -> str:
-    """The text of path, or of the shipped Tiny Shakespeare (checked against its SHA-256, so an
-    edited copy, or one whose line endings a checkout converted, is not taken for it)."""
+    """The text of path, or the shipped Tiny Shakespeare, checked against its SHA-256 (an edited
+    copy, or one whose line endings a checkout converted, is not it)."""
     if path is not None:
         return read_text(path)
     text = read_text(DEFAULT_DATA)
@@ -84,10 +84,8 @@ def encode(text: str, vocab) -> torch.Tensor:
 
 def load_data(args, vocab=None, saved_args=None) -> Data:
     """Tiny Shakespeare or --data. vocab and saved_args: a checkpoint's, when evaluating one
-    (without --data, its own text: the --data it was trained with, else Tiny Shakespeare)."""
-    path = args.data
-    if path is None and saved_args is not None:  # a checkpoint is evaluated on its own text
-        path = saved_args.get("data")
+    (without --data, on its own text: the --data it was trained with, else Tiny Shakespeare)."""
+    path = args.data if args.data is not None or saved_args is None else saved_args.get("data")
     text = load_text(path)
     vocab = vocab or sorted(set(text))
     data = encode(text, vocab)
@@ -96,9 +94,8 @@ def load_data(args, vocab=None, saved_args=None) -> Data:
 
 
 def write_validation(path: str, data: Data, facts=()) -> None:
-    """data's validation text into path as JSON: {"name", "text", "facts": for a task that asks for
-    facts, one {"query": a query's position in the text, "fact": the positions of the fact it asks
-    for, in order} per query (the recall task's ' KK=d' for each '?')}."""
+    """data's validation text into path as JSON: {"name", "text", "facts": one {"query": a query's
+    position, "fact": the positions of the fact it asks for} per query (recall's ' KK=d', '?')}."""
     text = "".join(data.vocab[i] for i in data.val.tolist())
     files.write_json(path, {"name": data.name, "text": text, "facts": list(facts)})
 

@@ -30,9 +30,9 @@ def strands(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
 def per_character(
     model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None, progress=None
 ) -> Evaluation:
-    """The mean loss in nats/char over every character of data after the first (those targets
-    scores, where not IGNORE; None: all), memory carried through n_streams streams as in training,
-    and what it read of each character (index 0 unused). progress(): called after each segment."""
+    """The mean loss in nats/char over every character of data after the first (where targets is
+    not IGNORE; None: all), memory carried through n_streams streams as in training, and what it
+    read of each character (index 0 unused). progress(): called after each segment."""
     targets = data if targets is None else targets
     predictions = torch.zeros_like(data)
     char_losses = torch.full(data.shape, float("nan"), device=data.device)

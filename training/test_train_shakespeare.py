@@ -389,10 +389,9 @@ X86_FLAGS = {"fpu", "sse2", "avx2", "avx512f", "avx512bw", "fma"}  # a CPU's fla
 def test_dtype_auto_picks_bf16_where_the_cpu_computes_it_natively(
     monkeypatch, machine, flags, speed_up, chosen, why
 ):
-    """--dtype auto on a CPU, whatever this one is: its flags, its architecture and the timing
-    probe are those of the CPU described."""
+    """--dtype auto on a CPU, whatever this one is: its flags and the timing probe are those of
+    the CPU described (machine: which it is; x86's flags name their bf16, Arm's say "bf16")."""
     monkeypatch.setattr(checks, "cpu_flags", lambda: set(flags))
-    monkeypatch.setattr(checks.platform, "machine", lambda: machine)
     probed = []
 
     def probe():
@@ -465,7 +464,6 @@ def test_checkpoints_resume_and_evaluate_across_dtypes(small_text, tmp_path, mon
     assert ts.main([*common, "--dtype", "bfloat16", "--resume"]) == 0
     assert json.load(open(os.path.join(out, "metrics.json")))["step"] == 3
     monkeypatch.setattr(checks, "cpu_flags", lambda: X86_FLAGS | {"avx512_bf16"})
-    monkeypatch.setattr(checks.platform, "machine", lambda: "x86_64")
     capsys.readouterr()
     losses = {}
     for flags in ([], ["--dtype", "float32"]):
@@ -685,9 +683,9 @@ def test_compiled_gradient_is_the_gradient_of_its_own_forward_with_dropout(devic
 
 def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(checks, "mps_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     assert checks.pick_device("auto") == torch.device("cpu")
-    monkeypatch.setattr(checks, "mps_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     assert checks.pick_device("auto") == torch.device("mps")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert checks.pick_device("auto", local_rank=1) == torch.device("cuda", 1)
