@@ -5,8 +5,7 @@ ablation that cuts its memory to show what the memory is worth:
     python evaluate.py --eval-c-mem-len 0     # the same weights without c_mem
     python evaluate.py --eval-mem-len 16      # ... with at most 16 memories per layer
 
-The results go into OUT/metrics.json beside the training's (eval_only, ablations). The studies'
---eval-only (research/) evaluates through the same functions.
+Results go into OUT/metrics.json (eval_only, ablations); research's --eval-only runs the same code.
 """
 
 import dataclasses
