@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import sys
-import time
 from contextlib import contextmanager
 
 import torch
@@ -150,13 +149,11 @@ def runtime(args) -> tuple:
     return rank, world, device, say
 
 
-# The x86 features with which a CPU computes bf16 in hardware, which oneDNN (torch's CPU matmuls)
-# uses: AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire
-# Rapids); without them bf16 is emulated, slower than float32. Where the flags cannot tell (Arm's
-# "bf16", no /proc/cpuinfo), a probe chooses bf16 if its matmul runs PROBE_SPEED_UP times as fast
+# The features with which a CPU computes bf16 in hardware, as /proc/cpuinfo names them: x86's
+# AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire Rapids),
+# which oneDNN (torch's CPU matmuls) uses; without them bf16 is emulated, slower than float32
 # (native: 2.4x to 7.6x float32; emulated: 0.02x, docs/RESULTS.md).
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
-PROBE_SPEED_UP = 1.5
 
 
 def cpu_flags() -> set:
@@ -167,20 +164,6 @@ def cpu_flags() -> set:
     except OSError:
         return set()
     return set(found[1].split()) if found else set()
-
-
-@functools.cache  # once a process: every call of pick_dtype then chooses alike
-def bf16_matmul_speed_up(n: int = 512) -> float:
-    """How many times as fast a [n, n] matmul runs in bf16 as in float32 here: the best of 5 each,
-    alternating, so that another process's load slows both alike (the first round warms up)."""
-    pairs = {dtype: torch.randn(n, n, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)}
-    best = dict.fromkeys(pairs, float("inf"))
-    for _ in range(6):
-        for dtype, a in pairs.items():
-            start = time.perf_counter()
-            a @ a
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
 
 
 def pick_dtype(name: str, device) -> tuple:
@@ -195,16 +178,10 @@ def pick_dtype(name: str, device) -> tuple:
         return "float32", f"auto: the GPU ({gpu}) would only emulate bf16"
     if device.type != "cpu":
         return "float32", f"auto: bf16 is chosen on CUDA and on CPUs only, not on {device.type}"
-    flags = cpu_flags()
-    native = [flag for flag in NATIVE_BF16 if flag in flags]
+    native = [flag for flag in NATIVE_BF16 if flag in cpu_flags()]
     if native and torch.backends.mkldnn.is_available():
         return "bfloat16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
-    if flags and not native and "bf16" not in flags:  # no bf16 instructions (x86's are named)
-        return "float32", "auto: the CPU has no bf16 instructions (bf16 would be emulated)"
-    speed_up = bf16_matmul_speed_up()  # Arm's bf16, or a CPU whose flags are unknown
-    if speed_up >= PROBE_SPEED_UP:
-        return "bfloat16", f"auto: a bf16 matmul ran {speed_up:.1f}x as fast as a float32 one"
-    return "float32", f"auto: a bf16 matmul ran only {speed_up:.2f}x as fast as a float32 one"
+    return "float32", "auto: the CPU lists no avx512_bf16 or amx_bf16 (--dtype bfloat16 to try)"
 
 
 def keep_freed_memory() -> None:
