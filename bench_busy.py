@@ -20,8 +20,7 @@ SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() 
 
 
 def timed(command: list, env: dict) -> tuple:
-    """(seconds, exit status, the last line it printed) of one run of command, whose lines are
-    shown as they come (indented), so that a long run shows its progress."""
+    """(seconds, exit status, last line printed) of a run of command, its lines shown as it goes."""
     start, last = time.monotonic(), ""
     with subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -114,9 +114,7 @@ def read(path: str, device) -> dict:
             f" restore a copy, or train again"
         ) from None
     if not isinstance(ckpt, dict):
-        raise UserError(
-            f"{path} is not a checkpoint of this script (it holds a {type(ckpt).__name__})"
-        )
+        raise UserError(f"{path} is not a checkpoint of this script (a {type(ckpt).__name__})")
     if ckpt.get("format") != FORMAT:  # the earliest layouts recorded no commit
         made = ckpt.get("made_with")
         by = made.get("commit") if isinstance(made, dict) else None
@@ -230,9 +228,7 @@ def load_model(out: str, device):
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise UserError(
-            f"{path}: the weights do not fit its configuration ({one_line(e)})"
-        ) from None
+        raise UserError(f"{path}: its weights do not fit its config ({one_line(e)})") from None
     return model.to(device).eval(), ckpt
 
 

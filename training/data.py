@@ -1,7 +1,6 @@
 """The text the script learns, as ids: Tiny Shakespeare (shipped in data/) or a --data text, split
-as nanoGPT splits it (90% to train, 10% to validate). A research command brings its own text in
-the same form, and can write its validation text into a file for the lesson's commands
-(write_validation, read_validation)."""
+as nanoGPT splits it (90% to train, 10% to validate). A research command's text comes in the same
+form, its validation text written to a file for the lesson (write_validation, read_validation)."""
 
 import hashlib
 import json
