@@ -5,8 +5,6 @@ time goes (forward, backward, optimizer, the rest) and the operators that take t
 
     python bench.py --bench-steps 10    # and any of the script's model and runtime flags
     python bench.py --profile --device cpu
-
-As nanoGPT's bench.py beside its train.py, it takes the script's flags, model, optimizer and step.
 """
 
 import collections
@@ -54,10 +52,9 @@ def sync(device):
 
 
 def matmul_peak_flops(device, dtype) -> float:
-    """Best FLOP/s of a square matmul: n doubles from 256 up to 2048 while one product stays fast,
-    so a dtype the processor lacks (bf16 on many CPUs) cannot stall the benchmark."""
-    n = 256
-    while True:
+    """Best FLOP/s of a square matmul, n doubling up to 2048 while one product stays fast (so that
+    a dtype the processor emulates, bf16 on many CPUs, cannot stall the benchmark)."""
+    for n in (256, 512, 1024, 2048):
         a = torch.randn(n, n, device=device, dtype=dtype)
         a @ a  # warm-up
         best = float("inf")
@@ -67,9 +64,8 @@ def matmul_peak_flops(device, dtype) -> float:
             a @ a
             sync(device)
             best = min(best, time.perf_counter() - t)
-        if n >= 2048 or best > 0.02:
+        if n == 2048 or best > 0.02:
             return 2 * n**3 / best
-        n *= 2
 
 
 def random_batches(model, args, device) -> list:
@@ -101,10 +97,9 @@ def bench(train_step, model, args, device) -> None:
     take_steps(train_step, model, batches, memory, args.bench_steps)
     seconds = (time.perf_counter() - start) / args.bench_steps
     peak = matmul_peak_flops(device, getattr(torch, args.dtype))
+    peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     if device.type == "cuda":
         peak_mem = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     flops = train_flops_per_step(model, args.batch_size)
     print(f"config: {model.cfg}")
     print(
@@ -134,27 +129,21 @@ def phase_of(event) -> str:
 
 def profile_steps(train_step, model, args, device, rows=8):
     """--bench-steps steps under torch.profiler once warm: each phase's ms a step and share, then
-    the rows operators of each phase that took the most time of their own. The profiler's cost
-    slows every step; the shares are what to read. The times are the host's: on a GPU they show
-    what launches the kernels, not the kernels."""
-    batches, marks = random_batches(model, args, device), []
+    the rows operators of each phase that took the most time of their own (the host's time: on a
+    GPU, what launches the kernels; the profiler slows every step, the shares are what to read)."""
+    batches = random_batches(model, args, device)
     memory = take_steps(train_step, model, batches)
 
-    def open_mark(*_):  # the model's forward as one profiler range, opened and closed by hooks
-        marks.append(record_function("forward"))
-        marks[-1].__enter__()
+    def forward(*inputs, unmarked=model.forward):  # the model's forward as one profiler range
+        with record_function("forward"):
+            return unmarked(*inputs)
 
-    hooks = [
-        model.register_forward_pre_hook(open_mark),
-        model.register_forward_hook(lambda *_: marks.pop().__exit__(None, None, None)),
-    ]
+    model.forward = forward
     try:
         with profile() as prof:
-            for _ in range(args.bench_steps):
-                memory = take_steps(train_step, model, batches, memory, 1)
+            take_steps(train_step, model, batches, memory, args.bench_steps)
     finally:
-        for hook in hooks:
-            hook.remove()
+        del model.forward
     per_phase, per_op = collections.Counter(), collections.Counter()
     for event in prof.events():
         per_phase[phase_of(event)] += event.self_cpu_time_total  # microseconds

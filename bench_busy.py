@@ -20,8 +20,7 @@ SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() 
 
 
 def timed(command: list, env: dict) -> tuple:
-    """(seconds, exit status, the last line it printed) of one run of command, whose lines are
-    shown as they come (indented), so that a long run shows its progress."""
+    """(seconds, exit status, last line printed) of a run of command, its lines shown as it goes."""
     start, last = time.monotonic(), ""
     with subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -43,27 +42,24 @@ def main() -> int:
     if args.busy < 0 or args.limit < 1:
         print("error: --busy must be >= 0 and --limit >= 1", file=sys.stderr)
         return 2
-    out = tempfile.TemporaryDirectory(prefix="bench_busy_")  # the run's checkpoint, removed after
-    commands = {
-        "train": [sys.executable, "train_shakespeare.py", "--out", out.name],
-        "pytest": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-    }
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     print(f"{os.cpu_count()} cores, {args.busy} busy processes beside each command")
-    for name, command in commands.items():
-        if args.only not in (None, name):
-            continue
-        spin = SPIN.format(seconds=args.limit)
-        busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(args.busy)]
-        try:
-            seconds, status, last = timed(command, env)
-        finally:
-            for process in busy:
-                process.kill()
-                process.wait()
-        load = os.getloadavg()[0]
-        print(f"{name}: {seconds:.0f} s, exit {status}, load {load:.1f} at the end: {last}")
-    out.cleanup()
+    with tempfile.TemporaryDirectory(prefix="bench_busy_") as out:  # the run's checkpoint
+        commands = {
+            "train": [sys.executable, "train_shakespeare.py", "--out", out],
+            "pytest": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        }
+        for name in [args.only] if args.only else commands:
+            spin = [sys.executable, "-c", SPIN.format(seconds=args.limit)]
+            busy = [subprocess.Popen(spin) for _ in range(args.busy)]
+            try:
+                seconds, status, last = timed(commands[name], env)
+            finally:
+                for process in busy:
+                    process.kill()
+                    process.wait()
+            load = os.getloadavg()[0]
+            print(f"{name}: {seconds:.0f} s, exit {status}, load {load:.1f} at the end: {last}")
     return 0
 
 

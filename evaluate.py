@@ -5,8 +5,7 @@ ablation that cuts its memory to show what the memory is worth:
     python evaluate.py --eval-c-mem-len 0     # the same weights without c_mem
     python evaluate.py --eval-mem-len 16      # ... with at most 16 memories per layer
 
-The results go into OUT/metrics.json beside the training's (eval_only, ablations). The studies'
---eval-only (research/) evaluates through the same functions.
+Results go into OUT/metrics.json (eval_only, ablations); research's --eval-only runs the same code.
 """
 
 import dataclasses
@@ -39,9 +38,8 @@ def parse_args(argv=None):
 
 
 def limit_memory(model, mem_len, c_mem_len) -> str:
-    """The ablation: the model keeps at most mem_len memories and c_mem_len compressed ones per
-    layer, its weights unchanged; what the loss loses is what they were worth. Returns how the
-    memory was cut ("" where it was not)."""
+    """The ablation: at most mem_len memories and c_mem_len compressed ones per layer, the weights
+    unchanged (what the loss loses is what they were worth); how the memory was cut, or ""."""
     if mem_len is None and c_mem_len is None:
         return ""
     if not isinstance(model, CompressiveTransformer):
@@ -60,14 +58,14 @@ def limit_memory(model, mem_len, c_mem_len) -> str:
                 f"than in training can be evaluated"
             )
     mem_len = cfg.mem_len if mem_len is None else mem_len
-    c_mem_len = cfg.c_mem_len if c_mem_len is None or mem_len == 0 else c_mem_len
-    if 0 < mem_len < cfg.compression_rate and c_mem_len > 0:
+    c_mem_len = 0 if mem_len == 0 else cfg.c_mem_len if c_mem_len is None else c_mem_len
+    if mem_len < cfg.compression_rate and c_mem_len > 0:
         raise UserError(
             f"--eval-mem-len {mem_len}: with compressed memory, at least c = "
             f"{cfg.compression_rate} memories must be kept"
         )
     # every layer reads its FIFO lengths from the config, so all of them get the new one
-    model.cfg = dataclasses.replace(cfg, mem_len=mem_len, c_mem_len=c_mem_len if mem_len else 0)
+    model.cfg = dataclasses.replace(cfg, mem_len=mem_len, c_mem_len=c_mem_len)
     for layer in model.layers:
         layer.cfg = model.cfg
     return f"n_m={model.cfg.mem_len} n_cm={model.cfg.c_mem_len}"
@@ -117,22 +115,19 @@ def record_evaluation(out: str, ablation: str, result: dict) -> None:
     """Into OUT/metrics.json, beside the training's figures: an evaluation with the full memory as
     eval_only (what a study added to result at the top level too), one with its memory cut under
     ablations[how it was cut]. A file there that is not such metrics is kept; one line says so."""
-    path, metrics = os.path.join(out, "metrics.json"), {}  # none yet where the run stopped early
-    if os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                metrics = json.load(f)
-        except (OSError, ValueError):
-            metrics = None
-        if not isinstance(metrics, dict):
-            raise UserError(
-                f"{path} is not a metrics file of this script; move it away to record this "
-                f"evaluation"
-            )
+    path = os.path.join(out, "metrics.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            metrics = json.load(f)
+    except FileNotFoundError:  # none yet where the run stopped early
+        metrics = {}
+    except (OSError, ValueError):
+        metrics = None
+    if not isinstance(metrics, dict):
+        raise UserError(f"{path} is not a metrics file of this script; move it away to record one")
     if ablation:
-        if not isinstance(metrics.get("ablations"), dict):
-            metrics["ablations"] = {}
-        metrics["ablations"][ablation] = result
+        kept = metrics.get("ablations")
+        metrics["ablations"] = {**(kept if isinstance(kept, dict) else {}), ablation: result}
     else:
         extra = {k: v for k, v in result.items() if k not in ("val_loss", "step")}
         metrics.update(eval_only=result, **extra)

@@ -23,23 +23,17 @@ def parse_args(argv=None):
 
 
 def sample(model, vocab, args, device) -> str:
-    """--prompt and the --chars characters after it, drawn with --temperature and --top-k from
-    --seed. The default prompt is a newline, or "." where the vocabulary has none (the recall
-    task's)."""
+    """--prompt and the --chars characters drawn after it (--temperature, --top-k, --seed); the
+    default prompt is a newline, or "." where the vocabulary has none (the recall task's)."""
     prompt = args.prompt if args.prompt is not None else "\n" if "\n" in vocab else "."
-    if set(prompt) - set(vocab):
-        raise UserError(
-            f"--prompt has characters not in the vocabulary: {sorted(set(prompt) - set(vocab))!r}"
-        )
+    unknown = sorted(set(prompt) - set(vocab))
+    if unknown:
+        raise UserError(f"--prompt has characters not in the vocabulary: {unknown!r}")
     if not prompt:
         raise UserError("--prompt must not be empty")
     torch.manual_seed(args.seed)
-    out = model.generate(
-        torch.tensor([[vocab.index(ch) for ch in prompt]], device=device),
-        args.chars,
-        temperature=args.temperature,
-        top_k=args.top_k,
-    )
+    ids = torch.tensor([[vocab.index(ch) for ch in prompt]], device=device)
+    out = model.generate(ids, args.chars, temperature=args.temperature, top_k=args.top_k)
     return "".join(vocab[i] for i in out[0].tolist())
 
 

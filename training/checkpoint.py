@@ -19,9 +19,7 @@ from compressive import Memory
 from . import files, plots
 from .checks import UserError, flag, one_line
 
-# The layout of ckpt.pt. A checkpoint of another layout is refused in one line that says which
-# commit wrote it; nothing here reads the layouts of earlier commits.
-FORMAT = 2
+FORMAT = 2  # ckpt.pt's layout: read() refuses another's in a line, reads no earlier commit's
 # What save() writes beside the weights, and of what kind: read() checks each
 FIELDS = {"config": dict, "model": dict, "optimizer": dict, "vocab": list, "memory": list}
 FIELDS |= {"args": dict, "rng": list, "step": int, "history": list, "train_log": list}
@@ -116,21 +114,15 @@ def read(path: str, device) -> dict:
             f" restore a copy, or train again"
         ) from None
     if not isinstance(ckpt, dict):
-        raise UserError(
-            f"{path} is not a checkpoint of this script (it holds a {type(ckpt).__name__})"
-        )
-    if ckpt.get("format") != FORMAT:
+        raise UserError(f"{path} is not a checkpoint of this script (a {type(ckpt).__name__})")
+    if ckpt.get("format") != FORMAT:  # the earliest layouts recorded no commit
         made = ckpt.get("made_with")
         by = made.get("commit") if isinstance(made, dict) else None
-        if by is None:  # the earliest layouts recorded no commit
-            raise UserError(
-                f"{path} was written by another version of this script (an earlier commit, which "
-                f"it does not name), whose checkpoints this one cannot read; train again"
-            )
+        which = f"commit {by}" if by else "an earlier commit, which it does not name"
+        todo = f", or check out {by.split('+')[0]} to use it" if by else ""  # +changes: uncommitted
         raise UserError(
-            f"{path} was written by another version of this script (commit {by}), whose "
-            f"checkpoints this one cannot read; train again, or check out {by.split('+')[0]} to "
-            f"use it"  # +changes: made from uncommitted changes of that commit
+            f"{path} was written by another version of this script ({which}), whose checkpoints "
+            f"this one cannot read; train again{todo}"
         )
     if ckpt.pop("sha256", None) != digest(ckpt):
         raise UserError(
@@ -157,14 +149,12 @@ def trained_by(saved_args: dict) -> str:
 
 
 def start(path: str, args, model, optimizer):
-    """(memory, progress {step, history, train_log, seconds}) of a run about to train into path,
-    its model said: a new run, or with --resume the checkpoint's weights, optimizer state, this
-    process's memory and random state loaded. A checkpoint there needs --resume or --overwrite."""
+    """(memory, progress {step, history, train_log, seconds}) of a run about to train into path: a
+    new one, or with --resume the checkpoint's weights, optimizer, memory and random state read."""
     if args.resume and args.overwrite:
         raise UserError("--resume continues the checkpoint and --overwrite replaces it: pass one")
-    written = [path] + [os.path.join(args.out, name) for name in ("metrics.json", "loss.png")]
-    for file in written:  # what a run writes into --out
-        if os.path.exists(file) and not os.path.isfile(file):
+    for file in [path, *(os.path.join(args.out, n) for n in ("metrics.json", "loss.png"))]:
+        if os.path.exists(file) and not os.path.isfile(file):  # what a run writes into --out
             raise UserError(f"{file} is not a file: move it away, or pass another --out")
     if os.path.exists(path) and not (args.resume or args.overwrite):
         raise UserError(
@@ -238,16 +228,13 @@ def load_model(out: str, device):
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise UserError(
-            f"{path}: the weights do not fit its configuration ({one_line(e)})"
-        ) from None
+        raise UserError(f"{path}: its weights do not fit its config ({one_line(e)})") from None
     return model.to(device).eval(), ckpt
 
 
 def training_command(ckpt: dict, defaults: dict) -> str:
-    """How a checkpoint was made, for a figure's caption: the command, the flags that differ from
-    defaults (the command's own; --out, --resume and the like aside), its seed and step, and the
-    torch version and threads it ran with."""
+    """How a checkpoint was made, for a figure's caption: the command, its flags that differ from
+    defaults (--out, --resume and the like aside), its seed and step, torch and threads."""
     command = [trained_by(ckpt["args"])]
     for name, value in ckpt["args"].items():
         aside = name in ("out", "resume", "overwrite", "stop_after", "task") or value is None
@@ -263,8 +250,7 @@ def training_command(ckpt: dict, defaults: dict) -> str:
 
 
 def write_record(out: str, progress: dict, train_loss: float, tokens_seen: int) -> dict:
-    """A finished run's metrics, said in a line and written into OUT/metrics.json, and its loss
-    curve into OUT/loss.png."""
+    """A finished run's metrics, said, written into OUT/metrics.json, its loss curve in loss.png."""
     val_loss = progress["history"][-1]["val_loss"]  # a run validates at its last step
     metrics = {"val_loss": val_loss, "val_bpc": val_loss / math.log(2), "train_loss": train_loss}
     metrics |= {"step": progress["step"], "tokens_seen": tokens_seen}

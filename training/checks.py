@@ -7,11 +7,9 @@ import ctypes
 import functools
 import math
 import os
-import platform
 import re
 import signal
 import sys
-import time
 from contextlib import contextmanager
 
 import torch
@@ -41,19 +39,17 @@ def out_of_memory(error: BaseException):
 
 
 def exit_status(command) -> int:
-    """Run command(); its exit status: 0; 2 with one line on stderr for a problem the user can fix
-    (a UserError, or out of memory), said by rank 0 alone under torchrun; 130 when interrupted,
-    with the line that says what was kept. Any other exception is a bug and keeps its traceback."""
+    """Run command(); its exit status: 0; 2 with one line on stderr (from rank 0 alone) for a
+    UserError or out of memory; 130 when interrupted, saying what was kept. Other exceptions are
+    bugs and keep their traceback."""
     say = print if os.environ.get("RANK", "0") == "0" else lambda *args, **kwargs: None
     try:
         command()
-    except UserError as e:
-        say(f"error: {e}", file=sys.stderr)
-        return 2
-    except (RuntimeError, MemoryError) as e:
-        if out_of_memory(e) is None:
+    except (UserError, RuntimeError, MemoryError) as e:
+        line = str(e) if isinstance(e, UserError) else out_of_memory(e)
+        if line is None:
             raise
-        say(f"error: {out_of_memory(e)}", file=sys.stderr)
+        say(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         say(
@@ -104,16 +100,12 @@ def check_flags(args) -> None:
         raise UserError(f"--out {args.out} exists and is not a folder; pass a folder")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for but CUDA is not available; pass --device cpu")
-    if args.device == "mps" and not mps_available():
+    if args.device == "mps" and not torch.backends.mps.is_available():
         raise UserError("--device mps was asked for but this torch has no usable mps backend")
 
 
 # --------------------------------------------------------------------------------------------------
 # The device, the dtype, the processes
-
-
-def mps_available() -> bool:
-    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
 
 
 DEVICES = ["auto", "cpu", "cuda", "mps"]  # auto: CUDA, else mps, else the CPU (pick_device)
@@ -136,14 +128,14 @@ def cpu_threads() -> str:
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
     """auto: CUDA, else Apple's mps, else the CPU."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+        mps = torch.backends.mps.is_available()
+        name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
     return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
 
 
 def runtime(args) -> tuple:
-    """(rank, world size, device, say: print, flushed, on rank 0 alone) of a run, under torchrun or
-    not, its device set (the CPU's threads, its allocator) and --dtype settled (auto chosen once, so
-    the checkpoint says which)."""
+    """(rank, world size, device, say: print, flushed, on rank 0 alone) of a run, its device set up
+    (the CPU's threads, its allocator) and --dtype settled once, so that the checkpoint says it."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     say = functools.partial(print, flush=True) if rank == 0 else lambda *args, **kwargs: None
     device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -157,18 +149,15 @@ def runtime(args) -> tuple:
     return rank, world, device, say
 
 
-# The x86 features with which a CPU computes bf16 in hardware, which oneDNN (torch's CPU matmuls)
-# uses: AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire
-# Rapids); without them x86 emulates bf16, slower than float32. Where the flags cannot tell, a
-# probe chooses bf16 if its matmul runs PROBE_SPEED_UP times as fast (native: 2.4x to 7.6x float32;
-# emulated: 0.02x, docs/RESULTS.md).
+# The features with which a CPU computes bf16 in hardware, as /proc/cpuinfo names them: x86's
+# AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and AMX (Intel since Sapphire Rapids),
+# which oneDNN (torch's CPU matmuls) uses; without them bf16 is emulated, slower than float32
+# (native: 2.4x to 7.6x float32; emulated: 0.02x, docs/RESULTS.md).
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
-PROBE_SPEED_UP = 1.5
 
 
 def cpu_flags() -> set:
-    """The CPU's features as /proc/cpuinfo lists them ("flags" on x86, "Features" on Arm); empty
-    where there is no such file (macOS, Windows)."""
+    """The CPU's features in /proc/cpuinfo ("flags" on x86, "Features" on Arm), or none (macOS)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             found = re.search(r"^(?:flags|Features)\s*:(.*)$", f.read(), re.MULTILINE)
@@ -177,25 +166,9 @@ def cpu_flags() -> set:
     return set(found[1].split()) if found else set()
 
 
-@functools.cache  # once a process: every call of pick_dtype then chooses alike
-def bf16_matmul_speed_up(n: int = 512) -> float:
-    """How many times as fast a [n, n] matmul runs in bf16 as in float32 here: the best of 5 each,
-    alternating, so that another process's load slows both alike (the first round warms up)."""
-    pairs = {dtype: torch.randn(n, n, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)}
-    best = dict.fromkeys(pairs, float("inf"))
-    for _ in range(6):
-        for dtype, a in pairs.items():
-            start = time.perf_counter()
-            a @ a
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
 def pick_dtype(name: str, device) -> tuple:
     """(the autocast dtype's name, why, in words) for --dtype name on device. auto: bfloat16 where
-    the hardware computes it natively (a CUDA GPU since Ampere, a CPU with AMX or AVX512-BF16, or
-    where the flags cannot tell, one the probe finds fast), else float32. torch's CPU capability
-    cannot tell: "AVX512" names CPUs with and without bf16."""
+    the hardware computes it natively, else float32 (torch's CPU capability "AVX512" cannot say)."""
     if name != "auto":
         return name, "as --dtype asked"
     if device.type == "cuda":
@@ -205,23 +178,15 @@ def pick_dtype(name: str, device) -> tuple:
         return "float32", f"auto: the GPU ({gpu}) would only emulate bf16"
     if device.type != "cpu":
         return "float32", f"auto: bf16 is chosen on CUDA and on CPUs only, not on {device.type}"
-    flags = cpu_flags()
-    native = [flag for flag in NATIVE_BF16 if flag in flags]
+    native = [flag for flag in NATIVE_BF16 if flag in cpu_flags()]
     if native and torch.backends.mkldnn.is_available():
         return "bfloat16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
-    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-    if flags and not native and ("bf16" not in flags or x86):  # no bf16 instructions
-        return "float32", "auto: the CPU has no bf16 instructions (bf16 would be emulated)"
-    speed_up = bf16_matmul_speed_up()  # Arm's bf16, or a CPU whose flags are unknown
-    if speed_up >= PROBE_SPEED_UP:
-        return "bfloat16", f"auto: a bf16 matmul ran {speed_up:.1f}x as fast as a float32 one"
-    return "float32", f"auto: a bf16 matmul ran only {speed_up:.2f}x as fast as a float32 one"
+    return "float32", "auto: the CPU lists no avx512_bf16 or amx_bf16 (--dtype bfloat16 to try)"
 
 
 def keep_freed_memory() -> None:
-    """glibc returns large freed blocks to the OS at once and page-faults them back in on the next
-    step, which allocates the same large attention tensors again; keeping them makes CPU steps
-    faster (the README's speed section says by how much)."""
+    """glibc gives large freed blocks back to the OS and page-faults them in again on the next step,
+    which allocates the same attention tensors again: kept, CPU steps run faster (the README)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc: nothing to tune

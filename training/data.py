@@ -1,7 +1,6 @@
 """The text the script learns, as ids: Tiny Shakespeare (shipped in data/) or a --data text, split
-as nanoGPT splits it (90% to train, 10% to validate). A research command brings its own text in
-the same form, and can write its validation text into a file for the lesson's commands
-(write_validation, read_validation)."""
+as nanoGPT splits it (90% to train, 10% to validate). A research command's text comes in the same
+form, its validation text written to a file for the lesson (write_validation, read_validation)."""
 
 import hashlib
 import json
@@ -59,8 +58,8 @@ def read_text(path: str) -> str:
 
 
 def load_text(path) -> str:
-    """The text of path, or of the shipped Tiny Shakespeare (checked against its SHA-256, so an
-    edited copy, or one whose line endings a checkout converted, is not taken for it)."""
+    """The text of path, or the shipped Tiny Shakespeare, checked against its SHA-256 (an edited
+    copy, or one whose line endings a checkout converted, is not it)."""
     if path is not None:
         return read_text(path)
     text = read_text(DEFAULT_DATA)
@@ -84,10 +83,8 @@ def encode(text: str, vocab) -> torch.Tensor:
 
 def load_data(args, vocab=None, saved_args=None) -> Data:
     """Tiny Shakespeare or --data. vocab and saved_args: a checkpoint's, when evaluating one
-    (without --data, its own text: the --data it was trained with, else Tiny Shakespeare)."""
-    path = args.data
-    if path is None and saved_args is not None:  # a checkpoint is evaluated on its own text
-        path = saved_args.get("data")
+    (without --data, on its own text: the --data it was trained with, else Tiny Shakespeare)."""
+    path = args.data if args.data is not None or saved_args is None else saved_args.get("data")
     text = load_text(path)
     vocab = vocab or sorted(set(text))
     data = encode(text, vocab)
@@ -96,9 +93,8 @@ def load_data(args, vocab=None, saved_args=None) -> Data:
 
 
 def write_validation(path: str, data: Data, facts=()) -> None:
-    """data's validation text into path as JSON: {"name", "text", "facts": for a task that asks for
-    facts, one {"query": a query's position in the text, "fact": the positions of the fact it asks
-    for, in order} per query (the recall task's ' KK=d' for each '?')}."""
+    """data's validation text into path as JSON: {"name", "text", "facts": one {"query": a query's
+    position, "fact": the positions of the fact it asks for} per query (recall's ' KK=d', '?')}."""
     text = "".join(data.vocab[i] for i in data.val.tolist())
     files.write_json(path, {"name": data.name, "text": text, "facts": list(facts)})
 

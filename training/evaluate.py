@@ -18,21 +18,13 @@ class Evaluation(NamedTuple):
     char_losses: torch.Tensor  # [len(data)]: at p, the loss of data[p]; NaN where not scored
 
 
-def strands(ids: torch.Tensor, n_streams: int) -> torch.Tensor:
-    """ids cut as the script cuts its training text (train_shakespeare.make_streams)."""
-    length = (len(ids) - 1) // n_streams
-    if length < 1:
-        raise UserError(f"{len(ids)} characters cannot feed {n_streams} streams")
-    return ids[: n_streams * length + 1].unfold(0, length + 1, length)
-
-
 @torch.no_grad()
 def per_character(
     model, data: torch.Tensor, n_streams: int, seq_len: int, autocast, targets=None, progress=None
 ) -> Evaluation:
-    """The mean loss in nats/char over every character of data after the first (those targets
-    scores, where not IGNORE; None: all), memory carried through n_streams streams as in training,
-    and what it read of each character (index 0 unused). progress(): called after each segment."""
+    """The mean loss in nats/char over every character of data after the first (where targets is
+    not IGNORE; None: all), memory carried through n_streams streams as in training, and what it
+    read of each character (index 0 unused). progress(): called after each segment."""
     targets = data if targets is None else targets
     predictions = torch.zeros_like(data)
     char_losses = torch.full(data.shape, float("nan"), device=data.device)
@@ -50,10 +42,13 @@ def per_character(
             progress()
         return memory
 
+    length = (len(data) - 1) // n_streams  # cut as the script cuts its text (make_streams)
+    if length < 1:
+        raise UserError(f"{len(data)} characters cannot feed {n_streams} streams")
+    cut = lambda ids: ids[: n_streams * length + 1].unfold(0, length + 1, length)
+    streams, target_streams = cut(data), cut(targets)
     was_training, memory = model.training, None
     model.eval()
-    streams, target_streams = strands(data, n_streams), strands(targets, n_streams)
-    length = streams.size(1) - 1
     first = 1 + length * torch.arange(n_streams, device=data.device)[:, None]  # each's 1st target
     for start in range(0, length, seq_len):
         end = min(start + seq_len, length)

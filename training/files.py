@@ -7,9 +7,8 @@ import subprocess
 
 
 def write_atomically(path: str, write) -> None:
-    """Write a file so that a crash or a power loss leaves either the old file or the whole new
-    one, never a part: write(f) fills a temporary file beside it, which is flushed to the disk
-    before it is renamed over path; then the folder is flushed, so the rename is on disk too."""
+    """Write path so that a crash or a power loss leaves the old file or the whole new one: write(f)
+    fills a file beside it, flushed to the disk, renamed over path, and the folder flushed too."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -33,8 +32,7 @@ def write_json(path: str, value) -> None:
 
 @functools.cache  # once a process: the commit does not change while it runs
 def repository_commit() -> str:
-    """The repository's commit, with "+changes" where its tracked files differ from it, for the
-    captions of figures and the records of studies; "unknown" outside a git checkout."""
+    """The repository's commit, "+changes" where tracked files differ ("unknown" outside git)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = dict(cwd=root, capture_output=True, text=True, timeout=10, check=True)
     git = lambda *args: subprocess.run(["git", *args], **run).stdout.strip()

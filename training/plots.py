@@ -5,10 +5,9 @@ import functools
 import textwrap
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pyplot():
-    """matplotlib.pyplot drawing to files only, or None when matplotlib is not installed: plots are
-    optional, and their absence is said once per run, not once per plot."""
+    """matplotlib.pyplot drawing to files, or None without matplotlib (said once, not per plot)."""
     try:
         import matplotlib
 
@@ -36,8 +35,8 @@ def save(plt, path: str, caption: str = "") -> None:
 
 
 def plot_history(history, path: str, train_log) -> None:
-    """The training loss at every log line (train_log; the batch of that step, so it is noisy)
-    and the validation loss at every evaluation (history)."""
+    """The training loss at every log line (train_log) and the validation loss at every evaluation
+    (history)."""
     plt = pyplot()
     if plt is None:
         return

@@ -1,6 +1,5 @@
-"""Each layer's attention weights as the model computed them, read with forward hooks: what the
-studies of where the attention goes (research/attention.py) and the lesson's picture and explorer
-of the memory share."""
+"""Each layer's attention weights as the model computed them, read with forward hooks (for
+research/attention.py and the lesson's picture of the memory)."""
 
 from contextlib import contextmanager
 
