@@ -25,7 +25,7 @@ from lesson import memory_picture
 from training import checkpoint, files
 from training.checks import UserError, exit_status, one_line
 
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.html")
+TEMPLATE = Path(__file__).with_name("explore.html")
 WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)
 DEFAULT_SEGMENTS = 10
 CHROMIUM = "/usr/bin/chromium"  # Debian's (apt-get install chromium); never a downloaded one
@@ -132,10 +132,8 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
 
 def write_page(data: dict, path: str) -> None:
     """The template with the data inlined, every '<' escaped: no text closes the script."""
-    with open(TEMPLATE, encoding="utf-8") as f:
-        template = f.read()
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-    page = template.replace("__EXPLORER_DATA__", payload)
+    page = TEMPLATE.read_text(encoding="utf-8").replace("__EXPLORER_DATA__", payload)
     files.write_atomically(path, lambda f: f.write(page.encode("utf-8")))
 
 

@@ -218,14 +218,6 @@ def line_width(cfg) -> int:
     return max(c, c * round(64 / c))
 
 
-def spans(positions, first: int, width: int):
-    """A run of consecutive positions cut at the drawn lines: (line, from column, to column)."""
-    lines = {}
-    for p in positions:
-        lines.setdefault((p - first) // width, []).append((p - first) % width)
-    return [(line, columns[0], columns[-1] + 1) for line, columns in lines.items()]
-
-
 class TextFigure:
     """A figure of a text in lines of width characters (0.16 inch each, line_h tall), under a
     header of head inches, a footer at its foot: the picture and animation of memory_picture."""
@@ -249,11 +241,15 @@ class TextFigure:
         return self.fig.text(x / self.w, 1 - y / self.h, words, **style)
 
     def box(self, positions, dy=0.0, h=1.0, **style):
-        """A box over a run of positions, dy under their line's text, h tall."""
+        """A box over a run of positions, dy under their line's text, h tall, cut at the lines."""
         from matplotlib.patches import Rectangle
 
-        for line, a, b in spans(positions, self.first, self.width):
-            self.ax.add_patch(Rectangle((a, line * self.line_h + dy), b - a, h, **style))
+        lines = {}
+        for line, column in (divmod(p - self.first, self.width) for p in positions):
+            lines.setdefault(line, []).append(column)
+        for line, columns in lines.items():
+            corner = (columns[0], line * self.line_h + dy)
+            self.ax.add_patch(Rectangle(corner, columns[-1] + 1 - columns[0], h, **style))
 
     def char(self, p, ch, colour, weight="normal"):
         line, col = divmod(p - self.first, self.width)
