@@ -100,27 +100,19 @@ def sections(text: str, tree: ast.Module) -> List[Section]:
     if lines and lines[-1] == "":  # the end of the last line
         lines.pop()
     notes = note_lines(text, tree)
-    found, row = [], 1
-    while row <= len(lines):
-        start, note = row, []
-        while True:  # the note: comment lines, and blank lines before more of them
-            after = row
-            while after <= len(lines) and not lines[after - 1].strip():
-                after += 1
-            if row in notes:
-                note.append(notes[row])
-                row += 1
-            elif note and after > row and after in notes:
-                note.extend([""] * (after - row))
-                row = after
-            else:
-                break
-        code_from = row
-        while row <= len(lines) and row not in notes:
-            row += 1
-        filled = [n for n in range(code_from, row) if lines[n - 1].strip()]
+    starts, last = [], None  # a section starts at a note whose last line before, not blank, is code
+    for row in range(1, len(lines) + 1):
+        kind = "note" if row in notes else "code" if lines[row - 1].strip() else last
+        if row == 1 or kind == "note" != last:
+            starts.append(row)
+        last = kind
+    found = []
+    for start, end in zip(starts, starts[1:] + [len(lines) + 1]):
+        code_from = max([start - 1] + [row for row in range(start, end) if row in notes]) + 1
+        filled = [n for n in range(code_from, end) if lines[n - 1].strip()]
         code = list(range(filled[0], filled[-1] + 1)) if filled else []
-        found.append(Section(start, row - 1, "\n".join(note).strip("\n"), code))
+        note = "\n".join(notes.get(row, "") for row in range(start, code_from))
+        found.append(Section(start, end - 1, note.strip("\n"), code))
     return found
 
 
@@ -172,6 +164,7 @@ def markdown_renderer():
             ) from None
 
     md = MarkdownIt("commonmark", {"html": False}).disable("image")
+    md.normalizeLink = lambda url, normalize=md.normalizeLink: normalize(relative_to_the_page(url))
     return md.use(dollarmath_plugin, allow_space=False, allow_digits=False, renderer=math)
 
 
@@ -253,16 +246,11 @@ def set_apart(note: str) -> str:
     return SET_APART.sub(split, note)
 
 
-def relative_to_the_page(note: str) -> str:
-    """Links relative to the file's folder, made relative to the page's (docs/)."""
-
-    def move(match):
-        href = match[1]
-        if re.match(r"[a-z][a-z0-9+.-]*:|#", href):
-            return match[0]
-        return f'href="{href[len("docs/") :] if href.startswith("docs/") else "../" + href}"'
-
-    return re.sub(r'href="([^"]*)"', move, note)
+def relative_to_the_page(href: str) -> str:
+    """A link relative to the file's folder, made relative to the page's (docs/)."""
+    if re.match(r"[a-z][a-z0-9+.-]*:|#", href):
+        return href
+    return href[len("docs/") :] if href.startswith("docs/") else "../" + href
 
 
 def contents_linked(note: str, numbers: set) -> str:
@@ -339,14 +327,12 @@ def render(text: str, tree: ast.Module, title: str, folder: Path = DEFAULT_FILE.
             ) from None
     numbers = {int(n) for note in notes for n in HEADING_NUMBER.findall(note)}
     source = source_lines(text)
-    before_headings = True
+    headed = next((k for k, note in enumerate(notes) if "<h2>" in note), len(notes))
     parts, figures = [], [[] for _ in cut]  # figures[k]: those that go below section k
     for k, (section, note, below) in enumerate(zip(cut, notes, figure_ends(cut, tree))):
-        if before_headings and "<h2>" not in note:
-            note = contents_linked(note, numbers)
-        before_headings = before_headings and "<h2>" not in note
+        note = contents_linked(note, numbers) if k < headed else note  # before any heading
         note = HEADING_NUMBER.sub(lambda m: f'<h2 id="section-{m[1]}">{m[1]}. ', note)
-        note = relative_to_the_page(kept_together(set_apart(note)))
+        note = kept_together(set_apart(note))
         figures[below] += [figure(path, caption, folder) for path, caption in FIGURE.findall(note)]
         note = FIGURE.sub("", note)
         lines = "".join(  # each line's end inside its span: a block of its own when it wraps
@@ -399,8 +385,7 @@ def annotate(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    return exit_status(lambda: annotate(args))
+    return exit_status(lambda: annotate(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from lesson import memory_picture
 from training import checkpoint, files
 from training.checks import UserError, exit_status, one_line
 
-TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "explore.html")
+TEMPLATE = Path(__file__).with_name("explore.html")
 WEIGHT_SCALE = 65535  # a weight is stored as a whole number of 1/65535 (two bytes)
 DEFAULT_SEGMENTS = 10
 CHROMIUM = "/usr/bin/chromium"  # Debian's (apt-get install chromium); never a downloaded one
@@ -50,9 +50,9 @@ def rounded_rows(weights: torch.Tensor) -> torch.Tensor:
 
 
 def packed(attention, n_held: int) -> str:
-    """One segment's attention, record[layer] [1, H, T, K], as base64 of little-endian uint16:
-    layer by layer, head by head, query i by query i, the n_held memory slots and the segment up
-    to i (the keys after i are masked, always 0, and left out)."""
+    """One segment's attention, [1, H, T, K] per layer, as base64 of little-endian uint16, layer
+    by layer, head by head, query i by query i: the n_held memories and the segment up to i (the
+    keys after i, masked, are left out)."""
     parts = []
     for weights in attention:
         rows = rounded_rows(weights[0])  # [H, T, K]
@@ -63,9 +63,8 @@ def packed(attention, n_held: int) -> str:
 
 
 def region_shares(attention, n_c_mem: int, n_mem: int) -> list:
-    """Where each layer and head looks over a whole segment: record[layer] [1, H, T, K], keys
-    [c_mem; mem; segment], summed over each region's keys and averaged over the T queries, as
-    [layer][head] = [c_mem, mem, segment] shares (each triple sums to 1), rounded to 1e-4."""
+    """Per layer and head, the weight of a segment's T queries ([1, H, T, K] per layer) on the
+    keys of each region, averaged: [c_mem, mem, segment] shares summing to 1, rounded to 1e-4."""
     shares = []
     for weights in attention:
         w = weights[0].double()  # [H, T, K]
@@ -132,12 +131,9 @@ def explorer_data(model, ids, vocab, start=0, n_segments=DEFAULT_SEGMENTS, query
 
 
 def write_page(data: dict, path: str) -> None:
-    """The page: the template with the data inlined (every '<' escaped, so no text of the passage
-    can close the script that holds it)."""
-    with open(TEMPLATE, encoding="utf-8") as f:
-        template = f.read()
+    """The template with the data inlined, every '<' escaped: no text closes the script."""
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
-    page = template.replace("__EXPLORER_DATA__", payload)
+    page = TEMPLATE.read_text(encoding="utf-8").replace("__EXPLORER_DATA__", payload)
     files.write_atomically(path, lambda f: f.write(page.encode("utf-8")))
 
 
@@ -162,8 +158,7 @@ def browser_missing() -> str:
 
 
 def screenshot(html: str, png: str) -> None:
-    """A PNG of the page as it opens in a window of 1200 x 1000 pixels (the controls, the passage
-    and the first layers)."""
+    """A PNG of the page as it opens in a window of 1200 x 1000 pixels."""
     from playwright.sync_api import Error, sync_playwright
 
     with sync_playwright() as playwright:
@@ -222,8 +217,7 @@ def explore_checkpoint(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    return exit_status(lambda: explore_checkpoint(args))
+    return exit_status(lambda: explore_checkpoint(parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,7 @@
-"""The mechanism drawn from a real model's tensors: the FIFOs, the shift, the mask, the reach and
-the reconstruction loss's gradients, each an SVG of the page (docs/), each made by a command:
-
-    python -m lesson.memory_picture --fifo-svg docs/fifo.svg     # the two FIFOs, segment by segment
-    python -m lesson.memory_picture --shift-svg docs/shift.svg   # relative_shift, entry by entry
-    python -m lesson.memory_picture --mask-svg docs/mask.svg     # the causal mask over the keys
-    python -m lesson.memory_picture --reach-svg docs/reach.svg   # the reach, layer by layer
-    python -m lesson.memory_picture --recon-svg docs/recon.svg   # which loss reaches what
+"""The mechanism drawn from a real model's tensors, each an SVG of the page made by
+`python -m lesson.memory_picture --NAME-svg docs/NAME.svg`: the two FIFOs segment by segment
+(fifo), relative_shift entry by entry (shift), the causal mask over the keys (mask), the reach
+layer by layer (reach), and which loss's gradients reach what (recon).
 
 Each figure's data is read from a tiny CompressiveTransformer (the *_data functions) and drawn
 with matplotlib, each shape that carries data with an id a test reads back. Layers and segments
@@ -45,8 +41,7 @@ NOTHING = FifoStep([], [], [], [], [], [])  # the memory before the first segmen
 
 
 def keys_seen(before: FifoStep, segment: List[int]) -> list:
-    """The keys a segment's queries attend over, [c_mem; mem; segment] oldest first, each as
-    (region, the positions it stands for), with the FIFOs before it."""
+    """[c_mem; mem; segment] as a segment's queries see them: (region, positions) each."""
     keys = [("c_mem", block) for block in before.c_mem] + [("mem", [p]) for p in before.mem]
     return keys + [("segment", [p]) for p in segment]
 
@@ -94,8 +89,7 @@ def position_model(n_s: int, n_m: int, n_cm: int, c: int, n: int) -> Compressive
 
 @torch.no_grad()
 def model_fifo_steps(n_s, n_m, n_cm, c, n_segments, model=None) -> List[FifoStep]:
-    """fifo_steps' FIFOs after each segment, checked against those a real model (position_model's,
-    or model) holds, read back from its memory tensors: RuntimeError where they disagree, a bug."""
+    """fifo_steps' FIFOs, checked against a real model's memory tensors (RuntimeError: a bug)."""
     model = model if model is not None else position_model(n_s, n_m, n_cm, c, n_s * n_segments)
     model.eval()
     steps, memory = fifo_steps(0, [n_s] * n_segments, n_m, n_cm, c), None
@@ -133,8 +127,8 @@ def pyplot_or_error():
 
 
 class Canvas:
-    """A white figure width pixels wide (96 to the inch, as a browser shows it), coordinates and
-    text sizes in pixels, y downwards, drawn from the cursor y down and as tall as it, titled."""
+    """A white figure width pixels wide (96 to the inch, as a browser shows it), in pixels, y
+    downwards, drawn from the cursor y down and as tall as it."""
 
     def __init__(self, width: int, title: str):
         self.plt = pyplot_or_error()
@@ -224,14 +218,6 @@ def line_width(cfg) -> int:
     return max(c, c * round(64 / c))
 
 
-def spans(positions, first: int, width: int):
-    """A run of consecutive positions cut at the drawn lines: (line, from column, to column)."""
-    lines = {}
-    for p in positions:
-        lines.setdefault((p - first) // width, []).append((p - first) % width)
-    return [(line, columns[0], columns[-1] + 1) for line, columns in lines.items()]
-
-
 class TextFigure:
     """A figure of a text in lines of width characters (0.16 inch each, line_h tall), under a
     header of head inches, a footer at its foot: the picture and animation of memory_picture."""
@@ -255,11 +241,15 @@ class TextFigure:
         return self.fig.text(x / self.w, 1 - y / self.h, words, **style)
 
     def box(self, positions, dy=0.0, h=1.0, **style):
-        """A box over a run of positions, dy under their line's text, h tall."""
+        """A box over a run of positions, dy under their line's text, h tall, cut at the lines."""
         from matplotlib.patches import Rectangle
 
-        for line, a, b in spans(positions, self.first, self.width):
-            self.ax.add_patch(Rectangle((a, line * self.line_h + dy), b - a, h, **style))
+        lines = {}
+        for line, column in (divmod(p - self.first, self.width) for p in positions):
+            lines.setdefault(line, []).append(column)
+        for line, columns in lines.items():
+            corner = (columns[0], line * self.line_h + dy)
+            self.ax.add_patch(Rectangle(corner, columns[-1] + 1 - columns[0], h, **style))
 
     def char(self, p, ch, colour, weight="normal"):
         line, col = divmod(p - self.first, self.width)

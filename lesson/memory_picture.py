@@ -69,9 +69,9 @@ def check_model(model, error=ValueError) -> None:
 
 
 def read_segments(model, ids, start: int, lengths):
-    """Yield (step, attention) per segment as model reads ids from start in segments of lengths,
-    from an empty memory (under torch.no_grad()): step, the FIFOs by fifo_steps' rule, checked
-    against the model's memory tensors; attention, the segment's weights per layer [1, H, T, K]."""
+    """Yield (step, attention) per segment as model reads ids from start in segments of lengths
+    from an empty memory: step, fifo_steps' FIFOs, checked against the model's memory tensors;
+    attention, the segment's weights per layer [1, H, T, K]. Call it under torch.no_grad()."""
     cfg, device = model.cfg, next(model.parameters()).device
     steps = fifo_steps(start, lengths, cfg.mem_len, cfg.c_mem_len, cfg.compression_rate)
     was_training, memory = model.training, None
@@ -91,9 +91,8 @@ def read_segments(model, ids, start: int, lengths):
 
 @torch.no_grad()
 def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, heads=False) -> Picture:
-    """The Picture of the keys the query sees (default: the last of default_segments(model)),
-    model (a CompressiveTransformer) reading ids[start:] in segments from an empty memory, with
-    the query's attention on each per layer (heads=True: per head too)."""
+    """The Picture of the keys the query (default: the last of default_segments(model)) sees as
+    model reads ids[start:] from an empty memory, and its attention on each per layer (or head)."""
     check_model(model)
     n, n_s = len(ids), model.cfg.seq_len
     query = start + default_segments(model) * n_s - 1 if query is None else query
@@ -128,10 +127,8 @@ def memory_picture(model, ids, vocab, start=0, query: Optional[int] = None, head
 def strongest(picture: Picture):
     """Per layer: (index of the slot with the largest weight, that weight)."""
     slots = picture.data["slots"]
-    return [
-        max(((k, s["attention"][layer]) for k, s in enumerate(slots)), key=lambda t: t[1])
-        for layer in range(len(slots[0]["attention"]))
-    ]
+    by_layer = zip(*(s["attention"] for s in slots))
+    return [max(enumerate(weights), key=lambda t: t[1]) for weights in by_layer]
 
 
 def distance(picture: Picture, slot: dict) -> str:
@@ -189,9 +186,8 @@ RED, DARK, FAINT = "#d62728", "#222222", mechanism.FAINT
 
 
 def draw_png(picture: Picture, path: str, footer: str = "") -> None:
-    """The keys the query sees as text in lines, a c_mem slot boxed around its c characters, and
-    under each line a row per layer (or head) coloured by the query's attention, its largest
-    outlined. footer: how to reproduce the figure, written at its foot."""
+    """The keys the query sees as text in lines, a c_mem slot boxed around its c characters, under
+    each line a row per layer (or head) coloured by the query's attention, its largest outlined."""
     cfg, data = picture.cfg, picture.data
     slots, query, start = data["slots"], data["query"], data["start"]
     rows = [(f"layer {i + 1}", [s["attention"][i] for s in slots]) for i in range(cfg.n_layers)]
@@ -304,8 +300,8 @@ def gif_caption(picture: Picture, k: int, after: bool) -> List[str]:
 
 
 def draw_gif(picture: Picture, path: str, footer: str = "") -> None:
-    """The passage as text, two frames after each of its last 16 segments, two seconds each: (a)
-    read and appended to mem, what overflows n_m marked; (b) the FIFOs updated (gif_caption)."""
+    """The passage as text, two frames of two seconds after each of its last 16 segments: (a) read
+    and appended to mem, what overflows n_m marked; (b) the FIFOs updated."""
     cfg, steps = picture.cfg, picture.steps
     first = max(0, len(steps) - 16)  # the first segment animated
     held = [] if not first else steps[first - 1].mem + sum(steps[first - 1].c_mem, [])
@@ -416,8 +412,8 @@ def validation_text(args, ckpt: dict):
 
 
 def made_by(ckpt: dict, command: str) -> str:
-    """A figure's foot: the checkpoint's command (the flags beyond the script's defaults), then
-    command, and with what and at which commit it ran."""
+    """A figure's foot: the checkpoint's command, then command, and what it ran with, at which
+    commit."""
     trained = checkpoint.training_command(ckpt, vars(train_shakespeare.parse_args([])))
     return (
         f"Checkpoint: {trained}. {command} with torch {torch.__version__}, "
@@ -490,8 +486,7 @@ def picture_checkpoint(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    return exit_status(lambda: picture_checkpoint(args))
+    return exit_status(lambda: picture_checkpoint(parse_args(argv)))
 
 
 if __name__ == "__main__":
