@@ -26,12 +26,10 @@ import torch.nn as nn
 
 from beyond_the_paper.agent import (
     check_mask,
-    check_starts,
+    episode_steps,
     forget,
-    latest_start,
     own_config,
     projection_dtype,
-    steps_since_start,
 )
 from compressive import (
     CompressiveConfig,
@@ -88,11 +86,9 @@ class FeedbackMemory(NamedTuple):
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "FeedbackMemory":
         """As Memory.to; since_start keeps its dtype, and what acting kept is dropped."""
-        if isinstance(device, torch.dtype):
-            device, dtype = None, device
         moved = Memory(*self[:3]).to(device, dtype, non_blocking)
-        since = self.since_start
-        since = since if since is None else since.to(device=device, non_blocking=non_blocking)
+        since, device = self.since_start, moved.mem[0].device
+        since = since if since is None else since.to(device, non_blocking=non_blocking)
         return FeedbackMemory(*moved, since)
 
     def cpu(self) -> "FeedbackMemory":
@@ -224,7 +220,8 @@ class FeedbackTransformer(nn.Module):
         B, T, _ = x.shape
         memory = self.empty_memory(B, x.device, x.dtype) if memory is None else memory
         memory = check_feedback_memory(self, memory, B, x)
-        check_starts(starts, B, T, x.device)
+        if starts is not None:  # batch first, as agent.py's
+            check_mask("starts", starts, (B, T), x.device)
         if T == 0:  # no new step: the memory as it was
             return self.out_norm(x), memory, x.new_zeros(())
         n_m = self.cfg.mem_len
@@ -242,7 +239,7 @@ class FeedbackTransformer(nn.Module):
         mix = self.mix.softmax(dim=0)
         since = memory.since_start  # [B, T] below: the steps of each row's episode before step t
         if starts is not None or since is not None:
-            since = steps_since_start(episode(memory), latest_start(starts, B, T, x.device))
+            since = episode_steps(episode(memory), starts, T)[1]
         outputs, vectors, attn_mask = [], [], None
         for t in range(T):
             x_t = x[:, t : t + 1]  # x_t^0, then each layer's output
