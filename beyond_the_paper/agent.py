@@ -72,7 +72,7 @@ class AgentMemory(NamedTuple):
 
     def reset(self, done: torch.Tensor) -> "AgentMemory":
         """The rows where done [B] is true become a fresh memory's: a start at the next call."""
-        check_mask("done", done, (self.filled.size(0),), self.filled.device)
+        check_tensor("done", done, (self.filled.size(0),), self.filled.device)
         made_by = self.kept and self.kept.made_by  # zeros in every tensor but made_by
         return map_tensors(lambda t: t if t is made_by else forget(done, t), self)
 
@@ -294,7 +294,8 @@ class Layout:
         self.max_distance = self.n_mem + self.n_s - 1 + max(self.T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
         union_distance = s[:, None] - mem_oldest + rank
-        self.union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
+        union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
+        self.union_row = union_row.expand(-1, self.cfg.n_heads, -1, -1)  # [B, H, T, n_union]
         if self.cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
             self.in_mem = (place >= mem_oldest) & (place < mem_oldest + self.n_mem)
 
@@ -360,25 +361,18 @@ def layer_over_call(layer, h, memory: AgentMemory, i: int, slots, keeps: bool, l
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
     q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
     stream = torch.cat([memory.mem[i], h.detach()], dim=1)  # [B, n_stream, d], no gradient
-    position = position_terms(attn, q, layout, R)
+    # the position terms (b) + (d) [B, H, T, K]: a union slot's read at its own distance, the
+    # stream's by compressive.py's shift over all distances, which leaves them last (a view)
+    by_distance = attn.position_scores(q, attn.project_positions(R))  # [H, B, T, n]
+    union_position = by_distance.transpose(0, 1).gather(-1, layout.union_row)
+    stream_position = relative_shift(by_distance)[..., -layout.n_stream :].transpose(0, 1)
+    position = torch.cat([union_position, stream_position], dim=-1)
     ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
     attended = attention(attn, layout, q, k, v, slots, ends, position)
     out = layer.residual_and_feed_forward(h, attended.out)
     recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
     return out, fields, recon_loss
-
-
-def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
-    """The position terms (b) + (d) [B, H, T, K]: the stream's by compressive.py's shift (a
-    view), a union slot's read at its own distance."""
-    B, H, T, _ = q.shape
-    by_distance = attn.position_scores(q, attn.project_positions(R))  # [H, B, T, n]
-    # the shift over all distances leaves the stream's keys last: [B, H, T, n_stream]
-    stream_position = relative_shift(by_distance)[..., -layout.n_stream :].transpose(0, 1)
-    rows = layout.union_row.expand(B, H, T, -1)
-    union_position = by_distance.transpose(0, 1).gather(-1, rows)  # [B, H, T, n_union]
-    return torch.cat([union_position, stream_position], dim=-1)
 
 
 def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
@@ -565,10 +559,7 @@ def hidden_states(model, x, memory=None, starts=None):
     check_inputs(model, x)
     B, T, _ = x.shape
     memory = model.empty_memory(B, x.device, x.dtype) if memory is None else memory
-    check_agent_memory(model, memory, B, x)
-    if starts is not None:  # batch first: a time-major one is refused unless B = T
-        check_mask("starts", starts, (B, T), x.device)
-    check_ranking_dtype(model, x)
+    check_call(model, x, memory, starts)
     if T == 0:  # no new step: the memory as it was (a burn-in of 0 steps, say)
         return model.out_norm(x), memory, x.new_zeros(())
     # acting (no gradient) reads and hands on the keys kept; a training call projects every
@@ -595,6 +586,13 @@ def hidden_states(model, x, memory=None, starts=None):
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
+
+
+def forward_tokens(model, tokens, memory=None, starts=None):
+    """The embedding, hidden_states, the head: logits [B, T, vocab], the memory, f_c's loss."""
+    check_tokens(model, tokens)
+    h, memory, recon_loss = model.hidden_states(model.dropout(model.embed(tokens)), memory, starts)
+    return model.head(h), memory, recon_loss
 
 
 SPLITS = "the update scores another policy than the one that acted (PPO's ratio starts away from 1)"
@@ -625,18 +623,6 @@ def check_modes(model, keeps: bool) -> None:
         warnings.warn(MODES_SPLIT, stacklevel=3)
 
 
-def check_ranking_dtype(model, x) -> None:
-    """most_used under a 16-bit autocast ranks near ties one way for a step, another for a
-    rollout (docs/AGENT.md): refused."""
-    dtype = autocasting(x.device) and torch.get_autocast_dtype(x.device.type)
-    if model.cfg.compression == "most_used" and dtype in (torch.bfloat16, torch.float16):
-        raise ValueError(
-            f"the most_used f_c ranks memories by their attention, which {dtype} autocast rounds "
-            f"differently for one step and for a rollout: the update would not be what the "
-            f"actor computed. Run a most_used agent without autocast, or choose another f_c"
-        )
-
-
 def projection_dtype(x):
     """The dtype a projection of x gives: autocast's, else x's."""
     return torch.get_autocast_dtype(x.device.type) if autocasting(x.device) else x.dtype
@@ -652,12 +638,7 @@ class AgentTransformer(CompressiveTransformer):
 
     empty_memory = empty_memory
     hidden_states = hidden_states
-
-    def forward(self, tokens, memory=None, starts=None):
-        check_tokens(self, tokens)
-        x = self.dropout(self.embed(tokens))
-        h, memory, recon_loss = self.hidden_states(x, memory, starts)
-        return self.head(h), memory, recon_loss
+    forward = forward_tokens
 
 
 class AgentCore(nn.Module):
@@ -700,14 +681,15 @@ def own_config(cfg, model: str) -> CompressiveConfig:
     return dataclasses.replace(cfg, model=model)
 
 
-def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
-    """Every tensor of the memory has the shape, device and dtype this model's memory has."""
+def check_call(model, x: torch.Tensor, memory, starts) -> None:
+    """The memory as this model makes it (every tensor's shape, device and dtype), starts None or
+    [B, T] bool (batch first: a time-major one is refused unless B = T), autocast's dtype."""
     if not isinstance(memory, AgentMemory) or not isinstance(memory.kept, (Kept, type(None))):
         raise TypeError(
             f"memory must be an AgentMemory made by the model (model.empty_memory(batch) or a "
             f"call's), or None; got {type(memory).__name__}"
         )
-    expected = memory_shapes(model, batch_size)
+    expected = memory_shapes(model, len(x))
     names = [*AgentMemory._fields[:-1], *(f"kept.{name}" for name in Kept._fields)]
     fields = zip(names, [*memory[:-1], *(memory.kept or ())], [*expected[:-1], *expected.kept])
     for name, value, shapes in fields:  # a list where a field holds one tensor per layer
@@ -723,7 +705,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         if got != shapes or any(t.device != x.device for t in tensors):
             raise ValueError(
                 f"memory.{name} must be {shapes[0] if shapes else 'empty'} on {x.device} (this "
-                f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
+                f"model's memory for a batch size of {len(x)}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
         if tensors is not value and value.dtype != torch.long:
@@ -733,6 +715,16 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         raise TypeError(
             f"memory has dtype {states[0].dtype}, the inputs {x.dtype}: convert the memory with "
             f"memory.to(dtype={x.dtype})"
+        )
+    if starts is not None:
+        check_tensor("starts", starts, x.shape[:2], x.device)
+    # most_used under a 16-bit autocast ranks near ties one way for a step, another for a rollout
+    dtype = autocasting(x.device) and torch.get_autocast_dtype(x.device.type)
+    if model.cfg.compression == "most_used" and dtype in (torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"the most_used f_c ranks memories by their attention, which {dtype} autocast rounds "
+            f"differently for one step and for a rollout: the update would not be what the "
+            f"actor computed. Run a most_used agent without autocast, or choose another f_c"
         )
 
 
@@ -752,13 +744,14 @@ def episode_steps(since_start: torch.Tensor, starts, T: int):
     return latest, torch.where(latest >= 0, t - latest, since_start[:, None] + t)
 
 
-def check_mask(name: str, mask, shape, device) -> None:
-    """A bool tensor of this shape on device (starts, or a reset's done)."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = f"a tensor of {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(f"{name} must be a bool tensor {list(shape)}, got {got}")
-    if mask.shape != shape or mask.device != device:
+def check_tensor(name: str, t, shape, device, dtype=torch.bool) -> None:
+    """A tensor of this shape and dtype on device (starts, a reset's done, since_start)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+        got = f"a tensor of {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        kind = str(dtype).removeprefix("torch.")
+        raise TypeError(f"{name} must be a {kind} tensor {list(shape)}, got {got}")
+    if t.shape != shape or t.device != device:
         raise ValueError(
             f"{name} must have shape {list(shape)} on {device}, batch first like the inputs; "
-            f"got {list(mask.shape)} on {mask.device}"
+            f"got {list(t.shape)} on {t.device}"
         )
