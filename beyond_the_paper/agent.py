@@ -3,9 +3,7 @@
 An agent acts one step per call on B environments, each row's episode ending at its own moment,
 then learns from the rollout in one call; the two compute the same, as each row's FIFOs move
 once per segment of n_s steps wherever calls begin and end (docs/AGENT.md: what it guarantees
-and costs). Sections: 1. the memory; 2. where each step of a call stands; 3. one layer over a
-call; 4. kept keys that cannot go stale; 5. the models; 6. the checks and episodes (feedback.py
-shares them).
+and costs). feedback.py shares section 6's checks and episodes.
 
     core = AgentCore(CompressiveConfig(d_model=128, ...))
     memory = core.empty_memory(batch)
@@ -179,15 +177,13 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
     check_batch_size(batch_size)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
-    shapes = memory_shapes(model, batch_size)
-    dtype = dtype or weight.dtype
+    shapes, dtype = memory_shapes(model, batch_size), dtype or weight.dtype
     empty = map_tensors(lambda shape: torch.zeros(shape, dtype=dtype, device=device), shapes)
-    counts = torch.zeros(batch_size, dtype=torch.long, device=device)
     made_by = fingerprint(model).to(device).expand(batch_size, -1).contiguous()
     return empty._replace(
         usage=[u.float() for u in empty.usage],  # a running sum: float32 always
-        filled=counts,
-        since_start=counts.clone(),
+        filled=empty.filled.long(),
+        since_start=empty.since_start.long(),
         kept=empty.kept._replace(made_by=made_by),
     )
 
@@ -377,11 +373,10 @@ def layer_over_call(layer, h, memory: AgentMemory, i: int, slots, keeps: bool, l
 
 def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
     """compressive.py's attend over [c_mem; the slots the ends made so far; stream], masked."""
-    n_cm = slots.c_keys.size(2)
     n_seen = min(len(ends.keys), layout.n_seen_closes)
     keys = torch.cat([slots.c_keys, *ends.keys[:n_seen], slots.keys, k], dim=2)
     values = torch.cat([slots.c_values, *ends.values[:n_seen], slots.values, v], dim=2)
-    n_union, mask = n_cm + n_seen * layout.n_new, layout.mask
+    n_union, mask = layout.n_cm + n_seen * layout.n_new, layout.mask
     if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
         position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
         mask = torch.cat([mask[..., :n_union], mask[..., layout.n_union :]], dim=-1)
@@ -402,8 +397,7 @@ class Ends(NamedTuple):
 def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
     """Each segment end: evict n_s steps and compress them (most_used: ranked by the attention of
     the steps before it)."""
-    n_s, B = layer.cfg.seq_len, stream.size(0)
-    ends = Ends([], [], [], [], [], [])
+    n_s, B, ends = layout.n_s, len(stream), Ends([], [], [], [], [], [])
     for close in layout.closes:
         rows = close.rows
         moved = window(stream, close.oldest, close.seen, rows=rows)  # [B, n_s + 1, d]
