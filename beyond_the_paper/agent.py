@@ -742,8 +742,8 @@ def check_tensor(name: str, t, shape, device, dtype=torch.bool) -> None:
     """A tensor of this shape and dtype on device (starts, a reset's done, since_start)."""
     if not isinstance(t, torch.Tensor) or t.dtype != dtype:
         got = f"a tensor of {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-        kind = str(dtype).removeprefix("torch.")
-        raise TypeError(f"{name} must be a {kind} tensor {list(shape)}, got {got}")
+        kind = {torch.bool: "a bool", torch.long: "an int64"}[dtype]
+        raise TypeError(f"{name} must be {kind} tensor {list(shape)}, got {got}")
     if t.shape != shape or t.device != device:
         raise ValueError(
             f"{name} must have shape {list(shape)} on {device}, batch first like the inputs; "
