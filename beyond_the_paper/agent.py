@@ -3,9 +3,7 @@
 An agent acts one step per call on B environments, each row's episode ending at its own moment,
 then learns from the rollout in one call; the two compute the same, as each row's FIFOs move
 once per segment of n_s steps wherever calls begin and end (docs/AGENT.md: what it guarantees
-and costs). Sections: 1. the memory; 2. where each step of a call stands; 3. one layer over a
-call; 4. kept keys that cannot go stale; 5. the models; 6. the checks and episodes (feedback.py
-shares them).
+and costs). feedback.py shares section 6's checks and episodes.
 
     core = AgentCore(CompressiveConfig(d_model=128, ...))
     memory = core.empty_memory(batch)
@@ -31,7 +29,6 @@ from compressive import (
     check_batch_size,
     check_inputs,
     check_tokens,
-    reach,
     relative_shift,
     sinusoid_positions,
 )
@@ -73,7 +70,7 @@ class AgentMemory(NamedTuple):
 
     def reset(self, done: torch.Tensor) -> "AgentMemory":
         """The rows where done [B] is true become a fresh memory's: a start at the next call."""
-        check_mask("done", done, (self.filled.size(0),), self.filled.device)
+        check_tensor("done", done, (self.filled.size(0),), self.filled.device)
         made_by = self.kept and self.kept.made_by  # zeros in every tensor but made_by
         return map_tensors(lambda t: t if t is made_by else forget(done, t), self)
 
@@ -84,14 +81,29 @@ class AgentMemory(NamedTuple):
         return map_tensors(lambda t: t[rows], self)
 
     @staticmethod
-    def join(memories) -> "AgentMemory":
-        """One memory of the rows of memories (a list), in order: their batches concatenated."""
-        return combine(memories, torch.cat)
+    def join(memories, how=torch.cat) -> "AgentMemory":
+        """One memory of the rows of memories (a list), in order: their batches concatenated (how
+        = torch.stack: stack's)."""
+        listed = isinstance(memories, (list, tuple)) and memories  # an AgentMemory holds none
+        if not listed or not all(isinstance(m, AgentMemory) for m in memories):
+            got = type(memories).__name__
+            raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
+        if any(m.kept is None for m in memories):  # rows without kept keys: none keep theirs
+            memories = [m.without_kept() for m in memories]
+        sizes = [
+            map_tensors(lambda t: t.shape[1:] if how is torch.cat else t.shape, m) for m in memories
+        ]
+        if any(size != sizes[0] for size in sizes):  # to join, all but the batch; to stack, all
+            raise ValueError(
+                "memories to join or stack must come from models of one config (one layout of "
+                "slots), and to stack, of one batch size"
+            )
+        return map_tensors(lambda *parts: how(parts, dim=0), *memories)
 
     @staticmethod
     def stack(memories) -> "AgentMemory":
         """The memories (a list, one batch size) along a new first dimension (a rollout buffer)."""
-        return combine(memories, torch.stack)
+        return AgentMemory.join(memories, torch.stack)
 
     def without_kept(self) -> "AgentMemory":
         """The states alone (the keys are most of a memory's size): the next call projects them."""
@@ -141,25 +153,6 @@ def map_tensors(how, *memories) -> AgentMemory:
     return AgentMemory(*map(each, *(m[:-1] for m in memories)), kept)
 
 
-def combine(memories, how) -> AgentMemory:
-    """AgentMemory.join (how = torch.cat) and AgentMemory.stack (torch.stack)."""
-    listed = isinstance(memories, (list, tuple)) and memories  # an AgentMemory holds none
-    if not listed or not all(isinstance(m, AgentMemory) for m in memories):
-        got = type(memories).__name__
-        raise TypeError(f"join and stack take a list of AgentMemory, got a {got}")
-    if any(m.kept is None for m in memories):  # rows without kept keys: none keep theirs
-        memories = [m.without_kept() for m in memories]
-    sizes = [
-        map_tensors(lambda t: t.shape[1:] if how is torch.cat else t.shape, m) for m in memories
-    ]
-    if any(size != sizes[0] for size in sizes):  # to join, all but the batch; to stack, all
-        raise ValueError(
-            "memories to join or stack must come from models of one config (one layout of "
-            "slots), and to stack, of one batch size"
-        )
-    return map_tensors(lambda *parts: how(parts, dim=0), *memories)
-
-
 def memory_sizes(cfg: CompressiveConfig):
     """(n_cm, n_mem, n_new): c_mem's slots, mem's, and the c_mem slots a segment's end makes
     (Transformer-XL, n_cm = 0, drops what it evicts: its mem holds n_m)."""
@@ -184,15 +177,13 @@ def empty_memory(model, batch_size: int, device=None, dtype=None) -> AgentMemory
     check_batch_size(batch_size)
     weight = model.layers[0].attn.qkv.weight
     device = weight.device if device is None else torch.device(device)
-    shapes = memory_shapes(model, batch_size)
-    dtype = dtype or weight.dtype
+    shapes, dtype = memory_shapes(model, batch_size), dtype or weight.dtype
     empty = map_tensors(lambda shape: torch.zeros(shape, dtype=dtype, device=device), shapes)
-    counts = torch.zeros(batch_size, dtype=torch.long, device=device)
     made_by = fingerprint(model).to(device).expand(batch_size, -1).contiguous()
     return empty._replace(
         usage=[u.float() for u in empty.usage],  # a running sum: float32 always
-        filled=counts,
-        since_start=counts.clone(),
+        filled=empty.filled.long(),
+        since_start=empty.since_start.long(),
         kept=empty.kept._replace(made_by=made_by),
     )
 
@@ -220,8 +211,7 @@ class Close(NamedTuple):
     rows: Optional[torch.Tensor]  # the rows that make it, where only those are computed; None: all
     frame: torch.Tensor  # [B, T] bool: the call's steps in its frame, up to it (usage counts them)
     oldest: torch.Tensor  # [B]: the first of the n_s places it evicts, mem's oldest then
-    evicted_seen: torch.Tensor  # [B, n_s] bool: those of the episode (the rest become zeros)
-    following_seen: torch.Tensor  # [B, 1] bool: the same of the mem place after them
+    seen: torch.Tensor  # [B, n_s + 1] bool: of those and f_c's following, the episode's (else 0)
     positions: torch.Tensor  # [B, n_new]: the newest place of each block of c it compresses
 
 
@@ -233,95 +223,84 @@ class Layout:
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
         self.cfg, self.device, self.T = cfg, filled.device, T
         self.n_cm, self.n_mem, self.n_new = memory_sizes(cfg)
-        self.n_s, self.c = cfg.seq_len, cfg.compression_rate
-        self.n_stream = self.n_mem + self.n_s - 1 + T
-        self.span = self.n_cm * self.c + self.n_mem + self.n_s  # since_start saturates there
+        n_s, self.c = cfg.seq_len, cfg.compression_rate
+        self.n_s, self.n_stream = n_s, self.n_mem + n_s - 1 + T
         self.place = torch.arange(self.n_stream, device=self.device)
-        self.frames(filled, since_start, starts)
+        # where each step t stands in its frame (section 2): [B, T] unless said, in places
+        self.t = torch.arange(T, device=self.device)  # [T]: the call's steps
+        self.s = self.n_mem + n_s - 1 + self.t  # [T]: each step's place, the same in every row
+        self.unused = (n_s - 1 - filled)[:, None]  # [B, 1]: the places before the memory's mem
+        latest, steps = episode_steps(since_start, starts, T)
+        self.begun = self.s - steps  # the episode's first place
+        # the frame's origin, its mem's oldest place before any segment end: from a start at t0,
+        # a fresh memory's, whose mem would end before t0 (never before the memory's: unused)
+        self.origin = torch.where(latest >= 0, n_s - 1 + latest, self.unused)
+        into = self.s - self.origin - self.n_mem  # steps since the frame's first segment began
+        self.mem_oldest = self.origin + into // n_s * n_s  # after the frame's ends before step t
+        self.ends_here = (into + 1) % n_s == 0  # bool: step t ends a segment
+        self.ended = self.ends_here.long().cumsum(dim=1)  # the call's ends up to t, included
         self.closes = self.segment_ends(read_back)
         self.seen_by_steps()
         self.handed_on(starts, read_back)
 
-    def frames(self, filled, since_start, starts) -> None:
-        """Where each step t stands in its frame (section 2): [B, T] unless said, in places."""
-        n_s, B, T = self.n_s, filled.size(0), self.T
-        self.t = torch.arange(T, device=self.device)  # [T]: the call's steps
-        self.s = self.n_mem + n_s - 1 + self.t  # [T]: each step's place, the same in every row
-        self.unused = (n_s - 1 - filled)[:, None]  # [B, 1]: the places before the memory's mem
-        latest = latest_start(starts, B, T, self.device)
-        self.begun = self.s - steps_since_start(since_start, latest)  # the episode's first place
-        # the frame's origin, its mem's oldest place before any segment end: from a start at t0,
-        # a fresh memory's, whose mem would end before t0
-        self.origin = torch.where(latest >= 0, n_s - 1 + latest, self.unused)
-        self.first = torch.maximum(self.begun, self.unused)  # in the stream and in the episode
-        into = self.s - self.origin - self.n_mem  # steps since the frame's first segment began
-        self.k = into // n_s  # the frame's segment ends before step t
-        self.ends_here = (into + 1) % n_s == 0  # bool: step t ends a segment
-        self.ended = self.ends_here.long().cumsum(dim=1)  # the call's ends up to t, included
+    def blocks(self, first, n: int):
+        """The newest place of each of n blocks of c from place first [B, 1] on: [B, n]."""
+        return first + torch.arange(1, n + 1, device=self.device) * self.c - 1
 
     def segment_ends(self, read_back) -> List[Close]:
-        """Each segment end: what it evicts, its c_mem slots' places; sets n_closes (the most in
-        any row) and n_seen_closes (the most before a step)."""
+        """Each segment end: what it evicts, its c_mem slots' places; sets n_seen_closes (the
+        most ends before a step)."""
         n_s, T = self.n_s, self.T
-        self.n_closes = (n_s - 1 + T) // n_s if self.n_new else 0
+        n_closes = (n_s - 1 + T) // n_s if self.n_new else 0  # the most in any row
         self.n_seen_closes = (n_s - 2 + T) // n_s if self.n_new else 0
         closes = []
-        for i in range(1, self.n_closes + 1):
+        for i in range(1, n_closes + 1):
             nth = self.ends_here & (self.ended == i)
             made = nth.any(dim=1)
             rows = made.nonzero()[:, 0] if read_back else None
             if read_back and len(rows) == 0:  # no row ends a segment i times in this call
-                self.n_closes, self.n_seen_closes = i - 1, min(self.n_seen_closes, i - 1)
+                self.n_seen_closes = min(self.n_seen_closes, i - 1)
                 break
             step = torch.where(made, nth.long().argmax(dim=1), T - 1)[:, None]  # [B, 1]
-            frame_origin, seen_from = self.origin.gather(1, step), self.first.gather(1, step)
-            at = self.s[step]
-            oldest = frame_origin + self.k.gather(1, step) * n_s  # mem's oldest at that end
-            evicted = oldest + torch.arange(n_s, device=self.device)
-            following = oldest + n_s  # the first step mem keeps (f_c's following: [B, >= 1, d])
-            frame = (self.origin == frame_origin) & (self.t <= step)
-            evicted_seen = (evicted >= seen_from) & (evicted <= at)
-            following_seen = (following >= seen_from) & (following <= at)
-            positions = oldest + torch.arange(1, self.n_new + 1, device=self.device) * self.c - 1
-            close = Close(made, rows, frame, oldest[:, 0], evicted_seen, following_seen, positions)
-            closes.append(close)
+            oldest = self.mem_oldest.gather(1, step)
+            moved = oldest + torch.arange(n_s + 1, device=self.device)  # f_c's following last
+            seen = (moved >= self.begun.gather(1, step)) & (moved <= self.s[step])
+            frame = (self.origin == self.origin.gather(1, step)) & (self.t <= step)
+            positions = self.blocks(oldest, self.n_new)
+            closes.append(Close(made, rows, frame, oldest[:, 0], seen, positions))
         return closes
 
     def seen_by_steps(self) -> None:
         """What each step sees of [c_mem; the ends' new slots (the union); the stream]: the mask
         [B, 1, T, K], and the row of W_r R of a union slot's distance (union_row)."""
         n_cm, n_new, place, s = self.n_cm, self.n_new, self.place, self.s
-        # the memory's c_mem slots: the newest step of each block, before its mem's oldest
-        blocks_back = torch.arange(n_cm - 1, -1, -1, device=self.device)
-        c_mem_positions = self.unused - (blocks_back * self.c + 1)
+        c_mem_positions = self.blocks(self.unused - n_cm * self.c, n_cm)  # before mem's oldest
         union = [c_mem_positions] + [close.positions for close in self.closes]
         self.union_positions = torch.cat(union, dim=1)  # [B, n_cm + n_closes n_new]
         self.n_union = n_cm + self.n_seen_closes * n_new
         u = torch.arange(self.n_union, device=self.device)
         # [B, T, n_union]: each slot's rank in the c_mem a step sees, 1 the newest
         rank = n_cm + (self.ended - self.ends_here.long())[..., None] * n_new - u
-        mem_oldest = (self.origin + self.k * self.n_s)[..., None]  # [B, T, 1]
+        mem_oldest, begun = self.mem_oldest[..., None], self.begun[..., None]  # [B, T, 1]
         union_seen = (rank >= 1) & (rank <= n_cm)
-        union_seen &= self.union_positions[:, None, : self.n_union] >= self.begun[..., None]
-        stream_seen = (
-            (place >= mem_oldest) & (place <= s[:, None]) & (place >= self.first[..., None])
-        )
+        union_seen &= self.union_positions[:, None, : self.n_union] >= begun
+        stream_seen = (place >= torch.maximum(mem_oldest, begun)) & (place <= s[:, None])
         seen = torch.cat([union_seen, stream_seen], dim=-1)  # [B, T, K]
-        mask = torch.zeros(seen.shape, device=self.device).masked_fill_(~seen, float("-inf"))
-        self.mask = mask[:, None]  # [B, 1, T, K]
+        self.mask = torch.where(seen, 0.0, float("-inf"))[:, None]  # [B, 1, T, K]
         self.max_distance = self.n_mem + self.n_s - 1 + max(self.T, n_cm)
         # W_r R's rows hold the distances max_distance, ..., 0: row max_distance - distance
         union_distance = s[:, None] - mem_oldest + rank
-        self.union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
+        union_row = (self.max_distance - union_distance).clamp(0, self.max_distance)[:, None]
+        self.union_row = union_row.expand(-1, self.cfg.n_heads, -1, -1)  # [B, H, T, n_union]
         if self.cfg.compression == "most_used" and n_new:  # the stream places in each step's mem
             self.in_mem = (place >= mem_oldest) & (place < mem_oldest + self.n_mem)
 
     def handed_on(self, starts, read_back) -> None:
         """The memory handed on, the last step's frame after its last end: mem the stream's newest
         n_mem + n_s - 1 places, seen from mem's oldest place and the episode's first step on."""
-        end_begun, end_origin, ends_here = self.begun[:, -1:], self.origin[:, -1:], self.ends_here
-        self.end_frame = self.origin == end_origin  # [B, T]
-        mem_oldest = end_origin + (self.k[:, -1:] + ends_here[:, -1:].long()) * self.n_s  # [B, 1]
+        end_begun, ends_here = self.begun[:, -1:], self.ends_here
+        self.end_frame = self.origin == self.origin[:, -1:]  # [B, T]
+        mem_oldest = self.mem_oldest[:, -1:] + ends_here[:, -1:].long() * self.n_s  # [B, 1]
         self.mem_seen = self.place[self.T :] >= torch.maximum(mem_oldest, end_begun)
         self.filled = (self.s[-1] + 1 - mem_oldest - self.n_mem)[:, 0]  # [B]
         # nothing hidden anew and nothing moved (known where read back): no slot to zero
@@ -329,7 +308,8 @@ class Layout:
         self.c_mem_first = self.ended[:, -1] * self.n_new  # [B]: c_mem's first slot in the union
         c_mem_slots = self.c_mem_first[:, None] + torch.arange(self.n_cm, device=self.device)
         self.c_mem_seen = self.union_positions.gather(1, c_mem_slots) >= end_begun
-        self.since_start = (self.s[-1] + 1 - self.begun[:, -1]).clamp(max=self.span)  # [B]
+        span = self.n_cm * self.c + self.n_mem + self.n_s  # since_start saturates there
+        self.since_start = (self.s[-1] + 1 - self.begun[:, -1]).clamp(max=span)  # [B]
 
 
 def window(values, first, seen, blank=0, rows=None):
@@ -354,13 +334,12 @@ def window(values, first, seen, blank=0, rows=None):
 # CompressiveLayer.update_memory does after an n_s-step call.
 
 
-def usage_at(layout: Layout, stored, weights, steps: torch.Tensor, first, seen, rows=None):
-    """most_used's ranking: the attention the places first [B] on got while in mem, as counted
-    before the call plus what the call's steps [B, T] (bool) gave them (weights [B, H, T, K])."""
+def usage_at(layout: Layout, stored, weights, steps: torch.Tensor):
+    """most_used's ranking [B, n_stream]: the attention each place got while in mem, as counted
+    before the call plus what the call's steps [B, T] (bool) gave it (weights [B, H, T, K])."""
     stream = weights[..., -layout.n_stream :].detach().sum(dim=1)  # [B, T, n_stream]
     received = (stream * (layout.in_mem & steps[..., None])).sum(dim=1)  # [B, n_stream]
-    counted = F.pad(stored, (0, received.size(1) - stored.size(1)))
-    return window(counted + received, first, seen, rows=rows)
+    return F.pad(stored, (0, received.size(1) - stored.size(1))) + received
 
 
 class MemoryKeys(NamedTuple):
@@ -378,7 +357,12 @@ def layer_over_call(layer, h, memory: AgentMemory, i: int, slots, keeps: bool, l
     z = layer.attn_norm(h) if layer.pre_norm else h  # pre-LN: the attention sees LN(h)
     q, k, v = attn.queries_keys_values(z)  # [B, H, T, d_head]
     stream = torch.cat([memory.mem[i], h.detach()], dim=1)  # [B, n_stream, d], no gradient
-    position = position_terms(attn, q, layout, R)
+    # the position terms (b) + (d) [B, H, T, K]: a union slot's read at its own distance, the
+    # stream's by compressive.py's shift over all distances, which leaves them last (a view)
+    by_distance = attn.position_scores(q, attn.project_positions(R))  # [H, B, T, n]
+    union_position = by_distance.transpose(0, 1).gather(-1, layout.union_row)
+    stream_position = relative_shift(by_distance)[..., -layout.n_stream :].transpose(0, 1)
+    position = torch.cat([union_position, stream_position], dim=-1)
     ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
     attended = attention(attn, layout, q, k, v, slots, ends, position)
     out = layer.residual_and_feed_forward(h, attended.out)
@@ -387,25 +371,12 @@ def layer_over_call(layer, h, memory: AgentMemory, i: int, slots, keeps: bool, l
     return out, fields, recon_loss
 
 
-def position_terms(attn, q, layout: Layout, R) -> torch.Tensor:
-    """The position terms (b) + (d) [B, H, T, K]: the stream's by compressive.py's shift (a
-    view), a union slot's read at its own distance."""
-    B, H, T, _ = q.shape
-    by_distance = attn.position_scores(q, attn.project_positions(R))  # [H, B, T, n]
-    # the shift over all distances leaves the stream's keys last: [B, H, T, n_stream]
-    stream_position = relative_shift(by_distance)[..., -layout.n_stream :].transpose(0, 1)
-    rows = layout.union_row.expand(B, H, T, -1)
-    union_position = by_distance.transpose(0, 1).gather(-1, rows)  # [B, H, T, n_union]
-    return torch.cat([union_position, stream_position], dim=-1)
-
-
 def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
     """compressive.py's attend over [c_mem; the slots the ends made so far; stream], masked."""
-    n_cm = slots.c_keys.size(2)
     n_seen = min(len(ends.keys), layout.n_seen_closes)
     keys = torch.cat([slots.c_keys, *ends.keys[:n_seen], slots.keys, k], dim=2)
     values = torch.cat([slots.c_values, *ends.values[:n_seen], slots.values, v], dim=2)
-    n_union, mask = n_cm + n_seen * layout.n_new, layout.mask
+    n_union, mask = layout.n_cm + n_seen * layout.n_new, layout.mask
     if n_union < layout.n_union:  # not all ends made yet (most_used's ranking)
         position = torch.cat([position[..., :n_union], position[..., layout.n_union :]], dim=-1)
         mask = torch.cat([mask[..., :n_union], mask[..., layout.n_union :]], dim=-1)
@@ -426,17 +397,16 @@ class Ends(NamedTuple):
 def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
     """Each segment end: evict n_s steps and compress them (most_used: ranked by the attention of
     the steps before it)."""
-    n_s, B = layer.cfg.seq_len, stream.size(0)
-    ends = Ends([], [], [], [], [], [])
+    n_s, B, ends = layout.n_s, len(stream), Ends([], [], [], [], [], [])
     for close in layout.closes:
         rows = close.rows
-        evicted = window(stream, close.oldest, close.evicted_seen, rows=rows)  # [B, n_s, d]
-        following = window(stream, close.oldest + n_s, close.following_seen, rows=rows)
+        moved = window(stream, close.oldest, close.seen, rows=rows)  # [B, n_s + 1, d]
+        evicted, following = moved[:, :n_s], moved[:, n_s:]
         usage = None
         if memory.usage:
             weights = attention(layer.attn, layout, q, k, v, slots, ends, position).weights
-            stored, seen = memory.usage[i], close.evicted_seen
-            usage = usage_at(layout, stored, weights, close.frame, close.oldest, seen, rows)
+            usage = usage_at(layout, memory.usage[i], weights, close.frame)
+            usage = window(usage, close.oldest, close.seen[:, :n_s], rows=rows)
         compressed = layer.compress(evicted, following, usage)  # f_c: [B, n_new, d]
         # stored without gradient, as compressive.py stores c_mem: only f_c's loss trains f_c
         made = compressed.detach()
@@ -468,13 +438,10 @@ def reconstruction_losses(layer, ends: Ends, content_q, h):
 
 def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: Ends, keeps):
     """This layer's fields of the memory handed on: mem, c_mem, usage; where keeps, the keys."""
-    c_mem = memory.c_mem[i]
-    B, T = stream.size(0), attended.out.size(1)
     usage = None
-    if memory.usage:
-        first = torch.full((B,), T, device=stream.device)
-        seen = layout.mem_seen
-        usage = usage_at(layout, memory.usage[i], attended.weights, layout.end_frame, first, seen)
+    if memory.usage:  # of mem's slots, the stream's places from T on
+        usage = usage_at(layout, memory.usage[i], attended.weights, layout.end_frame)
+        usage = torch.where(layout.mem_seen, usage[:, layout.T :], 0)
 
     def c_mem_of(old, new, blank):  # the newest n_cm of [c_mem; the slots the ends made]
         if layout.unmoved:  # no end, no start: as it was
@@ -485,7 +452,7 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
     newest = stream[:, -n_slots:]  # mem's slots, the open segment's steps last
     fields = [
         newest if layout.unmoved else torch.where(layout.mem_seen[..., None], newest, 0),
-        c_mem_of(c_mem, ends.made, 0),
+        c_mem_of(memory.c_mem[i], ends.made, 0),
         usage,
     ]
     if keeps:  # the stream's keys end the attention's
@@ -495,10 +462,9 @@ def handed_on(layout: Layout, memory, i: int, stream, attended, slots, ends: End
             c_mem_of(slots.c_keys, ends.keys, None),
             c_mem_of(slots.c_values, ends.values, None),
         ]
-    fields = [f if f is None else f.detach() for f in fields]
-    if torch.compiler.is_compiling():  # laid out as an empty memory's, or the next call's
-        return [f if f is None else fresh(f) for f in fields]  # graph is traced again
-    return fields
+    # compiled, laid out as an empty memory's, or the next call's graph is traced again
+    compiled = torch.compiler.is_compiling()
+    return [f if f is None else fresh(f.detach()) if compiled else f.detach() for f in fields]
 
 
 # 4. Kept keys that cannot go stale ----------------------------------------------------------------
@@ -536,12 +502,16 @@ def memory_keys(model, memory: AgentMemory, keeps: bool, x):
     keys and the weights of now made them in its dtype, else one projection of [c_mem; mem];
     and the fingerprint of now."""
     now, kept, n = fingerprint(model), memory.kept, len(model.layers)
-    usable = False
-    if kept is not None and now.device.type != "meta":  # meta: no values to compare
-        if torch.compiler.is_compiling():  # of another config: projected anew, not refused
-            usable = kept.made_by.eq(now).all()  # a 0-dim tensor, read by torch.cond
-        else:
-            usable = same_weights(kept.made_by, now)
+    usable = kept is not None and now.device.type != "meta"  # meta: no values to compare
+    if usable and torch.compiler.is_compiling():  # of another config: projected anew, not refused
+        usable = kept.made_by.eq(now).all()  # a 0-dim tensor, read by torch.cond
+    elif usable and not torch.equal(kept.made_by, now.expand_as(kept.made_by)):
+        if not kept.made_by[:, 0].eq(now[0]).all():  # the config's checksum differs
+            raise ValueError(
+                "memory was made by a model of another config (layers, sizes, compression or "
+                "pre_norm differ): give it a memory of its own, model.empty_memory(batch)"
+            )
+        usable = False
     if not keeps or kept is None or kept.keys[0].dtype != projection_dtype(x):
         usable = False
     kept_keys = [t for layer in zip(*kept[:4]) for t in layer] if usable is not False else []
@@ -569,18 +539,6 @@ def memory_keys(model, memory: AgentMemory, keeps: bool, x):
     return [MemoryKeys(*flat[4 * i : 4 * i + 4]) for i in range(n)], now
 
 
-def same_weights(made_by, now) -> bool:
-    """Whether made_by [B, 1 + n_layers] is the fingerprint now; another config's is refused."""
-    if torch.equal(made_by, now.expand_as(made_by)):
-        return True
-    if not made_by[:, 0].eq(now[0]).all():
-        raise ValueError(
-            "memory was made by a model of another config (layers, sizes, compression or "
-            "pre_norm differ): give it a memory of its own, model.empty_memory(batch)"
-        )
-    return False
-
-
 def fresh(t):
     """A copy of t with the strides of a new tensor of its shape."""
     return t.clone(memory_format=torch.contiguous_format)
@@ -595,9 +553,7 @@ def hidden_states(model, x, memory=None, starts=None):
     check_inputs(model, x)
     B, T, _ = x.shape
     memory = model.empty_memory(B, x.device, x.dtype) if memory is None else memory
-    check_agent_memory(model, memory, B, x)
-    check_starts(starts, B, T, x.device)
-    check_ranking_dtype(model, x)
+    check_call(model, x, memory, starts)
     if T == 0:  # no new step: the memory as it was (a burn-in of 0 steps, say)
         return model.out_norm(x), memory, x.new_zeros(())
     # acting (no gradient) reads and hands on the keys kept; a training call projects every
@@ -624,6 +580,13 @@ def hidden_states(model, x, memory=None, starts=None):
     usage = usage if memory.usage else []
     new_memory = AgentMemory(mem, c_mem, usage, layout.filled, layout.since_start, kept)
     return model.out_norm(h), new_memory, recon_loss
+
+
+def forward_tokens(model, tokens, memory=None, starts=None):
+    """The embedding, hidden_states, the head: logits [B, T, vocab], the memory, f_c's loss."""
+    check_tokens(model, tokens)
+    h, memory, recon_loss = model.hidden_states(model.dropout(model.embed(tokens)), memory, starts)
+    return model.head(h), memory, recon_loss
 
 
 SPLITS = "the update scores another policy than the one that acted (PPO's ratio starts away from 1)"
@@ -654,18 +617,6 @@ def check_modes(model, keeps: bool) -> None:
         warnings.warn(MODES_SPLIT, stacklevel=3)
 
 
-def check_ranking_dtype(model, x) -> None:
-    """most_used under a 16-bit autocast ranks near ties one way for a step, another for a
-    rollout (docs/AGENT.md): refused."""
-    dtype = autocasting(x.device) and torch.get_autocast_dtype(x.device.type)
-    if model.cfg.compression == "most_used" and dtype in (torch.bfloat16, torch.float16):
-        raise ValueError(
-            f"the most_used f_c ranks memories by their attention, which {dtype} autocast rounds "
-            f"differently for one step and for a rollout: the update would not be what the "
-            f"actor computed. Run a most_used agent without autocast, or choose another f_c"
-        )
-
-
 def projection_dtype(x):
     """The dtype a projection of x gives: autocast's, else x's."""
     return torch.get_autocast_dtype(x.device.type) if autocasting(x.device) else x.dtype
@@ -681,12 +632,7 @@ class AgentTransformer(CompressiveTransformer):
 
     empty_memory = empty_memory
     hidden_states = hidden_states
-
-    def forward(self, tokens, memory=None, starts=None):
-        check_tokens(self, tokens)
-        x = self.dropout(self.embed(tokens))
-        h, memory, recon_loss = self.hidden_states(x, memory, starts)
-        return self.head(h), memory, recon_loss
+    forward = forward_tokens
 
 
 class AgentCore(nn.Module):
@@ -704,10 +650,7 @@ class AgentCore(nn.Module):
     empty_memory = empty_memory
     hidden_states = hidden_states
     forward = hidden_states  # vectors in, vectors out
-
-    def reach(self, call_length: Optional[int] = None, depth: int = 1):
-        """compressive.reach(self.cfg, ...): how far back the last token of a call sees."""
-        return reach(self.cfg, call_length, depth)
+    reach = CompressiveTransformer.reach
 
 
 # 6. The checks ----------------------------------------------------------------------------------
@@ -732,14 +675,15 @@ def own_config(cfg, model: str) -> CompressiveConfig:
     return dataclasses.replace(cfg, model=model)
 
 
-def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
-    """Every tensor of the memory has the shape, device and dtype this model's memory has."""
+def check_call(model, x: torch.Tensor, memory, starts) -> None:
+    """The memory as this model makes it (every tensor's shape, device and dtype), starts None or
+    [B, T] bool (batch first: a time-major one is refused unless B = T), autocast's dtype."""
     if not isinstance(memory, AgentMemory) or not isinstance(memory.kept, (Kept, type(None))):
         raise TypeError(
             f"memory must be an AgentMemory made by the model (model.empty_memory(batch) or a "
             f"call's), or None; got {type(memory).__name__}"
         )
-    expected = memory_shapes(model, batch_size)
+    expected = memory_shapes(model, len(x))
     names = [*AgentMemory._fields[:-1], *(f"kept.{name}" for name in Kept._fields)]
     fields = zip(names, [*memory[:-1], *(memory.kept or ())], [*expected[:-1], *expected.kept])
     for name, value, shapes in fields:  # a list where a field holds one tensor per layer
@@ -755,7 +699,7 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
         if got != shapes or any(t.device != x.device for t in tensors):
             raise ValueError(
                 f"memory.{name} must be {shapes[0] if shapes else 'empty'} on {x.device} (this "
-                f"model's memory for a batch size of {batch_size}); got {got[:1]} on "
+                f"model's memory for a batch size of {len(x)}); got {got[:1]} on "
                 f"{tensors[0].device if tensors else x.device}"
             )
         if tensors is not value and value.dtype != torch.long:
@@ -766,6 +710,16 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
             f"memory has dtype {states[0].dtype}, the inputs {x.dtype}: convert the memory with "
             f"memory.to(dtype={x.dtype})"
         )
+    if starts is not None:
+        check_tensor("starts", starts, x.shape[:2], x.device)
+    # most_used under a 16-bit autocast ranks near ties one way for a step, another for a rollout
+    dtype = autocasting(x.device) and torch.get_autocast_dtype(x.device.type)
+    if model.cfg.compression == "most_used" and dtype in (torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"the most_used f_c ranks memories by their attention, which {dtype} autocast rounds "
+            f"differently for one step and for a rollout: the update would not be what the "
+            f"actor computed. Run a most_used agent without autocast, or choose another f_c"
+        )
 
 
 # Episodes, as this module and feedback.py mark them -----------------------------------------------
@@ -774,33 +728,24 @@ def check_agent_memory(model, memory, batch_size: int, x: torch.Tensor) -> None:
 # precedes the episode is hidden.
 
 
-def latest_start(starts, batch_size: int, T: int, device) -> torch.Tensor:
-    """[B, T]: the step of each row's latest start at or before step t; -1 where none."""
-    if starts is None:
-        return torch.full((batch_size, T), -1, device=device)
-    t = torch.arange(T, device=device)
-    return torch.where(starts, t, -1).cummax(dim=1).values
-
-
-def steps_since_start(since_start: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
-    """[B, T]: the steps of each row's episode before step t (0 at a start)."""
-    t = torch.arange(latest.size(1), device=latest.device)
-    return torch.where(latest >= 0, t - latest, since_start[:, None] + t)
-
-
-def check_starts(starts, batch_size: int, T: int, device) -> None:
-    """starts None or [B, T] bool, batch first (a time-major one is refused unless B = T)."""
+def episode_steps(since_start: torch.Tensor, starts, T: int):
+    """[B, T] each: the step of each row's latest start at or before step t (-1 where none), and
+    the steps of its episode before step t (0 at a start)."""
+    t = torch.arange(T, device=since_start.device)
+    latest = t.new_full((len(since_start), T), -1)
     if starts is not None:
-        check_mask("starts", starts, (batch_size, T), device)
+        latest = torch.where(starts, t, -1).cummax(dim=1).values
+    return latest, torch.where(latest >= 0, t - latest, since_start[:, None] + t)
 
 
-def check_mask(name: str, mask, shape, device) -> None:
-    """A bool tensor of this shape on device (starts, or a reset's done)."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = f"a tensor of {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(f"{name} must be a bool tensor {list(shape)}, got {got}")
-    if mask.shape != shape or mask.device != device:
+def check_tensor(name: str, t, shape, device, dtype=torch.bool) -> None:
+    """A tensor of this shape and dtype on device (starts, a reset's done, since_start)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+        got = f"a tensor of {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        kind = {torch.bool: "a bool", torch.long: "an int64"}[dtype]
+        raise TypeError(f"{name} must be {kind} tensor {list(shape)}, got {got}")
+    if t.shape != shape or t.device != device:
         raise ValueError(
             f"{name} must have shape {list(shape)} on {device}, batch first like the inputs; "
-            f"got {list(mask.shape)} on {mask.device}"
+            f"got {list(t.shape)} on {t.device}"
         )

@@ -25,13 +25,12 @@ import torch
 import torch.nn as nn
 
 from beyond_the_paper.agent import (
-    check_mask,
-    check_starts,
+    check_tensor,
+    episode_steps,
     forget,
-    latest_start,
+    forward_tokens,
     own_config,
     projection_dtype,
-    steps_since_start,
 )
 from compressive import (
     CompressiveConfig,
@@ -42,7 +41,6 @@ from compressive import (
     autocasting,
     check_batch_size,
     check_inputs,
-    check_tokens,
     generate,
     relative_shift,
     sinusoid_positions,
@@ -75,7 +73,7 @@ class FeedbackMemory(NamedTuple):
     def reset(self, done: torch.Tensor) -> "FeedbackMemory":
         """Forget what the rows where done [B] is true hold: a start at the next call."""
         mem = self.mem[0]
-        check_mask("done", done, (mem.size(0),), mem.device)
+        check_tensor("done", done, (mem.size(0),), mem.device)
         kept = self.kept and self.kept._replace(
             keys=[forget(done, self.kept.keys[0])], values=[forget(done, self.kept.values[0])]
         )
@@ -88,11 +86,9 @@ class FeedbackMemory(NamedTuple):
 
     def to(self, device=None, dtype=None, non_blocking: bool = False) -> "FeedbackMemory":
         """As Memory.to; since_start keeps its dtype, and what acting kept is dropped."""
-        if isinstance(device, torch.dtype):
-            device, dtype = None, device
         moved = Memory(*self[:3]).to(device, dtype, non_blocking)
-        since = self.since_start
-        since = since if since is None else since.to(device=device, non_blocking=non_blocking)
+        since, device = self.since_start, moved.mem[0].device
+        since = since if since is None else since.to(device, non_blocking=non_blocking)
         return FeedbackMemory(*moved, since)
 
     def cpu(self) -> "FeedbackMemory":
@@ -192,12 +188,7 @@ class FeedbackTransformer(nn.Module):
         self.apply(CompressiveTransformer.init_weights)
 
     generate = generate  # compressive.py's: sampling through any model called as this one is
-
-    def forward(self, tokens, memory=None, starts=None):
-        check_tokens(self, tokens)
-        x = self.dropout(self.embed(tokens))
-        h, memory, zero = self.hidden_states(x, memory, starts)
-        return self.head(h), memory, zero
+    forward = forward_tokens  # agent.py's: the embedding, hidden_states (its loss a zero), the head
 
     def empty_memory(self, batch_size: int, device=None, dtype=None) -> FeedbackMemory:
         check_batch_size(batch_size)
@@ -223,8 +214,7 @@ class FeedbackTransformer(nn.Module):
         check_inputs(self, x)
         B, T, _ = x.shape
         memory = self.empty_memory(B, x.device, x.dtype) if memory is None else memory
-        memory = check_feedback_memory(self, memory, B, x)
-        check_starts(starts, B, T, x.device)
+        memory = check_feedback_memory(self, memory, x, starts)
         if T == 0:  # no new step: the memory as it was
             return self.out_norm(x), memory, x.new_zeros(())
         n_m = self.cfg.mem_len
@@ -242,7 +232,7 @@ class FeedbackTransformer(nn.Module):
         mix = self.mix.softmax(dim=0)
         since = memory.since_start  # [B, T] below: the steps of each row's episode before step t
         if starts is not None or since is not None:
-            since = steps_since_start(episode(memory), latest_start(starts, B, T, x.device))
+            since = episode_steps(episode(memory), starts, T)[1]
         outputs, vectors, attn_mask = [], [], None
         for t in range(T):
             x_t = x[:, t : t + 1]  # x_t^0, then each layer's output
@@ -278,9 +268,10 @@ class FeedbackTransformer(nn.Module):
         return [("mem", self.cfg.mem_len)]
 
 
-def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
+def check_feedback_memory(model, memory, x, starts) -> FeedbackMemory:
     """One mem tensor [B, <= n_m, d_model] and no c_mem, as x is; since_start and kept as the
-    model makes them. Returns it as a FeedbackMemory (a Memory is one)."""
+    model makes them; starts as agent.py's. Returns it as a FeedbackMemory (a Memory is one)."""
+    batch_size = len(x)
     memory = FeedbackMemory(*memory) if isinstance(memory, Memory) else memory
     if not isinstance(memory, FeedbackMemory) or not isinstance(memory.kept, (Kept, type(None))):
         raise TypeError(
@@ -306,12 +297,8 @@ def check_feedback_memory(model, memory, batch_size: int, x) -> FeedbackMemory:
             f"memory.mem[0] has dtype {t.dtype}, the inputs {x.dtype}: convert the memory with "
             f"memory.to(dtype={x.dtype})"
         )
-    if since is not None and not (
-        isinstance(since, torch.Tensor)
-        and (since.shape, since.dtype, since.device) == ((batch_size,), torch.long, x.device)
-    ):
-        raise ValueError(
-            f"memory.since_start must be None or an int64 tensor [{batch_size}] on {x.device}, "
-            f"as FeedbackMemory.reset and starts make it"
-        )
+    if since is not None:  # as FeedbackMemory.reset and starts make it
+        check_tensor("memory.since_start", since, (batch_size,), x.device, torch.long)
+    if starts is not None:
+        check_tensor("starts", starts, x.shape[:2], x.device)
     return memory
