@@ -547,16 +547,18 @@ def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
             become(uid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(-1, signal.SIGKILL)
-        for folder, subfolders, _ in os.walk(tmp_folder):  # a mount (a Python under /tmp) kept
-            subfolders[:] = [n for n in subfolders if not os.path.ismount(f"{folder}/{n}")]
-            with contextlib.suppress(OSError):  # a worker may have taken its permissions away
+        folders, found = [tmp_folder], []  # (path, whether a folder), parents first
+        for folder in folders:  # made ours before it is listed (a worker may have taken it)
+            with contextlib.suppress(OSError):
                 os.chmod(folder, 0o700)
-        for folder, subfolders, files in os.walk(tmp_folder, topdown=False):
-            for name in files + subfolders:
-                path = os.path.join(folder, name)
-                folder_kept = os.path.isdir(path) and not os.path.islink(path)
-                with contextlib.suppress(OSError):  # a folder that holds a mount stays
-                    os.rmdir(path) if folder_kept else os.unlink(path)
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(folder):
+                    found.append((entry.path, entry.is_dir(follow_symlinks=False)))
+                    if found[-1][1] and not os.path.ismount(entry.path):  # a mount is kept
+                        folders.append(entry.path)  # (a Python under /tmp)
+        for path, is_folder in reversed(found):
+            with contextlib.suppress(OSError):  # a folder that holds a mount stays
+                os.rmdir(path) if is_folder else os.unlink(path)
     finally:
         if uid is not None:
             os._exit(0)
