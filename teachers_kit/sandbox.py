@@ -3,15 +3,11 @@ computes values and decides nothing (teachers_kit/README.md, "What a grade rests
 
     python sandbox.py CONTROL_FD TMP FOLDER [PATH ...]     a sandbox's first process
 
-The sandbox's first process forks each submission's first process (as root, one sandbox serves
-the grading; else each submission has its own), which forks a worker for each exercise in turn.
-The test process (grading_child.py) puts a proxy in place of the exercise's function (install),
-and each call goes to the worker (Sandbox), which runs the student's function in the original
-module (its source sent over the socket, never a file) and sends back what it returned or
-raised, the gradients asked of it later, its changes in place and the random state. The way in
-is trusted, a pickle; the way out is one safetensors file a reply, its structure as JSON in a
-tensor of its own, every field checked before a value is made of it: nothing a sandbox sends is
-unpickled or run.
+The sandbox's first process forks each submission's first process, which forks a worker for
+each exercise in turn. The test process (grading_child.py) puts a proxy in place of the
+exercise's function (install), whose calls go to the worker (Sandbox). The way in is trusted, a
+pickle; the way out is one safetensors file a reply, its structure as JSON in a tensor of its
+own, every field checked before a value is made of it: nothing a sandbox sends is unpickled.
 """
 
 import builtins
@@ -139,9 +135,7 @@ def bytes_tensor(data: bytes) -> torch.Tensor:
 
 def extent(shape, stride) -> int:
     """The elements a layout reaches from its first (0 when it holds none)."""
-    if 0 in shape:
-        return 0
-    return 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+    return 0 if 0 in shape else 1 + sum((size - 1) * step for size, step in zip(shape, stride))
 
 
 # ---------------------------------------------------------------- the way in ----------------------
@@ -157,8 +151,8 @@ class CallPickler(pickle.Pickler):
 
     def __init__(self, file):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.numbers: Dict[int, int] = {}  # id of a tensor -> its number
-        self.reached: Dict[int, torch.Tensor] = {}  # number -> the tensors of this message
+        self.reached: List[torch.Tensor] = []  # the tensors of this message (pickle's memo
+        # sends each once, by its number in this list)
         self.storages: Dict[tuple, int] = {}  # (address, size) -> a storage's number
         self.bytes_of: Dict[int, torch.Tensor] = {}  # a storage's number -> a uint8 tensor over it
         self.bases: Dict[tuple, torch.Tensor] = {}  # (storage, dtype) -> a tensor on it, to view
@@ -183,8 +177,7 @@ class CallPickler(pickle.Pickler):
         return NotImplemented
 
     def tensor(self, t: torch.Tensor) -> tuple:
-        number = self.numbers.setdefault(id(t), len(self.numbers))
-        self.reached[number] = t
+        self.reached.append(t)
         storage, data = None, None  # on the meta device, no data
         if not t.is_meta:
             where = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
@@ -195,7 +188,7 @@ class CallPickler(pickle.Pickler):
                 self.bytes_of[storage], data = whole, whole.numpy().tobytes()
         layout = list(t.shape), list(t.stride()), t.storage_offset()
         parameter = type(t) is nn.Parameter
-        return number, storage, data, name_of(t.dtype), *layout, t.requires_grad, parameter
+        return storage, data, name_of(t.dtype), *layout, t.requires_grad, parameter
 
 
 def pickled(content: dict):
@@ -212,7 +205,7 @@ class CallUnpickler(pickle.Unpickler):
     def __init__(self, data: bytes):
         super().__init__(io.BytesIO(data))
         self.storages: Dict[int, torch.Tensor] = {}  # number -> its bytes, a uint8 tensor
-        self.reached: Dict[int, torch.Tensor] = {}
+        self.reached: List[torch.Tensor] = []
         self.handed: Dict[tuple, int] = {}  # (an address, a dtype on it) -> its storage's number
 
     def find_class(self, module, name):
@@ -220,9 +213,7 @@ class CallUnpickler(pickle.Unpickler):
             return self.tensor
         return super().find_class(module, name)
 
-    def tensor(self, number, storage, data, dtype, shape, stride, offset, grad, parameter):
-        if number in self.reached:
-            return self.reached[number]
+    def tensor(self, storage, data, dtype, shape, stride, offset, grad, parameter):
         if storage is None:
             t = torch.empty_strided(shape, stride, dtype=DTYPES[dtype], device="meta")
         else:
@@ -236,7 +227,7 @@ class CallUnpickler(pickle.Unpickler):
             t = nn.Parameter(t, requires_grad=grad)
         elif grad:
             t.requires_grad_()
-        self.reached[number] = t
+        self.reached.append(t)
         return t
 
 
@@ -245,11 +236,15 @@ class CallUnpickler(pickle.Unpickler):
 
 class Encoder:
     """In the sandbox: a value as JSON. A tensor is either a view into a storage the call was
-    handed (its number and the place in it) or new (the bytes its layout spans, sent)."""
+    handed (its number and the place in it) or new: its layout in the table, and its elements
+    from its first to its last (its layout's span, a tensor of its own: strides and expanded
+    views come back as they are)."""
 
     def __init__(self, handed: Dict[tuple, int]):
         self.handed = handed  # (a storage's address, a dtype of the call on it) -> its number
         self.new: List[torch.Tensor] = []
+        self.table: List[dict] = []
+        self.out: Dict[str, torch.Tensor] = {}
 
     def encode(self, value, depth=0):
         if depth > MAX_DEPTH:
@@ -278,28 +273,19 @@ class Encoder:
         return {"list" if isinstance(value, list) else "tuple": items}
 
     def tensor(self, t: torch.Tensor) -> dict:
-        layout = {"shape": list(t.shape), "stride": list(t.stride())}
-        if t.device.type != "meta" and t.untyped_storage().nbytes():
+        layout = {"dtype": name_of(t.dtype), "shape": list(t.shape), "stride": list(t.stride())}
+        meta = t.device.type == "meta"
+        if not meta and t.untyped_storage().nbytes():
             storage = self.handed.get((t.untyped_storage().data_ptr(), t.dtype))
             if storage is not None:
-                where = {"dtype": name_of(t.dtype), "offset": t.storage_offset()}
-                return {"view": storage, **where, **layout}
+                return {"view": storage, "offset": t.storage_offset(), **layout}
+        if not meta:
+            span = (extent(t.shape, t.stride()),)
+            elements = t.detach().as_strided(span, (1,), t.storage_offset()).clone()
+            self.out[f"new.{len(self.new)}"] = elements
+        self.table.append({**layout, "requires_grad": t.requires_grad, "meta": meta})
         self.new.append(t)
         return {"tensor": len(self.new) - 1}
-
-    def table(self):
-        """The new tensors' layouts, and each one's elements from its first to its last (its
-        layout's span, a tensor of its own: strides and expanded views come back as they are)."""
-        table, tensors = [], {}
-        for i, t in enumerate(self.new):
-            meta = t.device.type == "meta"
-            layout = {"shape": list(t.shape), "stride": list(t.stride())}
-            table.append({"dtype": name_of(t.dtype), **layout, "requires_grad": t.requires_grad})
-            table[-1]["meta"] = meta
-            if not meta:
-                span = (extent(t.shape, t.stride()),)
-                tensors[f"new.{i}"] = t.detach().as_strided(span, (1,), t.storage_offset()).clone()
-        return table, tensors
 
 
 def error_header(error: BaseException) -> dict:
@@ -340,18 +326,17 @@ class Server:
             with torch.set_grad_enabled(message["grad_enabled"]):
                 value = self.target(*message["args"], **message["kwargs"])
             reply = {"value": encoder.encode(value)}
-            table, out = encoder.table()
         except BaseException as error:
-            reply, table, out = error_header(error), [], {}
-        changed = []  # the storages the call changed in place: their bytes now
+            reply, encoder.table, encoder.out = error_header(error), [], {}
+        out, changed = encoder.out, []  # the storages the call changed in place: their bytes now
         for number, old in before.items():
             if not torch.equal(storages[number], old):
                 changed.append(number)
                 out[f"changed.{number}"] = storages[number]
         out["rng"] = torch.get_rng_state()
         self.calls += 1
-        reply.update(tensors=table, changed=changed, call=self.calls)
-        leaves = [t for t in reached.values() if t.requires_grad]
+        reply.update(tensors=encoder.table, changed=changed, call=self.calls)
+        leaves = [t for t in reached if t.requires_grad]
         if "value" in reply and leaves and any(t.requires_grad for t in encoder.new):
             self.graphs[self.calls] = encoder.new, leaves
         return reply, out
@@ -375,8 +360,7 @@ class Server:
             return error_header(error), {}
         encoder = Encoder({})
         grads = [None if g is None else encoder.tensor(g) for g in found]
-        table, out = encoder.table()
-        return {"grads": grads, "tensors": table}, out
+        return {"grads": grads, "tensors": encoder.table}, encoder.out
 
 
 def load(name: str, source: str):
@@ -426,15 +410,11 @@ class Worker:
 
     @classmethod
     def reap(cls, *_) -> None:
-        while True:
-            try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if pid == cls.pid:
-                cls.said(f"ended {status} {usage.ru_utime + usage.ru_stime:.3f}")
+        with contextlib.suppress(ChildProcessError):
+            while (ended := os.wait4(-1, os.WNOHANG))[0]:
+                pid, status, usage = ended
+                if pid == cls.pid:
+                    cls.said(f"ended {status} {usage.ru_utime + usage.ru_stime:.3f}")
 
     @classmethod
     def said(cls, words: str = "") -> None:
@@ -567,16 +547,18 @@ def end_others(tmp_folder: str, uid: Optional[int] = None) -> None:
             become(uid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(-1, signal.SIGKILL)
-        for folder, subfolders, _ in os.walk(tmp_folder):  # a mount (a Python under /tmp) kept
-            subfolders[:] = [n for n in subfolders if not os.path.ismount(f"{folder}/{n}")]
-            with contextlib.suppress(OSError):  # a worker may have taken its permissions away
+        folders, found = [tmp_folder], []  # (path, whether a folder), parents first
+        for folder in folders:  # made ours before it is listed (a worker may have taken it)
+            with contextlib.suppress(OSError):
                 os.chmod(folder, 0o700)
-        for folder, subfolders, files in os.walk(tmp_folder, topdown=False):
-            for name in files + subfolders:
-                path = os.path.join(folder, name)
-                folder_kept = os.path.isdir(path) and not os.path.islink(path)
-                with contextlib.suppress(OSError):  # a folder that holds a mount stays
-                    os.rmdir(path) if folder_kept else os.unlink(path)
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(folder):
+                    found.append((entry.path, entry.is_dir(follow_symlinks=False)))
+                    if found[-1][1] and not os.path.ismount(entry.path):  # a mount is kept
+                        folders.append(entry.path)  # (a Python under /tmp)
+        for path, is_folder in reversed(found):
+            with contextlib.suppress(OSError):  # a folder that holds a mount stays
+                os.rmdir(path) if is_folder else os.unlink(path)
     finally:
         if uid is not None:
             os._exit(0)
@@ -594,15 +576,10 @@ def processes() -> Dict[int, tuple]:
 
 def descendants(pid: int, table: Optional[Dict[int, tuple]] = None) -> List[int]:
     table = processes() if table is None else table
-    children: Dict[int, List[int]] = {}
-    for child, (_, parent, _) in table.items():
-        children.setdefault(parent, []).append(child)
-    found, stack = [], [pid]
-    while stack:
-        below = children.get(stack.pop(), [])
-        found += below
-        stack += below
-    return found
+    found = [pid]
+    for above in found:  # grows as it goes: each process's children, then theirs
+        found += [child for child, (_, parent, _) in table.items() if parent == above]
+    return found[1:]
 
 
 def reap_all() -> None:
@@ -772,7 +749,7 @@ class Sandbox:
         if "error" in reply:
             return raised(reply)
         new = [self.tensor(entry, out, i) for i, entry in enumerate(reply["tensors"])]
-        leaves = [t for t in sent.reached.values() if t.requires_grad]
+        leaves = [t for t in sent.reached if t.requires_grad]
         differentiable = [entry["requires_grad"] is True for entry in reply["tensors"]]
         if torch.is_grad_enabled() and leaves and any(differentiable):
             link = Link(self, integer(reply["call"], 1 << 62), new, differentiable, leaves)
