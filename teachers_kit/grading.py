@@ -1,16 +1,15 @@
-"""Grading one submission: the teacher's tests run, the one way the kit runs them, each in a
-test process of its own (grading_child.py) in a fresh folder holding the teacher's original and
-tests alone. To grade an exercise, that process replaces its function by a proxy to a worker in
-the submission's sandbox (sandbox.py, started here: StudentSandbox), which holds the original
-with only the student's function put in (exercises.splice): no grader imports a submission, a
-verdict is the tests' own assertions on the values returned, and a mistake in one exercise costs
-that exercise alone. An exercise's check is the tests that fail with its function blanked for
-real (compute_checks), less those that fail with the original's function in the sandbox
-(sandbox_checks). grade_class grades a class, students side by side, one per core.
+"""Grading one submission: each exercise's check runs in a test process of its own
+(grading_child.py), in a fresh folder holding the teacher's original and tests alone, with the
+exercise's function a proxy to a worker in the submission's sandbox (sandbox.py, started here:
+StudentSandbox), which holds the original with only the student's function put in
+(exercises.splice). A check is the tests that fail with the function blanked for real
+(compute_checks), less those that fail with the original's own function in the sandbox
+(make_assignment). grade_class grades a class, students side by side, one per core.
 """
 
 import ast
 import atexit
+import collections
 import contextlib
 import errno
 import fcntl
@@ -56,14 +55,14 @@ FORMAT = 4  # of assignment.json
 TIMEOUT_S = 300  # one run of one exercise's check; the original's takes about 10 s on 2 cores
 VISIBILITIES = ("hidden", "after_due_date", "after_published", "visible")  # Gradescope's
 SHOWN_FAILURES = 8  # per exercise, in the printed grade and in results.json
-# Where the grader runs as root, each submission runs as a uid of its own, one per submission at
-# a time: never a user's, and when it ends the kit kills whatever that uid still runs.
+# As root, each submission runs as a uid of the kit's own, one submission a uid at a time: never
+# a user's, and when it ends the kit kills whatever that uid still runs.
 SANDBOX_UIDS = range(2_100_000_000, 2_100_000_064)
 
 
 class Layout(NamedTuple):
-    """Where an exercise's module and its test file lie, from the repository's top, and the
-    repository's other files they import (path -> text), which a run holds as they are."""
+    """An exercise's module and test file, from the repository's top, and the repository's files
+    they import (path -> text), which a run holds as they are."""
 
     module: str = "compressive.py"
     tests: str = "test_compressive.py"
@@ -74,8 +73,6 @@ COMPRESSIVE = Layout()
 
 
 class Graded(NamedTuple):
-    """The exercise a run grades: its function, and the sandbox of the submission it runs in."""
-
     function: str
     sandbox: "StudentSandbox"
 
@@ -107,15 +104,15 @@ def child_environment() -> Dict[str, str]:
     return env
 
 
-def module_name(path: str) -> str:
-    """beyond_the_paper/feedback.py -> beyond_the_paper.feedback"""
-    return str(PurePosixPath(path).with_suffix("")).replace("/", ".")
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 # ---------------------------------------------------------------- the sandbox ---------------------
-# Where the grader is root, one sandbox serves the grading, and each submission's workers take a
-# uid of the kit's own (SANDBOX_UIDS); else each submission has a sandbox of its own. In
-# bubblewrap where it runs; else (by name only) Python alone, and Confinement.note says so.
+# As root, one sandbox serves the grading, each submission's workers a uid of the kit's own
+# (SANDBOX_UIDS); else each submission has a sandbox of its own. In bubblewrap where it runs;
+# else (by name only) Python alone, and Confinement.note says so.
 
 
 class Confinement(NamedTuple):
@@ -137,8 +134,7 @@ CLONE_NEWUSER = 0x10000000
 
 @functools.lru_cache(maxsize=None)
 def kernel_filter():
-    """The sandbox's seccomp filter, built by libseccomp (pyseccomp); another architecture's
-    calls kill the process (libseccomp's default)."""
+    """The sandbox's seccomp filter, by libseccomp (another architecture's calls kill)."""
     import pyseccomp as seccomp
 
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
@@ -180,8 +176,8 @@ def python_folders() -> List[str]:
 
 
 def sandbox_environment(count_processes: bool) -> Dict[str, str]:
-    """All a sandbox's environment holds; KIT_COUNT_PROCESSES where its processes can be counted
-    on their own (a user namespace, or a uid of the kit's own)."""
+    """All a sandbox's environment holds; KIT_COUNT_PROCESSES where its processes are counted on
+    their own (a user namespace, or a uid of the kit's own)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp"}
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # tiny models: one thread is fastest
     if count_processes:
@@ -190,11 +186,10 @@ def sandbox_environment(count_processes: bool) -> Dict[str, str]:
 
 
 def sandbox_command(bwrap: str, folder: str, argv: List[str], seccomp: int) -> list:
-    """Python with argv in a sandbox on folder (a copy of sandbox.py and the project's other
-    modules), all of it bubblewrap's options (teachers_kit/README.md, "The sandbox"). As root,
-    without a user namespace, its first process holding the capabilities to change uid and give
-    a folder away alone; else in a user namespace of its own, none nested. Without bwrap, Python
-    alone."""
+    """Python with argv in a sandbox on folder, all of it bubblewrap's options (README, "The
+    sandbox"). As root, without a user namespace, its first process holding the capabilities
+    to change uid and give a folder away alone; else in a user namespace of its own, none
+    nested. Without bwrap, Python alone."""
     python = sys.executable  # a virtual environment's own (its pyvenv.cfg beside it)
     if not bwrap:
         return [python, *argv]
@@ -304,8 +299,6 @@ PRINTED_BYTES = 4000  # of a submission's output, kept for each exercise: the re
 
 
 class Printed:
-    """What an exercise's code printed: its first PRINTED_BYTES kept, the rest counted."""
-
     def __init__(self):
         self.kept, self.dropped = b"", 0
 
@@ -322,9 +315,9 @@ class Printed:
 
 
 class Box:
-    """A sandbox (sandbox.py main) on a folder of its own, which holds a copy of sandbox.py and
-    the project files the module imports, nothing of the teacher's tests. As root, one serves the
-    grading's submissions (shared); else each submission starts its own."""
+    """A sandbox (sandbox.py main) on a folder of its own: a copy of sandbox.py and the project
+    files the module imports, none of the tests. As root one serves every submission (shared);
+    else each submission starts its own."""
 
     lock = threading.Lock()
     running: Dict[tuple, "Box"] = {}
@@ -346,41 +339,37 @@ class Box:
 
     def __init__(self, layout: Layout):
         self.lock, self.stopped = threading.Lock(), False
-        ways = confinement()
+        bwrap = confinement().bwrap
         self.folder = folder = Path(tempfile.mkdtemp(prefix="kit-sandbox-"))
         for path, text in layout.support.items():
             if not PurePosixPath(path).name.startswith("test_"):
-                (folder / path).parent.mkdir(parents=True, exist_ok=True)
-                (folder / path).write_text(text, encoding="utf-8")
+                write(folder / path, text)
         shutil.copyfile(SANDBOX, folder / SANDBOX.name)
         folder.chmod(0o755)  # the project's own, readable by the sandbox's uids
-        # the submissions' temporary folders, emptied between exercises: in bubblewrap's /tmp;
-        # else in this folder
-        tmp_folder = str(folder / "tmp") if not ways.bwrap else "/tmp"
-        if not ways.bwrap:
+        base = INSIDE if bwrap else str(folder)
+        # the submissions' temporary folders, emptied between exercises: in bubblewrap's /tmp,
+        # else in this folder (not the machine's /tmp)
+        tmp_folder = "/tmp" if bwrap else str(folder / "tmp")
+        env = sandbox_environment(count_processes=bool(bwrap) or AS_ROOT)
+        if not bwrap:
             os.mkdir(tmp_folder, 0o711)
-        base = INSIDE if ways.bwrap else str(folder)
+            env["TMPDIR"] = env["HOME"] = tmp_folder
         self.control, theirs = socket.socketpair()
         argv = ["-I", "-B", f"{base}/{SANDBOX.name}", str(theirs.fileno()), tmp_folder, base]
         self.log = tempfile.TemporaryFile()
-        env = sandbox_environment(count_processes=bool(ways.bwrap) or AS_ROOT)
-        if not ways.bwrap:  # not the machine's /tmp
-            env["TMPDIR"] = env["HOME"] = tmp_folder
         # the filter: bubblewrap installs it; without it, libseccomp in the new process before
         # it runs Python (no thread of the grader runs there)
         with filter_file() as bpf:
             self.process = subprocess.Popen(
-                sandbox_command(
-                    ways.bwrap, str(folder), [*argv, str(torch_folder())], bpf.fileno()
-                ),
+                sandbox_command(bwrap, str(folder), [*argv, str(torch_folder())], bpf.fileno()),
                 cwd=folder,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=self.log,
                 stderr=self.log,
-                pass_fds=(theirs.fileno(), *([bpf.fileno()] if ways.bwrap else [])),
+                pass_fds=(theirs.fileno(), *([bpf.fileno()] if bwrap else [])),
                 start_new_session=True,  # its own process group, killed whole when it ends
-                preexec_fn=None if ways.bwrap else kernel_filter().load,
+                preexec_fn=None if bwrap else kernel_filter().load,
             )
         theirs.close()
 
@@ -406,8 +395,7 @@ class Box:
         return lines[-1][:300] if lines else ""
 
     def stop(self) -> None:
-        """Its processes killed (its own process group; bubblewrap's die with it), its log and
-        folder removed."""
+        """Its processes killed (its process group; bubblewrap's die with it), its files gone."""
         with self.lock:
             if self.stopped:
                 return
@@ -421,21 +409,17 @@ class Box:
 
 
 class StudentSandbox:
-    """Where one submission runs: started for its first exercise, ended by close(). A first
-    process of its own in a Box (shared as root, and a uid of the kit's own while it runs); its
-    exercises one at a time, each in a worker of its own whose socket goes to the exercise's test
-    process (open), which sends it its module (spliced: exercise -> the original with only that
-    function the student's)."""
+    """Where one submission runs, from its first exercise to close(): a first process of its own
+    in a Box (as root the shared one, and a uid of the kit's own), which starts a worker for each
+    exercise in turn; the worker's socket goes to the exercise's test process, which sends it its
+    module (spliced: exercise -> the original with only that function the student's). Once
+    started: its first process's socket (control) and what it said once it could serve (word);
+    as root, its uid, that uid's lock (claim) and its cgroup where the machine offers one."""
 
     def __init__(self, spliced: Dict[str, str], layout: Layout, timeout_s: float):
         self.spliced, self.layout, self.timeout_s = spliced, layout, timeout_s
         self.lock = threading.Lock()
-        self.box: Optional[Box] = None
-        self.control: Optional[socket.socket] = None
-        self.word: Optional[bytes] = None  # what its first process said once it could serve
-        self.uid: Optional[int] = None
-        self.uid_lock: Optional[int] = None  # held while the submission runs as uid (claim)
-        self.cgroup: Optional[SubmissionCgroup] = None  # where the machine offers one
+        self.box = self.control = self.word = self.uid = self.uid_lock = self.cgroup = None
 
     def start(self) -> None:
         if AS_ROOT:
@@ -445,25 +429,22 @@ class StudentSandbox:
         fds = self.cgroup.procs_fds if self.cgroup else []
         self.control = self.box.request("start", self.uid, fds)
 
-    def watch(self, timeout_s: float) -> dict:
-        """How a test process tells whether the submission's processes compute: those of its uid,
-        or those below its sandbox's process; and the last a run waits for one that computes."""
-        where = {"uid": self.uid} if AS_ROOT else {"pid": self.box.process.pid}
-        return {**where, "hard_s": COMPUTING_FACTOR * timeout_s + 60}
-
-    def out_of_memory(self) -> bool:
-        """Whether the kernel killed a process of the submission for its cgroup's memory."""
-        return bool(self.cgroup and self.cgroup.oom_kills())
-
-    def open(self) -> "Worker":
+    def open(self) -> Worker:
         """A new worker for an exercise's test process; SandboxFailed where the sandbox did not
         start."""
         if self.box is None:
             self.start()
-        why = self.failure()
-        if why:
-            raise SandboxFailed(why)
         with self.lock:
+            if self.word is None:
+                self.control.settimeout(STARTUP_S)
+                try:
+                    self.word = self.control.recv(16)
+                except OSError:
+                    self.word = b""
+                self.control.settimeout(None)
+            if self.word != b"started":
+                why = self.box.last_line() or self.word[:20]
+                raise SandboxFailed(f"the sandbox did not start ({why!r})")
             ours, theirs = socket.socketpair()
             for end in (ours, theirs):  # a step's parameters in one write, not many
                 end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -474,26 +455,12 @@ class StudentSandbox:
                 job = json.dumps({"seconds": max(1, int(self.timeout_s))}).encode()
                 socket.send_fds(self.control, [job], [theirs.fileno(), output_w, status_w])
             except OSError:
-                pass  # it has ended: failure() says why
+                pass  # it has ended: the worker's socket says so, closed
             finally:
                 theirs.close()
                 os.close(output_w)
                 os.close(status_w)
             return Worker(ours.detach(), output_r, status_r)
-
-    def failure(self) -> str:
-        """Why the sandbox did not start ("" when it did), once its first process has said."""
-        with self.lock:
-            if self.word is None:
-                self.control.settimeout(STARTUP_S)
-                try:
-                    self.word = self.control.recv(16)
-                except OSError:
-                    self.word = b""
-                self.control.settimeout(None)
-            if self.word == b"started":
-                return ""
-            return f"the sandbox did not start ({self.box.last_line() or self.word[:20]!r})"
 
     def close(self) -> None:
         """Every process of the submission ended (its first process ends the others once its
@@ -564,29 +531,18 @@ def cgroup_folders() -> Dict[str, Tuple[str, Path]]:
 
 def cgroup_note() -> str:
     """What a submission's cgroup does not bound here ("" when it bounds both)."""
-    missing = sorted({"memory", "cpu"} - set(cgroup_folders()))
+    what = {
+        "cpu": "its share of the processors not at all (its own processor time is its limit)",
+        "memory": "its memory only per process (6 GB of address space, 32 processes)",
+    }
+    missing = [controller for controller in what if controller not in cgroup_folders()]
     if not missing:
         return ""
-    what = {
-        "memory": "its memory only per process (6 GB of address space, 32 processes)",
-        "cpu": "its share of the processors not at all (its own processor time is its limit)",
-    }
     return (
         f"no cgroup {' or '.join(missing)} controller for the kit here (v2 handed to the "
         f"grader's children, or v1 writable): a submission bounds "
         + " and ".join(what[m] for m in missing)
     )
-
-
-def cgroup_limits(version: str, controller: str) -> Dict[str, str]:
-    """The files of a submission's cgroup to write, and what (a swap limit where there is one)."""
-    memory, period = str(SUBMISSION_MEMORY), str(CPU_PERIOD_US)
-    return {
-        ("v1", "memory"): {"memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory},
-        ("v1", "cpu"): {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": period},
-        ("v2", "memory"): {"memory.max": memory, "memory.swap.max": "0"},
-        ("v2", "cpu"): {"cpu.max": f"{period} {period}"},
-    }[version, controller]
 
 
 class SubmissionCgroup(NamedTuple):
@@ -595,12 +551,22 @@ class SubmissionCgroup(NamedTuple):
 
     @classmethod
     def make(cls, uid: int) -> Optional["SubmissionCgroup"]:
+        memory, period = str(SUBMISSION_MEMORY), str(CPU_PERIOD_US)
+        limits = {  # the files to write (a swap limit where there is one)
+            ("v1", "memory"): {
+                "memory.limit_in_bytes": memory,
+                "memory.memsw.limit_in_bytes": memory,
+            },
+            ("v1", "cpu"): {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": period},
+            ("v2", "memory"): {"memory.max": memory, "memory.swap.max": "0"},
+            ("v2", "cpu"): {"cpu.max": f"{period} {period}"},
+        }
         folders, fds = [], []
         for controller, (kind, parent) in cgroup_folders().items():
             folder = parent / f"kit-{os.getpid()}-{uid}"
             try:
                 folder.mkdir(exist_ok=True)
-                for name, value in cgroup_limits(kind, controller).items():
+                for name, value in limits[kind, controller].items():
                     with contextlib.suppress(OSError if "swap" in name else ()):
                         (folder / name).write_text(value)
                 if folder not in folders:  # v2: one folder holds both controllers
@@ -632,6 +598,9 @@ class SubmissionCgroup(NamedTuple):
 
 
 FREE_UID_WAIT_S = 120
+# Graders side by side on one machine (two classes at once) draw from the same uids, in the same
+# order: a lock file of each uid, held (flock) while a submission runs as it, keeps them apart.
+UID_LOCKS = Path("/run/teachers_kit")
 
 
 def free_uid() -> Tuple[int, int]:
@@ -649,11 +618,6 @@ def free_uid() -> Tuple[int, int]:
             SLOTS.put(uid)  # to the back, tried again later
         time.sleep(0.5)
     raise SandboxFailed("no uid of the kit's own is free of an earlier submission")
-
-
-# Graders side by side on one machine (two classes at once) draw from the same uids, in the same
-# order: a lock file of each uid, held (flock) while a submission runs as it, keeps them apart.
-UID_LOCKS = Path("/run/teachers_kit")
 
 
 def claim(uid: int) -> Optional[int]:
@@ -718,8 +682,8 @@ class Zygote:
                 ready = b""
                 with contextlib.suppress(OSError):
                     ready = ours.recv(16)
-                cls.broken = ready != b"ready"
                 ours.settimeout(None)
+                cls.broken = ready != b"ready"
                 if cls.broken:
                     ours.close()
                     process.kill()
@@ -743,6 +707,14 @@ class Zygote:
         return False
 
 
+# A graded run waits GRACE_S past its processor time for a worker that does not compute: one
+# that has neither finished nor used that time by then waited or was kept from the processor
+# (regrade). One that computes may go on (Sandbox.due), at most COMPUTING_FACTOR times it and a
+# minute.
+GRACE_S = 45
+COMPUTING_FACTOR = 3
+
+
 def run_tests(
     compressive: str,
     tests: str,
@@ -759,42 +731,38 @@ def run_tests(
     less leave_out; graded: the function whose calls go to the sandbox, for timeout_s of
     processor time; wrong: (function, kind), the original's function made wrong."""
     began = time.monotonic()
-    control = {
-        "tests": selected,
-        "names": names,
-        "leave_out": leave_out or [],
-        "test_file": layout.tests,
-        "timeout_s": wall_limit(timeout_s),
-    }
-    worker = None
+    # beyond_the_paper/feedback.py -> beyond_the_paper.feedback
+    module = str(PurePosixPath(layout.module).with_suffix("")).replace("/", ".")
+    control = {"tests": selected, "names": names, "leave_out": leave_out or []}
+    control.update(test_file=layout.tests, timeout_s=timeout_s + GRACE_S)
     if wrong:  # grading_child.WrongBody
-        control["wrong"] = {"module": module_name(layout.module), "function": wrong[0]}
-        control["wrong"]["kind"] = wrong[1]
-    if graded:  # started first: the watch names its uid or its process
+        control["wrong"] = {"module": module, "function": wrong[0], "kind": wrong[1]}
+    worker, box = None, graded.sandbox if graded else None
+    # the sandbox started first: the watch (how the test process tells whether the submission
+    # computes, and the last it waits for it) names its uid or its process
+    if graded:
         try:
-            worker = graded.sandbox.open()
+            worker = box.open()
         except SandboxFailed as e:
             return Run([], {}, {}, str(e), {}, time.monotonic() - began, regrade=True)
-        control["graded"] = {
-            "function": graded.function,
-            "module": module_name(layout.module),
-            "source": graded.sandbox.spliced[graded.function],
-            "watch": graded.sandbox.watch(timeout_s),
-        }
+        watch = {"uid": box.uid} if AS_ROOT else {"pid": box.box.process.pid}
+        watch["hard_s"] = COMPUTING_FACTOR * timeout_s + 60
+        source = box.spliced[graded.function]
+        control["graded"] = dict(
+            function=graded.function, module=module, source=source, watch=watch
+        )
     printed = Printed()
     limit_s = COMPUTING_FACTOR * timeout_s + 75  # the run stops its worker before, itself
     try:
         with tempfile.TemporaryDirectory(prefix="kit-run-") as folder:
             folder = Path(folder)
             files = {**layout.support, layout.module: compressive, layout.tests: tests}
-            for path, text in files.items():
-                (folder / path).parent.mkdir(parents=True, exist_ok=True)
-                (folder / path).write_text(text, encoding="utf-8")
             # this folder is pytest's rootdir, and the top the tests import the modules from
-            (folder / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+            files["pytest.ini"] = "[pytest]\npythonpath = .\n"
+            for path, text in files.items():
+                write(folder / path, text)
             (folder / "tmp").mkdir()  # the run's own temporary folder (TMPDIR), private
-            fds = (worker.socket_fd, worker.output_fd) if worker else (None, None)
-            record, output, timed_out = start_and_read(folder, control, limit_s, *fds, printed)
+            record, output, timed_out = start_and_read(folder, control, limit_s, worker, printed)
         ended = ended_how(worker, record) if worker else None
     finally:
         for fd in worker or ():
@@ -805,22 +773,11 @@ def run_tests(
         problem = f"the test process did not end within {limit_s:g} s"
         run = run._replace(problem=problem, regrade=True)
     elif ended:
-        run = judged_end(run, ended, timeout_s, graded.sandbox.out_of_memory())
+        run = judged_end(run, ended, timeout_s, bool(box.cgroup and box.cgroup.oom_kills()))
     return run._replace(seconds=time.monotonic() - began, printed=printed.text())
 
 
-GRACE_S = 45  # past an exercise's processor time, the wall-clock time its run may take
-COMPUTING_FACTOR = 3  # the most a run waits for a worker that computes, in its processor time
-
-
-def wall_limit(timeout_s: float) -> float:
-    """How long a graded run waits for a worker that does not compute: one that has neither
-    finished nor used its processor time by then waited or was kept from the processor (regrade).
-    One that computes may go on (Sandbox.due), at most COMPUTING_FACTOR times it and a minute."""
-    return timeout_s + GRACE_S
-
-
-def ended_how(worker: "Worker", record: Optional[dict]) -> Optional[Tuple[int, float]]:
+def ended_how(worker: Worker, record: Optional[dict]) -> Optional[Tuple[int, float]]:
     """(wait status, processor time) of a worker that ended before its test process did; None
     when it served to the end, or its sandbox never said."""
     if record is not None and not record.get("worker_ended") and not record.get("problem"):
@@ -851,63 +808,62 @@ def judged_end(run: Run, ended: Tuple[int, float], timeout_s: float, own_oom: bo
     return run
 
 
-def start_and_read(folder: Path, control: dict, limit_s: float, sandbox_fd, printed_fd, printed):
+def start_and_read(folder: Path, control: dict, limit_s: float, worker, printed: Printed):
     """The test process on folder, forked by the zygote: its record, its output's last 16 KB,
-    whether it was killed at limit_s. What the worker prints (printed_fd) goes to printed as it
-    comes and after, never waited for (a process it left may hold it)."""
-    (report_fd, report_w), (output_fd, output_w) = os.pipe(), os.pipe()
-    try:
-        job = {"folder": str(folder), "control": control}
-        started = Zygote.send(job, [report_w, output_w, *([sandbox_fd] if sandbox_fd else [])])
-    finally:
-        os.close(report_w)
-        os.close(output_w)
-    selector = selectors.DefaultSelector()
-    for fd in (report_fd, output_fd, printed_fd) if printed_fd else (report_fd, output_fd):
-        os.set_blocking(fd, fd != printed_fd)
-        selector.register(fd, selectors.EVENT_READ)
-    report, output, timed_out = b"", b"", False
-    deadline = time.monotonic() + limit_s
-    try:
-        while {report_fd, output_fd} & set(selector.get_map()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in selector.select(remaining):
-                try:
-                    data = os.read(key.fd, 1 << 16)
-                except BlockingIOError:
-                    continue
+    whether it was killed at limit_s. What the worker prints goes to printed as it comes and
+    after, never waited for (a process it left may hold its pipe)."""
+    report_fd, report_w = os.pipe()
+    with tempfile.TemporaryFile() as output:  # the test process's stdout and stderr
+        try:
+            job = {"folder": str(folder), "control": control}
+            fds = [report_w, output.fileno(), *([worker.socket_fd] if worker else [])]
+            started = Zygote.send(job, fds)
+        finally:
+            os.close(report_w)
+        selector = selectors.DefaultSelector()
+        selector.register(report_fd, selectors.EVENT_READ)
+        if worker:
+            os.set_blocking(worker.output_fd, False)
+            selector.register(worker.output_fd, selectors.EVENT_READ)
+        report, deadline = b"", time.monotonic() + limit_s
+        try:
+            while report_fd in selector.get_map() and time.monotonic() < deadline:
+                for key, _ in selector.select(deadline - time.monotonic()):
+                    data = read_some(key.fd)
+                    if data == b"":
+                        selector.unregister(key.fd)
+                    elif key.fd == report_fd:
+                        report += data
+                    elif data:
+                        printed.add(data)
+            timed_out = report_fd in selector.get_map()
+            for _ in range(64) if worker and worker.output_fd in selector.get_map() else ():
+                data = read_some(worker.output_fd)
                 if not data:
-                    selector.unregister(key.fd)
-                elif key.fd == report_fd:
-                    report += data
-                elif key.fd == output_fd:
-                    output = (output + data)[-(1 << 14) :]
-                else:
-                    printed.add(data)
-        for _ in range(64) if printed_fd and printed_fd in selector.get_map() else ():
-            try:
-                data = os.read(printed_fd, 1 << 16)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            printed.add(data)
-    finally:
-        selector.close()
-        os.close(report_fd)
-        os.close(output_fd)
+                    break
+                printed.add(data)
+        finally:
+            selector.close()
+            os.close(report_fd)
+        output.seek(max(0, output.seek(0, os.SEEK_END) - (1 << 14)))
+        tail = output.read()
     if not started:
-        output = b"no test process started: the process that forks them did not start"
+        tail = b"no test process started: the process that forks them did not start"
     pid, _, record = report.partition(b"\n")
     if timed_out and pid.strip().isdigit():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(pid), signal.SIGKILL)
     with contextlib.suppress(ValueError):
-        return json.loads(record) if record else None, output, timed_out
-    return None, output, timed_out
+        return json.loads(record) if record else None, tail, timed_out
+    return None, tail, timed_out
+
+
+def read_some(fd: int) -> Optional[bytes]:
+    """What fd holds now (b"" at its end; None where a non-blocking one holds nothing yet)."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
 
 
 def read_record(
@@ -923,7 +879,7 @@ def read_record(
     if record["problem"]:  # the worker neither answered nor used its time: it was kept from it
         problem = (
             f"it neither finished nor used its {timeout_s:g} s of processor time within "
-            f"{wall_limit(timeout_s):g} s, and was not computing (its code waited, or the "
+            f"{timeout_s + GRACE_S:g} s, and was not computing (its code waited, or the "
             "machine was busy)"
         )
         return Run(record["collected"] or [], {}, {}, problem, versions, 0.0, regrade=True)
@@ -941,10 +897,14 @@ def read_record(
 
 
 def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
-    """run_tests on each (compressive, tests, selected[, names[, leave_out[, layout[,
-    graded[, wrong]]]]]), side by side, one per core."""
+    """run_tests on each job (its arguments, in order), side by side, one per core."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
         return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
+
+
+def failing(run: Run, tests: List[str]) -> List[str]:
+    """The tests, of tests, that did not pass in run."""
+    return [t for t in tests if run.outcomes.get(t) != "passed"]
 
 
 # ---------------------------------------------------------------- checks --------------------------
@@ -961,71 +921,32 @@ def compute_checks(
     """Each exercise's check (the tests, of only if given, less leave_out, that fail with its
     function alone blanked) and the versions that ran them."""
     tree = parse(reference, "the original")
-    jobs = [(reference, tests, None, only, leave_out, layout)] + [
-        (blank(reference, tree, [name]), tests, None, only, leave_out, layout) for name in names
-    ]
-    original, *blanked = run_many(jobs)
+    sources = [reference] + [blank(reference, tree, [name]) for name in names]
+    original, *blanked = run_many(
+        [(text, tests, None, only, leave_out, layout) for text in sources]
+    )
     if original.problem or not original.tests:
         raise KitError(f"the tests do not run on the original: {original.problem or 'no test'}")
-    failing = [t for t in original.tests if original.outcomes.get(t) != "passed"]
-    if failing:
-        failing_names = " ".join(sorted({base_name(t) for t in failing}))
+    failed = failing(original, original.tests)
+    if failed:
+        failed_names = " ".join(sorted({base_name(t) for t in failed}))
         raise KitError(
-            f"{len(failing)} tests fail on the original on this machine, so no check can be "
-            f"computed: {failing_names} (the first says: "
-            f"{original.messages.get(failing[0], '')[:200]}); leave them out of the assignment "
-            f"with --leave-out {failing_names}"
+            f"{len(failed)} tests fail on the original on this machine, so no check can be "
+            f"computed: {failed_names} (the first says: "
+            f"{original.messages.get(failed[0], '')[:200]}); leave them out of the assignment "
+            f"with --leave-out {failed_names}"
         )
     checks = {}
     for name, run in zip(names, blanked):
         if run.problem:  # a function that runs when compressive.py is imported, say
             raise KitError(f"with {name} blanked, the tests do not run: {run.problem}")
-        checks[name] = [t for t in original.tests if run.outcomes.get(t) != "passed"]
+        checks[name] = failing(run, original.tests)
         if not checks[name]:
             raise KitError(f"no test fails with {name} blanked: it would have no check")
     return checks, original.versions
 
 
-def sandbox_checks(
-    reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
-) -> Dict[str, List[str]]:
-    """The tests of each check that fail with the original's own function in the sandbox: taken
-    out of the check (in place) and returned."""
-    boxes = {n: StudentSandbox({n: reference}, layout, TIMEOUT_S) for n in checks}
-    try:
-        runs = run_many(
-            [(reference, tests, checks[n], None, None, layout, Graded(n, boxes[n])) for n in checks]
-        )
-    finally:
-        for box in boxes.values():
-            box.close()
-    unsandboxed = {}
-    for name, run in zip(list(checks), runs):
-        if run.problem:
-            raise KitError(f"{name} cannot be graded here: in the sandbox, {run.problem}")
-        unsandboxed[name] = [t for t in checks[name] if run.outcomes.get(t) != "passed"]
-        checks[name] = [t for t in checks[name] if t not in unsandboxed[name]]
-        if not checks[name]:
-            raise KitError(f"no test of {name}'s check passes with its function in the sandbox")
-    return unsandboxed
-
-
 WRONG_BODIES = ("zeros", "perturbed", "inputs")  # grading_child.WrongBody's
-
-
-def measuring_tests(
-    reference: str, tests: str, checks: Dict[str, List[str]], layout: Layout
-) -> Dict[str, List[str]]:
-    """Each check's tests that every wrong body fails: what partial credit counts."""
-    jobs = [(name, kind) for name in checks for kind in WRONG_BODIES]
-    runs = run_many(
-        [(reference, tests, checks[n], None, None, layout, None, (n, kind)) for n, kind in jobs]
-    )
-    measured = {name: list(tests) for name, tests in checks.items()}
-    for (name, _), run in zip(jobs, runs):
-        if not run.problem:  # a wrong body that stops the tests says nothing of them
-            measured[name] = [t for t in measured[name] if run.outcomes.get(t) != "passed"]
-    return measured
 
 
 def base_name(node_id: str) -> str:
@@ -1094,8 +1015,32 @@ def make_assignment(
     left_out = {"torch.compile": compile_tests(tests), "by the teacher": sorted(leave_out or [])}
     all_left_out = left_out["torch.compile"] + left_out["by the teacher"]
     checks, versions = compute_checks(reference, tests, names, only, all_left_out, layout)
-    unsandboxed = sandbox_checks(reference, tests, checks, layout)
-    measured = measuring_tests(reference, tests, checks, layout)
+    # out of each check, the tests that fail with the original's own function in the sandbox
+    boxes = {n: StudentSandbox({n: reference}, layout, TIMEOUT_S) for n in names}
+    try:
+        runs = run_many(
+            [(reference, tests, checks[n], None, None, layout, Graded(n, boxes[n])) for n in names]
+        )
+    finally:
+        for box in boxes.values():
+            box.close()
+    unsandboxed = {}
+    for name, run in zip(names, runs):
+        if run.problem:
+            raise KitError(f"{name} cannot be graded here: in the sandbox, {run.problem}")
+        unsandboxed[name] = failing(run, checks[name])
+        checks[name] = [t for t in checks[name] if t not in unsandboxed[name]]
+        if not checks[name]:
+            raise KitError(f"no test of {name}'s check passes with its function in the sandbox")
+    # what partial credit counts: the tests of each check that every wrong body fails
+    jobs = [(name, kind) for name in names for kind in WRONG_BODIES]
+    runs = run_many(
+        [(reference, tests, checks[n], None, None, layout, None, (n, kind)) for n, kind in jobs]
+    )
+    measured = dict(checks)
+    for (name, _), run in zip(jobs, runs):
+        if not run.problem:  # a wrong body that stops the tests says nothing of them
+            measured[name] = failing(run, measured[name])
     hidden = set(hidden_tests(tests))
     exercises = [
         Check(
@@ -1110,8 +1055,7 @@ def make_assignment(
     ]
     files = {layout.module: reference, layout.tests: tests, **layout.support}
     for path, text in files.items():
-        (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_text(text, encoding="utf-8")
+        write(folder / path, text)
     record = {
         "format": FORMAT,
         "exercises": [c._asdict() for c in exercises],
@@ -1124,7 +1068,7 @@ def make_assignment(
         "tests": layout.tests,
         "sha256": {path: digest(text) for path, text in files.items()},  # its files, all of them
     }
-    (folder / "assignment.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write(folder / "assignment.json", json.dumps(record, indent=1) + "\n")
     return load_assignment(folder)
 
 
@@ -1258,7 +1202,6 @@ class Prepared(NamedTuple):
     refused: str  # why the whole file is refused ("" if it is not)
     refusals: Dict[str, str]  # exercise -> why it alone is refused
     spliced: Dict[str, str]  # exercise -> the original with the student's function put in
-    began: float
 
 
 # Python 3.11's ast is not safe in two threads at once ("SystemError: AST constructor recursion
@@ -1268,7 +1211,6 @@ PARSING = threading.Lock()
 
 def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> Prepared:
     """A submission read, audited (unless --no-audit) and each accepted exercise spliced."""
-    began = time.monotonic()
     names = [c.name for c in assignment.exercises]
     with PARSING:
         try:
@@ -1279,7 +1221,7 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
                 found = functions(parse(text, "the submission"))
                 refusals = {n: f"it has no function {n}" for n in names if n not in found}
         except (KitError, audit.Refusal) as e:
-            return Prepared(str(submission), str(e), {}, {}, began)
+            return Prepared(str(submission), str(e), {}, {})
         spliced = {}
         for name in names:
             if name not in refusals:
@@ -1287,7 +1229,7 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
                     spliced[name] = splice(assignment.reference, text, name)
                 except KitError as e:
                     refusals[name] = str(e)
-    return Prepared(str(submission), "", refusals, spliced, began)
+    return Prepared(str(submission), "", refusals, spliced)
 
 
 def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float) -> Dict[str, Run]:
@@ -1298,8 +1240,7 @@ def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float)
             try:
                 box.start()
             except SandboxFailed as e:
-                run = Run([], {}, {}, str(e), {}, 0.0, regrade=True)
-                return {name: run for name in prepared.spliced}
+                return dict.fromkeys(prepared.spliced, Run([], {}, {}, str(e), {}, 0, regrade=True))
             Zygote.ensure()
         return {
             c.name: run_tests(
@@ -1321,16 +1262,14 @@ def score(check: Check, run: Run, partial: bool) -> Grade:
     """All of an exercise's points when its whole check passes; none when its run is worth
     nothing. partial: none when a measuring test fails (the values are wrong), else the share
     of its tests that pass; where no test measures, all or nothing."""
-    failures = [
-        (t, run.messages.get(t, "")) for t in check.tests if run.outcomes.get(t) != "passed"
-    ]
-    failed = {t for t, _ in failures}
+    failed = failing(run, check.tests)
     if run.problem:
         points = 0.0
-    elif partial and failed and check.measured and not failed & {*check.measured}:
+    elif partial and failed and check.measured and not set(failed) & set(check.measured):
         points = check.points * (len(check.tests) - len(failed)) / len(check.tests)
     else:
-        points = 0.0 if failures else check.points
+        points = 0.0 if failed else check.points
+    failures = [(t, run.messages.get(t, "")) for t in failed]
     return Grade(
         check.name,
         check.points,
@@ -1355,26 +1294,24 @@ def grade_class(
     """Each student's submission (student -> path) graded, side by side, one per core: each
     exercise alone, its refusal or its run; graded(student, grading) as each one ends."""
     partial = assignment.partial if partial is None else partial
-    prepared = {
-        student: prepare(path, assignment, audited) for student, path in submissions.items()
-    }
+
+    def graded_alone(path: Path) -> Grading:
+        began = time.monotonic()
+        ready = prepare(path, assignment, audited)
+        runs = run_submission(ready, assignment, timeout_s or assignment.timeout_s)
+        grades = []
+        for c in assignment.exercises:
+            why = ready.refusals.get(c.name, ready.refused)
+            refused = Grade(c.name, c.points, 0.0, c.tests, c.hidden, [], "", why)
+            grades.append(score(c, runs[c.name], partial) if c.name in runs else refused)
+        return Grading(ready.submission, grades, ready.refused, partial, time.monotonic() - began)
+
     gradings = {}
     with ThreadPoolExecutor(max_workers=workers()) as pool:
-        futures = {
-            pool.submit(run_submission, ready, assignment, timeout_s or assignment.timeout_s): who
-            for who, ready in prepared.items()
-        }
+        futures = {pool.submit(graded_alone, path): who for who, path in submissions.items()}
         for future in as_completed(futures):
-            who = futures[future]
-            ready, runs = prepared[who], future.result()
-            grades = []
-            for c in assignment.exercises:
-                why = ready.refusals.get(c.name, ready.refused)
-                refused = Grade(c.name, c.points, 0.0, c.tests, c.hidden, [], "", why)
-                grades.append(score(c, runs[c.name], partial) if c.name in runs else refused)
-            seconds = time.monotonic() - ready.began
-            gradings[who] = Grading(ready.submission, grades, ready.refused, partial, seconds)
-            graded(who, gradings[who])
+            gradings[futures[future]] = future.result()
+            graded(futures[future], gradings[futures[future]])
     return {student: gradings[student] for student in submissions}
 
 
@@ -1392,10 +1329,9 @@ def grade(
 def failed_most(gradings: List[Grading]) -> List[Tuple[str, int]]:
     """Each test that failed for some student, with how many, most first (runs worth nothing
     left out)."""
-    counts: Dict[str, int] = {}  # a test counts once a student, whichever checks hold it
+    counts = collections.Counter()  # a test counts once a student, whichever checks hold it
     for grading in gradings:
-        for test in {t for g in grading.grades if not g.problem for t, _ in g.failures}:
-            counts[test] = counts.get(test, 0) + 1
+        counts.update({t for g in grading.grades if not g.problem for t, _ in g.failures})
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
@@ -1430,18 +1366,15 @@ def summary(grade: Grade) -> str:
 def failure_lines(grade: Grade, hidden: bool) -> List[str]:
     """The failing tests (the hidden ones, or the others) with the first line of why, those
     that share it on one line; none where the run is worth nothing."""
-    if grade.problem:
-        return []
     reasons: Dict[str, List[str]] = {}
-    for test, message in grade.failures:
+    for test, message in [] if grade.problem else grade.failures:
         if (test in grade.hidden) == hidden:
             reasons.setdefault(message, []).append(short(test))
     # a test's own words first ("AssertionError: mem should hold ..."), then bare assertions and
     # errors raised on the way (a shape error deep in the model), each in file order
     worded = [m for m in reasons if m.startswith("AssertionError: ") and "assert " not in m[:24]]
-    ordered = worded + [m for m in reasons if m not in worded]
     lines = []
-    for message in ordered[:SHOWN_FAILURES]:
+    for message in (worded + [m for m in reasons if m not in worded])[:SHOWN_FAILURES]:
         tests = reasons[message]
         more = f" and {len(tests) - 2} more" if len(tests) > 3 else ""
         lines.append(f"{', '.join(tests[:2] if more else tests)}{more}: {message}")
@@ -1480,12 +1413,13 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
 
     def entry(name, score, points, passed, output, visibility="visible"):
         status = "passed" if passed else "failed"
+        output = shown(output)
         return dict(
             name=name,
             score=score,
             max_score=points,
             status=status,
-            output=shown(output),
+            output=output,
             visibility=visibility,
         )
 

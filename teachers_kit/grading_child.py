@@ -1,8 +1,7 @@
 """The test process of the teachers' kit: pytest on the teacher's files in a folder of its own,
 its outcomes sent to the grader as one JSON record; to grade an exercise, its function a proxy to
 the worker (sandbox.py): this process, which decides, never runs a line of a submission.
-
-    python grading_child.py FD     forks a run for each job the grader sends on the socket FD
+`python grading_child.py FD` forks a run for each job the grader sends on the socket FD.
 """
 
 import gc
@@ -128,14 +127,6 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
     return record
 
 
-def report(report_fd: int, control: dict, sandbox_fd: Optional[int]) -> None:
-    """This process's id (the grader kills its group at its limit), then the record."""
-    with os.fdopen(report_fd, "w", encoding="utf-8") as channel:
-        channel.write(f"{os.getpid()}\n")
-        channel.flush()
-        channel.write(json.dumps(run(control, sandbox_fd)))
-
-
 # ---------------------------------------------------------------- the zygote ----------------------
 
 
@@ -176,7 +167,11 @@ def serve(socket_fd: int) -> int:
                 sys.path[0] = job["folder"]
                 os.environ["TMPDIR"] = os.path.join(job["folder"], "tmp")  # the run's own
                 tempfile.tempdir = None
-                report(fds[0], job["control"], fds[2] if len(fds) > 2 else None)
+                # this process's id first (the grader kills its group at its limit), then the record
+                with os.fdopen(fds[0], "w", encoding="utf-8") as channel:
+                    channel.write(f"{os.getpid()}\n")
+                    channel.flush()
+                    channel.write(json.dumps(run(job["control"], fds[2] if len(fds) > 2 else None)))
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
