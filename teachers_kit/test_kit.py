@@ -1764,6 +1764,30 @@ def test_nothing_outlives_its_exercise_or_its_submission_on_any_channel(monkeypa
         assert not uid_processes(uid)
 
 
+def test_an_exercise_folder_whose_permissions_were_taken_is_emptied_all_the_same():
+    """A worker that takes its folders' permissions away (chmod 000, the temporary folder itself
+    too) leaves nothing in them for the next exercise of its uid: each is made ours again before
+    it is listed."""
+    if os.geteuid() != 0:
+        pytest.skip("a uid of the kit's own needs root")
+    uid = grading.SANDBOX_UIDS[-1]
+    folder = Path(tempfile.mkdtemp())  # in /tmp, which the uid can reach (pytest's tmp_path not)
+    (folder / "hidden" / "deeper").mkdir(parents=True)
+    (folder / "hidden" / "deeper" / "answer.txt").write_text("42")
+    (folder / "link").symlink_to("/etc")
+    for path in (folder / "hidden" / "deeper", folder / "hidden", folder):
+        os.chown(path, uid, uid)
+        os.chmod(path, 0)
+    os.chown(folder / "hidden" / "deeper" / "answer.txt", uid, uid)
+    try:
+        sandbox.end_others(str(folder), uid)
+        os.chmod(folder, 0o700)
+        assert list(folder.iterdir()) == [] and Path("/etc/passwd").exists()
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", folder], check=False)
+        shutil.rmtree(folder)
+
+
 HOG = """
 import time
 
