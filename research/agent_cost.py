@@ -2,7 +2,7 @@
 (docs/AGENT.md, the costs).
 
     python -m research.agent_cost                 # d_model 128, n_s 32, n_m 64, n_cm 32, batch 16
-    python -m research.agent_cost --rounds 15 --batch 32
+    python -m research.agent_cost --rounds 15
 
 Full memories, dropout 0, the same layers and weights; each call timed as this thread's CPU time
 (which a busy machine disturbs least), in alternation; medians of the rounds and of their ratios.
@@ -26,26 +26,17 @@ RATIOS = [
 ]
 
 
-def parse_args(argv):
-    p = parser("agent_cost", __doc__)
-    p.add_argument("--d-model", type=positive, default=128, help="the width of both models")
-    p.add_argument("--n-heads", type=positive, default=4, help="attention heads")
-    p.add_argument("--seq-len", type=positive, default=32, help="n_s")
-    p.add_argument("--mem-len", type=positive, default=64, help="n_m")
-    p.add_argument("--c-mem-len", type=positive, default=32, help="n_cm")
-    p.add_argument("--batch", type=positive, default=16, help="environments")
-    p.add_argument("--rounds", type=positive, default=9, help="alternating timed rounds")
-    return p.parse_args(argv)
+SIZES = dict(d_model=128, n_heads=4, seq_len=32, mem_len=64, c_mem_len=32)  # of both models
+BATCH = 16  # environments
 
 
-def measure(args) -> dict:
+def measure(rounds: int) -> dict:
     """{name: [ms of each round]}: acting (the mean of n_s steps, a segment's end among them), the
     same projecting every slot again, compressive.py's one-token call (hidden_states: AgentCore
     takes vectors), the update's n_s steps and compressive.py's n_s-token call, with backward."""
     torch.manual_seed(0)
-    sizes = {k: getattr(args, k) for k in ("d_model", "n_heads", "seq_len", "mem_len", "c_mem_len")}
-    cfg = CompressiveConfig(n_layers=2, d_ff=4 * args.d_model, **sizes)
-    B, n_s, d = args.batch, cfg.seq_len, cfg.d_model
+    cfg = CompressiveConfig(n_layers=2, d_ff=4 * SIZES["d_model"], **SIZES)
+    B, n_s, d = BATCH, cfg.seq_len, cfg.d_model
     core, paper = AgentCore(cfg), CompressiveTransformer(cfg)
     paper.load_state_dict(core.state_dict(), strict=False)  # the same layers
     memory, paper_memory = core.empty_memory(B), None
@@ -81,7 +72,7 @@ def measure(args) -> dict:
     }
     for run in calls.values():  # warm up
         run()
-    times = alternate(calls, args.rounds, clock=time.thread_time)
+    times = alternate(calls, rounds, clock=time.thread_time)
     return {
         name: [1000 * t / (n_s if name.startswith("acting") else 1) for t in seconds]
         for name, seconds in times.items()
@@ -89,14 +80,16 @@ def measure(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    p = parser("agent_cost", __doc__)
+    p.add_argument("--rounds", type=positive, default=9, help="alternating timed rounds")
+    args = p.parse_args(argv)
     with one_thread():
-        times = measure(args)
+        times = measure(args.rounds)
     for name, ms in times.items():
         print(f"{name:30s} {statistics.median(ms):8.2f} ms")
     for a, b in RATIOS:
         print(f"{a} / {b}: {statistics.median(x / y for x, y in zip(times[a], times[b])):.2f}")
-    print(f"(torch {torch.__version__}, 1 thread, {args.rounds} rounds, batch {args.batch})")
+    print(f"(torch {torch.__version__}, 1 thread, {args.rounds} rounds, batch {BATCH})")
     return 0
 
 

@@ -2,9 +2,9 @@
 
     python -m research.cue                       # about 30 s on 2 idle cores
 
-Episodes back to back: a cue, MIN_BLANKS to --max-blanks blank steps, a query that must name it.
-Trained on unrolls of UNROLL steps, `starts` marking each episode's first step, memory carried;
-then it acts one step a call (docs/AGENT.md).
+Episodes back to back: a cue, MIN_BLANKS to MAX_BLANKS blank steps, a query that must name it.
+Trained on UNROLLS unrolls of UNROLL steps, `starts` marking each episode's first step, memory
+carried; then it acts one step a call (docs/AGENT.md).
 """
 
 import sys
@@ -13,10 +13,12 @@ import time
 import torch
 
 from compressive import CompressiveConfig
-from research import parser, positive
+from research import parser
 from research.ppo_cue import QUERY, Agent, CueEnvs, act, supervised_step
 
-MIN_BLANKS, UNROLL = 20, 32  # the fewest blank steps after a cue; steps per training call
+MIN_BLANKS, MAX_BLANKS = 20, 180  # blank steps after a cue
+UNROLL, UNROLLS = 32, 800  # steps per training call, and the calls
+ENVS, EVAL_STEPS = 16, 3000  # environments run in parallel; steps acted to evaluate
 
 
 def episodes(envs: CueEnvs, length: int):
@@ -36,32 +38,19 @@ def episodes(envs: CueEnvs, length: int):
     return observations, starts, targets, cue_steps
 
 
-def parse_args(argv):
-    p = parser("cue", __doc__)
-    p.add_argument("--unrolls", type=positive, default=800, help="training unrolls")
-    p.add_argument("--eval-steps", type=positive, default=3000, help="steps acted to evaluate")
-    p.add_argument("--envs", type=positive, default=16, help="environments run in parallel")
-    p.add_argument("--max-blanks", type=int, default=180, help="most blank steps after a cue")
-    args = p.parse_args(argv)
-    if args.max_blanks < MIN_BLANKS:
-        p.error(f"--max-blanks must be >= {MIN_BLANKS}, the fewest blank steps after a cue")
-    return args
-
-
-def cue_envs(args, seed: int) -> CueEnvs:
-    generator = torch.Generator().manual_seed(seed)
-    return CueEnvs(args.envs, MIN_BLANKS + 1, args.max_blanks + 1, generator)
+def cue_envs(seed: int) -> CueEnvs:
+    return CueEnvs(ENVS, MIN_BLANKS + 1, MAX_BLANKS + 1, torch.Generator().manual_seed(seed))
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    parser("cue", __doc__).parse_args(argv)
     torch.manual_seed(0)
     # segments of n_s = 64 steps, n_m = 64 memories and n_cm = 32 compressed ones of c = 4: a
     # step sees its segment's steps so far, the 64 before them and 128 more through c_mem
     cfg = CompressiveConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, mem_len=64, c_mem_len=32)
     agent = Agent(cfg, value=False)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
-    stream = episodes(cue_envs(args, seed=0), args.unrolls * UNROLL)[:3]
+    stream = episodes(cue_envs(seed=0), UNROLLS * UNROLL)[:3]
     memory, began = None, time.time()
     for unroll, (x, starts, y) in enumerate(zip(*(t.split(UNROLL, 1) for t in stream)), 1):
         loss, memory = supervised_step(agent, optimizer, x, y, memory, starts)
@@ -70,7 +59,7 @@ def main(argv=None) -> int:
 
     # act on new episodes, one step at a time
     agent.eval()
-    observations, starts, targets, cue_steps = episodes(cue_envs(args, seed=1), args.eval_steps)
+    observations, starts, targets, cue_steps = episodes(cue_envs(seed=1), EVAL_STEPS)
     answers = act(agent, observations, starts).argmax(dim=-1)
     env, query = targets.ne(-100).nonzero(as_tuple=True)
     right = answers[env, query].eq(targets[env, query]).float()

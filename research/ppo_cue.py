@@ -18,10 +18,13 @@ import torch.nn.functional as F
 
 from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig
-from research import made_with, parser, plot_curves, positive
+from research import made_with, parser, plot_curves
 
 N_CUES, BLANK, QUERY = 4, 4, 5  # the observations: a cue 0-3, a blank step, the query
-MINIBATCHES = 2  # of environments, in each pass over a rollout
+ENVS, MINIBATCHES = 16, 2  # environments, split in minibatches for each pass over a rollout
+ROLLOUT, EPOCHS = 32, 4  # steps acted per rollout; passes over each
+MIN_DELAY, MAX_DELAY = 40, 100  # blank steps after the cue
+ITERATIONS, REPORT = 300, 25  # rollouts and updates a seed; a point of its curve every REPORT
 
 
 class CueEnvs:
@@ -105,26 +108,7 @@ def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.
     return advantages
 
 
-def parse_args(argv):
-    p = parser("ppo_cue", __doc__)
-    p.add_argument("--iterations", type=positive, default=300, help="rollouts and updates a seed")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run each")
-    p.add_argument("--envs", type=positive, default=16, help="environments (an even number)")
-    p.add_argument("--rollout", type=positive, default=32, help="steps acted per rollout")
-    p.add_argument("--min-delay", type=int, default=40, help="fewest blank steps after the cue")
-    p.add_argument("--max-delay", type=int, default=100, help="most blank steps after the cue")
-    p.add_argument("--epochs", type=positive, default=4, help="passes over each rollout")
-    p.add_argument("--report", type=positive, default=25, help="print every this many iterations")
-    p.add_argument("--plot", default=None, help="a PNG of the return curves")
-    args = p.parse_args(argv)
-    if args.envs % MINIBATCHES:
-        p.error(f"--envs must be a multiple of {MINIBATCHES} (the minibatches of each pass)")
-    if not 0 <= args.min_delay <= args.max_delay:
-        p.error("--min-delay and --max-delay must satisfy 0 <= min <= max")
-    return args
-
-
-def train(args, seed: int):
+def train(seed: int):
     """One seed of PPO: the curve [(iteration, mean return since the last report, episodes)] and,
     for each update before its first step, (max |log ratio|, the fraction outside the clip)."""
     torch.manual_seed(seed)
@@ -135,11 +119,11 @@ def train(args, seed: int):
     )
     agent = Agent(cfg)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
-    envs = CueEnvs(args.envs, args.min_delay, args.max_delay, torch.Generator().manual_seed(seed))
-    clip, B, T = 0.2, args.envs, args.rollout
+    envs = CueEnvs(ENVS, MIN_DELAY, MAX_DELAY, torch.Generator().manual_seed(seed))
+    clip, B, T = 0.2, ENVS, ROLLOUT
     memory, start = agent.core.empty_memory(B), torch.ones(B, dtype=torch.bool)
     curve, exactness, returns = [], [], []
-    for iteration in range(1, args.iterations + 1):
+    for iteration in range(1, ITERATIONS + 1):
         # act: one step per call, the memory carried; the update starts from this memory
         at_start = memory
         observations, actions = torch.zeros(2, B, T, dtype=torch.long)
@@ -170,7 +154,7 @@ def train(args, seed: int):
             log_ratio = torch.distributions.Categorical(logits=logits).log_prob(actions) - logprobs
             outside = ((log_ratio.exp() - 1).abs() > clip).float().mean()
             exactness.append((log_ratio.abs().max().item(), outside.item()))
-        for _ in range(args.epochs):
+        for _ in range(EPOCHS):
             for rows in torch.randperm(B).chunk(MINIBATCHES):
                 logits, value, _, recon_loss = agent(
                     observations[rows], at_start.take(rows), starts[rows]
@@ -186,18 +170,21 @@ def train(args, seed: int):
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
                 optimizer.step()
-        if iteration % args.report == 0:
+        if iteration % REPORT == 0:
             curve.append((iteration, sum(returns) / max(len(returns), 1), len(returns)))
             returns = []
     return curve, exactness
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    p = parser("ppo_cue", __doc__)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run each")
+    p.add_argument("--plot", default=None, help="a PNG of the return curves")
+    args = p.parse_args(argv)
     results = {}
     for seed in args.seeds:
         began = time.time()
-        curve, exactness = train(args, seed)
+        curve, exactness = train(seed)
         results[seed] = curve
         worst, clipped = (max(column) for column in zip(*exactness))
         print(
@@ -208,17 +195,17 @@ def main(argv=None) -> int:
             flush=True,
         )
     if args.plot:
-        plot(results, args)
+        plot(results, args.plot)
     return 0
 
 
-def plot(results, args) -> None:
-    """The return curves {seed: curve}, one line a seed, into args.plot."""
+def plot(results, path: str) -> None:
+    """The return curves {seed: curve}, one line a seed, into path."""
     curves = [(f"seed {seed}", *list(zip(*curve))[:2], {}) for seed, curve in results.items()]
     seeds = " ".join(str(seed) for seed in results)
     caption = f"python -m research.ppo_cue --seeds {seeds}; {made_with()}, CPU"
-    xlabel = f"iteration ({args.envs} envs x {args.rollout} steps)"
-    plot_curves(curves, args.plot, xlabel, "return per episode", 1 / N_CUES, caption)
+    xlabel = f"iteration ({ENVS} envs x {ROLLOUT} steps)"
+    plot_curves(curves, path, xlabel, "return per episode", 1 / N_CUES, caption)
 
 
 if __name__ == "__main__":

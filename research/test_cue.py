@@ -22,8 +22,8 @@ def test_episodes_hold_a_cue_at_each_start_and_its_query_after_the_blanks():
             assert (observations[env, step + 1 : query] == ppo_cue.BLANK).all()
 
 
-def test_the_command_trains_then_acts_and_reports_its_accuracy(capsys):
-    assert (
-        cue.main(["--unrolls", "3", "--eval-steps", "60", "--envs", "2", "--max-blanks", "30"]) == 0
-    )
+def test_the_command_trains_then_acts_and_reports_its_accuracy(capsys, monkeypatch):
+    for name, small in (("UNROLLS", 3), ("EVAL_STEPS", 60), ("ENVS", 2), ("MAX_BLANKS", 30)):
+        monkeypatch.setattr(cue, name, small)
+    assert cue.main([]) == 0
     assert "accuracy" in capsys.readouterr().out

@@ -23,13 +23,14 @@ def test_an_episode_shows_its_cue_then_blanks_then_asks_and_rewards_the_cue_alon
     assert all((s[~done] == ppo_cue.BLANK).all() for s in seen[1:-1])
 
 
-def test_every_update_starts_from_the_actor_s_policy(capsys):
-    flags = ["--iterations", "2", "--report", "1", "--envs", "4", "--rollout", "8"]
-    flags += ["--epochs", "1", "--seeds", "0", "--min-delay", "3", "--max-delay", "6"]
-    curve, exactness = ppo_cue.train(ppo_cue.parse_args(flags), seed=0)
+def test_every_update_starts_from_the_actor_s_policy(capsys, monkeypatch):
+    small = dict(ITERATIONS=2, REPORT=1, ENVS=4, ROLLOUT=8, EPOCHS=1, MIN_DELAY=3, MAX_DELAY=6)
+    for name, value in small.items():
+        monkeypatch.setattr(ppo_cue, name, value)
+    curve, exactness = ppo_cue.train(seed=0)
     assert len(curve) == 2 and len(exactness) == 2
     assert all(worst < 1e-5 and outside == 0 for worst, outside in exactness)
-    assert ppo_cue.main(flags) == 0
+    assert ppo_cue.main(["--seeds", "0"]) == 0
     assert "largest fraction outside the clip range 0.000" in capsys.readouterr().out
 
 
@@ -37,6 +38,5 @@ def test_every_update_starts_from_the_actor_s_policy(capsys):
 def test_the_plot_of_the_curves_is_a_png(fresh_pyplot, tmp_path):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     path = tmp_path / "curves.png"
-    args = ppo_cue.parse_args(["--envs", "4", "--plot", str(path)])
-    ppo_cue.plot({0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}, args)
+    ppo_cue.plot({0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}, str(path))
     assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

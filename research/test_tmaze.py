@@ -48,10 +48,13 @@ def test_slots_and_reach_of_the_three_memories():
     assert sizes == {"compressive": (32, 80), "xl-slots": (32, 32), "xl-reach": (80, 80)}
 
 
-def test_the_command_trains_acts_and_prints_its_table(capsys):
-    flags = ["--seeds", "0", "--batches", "2", "--batch", "4", "--eval-every", "1"]
-    flags += ["--eval-episodes", "4", "--d-model", "16", "--min-gap", "4", "--max-gap", "20"]
-    assert tmaze.main(flags) == 0
+def test_the_command_trains_acts_and_prints_its_table(capsys, monkeypatch):
+    small = dict(
+        BATCHES=2, BATCH=4, EVAL_EVERY=1, EVAL_EPISODES=4, D_MODEL=16, MIN_GAP=4, MAX_GAP=20
+    )
+    for name, value in small.items():
+        monkeypatch.setattr(tmaze, name, value)
+    assert tmaze.main(["--seeds", "0"]) == 0
     out = capsys.readouterr().out
     for memory in tmaze.MEMORIES:
         assert f"| {memory} | 0 |" in out
@@ -59,6 +62,6 @@ def test_the_command_trains_acts_and_prints_its_table(capsys):
 
 def test_bad_flags_get_one_error_line(capsys):
     with pytest.raises(SystemExit) as exit_:
-        tmaze.main(["--eval-episodes", "3"])
+        tmaze.main(["--jobs", "0"])
     assert exit_.value.code != 0
-    assert "--eval-episodes must be even" in capsys.readouterr().err
+    assert "argument --jobs: must be >= 1" in capsys.readouterr().err

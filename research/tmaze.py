@@ -3,7 +3,7 @@
 
     python -m research.tmaze --seeds 0 1 2 --jobs 2 --plot docs/tmaze.png
 
-A cue, a corridor of distractors, a query --min-gap to --max-gap steps on that must name the cue;
+A cue, a corridor of distractors, a query MIN_GAP to MAX_GAP steps on that must name the cue;
 three one-layer memories (MEMORIES), trained supervised, then acting one step per call. Each run
 on one thread; --jobs runs that many at a time, in processes of their own.
 """
@@ -23,6 +23,9 @@ QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-
 
 # n_s = 16 for all three; (n_m, n_cm) of each memory, c = 4
 MEMORIES = {"compressive": (16, 16), "xl-slots": (32, 0), "xl-reach": (80, 0)}
+MIN_GAP, MAX_GAP = 48, 95  # steps from the cue to the query
+D_MODEL, BATCHES, BATCH = 32, 2000, 64  # the agents' width; training batches of BATCH episodes
+EVAL_EVERY, EVAL_EPISODES = 25, 512  # batches between checks on the held-out episodes (even)
 SOLVED = 0.95  # held-out accuracy that counts as having learned the task
 STYLES = ["-", "--", ":", "-."]  # the seeds' lines
 
@@ -63,33 +66,33 @@ def accuracy(logits, targets) -> float:
     return logits.argmax(dim=-1)[asked].eq(targets[asked]).float().mean().item()
 
 
-def run(args, memory_kind: str, seed: int):
+def run(memory_kind: str, seed: int):
     """One memory and seed on one thread: held-out curve, one-step acting, CPU s, slots, reach."""
     torch.manual_seed(seed)
-    cfg = config(memory_kind, args.d_model)
+    cfg = config(memory_kind, D_MODEL)
     agent = make_agent(cfg)
     optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     train_data = torch.Generator().manual_seed(seed)
     held_out = episodes(
-        args.eval_episodes, args.min_gap, args.max_gap, torch.Generator().manual_seed(10_000 + seed)
+        EVAL_EPISODES, MIN_GAP, MAX_GAP, torch.Generator().manual_seed(10_000 + seed)
     )
     curve, seconds = [], 0.0
     with one_thread():
-        for batch in range(1, args.batches + 1):
-            observations, targets = episodes(args.batch, args.min_gap, args.max_gap, train_data)
+        for batch in range(1, BATCHES + 1):
+            observations, targets = episodes(BATCH, MIN_GAP, MAX_GAP, train_data)
             began = time.process_time()
             agent.train()
             ppo_cue.supervised_step(agent, optimizer, observations, targets)
             seconds += time.process_time() - began
-            if batch % args.eval_every == 0 or batch == args.batches:
+            if batch % EVAL_EVERY == 0 or batch == BATCHES:
                 agent.eval()
                 with torch.no_grad():
                     curve.append((batch, accuracy(agent(held_out[0])[0], held_out[1])))
         # acting one step per call, each row two held-out episodes, the second begun by starts
-        half = args.eval_episodes // 2
+        half = EVAL_EPISODES // 2
         stream, asked = (torch.cat([t[:half], t[half : 2 * half]], dim=1) for t in held_out)
         starts = torch.zeros_like(stream, dtype=torch.bool)
-        starts[:, 0] = starts[:, args.max_gap + 1] = True
+        starts[:, 0] = starts[:, MAX_GAP + 1] = True
         agent.eval()
         final = accuracy(ppo_cue.act(agent, stream, starts), asked)
     slots, reach = slots_and_reach(cfg)
@@ -105,37 +108,19 @@ def run(args, memory_kind: str, seed: int):
     }
 
 
-def parse_args(argv):
+def main(argv=None) -> int:
     p = parser("tmaze", __doc__)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run each")
-    p.add_argument("--batches", type=positive, default=2000, help="training batches per run")
-    p.add_argument("--batch", type=positive, default=64, help="episodes per training batch")
-    p.add_argument("--min-gap", type=int, default=48, help="fewest steps from the cue to the query")
-    p.add_argument("--max-gap", type=int, default=95, help="most steps from the cue to the query")
-    p.add_argument("--d-model", type=positive, default=32, help="the agents' width")
-    p.add_argument("--eval-every", type=positive, default=25, help="batches between checks")
-    p.add_argument("--eval-episodes", type=positive, default=512, help="held-out episodes (even)")
     p.add_argument("--jobs", type=positive, default=1, help="runs at a time, one thread each")
     p.add_argument("--plot", default=None, help="a PNG of the held-out accuracy curves")
     args = p.parse_args(argv)
-    if args.eval_episodes % 2:
-        p.error("--eval-episodes must be even (rows play two episodes each)")
-    if args.d_model % 2:
-        p.error("--d-model must be even (two heads)")
-    if not 1 <= args.min_gap <= args.max_gap:
-        p.error("--min-gap and --max-gap must satisfy 1 <= min <= max")
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
     plan = [(memory, seed) for seed in args.seeds for memory in MEMORIES]
     if args.jobs == 1:
-        results = [run(args, memory, seed) for memory, seed in plan]
+        results = [run(memory, seed) for memory, seed in plan]
     else:  # processes of their own, started afresh (no forked torch state)
         spawn = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
-            results = list(pool.map(run, [args] * len(plan), *zip(*plan)))
+            results = list(pool.map(run, *zip(*plan)))
     print_table(
         ["memory", "seed", "slots", "reach", "accuracy (one-step acting)"]
         + [f"first check >= {SOLVED}", "training CPU s"],
@@ -154,11 +139,10 @@ def main(argv=None) -> int:
             curves.append((label, *zip(*r["curve"]), style))
         seeds = " ".join(str(s) for s in args.seeds)
         caption = (
-            f"python -m research.tmaze --seeds {seeds} --batches {args.batches} --jobs "
-            f"{args.jobs}; {made_with()}, each run on one thread, CPU. Cue {args.min_gap}-"
-            f"{args.max_gap} steps back; one layer, d_model {args.d_model}."
+            f"python -m research.tmaze --seeds {seeds} --jobs {args.jobs}; {made_with()}, each run "
+            f"on one thread, CPU. Cue {MIN_GAP}-{MAX_GAP} steps back; one layer, d_model {D_MODEL}."
         )
-        xlabel = f"training batch ({args.batch} episodes)"
+        xlabel = f"training batch ({BATCH} episodes)"
         plot_curves(curves, args.plot, xlabel, "held-out accuracy", 1 / N_CUES, caption)
     return 0
 
