@@ -37,8 +37,7 @@ def parser(name: str, doc: str, training: bool = False) -> argparse.ArgumentPars
 
 
 def task_flags(task: str, doc: str, eval_only: str) -> argparse.ArgumentParser:
-    """The flags of a command that trains on a text of its own: the script's, and --eval-only
-    (its help eval_only) with the ablation flags of evaluate.py."""
+    """The flags of a task with a text of its own: the script's, --eval-only, evaluate.py's cuts."""
     p = parser(task, doc, training=True)
     p.set_defaults(task=task)
     e = p.add_argument_group("--eval-only (on OUT/ckpt.pt)")
@@ -73,8 +72,7 @@ def one_thread():
 
 
 def alternate(calls: dict, rounds: int, clock=time.perf_counter) -> dict:
-    """{name: [seconds of each round]}: one call each a round, the order reversed every other
-    round, so that the machine's noise hits them alike."""
+    """{name: [seconds of each round]}, the order reversed every other round: noise hits alike."""
     times = {name: [] for name in calls}
     for r in range(rounds):
         for name in calls if r % 2 == 0 else reversed(calls):

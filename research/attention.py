@@ -9,7 +9,7 @@ import torch
 
 import train_shakespeare
 from compressive import CompressiveTransformer
-from research import caption, positive, print_table, recall, tasks
+from research import caption, code, positive, print_table, recall
 from training import checkpoint, plots
 from training.checks import UserError, command_flags, exit_status, keep_freed_memory, pick_device
 from training.recorded_attention import recorded_attention
@@ -44,13 +44,9 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
     counted, memory = 0, None
     with recorded_attention(model) as attention:
         for start in range(0, streams.size(1) - cfg.seq_len, cfg.seq_len):
-            full = (
-                memory is not None
-                and memory.mem[0].size(1) == cfg.mem_len
-                and memory.c_mem[0].size(1) == cfg.c_mem_len
-            )
+            held = None if memory is None else (memory.mem[0].size(1), memory.c_mem[0].size(1))
             _, memory, _ = model(streams[:, start : start + cfg.seq_len], memory)
-            if full:  # bucket edges are only comparable once both memories are full
+            if held == (cfg.mem_len, cfg.c_mem_len):  # bucket edges compare once both are full
                 for i, weights in enumerate(attention):
                     buckets = attention_buckets(weights.double(), cfg.c_mem_len, cfg.mem_len)
                     totals[i] += buckets.mean(dim=(0, 1, 2)).cpu()
@@ -87,10 +83,9 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
 
 @torch.no_grad()
 def where_queries_look(model, streams: torch.Tensor, answers) -> None:
-    """Print, per phase and layer, where the '?' of each query held in c_mem looks (mean over
-    heads): on the slot of the fact's digit, on its '='s when another, on all of c_mem; phase
-    "mem": facts held in mem, where digit and '=' have a slot each (a look for the '=' only a
-    fact has shows apart from one at any digit). Full segments only; n_s, n_m multiples of c."""
+    """Print, per phase and layer, where the '?' of each query held in c_mem or (phase "mem") in
+    mem looks; in mem digit and '=' have a slot each, so a look for the '=' only a fact has shows
+    apart from one at any digit. Full segments only; n_s, n_m multiples of c."""
     cfg = model.cfg
     n_s, n_m, c = cfg.seq_len, cfg.mem_len, cfg.compression_rate
     n_streams, length = streams.size(0), streams.size(1) - 1
@@ -124,16 +119,12 @@ def where_queries_look(model, streams: torch.Tensor, answers) -> None:
                     sums[group, layer] += torch.tensor([w[digit], on_marker, w[:n_held].sum()])
                 counts[group] += 1
     if not counts.any():
-        print(
-            "no query held in c_mem or mem was read in full segments: nothing to show of where "
-            "they look"
-        )
+        print("no query held in c_mem or mem was read in a full segment: nothing to show")
         return
     print(
-        "where the '?' of a query held in c_mem looks: its attention (mean over heads) on the "
-        "slot of the fact's digit, on the slot of its '=' when the block boundary parts them "
-        "(phase 0), and on all of c_mem; phase mem: the queries whose fact is held in mem, on "
-        "the digit's slot and on the '='s"
+        "where the '?' of a query held in c_mem looks (mean over heads): on the slot of the fact's "
+        "digit, on its '='s when a block boundary parts them (phase 0), on all of c_mem; phase "
+        "mem: the queries whose fact is held in mem, on the digit's slot and on the '='s"
     )
     rows = []
     for p in (p for p in range(c + 1) if counts[p]):
@@ -159,10 +150,9 @@ def analyze_checkpoint(args) -> None:
     model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):
         raise UserError(
-            "the attention is read over [c_mem; mem; segment] of the compressive, xl and "
-            "vanilla models; this checkpoint holds a Feedback Transformer"
+            "the attention is read over [c_mem; mem; segment]: a Feedback Transformer has none"
         )
-    data, answers = tasks.validation_data(args, ckpt)
+    data, answers = code.validation_text(args, ckpt)
     print(f"validation text: {data.name}")
     streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)
     analyze(model, streams, ckpt["step"], args.out, caption(ckpt, "python -m research.attention"))

@@ -19,7 +19,7 @@ import sysconfig
 
 import evaluate as evaluate_command
 import train_shakespeare
-from research import at_least, copies, task_flags
+from research import at_least, copies, recall, task_flags
 from training import checkpoint, evaluate, files
 from training.checks import UserError, exit_status, keep_freed_memory, one_line, processes
 from training.data import Data, encode
@@ -31,13 +31,6 @@ VOCAB = sorted(
     "\n" + PLACEHOLDER + "".join(ch for ch in string.printable if ch not in "\t\n\r\x0b\x0c")
 )
 EXCLUDED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
-_KEEP = frozenset(VOCAB)
-
-
-def normalise(text: str) -> str:
-    """The fixed alphabet: "\\n" line ends, 8-column tab stops, anything outside it PLACEHOLDER."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n").expandtabs(8)
-    return "".join(ch if ch in _KEEP else PLACEHOLDER for ch in text)
 
 
 def is_validation(relative_path: str) -> bool:
@@ -45,38 +38,35 @@ def is_validation(relative_path: str) -> bool:
     return hashlib.sha256(relative_path.encode()).digest()[0] < 26
 
 
-def source_files(root: str):
-    """The library's .py files ('/'-separated, sorted): no tests, third-party code, caches, the
-    build's config-* or the _sysconfigdata_* module (it differs between machines)."""
-    found = []
+@functools.lru_cache(maxsize=2)
+def load(root: str):
+    """(train text, val text, manifest) of the library under root, a file after "# file: PATH",
+    in the fixed alphabet: "\\n" line ends, 8-column tab stops, anything outside it PLACEHOLDER."""
+    paths = []  # the .py files, '/'-separated: no tests, third-party code, caches, the build's
+    # config-* or the _sysconfigdata_* module (it differs between machines)
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [
             s for s in subfolders if s not in EXCLUDED_FOLDERS and not s.startswith("config-")
         ]
         for name in names:
             if name.endswith(".py") and not name.startswith("_sysconfigdata_"):
-                found.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/"))
-    return sorted(found)
-
-
-@functools.lru_cache(maxsize=2)
-def load(root: str):
-    """(train text, val text, manifest) of the library under root, a file after "# file: PATH"."""
-    paths = source_files(root)
+                paths.append(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/"))
+    paths.sort()
     if not paths:
         raise UserError(
             f"no Python sources under {root}: this interpreter was installed without "
             f"its standard library's .py files, so the code corpus has nothing to read"
         )
-    parts = {"train": [], "val": []}
+    parts, keep = {"train": [], "val": []}, frozenset(VOCAB)
     for path in paths:
         try:
             with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
                 text = f.read()
         except OSError as e:
             raise UserError(f"cannot read {path} in {root} ({one_line(e)})") from None
-        split = "val" if is_validation(path) else "train"
-        parts[split].append(normalise(f"# file: {path}\n{text.rstrip()}\n\n"))
+        text = f"# file: {path}\n{text.rstrip()}\n\n".replace("\r\n", "\n").replace("\r", "\n")
+        text = "".join(ch if ch in keep else PLACEHOLDER for ch in text.expandtabs(8))
+        parts["val" if is_validation(path) else "train"].append(text)
     texts = {split: "".join(chunks) for split, chunks in parts.items()}
     if not texts["train"] or not texts["val"]:
         raise UserError(
@@ -153,20 +143,24 @@ def train(args) -> dict:
     return metrics
 
 
-def validation_text(args, ckpt: dict, load_own=load_data):
-    """A checkpoint's validation text: the script's (--data where given), or load_own's."""
-    if ckpt["args"].get("task", "shakespeare") == "shakespeare":
-        return load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"])
+def validation_text(args, ckpt: dict):
+    """(Data, answers) of a checkpoint's validation text: the script's (--data where given), the
+    recall task's with its queries, or this corpus's; answers None but on the recall task."""
+    task = ckpt["args"].get("task", "shakespeare")
+    if task == "shakespeare":
+        return load_text(args, vocab=ckpt["vocab"], saved_args=ckpt["args"]), None
     if getattr(args, "data", None) is not None:
         by = checkpoint.trained_by(ckpt["args"])
         raise UserError(f"--data: this checkpoint was trained by {by}, which makes its own text")
-    return load_own(args, saved_args=ckpt["args"], need_train=False)
+    if task == "recall":
+        return recall.load_data(args, saved_args=ckpt["args"], need_train=False)
+    return load_data(args, saved_args=ckpt["args"], need_train=False), None
 
 
 def evaluate_checkpoint(args) -> dict:
     """--eval-only: the loss of OUT/ckpt.pt by copy distance, its memory cut where asked."""
     model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("code", "shakespeare"))
-    data = validation_text(args, ckpt)
+    data, _ = validation_text(args, ckpt)
     evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)
     n_s = model.cfg.seq_len
     rows = copies.by_bucket(evaluation.char_losses.cpu(), *geometry(data, args.batch_size, n_s))

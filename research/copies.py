@@ -19,11 +19,12 @@ NGRAM = 13
 EDGES = (64, 96, 192, 1000)
 PLAIN_EDGES = (96, 160, 352, 1000)  # the corpus profile: distances alone, not position-aware
 NEVER = -1
+SPANS = [f"{lo + 1}-{hi}" for lo, hi in zip((0, *EDGES[:-1]), EDGES)]
+BUCKETS = ["segment", *SPANS, f">{EDGES[-1]}", "never"]  # by how far the copy lies beyond
 
 
 def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
-    """[len(text)] int64: for each position p, p - q for the last q < p at which the n-gram ending
-    at p also ended, or NEVER."""
+    """[len(text)]: at p, p - q for the last q < p where the n-gram ending at p ended, or NEVER."""
     distances = [NEVER] * len(text)
     last = {}
     for p in range(n - 1, len(text)):
@@ -35,13 +36,8 @@ def copy_distances(text: str, n: int = NGRAM) -> torch.Tensor:
     return torch.tensor(distances, dtype=torch.long)
 
 
-def bucket_names():
-    spans = [f"{lo + 1}-{hi}" for lo, hi in zip((0, *EDGES[:-1]), EDGES)]
-    return ["segment", *spans, f">{EDGES[-1]}", "never"]
-
-
 def bucket_of(beyond: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
-    """Each character's index into bucket_names()."""
+    """Each character's index into BUCKETS."""
     bucket = 1 + torch.bucketize(beyond, torch.tensor(EDGES), right=False)  # e in (lo, hi] -> span
     bucket = torch.where(beyond <= 0, torch.zeros_like(bucket), bucket)
     return torch.where(distance == NEVER, torch.full_like(bucket, len(EDGES) + 2), bucket)
@@ -70,7 +66,7 @@ def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Te
     bucket = bucket_of(distance - 1 - index, distance)[scored]
     losses = char_losses[scored].double()
     out = {}
-    for k, name in enumerate(bucket_names()):
+    for k, name in enumerate(BUCKETS):
         chosen = bucket == k
         n = int(chosen.sum())
         out[name] = {

@@ -47,9 +47,8 @@ class CueEnvs:
 
     def step(self, action):
         """(reward, done) [n] each; the next observation in self.observation, a new one's first."""
-        at_query = self.observation == QUERY
-        reward = (at_query & (action == self.cue)).float()
-        done = at_query
+        done = self.observation == QUERY
+        reward = (done & (action == self.cue)).float()
         self.left -= 1
         self.observation = torch.where(self.left > 0, BLANK, QUERY)
         self.begin(done)
@@ -75,8 +74,7 @@ class Agent(nn.Module):
 
 
 def supervised_step(agent, optimizer, observations, targets, memory=None, starts=None):
-    """One optimizer step on the cross-entropy at the asked steps (targets -100 elsewhere) plus
-    f_c's reconstruction loss; (that cross-entropy, the memory after)."""
+    """A step on the cross-entropy at the asked steps plus f_c's loss; (that loss, the memory)."""
     logits, memory, recon_loss = agent(observations, memory, starts)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
     loss = loss / targets.ne(-100).sum().clamp(min=1)

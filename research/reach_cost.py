@@ -132,6 +132,7 @@ def measure_pair(models_flags: dict, device, rounds: int) -> dict:
 
 def run(args) -> list:
     """Measure every pair, print the table, draw OUT/reach_cost.png; the rows."""
+    train_shakespeare.check_args(args)
     device = pick_device(args.device)
     if args.model != "compressive" or not (args.mem_len and args.c_mem_len):
         raise UserError(
@@ -215,12 +216,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     keep_freed_memory()
-
-    def command():
-        train_shakespeare.check_args(args)
-        run(args)
-
-    return exit_status(command)
+    return exit_status(lambda: run(args))
 
 
 if __name__ == "__main__":

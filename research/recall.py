@@ -48,13 +48,6 @@ def fraction(text: str) -> float:
     return value
 
 
-def settings(args, saved_args=None) -> dict:
-    """The task's flags as given, else as the checkpoint was trained (saved_args), else defaults."""
-    saved_args = saved_args or {}
-    given = lambda name: [getattr(args, name, None), saved_args.get(name), DEFAULTS[name]]
-    return {name: next(v for v in given(name) if v is not None) for name in DEFAULTS}
-
-
 class RecallText(NamedTuple):
     text: str
     answers: torch.Tensor  # [n_queries, 2]: position of each answer digit, and its distance D
@@ -126,8 +119,10 @@ def answer_targets(ids: torch.Tensor) -> torch.Tensor:
 
 def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool = True):
     """(Data, answers): training text --steps read once (capped), a strand per stream so that the
-    curriculum widens along each; validation text of held-out keys, and its queries."""
-    s = settings(args, saved_args)
+    curriculum widens along each; validation text of held-out keys, and its queries. The task's
+    flags as given, else as the checkpoint was trained (saved_args), else DEFAULTS."""
+    given = lambda name: [getattr(args, name, None), (saved_args or {}).get(name), DEFAULTS[name]]
+    s = {name: next(v for v in given(name) if v is not None) for name in DEFAULTS}
     task = (MIN_DISTANCE, s["max_distance"], FACT_GAP, s["live_facts"])
     train = None
     if need_train:
@@ -152,10 +147,8 @@ def load_data(args, n_train_streams: int = 1, saved_args=None, need_train: bool 
     val = encode(made.text, VOCAB)
     data = Data(VOCAB, train, val, "the recall task's generated text")
     if s["loss_on"] == "answers":
-        data = data._replace(
-            train_targets=None if train is None else answer_targets(train),
-            val_targets=answer_targets(val),
-        )
+        targets = None if train is None else answer_targets(train)
+        data = data._replace(train_targets=targets, val_targets=answer_targets(val))
     return data, made.answers
 
 
@@ -170,9 +163,8 @@ class Scored(NamedTuple):
 
 
 def locate(answers, length: int, n_streams: int, seq_len: int):
-    """Each query of n_streams streams of length characters (the tail one more segment of the
-    last): its stream, the offsets of its '?' and fact's digit, how far the digit lies before the
-    '?'s segment (<= 0: inside), whether the fact is whole in the stream."""
+    """Each query's stream (the last takes the tail), the offsets of its '?' and fact's digit, how
+    far the digit lies before the '?'s segment (<= 0: inside), whether the fact is whole in it."""
     position, distance = answers.unbind(dim=1)
     stream = ((position - 1) // length).clamp(max=n_streams - 1)
     query = position - 1 - stream * length
@@ -182,8 +174,7 @@ def locate(answers, length: int, n_streams: int, seq_len: int):
 
 
 def score(predictions, data, answers, n_streams: int, seq_len: int) -> Scored:
-    """The queries whose fact lies whole in their stream, scored: predictions[p] is the model's
-    most likely character after data[:p]."""
+    """The queries whose fact is whole in their stream; predictions[p]: the guess after data[:p]."""
     _, _, fact, back, whole = locate(answers, (len(data) - 1) // n_streams, n_streams, seq_len)
     position, distance = answers.unbind(dim=1)
     correct = predictions[position] == data[position]
@@ -407,8 +398,7 @@ def train(args) -> None:
 
 
 def evaluate_checkpoint(args) -> None:
-    """--eval-only: the report of OUT/ckpt.pt on its text (the flags given here first), its memory
-    cut where asked; OUT/recall.png drawn again, metrics.json left as it is."""
+    """--eval-only: OUT/ckpt.pt's report on its text, its memory cut where asked (not recorded)."""
     model, ckpt, cut = evaluate_command.load_checkpoint(args, tasks=("recall",))
     data, answers = load_data(args, saved_args=ckpt["args"], need_train=False)
     evaluation = evaluate_command.evaluate_checkpoint(args, model, ckpt, data, cut)

@@ -174,9 +174,8 @@ def plot(runs, path: str) -> None:
     x = range(len(buckets))
     for (_, budget), members in groups([r for r in runs if not r["extra"]] or runs).items():
         model = members[0]["model"]
-        style = dict(
-            linestyle="-" if budget == "long" else "--", color=f"C{list(MODELS).index(model)}"
-        )
+        line = "-" if budget == "long" else "--"
+        style = dict(linestyle=line, color=f"C{list(MODELS).index(model)}")
         seeds = f"{len(members)} seed{'s' * (len(members) > 1)}"
         means = [mean(members, b) for b in buckets]
         left.plot(x, means, marker="o", label=f"{model} ({budget}, {seeds})", **style)

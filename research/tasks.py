@@ -7,21 +7,13 @@ import os
 
 import torch
 
-from research import code, parser, recall
+from research import code, parser
 from training import checkpoint, data
 from training.checks import exit_status
 
 
-def validation_data(args, ckpt: dict):
-    """(Data, answers) of the checkpoint's validation text; answers: the recall task's, or None."""
-    if ckpt["args"].get("task") == "recall":
-        return code.validation_text(args, ckpt, recall.load_data)
-    return code.validation_text(args, ckpt), None
-
-
 def facts(answers) -> list:
-    """The recall task's queries as write_validation takes them: each '?', and the five
-    positions of its fact ' KK=d'."""
+    """The recall task's queries as write_validation takes them: each '?' and its fact ' KK=d'."""
     return [
         {"query": answer - 1, "fact": list(range(answer - D - 4, answer - D + 1))}
         for answer, D in answers.tolist()
@@ -36,7 +28,7 @@ def main(argv=None) -> int:
 
     def write():
         ckpt = checkpoint.read(os.path.join(args.out, "ckpt.pt"), torch.device("cpu"))
-        text, answers = validation_data(args, ckpt)
+        text, answers = code.validation_text(args, ckpt)
         path = os.path.join(args.out, "validation.json")
         data.write_validation(path, text, [] if answers is None else facts(answers))
         print(f"wrote {path} ({text.name}, {len(text.val):,} characters)")

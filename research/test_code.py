@@ -76,7 +76,7 @@ def hand_made_records() -> dict:
     def rows(loss, zone=0.0):
         return {
             b: {"loss": loss + (zone if b == study.ZONE else 0.0), "share": 1 / 7, "chars": 9}
-            for b in copies.bucket_names()
+            for b in copies.BUCKETS
         }
 
     def run(model, ablations):
@@ -243,7 +243,7 @@ def test_copy_distance_on_a_hand_made_string():
 
 
 def test_copy_buckets_are_drawn_beyond_the_segment():
-    names = copies.bucket_names()
+    names = copies.BUCKETS
     assert names == ["segment", "1-64", "65-96", "97-192", "193-1000", ">1000", "never"]
     beyond = torch.tensor([-5, 0, 1, 64, 65, 96, 97, 192, 193, 1000, 1001, 7])
     distance = torch.tensor([1] * 11 + [copies.NEVER])

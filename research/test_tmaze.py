@@ -4,7 +4,7 @@ equal-slot XL and within the other two memories, and its command runs."""
 import pytest
 import torch
 
-from research import tmaze
+from research import ppo_cue, tmaze
 
 
 def test_episodes_hold_the_cue_first_and_the_query_after_the_corridor():
@@ -32,7 +32,8 @@ def test_episodes_hold_the_cue_first_and_the_query_after_the_corridor():
 )
 def test_the_query_sees_the_cue_exactly_within_the_memorys_reach(memory, gap, sees):
     torch.manual_seed(0)
-    agent = tmaze.make_agent(tmaze.config(memory, 16)).eval()
+    agent = ppo_cue.Agent(tmaze.config(memory, 16), observations=tmaze.QUERY + 1, value=False)
+    agent.eval()
     observations = torch.full((2, gap + 1), tmaze.N_CUES)  # one distractor throughout
     observations[:, 0] = torch.tensor([0, 1])  # two cues
     observations[:, gap] = tmaze.QUERY

@@ -56,11 +56,6 @@ def episodes(n: int, min_gap: int, max_gap: int, generator):
     return observations, targets
 
 
-def make_agent(cfg: CompressiveConfig):
-    """ppo_cue's agent on this task's observations, no value head."""
-    return ppo_cue.Agent(cfg, observations=QUERY + 1, value=False)
-
-
 def accuracy(logits, targets) -> float:
     asked = targets.ne(-100)
     return logits.argmax(dim=-1)[asked].eq(targets[asked]).float().mean().item()
@@ -70,7 +65,7 @@ def run(memory_kind: str, seed: int):
     """One memory and seed on one thread: held-out curve, one-step acting, CPU s, slots, reach."""
     torch.manual_seed(seed)
     cfg = config(memory_kind, D_MODEL)
-    agent = make_agent(cfg)
+    agent = ppo_cue.Agent(cfg, observations=QUERY + 1, value=False)  # no value head
     optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     train_data = torch.Generator().manual_seed(seed)
     held_out = episodes(
