@@ -109,9 +109,8 @@ def load_data(args, saved_args=None, need_train: bool = True) -> Data:
     given = [getattr(args, "val_chars", None), (saved_args or {}).get("val_chars"), VAL_CHARS]
     cut = val.find("\n# file: ", max(0, next(n for n in given if n is not None) - 1))
     val = val if cut < 0 else val[: cut + 1]
-    return Data(
-        VOCAB, encode(train, VOCAB) if need_train else None, encode(val, VOCAB), describe(manifest)
-    )
+    train = encode(train, VOCAB) if need_train else None
+    return Data(VOCAB, train, encode(val, VOCAB), describe(manifest))
 
 
 def geometry(data: Data, n_streams: int, seq_len: int):

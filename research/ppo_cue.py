@@ -192,18 +192,13 @@ def main(argv=None) -> int:
             f" fraction outside the clip range {clipped:.3f} ({time.time() - began:.0f} s)",
             flush=True,
         )
-    if args.plot:
-        plot(results, args.plot)
+    if args.plot:  # the return curves, one line a seed
+        curves = [(f"seed {seed}", *list(zip(*curve))[:2], {}) for seed, curve in results.items()]
+        seeds = " ".join(str(seed) for seed in results)
+        caption = f"python -m research.ppo_cue --seeds {seeds}; {made_with()}, CPU"
+        xlabel = f"iteration ({ENVS} envs x {ROLLOUT} steps)"
+        plot_curves(curves, args.plot, xlabel, "return per episode", 1 / N_CUES, caption)
     return 0
-
-
-def plot(results, path: str) -> None:
-    """The return curves {seed: curve}, one line a seed, into path."""
-    curves = [(f"seed {seed}", *list(zip(*curve))[:2], {}) for seed, curve in results.items()]
-    seeds = " ".join(str(seed) for seed in results)
-    caption = f"python -m research.ppo_cue --seeds {seeds}; {made_with()}, CPU"
-    xlabel = f"iteration ({ENVS} envs x {ROLLOUT} steps)"
-    plot_curves(curves, path, xlabel, "return per episode", 1 / N_CUES, caption)
 
 
 if __name__ == "__main__":

@@ -56,10 +56,9 @@ def full_memory(model, batch: int, device) -> Memory:
     """A full memory state of random values: the steady state's shapes from the first step."""
     cfg, layers = model.cfg, model.layers
     make = lambda n: [torch.randn(batch, n, cfg.d_model, device=device) for _ in layers]
-    usage = [torch.zeros(batch, cfg.mem_len, device=device) for _ in layers]
-    return Memory(
-        make(cfg.mem_len), make(cfg.c_mem_len), usage if cfg.compression == "most_used" else None
-    )
+    counted = cfg.compression == "most_used"  # its memory carries each slot's use
+    usage = [torch.zeros(batch, cfg.mem_len, device=device) for _ in layers] if counted else None
+    return Memory(make(cfg.mem_len), make(cfg.c_mem_len), usage)
 
 
 def state_bytes(memory: Memory) -> int:

@@ -301,13 +301,8 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
     title = f"n_s={cfg.seq_len} n_m={cfg.mem_len} n_cm={cfg.c_mem_len} c={cfg.compression_rate}"
     reach = ", ".join(f"{name} < {edge}" for name, edge in edges)
     print(f"recall accuracy by distance (chance 0.10; {title}: {reach})")
-    print_table(
-        ["distance", "region", "queries", "accuracy"],
-        (
-            [f"{r['from']}-{r['to']}", r["region"], r["queries"], f"{r['accuracy']:.3f}"]
-            for r in rows
-        ),
-    )
+    cells = lambda r: [f"{r['from']}-{r['to']}", r["region"], r["queries"], f"{r['accuracy']:.3f}"]
+    print_table(["distance", "region", "queries", "accuracy"], map(cells, rows))
     print(f"recall accuracy by region: {summary(scored, edges, cfg.compression_rate)}")
     keys = key_use(scored, edges)
     if keys:
@@ -412,10 +407,8 @@ def run(args) -> None:
     if args.data is not None:
         raise UserError("--data: the recall task makes its own text")
     if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
-        raise UserError(
-            f"--curriculum-hold: no fact fits inside a segment of {args.seq_len} "
-            f"characters (D >= {MIN_DISTANCE})"
-        )
+        fits = f"no fact fits inside a segment of {args.seq_len} characters (D >= {MIN_DISTANCE})"
+        raise UserError(f"--curriculum-hold: {fits}")
     (evaluate_checkpoint if args.eval_only else train)(args)
 
 

@@ -84,9 +84,8 @@ def read_records(out: str) -> list:
                 runs.append(json.load(f))
         except (OSError, ValueError) as e:
             raise UserError(f"{path} is not a record of this study ({e})") from None
-    return sorted(
-        runs, key=lambda r: (r["budget"], r["extra"], list(MODELS).index(r["model"]), r["seed"])
-    )
+    order = lambda r: (r["budget"], r["extra"], list(MODELS).index(r["model"]), r["seed"])
+    return sorted(runs, key=order)
 
 
 def loss(rows: dict, bucket: str) -> float:

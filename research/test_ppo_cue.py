@@ -35,8 +35,10 @@ def test_every_update_starts_from_the_actor_s_policy(capsys, monkeypatch):
 
 
 @pytest.mark.slow  # draws: seconds
-def test_the_plot_of_the_curves_is_a_png(fresh_pyplot, tmp_path):
+def test_the_plot_of_the_curves_is_a_png(fresh_pyplot, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     path = tmp_path / "curves.png"
-    ppo_cue.plot({0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}, str(path))
+    curves = {0: [(25, 0.3, 40), (50, 0.9, 41)], 1: [(25, 0.2, 39), (50, 0.5, 40)]}
+    monkeypatch.setattr(ppo_cue, "train", lambda seed: (curves[seed], [(1e-6, 0.0)]))
+    assert ppo_cue.main(["--seeds", "0", "1", "--plot", str(path)]) == 0
     assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

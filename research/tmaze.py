@@ -42,13 +42,13 @@ def slots_and_reach(cfg: CompressiveConfig):
     return cfg.mem_len + cfg.c_mem_len, cfg.mem_len + cfg.compression_rate * cfg.c_mem_len
 
 
-def episodes(n: int, min_gap: int, max_gap: int, generator):
-    """(observations, targets) [n, max_gap + 1]: the cue at step 0, the query at step L and
+def episodes(n: int, generator):
+    """(observations, targets) [n, MAX_GAP + 1]: the cue at step 0, the query at step L and
     distractors elsewhere (after the query too, unseen); targets the cue at the query, else -100."""
-    length = max_gap + 1
+    length = MAX_GAP + 1
     observations = torch.randint(N_CUES, QUERY, (n, length), generator=generator)
     cues = torch.randint(0, N_CUES, (n,), generator=generator)
-    gaps = torch.randint(min_gap, max_gap + 1, (n,), generator=generator)
+    gaps = torch.randint(MIN_GAP, MAX_GAP + 1, (n,), generator=generator)
     rows = torch.arange(n)
     observations[:, 0], observations[rows, gaps] = cues, QUERY
     targets = torch.full((n, length), -100)
@@ -68,13 +68,11 @@ def run(memory_kind: str, seed: int):
     agent = ppo_cue.Agent(cfg, observations=QUERY + 1, value=False)  # no value head
     optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3)
     train_data = torch.Generator().manual_seed(seed)
-    held_out = episodes(
-        EVAL_EPISODES, MIN_GAP, MAX_GAP, torch.Generator().manual_seed(10_000 + seed)
-    )
+    held_out = episodes(EVAL_EPISODES, torch.Generator().manual_seed(10_000 + seed))
     curve, seconds = [], 0.0
     with one_thread():
         for batch in range(1, BATCHES + 1):
-            observations, targets = episodes(BATCH, MIN_GAP, MAX_GAP, train_data)
+            observations, targets = episodes(BATCH, train_data)
             began = time.process_time()
             agent.train()
             ppo_cue.supervised_step(agent, optimizer, observations, targets)
