@@ -5,8 +5,7 @@
     python -m research.agent_cost --rounds 15
 
 Full memories, dropout 0, the same layers and weights; each call timed as this thread's CPU time
-(which a busy machine disturbs least), in alternation; medians of the rounds and of their ratios.
-"""
+(which a busy machine disturbs least), in alternation; medians of the rounds and of their ratios."""
 
 import statistics
 import sys
@@ -18,16 +17,14 @@ from beyond_the_paper.agent import AgentCore
 from compressive import CompressiveConfig, CompressiveTransformer
 from research import alternate, one_thread, parser, positive
 
+SIZES = dict(d_model=128, n_heads=4, seq_len=32, mem_len=64, c_mem_len=32)  # of both models
+BATCH = 16  # environments
 # the ratios printed, each the median of the rounds' ratios
 RATIOS = [
     ("acting", "acting, projected"),
     ("acting", "compressive.py step"),
     ("update", "compressive.py n_s-step call"),
 ]
-
-
-SIZES = dict(d_model=128, n_heads=4, seq_len=32, mem_len=64, c_mem_len=32)  # of both models
-BATCH = 16  # environments
 
 
 def measure(rounds: int) -> dict:
@@ -62,12 +59,11 @@ def measure(rounds: int) -> dict:
         h, _, recon_loss = model(call, given) if model is core else model.hidden_states(call, given)
         (h.square().mean() + recon_loss).backward()
 
-    at_start = state["memory"]
     calls = {
         "acting": lambda: act(False),
         "acting, projected": lambda: act(True),
         "compressive.py step": paper_step,
-        "update": lambda: update(core, at_start),
+        "update": lambda: update(core, memory),  # from the memory before any acting
         "compressive.py n_s-step call": lambda: update(paper, paper_memory),
     }
     for run in calls.values():  # warm up

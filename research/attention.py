@@ -59,13 +59,9 @@ def analyze(model, streams: torch.Tensor, step: int, out: str, caption: str = ""
         f"attention by key bucket, {counted} segments x {streams.size(0)} streams, "
         f"n_cm={cfg.c_mem_len} n_m={cfg.mem_len} n_s={cfg.seq_len} (step {step})"
     )
-    print_table(
-        ["bucket", "all", *(f"layer {i + 1}" for i in range(cfg.n_layers))],
-        (
-            [name, *(f"{w:.4f}" for w in [overall[b], *(row[b] for row in per_layer)])]
-            for b, name in enumerate(BUCKET_NAMES)
-        ),
-    )
+    header = ["bucket", "all", *(f"layer {i + 1}" for i in range(cfg.n_layers))]
+    cells = lambda b: [f"{w:.4f}" for w in [overall[b], *(row[b] for row in per_layer)]]
+    print_table(header, ([name, *cells(b)] for b, name in enumerate(BUCKET_NAMES)))
     plt = plots.pyplot()
     if plt is None:
         return

@@ -5,8 +5,7 @@
 The copy distance d of position p is p - q, for the last earlier q in its stream at which the same
 n-gram ended; the query at index i of its segment that predicts p finds the copy e = d - 1 - i
 beyond its segment: in mem when 1 <= e <= n_m, in c_mem up to n_m + c * n_cm (docs/REACH.md, the
-score). EDGES are the code study's (n_s 64).
-"""
+score). EDGES are the code study's (n_s 64)."""
 
 import sys
 

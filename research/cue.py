@@ -4,8 +4,7 @@
 
 Episodes back to back: a cue, MIN_BLANKS to MAX_BLANKS blank steps, a query that must name it.
 Trained on UNROLLS unrolls of UNROLL steps, `starts` marking each episode's first step, memory
-carried; then it acts one step a call (docs/AGENT.md).
-"""
+carried; then it acts one step a call (docs/AGENT.md)."""
 
 import sys
 import time

@@ -6,8 +6,7 @@ in one call from the memory stored at its start, exactly as the agent acted (doc
 
 PPO as CleanRL writes it, rollouts of 32 steps (n_s 24: they begin and end inside segments);
 printed per seed, the mean return (chance 0.25), and before each update's first optimizer step
-the largest |log ratio| to the actor and fraction of samples outside the clip range.
-"""
+the largest |log ratio| to the actor and fraction of samples outside the clip range."""
 
 import sys
 import time

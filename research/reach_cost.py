@@ -6,8 +6,7 @@ back beyond the segment (docs/REACH.md, the cost of reach).
 
 At each reach N, XL with n_m = N against the compressive model with n_m = N/4, n_cm = 3N/(4c),
 after the pair at equal slots; the script's models and step, on random tokens, full memories,
-timed in alternation, beside the count from the shapes.
-"""
+timed in alternation, beside the count from the shapes."""
 
 import argparse
 import dataclasses

@@ -5,8 +5,7 @@
 
 A cue, a corridor of distractors, a query MIN_GAP to MAX_GAP steps on that must name the cue;
 three one-layer memories (MEMORIES), trained supervised, then acting one step per call. Each run
-on one thread; --jobs runs that many at a time, in processes of their own.
-"""
+on one thread; --jobs runs that many at a time, in processes of their own."""
 
 import concurrent.futures
 import multiprocessing
@@ -114,15 +113,11 @@ def main(argv=None) -> int:
         spawn = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=spawn) as pool:
             results = list(pool.map(run, *zip(*plan)))
-    print_table(
-        ["memory", "seed", "slots", "reach", "accuracy (one-step acting)"]
-        + [f"first check >= {SOLVED}", "training CPU s"],
-        (
-            [r["memory"], r["seed"], r["slots"], r["reach"], f"{r['accuracy']:.3f}"]
-            + [r["solved_at"] or "never", f"{r['seconds']:.0f}"]
-            for r in results
-        ),
-    )
+    header = ["memory", "seed", "slots", "reach", "accuracy (one-step acting)"]
+    header += [f"first check >= {SOLVED}", "training CPU s"]
+    cells = lambda r: [r["memory"], r["seed"], r["slots"], r["reach"], f"{r['accuracy']:.3f}"]
+    learned = lambda r: [r["solved_at"] or "never", f"{r['seconds']:.0f}"]
+    print_table(header, (cells(r) + learned(r) for r in results))
     if args.plot:
         curves = []
         for r in results:
