@@ -48,10 +48,8 @@ def task_flags(task: str, doc: str, eval_only: str) -> argparse.ArgumentParser:
 
 def made_with() -> str:
     """How a figure was made, for its foot: torch, the threads, the commit."""
-    return (
-        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), commit "
-        f"{files.repository_commit()}"
-    )
+    commit = files.repository_commit()
+    return f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), commit {commit}"
 
 
 def caption(ckpt: dict, drawn_by: str) -> str:

@@ -59,8 +59,7 @@ def evaluation_geometry(text: str, n_streams: int, seq_len: int):
 
 
 def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Tensor):
-    """{bucket name: {"loss": mean nats/char, "share": fraction of the scored characters, "chars"}}
-    over the characters with a finite loss (NaN marks one not scored)."""
+    """{bucket: {"loss" (mean nats/char), "share", "chars"}} of the characters with a loss."""
     scored = ~torch.isnan(char_losses) & (index >= 0)
     bucket = bucket_of(distance - 1 - index, distance)[scored]
     losses = char_losses[scored].double()
@@ -68,11 +67,8 @@ def by_bucket(char_losses: torch.Tensor, distance: torch.Tensor, index: torch.Te
     for k, name in enumerate(BUCKETS):
         chosen = bucket == k
         n = int(chosen.sum())
-        out[name] = {
-            "loss": float(losses[chosen].mean()) if n else None,
-            "share": n / max(1, len(losses)),
-            "chars": n,
-        }
+        mean = float(losses[chosen].mean()) if n else None
+        out[name] = {"loss": mean, "share": n / max(1, len(losses)), "chars": n}
     return out
 
 
@@ -100,10 +96,8 @@ def profile(text: str) -> dict:
     bucket = torch.bucketize(distance, torch.tensor(PLAIN_EDGES), right=True)  # d in [lo, hi)
     spans = [f"{lo}-{hi - 1}" for lo, hi in zip(PLAIN_EDGES, PLAIN_EDGES[1:])]
     names = [f"<{PLAIN_EDGES[0]}", *spans, f">={PLAIN_EDGES[-1]}"]
-    out = {
-        name: float(((bucket == k) & (distance != NEVER)).double().mean())
-        for k, name in enumerate(names)
-    }
+    seen = distance != NEVER
+    out = {name: float(((bucket == k) & seen).double().mean()) for k, name in enumerate(names)}
     out["never"] = float((distance == NEVER).double().mean())
     return out
 

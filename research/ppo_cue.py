@@ -94,8 +94,7 @@ def act(agent, observations, starts):
 
 
 def gae(rewards, values, dones, next_value, gamma: float = 0.99, lam: float = 0.95):
-    """Generalised advantage estimates [B, T]: rewards, values, dones [B, T] (1.0 where the step
-    ended its episode), next_value [B] of the observation after the rollout."""
+    """GAE [B, T] of rewards, values, dones [B, T] (1.0: an episode's end), next_value [B]."""
     advantages, last = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(rewards.size(1))):
         following = next_value if t == rewards.size(1) - 1 else values[:, t + 1]
@@ -184,11 +183,11 @@ def main(argv=None) -> int:
         curve, exactness = train(seed)
         results[seed] = curve
         worst, clipped = (max(column) for column in zip(*exactness))
+        returns = ", ".join(f"{i}: {r:.2f}" for i, r, _ in curve)
         print(
-            f"seed {seed}: return per episode (accuracy) "
-            + ", ".join(f"{i}: {r:.2f}" for i, r, _ in curve)
-            + f" | every update before its first step: max |log ratio| {worst:.1e}, largest"
-            f" fraction outside the clip range {clipped:.3f} ({time.time() - began:.0f} s)",
+            f"seed {seed}: return per episode (accuracy) {returns} | every update before its first "
+            f"step: max |log ratio| {worst:.1e}, largest fraction outside the clip range "
+            f"{clipped:.3f} ({time.time() - began:.0f} s)",
             flush=True,
         )
     if args.plot:  # the return curves, one line a seed

@@ -383,9 +383,8 @@ def train(args) -> None:
 
         def validate(model):  # at each evaluation of the training, in place of its own
             evaluation = evaluate.on_validation(model, data, args.batch_size, args.dtype)
-            scored = score(
-                evaluation.predictions.cpu(), data.val, answers, args.batch_size, args.seq_len
-            )
+            predictions = evaluation.predictions.cpu()
+            scored = score(predictions, data.val, answers, args.batch_size, args.seq_len)
             last.update(model=model, scored=scored)
             print("recall accuracy: " + summary(scored, model.reach(), args.compression_rate))
             return {"val_loss": evaluation.loss, "recall": by_region(scored, model.reach())}
