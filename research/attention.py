@@ -145,9 +145,7 @@ def analyze_checkpoint(args) -> None:
     device = pick_device(args.device)
     model, ckpt = checkpoint.load_model(args.out, device)
     if not isinstance(model, CompressiveTransformer):
-        raise UserError(
-            "the attention is read over [c_mem; mem; segment]: a Feedback Transformer has none"
-        )
+        raise UserError("a Feedback Transformer has no attention over [c_mem; mem; segment]")
     data, answers = code.validation_text(args, ckpt)
     print(f"validation text: {data.name}")
     streams = train_shakespeare.make_streams(data.val, args.batch_size).to(device)

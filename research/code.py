@@ -94,12 +94,9 @@ def describe(manifest) -> str:
 
 def parse_args(argv=None):
     parser = task_flags("code", __doc__, "the loss of OUT/ckpt.pt by copy distance")
-    parser.add_argument(
-        "--val-chars",
-        type=at_least(1000),
-        help=f"validate on the first whole files of the split that hold this many characters "
-        f"(default {VAL_CHARS:,}; --eval-only: the checkpoint's)",
-    )
+    held = "validate on the first whole files of the split that hold this many characters"
+    held += f" (default {VAL_CHARS:,}; --eval-only: the checkpoint's)"
+    parser.add_argument("--val-chars", type=at_least(1000), help=held)
     return parser.parse_args(argv)
 
 

@@ -180,10 +180,9 @@ def main(argv=None) -> int:
     results = {}
     for seed in args.seeds:
         began = time.time()
-        curve, exactness = train(seed)
-        results[seed] = curve
+        results[seed], exactness = train(seed)
         worst, clipped = (max(column) for column in zip(*exactness))
-        returns = ", ".join(f"{i}: {r:.2f}" for i, r, _ in curve)
+        returns = ", ".join(f"{i}: {r:.2f}" for i, r, _ in results[seed])
         print(
             f"seed {seed}: return per episode (accuracy) {returns} | every update before its first "
             f"step: max |log ratio| {worst:.1e}, largest fraction outside the clip range "

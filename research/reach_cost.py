@@ -147,11 +147,9 @@ def run(args) -> list:
         f"the cost of reach ({sizes}); compressive at reach N: n_m = N/4, n_cm = 3N/(4c); device "
         f"{device}, {made_with()}; median of {args.rounds} rounds in alternation"
     )
-    print_table(
-        ["reach", "model", "slots", "keys per query", "GFLOP/step (f_c)", "train ms/step"]
-        + ["gen ms/token", "memory state KiB"],
-        (row for r in results for row in table_rows(r)),
-    )
+    header = ["reach", "model", "slots", "keys per query", "GFLOP/step (f_c)", "train ms/step"]
+    rows = (row for r in results for row in table_rows(r))
+    print_table([*header, "gen ms/token", "memory state KiB"], rows)
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as e:

@@ -407,20 +407,20 @@ def evaluate_checkpoint(args) -> None:
     report(scored, model, args.out, caption(ckpt, "python -m research.recall --eval-only"))
 
 
-def run(args) -> None:
-    train_shakespeare.check_args(args)
-    if args.data is not None:
-        raise UserError("--data: the recall task makes its own text")
-    if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
-        fits = f"no fact fits inside a segment of {args.seq_len} characters (D >= {MIN_DISTANCE})"
-        raise UserError(f"--curriculum-hold: {fits}")
-    (evaluate_checkpoint if args.eval_only else train)(args)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     keep_freed_memory()
-    return exit_status(lambda: run(args))
+
+    def run():
+        train_shakespeare.check_args(args)
+        if args.data is not None:
+            raise UserError("--data: the recall task makes its own text")
+        if args.curriculum_hold and args.seq_len - 1 < MIN_DISTANCE:
+            seg = f"a segment of {args.seq_len} characters (D >= {MIN_DISTANCE})"
+            raise UserError(f"--curriculum-hold: no fact fits inside {seg}")
+        (evaluate_checkpoint if args.eval_only else train)(args)
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

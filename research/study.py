@@ -111,9 +111,8 @@ def label(run: dict) -> str:
 
 def mean(runs, bucket: str) -> float:
     """The mean over runs of the validation loss (bucket "val") or of the bucket's."""
-    return statistics.fmean(
-        r["val_loss"] if bucket == "val" else loss(r["loss_by_copy_distance"], bucket) for r in runs
-    )
+    of = lambda r: r["val_loss"] if bucket == "val" else loss(r["loss_by_copy_distance"], bucket)
+    return statistics.fmean(map(of, runs))
 
 
 def groups(runs) -> dict:
