@@ -42,8 +42,9 @@ def is_validation(relative_path: str) -> bool:
 def load(root: str):
     """(train text, val text, manifest) of the library under root, a file after "# file: PATH",
     in the fixed alphabet: "\\n" line ends, 8-column tab stops, anything outside it PLACEHOLDER."""
-    paths = []  # the .py files, '/'-separated: no tests, third-party code, caches, the build's
-    # config-* or the _sysconfigdata_* module (it differs between machines)
+    # the .py files ('/'-separated): no tests, third-party code, caches, the build's config-* or
+    # the _sysconfigdata_* module (it differs between machines)
+    paths = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [
             s for s in subfolders if s not in EXCLUDED_FOLDERS and not s.startswith("config-")
@@ -94,9 +95,9 @@ def describe(manifest) -> str:
 
 def parse_args(argv=None):
     parser = task_flags("code", __doc__, "the loss of OUT/ckpt.pt by copy distance")
-    held = "validate on the first whole files of the split that hold this many characters"
-    held += f" (default {VAL_CHARS:,}; --eval-only: the checkpoint's)"
-    parser.add_argument("--val-chars", type=at_least(1000), help=held)
+    about = "validate on the first whole files of the split that hold this many characters"
+    about += f" (default {VAL_CHARS:,}; --eval-only: the checkpoint's)"
+    parser.add_argument("--val-chars", type=at_least(1000), help=about)
     return parser.parse_args(argv)
 
 

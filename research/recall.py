@@ -310,20 +310,11 @@ def report(scored: Scored, model, out: str, caption: str = "") -> dict:
             "finding the fact by its key: accuracy, that of the latest fact stated, how often the "
             "model said its digit, and accuracy with 0, 1, 2, 3+ facts stated after the asked one"
         )
-        fmt = lambda a: "-" if a is None else f"{a:.3f}"  # none asked with that many after
+        fmt = lambda a: "-" if a is None else f"{a:.3f}"  # "-": no query with that many after
         rates = ("accuracy", "latest_fact_right", "said_latest")
         cells = lambda k: [k["region"], k["queries"], *(fmt(k[n]) for n in rates)]
-        header = [
-            "region",
-            "queries",
-            "accuracy",
-            "latest fact",
-            "said latest",
-            "0",
-            "1",
-            "2",
-            "3+",
-        ]
+        after = [*map(str, AFTER[:-1]), f"{AFTER[-1]}+"]  # facts stated after the asked one
+        header = ["region", "queries", "accuracy", "latest fact", "said latest", *after]
         print_table(header, (cells(k) + [*map(fmt, k["by_facts_after"])] for k in keys))
     if cfg.mem_len and cfg.c_mem_len:
         title += f" f_c={cfg.compression}"
