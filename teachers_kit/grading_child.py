@@ -115,10 +115,9 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
                 box.reset()  # the sandbox forgets the graphs of this test's calls
 
     # --tb=no: the grader reads a failure's first line, and a traceback costs more than the test
-    test_file = control.get("test_file") or "test_compressive.py"
-    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", test_file]
+    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", control["test_file"]]
     try:
-        record["exit_status"] = int(pytest.main(args, plugins=[Reporter()]))
+        pytest.main(args, plugins=[Reporter()])
     finally:
         if box is not None:
             record["problem"] = box.problem

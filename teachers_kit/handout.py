@@ -123,8 +123,7 @@ def write_student_folder(
         files[f"checks/{name}.txt"] = "".join(t + "\n" for t in check)
     files["README.md"] = student_readme(assignment, visible, ast.parse(student))
     for path, content in files.items():
-        (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_text(content, encoding="utf-8")
+        grading.write(folder / path, content)
 
 
 def student_readme(
@@ -327,7 +326,9 @@ def class_note(result: grading.Grading) -> str:
         return f", {grading.audit_line(result.refused)}"
     refused = sum(bool(g.refused) for g in result.grades)
     notes = [f"{refused} exercise{'' if refused == 1 else 's'} refused"] if refused else []
-    notes += [f"{g.name} {grading.not_graded(g)}" for g in result.grades if g.problem]
+    notes += [
+        f"{g.name} not graded: {grading.why_not_graded(g)}" for g in result.grades if g.problem
+    ]
     return "".join(f", {note}" for note in notes)
 
 
@@ -366,11 +367,7 @@ def grade_class(
     csv.writer(table).writerow(["student", *names, "total", "refusals", "not graded"])
     for student, result in results.items():
         refusals = [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
-        problems = [
-            f"{g.name}: {'regrade: ' if g.regrade else ''}{g.problem}"
-            for g in result.grades
-            if g.problem
-        ]
+        problems = [f"{g.name}: {grading.why_not_graded(g)}" for g in result.grades if g.problem]
         scores = ["regrade" if g.regrade else f"{g.score:g}" for g in result.grades]
         row = [
             student,

@@ -1126,7 +1126,7 @@ def test_points_are_all_or_nothing_unless_partial_which_the_measuring_tests_gate
     share of the check's tests that pass; with none measuring, all or nothing."""
     tests = ["t::a", "t::b", "t::c", "t::d"]
     check = grading.Check("f", 4.0, tests, ["t::d"], [], ["t::a", "t::b", "t::c"])
-    run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {}, 0.0)
+    run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {})
 
     def failing(*names):
         return run._replace(outcomes={**run.outcomes, **dict.fromkeys(names, "failed")})
