@@ -1397,8 +1397,7 @@ def report(grading: Grading) -> str:
             lines += [f"    {line}" for line in failure_lines(g, hidden=False)]
             lines += [f"    (hidden) {line}" for line in failure_lines(g, hidden=True)]
         if g.printed:
-            lines.append("    what it printed (not graded):")
-            lines.append(textwrap.indent(g.printed, "      "))
+            lines += ["    what it printed (not graded):", textwrap.indent(g.printed, "      ")]
     lines.append(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
     return shown("\n".join(lines))
 

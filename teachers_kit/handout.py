@@ -262,11 +262,9 @@ def say_how_code_runs(audited: bool, without_sandbox: bool = False) -> None:
         raise KitError(
             f"{note}; grading refused: install bubblewrap, or grade anyway with {UNSANDBOXED_FLAG}"
         )
-    for warning in [note, grading.cgroup_note()]:
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    if not audited:
-        print("warning: --no-audit: every exercise's code runs as written", file=sys.stderr)
+    unaudited = "" if audited else "--no-audit: every exercise's code runs as written"
+    for warning in filter(None, [note, grading.cgroup_note(), unaudited]):
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def grade(
