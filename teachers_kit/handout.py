@@ -48,16 +48,10 @@ TABLE_END = "<!-- end of exercises -->"
 
 
 def make(
-    names: List[str],
-    out: Path,
-    points: Optional[List[float]] = None,
-    partial: bool = False,
-    hidden_visibility: str = "after_published",
-    only: Optional[List[str]] = None,
-    leave_out: Optional[List[str]] = None,
+    names: List[str], out: Path, points: Optional[List[float]] = None, **options
 ) -> grading.Assignment:
-    """Write out/student, out/teacher and out/gradescope.zip, whole or not at all (only: the
-    tests to compute checks from, for the kit's own tests)."""
+    """Write out/student, out/teacher and out/gradescope.zip, whole or not at all; options:
+    make_assignment's (partial, hidden_visibility, leave_out; only, for the kit's own tests)."""
     layout, text, tree, tests = sources(module_of(names))
     names = resolve(names, tree, layout.module)
     if points is not None and len(points) != len(names):
@@ -69,17 +63,9 @@ def make(
         )
     (out / "teacher").mkdir(mode=0o700, parents=True)  # the solution: its owner's alone
     try:
+        points_of = dict(zip(names, points or []))
         assignment = grading.make_assignment(
-            out / "teacher",
-            text,
-            tests,
-            names,
-            dict(zip(names, points or [])),
-            partial,
-            hidden_visibility,
-            only,
-            leave_out,
-            layout,
+            out / "teacher", text, tests, names, points_of, layout=layout, **options
         )
         write_student_folder(out / "student", text, tree, tests, assignment)
         write_bundle(assignment, out / "gradescope.zip")
@@ -545,14 +531,8 @@ def main(argv=None) -> int:
             return 0
         if args.verify:
             return verify()
-        made = make(
-            args.functions,
-            args.out,
-            args.points,
-            args.partial,
-            args.hidden_visibility,
-            leave_out=args.leave_out,
-        )
+        options = dict(partial=args.partial, hidden_visibility=args.hidden_visibility)
+        made = make(args.functions, args.out, args.points, leave_out=args.leave_out, **options)
         note_assignment(args.out)
         for check in made.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""
