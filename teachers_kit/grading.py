@@ -1194,7 +1194,6 @@ def read_submission(path: Path, name: str = "compressive.py") -> str:
 
 
 class Prepared(NamedTuple):
-    submission: str
     refused: str  # why the whole file is refused ("" if it is not)
     refusals: Dict[str, str]  # exercise -> why it alone is refused
     spliced: Dict[str, str]  # exercise -> the original with the student's function put in
@@ -1217,7 +1216,7 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
                 found = functions(parse(text, "the submission"))
                 refusals = {n: f"it has no function {n}" for n in names if n not in found}
         except (KitError, audit.Refusal) as e:
-            return Prepared(str(submission), str(e), {}, {})
+            return Prepared(str(e), {}, {})
         spliced = {}
         for name in names:
             if name not in refusals:
@@ -1225,7 +1224,7 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
                     spliced[name] = splice(assignment.reference, text, name)
                 except KitError as e:
                     refusals[name] = str(e)
-    return Prepared(str(submission), "", refusals, spliced)
+    return Prepared("", refusals, spliced)
 
 
 def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float) -> Dict[str, Run]:
@@ -1300,7 +1299,7 @@ def grade_class(
             why = ready.refusals.get(c.name, ready.refused)
             refused = Grade(c.name, c.points, 0.0, c.tests, c.hidden, [], "", why)
             grades.append(score(c, runs[c.name], partial) if c.name in runs else refused)
-        return Grading(ready.submission, grades, ready.refused, partial, time.monotonic() - began)
+        return Grading(str(path), grades, ready.refused, partial, time.monotonic() - began)
 
     gradings = {}
     with ThreadPoolExecutor(max_workers=workers()) as pool:
