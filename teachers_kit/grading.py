@@ -298,17 +298,16 @@ PRINTED_BYTES = 4000  # of a submission's output, kept for each exercise: the re
 
 class Printed:
     def __init__(self):
-        self.kept, self.dropped = b"", 0
+        self.kept, self.seen = b"", 0
 
     def add(self, data: bytes) -> None:
-        room = PRINTED_BYTES - len(self.kept)
-        self.kept += data[:room]
-        self.dropped += max(0, len(data) - room)
+        self.kept += data[: PRINTED_BYTES - len(self.kept)]
+        self.seen += len(data)
 
     def text(self) -> str:
         text = self.kept.decode("utf-8", "replace")
-        if self.dropped:
-            text += f"\n[... {self.dropped} more bytes of output not shown]"
+        if self.seen > len(self.kept):
+            text += f"\n[... {self.seen - len(self.kept)} more bytes of output not shown]"
         return text
 
 
