@@ -36,8 +36,6 @@ from teachers_kit.exercises import (
 from teachers_kit.gradescope import write_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "compressive.py"
-TESTS = ROOT / "test_compressive.py"
 README = Path(__file__).resolve().parent / "README.md"  # the kit's own, which holds the table
 TABLE_COMMAND = "python -m teachers_kit.handout --table teachers_kit/README.md"
 TABLE_BEGIN = f"<!-- exercises: made by {TABLE_COMMAND} -->"
