@@ -156,8 +156,7 @@ def serve(socket_fd: int) -> int:
                 connection.close()
                 job = json.loads(message)
                 os.setsid()  # its own process group, which the grader kills whole at its limit
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(fds[1], 1)
                 os.dup2(fds[1], 2)
                 os.chdir(job["folder"])
