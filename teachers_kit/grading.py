@@ -83,7 +83,6 @@ class Run(NamedTuple):
     messages: Dict[str, str]  # node id -> the first line of its failure
     problem: str  # "" when the run ended and its report is whole; else why it is worth nothing
     versions: Dict[str, str]  # torch and pytest in the run
-    seconds: float
     printed: str = ""  # what the student's code printed (capped: Printed)
     regrade: bool = False  # the problem is the machine's, not the submission's code
 
@@ -176,8 +175,7 @@ def python_folders() -> List[str]:
 
 
 def sandbox_environment(count_processes: bool) -> Dict[str, str]:
-    """All a sandbox's environment holds; KIT_COUNT_PROCESSES where its processes are counted on
-    their own (a user namespace, or a uid of the kit's own)."""
+    """All a sandbox's environment holds (KIT_COUNT_PROCESSES: sandbox.main says why)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp"}
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # tiny models: one thread is fastest
     if count_processes:
@@ -300,17 +298,16 @@ PRINTED_BYTES = 4000  # of a submission's output, kept for each exercise: the re
 
 class Printed:
     def __init__(self):
-        self.kept, self.dropped = b"", 0
+        self.kept, self.seen = b"", 0
 
     def add(self, data: bytes) -> None:
-        room = PRINTED_BYTES - len(self.kept)
-        self.kept += data[:room]
-        self.dropped += max(0, len(data) - room)
+        self.kept += data[: PRINTED_BYTES - len(self.kept)]
+        self.seen += len(data)
 
     def text(self) -> str:
         text = self.kept.decode("utf-8", "replace")
-        if self.dropped:
-            text += f"\n[... {self.dropped} more bytes of output not shown]"
+        if self.seen > len(self.kept):
+            text += f"\n[... {self.seen - len(self.kept)} more bytes of output not shown]"
         return text
 
 
@@ -730,7 +727,6 @@ def run_tests(
     process and folder: selected node ids, or names of test functions (neither: every test),
     less leave_out; graded: the function whose calls go to the sandbox, for timeout_s of
     processor time; wrong: (function, kind), the original's function made wrong."""
-    began = time.monotonic()
     # beyond_the_paper/feedback.py -> beyond_the_paper.feedback
     module = str(PurePosixPath(layout.module).with_suffix("")).replace("/", ".")
     control = {"tests": selected, "names": names, "leave_out": leave_out or []}
@@ -744,7 +740,7 @@ def run_tests(
         try:
             worker = box.open()
         except SandboxFailed as e:
-            return Run([], {}, {}, str(e), {}, time.monotonic() - began, regrade=True)
+            return Run([], {}, {}, str(e), {}, regrade=True)
         watch = {"uid": box.uid} if AS_ROOT else {"pid": box.box.process.pid}
         watch["hard_s"] = COMPUTING_FACTOR * timeout_s + 60
         source = box.spliced[graded.function]
@@ -774,7 +770,7 @@ def run_tests(
         run = run._replace(problem=problem, regrade=True)
     elif ended:
         run = judged_end(run, ended, timeout_s, bool(box.cgroup and box.cgroup.oom_kills()))
-    return run._replace(seconds=time.monotonic() - began, printed=printed.text())
+    return run._replace(printed=printed.text())
 
 
 def ended_how(worker: Worker, record: Optional[dict]) -> Optional[Tuple[int, float]]:
@@ -874,7 +870,7 @@ def read_record(
         tail = output.decode("utf-8", "replace").strip().splitlines()
         last = f"; its last output: {tail[-1][:200]}" if tail else ""
         problem = f"the test process ended without its report{last}"
-        return Run([], {}, {}, problem, {}, 0.0, regrade=True)
+        return Run([], {}, {}, problem, {}, regrade=True)
     versions = record.get("versions", {})
     if record["problem"]:  # the worker neither answered nor used its time: it was kept from it
         problem = (
@@ -882,7 +878,7 @@ def read_record(
             f"{timeout_s + GRACE_S:g} s, and was not computing (its code waited, or the "
             "machine was busy)"
         )
-        return Run(record["collected"] or [], {}, {}, problem, versions, 0.0, regrade=True)
+        return Run(record["collected"] or [], {}, {}, problem, versions, regrade=True)
     tests, outcomes, messages = record["collected"] or [], record["outcomes"], record["messages"]
     collect_error = record["collect_error"]
     if selected is not None:
@@ -892,18 +888,17 @@ def read_record(
                 messages[test] = collect_error or "this test does not exist in the test file"
         tests = list(selected)
     elif collect_error:
-        return Run(tests, outcomes, messages, f"the tests do not collect: {collect_error}", {}, 0)
-    return Run(tests, outcomes, messages, "", versions, 0.0)
+        return Run(tests, outcomes, messages, f"the tests do not collect: {collect_error}", {})
+    return Run(tests, outcomes, messages, "", versions)
 
 
-def run_many(jobs: List[tuple], timeout_s=TIMEOUT_S) -> List[Run]:
+def run_many(jobs: List[tuple]) -> List[Run]:
     """run_tests on each job (its arguments, in order), side by side, one per core."""
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), workers()))) as pool:
-        return list(pool.map(lambda job: run_tests(*job, timeout_s=timeout_s), jobs))
+        return list(pool.map(lambda job: run_tests(*job), jobs))
 
 
 def failing(run: Run, tests: List[str]) -> List[str]:
-    """The tests, of tests, that did not pass in run."""
     return [t for t in tests if run.outcomes.get(t) != "passed"]
 
 
@@ -1013,7 +1008,7 @@ def make_assignment(
     if unknown:
         raise KitError(f"--leave-out names no test of the file: {', '.join(unknown)}")
     left_out = {"torch.compile": compile_tests(tests), "by the teacher": sorted(leave_out or [])}
-    all_left_out = left_out["torch.compile"] + left_out["by the teacher"]
+    all_left_out = sum(left_out.values(), [])
     checks, versions = compute_checks(reference, tests, names, only, all_left_out, layout)
     # out of each check, the tests that fail with the original's own function in the sandbox
     boxes = {n: StudentSandbox({n: reference}, layout, TIMEOUT_S) for n in names}
@@ -1198,7 +1193,6 @@ def read_submission(path: Path, name: str = "compressive.py") -> str:
 
 
 class Prepared(NamedTuple):
-    submission: str
     refused: str  # why the whole file is refused ("" if it is not)
     refusals: Dict[str, str]  # exercise -> why it alone is refused
     spliced: Dict[str, str]  # exercise -> the original with the student's function put in
@@ -1221,7 +1215,7 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
                 found = functions(parse(text, "the submission"))
                 refusals = {n: f"it has no function {n}" for n in names if n not in found}
         except (KitError, audit.Refusal) as e:
-            return Prepared(str(submission), str(e), {}, {})
+            return Prepared(str(e), {}, {})
         spliced = {}
         for name in names:
             if name not in refusals:
@@ -1229,7 +1223,7 @@ def prepare(submission: Path, assignment: Assignment, audited: bool = True) -> P
                     spliced[name] = splice(assignment.reference, text, name)
                 except KitError as e:
                     refusals[name] = str(e)
-    return Prepared(str(submission), "", refusals, spliced)
+    return Prepared("", refusals, spliced)
 
 
 def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float) -> Dict[str, Run]:
@@ -1240,7 +1234,7 @@ def run_submission(prepared: Prepared, assignment: Assignment, timeout_s: float)
             try:
                 box.start()
             except SandboxFailed as e:
-                return dict.fromkeys(prepared.spliced, Run([], {}, {}, str(e), {}, 0, regrade=True))
+                return dict.fromkeys(prepared.spliced, Run([], {}, {}, str(e), {}, regrade=True))
             Zygote.ensure()
         return {
             c.name: run_tests(
@@ -1304,7 +1298,7 @@ def grade_class(
             why = ready.refusals.get(c.name, ready.refused)
             refused = Grade(c.name, c.points, 0.0, c.tests, c.hidden, [], "", why)
             grades.append(score(c, runs[c.name], partial) if c.name in runs else refused)
-        return Grading(ready.submission, grades, ready.refused, partial, time.monotonic() - began)
+        return Grading(str(path), grades, ready.refused, partial, time.monotonic() - began)
 
     gradings = {}
     with ThreadPoolExecutor(max_workers=workers()) as pool:
@@ -1343,9 +1337,9 @@ def audit_line(why: str, whole: bool = True) -> str:
     return f"refused: {why} ({graded})"
 
 
-def not_graded(grade: Grade) -> str:
+def why_not_graded(grade: Grade) -> str:
     """Its own code's doing (it scores 0), or the machine's (to grade again: it is no 0)."""
-    return f"not graded: {'regrade: ' if grade.regrade else ''}{grade.problem}"
+    return f"{'regrade: ' if grade.regrade else ''}{grade.problem}"
 
 
 def summary(grade: Grade) -> str:
@@ -1354,7 +1348,7 @@ def summary(grade: Grade) -> str:
     if grade.refused:
         return audit_line(grade.refused, whole=False)
     if grade.problem:
-        return not_graded(grade)
+        return f"not graded: {why_not_graded(grade)}"
     if not grade.failures:
         return f"passed its {len(grade.tests)} tests{hidden}"
     unwritten = all(m.startswith("NotImplementedError") for _, m in grade.failures)
@@ -1401,8 +1395,7 @@ def report(grading: Grading) -> str:
             lines += [f"    {line}" for line in failure_lines(g, hidden=False)]
             lines += [f"    (hidden) {line}" for line in failure_lines(g, hidden=True)]
         if g.printed:
-            lines.append("    what it printed (not graded):")
-            lines.append(textwrap.indent(g.printed, "      "))
+            lines += ["    what it printed (not graded):", textwrap.indent(g.printed, "      ")]
     lines.append(f"total {grading.score:g}/{grading.max_score:g} ({grading.seconds:.0f} s)")
     return shown("\n".join(lines))
 
@@ -1413,15 +1406,8 @@ def results_json(grading: Grading, assignment: Assignment) -> dict:
 
     def entry(name, score, points, passed, output, visibility="visible"):
         status = "passed" if passed else "failed"
-        output = shown(output)
-        return dict(
-            name=name,
-            score=score,
-            max_score=points,
-            status=status,
-            output=output,
-            visibility=visibility,
-        )
+        fields = dict(name=name, score=score, max_score=points, status=status)
+        return {**fields, "output": shown(output), "visibility": visibility}
 
     scored, hidden = [], []
     for g in grading.grades:

@@ -87,8 +87,6 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
 
     class Reporter:
         def pytest_collection_modifyitems(self, session, config, items):
-            if selected is None and names is None and not leave_out:
-                return
             keep = [
                 item
                 for item in items
@@ -115,10 +113,9 @@ def run(control: dict, sandbox_fd: Optional[int]) -> dict:
                 box.reset()  # the sandbox forgets the graphs of this test's calls
 
     # --tb=no: the grader reads a failure's first line, and a traceback costs more than the test
-    test_file = control.get("test_file") or "test_compressive.py"
-    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", test_file]
+    args = ["-q", "-p", "no:cacheprovider", "--no-header", "--tb=no", control["test_file"]]
     try:
-        record["exit_status"] = int(pytest.main(args, plugins=[Reporter()]))
+        pytest.main(args, plugins=[Reporter()])
     finally:
         if box is not None:
             record["problem"] = box.problem
@@ -159,8 +156,7 @@ def serve(socket_fd: int) -> int:
                 connection.close()
                 job = json.loads(message)
                 os.setsid()  # its own process group, which the grader kills whole at its limit
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(fds[1], 1)
                 os.dup2(fds[1], 2)
                 os.chdir(job["folder"])

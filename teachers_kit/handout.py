@@ -36,8 +36,6 @@ from teachers_kit.exercises import (
 from teachers_kit.gradescope import write_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "compressive.py"
-TESTS = ROOT / "test_compressive.py"
 README = Path(__file__).resolve().parent / "README.md"  # the kit's own, which holds the table
 TABLE_COMMAND = "python -m teachers_kit.handout --table teachers_kit/README.md"
 TABLE_BEGIN = f"<!-- exercises: made by {TABLE_COMMAND} -->"
@@ -48,16 +46,10 @@ TABLE_END = "<!-- end of exercises -->"
 
 
 def make(
-    names: List[str],
-    out: Path,
-    points: Optional[List[float]] = None,
-    partial: bool = False,
-    hidden_visibility: str = "after_published",
-    only: Optional[List[str]] = None,
-    leave_out: Optional[List[str]] = None,
+    names: List[str], out: Path, points: Optional[List[float]] = None, **options
 ) -> grading.Assignment:
-    """Write out/student, out/teacher and out/gradescope.zip, whole or not at all (only: the
-    tests to compute checks from, for the kit's own tests)."""
+    """Write out/student, out/teacher and out/gradescope.zip, whole or not at all; options:
+    make_assignment's (partial, hidden_visibility, leave_out; only, for the kit's own tests)."""
     layout, text, tree, tests = sources(module_of(names))
     names = resolve(names, tree, layout.module)
     if points is not None and len(points) != len(names):
@@ -69,17 +61,9 @@ def make(
         )
     (out / "teacher").mkdir(mode=0o700, parents=True)  # the solution: its owner's alone
     try:
+        points_of = dict(zip(names, points or []))
         assignment = grading.make_assignment(
-            out / "teacher",
-            text,
-            tests,
-            names,
-            dict(zip(names, points or [])),
-            partial,
-            hidden_visibility,
-            only,
-            leave_out,
-            layout,
+            out / "teacher", text, tests, names, points_of, layout=layout, **options
         )
         write_student_folder(out / "student", text, tree, tests, assignment)
         write_bundle(assignment, out / "gradescope.zip")
@@ -123,8 +107,7 @@ def write_student_folder(
         files[f"checks/{name}.txt"] = "".join(t + "\n" for t in check)
     files["README.md"] = student_readme(assignment, visible, ast.parse(student))
     for path, content in files.items():
-        (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_text(content, encoding="utf-8")
+        grading.write(folder / path, content)
 
 
 def student_readme(
@@ -263,11 +246,9 @@ def say_how_code_runs(audited: bool, without_sandbox: bool = False) -> None:
         raise KitError(
             f"{note}; grading refused: install bubblewrap, or grade anyway with {UNSANDBOXED_FLAG}"
         )
-    for warning in [note, grading.cgroup_note()]:
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    if not audited:
-        print("warning: --no-audit: every exercise's code runs as written", file=sys.stderr)
+    unaudited = "" if audited else "--no-audit: every exercise's code runs as written"
+    for warning in filter(None, [note, grading.cgroup_note(), unaudited]):
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def grade(
@@ -327,7 +308,9 @@ def class_note(result: grading.Grading) -> str:
         return f", {grading.audit_line(result.refused)}"
     refused = sum(bool(g.refused) for g in result.grades)
     notes = [f"{refused} exercise{'' if refused == 1 else 's'} refused"] if refused else []
-    notes += [f"{g.name} {grading.not_graded(g)}" for g in result.grades if g.problem]
+    notes += [
+        f"{g.name} not graded: {grading.why_not_graded(g)}" for g in result.grades if g.problem
+    ]
     return "".join(f", {note}" for note in notes)
 
 
@@ -366,11 +349,7 @@ def grade_class(
     csv.writer(table).writerow(["student", *names, "total", "refusals", "not graded"])
     for student, result in results.items():
         refusals = [f"{g.name}: {g.refused}" for g in result.grades if g.refused]
-        problems = [
-            f"{g.name}: {'regrade: ' if g.regrade else ''}{g.problem}"
-            for g in result.grades
-            if g.problem
-        ]
+        problems = [f"{g.name}: {grading.why_not_graded(g)}" for g in result.grades if g.problem]
         scores = ["regrade" if g.regrade else f"{g.score:g}" for g in result.grades]
         row = [
             student,
@@ -550,14 +529,8 @@ def main(argv=None) -> int:
             return 0
         if args.verify:
             return verify()
-        made = make(
-            args.functions,
-            args.out,
-            args.points,
-            args.partial,
-            args.hidden_visibility,
-            leave_out=args.leave_out,
-        )
+        options = dict(partial=args.partial, hidden_visibility=args.hidden_visibility)
+        made = make(args.functions, args.out, args.points, leave_out=args.leave_out, **options)
         note_assignment(args.out)
         for check in made.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""

@@ -52,8 +52,9 @@ FAST_TESTS = [  # the tests that catch the mistakes below, and one hidden test
     "test_the_fifos_hold_these_tokens_after_each_call",
     "test_update_memory_returns_mem_and_c_mem_contiguous",
 ]
-ORIGINAL = handout.SOURCE.read_text()
+ORIGINAL = (ROOT / "compressive.py").read_text()
 TREE = ast.parse(ORIGINAL)
+TESTS = (ROOT / "test_compressive.py").read_text()
 TEACHERS = handout.README.read_text()
 
 
@@ -279,7 +280,7 @@ def test_the_student_folder_holds_no_answer_and_no_hidden_test(hw, assignment):
         assert listed == [t for t in check.tests if t not in check.hidden]
     # the teacher's folder: the solution, every test, the assignment
     assert (hw / "teacher" / "compressive.py").read_text() == ORIGINAL
-    assert (hw / "teacher" / "test_compressive.py").read_text() == handout.TESTS.read_text()
+    assert (hw / "teacher" / "test_compressive.py").read_text() == TESTS
     assert [c.points for c in assignment.exercises] == [1, 2, 3]
     readme = (student / "README.md").read_text()
     assert "@checks/relative_shift.txt" in readme and "refuses" in readme
@@ -323,7 +324,7 @@ def test_relative_shifts_student_copy_has_no_worked_example_and_no_index_formula
 
 
 def test_the_student_tests_leave_out_each_kept_test_and_the_helpers_only_it_used():
-    text = handout.TESTS.read_text()
+    text = TESTS
     student = exercises.student_tests(text)
     names = {n.name for n in ast.parse(student).body if isinstance(n, ast.FunctionDef)}
     assert "test_fifo_rule_and_c_mem_is_f_c_of_evicted" not in names
@@ -1126,7 +1127,7 @@ def test_points_are_all_or_nothing_unless_partial_which_the_measuring_tests_gate
     share of the check's tests that pass; with none measuring, all or nothing."""
     tests = ["t::a", "t::b", "t::c", "t::d"]
     check = grading.Check("f", 4.0, tests, ["t::d"], [], ["t::a", "t::b", "t::c"])
-    run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {}, 0.0)
+    run = grading.Run(check.tests, dict.fromkeys(check.tests, "passed"), {}, "", {})
 
     def failing(*names):
         return run._replace(outcomes={**run.outcomes, **dict.fromkeys(names, "failed")})
@@ -1335,7 +1336,7 @@ def test_bad_command_lines_get_one_clear_error(tmp_path):
 def test_a_test_failing_on_this_machine_is_named_and_can_be_left_out(tmp_path):
     """Making an assignment where a test fails on the original names each failing test and the
     flag that leaves them out; left out, they are in no check, and the assignment says so."""
-    tests = handout.TESTS.read_text() + "\n\ndef test_fails_here():\n    assert 1 == 2\n"
+    tests = TESTS + "\n\ndef test_fails_here():\n    assert 1 == 2\n"
     only_these = ["test_relative_shift_returns_a_view_of_its_input", "test_fails_here"]
     make = lambda folder, leave_out: grading.make_assignment(  # noqa: E731
         tmp_path / folder,
