@@ -1,12 +1,8 @@
-"""The mechanism drawn from a real model's tensors, each an SVG of the page made by
-`python -m lesson.memory_picture --NAME-svg docs/NAME.svg`: the two FIFOs segment by segment
-(fifo), relative_shift entry by entry (shift), the causal mask over the keys (mask), the reach
-layer by layer (reach), and which loss's gradients reach what (recon).
-
-Each figure's data is read from a tiny CompressiveTransformer (the *_data functions) and drawn
-with matplotlib, each shape that carries data with an id a test reads back. Layers and segments
-count from 1 in every label.
-"""
+"""The mechanism drawn from a real model's tensors: `python -m lesson.memory_picture --NAME-svg
+docs/NAME.svg` draws the FIFOs (fifo), relative_shift (shift), the causal mask (mask), the reach
+(reach) and where each loss's gradients go (recon). Each figure's data is read from a tiny
+CompressiveTransformer (the *_data functions); each shape that carries data has an id a test
+reads back. Layers and segments count from 1 in every label."""
 
 import io
 import os
@@ -47,9 +43,8 @@ def keys_seen(before: FifoStep, segment: List[int]) -> list:
 
 
 def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoStep]:
-    """The memory after each segment of a text fed from position start in segments of lengths, by
-    update_memory's rule: append the segment to mem; evict what overflows n_m (n_evicted), each
-    block of c one c_mem slot (n_cm = 0: dropped); keep c_mem's newest n_cm."""
+    """The memory after each segment of lengths fed from position start, by update_memory's rule
+    (n_evicted): the overflow of mem leaves it, each block of c a c_mem slot (n_cm = 0: dropped)."""
     mem, c_mem, steps = [], [], []
     for length in lengths:
         segment = list(range(start, start + length))
@@ -79,9 +74,8 @@ def toy_config(**changes) -> CompressiveConfig:
 
 
 def position_model(n_s: int, n_m: int, n_cm: int, c: int, n: int) -> CompressiveTransformer:
-    """A one-layer model with the mean_pool f_c that reads the text positions 0 .. n - 1 as one-hot
-    vectors: its mem holds one one-hot a slot (the first layer keeps its raw inputs), each c_mem
-    slot the mean of its block's, so the positions can be read back."""
+    """One layer with the mean_pool f_c over the positions 0 .. n - 1 as one-hot vectors: mem holds
+    one a slot, a c_mem slot the mean of its block's, so the positions read back."""
     d = n + n % 2  # two heads
     sizes = dict(seq_len=n_s, mem_len=n_m, c_mem_len=n_cm, compression_rate=c)
     return CompressiveTransformer(toy_config(d_model=d, d_ff=d, compression="mean_pool", **sizes))
@@ -172,8 +166,6 @@ class Canvas:
     def save(self, path: str, name: str) -> None:
         """The SVG, fit to be inlined in a page: text as text, no date, no XML prolog, every id
         prefixed with name, nothing clipped (a clip path is a url(...), which the page forbids)."""
-        import matplotlib
-
         height = self.y + 6
         self.fig.set_size_inches(self.width / 96, height / 96)
         self.ax.set(xlim=(0, self.width), ylim=(height, 0))
@@ -181,7 +173,7 @@ class Canvas:
             artist.set_clip_on(False)
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
         buffer, no_date = io.StringIO(), dict.fromkeys(("Date", "Creator", "Format", "Type"))
-        with matplotlib.rc_context(rc):
+        with self.plt.rc_context(rc):
             self.fig.savefig(buffer, format="svg", metadata=no_date)
         self.plt.close(self.fig)
         svg = buffer.getvalue()
@@ -308,9 +300,8 @@ FIFO_LEGEND = [  # two lines of (the region of the swatch, its edge's width, its
 
 
 def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
-    """One row per segment of the toy (steps: model_fifo_steps'): the keys its queries attend over,
-    each under the positions it stands for, and at the right what the FIFOs do after it. Ids:
-    fifo-slot-ROW-REGION-POSITIONS, fifo-evicted-ROW-P for a position leaving mem."""
+    """A row per segment: its keys under the positions they stand for, the update at the right.
+    Ids: fifo-slot-ROW-REGION-POSITIONS, fifo-evicted-ROW-P for a position leaving mem."""
     n_s, n_m, n_cm, c, _ = TOY_SIZES
     cell, row_h, left = 22, 50, 128
     notes_x = left + len(steps) * n_s * cell + 16
@@ -366,9 +357,8 @@ def shift_model(T: int = 3, M: int = 2):
 
 @torch.no_grad()
 def shift_data(model, x) -> dict:
-    """relative_shift as a real layer (one head) runs it on the position scores P, [T, K+1], of the
-    second of two segments of x. Returns {"T", "M", "K", "P"; "source": the index in P flattened
-    each entry of the result takes; "out": the result; "masked"; "weights": the forward's}."""
+    """relative_shift on a real layer's position scores P [T, K+1] of x's second segment, with
+    "source": the index into P flattened that each entry of the result ("out") takes."""
     attn, seen = model.layers[0].attn, {}
     hook = attn.register_forward_hook(lambda module, args, out: seen.update(args=args, out=out))
     T = model.cfg.seq_len
@@ -447,8 +437,7 @@ def draw_shift(data: dict, path: str) -> None:
 @torch.no_grad()
 def mask_data() -> dict:
     """The keys of the toy's last segment, read back from the model's memory tensors, and where the
-    mask hides them, from its attention weights (0 in every head). Returns {"keys": [(region,
-    positions)], "queries": the segment's positions, "M": the memories, "masked": [T][K]}."""
+    mask hides them ("masked" [T][K]), from its attention weights (0 in every head)."""
     n_s, n_m, n_cm, c, n_segments = TOY_SIZES
     model = position_model(n_s, n_m, n_cm, c, n_s * n_segments)
     with recorded_attention(model) as attention:
@@ -511,9 +500,8 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
 
 @torch.no_grad()
 def reach_data(n_layers: int = 3, **changes) -> dict:
-    """How far back each layer's output at the last token sees, measured on a real model (the toy
-    sizes, random weights) by changing one token a row of the batch. Returns {"cfg": the sizes,
-    "edges": reach(cfg, depth), "changed": per layer, the positions back that change it}."""
+    """How far back each layer's output at the last token sees, measured on a real model by
+    changing one token a row of the batch ("changed": per layer, the positions back that do)."""
     torch.manual_seed(0)
     cfg = toy_config(n_layers=n_layers, **changes)
     model = CompressiveTransformer(cfg).eval()
@@ -540,9 +528,8 @@ STACK_FILLS = ["#eadcf0", "#d3bde6", "#bb9edb", "#a37fd0"]  # layer 2, 3, ...: a
 
 
 def draw_reach(data: dict, path: str) -> None:
-    """A row per layer, a cell per position back (0 at the right) filled where changing that token
-    changes the layer's output, coloured by reach()'s band, its edges marked above. Ids:
-    reach-cell-L-B (layer L from 1, B back), reach-edge-NAME (text: its label)."""
+    """A row per layer, a cell per position back (0 at the right) filled where it changes the
+    output, coloured by reach()'s band. Ids: reach-cell-L-B (B back), reach-edge-NAME."""
     edges, changed, sizes = data["edges"], data["changed"], data["cfg"]
     n_s, n_m, n_cm, c = sizes.values()
     far = max(max(row) for row in changed) + 1
@@ -627,9 +614,8 @@ def recon_model():
 
 
 def recon_data(model, tokens) -> dict:
-    """What the language-model loss and L_attn reach, by autograd, in model's third segment (the
-    first to evict). Returns {"layers": per layer and LAYER_ROWS row, (LM's, L_attn's)
-    gradient_norm; "model": the same per MODEL_ROWS row; "lm", "recon": the losses}."""
+    """The (LM's, L_attn's) gradient_norm per layer and LAYER_ROWS row ("layers") and per
+    MODEL_ROWS row ("model") in model's third segment, the first to evict."""
     n_s = model.cfg.seq_len
     with torch.no_grad():  # fill mem
         _, memory, _ = model(tokens[:, :n_s])
@@ -672,9 +658,8 @@ RECON_NOTES = (
 
 
 def draw_recon(data: dict, path: str) -> None:
-    """Per layer, each part (LAYER_ROWS) against the two losses: the norm of the gradient that
-    reaches it, or why none does. Ids: recon-I-ROW-LOSS (I from 1; LOSS lm or attn),
-    recon-model-ROW-LOSS (text: the norm, "none" or "detached")."""
+    """Each part (LAYER_ROWS) against the two losses: the norm of the gradient that reaches it.
+    Ids: recon-I-ROW-LOSS (I the layer, LOSS lm or attn), recon-model-ROW-LOSS."""
     layers, h, w, left = data["layers"], 21, 84, 200
     title = "Where the gradients go: the language-model loss and f_c's L_attn, measured by autograd"
     canvas = Canvas(left + 4 * w + 486, title)
