@@ -284,14 +284,6 @@ def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> str:
     return words + f"\nc_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}" * bool(n)
 
 
-FIFO_INTRO = (
-    "n_s = {n_s}: the tokens of a segment (one forward); n_m, n_cm: the slots of mem and c_mem; "
-    "c: the inputs that one c_mem slot compresses. Left, one row a segment: what its queries "
-    "attend over, [c_mem; mem; segment], oldest first, as the FIFOs hold them before the update, "
-    "under the text positions each slot stands for. Right: the update after the segment, which "
-    "the next row shows done. Red dashes: leaves mem after the segment; a grey character: read "
-    "before, no longer held; \u00b7: a space."
-)
 FIFO_LEGEND = [  # two lines of (the region of the swatch, its edge's width, its words)
     [("c_mem", 0.75, "c_mem: one vector, f_c of a block of c inputs (their positions inside)")],
     [("c_mem", 2, "bold: made by the update before"), ("mem", 0.75, "mem: a slot is one input")],
@@ -299,7 +291,7 @@ FIFO_LEGEND = [  # two lines of (the region of the swatch, its edge's width, its
 ]
 
 
-def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
+def draw_fifo(steps: List[FifoStep], path: str) -> None:
     """A row per segment: its keys under the positions they stand for, the update at the right.
     Ids: fifo-slot-ROW-REGION-POSITIONS, fifo-evicted-ROW-P for a position leaving mem."""
     n_s, n_m, n_cm, c, _ = TOY_SIZES
@@ -307,7 +299,14 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
     notes_x = left + len(steps) * n_s * cell + 16
     title = f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
     canvas = Canvas(notes_x + 330, title + f"n_cm = {n_cm}, c = {c}")
-    canvas.paragraph(FIFO_INTRO.format(n_s=n_s))
+    canvas.paragraph(
+        f"n_s = {n_s}: the tokens of a segment (one forward); n_m, n_cm: the slots of mem and "
+        "c_mem; c: the inputs that one c_mem slot compresses. Left, one row a segment: what its "
+        "queries attend over, [c_mem; mem; segment], oldest first, as the FIFOs hold them before "
+        "the update, under the text positions each slot stands for. Right: the update after the "
+        "segment, which the next row shows done. Red dashes: leaves mem after the segment; a grey "
+        "character: read before, no longer held; \u00b7: a space."
+    )
     for items in FIFO_LEGEND:
         x = 12
         for region, lw, words in items:
@@ -324,7 +323,7 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
         canvas.text(12, y + 16, f"segment {k + 1} sees")
         held = [p for block in before.c_mem for p in block] + before.mem + step.segment
         for p in set(range(step.segment[0])) - set(held):  # read before, no longer held: grey
-            canvas.text(left + p * cell + 11, y + 16, shown(text[p]), ha="center", color=GREY)
+            canvas.text(left + p * cell + 11, y + 16, shown(TOY_TEXT[p]), ha="center", color=GREY)
         for region, positions in keys_seen(before, step.segment):
             x, w = left + positions[0] * cell, len(positions) * cell
             gid = f"fifo-slot-{k}-{region}-{'_'.join(map(str, positions))}"
@@ -334,7 +333,7 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
                 span = f"f_c\n{positions[0]}\u2013{positions[-1]}"
                 canvas.text(x + w / 2, y + 10, span, 9, ha="center")
             else:
-                canvas.text(x + 11, y + 16, shown(text[positions[0]]), ha="center", family=FONT)
+                canvas.text(x + 11, y + 16, shown(TOY_TEXT[positions[0]]), ha="center", family=FONT)
         for p in step.evicted:
             x = left + p * cell
             canvas.line([x + 2, x + cell - 2], [y + 29] * 2, gid=f"fifo-evicted-{k}-{p}")
@@ -377,14 +376,6 @@ def shift_data(model, x) -> dict:
 
 QUERY_FILLS = [*REGION_FILLS.values(), "#eadcf0", "#f6e7b6"]  # query i's colours, in turn
 QUERY_EDGES = [*REGION_COLORS.values(), "#7b3f9e", "#a07a00"]
-SHIFT_NOTES = (
-    "Each colour is one query's row of P. Query 1's row of the result starts T entries into its "
-    "row of P, each next row one entry earlier, so row i runs through the distances M + i \u2212 "
-    "j: every key at its own distance. The grey entries wrapped in from the next row; they fall "
-    "on keys in the query's future, which the causal mask hides (\u2212\u221e). Transformer-XL "
-    "pads a column of zeros and re-views; here P's spare distance-K column plays the pad's role, "
-    "and the view copies nothing."
-)
 
 
 def draw_shift(data: dict, path: str) -> None:
@@ -426,7 +417,14 @@ def draw_shift(data: dict, path: str) -> None:
     whys = [["masked" * m for m in row] for row in data["masked"]]
     heading += "key j at distance M + i \u2212 j"
     panel(canvas, rows("out", data["source"], whys), w, h, headers, heading)
-    canvas.paragraph(SHIFT_NOTES)
+    canvas.paragraph(
+        "Each colour is one query's row of P. Query 1's row of the result starts T entries into "
+        "its row of P, each next row one entry earlier, so row i runs through the distances M + i "
+        "\u2212 j: every key at its own distance. The grey entries wrapped in from the next row; "
+        "they fall on keys in the query's future, which the causal mask hides (\u2212\u221e). "
+        "Transformer-XL pads a column of zeros and re-views; here P's spare distance-K column "
+        "plays the pad's role, and the view copies nothing."
+    )
     canvas.save(path, "shift")
 
 
@@ -447,17 +445,7 @@ def mask_data() -> dict:
     return {"keys": keys, "queries": last.segment, "M": M, "masked": masked.tolist()}
 
 
-MASK_NOTES = (
-    "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position term "
-    "R; \u2212\u221e where key j lies in the query's future, j > M + i (the mask is added to the "
-    "scores: its weight is 0). A distance counts slots: a c_mem slot stands for c tokens and "
-    "still sits one position further than the slot after it (a departure, in hidden_states). "
-    "Read from a real model: the keys from its memory tensors, the mask from its attention "
-    "weights (0 in every head)."
-)
-
-
-def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
+def draw_mask(data: dict, path: str) -> None:
     """A row per query, a column per key, each cell the key's distance M + i - j, or -inf where the
     mask hides it. Ids: mask-cell-I-J (text: the distance or -inf), mask-key-J (text: the key)."""
     keys, queries, M, masked = data["keys"], data["queries"], data["M"], data["masked"]
@@ -478,7 +466,7 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
     canvas.y += 22
     canvas.text(left - 10, canvas.y + 22, "key (position)", 9, ha="right", color=FAINT)
     headers = [
-        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else f"{shown(text[p[0]])}\n{p[0]}"
+        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else f"{shown(TOY_TEXT[p[0]])}\n{p[0]}"
         for r, p in keys
     ]
     rows = []
@@ -488,9 +476,16 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
             hidden, gid = masked[i][j], f"mask-cell-{i}-{j}"
             fill, ink = ("#eeeeee", "#999999") if hidden else (REGION_FILLS[region], INK)
             cells.append((fill, "\u2212\u221e" if hidden else str(M + i - j), gid, 11, "none", ink))
-        rows.append((f"query {i + 1}: {shown(text[p])!r} ({p})", cells))
+        rows.append((f"query {i + 1}: {shown(TOY_TEXT[p])!r} ({p})", cells))
     panel(canvas, rows, w, h, headers, left=left, key_gid="mask-key")
-    canvas.paragraph(MASK_NOTES)
+    canvas.paragraph(
+        "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position "
+        "term R; \u2212\u221e where key j lies in the query's future, j > M + i (the mask is added "
+        "to the scores: its weight is 0). A distance counts slots: a c_mem slot stands for c "
+        "tokens and still sits one position further than the slot after it (a departure, in "
+        "hidden_states). Read from a real model: the keys from its memory tensors, the mask from "
+        "its attention weights (0 in every head)."
+    )
     canvas.save(path, "mask")
 
 
@@ -650,13 +645,6 @@ def recon_data(model, tokens) -> dict:
     return {"layers": layers, "model": model_rows, "lm": lm.item(), "recon": recon.item()}
 
 
-RECON_NOTES = (
-    "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network learns "
-    "from the language-model loss alone, and neither loss reaches back into the memories, which "
-    "are stored detached (so a segment's backward pass never runs through earlier segments)."
-)
-
-
 def draw_recon(data: dict, path: str) -> None:
     """Each part (LAYER_ROWS) against the two losses: the norm of the gradient that reaches it.
     Ids: recon-I-ROW-LOSS (I the layer, LOSS lm or attn), recon-model-ROW-LOSS."""
@@ -690,7 +678,12 @@ def draw_recon(data: dict, path: str) -> None:
         for r, (name, _) in enumerate(MODEL_ROWS)
     ]
     panel(canvas, rows, 2 * w, h, left=left, notes=[why for _, why in MODEL_ROWS])
-    canvas.paragraph(RECON_NOTES)
+    canvas.paragraph(
+        "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network "
+        "learns from the language-model loss alone, and neither loss reaches back into the "
+        "memories, which are stored detached (so a segment's backward pass never runs through "
+        "earlier segments)."
+    )
     canvas.save(path, "recon")
 
 
