@@ -589,32 +589,31 @@ def forward_tokens(model, tokens, memory=None, starts=None):
     return model.head(h), memory, recon_loss
 
 
-SPLITS = "the update scores another policy than the one that acted (PPO's ratio starts away from 1)"
-DROPOUT_SPLITS = (
-    f"acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
-    f"update will draw, so {SPLITS}. Give an agent dropout=0, or act and update alike under "
-    f"model.eval()"
-)
-MODES_SPLIT = (
-    f"updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
-    f"dropout masks, so {SPLITS}. Give an agent dropout=0, or update under model.eval() as it "
-    f"acted"
-)
-
-
 def check_modes(model, keeps: bool) -> None:
     """Warns where acting and the update draw different dropout masks (an eager acting call
     records its mode); under torch.compile, which cannot warn, such acting is refused."""
     dropout = model.training and model.cfg.dropout > 0
+    splits = (
+        "so the update scores another policy than the one that acted (PPO's ratio starts away "
+        "from 1). Give an agent dropout=0, or"
+    )
+    acting = (
+        "acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
+        f"update will draw, {splits} act and update alike under model.eval()"
+    )
     if torch.compiler.is_compiling():
         if keeps and dropout:
-            raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
+            raise ValueError(acting + " (refused under torch.compile, which cannot warn)")
     elif keeps:
         if dropout:
-            warnings.warn(DROPOUT_SPLITS, stacklevel=3)
+            warnings.warn(acting, stacklevel=3)
         model.acted_in_eval = not model.training
     elif dropout and getattr(model, "acted_in_eval", False):
-        warnings.warn(MODES_SPLIT, stacklevel=3)
+        warnings.warn(
+            "updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
+            f"dropout masks, {splits} update under model.eval() as it acted",
+            stacklevel=3,
+        )
 
 
 def projection_dtype(x):
