@@ -82,8 +82,7 @@ class AgentMemory(NamedTuple):
 
     @staticmethod
     def join(memories, how=torch.cat) -> "AgentMemory":
-        """One memory of the rows of memories (a list), in order: their batches concatenated (how
-        = torch.stack: stack's)."""
+        """The rows of memories (a list), in order, as one batch (how=torch.stack: stacked)."""
         listed = isinstance(memories, (list, tuple)) and memories  # an AgentMemory holds none
         if not listed or not all(isinstance(m, AgentMemory) for m in memories):
             got = type(memories).__name__
@@ -216,9 +215,8 @@ class Close(NamedTuple):
 
 
 class Layout:
-    """The index tensors of one call: each step's frame, the segment ends, what each step sees,
-    the memory handed on. read_back: which rows end a segment is read back, and each end is
-    computed for those rows alone (else for every row, nothing read back)."""
+    """The index tensors of one call (section 2). read_back: which rows end a segment is read
+    back, and each end computed for those rows alone (else for every row)."""
 
     def __init__(self, cfg: CompressiveConfig, filled, since_start, starts, T: int, read_back):
         self.cfg, self.device, self.T = cfg, filled.device, T
@@ -366,7 +364,7 @@ def layer_over_call(layer, h, memory: AgentMemory, i: int, slots, keeps: bool, l
     ends = segment_ends(layer, memory, i, stream, layout, q, k, v, slots, position)
     attended = attention(attn, layout, q, k, v, slots, ends, position)
     out = layer.residual_and_feed_forward(h, attended.out)
-    recon_loss = reconstruction_losses(layer, ends, attended.content_queries, h)
+    recon_loss = reconstruction_losses(layer, layout, ends, attended.content_queries, h)
     fields = handed_on(layout, memory, i, stream, attended, slots, ends, keeps)
     return out, fields, recon_loss
 
@@ -384,9 +382,8 @@ def attention(attn, layout: Layout, q, k, v, slots: MemoryKeys, ends, position):
 
 
 class Ends(NamedTuple):
-    """The segment ends of a call, computed for every row or for those that make each."""
+    """Layout.closes' segment ends, computed for every row or for those that make each."""
 
-    closes: List[Close]
     evicted: List[torch.Tensor]  # [rows, n_s, d] each
     compressed: List[torch.Tensor]  # [rows, n_new, d]: f_c of them
     made: List[torch.Tensor]  # [B, n_new, d]: the same, detached, zeros in the other rows
@@ -395,9 +392,8 @@ class Ends(NamedTuple):
 
 
 def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, position) -> Ends:
-    """Each segment end: evict n_s steps and compress them (most_used: ranked by the attention of
-    the steps before it)."""
-    n_s, B, ends = layout.n_s, len(stream), Ends([], [], [], [], [], [])
+    """Each end evicts n_s steps and compresses them (most_used: ranked by earlier attention)."""
+    n_s, B, ends = layout.n_s, len(stream), Ends([], [], [], [], [])
     for close in layout.closes:
         rows = close.rows
         moved = window(stream, close.oldest, close.seen, rows=rows)  # [B, n_s + 1, d]
@@ -415,18 +411,17 @@ def segment_ends(layer, memory, i: int, stream, layout: Layout, q, k, v, slots, 
             made, *new_kv = (
                 t.new_zeros(B, *t.shape[1:]).index_copy(0, rows, t) for t in (made, *new_kv)
             )
-        for field, value in zip(ends, (close, evicted, compressed, made, *new_kv)):
+        for field, value in zip(ends, (evicted, compressed, made, *new_kv)):
             field.append(value)
     return ends
 
 
-def reconstruction_losses(layer, ends: Ends, content_q, h):
-    """compressive.py's f_c loss of each segment end, the call's steps as queries, weighted by
-    the share of rows the end is in."""
+def reconstruction_losses(layer, layout: Layout, ends: Ends, content_q, h):
+    """compressive.py's f_c loss of each end, the call's steps as queries, by its rows' share."""
     recon_loss = h.new_zeros(())
     if not layer.reconstructs:
         return recon_loss
-    for close, evicted, compressed in zip(ends.closes, ends.evicted, ends.compressed):
+    for close, evicted, compressed in zip(layout.closes, ends.evicted, ends.compressed):
         queries = content_q if close.rows is None else content_q[close.rows]
         with torch.no_grad():  # the keys and values of the steps it evicts
             evicted_kv = layer.memory_keys_values(evicted)
@@ -498,9 +493,8 @@ def config_checksum(cfg: CompressiveConfig) -> int:
 
 
 def memory_keys(model, memory: AgentMemory, keeps: bool, x):
-    """Per layer, the memory's keys and values (MemoryKeys): the kept ones where the call keeps
-    keys and the weights of now made them in its dtype, else one projection of [c_mem; mem];
-    and the fingerprint of now."""
+    """Per layer, the memory's keys and values (MemoryKeys), kept ones where the call keeps keys
+    and today's weights made them in its dtype, else projected; and today's fingerprint."""
     now, kept, n = fingerprint(model), memory.kept, len(model.layers)
     usable = kept is not None and now.device.type != "meta"  # meta: no values to compare
     if usable and torch.compiler.is_compiling():  # of another config: projected anew, not refused
@@ -589,32 +583,31 @@ def forward_tokens(model, tokens, memory=None, starts=None):
     return model.head(h), memory, recon_loss
 
 
-SPLITS = "the update scores another policy than the one that acted (PPO's ratio starts away from 1)"
-DROPOUT_SPLITS = (
-    f"acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
-    f"update will draw, so {SPLITS}. Give an agent dropout=0, or act and update alike under "
-    f"model.eval()"
-)
-MODES_SPLIT = (
-    f"updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
-    f"dropout masks, so {SPLITS}. Give an agent dropout=0, or update under model.eval() as it "
-    f"acted"
-)
-
-
 def check_modes(model, keeps: bool) -> None:
     """Warns where acting and the update draw different dropout masks (an eager acting call
     records its mode); under torch.compile, which cannot warn, such acting is refused."""
     dropout = model.training and model.cfg.dropout > 0
+    splits = (
+        "so the update scores another policy than the one that acted (PPO's ratio starts away "
+        "from 1). Give an agent dropout=0, or"
+    )
+    acting = (
+        "acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
+        f"update will draw, {splits} act and update alike under model.eval()"
+    )
     if torch.compiler.is_compiling():
         if keeps and dropout:
-            raise ValueError(DROPOUT_SPLITS + " (refused under torch.compile, which cannot warn)")
+            raise ValueError(acting + " (refused under torch.compile, which cannot warn)")
     elif keeps:
         if dropout:
-            warnings.warn(DROPOUT_SPLITS, stacklevel=3)
+            warnings.warn(acting, stacklevel=3)
         model.acted_in_eval = not model.training
     elif dropout and getattr(model, "acted_in_eval", False):
-        warnings.warn(MODES_SPLIT, stacklevel=3)
+        warnings.warn(
+            "updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
+            f"dropout masks, {splits} update under model.eval() as it acted",
+            stacklevel=3,
+        )
 
 
 def projection_dtype(x):

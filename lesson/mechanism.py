@@ -1,12 +1,8 @@
-"""The mechanism drawn from a real model's tensors, each an SVG of the page made by
-`python -m lesson.memory_picture --NAME-svg docs/NAME.svg`: the two FIFOs segment by segment
-(fifo), relative_shift entry by entry (shift), the causal mask over the keys (mask), the reach
-layer by layer (reach), and which loss's gradients reach what (recon).
-
-Each figure's data is read from a tiny CompressiveTransformer (the *_data functions) and drawn
-with matplotlib, each shape that carries data with an id a test reads back. Layers and segments
-count from 1 in every label.
-"""
+"""The mechanism drawn from a real model's tensors: `python -m lesson.memory_picture --NAME-svg
+docs/NAME.svg` draws the FIFOs (fifo), relative_shift (shift), the causal mask (mask), the reach
+(reach) and where each loss's gradients go (recon). Each figure's data is read from a tiny
+CompressiveTransformer (the *_data functions); each shape that carries data has an id a test
+reads back. Layers and segments count from 1 in every label."""
 
 import io
 import os
@@ -47,9 +43,8 @@ def keys_seen(before: FifoStep, segment: List[int]) -> list:
 
 
 def fifo_steps(start: int, lengths, n_m: int, n_cm: int, c: int) -> List[FifoStep]:
-    """The memory after each segment of a text fed from position start in segments of lengths, by
-    update_memory's rule: append the segment to mem; evict what overflows n_m (n_evicted), each
-    block of c one c_mem slot (n_cm = 0: dropped); keep c_mem's newest n_cm."""
+    """The memory after each segment of lengths fed from position start, by update_memory's rule
+    (n_evicted): the overflow of mem leaves it, each block of c a c_mem slot (n_cm = 0: dropped)."""
     mem, c_mem, steps = [], [], []
     for length in lengths:
         segment = list(range(start, start + length))
@@ -79,9 +74,8 @@ def toy_config(**changes) -> CompressiveConfig:
 
 
 def position_model(n_s: int, n_m: int, n_cm: int, c: int, n: int) -> CompressiveTransformer:
-    """A one-layer model with the mean_pool f_c that reads the text positions 0 .. n - 1 as one-hot
-    vectors: its mem holds one one-hot a slot (the first layer keeps its raw inputs), each c_mem
-    slot the mean of its block's, so the positions can be read back."""
+    """One layer with the mean_pool f_c over the positions 0 .. n - 1 as one-hot vectors: mem holds
+    one a slot, a c_mem slot the mean of its block's, so the positions read back."""
     d = n + n % 2  # two heads
     sizes = dict(seq_len=n_s, mem_len=n_m, c_mem_len=n_cm, compression_rate=c)
     return CompressiveTransformer(toy_config(d_model=d, d_ff=d, compression="mean_pool", **sizes))
@@ -172,8 +166,6 @@ class Canvas:
     def save(self, path: str, name: str) -> None:
         """The SVG, fit to be inlined in a page: text as text, no date, no XML prolog, every id
         prefixed with name, nothing clipped (a clip path is a url(...), which the page forbids)."""
-        import matplotlib
-
         height = self.y + 6
         self.fig.set_size_inches(self.width / 96, height / 96)
         self.ax.set(xlim=(0, self.width), ylim=(height, 0))
@@ -181,7 +173,7 @@ class Canvas:
             artist.set_clip_on(False)
         rc = {"svg.fonttype": "none", "svg.hashsalt": name, "font.sans-serif": ["DejaVu Sans"]}
         buffer, no_date = io.StringIO(), dict.fromkeys(("Date", "Creator", "Format", "Type"))
-        with matplotlib.rc_context(rc):
+        with self.plt.rc_context(rc):
             self.fig.savefig(buffer, format="svg", metadata=no_date)
         self.plt.close(self.fig)
         svg = buffer.getvalue()
@@ -292,14 +284,6 @@ def fifo_notes(step: FifoStep, held: int, n_m: int, n_cm: int, c: int) -> str:
     return words + f"\nc_mem would hold {n_cm + n} > n_cm = {n_cm}: {oldest}" * bool(n)
 
 
-FIFO_INTRO = (
-    "n_s = {n_s}: the tokens of a segment (one forward); n_m, n_cm: the slots of mem and c_mem; "
-    "c: the inputs that one c_mem slot compresses. Left, one row a segment: what its queries "
-    "attend over, [c_mem; mem; segment], oldest first, as the FIFOs hold them before the update, "
-    "under the text positions each slot stands for. Right: the update after the segment, which "
-    "the next row shows done. Red dashes: leaves mem after the segment; a grey character: read "
-    "before, no longer held; \u00b7: a space."
-)
 FIFO_LEGEND = [  # two lines of (the region of the swatch, its edge's width, its words)
     [("c_mem", 0.75, "c_mem: one vector, f_c of a block of c inputs (their positions inside)")],
     [("c_mem", 2, "bold: made by the update before"), ("mem", 0.75, "mem: a slot is one input")],
@@ -307,16 +291,22 @@ FIFO_LEGEND = [  # two lines of (the region of the swatch, its edge's width, its
 ]
 
 
-def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
-    """One row per segment of the toy (steps: model_fifo_steps'): the keys its queries attend over,
-    each under the positions it stands for, and at the right what the FIFOs do after it. Ids:
-    fifo-slot-ROW-REGION-POSITIONS, fifo-evicted-ROW-P for a position leaving mem."""
+def draw_fifo(steps: List[FifoStep], path: str) -> None:
+    """A row per segment: its keys under the positions they stand for, the update at the right.
+    Ids: fifo-slot-ROW-REGION-POSITIONS, fifo-evicted-ROW-P for a position leaving mem."""
     n_s, n_m, n_cm, c, _ = TOY_SIZES
     cell, row_h, left = 22, 50, 128
     notes_x = left + len(steps) * n_s * cell + 16
     title = f"The two FIFOs of every layer, segment by segment: n_s = {n_s}, n_m = {n_m}, "
     canvas = Canvas(notes_x + 330, title + f"n_cm = {n_cm}, c = {c}")
-    canvas.paragraph(FIFO_INTRO.format(n_s=n_s))
+    canvas.paragraph(
+        f"n_s = {n_s}: the tokens of a segment (one forward); n_m, n_cm: the slots of mem and "
+        "c_mem; c: the inputs that one c_mem slot compresses. Left, one row a segment: what its "
+        "queries attend over, [c_mem; mem; segment], oldest first, as the FIFOs hold them before "
+        "the update, under the text positions each slot stands for. Right: the update after the "
+        "segment, which the next row shows done. Red dashes: leaves mem after the segment; a grey "
+        "character: read before, no longer held; \u00b7: a space."
+    )
     for items in FIFO_LEGEND:
         x = 12
         for region, lw, words in items:
@@ -333,7 +323,7 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
         canvas.text(12, y + 16, f"segment {k + 1} sees")
         held = [p for block in before.c_mem for p in block] + before.mem + step.segment
         for p in set(range(step.segment[0])) - set(held):  # read before, no longer held: grey
-            canvas.text(left + p * cell + 11, y + 16, shown(text[p]), ha="center", color=GREY)
+            canvas.text(left + p * cell + 11, y + 16, shown(TOY_TEXT[p]), ha="center", color=GREY)
         for region, positions in keys_seen(before, step.segment):
             x, w = left + positions[0] * cell, len(positions) * cell
             gid = f"fifo-slot-{k}-{region}-{'_'.join(map(str, positions))}"
@@ -343,7 +333,7 @@ def draw_fifo(steps: List[FifoStep], path: str, text: str = TOY_TEXT) -> None:
                 span = f"f_c\n{positions[0]}\u2013{positions[-1]}"
                 canvas.text(x + w / 2, y + 10, span, 9, ha="center")
             else:
-                canvas.text(x + 11, y + 16, shown(text[positions[0]]), ha="center", family=FONT)
+                canvas.text(x + 11, y + 16, shown(TOY_TEXT[positions[0]]), ha="center", family=FONT)
         for p in step.evicted:
             x = left + p * cell
             canvas.line([x + 2, x + cell - 2], [y + 29] * 2, gid=f"fifo-evicted-{k}-{p}")
@@ -366,9 +356,8 @@ def shift_model(T: int = 3, M: int = 2):
 
 @torch.no_grad()
 def shift_data(model, x) -> dict:
-    """relative_shift as a real layer (one head) runs it on the position scores P, [T, K+1], of the
-    second of two segments of x. Returns {"T", "M", "K", "P"; "source": the index in P flattened
-    each entry of the result takes; "out": the result; "masked"; "weights": the forward's}."""
+    """relative_shift on a real layer's position scores P [T, K+1] of x's second segment, with
+    "source": the index into P flattened that each entry of the result ("out") takes."""
     attn, seen = model.layers[0].attn, {}
     hook = attn.register_forward_hook(lambda module, args, out: seen.update(args=args, out=out))
     T = model.cfg.seq_len
@@ -387,14 +376,6 @@ def shift_data(model, x) -> dict:
 
 QUERY_FILLS = [*REGION_FILLS.values(), "#eadcf0", "#f6e7b6"]  # query i's colours, in turn
 QUERY_EDGES = [*REGION_COLORS.values(), "#7b3f9e", "#a07a00"]
-SHIFT_NOTES = (
-    "Each colour is one query's row of P. Query 1's row of the result starts T entries into its "
-    "row of P, each next row one entry earlier, so row i runs through the distances M + i \u2212 "
-    "j: every key at its own distance. The grey entries wrapped in from the next row; they fall "
-    "on keys in the query's future, which the causal mask hides (\u2212\u221e). Transformer-XL "
-    "pads a column of zeros and re-views; here P's spare distance-K column plays the pad's role, "
-    "and the view copies nothing."
-)
 
 
 def draw_shift(data: dict, path: str) -> None:
@@ -436,7 +417,14 @@ def draw_shift(data: dict, path: str) -> None:
     whys = [["masked" * m for m in row] for row in data["masked"]]
     heading += "key j at distance M + i \u2212 j"
     panel(canvas, rows("out", data["source"], whys), w, h, headers, heading)
-    canvas.paragraph(SHIFT_NOTES)
+    canvas.paragraph(
+        "Each colour is one query's row of P. Query 1's row of the result starts T entries into "
+        "its row of P, each next row one entry earlier, so row i runs through the distances M + i "
+        "\u2212 j: every key at its own distance. The grey entries wrapped in from the next row; "
+        "they fall on keys in the query's future, which the causal mask hides (\u2212\u221e). "
+        "Transformer-XL pads a column of zeros and re-views; here P's spare distance-K column "
+        "plays the pad's role, and the view copies nothing."
+    )
     canvas.save(path, "shift")
 
 
@@ -447,8 +435,7 @@ def draw_shift(data: dict, path: str) -> None:
 @torch.no_grad()
 def mask_data() -> dict:
     """The keys of the toy's last segment, read back from the model's memory tensors, and where the
-    mask hides them, from its attention weights (0 in every head). Returns {"keys": [(region,
-    positions)], "queries": the segment's positions, "M": the memories, "masked": [T][K]}."""
+    mask hides them ("masked" [T][K]), from its attention weights (0 in every head)."""
     n_s, n_m, n_cm, c, n_segments = TOY_SIZES
     model = position_model(n_s, n_m, n_cm, c, n_s * n_segments)
     with recorded_attention(model) as attention:
@@ -458,17 +445,7 @@ def mask_data() -> dict:
     return {"keys": keys, "queries": last.segment, "M": M, "masked": masked.tolist()}
 
 
-MASK_NOTES = (
-    "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position term "
-    "R; \u2212\u221e where key j lies in the query's future, j > M + i (the mask is added to the "
-    "scores: its weight is 0). A distance counts slots: a c_mem slot stands for c tokens and "
-    "still sits one position further than the slot after it (a departure, in hidden_states). "
-    "Read from a real model: the keys from its memory tensors, the mask from its attention "
-    "weights (0 in every head)."
-)
-
-
-def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
+def draw_mask(data: dict, path: str) -> None:
     """A row per query, a column per key, each cell the key's distance M + i - j, or -inf where the
     mask hides it. Ids: mask-cell-I-J (text: the distance or -inf), mask-key-J (text: the key)."""
     keys, queries, M, masked = data["keys"], data["queries"], data["M"], data["masked"]
@@ -489,7 +466,7 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
     canvas.y += 22
     canvas.text(left - 10, canvas.y + 22, "key (position)", 9, ha="right", color=FAINT)
     headers = [
-        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else f"{shown(text[p[0]])}\n{p[0]}"
+        f"f_c\n{p[0]}\u2013{p[-1]}" if r == "c_mem" else f"{shown(TOY_TEXT[p[0]])}\n{p[0]}"
         for r, p in keys
     ]
     rows = []
@@ -499,9 +476,16 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
             hidden, gid = masked[i][j], f"mask-cell-{i}-{j}"
             fill, ink = ("#eeeeee", "#999999") if hidden else (REGION_FILLS[region], INK)
             cells.append((fill, "\u2212\u221e" if hidden else str(M + i - j), gid, 11, "none", ink))
-        rows.append((f"query {i + 1}: {shown(text[p])!r} ({p})", cells))
+        rows.append((f"query {i + 1}: {shown(TOY_TEXT[p])!r} ({p})", cells))
     panel(canvas, rows, w, h, headers, left=left, key_gid="mask-key")
-    canvas.paragraph(MASK_NOTES)
+    canvas.paragraph(
+        "In a cell, the distance M + i \u2212 j of key j from query i, which picks its position "
+        "term R; \u2212\u221e where key j lies in the query's future, j > M + i (the mask is added "
+        "to the scores: its weight is 0). A distance counts slots: a c_mem slot stands for c "
+        "tokens and still sits one position further than the slot after it (a departure, in "
+        "hidden_states). Read from a real model: the keys from its memory tensors, the mask from "
+        "its attention weights (0 in every head)."
+    )
     canvas.save(path, "mask")
 
 
@@ -511,9 +495,8 @@ def draw_mask(data: dict, path: str, text: str = TOY_TEXT) -> None:
 
 @torch.no_grad()
 def reach_data(n_layers: int = 3, **changes) -> dict:
-    """How far back each layer's output at the last token sees, measured on a real model (the toy
-    sizes, random weights) by changing one token a row of the batch. Returns {"cfg": the sizes,
-    "edges": reach(cfg, depth), "changed": per layer, the positions back that change it}."""
+    """How far back each layer's output at the last token sees, measured on a real model by
+    changing one token a row of the batch ("changed": per layer, the positions back that do)."""
     torch.manual_seed(0)
     cfg = toy_config(n_layers=n_layers, **changes)
     model = CompressiveTransformer(cfg).eval()
@@ -540,9 +523,8 @@ STACK_FILLS = ["#eadcf0", "#d3bde6", "#bb9edb", "#a37fd0"]  # layer 2, 3, ...: a
 
 
 def draw_reach(data: dict, path: str) -> None:
-    """A row per layer, a cell per position back (0 at the right) filled where changing that token
-    changes the layer's output, coloured by reach()'s band, its edges marked above. Ids:
-    reach-cell-L-B (layer L from 1, B back), reach-edge-NAME (text: its label)."""
+    """A row per layer, a cell per position back (0 at the right) filled where it changes the
+    output, coloured by reach()'s band. Ids: reach-cell-L-B (B back), reach-edge-NAME."""
     edges, changed, sizes = data["edges"], data["changed"], data["cfg"]
     n_s, n_m, n_cm, c = sizes.values()
     far = max(max(row) for row in changed) + 1
@@ -627,9 +609,8 @@ def recon_model():
 
 
 def recon_data(model, tokens) -> dict:
-    """What the language-model loss and L_attn reach, by autograd, in model's third segment (the
-    first to evict). Returns {"layers": per layer and LAYER_ROWS row, (LM's, L_attn's)
-    gradient_norm; "model": the same per MODEL_ROWS row; "lm", "recon": the losses}."""
+    """The (LM's, L_attn's) gradient_norm per layer and LAYER_ROWS row ("layers") and per
+    MODEL_ROWS row ("model") in model's third segment, the first to evict."""
     n_s = model.cfg.seq_len
     with torch.no_grad():  # fill mem
         _, memory, _ = model(tokens[:, :n_s])
@@ -664,17 +645,9 @@ def recon_data(model, tokens) -> dict:
     return {"layers": layers, "model": model_rows, "lm": lm.item(), "recon": recon.item()}
 
 
-RECON_NOTES = (
-    "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network learns "
-    "from the language-model loss alone, and neither loss reaches back into the memories, which "
-    "are stored detached (so a segment's backward pass never runs through earlier segments)."
-)
-
-
 def draw_recon(data: dict, path: str) -> None:
-    """Per layer, each part (LAYER_ROWS) against the two losses: the norm of the gradient that
-    reaches it, or why none does. Ids: recon-I-ROW-LOSS (I from 1; LOSS lm or attn),
-    recon-model-ROW-LOSS (text: the norm, "none" or "detached")."""
+    """Each part (LAYER_ROWS) against the two losses: the norm of the gradient that reaches it.
+    Ids: recon-I-ROW-LOSS (I the layer, LOSS lm or attn), recon-model-ROW-LOSS."""
     layers, h, w, left = data["layers"], 21, 84, 200
     title = "Where the gradients go: the language-model loss and f_c's L_attn, measured by autograd"
     canvas = Canvas(left + 4 * w + 486, title)
@@ -705,7 +678,12 @@ def draw_recon(data: dict, path: str) -> None:
         for r, (name, _) in enumerate(MODEL_ROWS)
     ]
     panel(canvas, rows, 2 * w, h, left=left, notes=[why for _, why in MODEL_ROWS])
-    canvas.paragraph(RECON_NOTES)
+    canvas.paragraph(
+        "f_c learns from L_attn alone, and L_attn moves nothing else: the rest of the network "
+        "learns from the language-model loss alone, and neither loss reaches back into the "
+        "memories, which are stored detached (so a segment's backward pass never runs through "
+        "earlier segments)."
+    )
     canvas.save(path, "recon")
 
 
