@@ -589,11 +589,12 @@ def check_modes(model, keeps: bool) -> None:
     dropout = model.training and model.cfg.dropout > 0
     splits = (
         "so the update scores another policy than the one that acted (PPO's ratio starts away "
-        "from 1). Give an agent dropout=0, or"
+        "from 1)"
     )
     acting = (
         "acting in train mode with dropout > 0: the actor's dropout masks are not the ones the "
-        f"update will draw, {splits} act and update alike under model.eval()"
+        f"update will draw, {splits}. Give an agent dropout=0, or act and update alike under "
+        "model.eval()"
     )
     if torch.compiler.is_compiling():
         if keeps and dropout:
@@ -605,7 +606,8 @@ def check_modes(model, keeps: bool) -> None:
     elif dropout and getattr(model, "acted_in_eval", False):
         warnings.warn(
             "updating in train mode with dropout > 0 after acting in eval mode: the actor drew no "
-            f"dropout masks, {splits} update under model.eval() as it acted",
+            f"dropout masks, {splits}. Give an agent dropout=0, or update under model.eval() as "
+            "it acted",
             stacklevel=3,
         )
 

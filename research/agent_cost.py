@@ -51,6 +51,10 @@ def measure(rounds: int) -> dict:
                 given = state["memory"].without_kept() if project_all else state["memory"]
                 _, state["memory"], _ = core(step, given)
 
+    @torch.no_grad()
+    def paper_step():
+        paper.hidden_states(step, paper_memory)
+
     def update(model, given):
         h, _, recon_loss = model(call, given) if model is core else model.hidden_states(call, given)
         (h.square().mean() + recon_loss).backward()
@@ -58,7 +62,7 @@ def measure(rounds: int) -> dict:
     calls = {
         "acting": lambda: act(False),
         "acting, projected": lambda: act(True),
-        "compressive.py step": torch.no_grad()(lambda: paper.hidden_states(step, paper_memory)),
+        "compressive.py step": paper_step,
         "update": lambda: update(core, memory),  # from the memory before any acting
         "compressive.py n_s-step call": lambda: update(paper, paper_memory),
     }

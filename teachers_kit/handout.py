@@ -529,8 +529,14 @@ def main(argv=None) -> int:
             return 0
         if args.verify:
             return verify()
-        options = dict(partial=args.partial, hidden_visibility=args.hidden_visibility)
-        made = make(args.functions, args.out, args.points, leave_out=args.leave_out, **options)
+        made = make(
+            args.functions,
+            args.out,
+            args.points,
+            partial=args.partial,
+            hidden_visibility=args.hidden_visibility,
+            leave_out=args.leave_out,
+        )
         note_assignment(args.out)
         for check in made.exercises:
             hidden = f", {len(check.hidden)} of them hidden" if check.hidden else ""
