@@ -5,8 +5,8 @@ Modelling", [arXiv:1911.05507](https://arxiv.org/abs/1911.05507). It builds on T
 (Dai et al. 2019, [arXiv:1901.02860](https://arxiv.org/abs/1901.02860)), itself built on the
 Transformer (Vaswani et al. 2017, [arXiv:1706.03762](https://arxiv.org/abs/1706.03762)).
 
-Each note is a block of comments above the code it explains (docs/compressive.html lays them side
-by side, formulas typeset); code without a note of its own belongs to the note above it. A
+Each note is a block of comments above the code it explains (`python -m lesson.annotated` lays them
+side by side, formulas typeset); code without a note of its own belongs to the note above it. A
 docstring says only what a function takes and returns. The specification, as tests:
 [test_compressive.py](test_compressive.py); what the compressed memory buys, measured:
 [docs/REACH.md](docs/REACH.md).

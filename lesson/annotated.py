@@ -10,7 +10,7 @@ a `name` of one of the file's defs or classes links to its code; a paragraph fro
 below the def or class that holds the note's code. The page is one file (lesson/annotated.html
 around the sections) asking for nothing over the network; each section an element with
 data-lines="START-END" (FILE's lines it shows, 1-based, covering the file once, in order) holding
-a data-note and a data-code element. It needs an optional extra, pinned (CI checks docs/):
+a data-note and a data-code element. It needs an optional extra, pinned:
 
     pip install -r requirements-annotated.txt
 """
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILE = ROOT / "compressive.py"
 DEFAULT_OUT = ROOT / "docs"
 TEMPLATE = Path(__file__).with_name("annotated.html")  # the page around the sections, its style
-PAGE_NAME = "compressive.html"  # the name the README links and CI compares, whatever FILE is called
+PAGE_NAME = "compressive.html"  # the name the README gives, whatever FILE is called
 EXTRA = "pip install -r requirements-annotated.txt"
 # `# 3. Transformer-XL relative attention ------`: a heading; a comment of dashes alone: a rule
 HEADING = re.compile(r"^(\S.*?)\s*-{3,}$")

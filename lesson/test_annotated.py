@@ -13,7 +13,6 @@ no request, and a comment put into a copy of the source on the page made from it
 one error line for bad input, a missing extra included."""
 
 import ast
-import importlib.metadata
 import io
 import re
 import shutil
@@ -29,7 +28,6 @@ from lesson import annotated, explore
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "compressive.py"
-COMMITTED = ROOT / "docs" / "compressive.html"
 MISSING_EXTRA = ""
 try:
     annotated.dependencies()
@@ -444,28 +442,6 @@ def test_a_missing_extra_gives_one_error_line_naming_the_package(monkeypatch, ca
     assert not list(tmp_path.iterdir())
 
 
-def pinned_versions():
-    """{package: version} of requirements-annotated.txt."""
-    lines = (ROOT / "requirements-annotated.txt").read_text().splitlines()
-    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
-
-
-def installed_versions():
-    return {name: importlib.metadata.version(name) for name in pinned_versions()}
-
-
-@needs_extra
-@pytest.mark.skipif(
-    not MISSING_EXTRA and installed_versions() != pinned_versions(),
-    reason="the page is compared where the extra's pinned versions are installed (CI's)",
-)
-def test_the_committed_page_is_what_the_command_makes_today(page):
-    assert COMMITTED.read_text(encoding="utf-8") == page, (
-        "docs/compressive.html is not the page of today's compressive.py: run "
-        "`python -m lesson.annotated` and commit docs/compressive.html"
-    )
-
-
 # ---------------------------------------------------------------- in a real browser -------------
 
 
@@ -701,14 +677,5 @@ def test_a_comment_put_into_a_copy_of_the_source_shows_on_the_page_made_from_it(
                        s.querySelectorAll('[data-note] msubsup').length])"""
     )
     assert found == [["def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:", 1]]
-    assert asked == []
-    page.close()
-
-
-@needs_browser
-def test_the_committed_page_opens_from_the_disk_asking_for_nothing(tmp_path, browser):
-    shutil.copy(COMMITTED, tmp_path / "compressive.html")
-    page, asked = opened(browser, tmp_path / "compressive.html")
-    assert page.evaluate("document.querySelectorAll('[data-lines]').length") > 40
     assert asked == []
     page.close()
