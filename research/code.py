@@ -58,7 +58,8 @@ def load(root: str):
             f"no Python sources under {root}: this interpreter was installed without "
             f"its standard library's .py files, so the code corpus has nothing to read"
         )
-    parts, keep = {"train": [], "val": []}, frozenset(VOCAB)
+    parts = {"train": [], "val": []}
+    keep = frozenset(VOCAB)
     for path in paths:
         try:
             with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:

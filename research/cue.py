@@ -17,7 +17,8 @@ from research.ppo_cue import QUERY, Agent, CueEnvs, act, supervised_step
 
 MIN_BLANKS, MAX_BLANKS = 20, 180  # blank steps after a cue
 UNROLL, UNROLLS = 32, 800  # steps per training call, and the calls
-ENVS, EVAL_STEPS = 16, 3000  # environments run in parallel; steps acted to evaluate
+ENVS = 16  # environments run in parallel
+EVAL_STEPS = 3000  # steps acted to evaluate
 
 
 def episodes(envs: CueEnvs, length: int):

@@ -23,7 +23,8 @@ QUERY = N_CUES + N_DISTRACTORS  # observations: the cues 0-3, the distractors 4-
 # n_s = 16 for all three; (n_m, n_cm) of each memory, c = 4
 MEMORIES = {"compressive": (16, 16), "xl-slots": (32, 0), "xl-reach": (80, 0)}
 MIN_GAP, MAX_GAP = 48, 95  # steps from the cue to the query
-D_MODEL, BATCHES, BATCH = 32, 2000, 64  # the agents' width; training batches of BATCH episodes
+D_MODEL = 32  # the agents' width
+BATCHES, BATCH = 2000, 64  # training batches of BATCH episodes
 EVAL_EVERY, EVAL_EPISODES = 25, 512  # batches between checks on the held-out episodes (even)
 SOLVED = 0.95  # held-out accuracy that counts as having learned the task
 STYLES = ["-", "--", ":", "-."]  # the seeds' lines
